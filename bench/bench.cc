@@ -1,0 +1,15 @@
+// The list of benchmarks `zinf bench` knows.
+#include "bench/bench.h"
+
+#include <CLI/CLI.hpp>
+
+namespace zinf::bench {
+
+void RegisterMembw(CLI::App& bench, int* exit_code);
+
+void RegisterAll(CLI::App& bench, int* exit_code) {
+  RegisterMembw(bench, exit_code);
+  bench.require_subcommand(1);
+}
+
+}  // namespace zinf::bench

@@ -1,0 +1,18 @@
+# One INTERFACE target carrying zinf's warnings and code-generation flags.
+# -ffp-contract=off is not optional: the Adam sequence must not be contracted
+# into FMAs, or the SIMD levels, the scalar twin and CUDA stop agreeing bit for
+# bit (see DESIGN.md, non-negotiables).
+add_library(zinf_options INTERFACE)
+target_compile_options(zinf_options INTERFACE
+  $<$<COMPILE_LANGUAGE:CXX,C>:-Wall -Wextra -Wshadow -Wnon-virtual-dtor -Wno-unused-parameter -ffp-contract=off>
+  $<$<COMPILE_LANGUAGE:CUDA>:--fmad=false -Xcompiler=-ffp-contract=off
+     # nvcc warns when a [[nodiscard]] class (Status) is assigned to, which
+     # discards nothing; gcc and clang do not.
+     --diag-suppress=2810>)
+
+if(ZINF_SANITIZE)
+  string(REPLACE ";" "," _zinf_san "${ZINF_SANITIZE}")
+  target_compile_options(zinf_options INTERFACE
+    $<$<COMPILE_LANGUAGE:CXX,C>:-fsanitize=${_zinf_san} -fno-omit-frame-pointer -fno-sanitize-recover=all>)
+  target_link_options(zinf_options INTERFACE -fsanitize=${_zinf_san})
+endif()

@@ -1,0 +1,31 @@
+// What this build of zinf contains and what it finds on the machine at run
+// time: CUDA (and whether a device is present), NCCL, io_uring, oneTBB,
+// hwloc's topology, the SIMD level, MPI and OpenBLAS. `zinf --version`
+// prints it. This is the one registry file that asks which backends were
+// built (the #if ZINF_HAVE_* live in runtime_info.cc). Thread-safe.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace zinf {
+
+struct BackendInfo {
+  std::string name;     // "cuda", "io_uring", ...
+  bool built = false;   // compiled into this binary
+  bool usable = false;  // works on this machine right now
+  std::string detail;   // versions, device names, or why it is not usable
+};
+
+struct RuntimeInfo {
+  std::string version;  // zinf's own
+  std::vector<BackendInfo> backends;
+};
+
+// Probes each backend; never fails (an unusable backend says why in detail).
+RuntimeInfo ProbeRuntime();
+
+// The report, one backend per line.
+std::string FormatRuntimeInfo(const RuntimeInfo& info);
+
+}  // namespace zinf

@@ -1,0 +1,100 @@
+// Runs the built `zinf` binary as a user would and checks what it prints and
+// its exit codes.
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+
+#include "test_util.h"
+
+namespace {
+
+struct RunResult {
+  int exit_code;
+  std::string output;  // stdout and stderr together
+};
+
+RunResult RunZinf(const std::string& args) {
+  std::string cmd = zinf::test::BinaryDir() + "/zinf " + args + " 2>&1";
+  FILE* pipe = popen(cmd.c_str(), "r");
+  EXPECT_NE(pipe, nullptr);
+  std::string out;
+  std::array<char, 4096> buf;
+  while (size_t n = fread(buf.data(), 1, buf.size(), pipe)) out.append(buf.data(), n);
+  int status = pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+std::string Data(const std::string& name) { return zinf::test::SourceDir() + "/tests/data/" + name; }
+
+std::string ScratchFile(const std::string& name, const std::string& content) {
+  std::string path = zinf::test::TestDir() + "/" + name;
+  std::ofstream(path) << content;
+  return path;
+}
+
+TEST(ZinfCliTest, VersionReportsEveryBackend) {
+  auto r = RunZinf("--version");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.rfind("zinf ", 0), 0u) << r.output;
+  for (const char* backend : {" cuda ", " nccl ", " io_uring ", " oneTBB ", " hwloc ", " simd ", " mpi ", " openblas "})
+    EXPECT_NE(r.output.find(backend), std::string::npos) << backend << " missing from:\n" << r.output;
+  EXPECT_NE(r.output.find("NUMA node"), std::string::npos) << r.output;
+}
+
+TEST(ZinfCliTest, ConfigCheckAcceptsARealConfig) {
+  auto r = RunZinf("config check " + Data("ds_zero3_nvme.json") + " --world-size 2 --params 1.5G");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("ZeRO stage 3, optimizer nvme (/local_nvme)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("batch: 16 = micro 1 x accumulation 8 x world 2"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("model state per rank"), std::string::npos) << r.output;
+}
+
+TEST(ZinfCliTest, ConfigCheckResolvesAutoWithHiddenSize) {
+  auto r = RunZinf("config check " + Data("ds_zero3_hf.json") + " --hidden-size 1024 --print");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("zero_optimization.reduce_bucket_size = 1048576"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("\"stage3_param_persistence_threshold\": 10240"), std::string::npos) << r.output;
+}
+
+TEST(ZinfCliTest, BadConfigExitsOneWithThePath) {
+  std::string path = ScratchFile("bad_stage.json", R"({"zero_optimization": {"stage": 7}})");
+  auto r = RunZinf("config check " + path);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find(path + ": zero_optimization.stage: 7 is out of range"), std::string::npos) << r.output;
+}
+
+TEST(ZinfCliTest, BadUsageExitsTwo) {
+  EXPECT_EQ(RunZinf("").exit_code, 2);
+  EXPECT_EQ(RunZinf("frobnicate").exit_code, 2);
+  EXPECT_EQ(RunZinf("config check").exit_code, 2);
+  EXPECT_EQ(RunZinf("bench membw --size 4Q").exit_code, 2);
+  EXPECT_EQ(RunZinf("--log-level loud config check " + Data("ds_zero3_nvme.json")).exit_code, 2);
+}
+
+TEST(ZinfCliTest, LibraryLogsGoToStderrNotStdout) {
+  std::string cmd = zinf::test::BinaryDir() + "/zinf config check " + Data("ds_zero2_hf.json") + " 2>/dev/null";
+  FILE* pipe = popen(cmd.c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::string out;
+  std::array<char, 4096> buf;
+  while (size_t n = fread(buf.data(), 1, buf.size(), pipe)) out.append(buf.data(), n);
+  pclose(pipe);
+  // The warnings about steps_per_print are logged; none may reach stdout.
+  EXPECT_EQ(out.find("steps_per_print"), std::string::npos) << out;
+  EXPECT_EQ(out.find("[zinf]"), std::string::npos) << out;
+}
+
+TEST(ZinfCliTest, MembwBenchPrintsRatioJson) {
+  auto r = RunZinf("bench membw --size 16M --threads 1 --loops 2 --json");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("\"ratio_to_copy\""), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("\"kernel\": \"update\""), std::string::npos) << r.output;
+}
+
+}  // namespace
