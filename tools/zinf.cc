@@ -1,6 +1,7 @@
 // The `zinf` command-line tool. Subcommands:
 //   zinf --version                   what was built and what this machine has
 //   zinf config check FILE [...]     validate a DeepSpeed-style config, print the effective one
+//   zinf aio read|write|sweep ...    NVMe throughput through zinf's I/O engine, and tuning
 //   zinf bench <name> [...]          benchmarks (bench/)
 // Exit codes: 0 success, 1 the operation failed (message on stderr),
 // 2 bad command-line usage.
@@ -9,6 +10,7 @@
 #include <cstdio>
 #include <string>
 
+#include "bench/aio.h"
 #include "bench/bench.h"
 #include "common/logging.h"
 #include "common/runtime_info.h"
@@ -109,6 +111,8 @@ int main(int argc, char** argv) {
   config_check->add_option("--params", check.params, "Parameter count (e.g. 1.5G), to print model-state bytes per rank");
   config_check->add_flag("--print", check.print, "Print the effective config as JSON (all defaults filled in)");
   config_check->callback([&] { exit_code = RunConfigCheck(check); });
+
+  zinf::bench::RegisterAio(app, &exit_code);
 
   CLI::App* bench = app.add_subcommand("bench", "Benchmarks; each measures its own reference and prints the ratio");
   zinf::bench::RegisterAll(*bench, &exit_code);

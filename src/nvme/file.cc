@@ -13,7 +13,11 @@
 namespace zinf::nvme {
 namespace {
 std::atomic<uint64_t> next_file_id{1};
+int RealOpen(const char* path, int flags, unsigned mode) { return ::open(path, flags, static_cast<mode_t>(mode)); }
+internal::OpenFunction open_function = &RealOpen;
 }  // namespace
+
+void internal::SetOpenFunctionForTesting(OpenFunction fn) { open_function = fn ? fn : &RealOpen; }
 
 std::string DescribeIoFailure(IoKind kind, const std::string& path, uint64_t offset, uint64_t len, int err) {
   return std::string(kind == IoKind::kRead ? "pread " : "pwrite ") + path + " offset=" + std::to_string(offset) +
@@ -39,7 +43,7 @@ Result<std::shared_ptr<File>> File::Open(const std::string& path, const FileOpti
   if (options.create) flags |= O_CREAT;
   if (options.truncate) flags |= O_TRUNC;
   if (options.direct) flags |= O_DIRECT;
-  int fd = ::open(path.c_str(), flags, 0644);
+  int fd = open_function(path.c_str(), flags, 0644);
   if (fd < 0) {
     int err = errno;
     std::string what = "open " + path + ": " + std::strerror(err) + " (errno " + std::to_string(err) + ")";
@@ -49,6 +53,7 @@ Result<std::shared_ptr<File>> File::Open(const std::string& path, const FileOpti
     } else if (err == EISDIR) {
       what += "; a file path is needed, not a directory";
     }
+    if (err == EINVAL && options.direct) return InvalidArgument(what);
     return err == ENOENT ? NotFound(what) : IoError(what);
   }
   struct stat st {};

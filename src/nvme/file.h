@@ -73,6 +73,13 @@ class File {
   std::function<void()> fixed_release_;
 };
 
+namespace internal {
+// Replaces open(2) for File::Open, so tests can simulate filesystems that
+// refuse O_DIRECT; nullptr restores the real one. Not thread-safe.
+using OpenFunction = int (*)(const char* path, int flags, unsigned mode);
+void SetOpenFunctionForTesting(OpenFunction fn);
+}  // namespace internal
+
 // "pread /path offset=8388608 len=1048576: Input/output error (errno 5)"
 std::string DescribeIoFailure(IoKind kind, const std::string& path, uint64_t offset, uint64_t len, int err);
 

@@ -624,7 +624,9 @@ Status IoEngine::UnregisterBuffer(void* addr) {
   return Status::Ok();
 }
 
-IoRequest IoEngine::Submit(std::vector<IoOp> ops, IoCallback callback, IoFinalizer finalizer) {
+unsigned IoEngine::num_rings() const { return static_cast<unsigned>(impl_->workers.size()); }
+
+IoRequest IoEngine::Submit(std::vector<IoOp> ops, IoCallback callback, IoFinalizer finalizer, int ring) {
   auto req = std::make_shared<internal::RequestState>();
   req->callback = std::move(callback);
   req->finalizer = std::move(finalizer);
@@ -676,7 +678,7 @@ IoRequest IoEngine::Submit(std::vector<IoOp> ops, IoCallback callback, IoFinaliz
     for (uint64_t off = 0; off < op.length; off += bs) {
       uint64_t len = std::min(bs, op.length - off);
       auto* b = new Block{req, op.file, op.kind, op.offset + off, static_cast<char*>(op.buffer) + off, len, len};
-      per_worker[next++ % nw].push_back(b);
+      per_worker[ring >= 0 ? static_cast<size_t>(ring) % nw : next++ % nw].push_back(b);
     }
   }
   for (size_t w = 0; w < nw; ++w)

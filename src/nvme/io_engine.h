@@ -112,7 +112,11 @@ class IoEngine {
   Status RegisterBuffer(void* addr, uint64_t bytes);
   Status UnregisterBuffer(void* addr);
 
-  IoRequest Submit(std::vector<IoOp> ops, IoCallback callback = nullptr, IoFinalizer finalizer = nullptr);
+  // `ring` >= 0 sends every block of the request to that ring (like one fio
+  // job per ring); -1 spreads blocks over all rings.
+  IoRequest Submit(std::vector<IoOp> ops, IoCallback callback = nullptr, IoFinalizer finalizer = nullptr,
+                   int ring = -1);
+  unsigned num_rings() const;
   IoRequest Read(std::shared_ptr<File> file, uint64_t offset, void* buffer, uint64_t length,
                  IoCallback callback = nullptr);
   IoRequest Write(std::shared_ptr<File> file, uint64_t offset, const void* buffer, uint64_t length,

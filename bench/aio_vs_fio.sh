@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# zinf aio against fio on one pre-written file, same settings, interleaved.
+#
+#   bench/aio_vs_fio.sh [DIR]        (default DIR: .)
+#
+# For each case BLOCK:QD:THREADS (default "1M:16:1 8M:32:2"; override with
+# CASES=...) and for write and read, runs ROUNDS (default 5) rounds of
+# `zinf aio` and `fio --ioengine=io_uring --direct=1` alternately on the same
+# SIZE (default 4G) file, then prints each median, the ratio zinf/fio, and
+# CPU seconds per GB moved for both (getrusage of the child, so both are
+# measured the same way). fio's numjobs=THREADS jobs each get their own region
+# (offset_increment), as zinf aio's threads do. Installs fio with apt-get if
+# it is missing. ZINF points at the zinf binary (default: build/zinf).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+DIR=${1:-.}
+ZINF=${ZINF:-$here/../build/zinf}
+ROUNDS=${ROUNDS:-5}
+SIZE=${SIZE:-4G}
+CASES=${CASES:-"1M:16:1 8M:32:2"}
+
+if ! command -v fio >/dev/null; then
+  if [[ $(id -u) -eq 0 ]]; then
+    echo "aio_vs_fio: installing fio" >&2
+    DEBIAN_FRONTEND=noninteractive apt-get update -q >/dev/null && apt-get install -y -q fio >/dev/null
+  else
+    echo "aio_vs_fio: fio is missing; run as root: apt-get install fio" >&2
+    exit 1
+  fi
+fi
+[[ -x "$ZINF" ]] || { echo "aio_vs_fio: no zinf binary at $ZINF (build first: scripts/build)" >&2; exit 1; }
+[[ -d "$DIR" ]] || { echo "aio_vs_fio: $DIR is not a directory" >&2; exit 2; }
+
+FILE="$DIR/zinf_aio_vs_fio.dat"
+trap 'rm -f "$FILE"' EXIT
+echo "# aio_vs_fio: $FILE, $SIZE, $ROUNDS rounds per case, $(fio --version), $("$ZINF" --version | head -1)"
+echo "# pre-writing the file once (every extent written: no read touches an unwritten extent)"
+"$ZINF" aio write --path "$FILE" --size "$SIZE" --block-size 8M --queue-depth 32 --threads 2 --loops 1 >/dev/null
+
+python3 - "$ZINF" "$FILE" "$SIZE" "$ROUNDS" "$CASES" <<'PY'
+import json, resource, statistics, subprocess, sys
+
+zinf, path, size_text, rounds, cases = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5].split()
+units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+def parse(t):
+    return int(float(t[:-1]) * units[t[-1].upper()]) if t[-1].upper() in units else int(t)
+size = parse(size_text)
+
+def child_cpu():
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+def run_zinf(op, bs, qd, threads):
+    c0 = child_cpu()
+    out = subprocess.run([zinf, "aio", op, "--path", path, "--size", str(size), "--block-size", bs,
+                          "--queue-depth", str(qd), "--threads", str(threads), "--loops", "1", "--json"],
+                         capture_output=True, text=True, check=True)
+    cpu = child_cpu() - c0
+    return json.loads(out.stdout)["median"]["gb_per_s"], cpu / (size / 1e9)
+
+def run_fio(op, bs, qd, threads):
+    per_job = size // threads
+    c0 = child_cpu()
+    out = subprocess.run(["fio", "--name=ref", "--filename=" + path, "--rw=" + op, "--bs=" + str(parse(bs)),
+                          "--iodepth=" + str(qd), "--numjobs=" + str(threads), "--size=" + str(per_job),
+                          "--offset_increment=" + str(per_job), "--ioengine=io_uring", "--direct=1",
+                          "--group_reporting", "--output-format=json"],
+                         capture_output=True, text=True, check=True)
+    cpu = child_cpu() - c0
+    side = json.loads(out.stdout)["jobs"][0][op]
+    return side["bw_bytes"] / 1e9, cpu / (side["io_bytes"] / 1e9)
+
+print(f"{'block':>6} {'qd':>3} {'thr':>3} {'op':<5} {'zinf GB/s':>10} {'fio GB/s':>9} {'ratio':>6} "
+      f"{'zinf cpu s/GB':>13} {'fio cpu s/GB':>12}  rounds (zinf | fio)")
+for case in cases:
+    bs, qd, threads = case.split(":")
+    for op in ("write", "read"):
+        z, f, zc, fc = [], [], [], []
+        for _ in range(rounds):
+            a, b = run_zinf(op, bs, int(qd), int(threads)); z.append(a); zc.append(b)
+            a, b = run_fio(op, bs, int(qd), int(threads)); f.append(a); fc.append(b)
+        zm, fm = statistics.median(z), statistics.median(f)
+        print(f"{bs:>6} {qd:>3} {threads:>3} {op:<5} {zm:>10.3f} {fm:>9.3f} {zm / fm:>6.3f} "
+              f"{statistics.median(zc):>13.4f} {statistics.median(fc):>12.4f}  "
+              f"{' '.join(f'{x:.2f}' for x in z)} | {' '.join(f'{x:.2f}' for x in f)}", flush=True)
+PY

@@ -1,0 +1,206 @@
+// `zinf aio` as a user runs it: bad arguments, --verify, --json, sweep. The
+// O_DIRECT case runs in-process with File's open hook, since this machine's
+// filesystems (tmpfs included) all accept O_DIRECT.
+#include "bench/aio.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cerrno>
+#include <filesystem>
+#include <fstream>
+
+#include "test_util.h"
+#include "zinf/config.h"
+
+namespace zinf::bench {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct CliRun {
+  int exit_code;
+  std::string out, err;
+};
+
+// Runs build/zinf with `args`; as user `uid` when >= 0 (the caller must be root).
+CliRun Zinf(const std::vector<std::string>& args, int uid = -1) {
+  // Per-process names: ctest runs several of these tests at once.
+  const std::string tag = std::to_string(::getpid());
+  std::string out_path = zinf::test::TestDir() + "/aio_stdout." + tag, err_path = zinf::test::TestDir() + "/aio_stderr." + tag;
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    int o = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0666);
+    int e = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0666);
+    ::dup2(o, 1);
+    ::dup2(e, 2);
+    if (uid >= 0 && (::setgid(uid) != 0 || ::setuid(uid) != 0)) ::_exit(99);
+    std::vector<std::string> argv_s = {zinf::test::BinaryDir() + "/zinf", "aio"};
+    argv_s.insert(argv_s.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (auto& a : argv_s) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    ::execv(argv[0], argv.data());
+    ::_exit(98);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  auto slurp = [](const std::string& p) {
+    std::ifstream in(p);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(out_path), slurp(err_path)};
+}
+
+std::string Fresh(const std::string& name) {
+  std::string d = zinf::test::TestDir() + "/aio/" + name;
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+// One line on stderr, exit code 2, and the directory left as it was.
+void ExpectUsageError(const std::string& dir, const std::vector<std::string>& args, const std::string& says,
+                      int uid = -1) {
+  auto before = std::distance(fs::directory_iterator(dir), fs::directory_iterator{});
+  CliRun r = Zinf(args, uid);
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find(says), std::string::npos) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir), fs::directory_iterator{}), before) << "left files in " << dir;
+}
+
+TEST(AioCliTest, BadArgumentsAreOneLineAndExitTwo) {
+  std::string dir = Fresh("bad");
+  std::string file = dir + "/t.dat";
+  ExpectUsageError(dir, {"read", "--path", file, "--size", "5M", "--block-size", "1M", "--threads", "2"},
+                   "--size 5.00 MiB is not a positive multiple of --block-size x --threads x paths");
+  ExpectUsageError(dir, {"write", "--path", file, "--size", "8M", "--queue-depth", "0"}, "--queue-depth 0 is outside");
+  ExpectUsageError(dir, {"read", "--path", dir, "--size", "8M"}, "is a directory; give a file path");
+  ExpectUsageError(dir, {"read", "--path", dir + "/missing/t.dat", "--size", "8M"}, "does not exist");
+  ExpectUsageError(dir, {"read", "--path", file, "--size", "8Q"}, "--size: invalid size '8Q'");
+  ExpectUsageError(dir, {"write", "--path", file, "--size", "8M", "--block-size", "1000"},
+                   "--block-size 1000 is not a positive multiple of 4096");
+}
+
+TEST(AioCliTest, UnwritablePathIsAUsageError) {
+  std::string dir = Fresh("unwritable");
+  int uid = -1;
+  if (::geteuid() == 0) {
+    uid = 65534;  // root may write anywhere: run as nobody, the directory stays root's 0755
+    ::chmod(dir.c_str(), 0755);
+  } else {
+    ::chmod(dir.c_str(), 0555);
+  }
+  ExpectUsageError(dir, {"write", "--path", dir + "/t.dat", "--size", "8M"}, "is not writable", uid);
+  ::chmod(dir.c_str(), 0755);
+}
+
+int RefuseDirect(const char* path, int flags, unsigned mode) {
+  if (flags & O_DIRECT) {
+    errno = EINVAL;
+    return -1;
+  }
+  return ::open(path, flags, mode);
+}
+
+TEST(AioCliTest, FilesystemWithoutODirectIsAnErrorAndLeavesNothing) {
+  std::string dir = Fresh("nodirect");
+  nvme::internal::SetOpenFunctionForTesting(&RefuseDirect);
+  AioOptions o;
+  o.kind = nvme::IoKind::kWrite;
+  o.paths = {dir + "/t.dat"};
+  o.size = 8 << 20;
+  o.threads = 1;
+  auto r = RunAio(o);
+  nvme::internal::SetOpenFunctionForTesting(nullptr);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("does not support O_DIRECT"), std::string::npos) << r.status().message();
+  EXPECT_TRUE(fs::is_empty(dir));
+  // Buffered I/O still works there.
+  o.buffered = true;
+  nvme::internal::SetOpenFunctionForTesting(&RefuseDirect);
+  auto buffered = RunAio(o);
+  nvme::internal::SetOpenFunctionForTesting(nullptr);
+  EXPECT_TRUE(buffered.ok()) << buffered.status().ToString();
+}
+
+TEST(AioCliTest, VerifyCatchesOneFlippedByte) {
+  std::string dir = Fresh("verify");
+  std::string file = dir + "/t.dat";
+  std::vector<std::string> common = {"--path", file, "--size", "16M", "--block-size", "256K", "--threads", "2",
+                                     "--loops", "1", "--verify"};
+  std::vector<std::string> w = {"write"}, r = {"read"};
+  w.insert(w.end(), common.begin(), common.end());
+  r.insert(r.end(), common.begin(), common.end());
+  ASSERT_EQ(Zinf(w).exit_code, 0);
+  CliRun clean = Zinf(r);
+  ASSERT_EQ(clean.exit_code, 0) << clean.err;
+
+  int fd = ::open(file.c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  char b;
+  ASSERT_EQ(::pread(fd, &b, 1, 9999999), 1);
+  b = static_cast<char>(b ^ 1);
+  ASSERT_EQ(::pwrite(fd, &b, 1, 9999999), 1);
+  ::fsync(fd);
+  ::close(fd);
+  CliRun bad = Zinf(r);
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_NE(bad.err.find("verify: " + file + " offset=9999999"), std::string::npos) << bad.err;
+}
+
+TEST(AioCliTest, JsonCarriesEveryPrintedFigure) {
+  std::string dir = Fresh("json");
+  std::string file = dir + "/t.dat";
+  CliRun text = Zinf({"write", "--path", file, "--size", "16M", "--loops", "2"});
+  ASSERT_EQ(text.exit_code, 0) << text.err;
+  // The table's columns ...
+  for (const char* col : {"GB/s", "IOPS", "p50 us", "p99 us", "cpu s", "cpu s/GB", "median"})
+    EXPECT_NE(text.out.find(col), std::string::npos) << col;
+  // ... are all in the JSON, per loop and as medians, with the configuration.
+  CliRun js = Zinf({"read", "--path", file, "--size", "16M", "--loops", "2", "--json"});
+  ASSERT_EQ(js.exit_code, 0) << js.err;
+  auto j = nlohmann::json::parse(js.out);
+  EXPECT_EQ(j["op"], "read");
+  for (const char* k : {"paths", "size_bytes", "block_size", "queue_depth", "threads", "buffered", "fixed_buffers",
+                        "sqpoll", "loops", "verify", "backend"})
+    EXPECT_TRUE(j["config"].contains(k)) << k;
+  ASSERT_EQ(j["loops"].size(), 2u);
+  for (const auto& loop : j["loops"]) {
+    for (const char* k : {"seconds", "gb_per_s", "iops", "p50_us", "p99_us", "cpu_seconds"}) ASSERT_TRUE(loop.contains(k)) << k;
+    double expect_gbps = 16.0 * (1 << 20) / loop["seconds"].get<double>() / 1e9;
+    EXPECT_NEAR(loop["gb_per_s"].get<double>(), expect_gbps, 1e-6 * expect_gbps);
+    EXPECT_LE(loop["p50_us"].get<double>(), loop["p99_us"].get<double>());
+  }
+  for (const char* k : {"seconds", "gb_per_s", "iops", "p50_us", "p99_us", "cpu_seconds"}) EXPECT_TRUE(j["median"].contains(k)) << k;
+  EXPECT_TRUE(j.contains("cpu_seconds_per_gb"));
+}
+
+TEST(AioCliTest, SweepWritesAConfigZinfAcceptsAndAHeatmap) {
+  std::string dir = Fresh("sweep");
+  std::string out = dir + "/aio.json", svg = dir + "/aio.svg";
+  CliRun r = Zinf({"sweep", "--path", dir + "/s.dat", "--size", "16M", "--output", out, "--svg", svg});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("recommended (least read + write time)"), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find("[196/196]"), std::string::npos);  // the progress lines
+  std::ifstream in(out);
+  auto cfg = nlohmann::json::parse(in);
+  EXPECT_TRUE(cfg["aio"].contains("block_size"));
+  EXPECT_TRUE(cfg["aio"].contains("intra_op_parallelism"));
+  auto loaded = LoadConfigFile(out);
+  EXPECT_TRUE(loaded.ok()) << loaded.status().ToString();
+  std::ifstream s(svg);
+  std::string content((std::istreambuf_iterator<char>(s)), {});
+  EXPECT_EQ(content.rfind("<svg", 0), 0u);
+  EXPECT_EQ(std::count(content.begin(), content.end(), '\n') > 4 * 49, true);  // 4 panels of 7x7 cells
+}
+
+}  // namespace
+}  // namespace zinf::bench
