@@ -7,10 +7,12 @@ namespace zinf::bench {
 
 void RegisterMembw(CLI::App& bench, int* exit_code);
 void RegisterIo(CLI::App& bench, int* exit_code);
+void RegisterCopy(CLI::App& bench, int* exit_code);
 
 void RegisterAll(CLI::App& bench, int* exit_code) {
   RegisterMembw(bench, exit_code);
   RegisterIo(bench, exit_code);
+  RegisterCopy(bench, exit_code);
   bench.require_subcommand(1);
 }
 

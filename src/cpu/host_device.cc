@@ -1,0 +1,393 @@
+// HostDevice: streams as FIFO worker threads, events as generation counters,
+// a copy-engine thread, and the checking mode's tagged pointers and delays.
+#include "cpu/host_device.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "common/check.h"
+#include "common/device_allocator.h"
+#include "common/units.h"
+
+namespace zinf {
+namespace {
+
+// Bit 62 makes a user-space address non-canonical on x86-64 and AArch64
+// (without top-byte-ignore on this bit), so dereferencing it faults.
+constexpr uintptr_t kTag = uintptr_t{1} << 62;
+std::atomic<uint64_t> next_stream_id{1};
+
+// Ranges of HostDevices in checking mode, for IsTaggedDevicePointer.
+std::mutex tagged_mu;
+std::vector<std::pair<uintptr_t, uintptr_t>> tagged_ranges;
+
+class HostDevice;
+
+struct EventState {
+  std::mutex mu;
+  std::condition_variable cv;
+  uint64_t recorded = 0;   // generation of the latest Record
+  uint64_t completed = 0;  // generation whose work has run
+
+  void Complete(uint64_t gen) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      completed = std::max(completed, gen);
+    }
+    cv.notify_all();
+  }
+  void WaitFor(uint64_t gen) {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return completed >= gen; });
+  }
+};
+
+class HostStream;
+
+class HostContext : public StreamContext {
+ public:
+  explicit HostContext(const HostDevice* device) : device_(device) {}
+  void* Host(const void* device_ptr) const override;
+
+ private:
+  const HostDevice* device_;
+};
+
+// One copy engine per device: copies from every stream are serialized on it
+// and overlap work running on other streams, like a GPU's DMA engine.
+class CopyEngine {
+ public:
+  CopyEngine() : thread_([this] { Loop(); }) {}
+  ~CopyEngine() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  // Blocks the calling stream thread until the copy is done.
+  void Copy(void* dst, const void* src, uint64_t bytes, bool is_memset, int byte) {
+    Job job{dst, src, bytes, is_memset, byte};
+    std::unique_lock<std::mutex> lock(mu_);
+    jobs_.push_back(&job);
+    cv_.notify_all();
+    done_cv_.wait(lock, [&] { return job.done; });
+  }
+
+ private:
+  struct Job {
+    void* dst;
+    const void* src;
+    uint64_t bytes;
+    bool is_memset;
+    int byte;
+    bool done = false;
+  };
+  void Loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
+      if (jobs_.empty()) return;
+      Job* job = jobs_.front();
+      jobs_.pop_front();
+      lock.unlock();
+      if (job->is_memset)
+        std::memset(job->dst, job->byte, job->bytes);
+      else
+        std::memmove(job->dst, job->src, job->bytes);
+      lock.lock();
+      job->done = true;
+      done_cv_.notify_all();
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_, done_cv_;
+  std::deque<Job*> jobs_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+class HostDevice : public Device {
+ public:
+  HostDevice(const DeviceOptions& options, char* base, uint64_t budget)
+      : options_(options), base_(base), budget_(budget), allocator_(*this, budget) {
+    if (options_.checking) {
+      std::lock_guard<std::mutex> lock(tagged_mu);
+      tagged_ranges.push_back({reinterpret_cast<uintptr_t>(base_), reinterpret_cast<uintptr_t>(base_) + budget_});
+    }
+  }
+  ~HostDevice() override {
+    copy_engine_.reset();
+    if (options_.checking) {
+      std::lock_guard<std::mutex> lock(tagged_mu);
+      auto r = std::make_pair(reinterpret_cast<uintptr_t>(base_), reinterpret_cast<uintptr_t>(base_) + budget_);
+      tagged_ranges.erase(std::remove(tagged_ranges.begin(), tagged_ranges.end(), r), tagged_ranges.end());
+    }
+    ::munmap(base_, budget_);
+  }
+
+  DeviceKind kind() const override { return DeviceKind::kHost; }
+  std::string name() const override {
+    return std::string("host (") + FormatBytes(budget_) + " budget" + (options_.checking ? ", checking" : "") + ")";
+  }
+
+  Result<void*> Allocate(uint64_t bytes, Stream& stream) override {
+    ZINF_ASSIGN_OR_RETURN(uint64_t offset, allocator_.Allocate(bytes, stream));
+    return ToDevice(base_ + offset);
+  }
+  Status Free(void* device_ptr, Stream& stream) override {
+    ZINF_ASSIGN_OR_RETURN(char* p, Resolve(device_ptr, 0, "Free"));
+    return allocator_.Free(static_cast<uint64_t>(p - base_), stream);
+  }
+  DeviceMemoryStats memory_stats() const override { return allocator_.stats(); }
+
+  Result<std::unique_ptr<Stream>> CreateStream() override;
+  Result<std::unique_ptr<Event>> CreateEvent() override;
+
+  Status CopyToDevice(void* dst, const void* src, uint64_t bytes, Stream& stream) override {
+    ZINF_ASSIGN_OR_RETURN(char* d, Resolve(dst, bytes, "CopyToDevice destination"));
+    return stream.Enqueue([this, d, src, bytes](const StreamContext&) {
+      copy_engine_->Copy(d, src, bytes, false, 0);
+      return Status::Ok();
+    });
+  }
+  Status CopyToHost(void* dst, const void* src, uint64_t bytes, Stream& stream) override {
+    ZINF_ASSIGN_OR_RETURN(char* s, Resolve(src, bytes, "CopyToHost source"));
+    return stream.Enqueue([this, dst, s, bytes](const StreamContext&) {
+      copy_engine_->Copy(dst, s, bytes, false, 0);
+      return Status::Ok();
+    });
+  }
+  Status CopyOnDevice(void* dst, const void* src, uint64_t bytes, Stream& stream) override {
+    ZINF_ASSIGN_OR_RETURN(char* d, Resolve(dst, bytes, "CopyOnDevice destination"));
+    ZINF_ASSIGN_OR_RETURN(char* s, Resolve(src, bytes, "CopyOnDevice source"));
+    return stream.Enqueue([this, d, s, bytes](const StreamContext&) {
+      copy_engine_->Copy(d, s, bytes, false, 0);
+      return Status::Ok();
+    });
+  }
+  Status Memset(void* dst, int byte, uint64_t bytes, Stream& stream) override {
+    ZINF_ASSIGN_OR_RETURN(char* d, Resolve(dst, bytes, "Memset destination"));
+    return stream.Enqueue([this, d, byte, bytes](const StreamContext&) {
+      copy_engine_->Copy(d, nullptr, bytes, true, byte);
+      return Status::Ok();
+    });
+  }
+
+  // The host address of [device_ptr, device_ptr + bytes), or an error if it
+  // is not inside this device's reservation.
+  Result<char*> Resolve(const void* device_ptr, uint64_t bytes, const char* what) const {
+    auto p = reinterpret_cast<uintptr_t>(device_ptr);
+    if (options_.checking) {
+      if (!(p & kTag))
+        return InvalidArgument(std::string(what) + ": " + std::to_string(p) +
+                               " is a host address, not this device's memory (checking mode)");
+      p &= ~kTag;
+    }
+    auto lo = reinterpret_cast<uintptr_t>(base_);
+    if (p < lo || p + bytes > lo + budget_ || p + bytes < p)
+      return InvalidArgument(std::string(what) + ": [" + std::to_string(p) + ", +" + std::to_string(bytes) +
+                             ") is not inside this device's memory");
+    return reinterpret_cast<char*>(p);
+  }
+
+  void* ToDevice(char* host) const {
+    return options_.checking ? reinterpret_cast<void*>(reinterpret_cast<uintptr_t>(host) | kTag) : host;
+  }
+
+  const DeviceOptions& options() const { return options_; }
+
+ private:
+  DeviceOptions options_;
+  char* base_;
+  uint64_t budget_;
+  DeviceAllocator allocator_;
+  std::unique_ptr<CopyEngine> copy_engine_ = std::make_unique<CopyEngine>();
+};
+
+void* HostContext::Host(const void* device_ptr) const {
+  auto r = device_->Resolve(device_ptr, 0, "StreamContext::Host");
+  ZINF_CHECK_MSG(r.ok(), r.ok() ? "" : r.status().message().c_str());
+  return *r;
+}
+
+class HostStream : public Stream {
+ public:
+  HostStream(HostDevice* device, uint64_t seed)
+      : device_(device), id_(next_stream_id.fetch_add(1)), rng_(seed ^ (id_ * 0x9e3779b97f4a7c15ull)),
+        context_(device), thread_([this] { Loop(); }) {}
+
+  ~HostStream() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+  Status Enqueue(StreamTask task) override {
+    Push(Op{Op::kTask, std::move(task), nullptr, 0});
+    return Status::Ok();
+  }
+  Status Wait(Event& event) override;
+  Status Synchronize() override {
+    std::unique_lock<std::mutex> lock(mu_);
+    uint64_t target = submitted_;
+    done_cv_.wait(lock, [&] { return completed_ >= target; });
+    return sticky_;
+  }
+  void* native_handle() const override { return nullptr; }
+  uint64_t id() const override { return id_; }
+
+  void PushSignal(std::shared_ptr<EventState> event, uint64_t gen) { Push(Op{Op::kSignal, nullptr, std::move(event), gen}); }
+
+ private:
+  struct Op {
+    enum Kind { kTask, kSignal, kWait } kind;
+    StreamTask task;
+    std::shared_ptr<EventState> event;
+    uint64_t gen;
+  };
+
+  void Push(Op op) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ops_.push_back(std::move(op));
+      ++submitted_;
+    }
+    cv_.notify_all();
+  }
+
+  void Loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [&] { return stop_ || !ops_.empty(); });
+      if (ops_.empty()) return;
+      Op op = std::move(ops_.front());
+      ops_.pop_front();
+      bool failed = !sticky_.ok();
+      lock.unlock();
+      if (device_->options().checking) {
+        // 0-2 ms before every operation: an ordering that only holds by luck fails here.
+        std::this_thread::sleep_for(std::chrono::microseconds(rng_() % 2001));
+      }
+      Status st;
+      switch (op.kind) {
+        case Op::kTask:
+          if (!failed) st = op.task(context_);  // after an error, later tasks are skipped
+          break;
+        case Op::kSignal:
+          op.event->Complete(op.gen);  // events still complete, so waiters never hang
+          break;
+        case Op::kWait:
+          op.event->WaitFor(op.gen);
+          break;
+      }
+      lock.lock();
+      if (!st.ok() && sticky_.ok()) sticky_ = std::move(st);
+      ++completed_;
+      done_cv_.notify_all();
+    }
+  }
+
+  HostDevice* device_;
+  uint64_t id_;
+  std::mt19937_64 rng_;
+  HostContext context_;
+  std::mutex mu_;
+  std::condition_variable cv_, done_cv_;
+  std::deque<Op> ops_;
+  uint64_t submitted_ = 0, completed_ = 0;
+  Status sticky_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+class HostEvent : public Event {
+ public:
+  Status Record(Stream& stream) override {
+    auto* hs = dynamic_cast<HostStream*>(&stream);
+    if (!hs) return InvalidArgument("Event::Record: the stream belongs to another kind of device");
+    uint64_t gen;
+    {
+      std::lock_guard<std::mutex> lock(state_->mu);
+      gen = ++state_->recorded;
+    }
+    hs->PushSignal(state_, gen);
+    return Status::Ok();
+  }
+  Result<bool> Query() override {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    return state_->completed >= state_->recorded;
+  }
+  Status Synchronize() override {
+    uint64_t target;
+    {
+      std::lock_guard<std::mutex> lock(state_->mu);
+      target = state_->recorded;
+    }
+    state_->WaitFor(target);
+    return Status::Ok();
+  }
+  const std::shared_ptr<EventState>& state() const { return state_; }
+
+ private:
+  std::shared_ptr<EventState> state_ = std::make_shared<EventState>();
+};
+
+Status HostStream::Wait(Event& event) {
+  auto* he = dynamic_cast<HostEvent*>(&event);
+  if (!he) return InvalidArgument("Stream::Wait: the event belongs to another kind of device");
+  uint64_t gen;
+  {
+    std::lock_guard<std::mutex> lock(he->state()->mu);
+    gen = he->state()->recorded;  // the latest Record, as cudaStreamWaitEvent captures it
+  }
+  Push(Op{Op::kWait, nullptr, he->state(), gen});
+  return Status::Ok();
+}
+
+Result<std::unique_ptr<Stream>> HostDevice::CreateStream() {
+  uint64_t seed = options_.seed ? options_.seed
+                                : static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+  return std::unique_ptr<Stream>(new HostStream(this, seed));
+}
+
+Result<std::unique_ptr<Event>> HostDevice::CreateEvent() { return std::unique_ptr<Event>(new HostEvent()); }
+
+}  // namespace
+
+bool IsTaggedDevicePointer(const void* p) {
+  auto v = reinterpret_cast<uintptr_t>(p);
+  if (!(v & kTag)) return false;
+  v &= ~kTag;
+  std::lock_guard<std::mutex> lock(tagged_mu);
+  for (const auto& [lo, hi] : tagged_ranges)
+    if (v >= lo && v < hi) return true;
+  return false;
+}
+
+Result<std::unique_ptr<Device>> CreateHostDevice(const DeviceOptions& options) {
+  uint64_t budget = options.memory_budget;
+  if (budget == 0) budget = static_cast<uint64_t>(::sysconf(_SC_PHYS_PAGES)) * ::sysconf(_SC_PAGESIZE) / 4;
+  budget = (budget + 4095) / 4096 * 4096;
+  // Reserved, not committed: pages are backed as they are touched.
+  void* base = ::mmap(nullptr, budget, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (base == MAP_FAILED)
+    return OutOfMemory("HostDevice: cannot reserve " + FormatBytes(budget) + " of address space: " +
+                       std::strerror(errno));
+  return std::unique_ptr<Device>(new HostDevice(options, static_cast<char*>(base), budget));
+}
+
+}  // namespace zinf

@@ -1,0 +1,31 @@
+// HostDevice: the CPU standing in for an accelerator, so the whole engine
+// runs and is tested on a machine without a GPU.
+//
+// "Device memory" is one budgeted host reservation (mmap), sub-allocated by
+// DeviceAllocator. Each stream is a worker thread running its work in FIFO
+// order; copies are handed to one copy-engine thread, so they overlap compute
+// on other streams as DMA does. Events are generation counters.
+//
+// Checking mode (on in tests) makes the CPU catch what would break on a GPU:
+// device pointers carry a tag bit that makes them non-canonical, so host code
+// that dereferences one outside a stream task faults at once; tasks get the
+// real address from StreamContext::Host. And every stream operation is
+// delayed by a random 0-2 ms, so a missing event wait shows up here rather
+// than on a customer's GPU.
+//
+// Thread-safe. Streams and events must not outlive their device.
+#pragma once
+
+#include <memory>
+
+#include "zinf/device.h"
+
+namespace zinf {
+
+Result<std::unique_ptr<Device>> CreateHostDevice(const DeviceOptions& options);
+
+// Whether `p` is a tagged device pointer of some HostDevice in checking mode
+// (for assertions in tests and checking-mode code).
+bool IsTaggedDevicePointer(const void* p);
+
+}  // namespace zinf
