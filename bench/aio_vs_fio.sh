@@ -8,7 +8,8 @@
 # `zinf aio` and `fio --ioengine=io_uring --direct=1` alternately on the same
 # SIZE (default 4G) file, then prints each median, the ratio zinf/fio, and
 # CPU seconds per GB moved for both (getrusage of the child, so both are
-# measured the same way). fio's numjobs=THREADS jobs each get their own region
+# measured the same way). Which tool runs first alternates every round, since
+# virtual disks may cache on the host and favour whichever runs second. fio's numjobs=THREADS jobs each get their own region
 # (offset_increment), as zinf aio's threads do. Installs fio with apt-get if
 # it is missing. ZINF points at the zinf binary (default: build/zinf).
 set -euo pipefail
@@ -76,9 +77,14 @@ for case in cases:
     bs, qd, threads = case.split(":")
     for op in ("write", "read"):
         z, f, zc, fc = [], [], [], []
-        for _ in range(rounds):
-            a, b = run_zinf(op, bs, int(qd), int(threads)); z.append(a); zc.append(b)
-            a, b = run_fio(op, bs, int(qd), int(threads)); f.append(a); fc.append(b)
+        for r in range(rounds):
+            # Alternate who goes first: this VM's disk caches on the host side,
+            # so the second run of a pair can read what the first one warmed.
+            order = (run_zinf, run_fio) if r % 2 == 0 else (run_fio, run_zinf)
+            for run in order:
+                a, b = run(op, bs, int(qd), int(threads))
+                (z if run is run_zinf else f).append(a)
+                (zc if run is run_zinf else fc).append(b)
         zm, fm = statistics.median(z), statistics.median(f)
         print(f"{bs:>6} {qd:>3} {threads:>3} {op:<5} {zm:>10.3f} {fm:>9.3f} {zm / fm:>6.3f} "
               f"{statistics.median(zc):>13.4f} {statistics.median(fc):>12.4f}  "

@@ -3,6 +3,9 @@
 // at identical settings, measured in the same run and interleaved round by
 // round so both see the same machine.
 //
+// Which tool runs first alternates every round (ABBA): virtual disks may
+// cache on the host and favour whichever run comes second.
+//
 // Settings map one to one: block size = fio --bs; queue depth per ring =
 // fio --iodepth per job; rings = fio --numjobs, each fio job on its own
 // region (--offset_increment), each zinf ring fed every rings-th block. GB/s
@@ -212,21 +215,18 @@ int Run(const Options& opt) {
     for (IoKind kind : {IoKind::kWrite, IoKind::kRead}) {
       std::vector<double> z, f, zc, fc;
       for (int r = 0; r < opt.rounds; ++r) {
-        auto mz = RunZinf(c, kind, path, *size);
-        if (!mz.ok()) {
-          std::fprintf(stderr, "zinf bench io: %s\n", mz.status().message().c_str());
-          return 1;
-        }
-        z.push_back(mz->gbps);
-        zc.push_back(mz->cpu_s_per_gb);
-        if (fio) {
-          auto mf = RunFio(c, kind, path, *size);
-          if (!mf.ok()) {
-            std::fprintf(stderr, "zinf bench io: %s\n", mf.status().message().c_str());
+        // Alternate who goes first (ABBA): a virtual disk may cache on the
+        // host and favour whichever run comes second.
+        for (int turn = 0; turn < 2; ++turn) {
+          bool zinf_turn = (turn == 0) == (r % 2 == 0);
+          if (!zinf_turn && !fio) continue;
+          auto m = zinf_turn ? RunZinf(c, kind, path, *size) : RunFio(c, kind, path, *size);
+          if (!m.ok()) {
+            std::fprintf(stderr, "zinf bench io: %s\n", m.status().message().c_str());
             return 1;
           }
-          f.push_back(mf->gbps);
-          fc.push_back(mf->cpu_s_per_gb);
+          (zinf_turn ? z : f).push_back(m->gbps);
+          (zinf_turn ? zc : fc).push_back(m->cpu_s_per_gb);
         }
       }
       double zm = Median(z), fm = Median(f);
