@@ -25,6 +25,7 @@
 #include "common/check.h"
 #include "common/logging.h"
 #include "common/units.h"
+#include "zinf/config.h"
 
 namespace zinf::nvme {
 
@@ -323,6 +324,7 @@ class IoEngine::Impl::UringWorker : public IoEngine::Impl::Worker {
     if (slot >= 0) sqe->flags |= IOSQE_FIXED_FILE;
     io_uring_sqe_set_data(sqe, b);
     ++inflight_;
+    if (engine_->options.single_submit) io_uring_submit(&ring_);
   }
 
   void Loop() {
@@ -703,6 +705,22 @@ Status IoEngine::ReadSync(std::shared_ptr<File> file, uint64_t offset, void* buf
 
 Status IoEngine::WriteSync(std::shared_ptr<File> file, uint64_t offset, const void* buffer, uint64_t length) {
   return Write(std::move(file), offset, buffer, length).Wait();
+}
+
+bool IoEngine::IsRegistered(const void* addr, uint64_t bytes) const {
+  return impl_->fixed_buffers_enabled && impl_->FixedBufferSlot(static_cast<const char*>(addr), bytes) >= 0;
+}
+
+IoEngineOptions IoEngineOptionsFromConfig(const Config& config) {
+  IoEngineOptions o;
+  o.block_size = static_cast<uint64_t>(config.aio.block_size);
+  o.queue_depth = static_cast<unsigned>(config.aio.queue_depth);
+  o.rings = static_cast<unsigned>(config.zinf.aio.rings > 0 ? config.zinf.aio.rings : config.aio.intra_op_parallelism);
+  o.single_submit = config.aio.single_submit;
+  o.backend = config.aio.io_backend == AioBackend::kPosix ? IoBackend::kPosix : IoBackend::kAuto;
+  o.fixed_buffers = config.zinf.aio.fixed_buffers;
+  o.sqpoll = config.zinf.aio.sqpoll;
+  return o;
 }
 
 IoEngineStats IoEngine::stats() const {

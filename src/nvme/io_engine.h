@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "nvme/file.h"
+#include "zinf/config.h"
 #include "zinf/status.h"
 
 namespace zinf::nvme {
@@ -45,7 +46,15 @@ struct IoEngineOptions {
   bool fixed_files = true;        // register files opened through IoEngine::Open
   bool sqpoll = false;            // kernel SQ polling thread per ring (costs a core each)
   unsigned sqpoll_idle_ms = 50;
+  bool single_submit = false;     // one io_uring_submit per block instead of one per batch
 };
+
+// The engine settings of a config: aio.block_size, aio.queue_depth,
+// aio.single_submit, aio.io_backend ("posix" forces the thread pool), rings =
+// zinf.aio.rings or else aio.intra_op_parallelism, zinf.aio.fixed_buffers and
+// zinf.aio.sqpoll. (aio.overlap_events needs no setting: reaping and
+// submission always overlap here.)
+IoEngineOptions IoEngineOptionsFromConfig(const Config& config);
 
 // One operation of a request.
 struct IoOp {
@@ -125,6 +134,8 @@ class IoEngine {
   Status WriteSync(std::shared_ptr<File> file, uint64_t offset, const void* buffer, uint64_t length);
 
   IoEngineStats stats() const;
+  // Whether [addr, addr+bytes) lies inside a registered buffer (I/O there uses fixed-buffer ops).
+  bool IsRegistered(const void* addr, uint64_t bytes) const;
 
   class Impl;
 

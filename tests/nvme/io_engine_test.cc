@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "nvme/fault_file.h"
+#include "zinf/config.h"
 #include "nvme_test_util.h"
 
 namespace zinf::nvme {
@@ -251,8 +252,11 @@ TEST_P(IoEngineTest, RegisteredBuffersRoundTrip) {
   ASSERT_TRUE(engine->WriteSync(file, 0, buf.get(), kBytes).ok());
   ASSERT_TRUE(engine->ReadSync(file, 0, back.get(), kBytes).ok());
   EXPECT_EQ(std::memcmp(buf.get(), back.get(), kBytes), 0);
+  EXPECT_EQ(engine->IsRegistered(buf.get() + 4096, 8192), GetParam() == IoBackend::kUring);
+  EXPECT_FALSE(engine->IsRegistered(buf.get() + kBytes - 4096, 8192));  // runs past the buffer
   EXPECT_TRUE(engine->UnregisterBuffer(buf.get()).ok());
   EXPECT_TRUE(engine->UnregisterBuffer(back.get()).ok());
+  EXPECT_FALSE(engine->IsRegistered(buf.get(), 4096));
   if (GetParam() == IoBackend::kUring) {
     EXPECT_EQ(engine->UnregisterBuffer(buf.get()).code(), StatusCode::kNotFound);
   }
@@ -273,6 +277,36 @@ TEST_P(IoEngineTest, EmptyRequestCompletesAtOnce) {
 
 INSTANTIATE_TEST_SUITE_P(Backends, IoEngineTest, ::testing::Values(IoBackend::kUring, IoBackend::kPosix),
                          [](const auto& info) { return info.param == IoBackend::kUring ? "io_uring" : "posix"; });
+
+TEST_P(IoEngineTest, SingleSubmitRoundTrips) {
+  IoEngineOptions o;
+  o.backend = GetParam();
+  o.block_size = 16 << 10;
+  o.single_submit = true;
+  auto engine = std::move(IoEngine::Create(o)).value();
+  auto file = NewFile(*engine, "single");
+  auto data = Aligned(256 << 10), back = Aligned(256 << 10);
+  FillRandom(data.get(), 256 << 10, 21);
+  ASSERT_TRUE(engine->WriteSync(file, 0, data.get(), 256 << 10).ok());
+  ASSERT_TRUE(engine->ReadSync(file, 0, back.get(), 256 << 10).ok());
+  EXPECT_EQ(std::memcmp(data.get(), back.get(), 256 << 10), 0);
+}
+
+TEST(IoEngineOptionsTest, ComeFromTheConfigsAioBlock) {
+  auto c = ParseConfig(R"({"aio": {"block_size": 2097152, "queue_depth": 16, "thread_count": 2, "single_submit": true,
+                          "io_backend": "posix"}, "zinf": {"aio": {"fixed_buffers": false, "sqpoll": true}}})");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  IoEngineOptions o = IoEngineOptionsFromConfig(*c);
+  EXPECT_EQ(o.block_size, 2u << 20);
+  EXPECT_EQ(o.queue_depth, 16u);
+  EXPECT_EQ(o.rings, 2u);
+  EXPECT_TRUE(o.single_submit);
+  EXPECT_EQ(o.backend, IoBackend::kPosix);
+  EXPECT_FALSE(o.fixed_buffers);
+  EXPECT_TRUE(o.sqpoll);
+  auto rings = ParseConfig(R"({"aio": {"intra_op_parallelism": 2}, "zinf": {"aio": {"rings": 3}}})");
+  EXPECT_EQ(IoEngineOptionsFromConfig(*rings).rings, 3u);  // zinf.aio.rings wins
+}
 
 TEST(IoEngineOptionsTest, BadOptionsAreRejected) {
   IoEngineOptions o;
