@@ -8,12 +8,14 @@ namespace zinf::bench {
 void RegisterMembw(CLI::App& bench, int* exit_code);
 void RegisterCpuKernels(CLI::App& bench, int* exit_code);  // adam, cast, norm
 void RegisterIo(CLI::App& bench, int* exit_code);
+void RegisterComm(CLI::App& bench, int* exit_code);
 void RegisterCopy(CLI::App& bench, int* exit_code);
 
 void RegisterAll(CLI::App& bench, int* exit_code) {
   RegisterMembw(bench, exit_code);
   RegisterCpuKernels(bench, exit_code);
   RegisterIo(bench, exit_code);
+  RegisterComm(bench, exit_code);
   RegisterCopy(bench, exit_code);
   bench.require_subcommand(1);
 }

@@ -10,6 +10,19 @@ set(ZINF_TEST_DIR "${CMAKE_BINARY_DIR}/test-scratch" CACHE PATH "Scratch directo
 set(_zinf_labels unit integration mpi gpu slow)
 add_custom_target(zinf_unit_tests)
 
+# The GoogleTest binary behind both helpers: linked with the library and
+# GTest, with the source, build and scratch directories compiled in.
+function(_zinf_test_executable name sources libs)
+  add_executable(${name} ${sources})
+  target_link_libraries(${name} PRIVATE zinf_internal GTest::gtest GTest::gmock GTest::gtest_main ${libs})
+  target_include_directories(${name} PRIVATE "${PROJECT_SOURCE_DIR}/tests")
+  target_compile_definitions(${name} PRIVATE
+    ZINF_TEST_SOURCE_DIR="${PROJECT_SOURCE_DIR}"
+    ZINF_TEST_BINARY_DIR="${CMAKE_BINARY_DIR}"
+    ZINF_TEST_DIR_DEFAULT="${ZINF_TEST_DIR}")
+  set_target_properties(${name} PROPERTIES RUNTIME_OUTPUT_DIRECTORY "${CMAKE_BINARY_DIR}/tests")
+endfunction()
+
 function(zinf_add_test)
   cmake_parse_arguments(T "" "NAME;LABEL" "SOURCES;LIBS" ${ARGN})
   if(NOT T_LABEL IN_LIST _zinf_labels)
@@ -18,18 +31,37 @@ function(zinf_add_test)
   if(ZINF_UNIT_TESTS_ONLY AND NOT T_LABEL STREQUAL "unit")
     return()
   endif()
-  add_executable(${T_NAME} ${T_SOURCES})
-  target_link_libraries(${T_NAME} PRIVATE zinf_internal GTest::gtest GTest::gmock GTest::gtest_main ${T_LIBS})
-  target_include_directories(${T_NAME} PRIVATE "${PROJECT_SOURCE_DIR}/tests")
-  target_compile_definitions(${T_NAME} PRIVATE
-    ZINF_TEST_SOURCE_DIR="${PROJECT_SOURCE_DIR}"
-    ZINF_TEST_BINARY_DIR="${CMAKE_BINARY_DIR}"
-    ZINF_TEST_DIR_DEFAULT="${ZINF_TEST_DIR}")
-  set_target_properties(${T_NAME} PROPERTIES RUNTIME_OUTPUT_DIRECTORY "${CMAKE_BINARY_DIR}/tests")
+  _zinf_test_executable(${T_NAME} "${T_SOURCES}" "${T_LIBS}")
   if(T_LABEL STREQUAL "unit")
     add_dependencies(zinf_unit_tests ${T_NAME})
   endif()
   gtest_discover_tests(${T_NAME}
     DISCOVERY_TIMEOUT 60
     PROPERTIES LABELS ${T_LABEL})
+endfunction()
+
+# zinf_add_mpi_test(NAME <name> SOURCES ... RANKS 1 2 4 [LIBS ...] [TIMEOUT <s>])
+# Builds one GoogleTest binary (set up as zinf_add_test does) and registers
+# one ctest per rank count, <name>.np<N>, running it under
+#   ${ZINF_MPIEXEC} -np N <binary>
+# with label mpi. Every rank runs every test; the job fails if any rank does.
+# The MPI tests share one RESOURCE_LOCK: two 4-rank jobs at once on a 2-core
+# machine only starve each other. Nothing is built with ZINF_UNIT_TESTS_ONLY.
+set(ZINF_MPIEXEC "${MPIEXEC_EXECUTABLE}" --allow-run-as-root --oversubscribe --bind-to none)
+function(zinf_add_mpi_test)
+  cmake_parse_arguments(T "" "NAME;TIMEOUT" "SOURCES;LIBS;RANKS" ${ARGN})
+  if(ZINF_UNIT_TESTS_ONLY)
+    return()
+  endif()
+  if(NOT T_RANKS)
+    message(FATAL_ERROR "zinf_add_mpi_test(${T_NAME}): RANKS is required, e.g. RANKS 1 2 4")
+  endif()
+  if(NOT T_TIMEOUT)
+    set(T_TIMEOUT 60)
+  endif()
+  _zinf_test_executable(${T_NAME} "${T_SOURCES}" "${T_LIBS}")
+  foreach(n IN LISTS T_RANKS)
+    add_test(NAME ${T_NAME}.np${n} COMMAND ${ZINF_MPIEXEC} -np ${n} $<TARGET_FILE:${T_NAME}>)
+    set_tests_properties(${T_NAME}.np${n} PROPERTIES LABELS mpi TIMEOUT ${T_TIMEOUT} RESOURCE_LOCK zinf_mpi)
+  endforeach()
 endfunction()
