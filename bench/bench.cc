@@ -10,6 +10,7 @@ void RegisterCpuKernels(CLI::App& bench, int* exit_code);  // adam, cast, norm
 void RegisterIo(CLI::App& bench, int* exit_code);
 void RegisterComm(CLI::App& bench, int* exit_code);
 void RegisterCopy(CLI::App& bench, int* exit_code);
+void RegisterModel(CLI::App& bench, int* exit_code);
 
 void RegisterAll(CLI::App& bench, int* exit_code) {
   RegisterMembw(bench, exit_code);
@@ -17,6 +18,7 @@ void RegisterAll(CLI::App& bench, int* exit_code) {
   RegisterIo(bench, exit_code);
   RegisterComm(bench, exit_code);
   RegisterCopy(bench, exit_code);
+  RegisterModel(bench, exit_code);
   bench.require_subcommand(1);
 }
 

@@ -1,0 +1,319 @@
+// `zinf bench model`: one training step of the GPT reference model on the
+// host device — forward and backward time, achieved GFLOP/s, and, measured
+// in the same run and interleaved step by step, OpenBLAS sgemm on the
+// model's largest matrix product (the LM head, [B·T, C] · [C, V]) with
+// OpenBLAS's own threading at the same thread count. The ratio
+// model GFLOP/s / sgemm GFLOP/s is the figure of merit: how close the whole
+// step comes to the best single product this machine's BLAS can do.
+//
+// FLOPs per step (model/gpt_config.h, TrainingFlops): 6 N per token, N =
+// every parameter (wte once), plus 12 L C T per token for attention's QKᵀ
+// and PV over the full T² scores; the forward is one third of it. The
+// stages run as tasks on a HostDevice stream (as the engine will run them),
+// with parameters, gradients and activations in its memory; each stage is
+// timed from enqueue to completion.
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bench/bench.h"
+#include "bench/bench_util.h"
+#include "common/units.h"
+#include "cpu/float16.h"
+#include "cpu/host_device.h"
+#include "model/gemm.h"
+#include "model/gpt_device.h"
+
+namespace zinf::bench {
+namespace {
+
+using model::GptConfig;
+using model::GptDevice;
+using model::GptRunOptions;
+
+struct Options {
+  std::string preset = "gpt2";
+  int64_t seq_len = 256;
+  int64_t micro_batch = 4;
+  int threads = 0;  // 0: hardware concurrency
+  int steps = 5;
+  std::string dtype = "fp32";
+  std::string grad_dtype = "fp32";
+  bool checkpointing = false;
+  bool json = false;
+};
+
+struct StageTimes {
+  double embed_fwd = 0, blocks_fwd = 0, head_fwd = 0, head_bwd = 0, blocks_bwd = 0, embed_bwd = 0;
+  double forward() const { return embed_fwd + blocks_fwd + head_fwd; }
+  double backward() const { return head_bwd + blocks_bwd + embed_bwd; }
+};
+
+Status Timed(double* acc, const std::function<Status()>& enqueue, Stream& stream) {
+  const double t0 = NowSeconds();
+  ZINF_RETURN_IF_ERROR(enqueue());
+  ZINF_RETURN_IF_ERROR(stream.Synchronize());
+  *acc += NowSeconds() - t0;
+  return Status::Ok();
+}
+
+Result<StageTimes> RunStep(GptDevice& gpt, const std::vector<const void*>& p, const std::vector<void*>& g,
+                           const int32_t* tokens, const int32_t* targets, float* loss) {
+  const GptConfig& c = gpt.config();
+  const int L = static_cast<int>(c.num_layers), fin = model::FinalNormUnit(c);
+  Stream& s = gpt.stream();
+  StageTimes t;
+  ZINF_RETURN_IF_ERROR(Timed(&t.embed_fwd, [&] { return gpt.EnqueueEmbedForward(tokens, p[0]); }, s));
+  for (int l = 0; l < L; ++l) {
+    ZINF_RETURN_IF_ERROR(Timed(&t.blocks_fwd, [&] { return gpt.EnqueueBlockForward(l, p[l + 1]); }, s));
+  }
+  ZINF_RETURN_IF_ERROR(Timed(&t.head_fwd, [&] { return gpt.EnqueueHeadForward(targets, p[fin], p[0], loss); }, s));
+  ZINF_RETURN_IF_ERROR(
+      Timed(&t.head_bwd, [&] { return gpt.EnqueueHeadBackward(1.0f, p[fin], p[0], g[fin], g[0]); }, s));
+  for (int l = L - 1; l >= 0; --l) {
+    ZINF_RETURN_IF_ERROR(Timed(&t.blocks_bwd, [&] { return gpt.EnqueueBlockBackward(l, p[l + 1], g[l + 1]); }, s));
+  }
+  ZINF_RETURN_IF_ERROR(Timed(&t.embed_bwd, [&] { return gpt.EnqueueEmbedBackward(g[0]); }, s));
+  return t;
+}
+
+int Fail(const Status& st) {
+  std::fprintf(stderr, "zinf bench model: %s\n", st.ToString().c_str());
+  return st.code() == StatusCode::kInvalidArgument || st.code() == StatusCode::kNotFound ? 2 : 1;
+}
+
+int Run(const Options& opt) {
+  auto preset = model::GptPreset(opt.preset);
+  if (!preset.ok()) return Fail(preset.status());
+  const GptConfig& c = *preset;
+  auto dtype = ParseDType(opt.dtype);
+  auto grad_dtype = ParseDType(opt.grad_dtype);
+  if (!dtype.ok()) return Fail(dtype.status());
+  if (!grad_dtype.ok()) return Fail(grad_dtype.status());
+  if (opt.steps < 1) return Fail(InvalidArgument("--steps must be >= 1"));
+  const int threads = opt.threads > 0 ? opt.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  GptRunOptions o;
+  o.batch_size = opt.micro_batch;
+  o.seq_len = opt.seq_len;
+  o.num_threads = threads;
+  o.activation_checkpointing = opt.checkpointing;
+  o.param_dtype = *dtype;
+  o.grad_dtype = *grad_dtype;
+  auto probe = model::GptModel::Create(c, o);  // validates the options
+  if (!probe.ok()) return Fail(probe.status());
+  const uint64_t activation_bytes = (*probe)->activation_bytes();
+  const std::string activation_text = (*probe)->activation_layout().ToString();
+  probe->reset();
+
+  // Device memory: parameters, gradients, activations, tokens, slack for rounding.
+  const int64_t n_params = model::NumParams(c);
+  const uint64_t param_bytes = n_params * DTypeSizeBytes(*dtype), grad_bytes = n_params * DTypeSizeBytes(*grad_dtype);
+  DeviceOptions dopt;
+  dopt.spec = "cpu";
+  dopt.memory_budget = param_bytes + grad_bytes + activation_bytes + (64u << 20);
+  auto device = CreateHostDevice(dopt);
+  if (!device.ok()) return Fail(device.status());
+  auto stream = (*device)->CreateStream();
+  if (!stream.ok()) return Fail(stream.status());
+  Device& dev = **device;
+  Stream& s = **stream;
+
+  std::vector<const void*> p;
+  std::vector<void*> g;
+  for (int u = 0; u < model::NumUnits(c); ++u) {
+    const int64_t n = model::UnitNumParams(c, u);
+    std::vector<float> host(n);
+    model::InitUnitParams(c, u, 1234, host.data());
+    std::vector<uint16_t> narrow;
+    const void* src = host.data();
+    if (*dtype != DType::kFloat32) {
+      narrow.resize(n);
+      for (int64_t i = 0; i < n; ++i) {
+        narrow[i] = *dtype == DType::kBFloat16 ? FloatToBf16Bits(host[i]) : FloatToHalfBits(host[i]);
+      }
+      src = narrow.data();
+    }
+    auto dp = dev.Allocate(n * DTypeSizeBytes(*dtype), s);
+    auto dg = dev.Allocate(n * DTypeSizeBytes(*grad_dtype), s);
+    if (!dp.ok()) return Fail(dp.status());
+    if (!dg.ok()) return Fail(dg.status());
+    Status st = dev.CopyToDevice(*dp, src, n * DTypeSizeBytes(*dtype), s);
+    if (st.ok()) st = s.Synchronize();  // `host` goes away at the end of this iteration
+    if (!st.ok()) return Fail(st);
+    p.push_back(*dp);
+    g.push_back(*dg);
+  }
+  const int64_t BT = opt.micro_batch * opt.seq_len;
+  std::vector<int32_t> tokens(BT), targets(BT);
+  std::mt19937 rng(7);
+  for (int64_t i = 0; i < BT; ++i) tokens[i] = static_cast<int32_t>(rng() % c.vocab_size);
+  for (int64_t i = 0; i < BT; ++i) targets[i] = tokens[(i + 1) % BT];
+  auto dtok = dev.Allocate(BT * sizeof(int32_t), s), dtgt = dev.Allocate(BT * sizeof(int32_t), s),
+       dloss = dev.Allocate(sizeof(float), s);
+  if (!dtok.ok() || !dtgt.ok() || !dloss.ok()) return Fail(OutOfMemory("tokens"));
+  Status st = dev.CopyToDevice(*dtok, tokens.data(), BT * sizeof(int32_t), s);
+  if (st.ok()) st = dev.CopyToDevice(*dtgt, targets.data(), BT * sizeof(int32_t), s);
+  if (!st.ok()) return Fail(st);
+  auto gpt = GptDevice::Create(dev, s, c, o);
+  if (!gpt.ok()) return Fail(gpt.status());
+
+  // The reference: the LM head's product (the model's largest), as the model
+  // issues it (lnf · wteᵀ), through one cblas_sgemm call with OpenBLAS's own
+  // threads; and the model's tiled version of the same call for comparison.
+  const int64_t M = BT, N = c.vocab_size, K = c.embed_dim;
+  std::vector<float> a(M * K), b(N * K), out(M * N);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>(i % 17) * 0.01f;
+  for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<float>(i % 13) * 0.01f;
+  model::ModelThreads tile_threads(threads);
+  auto sgemm = [&] {
+    model::SetBlasThreads(threads);
+    const double t0 = NowSeconds();
+    model::Gemm<float>(false, true, M, N, K, 1.0f, a.data(), K, b.data(), K, 0.0f, out.data(), N);
+    const double t = NowSeconds() - t0;
+    model::UseSingleThreadedBlas();
+    return t;
+  };
+  auto tiled = [&] {
+    const double t0 = NowSeconds();
+    model::ParallelGemm<float>(tile_threads, false, true, M, N, K, 1.0f, a.data(), K, b.data(), K, 0.0f, out.data(), N);
+    return NowSeconds() - t0;
+  };
+
+  const double flops = model::TrainingFlops(c, opt.micro_batch, opt.seq_len);
+  const double fwd_flops = model::ForwardFlops(c, opt.micro_batch, opt.seq_len);
+  const double gemm_flops = 2.0 * M * N * K;
+  if (!opt.json) {
+    std::printf("# zinf bench model: %s\n", c.ToString().c_str());
+    std::printf("# micro-batch %lld x seq %lld = %lld tokens; params %s, grads %s; %d thread(s); checkpointing %s; "
+                "median of %d steps after 1 warm-up\n",
+                static_cast<long long>(opt.micro_batch), static_cast<long long>(opt.seq_len),
+                static_cast<long long>(BT), opt.dtype.c_str(), opt.grad_dtype.c_str(), threads,
+                opt.checkpointing ? "on" : "off", opt.steps);
+    std::printf("# FLOPs/step = 6*N*tokens + 12*L*C*T*tokens (attention) = %.4g + %.4g = %.4g (forward 1/3)\n",
+                6.0 * n_params * BT, flops - 6.0 * n_params * BT, flops);
+    std::printf("# activations: %s\n", activation_text.c_str());
+    std::printf("# reference: cblas_sgemm M=%lld N=%lld K=%lld (B*T x C times C x V, the LM head), OpenBLAS threads=%d "
+                "[%s]\n",
+                static_cast<long long>(M), static_cast<long long>(N), static_cast<long long>(K), threads,
+                model::BlasConfig().c_str());
+  }
+
+  StageTimes warm;
+  std::vector<double> fwd, bwd, step, ref, ref_tiled, blocks_fwd, head_fwd, head_bwd, blocks_bwd, embed;
+  float loss = 0;
+  for (int i = 0; i < opt.steps + 1; ++i) {
+    auto t = RunStep(**gpt, p, g, static_cast<const int32_t*>(*dtok), static_cast<const int32_t*>(*dtgt),
+                     static_cast<float*>(*dloss));
+    if (!t.ok()) return Fail(t.status());
+    const double r = sgemm(), rt = tiled();
+    if (i == 0) continue;  // warm-up: first touch of the activations, BLAS buffers
+    fwd.push_back(t->forward());
+    bwd.push_back(t->backward());
+    step.push_back(t->forward() + t->backward());
+    blocks_fwd.push_back(t->blocks_fwd);
+    head_fwd.push_back(t->head_fwd);
+    head_bwd.push_back(t->head_bwd);
+    blocks_bwd.push_back(t->blocks_bwd);
+    embed.push_back(t->embed_fwd + t->embed_bwd);
+    ref.push_back(r);
+    ref_tiled.push_back(rt);
+  }
+  st = dev.CopyToHost(&loss, *dloss, sizeof(float), s);
+  if (st.ok()) st = s.Synchronize();
+  if (!st.ok()) return Fail(st);
+
+  const double ref_gflops = gemm_flops / Median(ref) / 1e9;
+  struct Row {
+    const char* name;
+    double seconds, flops;
+  };
+  // Per-stage rows split the step's time; the FLOPs of a stage are given
+  // where they are well defined (the LM head: 2·B·T·C·V forward, twice that
+  // backward).
+  const double head_gemm = 2.0 * BT * c.embed_dim * c.vocab_size;
+  const Row rows[] = {
+      {"forward", Median(fwd), fwd_flops},
+      {"backward", Median(bwd), flops - fwd_flops},
+      {"step", Median(step), flops},
+      {"  blocks fwd", Median(blocks_fwd), fwd_flops - head_gemm},
+      {"  head fwd", Median(head_fwd), head_gemm},
+      {"  head bwd", Median(head_bwd), 2 * head_gemm},
+      {"  blocks bwd", Median(blocks_bwd), flops - fwd_flops - 2 * head_gemm},
+      {"  embeddings", Median(embed), 0},
+      {"sgemm ref", Median(ref), gemm_flops},
+      {"sgemm tiled", Median(ref_tiled), gemm_flops},
+  };
+  const double step_gflops = flops / Median(step) / 1e9;
+  const double ratio = step_gflops / ref_gflops;
+  if (opt.json) {
+    nlohmann::json j = {{"bench", "model"},
+                        {"preset", c.name},
+                        {"params", n_params},
+                        {"micro_batch", opt.micro_batch},
+                        {"seq_len", opt.seq_len},
+                        {"tokens", BT},
+                        {"threads", threads},
+                        {"param_dtype", opt.dtype},
+                        {"grad_dtype", opt.grad_dtype},
+                        {"checkpointing", opt.checkpointing},
+                        {"steps", opt.steps},
+                        {"flops_per_step", flops},
+                        {"flops_formula", "6*N*tokens + 12*L*C*T*tokens"},
+                        {"activation_bytes", activation_bytes},
+                        {"device_peak_bytes", dev.memory_stats().peak_in_use_bytes},
+                        {"loss", loss},
+                        {"sgemm", {{"m", M}, {"n", N}, {"k", K}, {"gflop_per_s", ref_gflops}}},
+                        {"ratio_to_sgemm", ratio},
+                        {"phases", nlohmann::json::array()}};
+    for (const Row& r : rows) {
+      std::string name = r.name;
+      name.erase(0, name.find_first_not_of(' '));
+      j["phases"].push_back({{"phase", name},
+                             {"seconds", r.seconds},
+                             {"flops", r.flops},
+                             {"gflop_per_s", r.flops ? r.flops / r.seconds / 1e9 : 0.0}});
+    }
+    std::printf("%s\n", j.dump(2).c_str());
+  } else {
+    std::printf("%-14s %10s %10s %10s %9s\n", "phase", "seconds", "GFLOP", "GFLOP/s", "vs sgemm");
+    for (const Row& r : rows) {
+      if (r.flops > 0) {
+        const double gf = r.flops / r.seconds / 1e9;
+        std::printf("%-14s %10.4f %10.2f %10.2f %9.3f\n", r.name, r.seconds, r.flops / 1e9, gf, gf / ref_gflops);
+      } else {
+        std::printf("%-14s %10.4f %10s %10s %9s\n", r.name, r.seconds, "-", "-", "-");
+      }
+    }
+    std::printf("# step: %.2f GFLOP/s = %.3f of sgemm (%.2f GFLOP/s); loss %.4f; activations %s, device peak %s\n",
+                step_gflops, ratio, ref_gflops, loss, FormatBytes(activation_bytes).c_str(),
+                FormatBytes(dev.memory_stats().peak_in_use_bytes).c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
+void RegisterModel(CLI::App& bench, int* exit_code) {
+  auto opt = std::make_shared<Options>();
+  CLI::App* cmd = bench.add_subcommand("model", "GPT reference model: forward/backward time and GFLOP/s vs sgemm");
+  cmd->add_option("--preset", opt->preset, "Model preset (tiny, gpt2, gpt2-medium, ...)")->capture_default_str();
+  cmd->add_option("--seq-len", opt->seq_len, "Tokens per sequence")->capture_default_str();
+  cmd->add_option("--micro-batch", opt->micro_batch, "Sequences per step")->capture_default_str();
+  cmd->add_option("--threads", opt->threads, "Kernel threads (0: all cores)")->capture_default_str();
+  cmd->add_option("--steps", opt->steps, "Timed steps (median reported)")->capture_default_str();
+  cmd->add_option("--dtype", opt->dtype, "Parameter dtype: fp32, bf16, fp16")->capture_default_str();
+  cmd->add_option("--grad-dtype", opt->grad_dtype, "Gradient dtype: fp32, bf16, fp16")->capture_default_str();
+  cmd->add_flag("--checkpointing", opt->checkpointing, "Recompute each block's forward in its backward");
+  cmd->add_flag("--json", opt->json, "Print one JSON object instead of the table");
+  cmd->callback([opt, exit_code] { *exit_code = Run(*opt); });
+}
+
+}  // namespace zinf::bench

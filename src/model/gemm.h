@@ -1,0 +1,55 @@
+// Matrix products for the model: row-major C = alpha · op(A) · op(B) + beta · C
+// (op = identity or transpose; m × k times k × n), through OpenBLAS
+// (cblas_sgemm for float, cblas_dgemm for double, so the double-precision
+// tests run the same code). The BLAS header stays in gemm.cc.
+//
+// Threading: the model drives OpenBLAS single-threaded and parallelises on
+// its own pool. ParallelGemm cuts C into tiles whose shape depends only on
+// (m, n, k), runs one single-threaded BLAS call per tile on ModelThreads,
+// and so gives the same bits for any thread count (each element of C is
+// computed by the same call on the same operands). OpenBLAS's own threads
+// would not give that: with OpenBLAS 0.3.21 (Debian 12, SkylakeX kernels),
+// cblas_sgemm on 2 threads differed from 1 thread in 46% of the elements of
+// the LM head's dx (1024 × 768, k = 50257), while ParallelGemm's tiles gave
+// the bits of one single-threaded call on every gpt2 shape. It also keeps a
+// single pool: no OpenBLAS threads spin beside the arena's. UseSingleThreadedBlas()
+// sets OpenBLAS's process-wide thread count to 1 (openblas_set_num_threads):
+// GptModel calls it when created; the bench's sgemm reference sets it to
+// the thread count for its own measurement and back.
+//
+// Thread-safety: Gemm and ParallelGemm may run concurrently on disjoint
+// outputs. SetBlasThreads/UseSingleThreadedBlas change process state: call
+// them when no BLAS call is running.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "model/parallel.h"
+
+namespace zinf::model {
+
+// One BLAS call on the calling thread. Dimensions must fit in int32.
+template <class F>
+void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, F alpha, const F* a, int64_t lda, const F* b,
+          int64_t ldb, F beta, F* c, int64_t ldc);
+
+// The same product, tiled over `threads` (see above). Requires BLAS to be
+// single-threaded (BlasThreads() == 1) to avoid oversubscription.
+template <class F>
+void ParallelGemm(const ModelThreads& threads, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, F alpha,
+                  const F* a, int64_t lda, const F* b, int64_t ldb, F beta, F* c, int64_t ldc);
+
+// The tile shape ParallelGemm uses for an (m, n, k) product.
+struct GemmTiles {
+  int64_t tile_m = 0, tile_n = 0;
+};
+GemmTiles GemmTilesFor(int64_t m, int64_t n, int64_t k);
+
+void UseSingleThreadedBlas();
+void SetBlasThreads(int num_threads);
+int BlasThreads();
+// OpenBLAS's build string, e.g. "OpenBLAS 0.3.21 DYNAMIC_ARCH NO_AFFINITY SkylakeX MAX_THREADS=64".
+std::string BlasConfig();
+
+}  // namespace zinf::model

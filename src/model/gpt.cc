@@ -1,0 +1,387 @@
+// GptModel: the activation arena's plan and the stages of one step. The
+// backward of a block follows llm.c's train_gpt2.c (Karpathy, 2024), with
+// the residual stream's gradient kept in one buffer (dres) that each
+// LayerNorm backward adds into.
+#include "model/gpt.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+
+#include "common/check.h"
+#include "common/units.h"
+#include "cpu/float16.h"
+#include "model/gemm.h"
+#include "model/layers.h"
+
+namespace zinf::model {
+namespace {
+
+constexpr uint64_t kAlign = 64;
+constexpr int64_t kConvertGrain = 1 << 16;
+
+uint64_t AlignUp(uint64_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
+uint64_t F32Bytes(int64_t n) { return static_cast<uint64_t>(n) * sizeof(float); }
+
+class Planner {
+ public:
+  uint64_t Take(uint64_t bytes) {
+    const uint64_t offset = at_;
+    at_ = AlignUp(at_ + bytes);
+    return offset;
+  }
+  uint64_t at() const { return at_; }
+
+ private:
+  uint64_t at_ = 0;
+};
+
+}  // namespace
+
+ActivationLayout ActivationLayout::For(const GptConfig& c, const GptRunOptions& o) {
+  const int64_t B = o.batch_size, T = o.seq_len ? o.seq_len : c.max_seq_len, C = c.embed_dim;
+  const int64_t L = c.num_layers, H = c.num_heads, V = c.vocab_size, BT = B * T;
+  ActivationLayout l;
+  Planner p;
+  l.tokens = p.Take(BT * sizeof(int32_t));
+  l.targets = p.Take(BT * sizeof(int32_t));
+  l.residual = p.Take(F32Bytes((L + 1) * BT * C));
+
+  Planner set;  // one block's saved tensors
+  l.block.ln1 = set.Take(F32Bytes(BT * C));
+  l.block.ln1_mean = set.Take(F32Bytes(BT));
+  l.block.ln1_rstd = set.Take(F32Bytes(BT));
+  l.block.qkv = set.Take(F32Bytes(BT * 3 * C));
+  l.block.att = set.Take(F32Bytes(B * H * T * T));
+  l.block.atty = set.Take(F32Bytes(BT * C));
+  l.block.res_mid = set.Take(F32Bytes(BT * C));
+  l.block.ln2 = set.Take(F32Bytes(BT * C));
+  l.block.ln2_mean = set.Take(F32Bytes(BT));
+  l.block.ln2_rstd = set.Take(F32Bytes(BT));
+  l.block.fch = set.Take(F32Bytes(BT * 4 * C));
+  l.block.fch_gelu = set.Take(F32Bytes(BT * 4 * C));
+  l.block_stride = set.at();
+  l.block_sets = o.activation_checkpointing ? 1 : L;
+  l.blocks = p.Take(l.block_stride * static_cast<uint64_t>(l.block_sets));
+
+  l.lnf = p.Take(F32Bytes(BT * C));
+  l.lnf_mean = p.Take(F32Bytes(BT));
+  l.lnf_rstd = p.Take(F32Bytes(BT));
+  l.probs = p.Take(F32Bytes(BT * V));
+  l.losses = p.Take(F32Bytes(BT));
+  l.saved_bytes = p.at();
+
+  l.dres = p.Take(F32Bytes(BT * C));
+  l.dbuf = p.Take(F32Bytes(BT * C));
+  l.dqkv = p.Take(F32Bytes(BT * 3 * C));
+  l.datt = p.Take(F32Bytes(B * H * T * T));
+  l.dfch = p.Take(F32Bytes(BT * 4 * C));
+  l.scratch_bytes = p.at() - l.saved_bytes;
+
+  const int64_t other_units = std::max(BlockLayout::For(c).num_elems, FinalNormLayout::For(c).num_elems);
+  if (o.param_dtype != DType::kFloat32) {
+    l.wide_embedding = p.Take(F32Bytes(EmbeddingLayout::For(c).num_elems));
+    l.wide_unit = p.Take(F32Bytes(other_units));
+  }
+  if (o.grad_dtype != DType::kFloat32) {
+    l.grad_embedding = p.Take(F32Bytes(EmbeddingLayout::For(c).num_elems));
+    l.grad_unit = p.Take(F32Bytes(other_units));
+  }
+  l.conversion_bytes = p.at() - l.saved_bytes - l.scratch_bytes;
+  l.total_bytes = p.at();
+  return l;
+}
+
+std::string ActivationLayout::ToString() const {
+  return FormatBytes(total_bytes) + " (saved " + FormatBytes(saved_bytes) + ", backward scratch " +
+         FormatBytes(scratch_bytes) + ", dtype conversion " + FormatBytes(conversion_bytes) + ")";
+}
+
+GptModel::GptModel(const GptConfig& config, const GptRunOptions& options)
+    : config_(config), options_(options), layout_(ActivationLayout::For(config, options)),
+      threads_(options.num_threads) {}
+
+Result<std::unique_ptr<GptModel>> GptModel::Create(const GptConfig& config, const GptRunOptions& options) {
+  ZINF_RETURN_IF_ERROR(config.Validate());
+  GptRunOptions o = options;
+  if (o.seq_len == 0) o.seq_len = config.max_seq_len;
+  if (o.batch_size < 1) return InvalidArgument("gpt model: batch_size must be >= 1, got " + std::to_string(o.batch_size));
+  if (o.seq_len < 1 || o.seq_len > config.max_seq_len) {
+    return InvalidArgument("gpt model: seq_len must be in 1.." + std::to_string(config.max_seq_len) + " (the " +
+                           config.name + " context length), got " + std::to_string(o.seq_len));
+  }
+  if (o.num_threads < 1) return InvalidArgument("gpt model: num_threads must be >= 1");
+  // The LM head's [B·T, V] product and the attention scores are addressed
+  // with 32-bit BLAS dimensions.
+  if (o.batch_size * o.seq_len > std::numeric_limits<int32_t>::max() / 4) {
+    return InvalidArgument("gpt model: batch_size × seq_len is too large");
+  }
+  UseSingleThreadedBlas();
+  return std::unique_ptr<GptModel>(new GptModel(config, o));
+}
+
+void GptModel::BindActivations(void* host_arena) {
+  ZINF_CHECK(reinterpret_cast<uintptr_t>(host_arena) % kAlign == 0);
+  arena_ = static_cast<char*>(host_arena);
+}
+
+Status GptModel::CheckArena() const {
+  if (!arena_) return FailedPrecondition("gpt model: no activation arena bound (BindActivations)");
+  return Status::Ok();
+}
+
+const float* GptModel::probabilities() const { return arena_ ? F32(layout_.probs) : nullptr; }
+
+ActivationLayout::Block GptModel::BlockPtrs(int layer) const {
+  const uint64_t base = layout_.blocks + (options_.activation_checkpointing ? 0 : layout_.block_stride * layer);
+  ActivationLayout::Block b = layout_.block;
+  for (uint64_t* f : {&b.ln1, &b.ln1_mean, &b.ln1_rstd, &b.qkv, &b.att, &b.atty, &b.res_mid, &b.ln2, &b.ln2_mean,
+                      &b.ln2_rstd, &b.fch, &b.fch_gelu}) {
+    *f += base;
+  }
+  return b;
+}
+
+const float* GptModel::Widen(const void* params, int64_t num_elems, uint64_t wide_offset) {
+  const DType dtype = options_.param_dtype;
+  if (dtype == DType::kFloat32) return static_cast<const float*>(params);
+  float* dst = F32(wide_offset);
+  const uint16_t* src = static_cast<const uint16_t*>(params);
+  threads_.ForChunks(num_elems, kConvertGrain, [&](int64_t i0, int64_t i1) {
+    if (dtype == DType::kBFloat16) {
+      for (int64_t i = i0; i < i1; ++i) dst[i] = Bf16BitsToFloat(src[i]);
+    } else {
+      for (int64_t i = i0; i < i1; ++i) dst[i] = HalfBitsToFloat(src[i]);
+    }
+  });
+  return dst;
+}
+
+float* GptModel::BeginGrad(void* grad, int64_t num_elems, uint64_t accumulator_offset) {
+  const DType dtype = options_.grad_dtype;
+  const bool accumulate = options_.accumulate_grads;
+  float* acc = dtype == DType::kFloat32 ? static_cast<float*>(grad) : F32(accumulator_offset);
+  const uint16_t* src = static_cast<const uint16_t*>(grad);
+  threads_.ForChunks(num_elems, kConvertGrain, [&](int64_t i0, int64_t i1) {
+    if (!accumulate) {
+      std::memset(acc + i0, 0, F32Bytes(i1 - i0));
+    } else if (dtype == DType::kBFloat16) {
+      for (int64_t i = i0; i < i1; ++i) acc[i] = Bf16BitsToFloat(src[i]);
+    } else if (dtype == DType::kFloat16) {
+      for (int64_t i = i0; i < i1; ++i) acc[i] = HalfBitsToFloat(src[i]);
+    }
+  });
+  return acc;
+}
+
+void GptModel::EndGrad(void* grad, const float* accumulator, int64_t num_elems) {
+  const DType dtype = options_.grad_dtype;
+  if (dtype == DType::kFloat32) return;
+  uint16_t* dst = static_cast<uint16_t*>(grad);
+  threads_.ForChunks(num_elems, kConvertGrain, [&](int64_t i0, int64_t i1) {
+    if (dtype == DType::kBFloat16) {
+      for (int64_t i = i0; i < i1; ++i) dst[i] = FloatToBf16Bits(accumulator[i]);
+    } else {
+      for (int64_t i = i0; i < i1; ++i) dst[i] = FloatToHalfBits(accumulator[i]);
+    }
+  });
+}
+
+Status GptModel::EmbedForward(const int32_t* tokens, const void* embedding) {
+  ZINF_RETURN_IF_ERROR(CheckArena());
+  const int64_t B = options_.batch_size, T = options_.seq_len, C = config_.embed_dim, V = config_.vocab_size;
+  for (int64_t r = 0; r < B * T; ++r) {
+    if (tokens[r] < 0 || tokens[r] >= V) {
+      return InvalidArgument("gpt model: token " + std::to_string(tokens[r]) + " at position " + std::to_string(r) +
+                             " is outside the vocabulary (V=" + std::to_string(V) + ")");
+    }
+  }
+  std::memcpy(I32(layout_.tokens), tokens, B * T * sizeof(int32_t));
+  const EmbeddingLayout e = EmbeddingLayout::For(config_);
+  const float* p = Widen(embedding, e.num_elems, layout_.wide_embedding);
+  EncoderForward<float>(threads_, F32(layout_.residual), I32(layout_.tokens), p + e.wte, p + e.wpe, B, T, C);
+  forward_next_ = 0;
+  head_forward_done_ = false;
+  backward_next_ = -2;
+  checkpoint_layer_ = -1;
+  return Status::Ok();
+}
+
+void GptModel::RunBlockForward(int layer, const float* p) {
+  const int64_t B = options_.batch_size, T = options_.seq_len, C = config_.embed_dim, H = config_.num_heads;
+  const int64_t BT = B * T;
+  const BlockLayout w = BlockLayout::For(config_);
+  const ActivationLayout::Block a = BlockPtrs(layer);
+  const float* in = F32(layout_.residual) + layer * BT * C;
+  float* out = F32(layout_.residual) + (layer + 1) * BT * C;
+  float* res_mid = F32(a.res_mid);
+  LayerNormForward<float>(threads_, F32(a.ln1), F32(a.ln1_mean), F32(a.ln1_rstd), in, p + w.ln1_w, p + w.ln1_b, BT,
+                          C);
+  LinearForward<float>(threads_, F32(a.qkv), F32(a.ln1), p + w.qkv_w, p + w.qkv_b, BT, C, 3 * C);
+  AttentionForward<float>(threads_, F32(a.atty), F32(a.att), F32(a.qkv), B, T, C, H);
+  LinearForward<float>(threads_, res_mid, F32(a.atty), p + w.attn_proj_w, p + w.attn_proj_b, BT, C, C);
+  ResidualForward<float>(threads_, res_mid, in, res_mid, BT * C);
+  LayerNormForward<float>(threads_, F32(a.ln2), F32(a.ln2_mean), F32(a.ln2_rstd), res_mid, p + w.ln2_w,
+                          p + w.ln2_b, BT, C);
+  LinearForward<float>(threads_, F32(a.fch), F32(a.ln2), p + w.fc_w, p + w.fc_b, BT, C, 4 * C);
+  GeluForward<float>(threads_, F32(a.fch_gelu), F32(a.fch), BT * 4 * C);
+  LinearForward<float>(threads_, out, F32(a.fch_gelu), p + w.fc_proj_w, p + w.fc_proj_b, BT, 4 * C, C);
+  ResidualForward<float>(threads_, out, res_mid, out, BT * C);
+  checkpoint_layer_ = layer;
+}
+
+Status GptModel::BlockForward(int layer, const void* block) {
+  ZINF_RETURN_IF_ERROR(CheckArena());
+  if (forward_next_ < 0 || layer != forward_next_ || layer >= config_.num_layers) {
+    return FailedPrecondition("gpt model: BlockForward(" + std::to_string(layer) + ") out of order; expected " +
+                              (forward_next_ < 0 ? std::string("EmbedForward first")
+                                                 : "block " + std::to_string(forward_next_)));
+  }
+  RunBlockForward(layer, Widen(block, BlockLayout::For(config_).num_elems, layout_.wide_unit));
+  ++forward_next_;
+  return Status::Ok();
+}
+
+Result<float> GptModel::HeadForward(const int32_t* targets, const void* final_norm, const void* embedding) {
+  ZINF_RETURN_IF_ERROR(CheckArena());
+  if (forward_next_ != config_.num_layers) {
+    return FailedPrecondition("gpt model: HeadForward before the forward of every block");
+  }
+  const int64_t B = options_.batch_size, T = options_.seq_len, C = config_.embed_dim, V = config_.vocab_size;
+  const int64_t BT = B * T, L = config_.num_layers;
+  for (int64_t r = 0; r < BT; ++r) {
+    if (targets[r] >= V) {
+      return InvalidArgument("gpt model: target " + std::to_string(targets[r]) + " at position " + std::to_string(r) +
+                             " is outside the vocabulary (V=" + std::to_string(V) + ")");
+    }
+  }
+  std::memcpy(I32(layout_.targets), targets, BT * sizeof(int32_t));
+  const FinalNormLayout f = FinalNormLayout::For(config_);
+  const EmbeddingLayout e = EmbeddingLayout::For(config_);
+  const float* pf = Widen(final_norm, f.num_elems, layout_.wide_unit);
+  const float* pe = Widen(embedding, e.num_elems, layout_.wide_embedding);
+  float* lnf = F32(layout_.lnf);
+  float* probs = F32(layout_.probs);
+  LayerNormForward<float>(threads_, lnf, F32(layout_.lnf_mean), F32(layout_.lnf_rstd),
+                          F32(layout_.residual) + L * BT * C, pf + f.w, pf + f.b, BT, C);
+  ParallelGemm<float>(threads_, false, true, BT, V, C, 1.0f, lnf, C, pe + e.wte, C, 0.0f, probs, V);  // logits
+  num_targets_ = SoftmaxCrossEntropyForward<float>(threads_, probs, F32(layout_.losses), probs, I32(layout_.targets),
+                                                   BT, V);
+  double sum = 0;
+  const float* losses = F32(layout_.losses);
+  for (int64_t r = 0; r < BT; ++r) sum += losses[r];
+  head_forward_done_ = true;
+  return num_targets_ ? static_cast<float>(sum / static_cast<double>(num_targets_)) : 0.0f;
+}
+
+Status GptModel::HeadBackward(float loss_scale, const void* final_norm, const void* embedding, void* final_norm_grad,
+                              void* embedding_grad) {
+  ZINF_RETURN_IF_ERROR(CheckArena());
+  if (!head_forward_done_ || backward_next_ != -2) {
+    return FailedPrecondition("gpt model: HeadBackward needs a completed forward (HeadForward) first");
+  }
+  const int64_t B = options_.batch_size, T = options_.seq_len, C = config_.embed_dim, V = config_.vocab_size;
+  const int64_t BT = B * T, L = config_.num_layers;
+  const FinalNormLayout f = FinalNormLayout::For(config_);
+  const EmbeddingLayout e = EmbeddingLayout::For(config_);
+  const float* pf = Widen(final_norm, f.num_elems, layout_.wide_unit);
+  const float* pe = Widen(embedding, e.num_elems, layout_.wide_embedding);
+  float* gf = BeginGrad(final_norm_grad, f.num_elems, layout_.grad_unit);
+  embedding_grad32_ = BeginGrad(embedding_grad, e.num_elems, layout_.grad_embedding);
+  float* dlogits = F32(layout_.probs);  // in place over the probabilities
+  const float scale = num_targets_ ? loss_scale / static_cast<float>(num_targets_) : 0.0f;
+  SoftmaxCrossEntropyBackward<float>(threads_, dlogits, dlogits, I32(layout_.targets), BT, V, scale);
+  float* dlnf = F32(layout_.dbuf);
+  ParallelGemm<float>(threads_, false, false, BT, C, V, 1.0f, dlogits, V, pe + e.wte, C, 0.0f, dlnf, C);
+  ParallelGemm<float>(threads_, true, false, V, C, BT, 1.0f, dlogits, V, F32(layout_.lnf), C, 1.0f,
+                      embedding_grad32_ + e.wte, C);
+  float* dres = F32(layout_.dres);
+  threads_.ForChunks(BT * C, kConvertGrain, [&](int64_t i0, int64_t i1) { std::memset(dres + i0, 0, F32Bytes(i1 - i0)); });
+  LayerNormBackward<float>(threads_, dres, gf + f.w, gf + f.b, dlnf, F32(layout_.residual) + L * BT * C, pf + f.w,
+                           F32(layout_.lnf_mean), F32(layout_.lnf_rstd), BT, C);
+  EndGrad(final_norm_grad, gf, f.num_elems);
+  head_forward_done_ = false;
+  backward_next_ = static_cast<int>(L) - 1;
+  return Status::Ok();
+}
+
+Status GptModel::BlockBackward(int layer, const void* block, void* block_grad) {
+  ZINF_RETURN_IF_ERROR(CheckArena());
+  if (backward_next_ < 0 || layer != backward_next_) {
+    return FailedPrecondition("gpt model: BlockBackward(" + std::to_string(layer) + ") out of order; expected " +
+                              (backward_next_ < 0 ? std::string("HeadBackward first")
+                                                  : "block " + std::to_string(backward_next_)));
+  }
+  const int64_t B = options_.batch_size, T = options_.seq_len, C = config_.embed_dim, H = config_.num_heads;
+  const int64_t BT = B * T;
+  const BlockLayout w = BlockLayout::For(config_);
+  const float* p = Widen(block, w.num_elems, layout_.wide_unit);
+  if (options_.activation_checkpointing && checkpoint_layer_ != layer) RunBlockForward(layer, p);
+  float* g = BeginGrad(block_grad, w.num_elems, layout_.grad_unit);
+  const ActivationLayout::Block a = BlockPtrs(layer);
+  const float* in = F32(layout_.residual) + layer * BT * C;
+  float* dres = F32(layout_.dres);  // d(block output) on entry, d(block input) on exit
+  float* dbuf = F32(layout_.dbuf);
+  float* dfch = F32(layout_.dfch);
+  float* dqkv = F32(layout_.dqkv);
+  // MLP: out = res_mid + fc_proj(gelu(fc(ln2(res_mid)))).
+  LinearBackward<float>(threads_, dfch, false, g + w.fc_proj_w, g + w.fc_proj_b, dres, F32(a.fch_gelu),
+                        p + w.fc_proj_w, BT, 4 * C, C);
+  GeluBackward<float>(threads_, dfch, F32(a.fch), dfch, BT * 4 * C);
+  LinearBackward<float>(threads_, dbuf, false, g + w.fc_w, g + w.fc_b, dfch, F32(a.ln2), p + w.fc_w, BT, C, 4 * C);
+  LayerNormBackward<float>(threads_, dres, g + w.ln2_w, g + w.ln2_b, dbuf, F32(a.res_mid), p + w.ln2_w,
+                           F32(a.ln2_mean), F32(a.ln2_rstd), BT, C);
+  // Attention: res_mid = in + attn_proj(attention(qkv(ln1(in)))).
+  LinearBackward<float>(threads_, dbuf, false, g + w.attn_proj_w, g + w.attn_proj_b, dres, F32(a.atty),
+                        p + w.attn_proj_w, BT, C, C);
+  AttentionBackward<float>(threads_, dqkv, F32(layout_.datt), dbuf, F32(a.qkv), F32(a.att), B, T, C, H);
+  LinearBackward<float>(threads_, dbuf, false, g + w.qkv_w, g + w.qkv_b, dqkv, F32(a.ln1), p + w.qkv_w, BT, C, 3 * C);
+  LayerNormBackward<float>(threads_, dres, g + w.ln1_w, g + w.ln1_b, dbuf, in, p + w.ln1_w, F32(a.ln1_mean),
+                           F32(a.ln1_rstd), BT, C);
+  EndGrad(block_grad, g, w.num_elems);
+  --backward_next_;
+  return Status::Ok();
+}
+
+Status GptModel::EmbedBackward(void* embedding_grad) {
+  ZINF_RETURN_IF_ERROR(CheckArena());
+  if (backward_next_ != -1) {
+    return FailedPrecondition("gpt model: EmbedBackward before the backward of every block");
+  }
+  const int64_t B = options_.batch_size, T = options_.seq_len, C = config_.embed_dim;
+  const EmbeddingLayout e = EmbeddingLayout::For(config_);
+  EncoderBackward<float>(threads_, embedding_grad32_ + e.wte, embedding_grad32_ + e.wpe, F32(layout_.dres),
+                         I32(layout_.tokens), B, T, C);
+  EndGrad(embedding_grad, embedding_grad32_, e.num_elems);
+  embedding_grad32_ = nullptr;
+  backward_next_ = -3;
+  forward_next_ = -1;
+  return Status::Ok();
+}
+
+Result<float> GptModel::Forward(const int32_t* tokens, const int32_t* targets,
+                                std::span<const void* const> unit_params) {
+  if (static_cast<int>(unit_params.size()) != NumUnits(config_)) {
+    return InvalidArgument("gpt model: Forward needs " + std::to_string(NumUnits(config_)) +
+                           " unit parameter buffers, got " + std::to_string(unit_params.size()));
+  }
+  ZINF_RETURN_IF_ERROR(EmbedForward(tokens, unit_params[EmbeddingUnit()]));
+  for (int l = 0; l < config_.num_layers; ++l) ZINF_RETURN_IF_ERROR(BlockForward(l, unit_params[BlockUnit(l)]));
+  return HeadForward(targets, unit_params[FinalNormUnit(config_)], unit_params[EmbeddingUnit()]);
+}
+
+Status GptModel::Backward(std::span<const void* const> unit_params, std::span<void* const> unit_grads,
+                          float loss_scale) {
+  const int n = NumUnits(config_);
+  if (static_cast<int>(unit_params.size()) != n || static_cast<int>(unit_grads.size()) != n) {
+    return InvalidArgument("gpt model: Backward needs " + std::to_string(n) + " unit parameter and gradient buffers");
+  }
+  const int fin = FinalNormUnit(config_), emb = EmbeddingUnit();
+  ZINF_RETURN_IF_ERROR(HeadBackward(loss_scale, unit_params[fin], unit_params[emb], unit_grads[fin], unit_grads[emb]));
+  for (int l = static_cast<int>(config_.num_layers) - 1; l >= 0; --l) {
+    ZINF_RETURN_IF_ERROR(BlockBackward(l, unit_params[BlockUnit(l)], unit_grads[BlockUnit(l)]));
+  }
+  return EmbedBackward(unit_grads[emb]);
+}
+
+}  // namespace zinf::model

@@ -1,0 +1,156 @@
+// GptModel: forward and backward of the GPT reference model (gpt_config.h)
+// with CPU kernels on host pointers, for one micro-batch shape
+// (batch × seq_len). It owns no parameters: every stage takes the buffers of
+// the units it reads (each laid out as gpt_config.h documents, in the
+// parameter dtype) and the gradient buffers it writes, so an engine can hand
+// in whatever it fetched for that unit, and free it after the stage.
+//
+// One step, unit by unit (the engine's fetch order):
+//   EmbedForward(unit 0) → BlockForward(0 .. L-1, units 1 .. L) →
+//   HeadForward(unit L+1, unit 0) = loss →
+//   HeadBackward(unit L+1, unit 0) → BlockBackward(L-1 .. 0) → EmbedBackward.
+// Out-of-order calls are kFailedPrecondition. The LM head is tied to wte, so
+// unit 0's gradient is written by HeadBackward and EmbedBackward both: pass
+// the same buffer to both and treat it as ready only after EmbedBackward.
+// Forward and Backward run the whole sequence from per-unit pointer arrays.
+//
+// Numerics: fp32 compute. 16-bit parameters are widened to fp32 per unit
+// as a stage starts (exactly: the results equal an fp32 run on the widened
+// values). Gradients are accumulated in fp32 and, for a 16-bit grad dtype,
+// rounded (to nearest even) once per unit at the end of its backward. Results
+// do not depend on num_threads (see parallel.h, gemm.h), nor on activation
+// checkpointing (the recomputed forward is the same computation).
+//
+// Memory: every activation lives in one caller-provided arena of
+// activation_layout().total_bytes (host address, 64-byte aligned; GptDevice
+// allocates it through the Device so the budget counts it). Nothing else is
+// allocated per step.
+//
+// Thread-safety: one GptModel serves one caller at a time (a stream); the
+// stages block until done, using num_threads threads of its own arena.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "model/gpt_config.h"
+#include "model/parallel.h"
+#include "zinf/dtype.h"
+#include "zinf/status.h"
+
+namespace zinf::model {
+
+struct GptRunOptions {
+  int64_t batch_size = 1;  // B
+  int64_t seq_len = 0;     // T, 1 .. max_seq_len; 0 means max_seq_len
+  int num_threads = 1;     // the kernel pool's size (and BLAS runs inside it)
+  // Keep only each block's input during the forward; recompute the block's
+  // forward in its backward.
+  bool activation_checkpointing = false;
+  DType param_dtype = DType::kFloat32;
+  DType grad_dtype = DType::kFloat32;
+  // false: backward overwrites the gradient buffers; true: adds to them
+  // (for a 16-bit grad dtype the sum is formed in fp32 and rounded once).
+  bool accumulate_grads = false;
+};
+
+// Where each buffer lives in the activation arena (byte offsets, each
+// 64-byte aligned), and how the bytes split.
+struct ActivationLayout {
+  // Kept from forward to backward: the token ids, the residual stream
+  // (L + 1 × [B·T, C]), each block's saved tensors (one set with
+  // checkpointing), the final LayerNorm and the LM head's probabilities.
+  uint64_t saved_bytes = 0;
+  // Backward work buffers, reused by every block.
+  uint64_t scratch_bytes = 0;
+  // fp32 copies of 16-bit parameters (unit 0 and the largest other unit)
+  // and fp32 gradient accumulators for a 16-bit grad dtype; 0 for fp32.
+  uint64_t conversion_bytes = 0;
+  uint64_t total_bytes = 0;
+
+  struct Block {  // per-block saved tensors, fp32
+    uint64_t ln1, ln1_mean, ln1_rstd, qkv, att, atty, res_mid, ln2, ln2_mean, ln2_rstd, fch, fch_gelu;
+  };
+  uint64_t tokens = 0, targets = 0;  // int32 [B·T]
+  uint64_t residual = 0;             // (L + 1) × [B·T, C]: residual l is block l's input
+  uint64_t blocks = 0;               // block_sets × Block
+  uint64_t block_stride = 0;         // bytes between consecutive block sets
+  int64_t block_sets = 0;            // L, or 1 with checkpointing
+  Block block{};                     // offsets inside a block set
+  uint64_t lnf = 0, lnf_mean = 0, lnf_rstd = 0, probs = 0, losses = 0;
+  uint64_t dres = 0, dbuf = 0, dqkv = 0, datt = 0, dfch = 0;
+  uint64_t wide_embedding = 0, wide_unit = 0, grad_embedding = 0, grad_unit = 0;  // conversion, when used
+
+  static ActivationLayout For(const GptConfig& c, const GptRunOptions& o);
+  std::string ToString() const;  // "1.02 GiB (saved 901 MiB, scratch 120 MiB, conversion 0 B)"
+};
+
+class GptModel {
+ public:
+  // kInvalidArgument for a bad config or options. Sets OpenBLAS to one
+  // thread (gemm.h).
+  static Result<std::unique_ptr<GptModel>> Create(const GptConfig& config, const GptRunOptions& options);
+
+  const GptConfig& config() const { return config_; }
+  const GptRunOptions& options() const { return options_; }
+  const ActivationLayout& activation_layout() const { return layout_; }
+  uint64_t activation_bytes() const { return layout_.total_bytes; }
+
+  // The arena every later stage uses: activation_bytes() at a host address,
+  // 64-byte aligned. May be rebound between stages (same contents expected).
+  void BindActivations(void* host_arena);
+
+  // ---- Stages. Parameter pointers: the unit's buffer in param_dtype;
+  // gradient pointers: the unit's buffer in grad_dtype. tokens and targets:
+  // int32 [B, T], row-major; copied, so they may be freed after the call.
+  // A target < 0 is ignored (contributes neither loss nor gradient).
+  Status EmbedForward(const int32_t* tokens, const void* embedding);
+  Status BlockForward(int layer, const void* block);
+  // The mean cross-entropy over targets that are >= 0 (0 when there is none).
+  Result<float> HeadForward(const int32_t* targets, const void* final_norm, const void* embedding);
+  // Backpropagates loss_scale · loss (1 for plain gradients; a loss scale or
+  // 1 / accumulation steps otherwise).
+  Status HeadBackward(float loss_scale, const void* final_norm, const void* embedding, void* final_norm_grad,
+                      void* embedding_grad);
+  Status BlockBackward(int layer, const void* block, void* block_grad);
+  Status EmbedBackward(void* embedding_grad);
+
+  // The whole step: unit_params / unit_grads hold NumUnits() pointers.
+  Result<float> Forward(const int32_t* tokens, const int32_t* targets, std::span<const void* const> unit_params);
+  Status Backward(std::span<const void* const> unit_params, std::span<void* const> unit_grads,
+                  float loss_scale = 1.0f);
+
+  // After HeadForward: the softmax of the logits, [B·T, V] (overwritten by
+  // HeadBackward).
+  const float* probabilities() const;
+
+ private:
+  GptModel(const GptConfig& config, const GptRunOptions& options);
+
+  float* F32(uint64_t offset) const { return reinterpret_cast<float*>(arena_ + offset); }
+  int32_t* I32(uint64_t offset) const { return reinterpret_cast<int32_t*>(arena_ + offset); }
+  const float* Widen(const void* params, int64_t num_elems, uint64_t wide_offset);
+  float* BeginGrad(void* grad, int64_t num_elems, uint64_t accumulator_offset);
+  void EndGrad(void* grad, const float* accumulator, int64_t num_elems);
+  ActivationLayout::Block BlockPtrs(int layer) const;  // offsets of layer's block set
+  void RunBlockForward(int layer, const float* p);
+  Status CheckArena() const;
+
+  GptConfig config_;
+  GptRunOptions options_;
+  ActivationLayout layout_;
+  ModelThreads threads_;
+  char* arena_ = nullptr;
+
+  // Stage order.
+  int forward_next_ = -1;   // next block to forward; -1 before EmbedForward
+  bool head_forward_done_ = false;
+  int backward_next_ = -2;  // next block to backward; -2 until HeadBackward
+  int checkpoint_layer_ = -1;  // with checkpointing: whose tensors the single set holds
+  int64_t num_targets_ = 0;
+  float* embedding_grad32_ = nullptr;  // unit 0's fp32 accumulator between HeadBackward and EmbedBackward
+};
+
+}  // namespace zinf::model

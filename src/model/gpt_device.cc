@@ -1,0 +1,116 @@
+// GptDevice: stream tasks around GptModel's stages.
+#include "model/gpt_device.h"
+
+#include <utility>
+
+namespace zinf::model {
+namespace {
+
+template <class T>
+T* HostOf(const StreamContext& ctx, T* device_ptr) {
+  return device_ptr ? static_cast<T*>(ctx.Host(device_ptr)) : nullptr;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<GptDevice>> GptDevice::Create(Device& device, Stream& stream, const GptConfig& config,
+                                                     const GptRunOptions& options) {
+  if (device.kind() != DeviceKind::kHost) {
+    return Unimplemented("gpt model on " + device.name() + ": only the CPU kernels exist so far (HostDevice)");
+  }
+  ZINF_ASSIGN_OR_RETURN(std::unique_ptr<GptModel> model, GptModel::Create(config, options));
+  const uint64_t bytes = model->activation_bytes();
+  auto arena = device.Allocate(bytes, stream);
+  if (!arena.ok()) {
+    return std::move(arena).status().WithContext("gpt model " + config.name + ": activations (" +
+                                                 model->activation_layout().ToString() + ")");
+  }
+  return std::unique_ptr<GptDevice>(new GptDevice(device, stream, std::move(model), *arena));
+}
+
+GptDevice::GptDevice(Device& device, Stream& stream, std::shared_ptr<GptModel> model, void* arena)
+    : device_(device), stream_(stream), model_(std::move(model)), arena_(arena) {}
+
+GptDevice::~GptDevice() {
+  // Stream-ordered: after every task queued so far.
+  device_.Free(arena_, stream_).IgnoreError();
+}
+
+template <class Fn>
+Status GptDevice::Enqueue(Fn fn) {
+  return stream_.Enqueue([model = model_, arena = arena_, fn = std::move(fn)](const StreamContext& ctx) -> Status {
+    void* host = ctx.Host(arena);
+    if (!host) return Unimplemented("gpt model: device memory is not reachable from host tasks");
+    model->BindActivations(host);
+    return fn(*model, ctx);
+  });
+}
+
+Status GptDevice::EnqueueEmbedForward(const int32_t* tokens, const void* embedding) {
+  return Enqueue([=](GptModel& m, const StreamContext& ctx) {
+    return m.EmbedForward(HostOf(ctx, tokens), HostOf(ctx, embedding));
+  });
+}
+
+Status GptDevice::EnqueueBlockForward(int layer, const void* block) {
+  return Enqueue([=](GptModel& m, const StreamContext& ctx) { return m.BlockForward(layer, HostOf(ctx, block)); });
+}
+
+Status GptDevice::EnqueueHeadForward(const int32_t* targets, const void* final_norm, const void* embedding,
+                                     float* loss) {
+  return Enqueue([=](GptModel& m, const StreamContext& ctx) -> Status {
+    ZINF_ASSIGN_OR_RETURN(float value, m.HeadForward(HostOf(ctx, targets), HostOf(ctx, final_norm),
+                                                     HostOf(ctx, embedding)));
+    if (loss) *HostOf(ctx, loss) = value;
+    return Status::Ok();
+  });
+}
+
+Status GptDevice::EnqueueHeadBackward(float loss_scale, const void* final_norm, const void* embedding,
+                                      void* final_norm_grad, void* embedding_grad) {
+  return Enqueue([=](GptModel& m, const StreamContext& ctx) {
+    return m.HeadBackward(loss_scale, HostOf(ctx, final_norm), HostOf(ctx, embedding), HostOf(ctx, final_norm_grad),
+                          HostOf(ctx, embedding_grad));
+  });
+}
+
+Status GptDevice::EnqueueBlockBackward(int layer, const void* block, void* block_grad) {
+  return Enqueue([=](GptModel& m, const StreamContext& ctx) {
+    return m.BlockBackward(layer, HostOf(ctx, block), HostOf(ctx, block_grad));
+  });
+}
+
+Status GptDevice::EnqueueEmbedBackward(void* embedding_grad) {
+  return Enqueue([=](GptModel& m, const StreamContext& ctx) { return m.EmbedBackward(HostOf(ctx, embedding_grad)); });
+}
+
+Status GptDevice::EnqueueForward(const int32_t* tokens, const int32_t* targets,
+                                 const std::vector<const void*>& unit_params, float* loss) {
+  const GptConfig& c = config();
+  if (static_cast<int>(unit_params.size()) != NumUnits(c)) {
+    return InvalidArgument("gpt model: EnqueueForward needs " + std::to_string(NumUnits(c)) +
+                           " unit parameter buffers, got " + std::to_string(unit_params.size()));
+  }
+  ZINF_RETURN_IF_ERROR(EnqueueEmbedForward(tokens, unit_params[EmbeddingUnit()]));
+  for (int l = 0; l < c.num_layers; ++l) ZINF_RETURN_IF_ERROR(EnqueueBlockForward(l, unit_params[BlockUnit(l)]));
+  return EnqueueHeadForward(targets, unit_params[FinalNormUnit(c)], unit_params[EmbeddingUnit()], loss);
+}
+
+Status GptDevice::EnqueueBackward(const std::vector<const void*>& unit_params, const std::vector<void*>& unit_grads,
+                                  float loss_scale) {
+  const GptConfig& c = config();
+  const int n = NumUnits(c);
+  if (static_cast<int>(unit_params.size()) != n || static_cast<int>(unit_grads.size()) != n) {
+    return InvalidArgument("gpt model: EnqueueBackward needs " + std::to_string(n) +
+                           " unit parameter and gradient buffers");
+  }
+  const int fin = FinalNormUnit(c), emb = EmbeddingUnit();
+  ZINF_RETURN_IF_ERROR(
+      EnqueueHeadBackward(loss_scale, unit_params[fin], unit_params[emb], unit_grads[fin], unit_grads[emb]));
+  for (int l = static_cast<int>(c.num_layers) - 1; l >= 0; --l) {
+    ZINF_RETURN_IF_ERROR(EnqueueBlockBackward(l, unit_params[BlockUnit(l)], unit_grads[BlockUnit(l)]));
+  }
+  return EnqueueEmbedBackward(unit_grads[emb]);
+}
+
+}  // namespace zinf::model

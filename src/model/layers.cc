@@ -1,0 +1,408 @@
+// The layer kernels. Hot loops are written so GCC vectorises them at -O3
+// without reassociating (there is no -ffast-math): row sums use 16 fixed
+// lanes combined in a fixed order, so a sum never depends on the vector
+// width the compiler chose, only on the row.
+#include "model/layers.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "common/check.h"
+#include "model/gemm.h"
+#include "model/gpt_math.h"
+
+namespace zinf::model {
+namespace {
+
+constexpr int kLanes = 16;
+// Rows per chunk for row-wise kernels: about 64 KiB of fp32 per chunk.
+int64_t RowGrain(int64_t cols) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(cols, 1)); }
+// Columns per chunk for column sums: a cache line of doubles or two of floats.
+constexpr int64_t kColumnGrain = 64;
+// Elements per chunk for elementwise kernels.
+constexpr int64_t kElemGrain = 32768;
+
+template <class F>
+F LaneSum(const F* x, int64_t n) {
+  F acc[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int j = 0; j < kLanes; ++j) acc[j] += x[i + j];
+  }
+  F tail = 0;
+  for (; i < n; ++i) tail += x[i];
+  F s = 0;
+  for (int j = 0; j < kLanes; ++j) s += acc[j];
+  return s + tail;
+}
+
+// Σ (x - mean)², the second pass of the variance.
+template <class F>
+F LaneSumSquaredDeviation(const F* x, F mean, int64_t n) {
+  F acc[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int j = 0; j < kLanes; ++j) {
+      const F d = x[i + j] - mean;
+      acc[j] += d * d;
+    }
+  }
+  F tail = 0;
+  for (; i < n; ++i) tail += (x[i] - mean) * (x[i] - mean);
+  F s = 0;
+  for (int j = 0; j < kLanes; ++j) s += acc[j];
+  return s + tail;
+}
+
+template <class F>
+F LaneMax(const F* x, int64_t n) {
+  F acc[kLanes];
+  for (int j = 0; j < kLanes; ++j) acc[j] = -INFINITY;
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int j = 0; j < kLanes; ++j) acc[j] = x[i + j] > acc[j] ? x[i + j] : acc[j];
+  }
+  F m = -INFINITY;
+  for (; i < n; ++i) m = x[i] > m ? x[i] : m;
+  for (int j = 0; j < kLanes; ++j) m = acc[j] > m ? acc[j] : m;
+  return m;
+}
+
+// out[i] = exp(x[i] - max); returns Σ out.
+template <class F>
+F LaneExpSum(F* out, const F* x, F row_max, int64_t n) {
+  F acc[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int j = 0; j < kLanes; ++j) {
+      const F e = SoftmaxExp(x[i + j], row_max);
+      out[i + j] = e;
+      acc[j] += e;
+    }
+  }
+  F tail = 0;
+  for (; i < n; ++i) {
+    out[i] = SoftmaxExp(x[i], row_max);
+    tail += out[i];
+  }
+  F s = 0;
+  for (int j = 0; j < kLanes; ++j) s += acc[j];
+  return s + tail;
+}
+
+// Σ a[i] · b[i].
+template <class F>
+F LaneDot(const F* a, const F* b, int64_t n) {
+  F acc[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int j = 0; j < kLanes; ++j) acc[j] += a[i + j] * b[i + j];
+  }
+  F tail = 0;
+  for (; i < n; ++i) tail += a[i] * b[i];
+  F s = 0;
+  for (int j = 0; j < kLanes; ++j) s += acc[j];
+  return s + tail;
+}
+
+// Softmax of row[0 .. n) in place (the causal prefix of an attention row).
+template <class F>
+void SoftmaxInPlace(F* row, int64_t n) {
+  const F row_max = LaneMax(row, n);
+  const F inv_sum = F(1) / LaneExpSum(row, row, row_max, n);
+  for (int64_t j = 0; j < n; ++j) row[j] *= inv_sum;
+}
+
+}  // namespace
+
+template <class F>
+void EncoderForward(const ModelThreads& th, F* out, const int32_t* tokens, const F* wte, const F* wpe, int64_t batch,
+                    int64_t seq_len, int64_t channels) {
+  const int64_t C = channels;
+  th.ForChunks(batch * seq_len, RowGrain(C), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const F* te = wte + static_cast<int64_t>(tokens[r]) * C;
+      const F* pe = wpe + (r % seq_len) * C;
+      F* o = out + r * C;
+      for (int64_t c = 0; c < C; ++c) o[c] = te[c] + pe[c];
+    }
+  });
+}
+
+template <class F>
+void EncoderBackward(const ModelThreads& th, F* dwte, F* dwpe, const F* dout, const int32_t* tokens, int64_t batch,
+                     int64_t seq_len, int64_t channels) {
+  const int64_t C = channels, rows = batch * seq_len;
+  // By column ranges: one thread owns columns [c0, c1) of every row of dwte
+  // and dwpe, and adds the rows in order, so repeated tokens add up the same
+  // way every time.
+  th.ForChunks(C, kColumnGrain, [&](int64_t c0, int64_t c1) {
+    for (int64_t r = 0; r < rows; ++r) {
+      const F* d = dout + r * C;
+      F* te = dwte + static_cast<int64_t>(tokens[r]) * C;
+      F* pe = dwpe + (r % seq_len) * C;
+      for (int64_t c = c0; c < c1; ++c) {
+        te[c] += d[c];
+        pe[c] += d[c];
+      }
+    }
+  });
+}
+
+template <class F>
+void LayerNormForward(const ModelThreads& th, F* out, F* mean, F* rstd, const F* inp, const F* w, const F* b,
+                      int64_t rows, int64_t channels) {
+  const int64_t C = channels;
+  th.ForChunks(rows, RowGrain(C), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const F* x = inp + r * C;
+      const F m = LaneSum(x, C) / static_cast<F>(C);
+      const F s = LayerNormRstd(LaneSumSquaredDeviation(x, m, C) / static_cast<F>(C));
+      F* o = out + r * C;
+      for (int64_t c = 0; c < C; ++c) o[c] = LayerNormAffine(LayerNormNormalize(x[c], m, s), w[c], b[c]);
+      mean[r] = m;
+      rstd[r] = s;
+    }
+  });
+}
+
+template <class F>
+void LayerNormBackward(const ModelThreads& th, F* dinp, F* dw, F* db, const F* dout, const F* inp, const F* w,
+                       const F* mean, const F* rstd, int64_t rows, int64_t channels) {
+  const int64_t C = channels;
+  th.ForChunks(rows, RowGrain(C), [&](int64_t r0, int64_t r1) {
+    F g[kLanes], gx[kLanes];
+    for (int64_t r = r0; r < r1; ++r) {
+      const F* x = inp + r * C;
+      const F* dy = dout + r * C;
+      const F m = mean[r], s = rstd[r];
+      // Row means of g = dy · w and of g · x̂, in 16 lanes.
+      for (int j = 0; j < kLanes; ++j) g[j] = gx[j] = 0;
+      int64_t c = 0;
+      for (; c + kLanes <= C; c += kLanes) {
+        for (int j = 0; j < kLanes; ++j) {
+          const F gj = dy[c + j] * w[c + j];
+          g[j] += gj;
+          gx[j] += gj * LayerNormNormalize(x[c + j], m, s);
+        }
+      }
+      F sum_g = 0, sum_gx = 0;
+      for (; c < C; ++c) {
+        const F gj = dy[c] * w[c];
+        sum_g += gj;
+        sum_gx += gj * LayerNormNormalize(x[c], m, s);
+      }
+      F lanes_g = 0, lanes_gx = 0;
+      for (int j = 0; j < kLanes; ++j) {
+        lanes_g += g[j];
+        lanes_gx += gx[j];
+      }
+      const F mean_g = (lanes_g + sum_g) / static_cast<F>(C);
+      const F mean_gx = (lanes_gx + sum_gx) / static_cast<F>(C);
+      F* dx = dinp + r * C;
+      for (c = 0; c < C; ++c) {
+        dx[c] += LayerNormInputGrad(dy[c] * w[c], LayerNormNormalize(x[c], m, s), mean_g, mean_gx, s);
+      }
+    }
+  });
+  th.ForChunks(C, kColumnGrain, [&](int64_t c0, int64_t c1) {
+    F acc_w[kColumnGrain] = {}, acc_b[kColumnGrain] = {};
+    const int64_t n = c1 - c0;
+    for (int64_t r = 0; r < rows; ++r) {
+      const F* x = inp + r * C + c0;
+      const F* dy = dout + r * C + c0;
+      const F m = mean[r], s = rstd[r];
+      for (int64_t j = 0; j < n; ++j) {
+        acc_w[j] += dy[j] * LayerNormNormalize(x[j], m, s);
+        acc_b[j] += dy[j];
+      }
+    }
+    for (int64_t j = 0; j < n; ++j) {
+      dw[c0 + j] += acc_w[j];
+      db[c0 + j] += acc_b[j];
+    }
+  });
+}
+
+template <class F>
+void ColumnSumAccumulate(const ModelThreads& th, F* out, const F* x, int64_t rows, int64_t cols) {
+  th.ForChunks(cols, kColumnGrain, [&](int64_t c0, int64_t c1) {
+    F acc[kColumnGrain] = {};
+    const int64_t n = c1 - c0;
+    for (int64_t r = 0; r < rows; ++r) {
+      const F* xr = x + r * cols + c0;
+      for (int64_t j = 0; j < n; ++j) acc[j] += xr[j];
+    }
+    for (int64_t j = 0; j < n; ++j) out[c0 + j] += acc[j];
+  });
+}
+
+template <class F>
+void LinearForward(const ModelThreads& th, F* out, const F* inp, const F* w, const F* bias, int64_t rows,
+                   int64_t in_dim, int64_t out_dim) {
+  if (bias) {
+    th.ForChunks(rows, RowGrain(out_dim), [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) std::memcpy(out + r * out_dim, bias, sizeof(F) * out_dim);
+    });
+  }
+  ParallelGemm<F>(th, false, false, rows, out_dim, in_dim, F(1), inp, in_dim, w, out_dim, bias ? F(1) : F(0), out,
+                  out_dim);
+}
+
+template <class F>
+void LinearBackward(const ModelThreads& th, F* dinp, bool accumulate_dinp, F* dw, F* dbias, const F* dout,
+                    const F* inp, const F* w, int64_t rows, int64_t in_dim, int64_t out_dim) {
+  ParallelGemm<F>(th, false, true, rows, in_dim, out_dim, F(1), dout, out_dim, w, out_dim,
+                  accumulate_dinp ? F(1) : F(0), dinp, in_dim);
+  ParallelGemm<F>(th, true, false, in_dim, out_dim, rows, F(1), inp, in_dim, dout, out_dim, F(1), dw, out_dim);
+  if (dbias) ColumnSumAccumulate(th, dbias, dout, rows, out_dim);
+}
+
+template <class F>
+void AttentionForward(const ModelThreads& th, F* out, F* att, const F* qkv, int64_t batch, int64_t seq_len,
+                      int64_t channels, int64_t num_heads) {
+  const int64_t T = seq_len, C = channels, H = num_heads, D = C / H, C3 = 3 * C;
+  const F scale = F(1) / std::sqrt(static_cast<F>(D));
+  // One (batch, head) per chunk: two small products and T softmax rows.
+  th.ForChunks(batch * H, 1, [&](int64_t bh, int64_t) {
+    const int64_t b = bh / H, h = bh % H;
+    const F* q = qkv + b * T * C3 + h * D;
+    const F* k = q + C;
+    const F* v = q + 2 * C;
+    F* a = att + bh * T * T;
+    Gemm<F>(false, true, T, T, D, scale, q, C3, k, C3, F(0), a, T);
+    for (int64_t i = 0; i < T; ++i) {
+      F* row = a + i * T;
+      SoftmaxInPlace(row, i + 1);
+      for (int64_t j = i + 1; j < T; ++j) row[j] = 0;
+    }
+    Gemm<F>(false, false, T, D, T, F(1), a, T, v, C3, F(0), out + b * T * C + h * D, C);
+  });
+}
+
+template <class F>
+void AttentionBackward(const ModelThreads& th, F* dqkv, F* datt, const F* dout, const F* qkv, const F* att,
+                       int64_t batch, int64_t seq_len, int64_t channels, int64_t num_heads) {
+  const int64_t T = seq_len, C = channels, H = num_heads, D = C / H, C3 = 3 * C;
+  const F scale = F(1) / std::sqrt(static_cast<F>(D));
+  th.ForChunks(batch * H, 1, [&](int64_t bh, int64_t) {
+    const int64_t b = bh / H, h = bh % H;
+    const F* q = qkv + b * T * C3 + h * D;
+    const F* k = q + C;
+    const F* v = q + 2 * C;
+    F* dq = dqkv + b * T * C3 + h * D;
+    F* dk = dq + C;
+    F* dv = dq + 2 * C;
+    const F* a = att + bh * T * T;
+    const F* dy = dout + b * T * C + h * D;
+    F* da = datt + bh * T * T;
+    Gemm<F>(false, true, T, T, D, F(1), dy, C, v, C3, F(0), da, T);  // datt = dy · vᵀ
+    Gemm<F>(true, false, T, D, T, F(1), a, T, dy, C, F(0), dv, C3);  // dv = attᵀ · dy
+    // Through the softmax (causal prefix only), with the 1/sqrt(D) of the
+    // scores folded in: da becomes d(q kᵀ).
+    for (int64_t i = 0; i < T; ++i) {
+      const F* p = a + i * T;
+      F* d = da + i * T;
+      const F dot = LaneDot(p, d, i + 1);
+      for (int64_t j = 0; j <= i; ++j) d[j] = scale * SoftmaxInputGrad(p[j], d[j], dot);
+      for (int64_t j = i + 1; j < T; ++j) d[j] = 0;
+    }
+    Gemm<F>(false, false, T, D, T, F(1), da, T, k, C3, F(0), dq, C3);  // dq = d(q kᵀ) · k
+    Gemm<F>(true, false, T, D, T, F(1), da, T, q, C3, F(0), dk, C3);   // dk = d(q kᵀ)ᵀ · q
+  });
+}
+
+template <class F>
+void GeluForward(const ModelThreads& th, F* out, const F* inp, int64_t n) {
+  th.ForChunks(n, kElemGrain, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) out[i] = Gelu(inp[i]);
+  });
+}
+
+template <class F>
+void GeluBackward(const ModelThreads& th, F* dinp, const F* inp, const F* dout, int64_t n) {
+  th.ForChunks(n, kElemGrain, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) dinp[i] = GeluGrad(inp[i]) * dout[i];
+  });
+}
+
+template <class F>
+void ResidualForward(const ModelThreads& th, F* out, const F* a, const F* b, int64_t n) {
+  th.ForChunks(n, kElemGrain, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) out[i] = a[i] + b[i];
+  });
+}
+
+template <class F>
+int64_t SoftmaxCrossEntropyForward(const ModelThreads& th, F* probs, F* losses, const F* logits,
+                                   const int32_t* targets, int64_t rows, int64_t vocab) {
+  const int64_t V = vocab;
+  th.ForChunks(rows, RowGrain(V), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const F* x = logits + r * V;
+      F* p = probs + r * V;
+      const F row_max = LaneMax(x, V);
+      const int32_t t = targets[r];
+      // Read the target's logit before the in-place softmax overwrites it.
+      const F target_logit = t >= 0 ? x[t] : F(0);
+      const F sum = LaneExpSum(p, x, row_max, V);
+      const F inv_sum = F(1) / sum;
+      for (int64_t j = 0; j < V; ++j) p[j] *= inv_sum;
+      losses[r] = t >= 0 ? CrossEntropyLoss(row_max, sum, target_logit) : F(0);
+    }
+  });
+  int64_t valid = 0;
+  for (int64_t r = 0; r < rows; ++r) valid += targets[r] >= 0;
+  return valid;
+}
+
+template <class F>
+void SoftmaxCrossEntropyBackward(const ModelThreads& th, F* dlogits, const F* probs, const int32_t* targets,
+                                 int64_t rows, int64_t vocab, F scale) {
+  const int64_t V = vocab;
+  th.ForChunks(rows, RowGrain(V), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const F* p = probs + r * V;
+      F* d = dlogits + r * V;
+      const int32_t t = targets[r];
+      if (t < 0) {
+        std::memset(d, 0, sizeof(F) * V);
+        continue;
+      }
+      const F p_target = p[t];  // d may be p: read before overwriting
+      for (int64_t j = 0; j < V; ++j) d[j] = CrossEntropyLogitGrad(p[j], false, scale);
+      d[t] = CrossEntropyLogitGrad(p_target, true, scale);
+    }
+  });
+}
+
+#define ZINF_MODEL_INSTANTIATE_LAYERS(F)                                                                         \
+  template void EncoderForward<F>(const ModelThreads&, F*, const int32_t*, const F*, const F*, int64_t, int64_t,  \
+                                  int64_t);                                                                      \
+  template void EncoderBackward<F>(const ModelThreads&, F*, F*, const F*, const int32_t*, int64_t, int64_t,       \
+                                   int64_t);                                                                     \
+  template void LayerNormForward<F>(const ModelThreads&, F*, F*, F*, const F*, const F*, const F*, int64_t,       \
+                                    int64_t);                                                                    \
+  template void LayerNormBackward<F>(const ModelThreads&, F*, F*, F*, const F*, const F*, const F*, const F*,     \
+                                     const F*, int64_t, int64_t);                                                \
+  template void LinearForward<F>(const ModelThreads&, F*, const F*, const F*, const F*, int64_t, int64_t,         \
+                                 int64_t);                                                                       \
+  template void LinearBackward<F>(const ModelThreads&, F*, bool, F*, F*, const F*, const F*, const F*, int64_t,   \
+                                  int64_t, int64_t);                                                             \
+  template void AttentionForward<F>(const ModelThreads&, F*, F*, const F*, int64_t, int64_t, int64_t, int64_t);   \
+  template void AttentionBackward<F>(const ModelThreads&, F*, F*, const F*, const F*, const F*, int64_t, int64_t, \
+                                     int64_t, int64_t);                                                          \
+  template void GeluForward<F>(const ModelThreads&, F*, const F*, int64_t);                                       \
+  template void GeluBackward<F>(const ModelThreads&, F*, const F*, const F*, int64_t);                            \
+  template void ResidualForward<F>(const ModelThreads&, F*, const F*, const F*, int64_t);                         \
+  template int64_t SoftmaxCrossEntropyForward<F>(const ModelThreads&, F*, F*, const F*, const int32_t*, int64_t,  \
+                                                 int64_t);                                                       \
+  template void SoftmaxCrossEntropyBackward<F>(const ModelThreads&, F*, const F*, const int32_t*, int64_t,        \
+                                               int64_t, F);                                                      \
+  template void ColumnSumAccumulate<F>(const ModelThreads&, F*, const F*, int64_t, int64_t);
+
+ZINF_MODEL_INSTANTIATE_LAYERS(float)
+ZINF_MODEL_INSTANTIATE_LAYERS(double)
+
+}  // namespace zinf::model

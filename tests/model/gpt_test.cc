@@ -1,0 +1,360 @@
+// GptModel end to end on host buffers: loss and every gradient against the
+// double-precision reference (gpt_reference.h), independence of the thread
+// count and of activation checkpointing (bit for bit), 16-bit parameters and
+// gradients, accumulation, memorising a fixed batch, and the stage order.
+#include "model/gpt.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "cpu/float16.h"
+#include "gpt_reference.h"
+#include "model_test_util.h"
+
+namespace zinf::model {
+namespace {
+
+using test::ConstPtrs;
+using test::MakeGrads;
+using test::MakeModel;
+using test::MakeParams;
+using test::Ptrs;
+using test::RandomTokens;
+using test::Step;
+using test::Tiny;
+
+std::vector<std::vector<double>> ToDouble(const std::vector<std::vector<float>>& units) {
+  std::vector<std::vector<double>> d;
+  for (const auto& u : units) d.emplace_back(u.begin(), u.end());
+  return d;
+}
+
+struct ReferenceCase {
+  const char* name;
+  GptConfig config;
+  int64_t batch, seq_len;
+  bool checkpointing;
+};
+
+GptConfig Odd() {
+  // Sizes that are not multiples of 16 (the kernels' lane count), three
+  // heads, a sequence shorter than the context.
+  GptConfig c;
+  c.name = "odd";
+  c.vocab_size = 67;
+  c.max_seq_len = 13;
+  c.num_layers = 1;
+  c.num_heads = 3;
+  c.embed_dim = 24;
+  return c;
+}
+
+class GptReferenceTest : public ::testing::TestWithParam<ReferenceCase> {};
+
+// fp32 against double: the loss to 1e-5 relative; each gradient tensor to
+// 1e-4 of its largest magnitude (the fp32 rounding of sums over at most a
+// few hundred terms of mixed sign gives about 1e-6 of that scale — see the
+// recorded max errors; a wrong term is off by O(1) of it).
+TEST_P(GptReferenceTest, LossAndAllGradientsMatchDoublePrecisionReference) {
+  const ReferenceCase& rc = GetParam();
+  const GptConfig& c = rc.config;
+  const int64_t BT = rc.batch * rc.seq_len;
+  auto params = MakeParams(c, 11);
+  auto tokens = RandomTokens(BT, c.vocab_size, 12);
+  auto targets = RandomTokens(BT, c.vocab_size, 13);
+  targets[3] = -1;  // ignored position
+
+  GptRunOptions o;
+  o.batch_size = rc.batch;
+  o.seq_len = rc.seq_len;
+  o.activation_checkpointing = rc.checkpointing;
+  auto model = MakeModel(c, o);
+  auto grads = MakeGrads<float>(c, 42.0f);  // overwritten
+  const float loss = Step(*model, params, grads, tokens, targets);
+
+  test::GptReference ref(c, rc.batch, rc.seq_len);
+  const double ref_loss = ref.Forward(tokens, targets, ToDouble(params));
+  std::vector<std::vector<double>> ref_grads;
+  ref.Backward(ref_grads);
+
+  EXPECT_NEAR(loss, ref_loss, 1e-5 * ref_loss);
+  double worst = 0;
+  for (int unit = 0; unit < NumUnits(c); ++unit) {
+    for (const UnitTensor& t : UnitTensors(c, unit)) {
+      double scale = 0, err = 0;
+      for (int64_t i = 0; i < t.num_elems(); ++i) {
+        const int64_t k = t.offset_elems + i;
+        scale = std::max(scale, std::abs(ref_grads[unit][k]));
+        err = std::max(err, std::abs(grads[unit][k] - ref_grads[unit][k]));
+      }
+      ASSERT_GT(scale, 0.0) << "unit " << unit << " " << t.name << ": the reference gradient is all zero";
+      EXPECT_LE(err, 1e-5 * scale) << "unit " << unit << " " << t.name << ": max error " << err << " of scale "
+                                   << scale;
+      worst = std::max(worst, err / scale);
+    }
+  }
+  RecordProperty("loss_rel_err", std::to_string(std::abs(loss - ref_loss) / ref_loss));
+  RecordProperty("grad_max_rel_err", std::to_string(worst));
+  std::printf("  loss %.8f vs %.8f (rel %.2e); worst gradient error %.2e of its tensor's scale\n", loss, ref_loss,
+              std::abs(loss - ref_loss) / ref_loss, worst);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, GptReferenceTest,
+                         ::testing::Values(ReferenceCase{"tiny", Tiny(), 2, 16, false},
+                                           ReferenceCase{"tiny_checkpointed", Tiny(), 2, 16, true},
+                                           ReferenceCase{"odd_sizes", Odd(), 3, 11, false}),
+                         [](const auto& p) { return std::string(p.param.name); });
+
+// Enough rows, columns and vocabulary that ParallelGemm uses several tiles
+// and the row/column kernels several chunks.
+GptConfig Chunky() {
+  GptConfig c;
+  c.name = "chunky";
+  c.vocab_size = 1000;
+  c.max_seq_len = 96;
+  c.num_layers = 2;
+  c.num_heads = 4;
+  c.embed_dim = 64;
+  return c;
+}
+
+struct StepResult {
+  float loss;
+  std::vector<std::vector<float>> grads;
+};
+
+StepResult RunStep(const GptConfig& c, GptRunOptions o, uint64_t seed = 5) {
+  auto params = MakeParams(c, seed);
+  const int64_t BT = o.batch_size * (o.seq_len ? o.seq_len : c.max_seq_len);
+  auto tokens = RandomTokens(BT, c.vocab_size, seed + 1), targets = RandomTokens(BT, c.vocab_size, seed + 2);
+  auto model = MakeModel(c, o);
+  StepResult r{0, MakeGrads<float>(c)};
+  r.loss = Step(*model, params, r.grads, tokens, targets);
+  return r;
+}
+
+void ExpectBitIdentical(const StepResult& a, const StepResult& b) {
+  EXPECT_EQ(std::memcmp(&a.loss, &b.loss, sizeof(float)), 0) << a.loss << " vs " << b.loss;
+  ASSERT_EQ(a.grads.size(), b.grads.size());
+  for (size_t u = 0; u < a.grads.size(); ++u) {
+    EXPECT_EQ(std::memcmp(a.grads[u].data(), b.grads[u].data(), a.grads[u].size() * sizeof(float)), 0)
+        << "unit " << u << " differs";
+  }
+}
+
+TEST(GptModelTest, ResultsDoNotDependOnTheThreadCount) {
+  GptRunOptions o;
+  o.batch_size = 8;  // 768 rows: two row tiles in every product
+  o.num_threads = 1;
+  const StepResult one = RunStep(Chunky(), o);
+  for (int threads : {2, 3}) {
+    SCOPED_TRACE("threads=" + std::to_string(threads));
+    o.num_threads = threads;
+    ExpectBitIdentical(one, RunStep(Chunky(), o));
+  }
+}
+
+TEST(GptModelTest, CheckpointingGivesTheSameBitsAndSavesMemory) {
+  GptRunOptions o;
+  o.batch_size = 2;
+  o.num_threads = 2;
+  const StepResult plain = RunStep(Chunky(), o);
+  o.activation_checkpointing = true;
+  ExpectBitIdentical(plain, RunStep(Chunky(), o));
+
+  const GptConfig c = Chunky();
+  GptRunOptions off = o, on = o;
+  off.activation_checkpointing = false;
+  const ActivationLayout a = ActivationLayout::For(c, off), b = ActivationLayout::For(c, on);
+  EXPECT_EQ(a.block_sets, c.num_layers);
+  EXPECT_EQ(b.block_sets, 1);
+  EXPECT_EQ(a.saved_bytes - b.saved_bytes, (c.num_layers - 1) * a.block_stride);
+  EXPECT_EQ(a.scratch_bytes, b.scratch_bytes);
+}
+
+// 16-bit parameters are widened exactly, so the model must give the bits of
+// an fp32 run on the widened values; 16-bit gradients are the fp32 ones
+// rounded once.
+TEST(GptModelTest, SixteenBitParametersAndGradients) {
+  const GptConfig c = Tiny();
+  const int64_t B = 2, BT = B * c.max_seq_len;
+  auto tokens = RandomTokens(BT, c.vocab_size, 21), targets = RandomTokens(BT, c.vocab_size, 22);
+  auto params = MakeParams(c, 20);
+  struct Format {
+    DType dtype;
+    uint16_t (*narrow)(float);
+    float (*widen)(uint16_t);
+  };
+  for (Format f : {Format{DType::kBFloat16, FloatToBf16Bits, Bf16BitsToFloat},
+                   Format{DType::kFloat16, FloatToHalfBits, HalfBitsToFloat}}) {
+    SCOPED_TRACE(std::string(DTypeName(f.dtype)));
+    std::vector<std::vector<uint16_t>> p16(params.size());
+    std::vector<std::vector<float>> widened(params.size());
+    for (size_t u = 0; u < params.size(); ++u) {
+      for (float v : params[u]) {
+        p16[u].push_back(f.narrow(v));
+        widened[u].push_back(f.widen(p16[u].back()));
+      }
+    }
+    GptRunOptions o;
+    o.batch_size = B;
+    auto fp32_model = MakeModel(c, o);
+    auto g32 = MakeGrads<float>(c);
+    const float loss32 = Step(*fp32_model, widened, g32, tokens, targets);
+
+    // 16-bit parameters, fp32 gradients: identical bits.
+    o.param_dtype = f.dtype;
+    auto model = MakeModel(c, o);
+    EXPECT_GT(model->activation_layout().conversion_bytes, 0u);
+    auto g = MakeGrads<float>(c);
+    const float loss = Step(*model, p16, g, tokens, targets);
+    EXPECT_EQ(loss, loss32);
+    for (size_t u = 0; u < g.size(); ++u) EXPECT_EQ(g[u], g32[u]) << "unit " << u;
+
+    // 16-bit parameters and gradients: the fp32 gradients, rounded once.
+    o.grad_dtype = f.dtype;
+    auto model16 = MakeModel(c, o);
+    auto g16 = MakeGrads<uint16_t>(c, uint16_t{0x7bcd});
+    EXPECT_EQ(Step(*model16, p16, g16, tokens, targets), loss32);
+    for (size_t u = 0; u < g16.size(); ++u) {
+      for (size_t i = 0; i < g16[u].size(); ++i) {
+        ASSERT_EQ(g16[u][i], f.narrow(g32[u][i])) << "unit " << u << " element " << i;
+      }
+    }
+  }
+}
+
+TEST(GptModelTest, AccumulateAddsToTheGradientBuffers) {
+  const GptConfig c = Tiny();
+  GptRunOptions o;
+  o.batch_size = 2;
+  const StepResult once = RunStep(c, o);
+  o.accumulate_grads = true;
+  auto params = MakeParams(c, 5);
+  const int64_t BT = 2 * c.max_seq_len;
+  auto tokens = RandomTokens(BT, c.vocab_size, 6), targets = RandomTokens(BT, c.vocab_size, 7);
+  auto model = MakeModel(c, o);
+  auto g = MakeGrads<float>(c);
+  Step(*model, params, g, tokens, targets);
+  Step(*model, params, g, tokens, targets);
+  // Not bit-exact: the second backward adds its partial products into the
+  // buffer block by block. Within 1e-6 of each unit's gradient scale.
+  for (size_t u = 0; u < g.size(); ++u) {
+    float scale = 0;
+    for (float v : once.grads[u]) scale = std::max(scale, 2 * std::abs(v));
+    for (size_t i = 0; i < g[u].size(); ++i) {
+      ASSERT_NEAR(g[u][i], 2 * once.grads[u][i], 1e-6f * scale) << u << ":" << i;
+    }
+  }
+}
+
+// The model can memorise one batch: plain Adam (lr 1e-2, betas 0.9/0.999,
+// no weight decay) from GPT-2's initialisation takes the loss from ln(V) ≈
+// 4.16 to below 0.05 in 300 steps.
+TEST(GptModelTest, AdamMemorisesAFixedBatch) {
+  const GptConfig c = Tiny();
+  GptRunOptions o;
+  o.batch_size = 2;
+  o.num_threads = 2;
+  auto model = MakeModel(c, o);
+  test::Arena arena = test::MakeArena(model->activation_bytes());
+  model->BindActivations(arena.get());
+  auto params = MakeParams(c, 31, 0.0f);
+  auto grads = MakeGrads<float>(c), m = MakeGrads<float>(c), v = MakeGrads<float>(c);
+  const int64_t BT = 2 * c.max_seq_len;
+  auto tokens = RandomTokens(BT, c.vocab_size, 32), targets = RandomTokens(BT, c.vocab_size, 33);
+  const float lr = 1e-2f, b1 = 0.9f, b2 = 0.999f, eps = 1e-8f;
+  float first = 0, loss = 0;
+  for (int step = 1; step <= 300; ++step) {
+    auto l = model->Forward(tokens.data(), targets.data(), ConstPtrs(params));
+    ASSERT_TRUE(l.ok()) << l.status().ToString();
+    loss = *l;
+    if (step == 1) first = loss;
+    ASSERT_TRUE(model->Backward(ConstPtrs(params), Ptrs(grads)).ok());
+    const float bc1 = 1 - std::pow(b1, static_cast<float>(step)), bc2 = 1 - std::pow(b2, static_cast<float>(step));
+    for (size_t u = 0; u < params.size(); ++u) {
+      for (size_t i = 0; i < params[u].size(); ++i) {
+        const float g = grads[u][i];
+        m[u][i] = b1 * m[u][i] + (1 - b1) * g;
+        v[u][i] = b2 * v[u][i] + (1 - b2) * g * g;
+        params[u][i] -= lr * (m[u][i] / bc1) / (std::sqrt(v[u][i] / bc2) + eps);
+      }
+    }
+  }
+  std::printf("  loss %.4f -> %.5f after 300 Adam steps\n", first, loss);
+  EXPECT_NEAR(first, std::log(static_cast<float>(c.vocab_size)), 0.1f);
+  EXPECT_LT(loss, 0.05f);
+}
+
+TEST(GptModelTest, StagesOutOfOrderAreRefused) {
+  const GptConfig c = Tiny();
+  GptRunOptions o;
+  auto model = MakeModel(c, o);
+  auto params = MakeParams(c, 1);
+  auto grads = MakeGrads<float>(c);
+  std::vector<int32_t> tokens(c.max_seq_len, 1);
+  EXPECT_EQ(model->EmbedForward(tokens.data(), params[0].data()).code(), StatusCode::kFailedPrecondition);  // no arena
+  test::Arena arena = test::MakeArena(model->activation_bytes());
+  model->BindActivations(arena.get());
+  EXPECT_EQ(model->BlockForward(0, params[1].data()).code(), StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(model->EmbedForward(tokens.data(), params[0].data()).ok());
+  EXPECT_EQ(model->BlockForward(1, params[2].data()).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(model->HeadForward(tokens.data(), params[3].data(), params[0].data()).status().code(),
+            StatusCode::kFailedPrecondition);
+  EXPECT_EQ(model->HeadBackward(1, params[3].data(), params[0].data(), grads[3].data(), grads[0].data()).code(),
+            StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(model->BlockForward(0, params[1].data()).ok());
+  ASSERT_TRUE(model->BlockForward(1, params[2].data()).ok());
+  ASSERT_TRUE(model->HeadForward(tokens.data(), params[3].data(), params[0].data()).ok());
+  EXPECT_EQ(model->EmbedBackward(grads[0].data()).code(), StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(model->HeadBackward(1, params[3].data(), params[0].data(), grads[3].data(), grads[0].data()).ok());
+  EXPECT_EQ(model->BlockBackward(0, params[1].data(), grads[1].data()).code(), StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(model->BlockBackward(1, params[2].data(), grads[2].data()).ok());
+  ASSERT_TRUE(model->BlockBackward(0, params[1].data(), grads[1].data()).ok());
+  ASSERT_TRUE(model->EmbedBackward(grads[0].data()).ok());
+}
+
+TEST(GptModelTest, BadInputsAreInvalidArguments) {
+  const GptConfig c = Tiny();
+  GptRunOptions o;
+  o.seq_len = c.max_seq_len + 1;
+  EXPECT_EQ(GptModel::Create(c, o).status().code(), StatusCode::kInvalidArgument);
+  o.seq_len = 4;
+  o.batch_size = 0;
+  EXPECT_EQ(GptModel::Create(c, o).status().code(), StatusCode::kInvalidArgument);
+  o.batch_size = 1;
+  auto model = MakeModel(c, o);
+  test::Arena arena = test::MakeArena(model->activation_bytes());
+  model->BindActivations(arena.get());
+  auto params = MakeParams(c, 1);
+  std::vector<int32_t> tokens = {1, 2, static_cast<int32_t>(c.vocab_size), 3};
+  Status st = model->EmbedForward(tokens.data(), params[0].data());
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("position 2"), std::string::npos) << st.message();
+  tokens[2] = 0;
+  ASSERT_TRUE(model->Forward(tokens.data(), tokens.data(), ConstPtrs(params)).ok());
+  std::vector<int32_t> bad_targets = {0, 1, 2, 1000};
+  ASSERT_TRUE(model->EmbedForward(tokens.data(), params[0].data()).ok());
+  for (int l = 0; l < c.num_layers; ++l) ASSERT_TRUE(model->BlockForward(l, params[l + 1].data()).ok());
+  EXPECT_EQ(model->HeadForward(bad_targets.data(), params[3].data(), params[0].data()).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
+TEST(GptModelTest, AllTargetsIgnoredGivesZeroLossAndGradients) {
+  const GptConfig c = Tiny();
+  GptRunOptions o;
+  o.seq_len = 5;
+  auto model = MakeModel(c, o);
+  auto params = MakeParams(c, 3);
+  auto grads = MakeGrads<float>(c, 1.0f);
+  std::vector<int32_t> tokens = {1, 2, 3, 4, 5}, targets(5, -1);
+  EXPECT_EQ(Step(*model, params, grads, tokens, targets), 0.0f);
+  for (const auto& g : grads) {
+    for (float v : g) ASSERT_EQ(v, 0.0f);
+  }
+}
+
+}  // namespace
+}  // namespace zinf::model
