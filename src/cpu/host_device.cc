@@ -101,10 +101,13 @@ class CopyEngine {
       Job* job = jobs_.front();
       jobs_.pop_front();
       lock.unlock();
-      if (job->is_memset)
+      if (job->bytes == 0) {
+        // nothing to move (and memmove with a null pointer is undefined even then)
+      } else if (job->is_memset) {
         std::memset(job->dst, job->byte, job->bytes);
-      else
+      } else {
         std::memmove(job->dst, job->src, job->bytes);
+      }
       lock.lock();
       job->done = true;
       done_cv_.notify_all();
