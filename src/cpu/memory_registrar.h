@@ -7,7 +7,8 @@
 // three uses (host compute, device copies, disk I/O).
 //
 // Thread-safety: an implementation must accept calls from any thread, and
-// concurrent calls for different buffers.
+// concurrent calls for different buffers. The pool may call Unregister while
+// holding its own lock, so an implementation must not call back into the pool.
 #pragma once
 
 #include <cstddef>
