@@ -1,0 +1,139 @@
+// The zinf engine: owns a model's parameters, gradients and optimizer state,
+// partitions them across ranks (ZeRO stages 0, 1 and 2) and runs mixed-
+// precision Adam/AdamW at each gradient-accumulation boundary.
+//
+// A client registers its parameters grouped into units (a layer, like an
+// FSDP unit) before its first micro-step. Then, per micro-step and unit:
+//
+//   Fetch(u, s)       device pointers to u's compute copy, valid for work the
+//                     client enqueues on stream s afterwards (s waits on an
+//                     event for u's last update; the host never blocks). The
+//                     gradient buffers of u are free for writing by that work
+//                     too: the engine has finished reading them.
+//   GradBuffers(u)    where backward writes u's gradients (fp32, overwritten
+//                     each micro-step: the engine accumulates).
+//   GradsReady(u, s)  after backward's writes to u's gradients on s.
+//   Release(u, s)     after the last use of u's parameters on s.
+//   Step()            once per micro-step, after every unit's GradsReady;
+//                     at the accumulation boundary it enqueues the optimizer.
+//
+// Nothing here blocks the host except Synchronize, Stats, ReadState and — for
+// fp16 with dynamic loss scaling — loss_scale(), which waits for the previous
+// step's overflow decision (as every fp16 trainer must).
+//
+// Numerics (the same bits whatever the stage, for the same ranks and data):
+// gradients are reduced across ranks in fp32 at every micro-step, summed in
+// rank order (the deterministic collectives), and accumulated in fp32 in
+// micro-step order. The global norm is the sum of per-64Ki-element-block
+// partials taken in global block order (unit by unit), so the same partials
+// come out however the units are sharded. Clipping, 1/loss_scale and the mean
+// over ranks × accumulation steps fold into one gradient scale applied by the
+// one documented Adam sequence (cpu/adam_math.h). A step whose gradients hold
+// an inf or NaN on any rank is skipped on every rank.
+//
+// Thread-safety: one client thread drives an engine; its streams may be any.
+// Every rank must make the same calls in the same order (collectives).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "zinf/config.h"
+#include "zinf/device.h"
+#include "zinf/dtype.h"
+#include "zinf/status.h"
+
+namespace zinf {
+
+class Communicator;  // src/common/communicator.h; null means one rank
+
+// One parameter tensor. Initial values are host memory in `dtype`; every
+// rank must pass the same values. The engine keeps an fp32 master copy and a
+// compute copy in the config's precision (bf16, fp16 or fp32).
+struct ParamSpec {
+  std::string name;
+  std::vector<int64_t> shape;
+  DType dtype = DType::kFloat32;  // of `init`
+  const void* init = nullptr;     // product(shape) elements; null = zeros
+};
+
+// A unit's buffers on the device: the unit's tensors packed back to back in
+// registration order (no padding between them), then zero padding up to the
+// partition size.
+struct UnitPointers {
+  void* data = nullptr;  // the first tensor
+  DType dtype = DType::kFloat32;
+  int64_t num_elems = 0;             // sum of the tensors' elements
+  std::span<void* const> tensors;    // one pointer per tensor, into `data`
+};
+
+// What the optimizer state readers return (each widened to fp32).
+enum class StateKind { kMaster, kExpAvg, kExpAvgSq, kComputeParams };
+
+// The per-step metrics. Times are seconds within the step's window (from the
+// previous boundary to this one's last update).
+struct StepStats {
+  int64_t step = 0;            // optimizer steps applied so far (skips excluded)
+  int64_t boundary = 0;        // accumulation boundaries so far (skips included)
+  bool skipped = false;        // overflow: the step was not applied
+  double loss_scale = 1;       // the scale the step's gradients carried
+  double next_loss_scale = 1;  // the scale for the next micro-steps
+  double lr = 0;
+  double grad_norm = 0;        // global L2 norm of the mean unscaled gradient (inf/NaN on overflow)
+  double clip_coef = 1;        // applied multiplier (1 when not clipping)
+  double optimizer_seconds = 0;
+  double comm_seconds = 0;     // collectives on the engine stream
+  double copy_seconds = 0;     // bucket packing and other device copies
+  double stall_seconds = 0;    // the client's streams waiting on the engine
+  std::string longest_stall;   // what the longest wait was for ("" when none)
+  struct Collective {
+    std::string kind;  // "all_reduce", "reduce_scatter", "all_gather"
+    int64_t calls = 0;
+    uint64_t bytes = 0;  // payload per rank (the full buffer the call covers)
+  };
+  std::vector<Collective> collectives;
+  uint64_t device_bytes_in_use = 0;
+  std::string ToString() const;  // the one-line summary the logger prints
+};
+
+class Engine {
+ public:
+  // Validates the config for this device and rank count (a stage or option
+  // the engine cannot honour is an error naming the key and what to set).
+  // `comm` (may be null: one rank) and `device` must outlive the engine.
+  static Result<std::unique_ptr<Engine>> Create(const Config& config, Device& device, Communicator* comm = nullptr);
+  virtual ~Engine() = default;
+
+  // Registers a unit; returns its index. Only before the first Fetch.
+  virtual Result<int> AddUnit(const std::string& name, const std::vector<ParamSpec>& params) = 0;
+  virtual int num_units() const = 0;
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+  virtual int zero_stage() const = 0;
+  virtual DType compute_dtype() const = 0;
+  virtual int64_t gradient_accumulation_steps() const = 0;
+
+  virtual Result<UnitPointers> Fetch(int unit, Stream& stream) = 0;
+  virtual Result<UnitPointers> GradBuffers(int unit) = 0;
+  virtual Status GradsReady(int unit, Stream& stream) = 0;
+  virtual Status Release(int unit, Stream& stream) = 0;
+  // Ends a micro-step; true when it was a boundary and the optimizer step
+  // was enqueued (it runs asynchronously).
+  virtual Result<bool> Step() = 0;
+
+  // The factor backward multiplies the loss by (fp16: the dynamic loss
+  // scale; otherwise 1).
+  virtual Result<float> loss_scale() = 0;
+  // Waits for everything the engine enqueued; returns the first error.
+  virtual Status Synchronize() = 0;
+  // The metrics of the last boundary (synchronizes first).
+  virtual Result<StepStats> Stats() = 0;
+  // The whole unit's state as fp32 (num_elems values) into host memory.
+  // Collective in stages 1 and 2 (the shards are gathered): every rank calls.
+  virtual Status ReadState(int unit, StateKind kind, float* host_dst) = 0;
+};
+
+}  // namespace zinf

@@ -1,0 +1,819 @@
+// The engine for ZeRO stages 0-2 with the optimizer where the parameters are
+// (the device's memory, updated by host tasks on the engine's stream).
+//
+// Per unit, on the device (P = padded elements, S = shard = P / N):
+//   params      compute dtype, P   — every rank holds the whole unit
+//   grads       fp32, P            — backward writes it each micro-step
+//   accum       fp32, P (stage 0/1) or S (stage 2) — the sum over micro-steps
+//   master/m/v  fp32, P (stage 0) or S (stages 1/2)  — the owned range
+// One engine stream runs, in enqueue order: the waits on the client's
+// events, the collectives, the accumulation, the norm, the decision (skip,
+// clip, loss scale) and the per-unit updates, each unit's end marked by an
+// event that the next Fetch of that unit waits on.
+#include "zinf/engine.h"
+
+#include <oneapi/tbb/blocked_range.h>
+#include <oneapi/tbb/parallel_for.h>
+#include <oneapi/tbb/task_arena.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <numeric>
+#include <optional>
+#include <thread>
+#include <utility>
+
+#include "common/communicator.h"
+#include "common/logging.h"
+#include "common/units.h"
+#include "cpu/adam.h"
+#include "cpu/cast.h"
+#include "cpu/kernels.h"
+#include "cpu/norm.h"
+#include "sched/loss_scaler.h"
+#include "sched/lr_schedule.h"
+#include "sched/partition.h"
+
+namespace zinf {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+
+struct Unit {
+  std::string name;
+  std::vector<std::string> tensor_names;
+  std::vector<int64_t> tensor_offsets;  // elements from the unit's start
+  UnitPartition part;
+  // Device buffers.
+  void* params = nullptr;
+  float* grads = nullptr;
+  float* accum = nullptr;
+  float* master = nullptr;
+  float* exp_avg = nullptr;
+  float* exp_avg_sq = nullptr;
+  std::vector<void*> param_ptrs, grad_ptrs;
+  std::unique_ptr<Event> params_ready;  // engine stream: the unit's last update is done
+  std::unique_ptr<Event> grads_free;    // engine stream: its gradients have been consumed
+  std::unique_ptr<Event> grads_ready;   // client stream: backward wrote the gradients
+  std::unique_ptr<Event> released;      // client stream: done with the parameters
+  bool grads_ready_this_micro = false;
+};
+
+// The decision of one boundary, made by a task on the engine stream and read
+// by the tasks after it (and by the host once they ran).
+struct Decision {
+  bool skip = false;
+  AdamStepConstants constants{};
+  double loss_scale = 1, next_loss_scale = 1, lr = 0, grad_norm = 0, clip_coef = 1;
+};
+
+struct Window {  // metrics accumulated since the last boundary
+  double optimizer = 0, comm = 0, copy = 0, stall = 0, longest_stall = 0;
+  std::string longest_stall_what;
+  std::map<std::string, StepStats::Collective> collectives;
+};
+
+class EngineImpl final : public Engine {
+ public:
+  EngineImpl(const Config& config, Device& device, Communicator* comm, int64_t accumulation, LrSchedule schedule,
+             LossScaler scaler, AdamOptions adam, DType compute_dtype, int threads)
+      : config_(config),
+        device_(device),
+        comm_(comm),
+        rank_(comm ? comm->rank() : 0),
+        world_(comm ? comm->size() : 1),
+        stage_(config.zero.stage),
+        accumulation_(accumulation),
+        schedule_(std::move(schedule)),
+        scaler_(std::move(scaler)),
+        adam_(adam),
+        compute_dtype_(compute_dtype),
+        arena_(threads) {}
+
+  ~EngineImpl() override {
+    if (stream_) {
+      (void)stream_->Synchronize();
+      for (Unit& u : units_) FreeUnit(u);
+      if (partials_) (void)device_.Free(partials_, *stream_);
+      if (bucket_) (void)device_.Free(bucket_, *stream_);
+      (void)stream_->Synchronize();
+    }
+  }
+
+  void FreeUnit(Unit& u) {
+    for (void* p : {u.params, static_cast<void*>(u.grads), static_cast<void*>(u.accum), static_cast<void*>(u.master),
+                    static_cast<void*>(u.exp_avg), static_cast<void*>(u.exp_avg_sq)}) {
+      if (p) (void)device_.Free(p, *stream_);
+    }
+    u.params = nullptr;
+    u.grads = u.accum = u.master = u.exp_avg = u.exp_avg_sq = nullptr;
+  }
+
+  Status Init() {
+    ZINF_ASSIGN_OR_RETURN(stream_, device_.CreateStream());
+    ZINF_ASSIGN_OR_RETURN(decided_, device_.CreateEvent());
+    return Status::Ok();
+  }
+
+  int num_units() const override { return static_cast<int>(units_.size()); }
+  int rank() const override { return rank_; }
+  int world_size() const override { return world_; }
+  int zero_stage() const override { return stage_; }
+  DType compute_dtype() const override { return compute_dtype_; }
+  int64_t gradient_accumulation_steps() const override { return accumulation_; }
+
+  Result<int> AddUnit(const std::string& name, const std::vector<ParamSpec>& params) override;
+  Result<UnitPointers> Fetch(int unit, Stream& stream) override;
+  Result<UnitPointers> GradBuffers(int unit) override;
+  Status GradsReady(int unit, Stream& stream) override;
+  Status Release(int unit, Stream& stream) override;
+  Result<bool> Step() override;
+  Result<float> loss_scale() override;
+  Status Synchronize() override { return stream_->Synchronize(); }
+  Result<StepStats> Stats() override;
+  Status ReadState(int unit, StateKind kind, float* host_dst) override;
+
+ private:
+  bool sharded() const { return stage_ >= 1 && world_ > 1; }
+  bool distributed() const { return world_ > 1; }
+  // The owned range of the optimizer state: the whole unit in stage 0.
+  int64_t owned_begin(const Unit& u) const { return stage_ == 0 ? 0 : u.part.shard_begin(rank_); }
+  int64_t owned_elems(const Unit& u) const { return stage_ == 0 ? u.part.padded_elems : u.part.shard_elems; }
+  int64_t owned_valid(const Unit& u) const {
+    return stage_ == 0 ? u.part.num_elems : u.part.valid_in_shard(rank_);
+  }
+  // The accumulated gradient of the owned range.
+  float* owned_accum(const Unit& u) const { return stage_ == 2 ? u.accum : u.accum + owned_begin(u); }
+
+  Status CheckUnit(int unit, const char* what) const {
+    if (unit < 0 || unit >= num_units()) {
+      return InvalidArgument(std::string(what) + ": no unit " + std::to_string(unit) + " (" +
+                             std::to_string(num_units()) + " registered)");
+    }
+    return Status::Ok();
+  }
+  Status Finalize();
+  Result<void*> Alloc(uint64_t bytes, const std::string& what);
+
+  // Engine-stream helpers.
+  Status Collective(const char* kind, uint64_t bytes, const std::function<Status()>& enqueue);
+  Status Timed(double Window::*field, StreamTask task);
+  Status EnqueueAccumulate(float* accum, const float* reduced, int64_t elems, bool first);
+  Status FlushBucket(const std::vector<int>& bucket);
+  Status FlushPendingBuckets();
+  Status EnqueueBoundary();
+  Status WaitTimed(Stream& stream, Event& event, const std::string& what);
+  void Decide(const double* partials_host);
+
+  const Config config_;
+  Device& device_;
+  Communicator* comm_;
+  const int rank_, world_, stage_;
+  const int64_t accumulation_;
+  const LrSchedule schedule_;
+  LossScaler scaler_;  // guarded by mu_
+  const AdamOptions adam_;
+  const DType compute_dtype_;
+  tbb::task_arena arena_;
+
+  std::unique_ptr<Stream> stream_;
+  std::unique_ptr<Event> decided_;  // recorded after each boundary's decision
+  std::vector<Unit> units_;
+  bool finalized_ = false;
+  int64_t micro_in_window_ = 0;  // micro-steps since the last boundary
+  int64_t boundaries_ = 0;
+  // Stage 2 buckets: the open one (units whose gradients are ready) and, when
+  // overlap_comm is off, those closed but held until the micro-step ends.
+  std::vector<int> open_bucket_;
+  int64_t open_bucket_elems_ = 0;
+  std::vector<std::vector<int>> closed_buckets_;
+  float* bucket_ = nullptr;  // rank-major staging of a multi-unit bucket
+  int64_t bucket_capacity_ = 0;
+  // Norm partials: rank-major [rank][unit][shard block], doubles.
+  double* partials_ = nullptr;
+  int64_t blocks_per_rank_ = 0;  // sum over units of owned blocks (stage 0: all blocks)
+  std::vector<int64_t> unit_block_offset_;  // into a rank's region
+
+  std::mutex mu_;  // guards everything below, scaler_, and the Window
+  Decision decision_;
+  int64_t steps_applied_ = 0;
+  Window window_;
+  Clock::time_point collective_start_, timed_start_;  // engine stream only
+  std::optional<StepStats> last_stats_;
+  bool decision_pending_ = false;  // a boundary was enqueued whose decision the host has not waited for
+};
+
+Result<void*> EngineImpl::Alloc(uint64_t bytes, const std::string& what) {
+  auto p = device_.Allocate(bytes, *stream_);
+  if (!p.ok()) return p.status().WithContext(what);
+  ZINF_RETURN_IF_ERROR(device_.Memset(*p, 0, bytes, *stream_));
+  return *p;
+}
+
+Result<int> EngineImpl::AddUnit(const std::string& name, const std::vector<ParamSpec>& params) {
+  if (finalized_) {
+    return FailedPrecondition("unit '" + name +
+                              "' registered after the first Fetch: register every unit before the first micro-step");
+  }
+  if (params.empty()) return InvalidArgument("unit '" + name + "' has no parameters");
+  for (const Unit& u : units_) {
+    if (u.name == name) return InvalidArgument("a unit named '" + name + "' is already registered");
+  }
+  Unit u;
+  u.name = name;
+  int64_t total = 0;
+  for (const ParamSpec& p : params) {
+    int64_t n = 1;
+    for (int64_t d : p.shape) {
+      if (d <= 0 || n > (int64_t{1} << 40) / d) {
+        return InvalidArgument("parameter '" + p.name + "' of unit '" + name +
+                               "': every dimension must be positive and the tensor under 2^40 elements");
+      }
+      n *= d;
+    }
+    u.tensor_names.push_back(p.name);
+    u.tensor_offsets.push_back(total);
+    total += n;
+  }
+  u.part = PartitionUnit(total, world_);
+  // On any error below, what was allocated goes back.
+  struct Cleanup {
+    EngineImpl* e;
+    Unit* u;
+    ~Cleanup() {
+      if (u) e->FreeUnit(*u);
+    }
+  } cleanup{this, &u};
+  const uint64_t P = u.part.padded_elems;
+  const std::string what = "unit '" + name + "'";
+  const int64_t owned = owned_elems(u);
+  ZINF_ASSIGN_OR_RETURN(u.params, Alloc(P * DTypeSizeBytes(compute_dtype_), what + " parameters"));
+  ZINF_ASSIGN_OR_RETURN(void* g, Alloc(P * 4, what + " gradients"));
+  u.grads = static_cast<float*>(g);
+  ZINF_ASSIGN_OR_RETURN(void* a, Alloc((stage_ == 2 ? u.part.shard_elems : P) * 4, what + " gradient accumulator"));
+  u.accum = static_cast<float*>(a);
+  ZINF_ASSIGN_OR_RETURN(void* m0, Alloc(owned * 4, what + " fp32 master"));
+  ZINF_ASSIGN_OR_RETURN(void* m1, Alloc(owned * 4, what + " Adam m"));
+  ZINF_ASSIGN_OR_RETURN(void* m2, Alloc(owned * 4, what + " Adam v"));
+  u.master = static_cast<float*>(m0);
+  u.exp_avg = static_cast<float*>(m1);
+  u.exp_avg_sq = static_cast<float*>(m2);
+  for (auto* e : {&u.params_ready, &u.grads_free, &u.grads_ready, &u.released}) {
+    ZINF_ASSIGN_OR_RETURN(*e, device_.CreateEvent());
+  }
+  const size_t esize = DTypeSizeBytes(compute_dtype_);
+  for (int64_t off : u.tensor_offsets) {
+    u.param_ptrs.push_back(static_cast<char*>(u.params) + off * esize);
+    u.grad_ptrs.push_back(u.grads + off);
+  }
+
+  // Initial values: fp32 master (widened exactly), compute copy rounded from it.
+  std::vector<float> master(total, 0.0f);
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (!params[i].init) continue;
+    const int64_t n = (i + 1 < params.size() ? u.tensor_offsets[i + 1] : total) - u.tensor_offsets[i];
+    ZINF_RETURN_IF_ERROR(Cast(arena_, params[i].init, params[i].dtype, master.data() + u.tensor_offsets[i],
+                              DType::kFloat32, n));
+  }
+  std::vector<uint8_t> compute(total * esize);
+  ZINF_RETURN_IF_ERROR(Cast(arena_, master.data(), DType::kFloat32, compute.data(), compute_dtype_, total));
+  ZINF_RETURN_IF_ERROR(device_.CopyToDevice(u.params, compute.data(), compute.size(), *stream_));
+  const int64_t begin = owned_begin(u), valid = owned_valid(u);
+  if (valid > 0) {
+    ZINF_RETURN_IF_ERROR(device_.CopyToDevice(u.master, master.data() + begin, valid * 4, *stream_));
+  }
+  ZINF_RETURN_IF_ERROR(u.params_ready->Record(*stream_));
+  ZINF_RETURN_IF_ERROR(u.grads_free->Record(*stream_));
+  ZINF_RETURN_IF_ERROR(stream_->Synchronize());  // the host vectors die here
+  cleanup.u = nullptr;
+  units_.push_back(std::move(u));
+  return num_units() - 1;
+}
+
+Status EngineImpl::Finalize() {
+  if (finalized_) return Status::Ok();
+  if (units_.empty()) return FailedPrecondition("no units registered: AddUnit before the first Fetch");
+  finalized_ = true;
+  int64_t offset = 0;
+  for (const Unit& u : units_) {
+    unit_block_offset_.push_back(offset);
+    offset += owned_elems(u) / kNormBlock;
+  }
+  blocks_per_rank_ = offset;
+  const int64_t regions = stage_ == 0 ? 1 : world_;
+  ZINF_ASSIGN_OR_RETURN(void* p, Alloc(blocks_per_rank_ * regions * sizeof(double), "norm partials"));
+  partials_ = static_cast<double*>(p);
+  // Released starts out complete: the first boundary waits on nothing.
+  for (Unit& u : units_) ZINF_RETURN_IF_ERROR(u.released->Record(*stream_));
+  const uint64_t params = std::accumulate(units_.begin(), units_.end(), uint64_t{0},
+                                          [](uint64_t s, const Unit& u) { return s + u.part.num_elems; });
+  ZINF_LOG_INFO("engine: rank {}/{}, ZeRO stage {}, {} units, {} parameters, {} compute, accumulation {}, {}, {}",
+                rank_, world_, stage_, units_.size(), FormatCount(static_cast<double>(params)),
+                DTypeName(compute_dtype_), accumulation_, scaler_.Describe(), schedule_.Describe());
+  return Status::Ok();
+}
+
+Status EngineImpl::WaitTimed(Stream& stream, Event& event, const std::string& what) {
+  ZINF_ASSIGN_OR_RETURN(bool done, event.Query());
+  if (done) return Status::Ok();
+  auto start = std::make_shared<Clock::time_point>();
+  ZINF_RETURN_IF_ERROR(stream.Enqueue([start](const StreamContext&) {
+    *start = Clock::now();
+    return Status::Ok();
+  }));
+  ZINF_RETURN_IF_ERROR(stream.Wait(event));
+  return stream.Enqueue([this, start, what](const StreamContext&) {
+    const double s = Seconds(*start, Clock::now());
+    std::lock_guard lock(mu_);
+    window_.stall += s;
+    if (s > window_.longest_stall) {
+      window_.longest_stall = s;
+      window_.longest_stall_what = what;
+    }
+    return Status::Ok();
+  });
+}
+
+Result<UnitPointers> EngineImpl::Fetch(int unit, Stream& stream) {
+  ZINF_RETURN_IF_ERROR(CheckUnit(unit, "Fetch"));
+  ZINF_RETURN_IF_ERROR(Finalize());
+  Unit& u = units_[unit];
+  ZINF_RETURN_IF_ERROR(WaitTimed(stream, *u.params_ready, "update of unit '" + u.name + "'"));
+  ZINF_RETURN_IF_ERROR(WaitTimed(stream, *u.grads_free, "gradient reduction of unit '" + u.name + "'"));
+  return UnitPointers{u.params, compute_dtype_, u.part.num_elems, u.param_ptrs};
+}
+
+Result<UnitPointers> EngineImpl::GradBuffers(int unit) {
+  ZINF_RETURN_IF_ERROR(CheckUnit(unit, "GradBuffers"));
+  Unit& u = units_[unit];
+  return UnitPointers{u.grads, DType::kFloat32, u.part.num_elems, u.grad_ptrs};
+}
+
+Status EngineImpl::Release(int unit, Stream& stream) {
+  ZINF_RETURN_IF_ERROR(CheckUnit(unit, "Release"));
+  return units_[unit].released->Record(stream);
+}
+
+Status EngineImpl::Collective(const char* kind, uint64_t bytes, const std::function<Status()>& enqueue) {
+  ZINF_RETURN_IF_ERROR(stream_->Enqueue([this](const StreamContext&) {
+    collective_start_ = Clock::now();
+    return Status::Ok();
+  }));
+  ZINF_RETURN_IF_ERROR(enqueue());
+  return stream_->Enqueue([this, kind, bytes](const StreamContext&) {
+    const double s = Seconds(collective_start_, Clock::now());
+    std::lock_guard lock(mu_);
+    window_.comm += s;
+    StepStats::Collective& c = window_.collectives[kind];
+    c.kind = kind;
+    c.calls += 1;
+    c.bytes += bytes;
+    return Status::Ok();
+  });
+}
+
+Status EngineImpl::Timed(double Window::*field, StreamTask task) {
+  return stream_->Enqueue([this, field, task = std::move(task)](const StreamContext& ctx) {
+    const auto start = Clock::now();
+    Status s = task(ctx);
+    const double seconds = Seconds(start, Clock::now());
+    std::lock_guard lock(mu_);
+    window_.*field += seconds;
+    return s;
+  });
+}
+
+// accum = reduced (first micro-step of the window) or accum + reduced: the
+// same fp32 additions in the same order in every stage.
+Status EngineImpl::EnqueueAccumulate(float* accum, const float* reduced, int64_t elems, bool first) {
+  if (first) return device_.CopyOnDevice(accum, reduced, elems * 4, *stream_);
+  return stream_->Enqueue([this, accum, reduced, elems](const StreamContext& ctx) {
+    float* a = static_cast<float*>(ctx.Host(accum));
+    const float* r = static_cast<const float*>(ctx.Host(reduced));
+    arena_.execute([&] {
+      tbb::parallel_for(tbb::blocked_range<int64_t>(0, elems, int64_t{1} << 16),
+                        [&](const tbb::blocked_range<int64_t>& range) {
+                          for (int64_t i = range.begin(); i < range.end(); ++i) a[i] = a[i] + r[i];
+                        });
+    });
+    return Status::Ok();
+  });
+}
+
+Status EngineImpl::GradsReady(int unit, Stream& stream) {
+  ZINF_RETURN_IF_ERROR(CheckUnit(unit, "GradsReady"));
+  ZINF_RETURN_IF_ERROR(Finalize());
+  Unit& u = units_[unit];
+  if (u.grads_ready_this_micro) {
+    return FailedPrecondition("GradsReady(unit '" + u.name + "') twice in one micro-step; call Step() between");
+  }
+  u.grads_ready_this_micro = true;
+  ZINF_RETURN_IF_ERROR(u.grads_ready->Record(stream));
+  const bool first = micro_in_window_ == 0;
+  const int64_t P = u.part.padded_elems;
+  if (stage_ < 2) {
+    ZINF_RETURN_IF_ERROR(stream_->Wait(*u.grads_ready));
+    if (distributed()) {
+      ZINF_RETURN_IF_ERROR(Collective("all_reduce", P * 4, [&] {
+        return comm_->AllReduce(u.grads, u.grads, P, DType::kFloat32, ReduceOp::kSum, *stream_);
+      }));
+    }
+    ZINF_RETURN_IF_ERROR(EnqueueAccumulate(u.accum, u.grads, P, first));
+    return u.grads_free->Record(*stream_);
+  }
+  // Stage 2: into the open bucket; closed buckets go out now (overlap_comm)
+  // or when the micro-step's last unit is ready.
+  const int64_t cap = config_.zero.reduce_bucket_size;
+  if (!open_bucket_.empty() && open_bucket_elems_ + P > cap) {
+    closed_buckets_.push_back(std::move(open_bucket_));
+    open_bucket_.clear();
+    open_bucket_elems_ = 0;
+  }
+  open_bucket_.push_back(unit);
+  open_bucket_elems_ += P;
+  const bool last = std::all_of(units_.begin(), units_.end(), [](const Unit& x) { return x.grads_ready_this_micro; });
+  if (last) {
+    closed_buckets_.push_back(std::move(open_bucket_));
+    open_bucket_.clear();
+    open_bucket_elems_ = 0;
+  }
+  if (config_.zero.overlap_comm || last) return FlushPendingBuckets();
+  return Status::Ok();
+}
+
+Status EngineImpl::FlushPendingBuckets() {
+  for (const std::vector<int>& b : closed_buckets_) ZINF_RETURN_IF_ERROR(FlushBucket(b));
+  closed_buckets_.clear();
+  return Status::Ok();
+}
+
+Status EngineImpl::FlushBucket(const std::vector<int>& bucket) {
+  const bool first = micro_in_window_ == 0;
+  for (int i : bucket) ZINF_RETURN_IF_ERROR(stream_->Wait(*units_[i].grads_ready));
+  const bool pack = bucket.size() > 1 && config_.zero.contiguous_gradients && distributed();
+  if (!pack) {
+    // One reduce-scatter per unit, in place: this rank's shard of the sum
+    // lands at its own offset of the gradient buffer.
+    for (int i : bucket) {
+      Unit& u = units_[i];
+      float* shard = u.grads + u.part.shard_begin(rank_);
+      if (distributed()) {
+        ZINF_RETURN_IF_ERROR(Collective("reduce_scatter", u.part.padded_elems * 4, [&] {
+          return comm_->ReduceScatter(u.grads, shard, u.part.shard_elems, DType::kFloat32, ReduceOp::kSum, *stream_);
+        }));
+      }
+      ZINF_RETURN_IF_ERROR(EnqueueAccumulate(u.accum, shard, u.part.shard_elems, first));
+      ZINF_RETURN_IF_ERROR(u.grads_free->Record(*stream_));
+    }
+    return Status::Ok();
+  }
+  // Contiguous: pack rank-major (every rank's shards of every unit in the
+  // bucket), one reduce-scatter, then accumulate this rank's slices.
+  int64_t count = 0;
+  for (int i : bucket) count += units_[i].part.shard_elems;
+  const int64_t needed = count * world_;
+  if (needed > bucket_capacity_) {
+    if (bucket_) ZINF_RETURN_IF_ERROR(device_.Free(bucket_, *stream_));
+    bucket_ = nullptr;
+    ZINF_ASSIGN_OR_RETURN(void* b, Alloc(needed * 4, "the reduce bucket"));
+    bucket_ = static_cast<float*>(b);
+    bucket_capacity_ = needed;
+  }
+  const auto copy_start = std::make_shared<Clock::time_point>();
+  ZINF_RETURN_IF_ERROR(stream_->Enqueue([copy_start](const StreamContext&) {
+    *copy_start = Clock::now();
+    return Status::Ok();
+  }));
+  for (int r = 0; r < world_; ++r) {
+    int64_t off = r * count;
+    for (int i : bucket) {
+      const Unit& u = units_[i];
+      ZINF_RETURN_IF_ERROR(device_.CopyOnDevice(bucket_ + off, u.grads + u.part.shard_begin(r),
+                                                u.part.shard_elems * 4, *stream_));
+      off += u.part.shard_elems;
+    }
+  }
+  ZINF_RETURN_IF_ERROR(stream_->Enqueue([this, copy_start](const StreamContext&) {
+    const double s = Seconds(*copy_start, Clock::now());
+    std::lock_guard lock(mu_);
+    window_.copy += s;
+    return Status::Ok();
+  }));
+  float* mine = bucket_ + rank_ * count;
+  ZINF_RETURN_IF_ERROR(Collective("reduce_scatter", needed * 4, [&] {
+    return comm_->ReduceScatter(bucket_, mine, count, DType::kFloat32, ReduceOp::kSum, *stream_);
+  }));
+  int64_t off = 0;
+  for (int i : bucket) {
+    Unit& u = units_[i];
+    ZINF_RETURN_IF_ERROR(EnqueueAccumulate(u.accum, mine + off, u.part.shard_elems, first));
+    ZINF_RETURN_IF_ERROR(u.grads_free->Record(*stream_));
+    off += u.part.shard_elems;
+  }
+  return Status::Ok();
+}
+
+Result<bool> EngineImpl::Step() {
+  ZINF_RETURN_IF_ERROR(Finalize());
+  for (const Unit& u : units_) {
+    if (!u.grads_ready_this_micro) {
+      return FailedPrecondition("Step() before GradsReady(unit '" + u.name +
+                                "'): every unit's gradients must be ready before the micro-step ends");
+    }
+  }
+  ZINF_RETURN_IF_ERROR(FlushPendingBuckets());
+  for (Unit& u : units_) u.grads_ready_this_micro = false;
+  if (++micro_in_window_ < accumulation_) return false;
+  micro_in_window_ = 0;
+  ZINF_RETURN_IF_ERROR(EnqueueBoundary());
+  return true;
+}
+
+void EngineImpl::Decide(const double* partials) {
+  // Global block order: unit by unit, and inside a unit rank by rank (the
+  // shards' order), block by block — the order of the unsharded unit.
+  double total = 0;
+  const int regions = stage_ == 0 ? 1 : world_;
+  for (size_t i = 0; i < units_.size(); ++i) {
+    const int64_t blocks = owned_elems(units_[i]) / kNormBlock;
+    for (int r = 0; r < regions; ++r) {
+      const double* p = partials + r * blocks_per_rank_ + unit_block_offset_[i];
+      for (int64_t b = 0; b < blocks; ++b) total += p[b];
+    }
+  }
+  std::lock_guard lock(mu_);
+  Decision d;
+  d.loss_scale = scaler_.scale();
+  const double mean_div = d.loss_scale * static_cast<double>(world_) * static_cast<double>(accumulation_);
+  d.grad_norm = std::sqrt(total) / mean_div;
+  d.skip = !std::isfinite(total);
+  if (!d.skip && config_.gradient_clipping > 0) {
+    const double c = config_.gradient_clipping / (d.grad_norm + 1e-6);
+    if (c < 1) d.clip_coef = c;
+  }
+  d.lr = schedule_.LrAt(steps_applied_);
+  if (!d.skip) {
+    AdamOptions o = adam_;
+    o.lr = d.lr;
+    auto constants = MakeAdamStepConstants(o, steps_applied_ + 1, d.clip_coef / mean_div);
+    if (constants.ok()) {
+      d.constants = *constants;
+    } else {  // options were validated at Create; a schedule's lr cannot be bad
+      ZINF_LOG_ERROR("engine: {}", constants.status().ToString());
+      d.skip = true;
+    }
+  }
+  scaler_.Update(d.skip);
+  d.next_loss_scale = scaler_.scale();
+  if (!d.skip) ++steps_applied_;
+  decision_ = d;
+}
+
+Status EngineImpl::EnqueueBoundary() {
+  ++boundaries_;
+  const int64_t boundary = boundaries_;
+  for (Unit& u : units_) ZINF_RETURN_IF_ERROR(stream_->Wait(*u.released));
+  // Per-block partials of the owned accumulated gradient.
+  const int region = stage_ == 0 ? 0 : rank_;
+  auto partials_task = [this, region](const StreamContext& ctx) -> Status {
+    double* out = static_cast<double*>(ctx.Host(partials_)) + region * blocks_per_rank_;
+    for (size_t i = 0; i < units_.size(); ++i) {
+      const Unit& u = units_[i];
+      const int64_t n = owned_elems(u);
+      ZINF_RETURN_IF_ERROR(SumSquaresBlocks(arena_, ctx.Host(owned_accum(u)), DType::kFloat32, n,
+                                            std::span<double>(out + unit_block_offset_[i], NumNormBlocks(n)))
+                               .status());
+    }
+    return Status::Ok();
+  };
+  ZINF_RETURN_IF_ERROR(stream_->Enqueue(std::move(partials_task)));
+  if (sharded()) {
+    double* mine = partials_ + rank_ * blocks_per_rank_;
+    ZINF_RETURN_IF_ERROR(Collective("all_gather", blocks_per_rank_ * world_ * sizeof(double), [&] {
+      // Doubles travel as pairs of fp32 words: all-gather only moves bytes.
+      return comm_->AllGather(mine, partials_, 2 * blocks_per_rank_, DType::kFloat32, *stream_);
+    }));
+  }
+  ZINF_RETURN_IF_ERROR(stream_->Enqueue([this](const StreamContext& ctx) {
+    Decide(static_cast<const double*>(ctx.Host(partials_)));
+    return Status::Ok();
+  }));
+  ZINF_RETURN_IF_ERROR(decided_->Record(*stream_));
+  {
+    std::lock_guard lock(mu_);
+    decision_pending_ = true;
+  }
+  // Per unit: Adam over the owned range, the new compute copy written in the
+  // same pass, then (sharded) every rank's new shard gathered.
+  for (Unit& u : units_) {
+    auto update = [this, &u](const StreamContext& ctx) -> Status {
+      Decision d;
+      {
+        std::lock_guard lock(mu_);
+        d = decision_;
+      }
+      const int64_t valid = owned_valid(u);
+      if (d.skip || valid == 0) return Status::Ok();
+      const int64_t begin = owned_begin(u);
+      AdamBuffers b;
+      b.params = static_cast<float*>(ctx.Host(u.master));
+      b.exp_avg = static_cast<float*>(ctx.Host(u.exp_avg));
+      b.exp_avg_sq = static_cast<float*>(ctx.Host(u.exp_avg_sq));
+      b.grads = ctx.Host(owned_accum(u));
+      b.grad_dtype = DType::kFloat32;
+      b.num_elems = static_cast<size_t>(valid);
+      char* param_dst = static_cast<char*>(ctx.Host(u.params)) + begin * DTypeSizeBytes(compute_dtype_);
+      if (compute_dtype_ != DType::kFloat32) {
+        b.param_copy = param_dst;
+        b.param_copy_dtype = compute_dtype_;
+      }
+      ZINF_RETURN_IF_ERROR(AdamStep(arena_, d.constants, b).WithContext("unit '" + u.name + "'"));
+      if (compute_dtype_ == DType::kFloat32) std::memcpy(param_dst, b.params, valid * 4);
+      return Status::Ok();
+    };
+    ZINF_RETURN_IF_ERROR(Timed(&Window::optimizer, std::move(update)));
+    if (sharded()) {
+      const size_t esize = DTypeSizeBytes(compute_dtype_);
+      void* mine = static_cast<char*>(u.params) + u.part.shard_begin(rank_) * esize;
+      ZINF_RETURN_IF_ERROR(Collective("all_gather", u.part.padded_elems * esize, [&] {
+        return comm_->AllGather(mine, u.params, u.part.shard_elems, compute_dtype_, *stream_);
+      }));
+    }
+    ZINF_RETURN_IF_ERROR(u.params_ready->Record(*stream_));
+  }
+  // Close the window: the step's metrics, logged in one line.
+  return stream_->Enqueue([this, boundary](const StreamContext&) {
+    StepStats s;
+    {
+      std::lock_guard lock(mu_);
+      const Decision& d = decision_;
+      s.step = steps_applied_;
+      s.boundary = boundary;
+      s.skipped = d.skip;
+      s.loss_scale = d.loss_scale;
+      s.next_loss_scale = d.next_loss_scale;
+      s.lr = d.lr;
+      s.grad_norm = d.grad_norm;
+      s.clip_coef = d.clip_coef;
+      s.optimizer_seconds = window_.optimizer;
+      s.comm_seconds = window_.comm;
+      s.copy_seconds = window_.copy;
+      s.stall_seconds = window_.stall;
+      s.longest_stall = window_.longest_stall_what;
+      for (auto& [kind, c] : window_.collectives) s.collectives.push_back(c);
+      window_ = Window{};
+    }
+    s.device_bytes_in_use = device_.memory_stats().in_use_bytes;
+    ZINF_LOG_INFO("{}", s.ToString());
+    std::lock_guard lock(mu_);
+    last_stats_ = std::move(s);
+    return Status::Ok();
+  });
+}
+
+Result<float> EngineImpl::loss_scale() {
+  bool pending;
+  {
+    std::lock_guard lock(mu_);
+    pending = decision_pending_ && scaler_.dynamic();
+  }
+  if (pending) {
+    ZINF_RETURN_IF_ERROR(decided_->Synchronize());
+    std::lock_guard lock(mu_);
+    decision_pending_ = false;
+  }
+  std::lock_guard lock(mu_);
+  return static_cast<float>(scaler_.scale());
+}
+
+Result<StepStats> EngineImpl::Stats() {
+  ZINF_RETURN_IF_ERROR(stream_->Synchronize());
+  std::lock_guard lock(mu_);
+  if (!last_stats_) return FailedPrecondition("Stats(): no optimizer step has been taken yet");
+  return *last_stats_;
+}
+
+Status EngineImpl::ReadState(int unit, StateKind kind, float* host_dst) {
+  ZINF_RETURN_IF_ERROR(CheckUnit(unit, "ReadState"));
+  ZINF_RETURN_IF_ERROR(Finalize());
+  Unit& u = units_[unit];
+  const int64_t n = u.part.num_elems;
+  if (kind == StateKind::kComputeParams) {
+    std::vector<uint8_t> raw(n * DTypeSizeBytes(compute_dtype_));
+    ZINF_RETURN_IF_ERROR(device_.CopyToHost(raw.data(), u.params, raw.size(), *stream_));
+    ZINF_RETURN_IF_ERROR(stream_->Synchronize());
+    return Cast(arena_, raw.data(), compute_dtype_, host_dst, DType::kFloat32, n);
+  }
+  float* state = kind == StateKind::kMaster ? u.master : kind == StateKind::kExpAvg ? u.exp_avg : u.exp_avg_sq;
+  if (!sharded()) {
+    ZINF_RETURN_IF_ERROR(device_.CopyToHost(host_dst, state, n * 4, *stream_));
+    return stream_->Synchronize();
+  }
+  ZINF_ASSIGN_OR_RETURN(void* tmp, Alloc(u.part.padded_elems * 4, "ReadState gather buffer"));
+  Status s = comm_->AllGather(state, tmp, u.part.shard_elems, DType::kFloat32, *stream_);
+  if (s.ok()) s = device_.CopyToHost(host_dst, tmp, n * 4, *stream_);
+  Status f = device_.Free(tmp, *stream_);
+  Status sync = stream_->Synchronize();
+  if (!s.ok()) return s;
+  if (!f.ok()) return f;
+  return sync;
+}
+
+}  // namespace
+
+std::string StepStats::ToString() const {
+  std::string out = "step " + std::to_string(step);
+  if (skipped) out += " SKIPPED (overflow)";
+  char buf[256];
+  std::snprintf(buf, sizeof buf, " | lr %.3g grad_norm %.4g", lr, grad_norm);
+  out += buf;
+  if (clip_coef < 1) {
+    std::snprintf(buf, sizeof buf, " (clipped x%.3g)", clip_coef);
+    out += buf;
+  }
+  if (loss_scale != 1 || next_loss_scale != 1) {
+    std::snprintf(buf, sizeof buf, " loss_scale %g", loss_scale);
+    out += buf;
+    if (next_loss_scale != loss_scale) {
+      std::snprintf(buf, sizeof buf, "->%g", next_loss_scale);
+      out += buf;
+    }
+  }
+  std::snprintf(buf, sizeof buf, " | optimizer %.1f ms, comm %.1f ms, copies %.1f ms, compute stalled %.1f ms",
+                optimizer_seconds * 1e3, comm_seconds * 1e3, copy_seconds * 1e3, stall_seconds * 1e3);
+  out += buf;
+  if (!longest_stall.empty()) out += " (longest: " + longest_stall + ")";
+  for (const Collective& c : collectives) {
+    out += " | " + c.kind + " " + std::to_string(c.calls) + "x " + FormatBytes(c.bytes);
+  }
+  out += " | device " + FormatBytes(device_bytes_in_use);
+  return out;
+}
+
+Result<std::unique_ptr<Engine>> Engine::Create(const Config& config, Device& device, Communicator* comm) {
+  const ZeroConfig& z = config.zero;
+  if (z.stage == 3) {
+    return Unimplemented(
+        "zero_optimization.stage = 3 (parameter partitioning) is not supported by this engine yet: set stage 0, 1 or "
+        "2");
+  }
+  if (z.stage < 0 || z.stage > 3) {
+    return InvalidArgument("zero_optimization.stage = " + std::to_string(z.stage) + ": expected 0, 1, 2 or 3");
+  }
+  if (z.offload_optimizer.device != OffloadDevice::kNone) {
+    return Unimplemented("zero_optimization.offload_optimizer.device = \"" +
+                         std::string(OffloadDeviceName(z.offload_optimizer.device)) +
+                         "\" is not supported by this engine yet: set it to \"none\"");
+  }
+  if (z.offload_param.device != OffloadDevice::kNone) {
+    return Unimplemented("zero_optimization.offload_param.device = \"" +
+                         std::string(OffloadDeviceName(z.offload_param.device)) +
+                         "\" needs stage 3, which this engine does not support yet: set it to \"none\"");
+  }
+  if (device.kind() != DeviceKind::kHost) {
+    return Unimplemented("device " + device.name() +
+                         ": with offload_optimizer \"none\" the optimizer runs as host tasks on device memory, which "
+                         "only the host device supports; set \"zinf\": {\"device\": \"cpu\"}");
+  }
+  if (z.stage == 2 && z.reduce_bucket_size < kNormBlock) {
+    return InvalidArgument("zero_optimization.reduce_bucket_size = " + std::to_string(z.reduce_bucket_size) +
+                           " elements is smaller than one norm block (65536 elements): raise it to at least 65536");
+  }
+  if (config.fp16.enabled && config.bf16.enabled) {
+    return InvalidArgument("fp16.enabled and bf16.enabled are both true: enable at most one");
+  }
+  if (!(config.gradient_clipping >= 0) || !std::isfinite(config.gradient_clipping)) {
+    return InvalidArgument("gradient_clipping must be a finite number >= 0 (0 = off)");
+  }
+  const int world = comm ? comm->size() : 1;
+  ZINF_ASSIGN_OR_RETURN(BatchSizes batch, ResolveBatchSizes(config, world));
+  const OptimizerConfig& oc = config.optimizer;
+  AdamOptions adam;
+  adam.lr = oc.lr;
+  adam.beta1 = oc.beta1;
+  adam.beta2 = oc.beta2;
+  adam.eps = oc.eps;
+  adam.weight_decay = oc.weight_decay;
+  adam.bias_correction = oc.bias_correction;
+  adam.mode = oc.decoupled_weight_decay() ? AdamMode::kAdamW : AdamMode::kAdam;
+  if (auto c = MakeAdamStepConstants(adam, 1, 1.0); !c.ok()) return c.status().WithContext("optimizer.params");
+  ZINF_ASSIGN_OR_RETURN(LrSchedule schedule, LrSchedule::Create(config.scheduler, oc.lr));
+  ZINF_ASSIGN_OR_RETURN(LossScaler scaler, LossScaler::Create(config.fp16));
+  const DType compute = config.bf16.enabled   ? DType::kBFloat16
+                        : config.fp16.enabled ? DType::kFloat16
+                                              : DType::kFloat32;
+  int threads = static_cast<int>(config.zinf.optimizer_threads);
+  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  auto engine = std::make_unique<EngineImpl>(config, device, comm, batch.gradient_accumulation_steps,
+                                             std::move(schedule), std::move(scaler), adam, compute, threads);
+  ZINF_RETURN_IF_ERROR(engine->Init());
+  return std::unique_ptr<Engine>(std::move(engine));
+}
+
+}  // namespace zinf
