@@ -27,6 +27,8 @@
 #include <thread>
 #include <utility>
 
+#include <unistd.h>
+
 #include "common/communicator.h"
 #include "common/logging.h"
 #include "common/units.h"
@@ -34,6 +36,7 @@
 #include "cpu/cast.h"
 #include "cpu/kernels.h"
 #include "cpu/norm.h"
+#include "cpu/pinned_pool.h"
 #include "sched/loss_scaler.h"
 #include "sched/lr_schedule.h"
 #include "sched/partition.h"
@@ -57,6 +60,8 @@ struct Unit {
   float* master = nullptr;
   float* exp_avg = nullptr;
   float* exp_avg_sq = nullptr;
+  // offload_optimizer cpu: the owned range's fp32 state in pinned host memory.
+  PinnedBuffer h_master, h_exp_avg, h_exp_avg_sq, h_accum;
   std::vector<void*> param_ptrs, grad_ptrs;
   std::unique_ptr<Event> params_ready;  // engine stream: the unit's last update is done
   std::unique_ptr<Event> grads_free;    // engine stream: its gradients have been consumed
@@ -94,11 +99,13 @@ class EngineImpl final : public Engine {
         scaler_(std::move(scaler)),
         adam_(adam),
         compute_dtype_(compute_dtype),
-        arena_(threads) {}
+        arena_(threads),
+        offload_(config.zero.offload_optimizer.device == OffloadDevice::kCpu) {}
 
   ~EngineImpl() override {
     if (stream_) {
       (void)stream_->Synchronize();
+      (void)copy_stream_->Synchronize();
       for (Unit& u : units_) FreeUnit(u);
       if (partials_) (void)device_.Free(partials_, *stream_);
       if (bucket_) (void)device_.Free(bucket_, *stream_);
@@ -113,11 +120,22 @@ class EngineImpl final : public Engine {
     }
     u.params = nullptr;
     u.grads = u.accum = u.master = u.exp_avg = u.exp_avg_sq = nullptr;
+    for (PinnedBuffer* b : {&u.h_master, &u.h_exp_avg, &u.h_exp_avg_sq, &u.h_accum}) b->Release();
   }
 
   Status Init() {
     ZINF_ASSIGN_OR_RETURN(stream_, device_.CreateStream());
+    ZINF_ASSIGN_OR_RETURN(copy_stream_, device_.CreateStream());
     ZINF_ASSIGN_OR_RETURN(decided_, device_.CreateEvent());
+    if (offload_) {
+      PinnedPoolOptions o;
+      o.budget_bytes = config_.zinf.host_memory;
+      if (o.budget_bytes == 0) {  // no limit beyond the machine's memory
+        o.budget_bytes = static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+      }
+      o.lock = config_.zero.offload_optimizer.pin_memory;  // DeepSpeed's switch for page-locking
+      ZINF_ASSIGN_OR_RETURN(pool_, PinnedPool::Create(std::move(o)));
+    }
     return Status::Ok();
   }
 
@@ -135,7 +153,11 @@ class EngineImpl final : public Engine {
   Status Release(int unit, Stream& stream) override;
   Result<bool> Step() override;
   Result<float> loss_scale() override;
-  Status Synchronize() override { return stream_->Synchronize(); }
+  Status Synchronize() override {
+    Status a = stream_->Synchronize();
+    Status b = copy_stream_->Synchronize();
+    return a.ok() ? b : a;
+  }
   Result<StepStats> Stats() override;
   Status ReadState(int unit, StateKind kind, float* host_dst) override;
 
@@ -162,7 +184,15 @@ class EngineImpl final : public Engine {
   Result<void*> Alloc(uint64_t bytes, const std::string& what);
 
   // Engine-stream helpers.
-  Status Collective(const char* kind, uint64_t bytes, const std::function<Status()>& enqueue);
+  Status Collective(const char* kind, uint64_t bytes, const std::function<Status()>& enqueue) {
+    return Collective(*stream_, kind, bytes, enqueue);
+  }
+  Status Collective(Stream& stream, const char* kind, uint64_t bytes, const std::function<Status()>& enqueue);
+  // Device copies bracketed by timestamps, counted as copy time.
+  Status TimedCopies(Stream& stream, const std::function<Status()>& enqueue);
+  // Adds the reduced owned range (device, owned_elems) into the host accumulator.
+  Status HostAccumulate(Unit& u, const float* reduced, bool first);
+  Result<PinnedBuffer> Pinned(uint64_t bytes, const std::string& what);
   Status Timed(double Window::*field, StreamTask task);
   Status EnqueueAccumulate(float* accum, const float* reduced, int64_t elems, bool first);
   Status FlushBucket(const std::vector<int>& bucket);
@@ -182,7 +212,13 @@ class EngineImpl final : public Engine {
   const DType compute_dtype_;
   tbb::task_arena arena_;
 
+  const bool offload_;
+  std::unique_ptr<PinnedPool> pool_;
+  PinnedBuffer h_grad_stage_;               // one unit's reduced gradient on its way to the accumulator
+  std::vector<PinnedBuffer> h_param_slots_;  // new compute-copy shards on their way to the device
+  std::vector<std::unique_ptr<Event>> slot_filled_, slot_free_;
   std::unique_ptr<Stream> stream_;
+  std::unique_ptr<Stream> copy_stream_;  // offload: host-to-device copies of updated shards and their gathers
   std::unique_ptr<Event> decided_;  // recorded after each boundary's decision
   std::vector<Unit> units_;
   bool finalized_ = false;
@@ -204,7 +240,6 @@ class EngineImpl final : public Engine {
   Decision decision_;
   int64_t steps_applied_ = 0;
   Window window_;
-  Clock::time_point collective_start_, timed_start_;  // engine stream only
   std::optional<StepStats> last_stats_;
   bool decision_pending_ = false;  // a boundary was enqueued whose decision the host has not waited for
 };
@@ -256,14 +291,21 @@ Result<int> EngineImpl::AddUnit(const std::string& name, const std::vector<Param
   ZINF_ASSIGN_OR_RETURN(u.params, Alloc(P * DTypeSizeBytes(compute_dtype_), what + " parameters"));
   ZINF_ASSIGN_OR_RETURN(void* g, Alloc(P * 4, what + " gradients"));
   u.grads = static_cast<float*>(g);
-  ZINF_ASSIGN_OR_RETURN(void* a, Alloc((stage_ == 2 ? u.part.shard_elems : P) * 4, what + " gradient accumulator"));
-  u.accum = static_cast<float*>(a);
-  ZINF_ASSIGN_OR_RETURN(void* m0, Alloc(owned * 4, what + " fp32 master"));
-  ZINF_ASSIGN_OR_RETURN(void* m1, Alloc(owned * 4, what + " Adam m"));
-  ZINF_ASSIGN_OR_RETURN(void* m2, Alloc(owned * 4, what + " Adam v"));
-  u.master = static_cast<float*>(m0);
-  u.exp_avg = static_cast<float*>(m1);
-  u.exp_avg_sq = static_cast<float*>(m2);
+  if (offload_) {
+    ZINF_ASSIGN_OR_RETURN(u.h_master, Pinned(owned * 4, what + " fp32 master"));
+    ZINF_ASSIGN_OR_RETURN(u.h_exp_avg, Pinned(owned * 4, what + " Adam m"));
+    ZINF_ASSIGN_OR_RETURN(u.h_exp_avg_sq, Pinned(owned * 4, what + " Adam v"));
+    ZINF_ASSIGN_OR_RETURN(u.h_accum, Pinned(owned * 4, what + " gradient accumulator"));
+  } else {
+    ZINF_ASSIGN_OR_RETURN(void* a, Alloc((stage_ == 2 ? u.part.shard_elems : P) * 4, what + " gradient accumulator"));
+    u.accum = static_cast<float*>(a);
+    ZINF_ASSIGN_OR_RETURN(void* m0, Alloc(owned * 4, what + " fp32 master"));
+    ZINF_ASSIGN_OR_RETURN(void* m1, Alloc(owned * 4, what + " Adam m"));
+    ZINF_ASSIGN_OR_RETURN(void* m2, Alloc(owned * 4, what + " Adam v"));
+    u.master = static_cast<float*>(m0);
+    u.exp_avg = static_cast<float*>(m1);
+    u.exp_avg_sq = static_cast<float*>(m2);
+  }
   for (auto* e : {&u.params_ready, &u.grads_free, &u.grads_ready, &u.released}) {
     ZINF_ASSIGN_OR_RETURN(*e, device_.CreateEvent());
   }
@@ -285,7 +327,9 @@ Result<int> EngineImpl::AddUnit(const std::string& name, const std::vector<Param
   ZINF_RETURN_IF_ERROR(Cast(arena_, master.data(), DType::kFloat32, compute.data(), compute_dtype_, total));
   ZINF_RETURN_IF_ERROR(device_.CopyToDevice(u.params, compute.data(), compute.size(), *stream_));
   const int64_t begin = owned_begin(u), valid = owned_valid(u);
-  if (valid > 0) {
+  if (valid > 0 && offload_) {
+    std::memcpy(u.h_master.data(), master.data() + begin, valid * 4);
+  } else if (valid > 0) {
     ZINF_RETURN_IF_ERROR(device_.CopyToDevice(u.master, master.data() + begin, valid * 4, *stream_));
   }
   ZINF_RETURN_IF_ERROR(u.params_ready->Record(*stream_));
@@ -309,6 +353,20 @@ Status EngineImpl::Finalize() {
   const int64_t regions = stage_ == 0 ? 1 : world_;
   ZINF_ASSIGN_OR_RETURN(void* p, Alloc(blocks_per_rank_ * regions * sizeof(double), "norm partials"));
   partials_ = static_cast<double*>(p);
+  if (offload_) {
+    int64_t max_owned = 0;
+    for (const Unit& u : units_) max_owned = std::max(max_owned, owned_elems(u));
+    ZINF_ASSIGN_OR_RETURN(h_grad_stage_, Pinned(max_owned * 4, "gradient staging"));
+    const int64_t slots = std::clamp<int64_t>(config_.zero.offload_optimizer.buffer_count, 2, 64);
+    for (int64_t i = 0; i < slots; ++i) {
+      ZINF_ASSIGN_OR_RETURN(PinnedBuffer b, Pinned(max_owned * DTypeSizeBytes(compute_dtype_), "parameter staging"));
+      h_param_slots_.push_back(std::move(b));
+      ZINF_ASSIGN_OR_RETURN(auto filled, device_.CreateEvent());
+      ZINF_ASSIGN_OR_RETURN(auto free_event, device_.CreateEvent());
+      slot_filled_.push_back(std::move(filled));
+      slot_free_.push_back(std::move(free_event));
+    }
+  }
   // Released starts out complete: the first boundary waits on nothing.
   for (Unit& u : units_) ZINF_RETURN_IF_ERROR(u.released->Record(*stream_));
   const uint64_t params = std::accumulate(units_.begin(), units_.end(), uint64_t{0},
@@ -360,14 +418,53 @@ Status EngineImpl::Release(int unit, Stream& stream) {
   return units_[unit].released->Record(stream);
 }
 
-Status EngineImpl::Collective(const char* kind, uint64_t bytes, const std::function<Status()>& enqueue) {
-  ZINF_RETURN_IF_ERROR(stream_->Enqueue([this](const StreamContext&) {
-    collective_start_ = Clock::now();
+Result<PinnedBuffer> EngineImpl::Pinned(uint64_t bytes, const std::string& what) {
+  auto b = pool_->Acquire(std::max<uint64_t>(bytes, 1));
+  if (!b.ok()) return b.status().WithContext(what);
+  std::memset(b->data(), 0, bytes);
+  return std::move(*b);
+}
+
+Status EngineImpl::TimedCopies(Stream& stream, const std::function<Status()>& enqueue) {
+  auto start = std::make_shared<Clock::time_point>();
+  ZINF_RETURN_IF_ERROR(stream.Enqueue([start](const StreamContext&) {
+    *start = Clock::now();
     return Status::Ok();
   }));
   ZINF_RETURN_IF_ERROR(enqueue());
-  return stream_->Enqueue([this, kind, bytes](const StreamContext&) {
-    const double s = Seconds(collective_start_, Clock::now());
+  return stream.Enqueue([this, start](const StreamContext&) {
+    const double s = Seconds(*start, Clock::now());
+    std::lock_guard lock(mu_);
+    window_.copy += s;
+    return Status::Ok();
+  });
+}
+
+Status EngineImpl::HostAccumulate(Unit& u, const float* reduced, bool first) {
+  const int64_t n = owned_elems(u);
+  float* dst = static_cast<float*>(first ? u.h_accum.data() : h_grad_stage_.data());
+  ZINF_RETURN_IF_ERROR(TimedCopies(*stream_, [&] { return device_.CopyToHost(dst, reduced, n * 4, *stream_); }));
+  if (first) return Status::Ok();
+  return stream_->Enqueue([this, a = static_cast<float*>(u.h_accum.data()), r = dst, n](const StreamContext&) {
+    arena_.execute([&] {
+      tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, int64_t{1} << 16), [&](const tbb::blocked_range<int64_t>& range) {
+        for (int64_t i = range.begin(); i < range.end(); ++i) a[i] = a[i] + r[i];
+      });
+    });
+    return Status::Ok();
+  });
+}
+
+Status EngineImpl::Collective(Stream& stream, const char* kind, uint64_t bytes,
+                              const std::function<Status()>& enqueue) {
+  auto start = std::make_shared<Clock::time_point>();
+  ZINF_RETURN_IF_ERROR(stream.Enqueue([start](const StreamContext&) {
+    *start = Clock::now();
+    return Status::Ok();
+  }));
+  ZINF_RETURN_IF_ERROR(enqueue());
+  return stream.Enqueue([this, start, kind, bytes](const StreamContext&) {
+    const double s = Seconds(*start, Clock::now());
     std::lock_guard lock(mu_);
     window_.comm += s;
     StepStats::Collective& c = window_.collectives[kind];
@@ -424,7 +521,11 @@ Status EngineImpl::GradsReady(int unit, Stream& stream) {
         return comm_->AllReduce(u.grads, u.grads, P, DType::kFloat32, ReduceOp::kSum, *stream_);
       }));
     }
-    ZINF_RETURN_IF_ERROR(EnqueueAccumulate(u.accum, u.grads, P, first));
+    if (offload_) {
+      ZINF_RETURN_IF_ERROR(HostAccumulate(u, u.grads + owned_begin(u), first));
+    } else {
+      ZINF_RETURN_IF_ERROR(EnqueueAccumulate(u.accum, u.grads, P, first));
+    }
     return u.grads_free->Record(*stream_);
   }
   // Stage 2: into the open bucket; closed buckets go out now (overlap_comm)
@@ -468,7 +569,8 @@ Status EngineImpl::FlushBucket(const std::vector<int>& bucket) {
           return comm_->ReduceScatter(u.grads, shard, u.part.shard_elems, DType::kFloat32, ReduceOp::kSum, *stream_);
         }));
       }
-      ZINF_RETURN_IF_ERROR(EnqueueAccumulate(u.accum, shard, u.part.shard_elems, first));
+      ZINF_RETURN_IF_ERROR(offload_ ? HostAccumulate(u, shard, first)
+                                    : EnqueueAccumulate(u.accum, shard, u.part.shard_elems, first));
       ZINF_RETURN_IF_ERROR(u.grads_free->Record(*stream_));
     }
     return Status::Ok();
@@ -512,7 +614,8 @@ Status EngineImpl::FlushBucket(const std::vector<int>& bucket) {
   int64_t off = 0;
   for (int i : bucket) {
     Unit& u = units_[i];
-    ZINF_RETURN_IF_ERROR(EnqueueAccumulate(u.accum, mine + off, u.part.shard_elems, first));
+    ZINF_RETURN_IF_ERROR(offload_ ? HostAccumulate(u, mine + off, first)
+                                  : EnqueueAccumulate(u.accum, mine + off, u.part.shard_elems, first));
     ZINF_RETURN_IF_ERROR(u.grads_free->Record(*stream_));
     off += u.part.shard_elems;
   }
@@ -586,7 +689,8 @@ Status EngineImpl::EnqueueBoundary() {
     for (size_t i = 0; i < units_.size(); ++i) {
       const Unit& u = units_[i];
       const int64_t n = owned_elems(u);
-      ZINF_RETURN_IF_ERROR(SumSquaresBlocks(arena_, ctx.Host(owned_accum(u)), DType::kFloat32, n,
+      const void* accum = offload_ ? u.h_accum.data() : ctx.Host(owned_accum(u));
+      ZINF_RETURN_IF_ERROR(SumSquaresBlocks(arena_, accum, DType::kFloat32, n,
                                             std::span<double>(out + unit_block_offset_[i], NumNormBlocks(n)))
                                .status());
     }
@@ -609,26 +713,40 @@ Status EngineImpl::EnqueueBoundary() {
     std::lock_guard lock(mu_);
     decision_pending_ = true;
   }
-  // Per unit: Adam over the owned range, the new compute copy written in the
-  // same pass, then (sharded) every rank's new shard gathered.
-  for (Unit& u : units_) {
-    auto update = [this, &u](const StreamContext& ctx) -> Status {
+  // Per unit, in forward order: Adam over the owned range, the new compute
+  // copy written in the same pass, then (sharded) every rank's new shard
+  // gathered; the unit's event then releases its next Fetch. With offload,
+  // Adam runs on the host into a pinned staging slot while the copy stream
+  // moves the previous slots to the device, so later units are still being
+  // updated when the first ones are back.
+  const size_t esize = DTypeSizeBytes(compute_dtype_);
+  for (size_t i = 0; i < units_.size(); ++i) {
+    Unit& u = units_[i];
+    const size_t slot = offload_ ? i % h_param_slots_.size() : 0;
+    void* staging = offload_ ? h_param_slots_[slot].data() : nullptr;
+    auto update = [this, &u, staging, esize](const StreamContext& ctx) -> Status {
       Decision d;
       {
         std::lock_guard lock(mu_);
         d = decision_;
       }
       const int64_t valid = owned_valid(u);
-      if (d.skip || valid == 0) return Status::Ok();
+      if (valid == 0) return Status::Ok();
       const int64_t begin = owned_begin(u);
       AdamBuffers b;
-      b.params = static_cast<float*>(ctx.Host(u.master));
-      b.exp_avg = static_cast<float*>(ctx.Host(u.exp_avg));
-      b.exp_avg_sq = static_cast<float*>(ctx.Host(u.exp_avg_sq));
-      b.grads = ctx.Host(owned_accum(u));
+      b.params = static_cast<float*>(offload_ ? u.h_master.data() : ctx.Host(u.master));
+      b.exp_avg = static_cast<float*>(offload_ ? u.h_exp_avg.data() : ctx.Host(u.exp_avg));
+      b.exp_avg_sq = static_cast<float*>(offload_ ? u.h_exp_avg_sq.data() : ctx.Host(u.exp_avg_sq));
+      b.grads = offload_ ? u.h_accum.data() : ctx.Host(owned_accum(u));
       b.grad_dtype = DType::kFloat32;
       b.num_elems = static_cast<size_t>(valid);
-      char* param_dst = static_cast<char*>(ctx.Host(u.params)) + begin * DTypeSizeBytes(compute_dtype_);
+      void* param_dst = offload_ ? staging : static_cast<char*>(ctx.Host(u.params)) + begin * esize;
+      if (d.skip) {
+        // The staging slot goes to the device regardless: refill it with the
+        // unchanged compute copy (always the rounding of the master).
+        if (offload_) return Cast(arena_, b.params, DType::kFloat32, param_dst, compute_dtype_, valid);
+        return Status::Ok();
+      }
       if (compute_dtype_ != DType::kFloat32) {
         b.param_copy = param_dst;
         b.param_copy_dtype = compute_dtype_;
@@ -637,18 +755,32 @@ Status EngineImpl::EnqueueBoundary() {
       if (compute_dtype_ == DType::kFloat32) std::memcpy(param_dst, b.params, valid * 4);
       return Status::Ok();
     };
+    Stream& gather_stream = offload_ ? *copy_stream_ : *stream_;
+    if (offload_) ZINF_RETURN_IF_ERROR(stream_->Wait(*slot_free_[slot]));
     ZINF_RETURN_IF_ERROR(Timed(&Window::optimizer, std::move(update)));
+    if (offload_) {
+      ZINF_RETURN_IF_ERROR(slot_filled_[slot]->Record(*stream_));
+      ZINF_RETURN_IF_ERROR(copy_stream_->Wait(*slot_filled_[slot]));
+      const int64_t valid = owned_valid(u);
+      if (valid > 0) {
+        void* dst = static_cast<char*>(u.params) + owned_begin(u) * esize;
+        ZINF_RETURN_IF_ERROR(TimedCopies(*copy_stream_, [&] {
+          return device_.CopyToDevice(dst, staging, valid * esize, *copy_stream_);
+        }));
+      }
+    }
     if (sharded()) {
-      const size_t esize = DTypeSizeBytes(compute_dtype_);
       void* mine = static_cast<char*>(u.params) + u.part.shard_begin(rank_) * esize;
-      ZINF_RETURN_IF_ERROR(Collective("all_gather", u.part.padded_elems * esize, [&] {
-        return comm_->AllGather(mine, u.params, u.part.shard_elems, compute_dtype_, *stream_);
+      ZINF_RETURN_IF_ERROR(Collective(gather_stream, "all_gather", u.part.padded_elems * esize, [&] {
+        return comm_->AllGather(mine, u.params, u.part.shard_elems, compute_dtype_, gather_stream);
       }));
     }
-    ZINF_RETURN_IF_ERROR(u.params_ready->Record(*stream_));
+    ZINF_RETURN_IF_ERROR(u.params_ready->Record(gather_stream));
+    if (offload_) ZINF_RETURN_IF_ERROR(slot_free_[slot]->Record(*copy_stream_));
   }
-  // Close the window: the step's metrics, logged in one line.
-  return stream_->Enqueue([this, boundary](const StreamContext&) {
+  // Close the window: the step's metrics, logged in one line (after the
+  // last copy back, with offload).
+  return (offload_ ? *copy_stream_ : *stream_).Enqueue([this, boundary](const StreamContext&) {
     StepStats s;
     {
       std::lock_guard lock(mu_);
@@ -693,7 +825,7 @@ Result<float> EngineImpl::loss_scale() {
 }
 
 Result<StepStats> EngineImpl::Stats() {
-  ZINF_RETURN_IF_ERROR(stream_->Synchronize());
+  ZINF_RETURN_IF_ERROR(Synchronize());
   std::lock_guard lock(mu_);
   if (!last_stats_) return FailedPrecondition("Stats(): no optimizer step has been taken yet");
   return *last_stats_;
@@ -702,6 +834,7 @@ Result<StepStats> EngineImpl::Stats() {
 Status EngineImpl::ReadState(int unit, StateKind kind, float* host_dst) {
   ZINF_RETURN_IF_ERROR(CheckUnit(unit, "ReadState"));
   ZINF_RETURN_IF_ERROR(Finalize());
+  ZINF_RETURN_IF_ERROR(Synchronize());
   Unit& u = units_[unit];
   const int64_t n = u.part.num_elems;
   if (kind == StateKind::kComputeParams) {
@@ -710,19 +843,31 @@ Status EngineImpl::ReadState(int unit, StateKind kind, float* host_dst) {
     ZINF_RETURN_IF_ERROR(stream_->Synchronize());
     return Cast(arena_, raw.data(), compute_dtype_, host_dst, DType::kFloat32, n);
   }
+  const PinnedBuffer& host = kind == StateKind::kMaster   ? u.h_master
+                             : kind == StateKind::kExpAvg ? u.h_exp_avg
+                                                          : u.h_exp_avg_sq;
   float* state = kind == StateKind::kMaster ? u.master : kind == StateKind::kExpAvg ? u.exp_avg : u.exp_avg_sq;
   if (!sharded()) {
+    if (offload_) {
+      std::memcpy(host_dst, host.data(), n * 4);
+      return Status::Ok();
+    }
     ZINF_RETURN_IF_ERROR(device_.CopyToHost(host_dst, state, n * 4, *stream_));
     return stream_->Synchronize();
   }
+  // Sharded: gather every rank's shard on the device (collective).
+  const int64_t S = u.part.shard_elems;
   ZINF_ASSIGN_OR_RETURN(void* tmp, Alloc(u.part.padded_elems * 4, "ReadState gather buffer"));
-  Status s = comm_->AllGather(state, tmp, u.part.shard_elems, DType::kFloat32, *stream_);
+  float* mine = static_cast<float*>(tmp) + u.part.shard_begin(rank_);
+  Status s = offload_ ? device_.CopyToDevice(mine, host.data(), S * 4, *stream_)
+                      : device_.CopyOnDevice(mine, state, S * 4, *stream_);
+  if (s.ok()) s = comm_->AllGather(mine, tmp, S, DType::kFloat32, *stream_);
   if (s.ok()) s = device_.CopyToHost(host_dst, tmp, n * 4, *stream_);
-  Status f = device_.Free(tmp, *stream_);
   Status sync = stream_->Synchronize();
+  Status f = device_.Free(tmp, *stream_);
   if (!s.ok()) return s;
-  if (!f.ok()) return f;
-  return sync;
+  if (!sync.ok()) return sync;
+  return f;
 }
 
 }  // namespace
@@ -766,10 +911,10 @@ Result<std::unique_ptr<Engine>> Engine::Create(const Config& config, Device& dev
   if (z.stage < 0 || z.stage > 3) {
     return InvalidArgument("zero_optimization.stage = " + std::to_string(z.stage) + ": expected 0, 1, 2 or 3");
   }
-  if (z.offload_optimizer.device != OffloadDevice::kNone) {
-    return Unimplemented("zero_optimization.offload_optimizer.device = \"" +
-                         std::string(OffloadDeviceName(z.offload_optimizer.device)) +
-                         "\" is not supported by this engine yet: set it to \"none\"");
+  if (z.offload_optimizer.device == OffloadDevice::kNvme) {
+    return Unimplemented(
+        "zero_optimization.offload_optimizer.device = \"nvme\" is not supported by this engine yet: set it to "
+        "\"cpu\" or \"none\"");
   }
   if (z.offload_param.device != OffloadDevice::kNone) {
     return Unimplemented("zero_optimization.offload_param.device = \"" +
@@ -778,8 +923,8 @@ Result<std::unique_ptr<Engine>> Engine::Create(const Config& config, Device& dev
   }
   if (device.kind() != DeviceKind::kHost) {
     return Unimplemented("device " + device.name() +
-                         ": with offload_optimizer \"none\" the optimizer runs as host tasks on device memory, which "
-                         "only the host device supports; set \"zinf\": {\"device\": \"cpu\"}");
+                         ": the engine's gradient accumulation and norm run as host tasks on device memory, which only "
+                         "the host device supports until the CUDA kernels land; set \"zinf\": {\"device\": \"cpu\"}");
   }
   if (z.stage == 2 && z.reduce_bucket_size < kNormBlock) {
     return InvalidArgument("zero_optimization.reduce_bucket_size = " + std::to_string(z.reduce_bucket_size) +

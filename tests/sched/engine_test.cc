@@ -283,6 +283,14 @@ TEST_F(EngineTest, StagesAreBitIdentical) {
   c = HardConfig(2);
   c.zero.reduce_bucket_size = 1'000'000'000;  // one bucket for all
   variants.emplace_back("stage 2, one bucket", c);
+  // ZeRO-Offload: the optimizer state in (pinned) host memory.
+  for (int stage : {0, 1, 2}) {
+    c = HardConfig(stage);
+    c.zero.offload_optimizer.device = OffloadDevice::kCpu;
+    c.zero.offload_optimizer.pin_memory = stage == 2;
+    c.zero.offload_optimizer.buffer_count = 2;  // fewer staging slots than units: slots are reused
+    variants.emplace_back("stage " + std::to_string(stage) + ", offload cpu", c);
+  }
   for (const auto& [name, config] : variants) {
     SCOPED_TRACE(name);
     const Snapshot s = RunDense(config, kSteps, kPoison);
@@ -554,13 +562,17 @@ TEST_F(EngineTest, ModelThroughTheEngineGivesTheModelsBits) {
   MustOk(stream_->Synchronize());
 }
 
-// The model in bf16 through stages 0, 1 and 2: the same bits, and it learns.
+// The model in bf16 through stages 0, 1 and 2, with and without optimizer
+// offload: the same bits, and it learns.
 TEST_F(EngineTest, ModelStagesAreBitIdenticalAndLearn) {
   std::vector<std::vector<float>> reference;
-  for (int stage : {0, 1, 2}) {
-    SCOPED_TRACE("stage " + std::to_string(stage));
+  for (int run = 0; run < 5; ++run) {
+    const int stage = run % 3;
+    const bool offload = run >= 3;  // stages 0 and 1 again, with the optimizer on the host
+    SCOPED_TRACE("stage " + std::to_string(stage) + (offload ? ", offload cpu" : ""));
     Config c;
     c.zero.stage = stage;
+    if (offload) c.zero.offload_optimizer.device = OffloadDevice::kCpu;
     c.zero.reduce_bucket_size = 65536 * 3;
     c.bf16.enabled = true;
     c.gradient_clipping = 1.0;
