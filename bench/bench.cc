@@ -11,6 +11,7 @@ void RegisterIo(CLI::App& bench, int* exit_code);
 void RegisterComm(CLI::App& bench, int* exit_code);
 void RegisterCopy(CLI::App& bench, int* exit_code);
 void RegisterModel(CLI::App& bench, int* exit_code);
+void RegisterOffload(CLI::App& bench, int* exit_code);
 
 void RegisterAll(CLI::App& bench, int* exit_code) {
   RegisterMembw(bench, exit_code);
@@ -19,6 +20,7 @@ void RegisterAll(CLI::App& bench, int* exit_code) {
   RegisterComm(bench, exit_code);
   RegisterCopy(bench, exit_code);
   RegisterModel(bench, exit_code);
+  RegisterOffload(bench, exit_code);
   bench.require_subcommand(1);
 }
 

@@ -96,6 +96,8 @@ struct StepStats {
   };
   std::vector<Collective> collectives;
   uint64_t device_bytes_in_use = 0;
+  uint64_t host_pinned_bytes = 0;       // offload: pinned host memory held now
+  uint64_t host_peak_pinned_bytes = 0;  // and at most so far
   std::string ToString() const;  // the one-line summary the logger prints
 };
 

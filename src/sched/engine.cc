@@ -802,6 +802,11 @@ Status EngineImpl::EnqueueBoundary() {
       window_ = Window{};
     }
     s.device_bytes_in_use = device_.memory_stats().in_use_bytes;
+    if (pool_) {
+      const PinnedPoolStats ps = pool_->stats();
+      s.host_pinned_bytes = ps.pinned_bytes;
+      s.host_peak_pinned_bytes = ps.peak_pinned_bytes;
+    }
     ZINF_LOG_INFO("{}", s.ToString());
     std::lock_guard lock(mu_);
     last_stats_ = std::move(s);
@@ -898,6 +903,7 @@ std::string StepStats::ToString() const {
     out += " | " + c.kind + " " + std::to_string(c.calls) + "x " + FormatBytes(c.bytes);
   }
   out += " | device " + FormatBytes(device_bytes_in_use);
+  if (host_pinned_bytes > 0) out += ", host pinned " + FormatBytes(host_pinned_bytes);
   return out;
 }
 

@@ -1,0 +1,254 @@
+// `zinf bench offload`: engine steps over synthetic units with synthetic
+// gradients, with the optimizer offloaded to the CPU (or not), against the
+// bound measured in the same run: the SIMD Adam plus the 16-bit parameter
+// copy over the same number of parameters with nothing else running.
+//
+// With --compute-ms-per-unit X, every unit's forward and backward is a wait
+// of X ms on the device stream (no CPU used), standing in for device compute;
+// the report then gives forward+backward alone (measured on its own in the
+// same run) and how much of the optimizer the step hid behind it.
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <oneapi/tbb/task_arena.h>
+
+#include <algorithm>
+#include <cstring>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bench/bench.h"
+#include "bench/bench_util.h"
+#include "common/units.h"
+#include "cpu/adam.h"
+#include "cpu/norm.h"
+#include "cpu/host_device.h"
+#include "zinf/engine.h"
+
+namespace zinf::bench {
+namespace {
+
+struct Options {
+  std::string params = "500M";
+  std::string offload = "cpu";
+  int units = 24;
+  double compute_ms = 0;
+  int steps = 3;
+  int threads = 2;
+  bool json = false;
+};
+
+struct Fail {
+  int code;
+};
+template <class T>
+T Check(Result<T> r, const char* what) {
+  if (!r.ok()) {
+    std::fprintf(stderr, "zinf bench offload: %s: %s\n", what, r.status().ToString().c_str());
+    throw Fail{1};
+  }
+  return std::move(*r);
+}
+void Check(const Status& s, const char* what) {
+  if (!s.ok()) {
+    std::fprintf(stderr, "zinf bench offload: %s: %s\n", what, s.ToString().c_str());
+    throw Fail{1};
+  }
+}
+
+// The bound: Adam (fp32 grads) with the fused bf16 parameter copy over n
+// parameters, median of 3 passes after a warm-up, seconds per pass.
+double AdamBound(int64_t n, int threads) {
+  std::vector<float> p(n, 0.5f), m(n, 0.0f), v(n, 0.0f), g(n, 1e-3f);
+  std::vector<uint16_t> copy(n);
+  tbb::task_arena arena(threads);
+  AdamOptions o;
+  std::vector<double> t;
+  for (int pass = 0; pass < 4; ++pass) {
+    const double t0 = NowSeconds();
+    Check(AdamStep(arena, o, pass + 1, 1.0,
+                   AdamBuffers{p.data(), m.data(), v.data(), g.data(), DType::kFloat32, copy.data(), DType::kBFloat16,
+                               static_cast<size_t>(n)}),
+          "adam");
+    if (pass > 0) t.push_back(NowSeconds() - t0);
+  }
+  return Median(t);
+}
+
+void Wait(Stream& stream, double ms) {
+  if (ms <= 0) return;
+  Check(stream.Enqueue([ms](const StreamContext&) {
+    std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(ms));
+    return Status::Ok();
+  }),
+        "enqueue");
+}
+
+int Run(const Options& opt) {
+  auto count = ParseCount(opt.params);
+  if (!count.ok() || *count < static_cast<uint64_t>(opt.units) || opt.units < 1 || opt.steps < 1 ||
+      opt.threads < 1 || opt.compute_ms < 0 || (opt.offload != "cpu" && opt.offload != "none")) {
+    std::fprintf(stderr,
+                 "zinf bench offload: --params must be a count >= --units, --units/--steps/--threads >= 1, "
+                 "--compute-ms-per-unit >= 0, --offload cpu or none\n");
+    return 2;
+  }
+  const int64_t per_unit = static_cast<int64_t>(*count) / opt.units;
+  const int64_t P = per_unit * opt.units;
+  const bool offload = opt.offload == "cpu";
+  if (!opt.json) {
+    std::printf("# zinf bench offload: %s parameters in %d units, bf16 compute, ZeRO stage 0, offload %s, "
+                "%d optimizer threads (%u cores), compute %.1f ms per unit and pass\n",
+                FormatCount(static_cast<double>(P)).c_str(), opt.units, opt.offload.c_str(), opt.threads,
+                std::thread::hardware_concurrency(), opt.compute_ms);
+    std::fflush(stdout);
+  }
+  // 1. The bound, alone; and what a step must also do on this device: move
+  // 4 B/param of gradient to the host and 2 B/param of parameters back, and
+  // read the gradient once for the norm (HostDevice copies are CPU memcpys
+  // on the same cores; a GPU's copy engines move them without the CPU).
+  const double bound = AdamBound(P, opt.threads);
+  double copies_and_norm = 0;
+  {
+    std::vector<float> dev(P, 1e-3f), host(P);
+    std::vector<uint16_t> dev16(P), host16(P, 1);
+    std::vector<double> partials(NumNormBlocks(P));
+    tbb::task_arena arena(opt.threads);
+    std::vector<double> t;
+    for (int pass = 0; pass < 3; ++pass) {
+      const double t0 = NowSeconds();
+      std::memcpy(host.data(), dev.data(), P * 4);
+      Check(SumSquaresBlocks(arena, host.data(), DType::kFloat32, P, partials), "norm");
+      std::memcpy(dev16.data(), host16.data(), P * 2);
+      t.push_back(NowSeconds() - t0);
+    }
+    copies_and_norm = Median(t);
+  }
+
+  DeviceOptions dopt;
+  dopt.spec = "cpu";
+  dopt.memory_budget = static_cast<uint64_t>(P) * (offload ? 6 : 22) + (uint64_t{512} << 20);
+  auto device = Check(CreateHostDevice(dopt), "device");
+  auto stream = Check(device->CreateStream(), "stream");
+
+  // 2. Forward + backward alone: the waits, on the stream.
+  double compute_alone = 0;
+  if (opt.compute_ms > 0) {
+    const double t0 = NowSeconds();
+    for (int u = 0; u < 2 * opt.units; ++u) Wait(*stream, opt.compute_ms);
+    Check(stream->Synchronize(), "compute");
+    compute_alone = NowSeconds() - t0;
+  }
+
+  // 3. The engine.
+  Config c;
+  c.bf16.enabled = true;
+  c.zero.stage = 0;
+  c.zero.offload_optimizer.device = offload ? OffloadDevice::kCpu : OffloadDevice::kNone;
+  c.zero.offload_optimizer.pin_memory = true;
+  c.zinf.optimizer_threads = opt.threads;
+  auto engine = Check(Engine::Create(c, *device, nullptr), "engine");
+  for (int u = 0; u < opt.units; ++u) {
+    Check(engine->AddUnit("unit" + std::to_string(u), {{"w", {per_unit}, DType::kFloat32, nullptr}}), "register");
+    // Synthetic gradients, written once: backward leaves them in place.
+    UnitPointers g = Check(engine->GradBuffers(u), "grads");
+    Check(stream->Enqueue([g](const StreamContext& ctx) {
+      float* p = static_cast<float*>(ctx.Host(g.data));
+      std::fill(p, p + g.num_elems, 1e-3f);
+      return Status::Ok();
+    }),
+          "fill");
+  }
+  auto one_step = [&] {
+    for (int u = 0; u < opt.units; ++u) {
+      Check(engine->Fetch(u, *stream), "fetch");
+      Wait(*stream, opt.compute_ms);
+      Check(engine->Release(u, *stream), "release");
+    }
+    for (int u = opt.units - 1; u >= 0; --u) {
+      Check(engine->Fetch(u, *stream), "fetch");
+      Wait(*stream, opt.compute_ms);
+      Check(engine->GradsReady(u, *stream), "grads ready");
+      Check(engine->Release(u, *stream), "release");
+    }
+    Check(engine->Step(), "step");
+  };
+  one_step();  // warm-up: first touches, pinned buffers
+  Check(stream->Synchronize(), "sync");
+  Check(engine->Synchronize(), "sync");
+  // Steps back to back, as a trainer runs them: each step's update overlaps
+  // the next step's forward; the step time is the steady-state average.
+  if (!opt.json) std::fprintf(stderr, "  running %d steps...\n", opt.steps);
+  const double t0 = NowSeconds();
+  for (int s = 0; s < opt.steps; ++s) one_step();
+  Check(stream->Synchronize(), "sync");
+  Check(engine->Synchronize(), "sync");
+  const double step = (NowSeconds() - t0) / opt.steps;
+  const StepStats last = Check(engine->Stats(), "stats");
+  const double optimizer = last.optimizer_seconds;
+  const double busy = step - compute_alone;
+  const double hidden = opt.compute_ms > 0 ? std::clamp(1.0 - std::max(0.0, busy) / bound, 0.0, 1.0) : 0.0;
+  const double peak_per_param = static_cast<double>(last.host_peak_pinned_bytes) / static_cast<double>(P);
+  if (opt.json) {
+    nlohmann::json j = {{"params", P},
+                        {"units", opt.units},
+                        {"offload", opt.offload},
+                        {"threads", opt.threads},
+                        {"compute_ms_per_unit", opt.compute_ms},
+                        {"step_seconds", step},
+                        {"bound_seconds", bound},
+                        {"step_over_bound", step / bound},
+                        {"copies_and_norm_seconds", copies_and_norm},
+                        {"step_over_bound_with_copies", step / (bound + copies_and_norm)},
+                        {"optimizer_seconds", optimizer},
+                        {"compute_alone_seconds", compute_alone},
+                        {"step_over_compute", compute_alone > 0 ? step / compute_alone : 0.0},
+                        {"optimizer_hidden_fraction", hidden},
+                        {"host_peak_pinned_bytes", last.host_peak_pinned_bytes},
+                        {"host_peak_pinned_bytes_per_param", peak_per_param}};
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+  std::printf("# bound: Adam + fused bf16 copy over the same %s parameters, nothing else running\n",
+              FormatCount(static_cast<double>(P)).c_str());
+  std::printf("# +copies: the same run's memcpy of 4 B/param to the host and 2 B/param back plus the norm pass, alone\n");
+  std::printf("%8s %8s %10s %9s %13s %11s %9s %12s %7s %10s\n", "step s", "bound s", "step/bound", "+copies s",
+              "step/(b+copy)", "optimizer s", "compute s", "step/compute", "hidden", "pinned B/p");
+  std::printf("%8.3f %8.3f %10.2f %9.3f %13.2f %11.3f %9.3f %12.2f %6.0f%% %10.2f\n", step, bound, step / bound,
+              copies_and_norm, step / (bound + copies_and_norm), optimizer, compute_alone,
+              compute_alone > 0 ? step / compute_alone : 0.0, 100 * hidden, peak_per_param);
+  std::printf("# host pinned peak %s = 16 B/param of state and gradient shard + staging (one unit's fp32 gradient, "
+              "%lld bf16 parameter slots of one unit)\n",
+              FormatBytes(last.host_peak_pinned_bytes).c_str(),
+              static_cast<long long>(c.zero.offload_optimizer.buffer_count));
+  return 0;
+}
+
+}  // namespace
+
+void RegisterOffload(CLI::App& bench, int* exit_code) {
+  auto opt = std::make_shared<Options>();
+  CLI::App* cmd = bench.add_subcommand("offload", "Engine steps with the optimizer offloaded to the CPU vs the Adam bound");
+  cmd->add_option("--params", opt->params, "Parameters, e.g. 500M")->capture_default_str();
+  cmd->add_option("--offload", opt->offload, "cpu or none")->capture_default_str();
+  cmd->add_option("--units", opt->units, "Units the parameters are split into")->capture_default_str();
+  cmd->add_option("--compute-ms-per-unit", opt->compute_ms, "Synthetic device compute per unit, forward and backward")
+      ->capture_default_str();
+  cmd->add_option("--steps", opt->steps, "Timed steps (median reported) after one warm-up")->capture_default_str();
+  cmd->add_option("--threads", opt->threads, "Optimizer threads (zinf.optimizer_threads)")->capture_default_str();
+  cmd->add_flag("--json", opt->json, "Print one JSON object");
+  cmd->callback([opt, exit_code] {
+    try {
+      *exit_code = Run(*opt);
+    } catch (const Fail& f) {
+      *exit_code = f.code;
+    }
+  });
+}
+
+}  // namespace zinf::bench
