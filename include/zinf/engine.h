@@ -87,6 +87,7 @@ struct StepStats {
   double optimizer_seconds = 0;
   double comm_seconds = 0;     // collectives on the engine stream
   double copy_seconds = 0;     // bucket packing and other device copies
+  double io_seconds = 0;       // NVMe offload: waiting for sub-group reads and writes
   double stall_seconds = 0;    // the client's streams waiting on the engine
   std::string longest_stall;   // what the longest wait was for ("" when none)
   struct Collective {

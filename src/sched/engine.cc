@@ -37,6 +37,9 @@
 #include "cpu/kernels.h"
 #include "cpu/norm.h"
 #include "cpu/pinned_pool.h"
+#include "nvme/engine_registrar.h"
+#include "nvme/io_engine.h"
+#include "nvme/swap_store.h"
 #include "sched/loss_scaler.h"
 #include "sched/lr_schedule.h"
 #include "sched/partition.h"
@@ -79,7 +82,7 @@ struct Decision {
 };
 
 struct Window {  // metrics accumulated since the last boundary
-  double optimizer = 0, comm = 0, copy = 0, stall = 0, longest_stall = 0;
+  double optimizer = 0, comm = 0, copy = 0, io = 0, stall = 0, longest_stall = 0;
   std::string longest_stall_what;
   std::map<std::string, StepStats::Collective> collectives;
 };
@@ -100,7 +103,8 @@ class EngineImpl final : public Engine {
         adam_(adam),
         compute_dtype_(compute_dtype),
         arena_(threads),
-        offload_(config.zero.offload_optimizer.device == OffloadDevice::kCpu) {}
+        offload_(config.zero.offload_optimizer.device != OffloadDevice::kNone),
+        nvme_(config.zero.offload_optimizer.device == OffloadDevice::kNvme) {}
 
   ~EngineImpl() override {
     if (stream_) {
@@ -133,7 +137,12 @@ class EngineImpl final : public Engine {
       if (o.budget_bytes == 0) {  // no limit beyond the machine's memory
         o.budget_bytes = static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
       }
-      o.lock = config_.zero.offload_optimizer.pin_memory;  // DeepSpeed's switch for page-locking
+      o.lock = config_.zero.offload_optimizer.pin_memory || nvme_;  // DeepSpeed's switch for page-locking
+      if (nvme_) {
+        ZINF_ASSIGN_OR_RETURN(io_, nvme::IoEngine::Create(nvme::IoEngineOptionsFromConfig(config_)));
+        registrar_ = std::make_unique<nvme::EngineRegistrar>(*io_);
+        o.registrars.push_back(registrar_.get());
+      }
       ZINF_ASSIGN_OR_RETURN(pool_, PinnedPool::Create(std::move(o)));
     }
     return Status::Ok();
@@ -193,6 +202,9 @@ class EngineImpl final : public Engine {
   // Adds the reduced owned range (device, owned_elems) into the host accumulator.
   Status HostAccumulate(Unit& u, const float* reduced, bool first);
   Result<PinnedBuffer> Pinned(uint64_t bytes, const std::string& what);
+  Status SetUpSwap();
+  Status ReadGroup(size_t g);
+  Status SwapFailure(Status s);
   Status Timed(double Window::*field, StreamTask task);
   Status EnqueueAccumulate(float* accum, const float* reduced, int64_t elems, bool first);
   Status FlushBucket(const std::vector<int>& bucket);
@@ -212,8 +224,26 @@ class EngineImpl final : public Engine {
   const DType compute_dtype_;
   tbb::task_arena arena_;
 
-  const bool offload_;
+  const bool offload_;  // offload_optimizer cpu or nvme: the optimizer runs on the host
+  const bool nvme_;     // offload_optimizer nvme: master, m, v in the swap store
+  std::unique_ptr<nvme::IoEngine> io_;
+  std::unique_ptr<nvme::EngineRegistrar> registrar_;
   std::unique_ptr<PinnedPool> pool_;
+  // NVMe: sub-groups of whole units (forward order), one swap tensor each
+  // holding [master | m | v] of every unit's owned range, and buffer_count
+  // pinned buffers the pipeline cycles through.
+  struct Group {
+    std::vector<int> units;
+    int64_t elems = 0;  // sum of the units' owned elements
+  };
+  std::vector<Group> groups_;
+  std::vector<int> group_of_unit_;
+  std::vector<int64_t> offset_in_group_;  // elements: the unit's master; m and v follow, owned_elems apart
+  std::unique_ptr<nvme::SwapStore> store_;
+  std::vector<PinnedBuffer> nvme_bufs_;
+  std::vector<nvme::IoRequest> group_read_, group_write_;  // this boundary's requests (engine stream only)
+  std::vector<std::vector<float>> init_master_;  // NVMe: initial owned masters until the store exists
+  Status broken_;  // an I/O failure mid-step: the state on disk is mixed, no further steps
   PinnedBuffer h_grad_stage_;               // one unit's reduced gradient on its way to the accumulator
   std::vector<PinnedBuffer> h_param_slots_;  // new compute-copy shards on their way to the device
   std::vector<std::unique_ptr<Event>> slot_filled_, slot_free_;
@@ -291,7 +321,9 @@ Result<int> EngineImpl::AddUnit(const std::string& name, const std::vector<Param
   ZINF_ASSIGN_OR_RETURN(u.params, Alloc(P * DTypeSizeBytes(compute_dtype_), what + " parameters"));
   ZINF_ASSIGN_OR_RETURN(void* g, Alloc(P * 4, what + " gradients"));
   u.grads = static_cast<float*>(g);
-  if (offload_) {
+  if (nvme_) {
+    ZINF_ASSIGN_OR_RETURN(u.h_accum, Pinned(owned * 4, what + " gradient accumulator"));
+  } else if (offload_) {
     ZINF_ASSIGN_OR_RETURN(u.h_master, Pinned(owned * 4, what + " fp32 master"));
     ZINF_ASSIGN_OR_RETURN(u.h_exp_avg, Pinned(owned * 4, what + " Adam m"));
     ZINF_ASSIGN_OR_RETURN(u.h_exp_avg_sq, Pinned(owned * 4, what + " Adam v"));
@@ -327,7 +359,9 @@ Result<int> EngineImpl::AddUnit(const std::string& name, const std::vector<Param
   ZINF_RETURN_IF_ERROR(Cast(arena_, master.data(), DType::kFloat32, compute.data(), compute_dtype_, total));
   ZINF_RETURN_IF_ERROR(device_.CopyToDevice(u.params, compute.data(), compute.size(), *stream_));
   const int64_t begin = owned_begin(u), valid = owned_valid(u);
-  if (valid > 0 && offload_) {
+  if (nvme_) {
+    init_master_.emplace_back(master.begin() + std::min(begin, total), master.begin() + std::min(begin + valid, total));
+  } else if (valid > 0 && offload_) {
     std::memcpy(u.h_master.data(), master.data() + begin, valid * 4);
   } else if (valid > 0) {
     ZINF_RETURN_IF_ERROR(device_.CopyToDevice(u.master, master.data() + begin, valid * 4, *stream_));
@@ -367,6 +401,7 @@ Status EngineImpl::Finalize() {
       slot_free_.push_back(std::move(free_event));
     }
   }
+  if (nvme_) ZINF_RETURN_IF_ERROR(SetUpSwap());
   // Released starts out complete: the first boundary waits on nothing.
   for (Unit& u : units_) ZINF_RETURN_IF_ERROR(u.released->Record(*stream_));
   const uint64_t params = std::accumulate(units_.begin(), units_.end(), uint64_t{0},
@@ -375,6 +410,97 @@ Status EngineImpl::Finalize() {
                 rank_, world_, stage_, units_.size(), FormatCount(static_cast<double>(params)),
                 DTypeName(compute_dtype_), accumulation_, scaler_.Describe(), schedule_.Describe());
   return Status::Ok();
+}
+
+// Sub-groups of whole units up to sub_group_size elements (this rank's owned
+// elements), the swap store sized for them (space reserved and checked
+// now), the pipeline buffers, and the initial state written out, so every
+// read of a step touches written extents.
+Status EngineImpl::SetUpSwap() {
+  const int64_t limit = config_.zero.sub_group_size;
+  group_of_unit_.assign(units_.size(), 0);
+  offset_in_group_.assign(units_.size(), 0);
+  for (size_t i = 0; i < units_.size(); ++i) {
+    const int64_t n = owned_elems(units_[i]);
+    if (n > limit) {
+      return InvalidArgument("zero_optimization.sub_group_size = " + std::to_string(limit) + " is smaller than unit '" +
+                             units_[i].name + "' (" + std::to_string(n) +
+                             " elements on this rank): sub-groups are whole units; raise sub_group_size to at least " +
+                             std::to_string(n));
+    }
+    if (groups_.empty() || groups_.back().elems + n > limit) groups_.emplace_back();
+    Group& g = groups_.back();
+    group_of_unit_[i] = static_cast<int>(groups_.size()) - 1;
+    offset_in_group_[i] = 3 * g.elems;
+    g.units.push_back(static_cast<int>(i));
+    g.elems += n;
+  }
+  int64_t max_group = 0;
+  uint64_t total = 0;
+  for (const Group& g : groups_) {
+    max_group = std::max(max_group, g.elems);
+    total += static_cast<uint64_t>(g.elems) * 12;
+  }
+  const OffloadOptimizerConfig& oc = config_.zero.offload_optimizer;
+  nvme::SwapStoreOptions so;
+  so.dirs = oc.nvme_path;
+  // Each tensor rounds up to whole extents on each of its files.
+  so.capacity_bytes = total + groups_.size() * so.extent_bytes * (so.dirs.size() + 1);
+  so.checksums = config_.zinf.checksums;
+  so.direct = !config_.zinf.aio.buffered;
+  ZINF_ASSIGN_OR_RETURN(store_, nvme::SwapStore::Create(*io_, so));
+  ZINF_LOG_INFO("engine: optimizer state on NVMe: {} in {} sub-groups, {} reserved per path ({})",
+                FormatBytes(total), groups_.size(), FormatBytes(store_->bytes_reserved() / so.dirs.size()),
+                [&] {
+                  std::string d;
+                  for (const std::string& p : so.dirs) d += (d.empty() ? "" : ", ") + p;
+                  return d;
+                }());
+  const int64_t buffers = std::clamp<int64_t>(oc.buffer_count, 2, 64);
+  for (int64_t i = 0; i < buffers; ++i) {
+    ZINF_ASSIGN_OR_RETURN(PinnedBuffer b, Pinned(static_cast<uint64_t>(max_group) * 12, "NVMe swap buffer"));
+    nvme_bufs_.push_back(std::move(b));
+  }
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    ZINF_RETURN_IF_ERROR(store_->Allocate(g, static_cast<uint64_t>(groups_[g].elems) * 12));
+    float* buf = static_cast<float*>(nvme_bufs_[0].data());
+    std::memset(buf, 0, static_cast<uint64_t>(groups_[g].elems) * 12);
+    for (int u : groups_[g].units) {
+      std::copy(init_master_[u].begin(), init_master_[u].end(), buf + offset_in_group_[u]);
+    }
+    ZINF_RETURN_IF_ERROR(store_->Write(g, buf).Wait());
+  }
+  init_master_.clear();
+  init_master_.shrink_to_fit();
+  group_read_.assign(groups_.size(), {});
+  group_write_.assign(groups_.size(), {});
+  return Status::Ok();
+}
+
+// Issues the reads of groups g .. g + buffers - 2 not yet issued (a buffer
+// is reused once the write of the group before it there has finished), then
+// waits for g's.
+Status EngineImpl::ReadGroup(size_t g) {
+  const size_t nbuf = nvme_bufs_.size();
+  for (size_t h = g; h < std::min(groups_.size(), g + nbuf - 1); ++h) {
+    if (group_read_[h].valid()) continue;
+    if (h >= nbuf && group_write_[h - nbuf].valid()) ZINF_RETURN_IF_ERROR(SwapFailure(group_write_[h - nbuf].Wait()));
+    group_read_[h] = store_->Read(h, nvme_bufs_[h % nbuf].data());
+  }
+  return SwapFailure(group_read_[g].Wait());
+}
+
+// An I/O failure during a step leaves some sub-groups updated and others
+// not: the engine refuses further steps.
+Status EngineImpl::SwapFailure(Status s) {
+  if (s.ok()) return s;
+  std::lock_guard lock(mu_);
+  if (broken_.ok()) {
+    broken_ = DataLoss("optimizer state on NVMe: " + s.ToString() +
+                       "; sub-groups on disk are now at different steps: no further steps; resume from the last "
+                       "complete checkpoint");
+  }
+  return broken_;
 }
 
 Status EngineImpl::WaitTimed(Stream& stream, Event& event, const std::string& what) {
@@ -624,6 +750,10 @@ Status EngineImpl::FlushBucket(const std::vector<int>& bucket) {
 
 Result<bool> EngineImpl::Step() {
   ZINF_RETURN_IF_ERROR(Finalize());
+  {
+    std::lock_guard lock(mu_);
+    if (!broken_.ok()) return broken_;
+  }
   for (const Unit& u : units_) {
     if (!u.grads_ready_this_micro) {
       return FailedPrecondition("Step() before GradsReady(unit '" + u.name +
@@ -724,7 +854,15 @@ Status EngineImpl::EnqueueBoundary() {
     Unit& u = units_[i];
     const size_t slot = offload_ ? i % h_param_slots_.size() : 0;
     void* staging = offload_ ? h_param_slots_[slot].data() : nullptr;
-    auto update = [this, &u, staging, esize](const StreamContext& ctx) -> Status {
+    float* swap = nullptr;  // NVMe: the unit's [master | m | v] in its group's buffer
+    if (nvme_) {
+      const size_t g = group_of_unit_[i];
+      swap = static_cast<float*>(nvme_bufs_[g % nvme_bufs_.size()].data()) + offset_in_group_[i];
+      if (groups_[g].units.front() == static_cast<int>(i)) {
+        ZINF_RETURN_IF_ERROR(Timed(&Window::io, [this, g](const StreamContext&) { return ReadGroup(g); }));
+      }
+    }
+    auto update = [this, &u, staging, swap, esize](const StreamContext& ctx) -> Status {
       Decision d;
       {
         std::lock_guard lock(mu_);
@@ -734,9 +872,16 @@ Status EngineImpl::EnqueueBoundary() {
       if (valid == 0) return Status::Ok();
       const int64_t begin = owned_begin(u);
       AdamBuffers b;
-      b.params = static_cast<float*>(offload_ ? u.h_master.data() : ctx.Host(u.master));
-      b.exp_avg = static_cast<float*>(offload_ ? u.h_exp_avg.data() : ctx.Host(u.exp_avg));
-      b.exp_avg_sq = static_cast<float*>(offload_ ? u.h_exp_avg_sq.data() : ctx.Host(u.exp_avg_sq));
+      if (swap) {
+        const int64_t owned = owned_elems(u);
+        b.params = swap;
+        b.exp_avg = swap + owned;
+        b.exp_avg_sq = swap + 2 * owned;
+      } else {
+        b.params = static_cast<float*>(offload_ ? u.h_master.data() : ctx.Host(u.master));
+        b.exp_avg = static_cast<float*>(offload_ ? u.h_exp_avg.data() : ctx.Host(u.exp_avg));
+        b.exp_avg_sq = static_cast<float*>(offload_ ? u.h_exp_avg_sq.data() : ctx.Host(u.exp_avg_sq));
+      }
       b.grads = offload_ ? u.h_accum.data() : ctx.Host(owned_accum(u));
       b.grad_dtype = DType::kFloat32;
       b.num_elems = static_cast<size_t>(valid);
@@ -758,6 +903,13 @@ Status EngineImpl::EnqueueBoundary() {
     Stream& gather_stream = offload_ ? *copy_stream_ : *stream_;
     if (offload_) ZINF_RETURN_IF_ERROR(stream_->Wait(*slot_free_[slot]));
     ZINF_RETURN_IF_ERROR(Timed(&Window::optimizer, std::move(update)));
+    if (nvme_ && groups_[group_of_unit_[i]].units.back() == static_cast<int>(i)) {
+      const size_t g = group_of_unit_[i];
+      ZINF_RETURN_IF_ERROR(stream_->Enqueue([this, g](const StreamContext&) {
+        group_write_[g] = store_->Write(g, nvme_bufs_[g % nvme_bufs_.size()].data());
+        return Status::Ok();
+      }));
+    }
     if (offload_) {
       ZINF_RETURN_IF_ERROR(slot_filled_[slot]->Record(*stream_));
       ZINF_RETURN_IF_ERROR(copy_stream_->Wait(*slot_filled_[slot]));
@@ -778,6 +930,20 @@ Status EngineImpl::EnqueueBoundary() {
     ZINF_RETURN_IF_ERROR(u.params_ready->Record(gather_stream));
     if (offload_) ZINF_RETURN_IF_ERROR(slot_free_[slot]->Record(*copy_stream_));
   }
+  if (nvme_) {  // the step ends when every sub-group is back on disk
+    ZINF_RETURN_IF_ERROR(Timed(&Window::io, [this](const StreamContext&) -> Status {
+      Status first;
+      for (nvme::IoRequest& w : group_write_) {
+        if (w.valid()) {
+          Status st = SwapFailure(w.Wait());
+          if (first.ok()) first = st;
+        }
+      }
+      group_read_.assign(groups_.size(), {});
+      group_write_.assign(groups_.size(), {});
+      return first;
+    }));
+  }
   // Close the window: the step's metrics, logged in one line (after the
   // last copy back, with offload).
   return (offload_ ? *copy_stream_ : *stream_).Enqueue([this, boundary](const StreamContext&) {
@@ -796,6 +962,7 @@ Status EngineImpl::EnqueueBoundary() {
       s.optimizer_seconds = window_.optimizer;
       s.comm_seconds = window_.comm;
       s.copy_seconds = window_.copy;
+      s.io_seconds = window_.io;
       s.stall_seconds = window_.stall;
       s.longest_stall = window_.longest_stall_what;
       for (auto& [kind, c] : window_.collectives) s.collectives.push_back(c);
@@ -848,13 +1015,24 @@ Status EngineImpl::ReadState(int unit, StateKind kind, float* host_dst) {
     ZINF_RETURN_IF_ERROR(stream_->Synchronize());
     return Cast(arena_, raw.data(), compute_dtype_, host_dst, DType::kFloat32, n);
   }
-  const PinnedBuffer& host = kind == StateKind::kMaster   ? u.h_master
-                             : kind == StateKind::kExpAvg ? u.h_exp_avg
-                                                          : u.h_exp_avg_sq;
+  const PinnedBuffer& host_buf = kind == StateKind::kMaster   ? u.h_master
+                                 : kind == StateKind::kExpAvg ? u.h_exp_avg
+                                                              : u.h_exp_avg_sq;
+  const void* host_state = host_buf.data();
+  std::unique_ptr<float, decltype(&std::free)> swapped(nullptr, &std::free);
+  if (nvme_) {  // read the unit's sub-group back from the store
+    const size_t g = group_of_unit_[unit];
+    ZINF_ASSIGN_OR_RETURN(uint64_t padded, store_->PaddedBytes(g));
+    swapped.reset(static_cast<float*>(std::aligned_alloc(4096, padded)));
+    if (!swapped) return OutOfMemory("ReadState: " + FormatBytes(padded) + " for a sub-group");
+    ZINF_RETURN_IF_ERROR(store_->Read(g, swapped.get()).Wait());
+    const int k = kind == StateKind::kMaster ? 0 : kind == StateKind::kExpAvg ? 1 : 2;
+    host_state = swapped.get() + offset_in_group_[unit] + k * owned_elems(u);
+  }
   float* state = kind == StateKind::kMaster ? u.master : kind == StateKind::kExpAvg ? u.exp_avg : u.exp_avg_sq;
   if (!sharded()) {
     if (offload_) {
-      std::memcpy(host_dst, host.data(), n * 4);
+      std::memcpy(host_dst, host_state, n * 4);
       return Status::Ok();
     }
     ZINF_RETURN_IF_ERROR(device_.CopyToHost(host_dst, state, n * 4, *stream_));
@@ -864,7 +1042,7 @@ Status EngineImpl::ReadState(int unit, StateKind kind, float* host_dst) {
   const int64_t S = u.part.shard_elems;
   ZINF_ASSIGN_OR_RETURN(void* tmp, Alloc(u.part.padded_elems * 4, "ReadState gather buffer"));
   float* mine = static_cast<float*>(tmp) + u.part.shard_begin(rank_);
-  Status s = offload_ ? device_.CopyToDevice(mine, host.data(), S * 4, *stream_)
+  Status s = offload_ ? device_.CopyToDevice(mine, host_state, S * 4, *stream_)
                       : device_.CopyOnDevice(mine, state, S * 4, *stream_);
   if (s.ok()) s = comm_->AllGather(mine, tmp, S, DType::kFloat32, *stream_);
   if (s.ok()) s = device_.CopyToHost(host_dst, tmp, n * 4, *stream_);
@@ -895,8 +1073,8 @@ std::string StepStats::ToString() const {
       out += buf;
     }
   }
-  std::snprintf(buf, sizeof buf, " | optimizer %.1f ms, comm %.1f ms, copies %.1f ms, compute stalled %.1f ms",
-                optimizer_seconds * 1e3, comm_seconds * 1e3, copy_seconds * 1e3, stall_seconds * 1e3);
+  std::snprintf(buf, sizeof buf, " | optimizer %.1f ms, comm %.1f ms, copies %.1f ms, nvme waits %.1f ms, compute stalled %.1f ms",
+                optimizer_seconds * 1e3, comm_seconds * 1e3, copy_seconds * 1e3, io_seconds * 1e3, stall_seconds * 1e3);
   out += buf;
   if (!longest_stall.empty()) out += " (longest: " + longest_stall + ")";
   for (const Collective& c : collectives) {
@@ -917,10 +1095,10 @@ Result<std::unique_ptr<Engine>> Engine::Create(const Config& config, Device& dev
   if (z.stage < 0 || z.stage > 3) {
     return InvalidArgument("zero_optimization.stage = " + std::to_string(z.stage) + ": expected 0, 1, 2 or 3");
   }
-  if (z.offload_optimizer.device == OffloadDevice::kNvme) {
-    return Unimplemented(
-        "zero_optimization.offload_optimizer.device = \"nvme\" is not supported by this engine yet: set it to "
-        "\"cpu\" or \"none\"");
+  if (z.offload_optimizer.device == OffloadDevice::kNvme && z.offload_optimizer.nvme_path.empty()) {
+    return InvalidArgument(
+        "zero_optimization.offload_optimizer.device = \"nvme\" needs offload_optimizer.nvme_path: one or more "
+        "directories on NVMe");
   }
   if (z.offload_param.device != OffloadDevice::kNone) {
     return Unimplemented("zero_optimization.offload_param.device = \"" +

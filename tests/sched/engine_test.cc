@@ -23,6 +23,7 @@
 #include "cpu/mpi_comm.h"
 #include "model/gpt_device.h"
 #include "sched/partition.h"
+#include "test_util.h"
 
 namespace zinf {
 namespace {
@@ -290,6 +291,16 @@ TEST_F(EngineTest, StagesAreBitIdentical) {
     c.zero.offload_optimizer.pin_memory = stage == 2;
     c.zero.offload_optimizer.buffer_count = 2;  // fewer staging slots than units: slots are reused
     variants.emplace_back("stage " + std::to_string(stage) + ", offload cpu", c);
+  }
+  // ZeRO-Infinity: the optimizer state on NVMe, sub-groups of about two
+  // units cycling through two buffers.
+  for (int stage : {0, 1, 2}) {
+    c = HardConfig(stage);
+    c.zero.offload_optimizer.device = OffloadDevice::kNvme;
+    c.zero.offload_optimizer.nvme_path = {test::TestDir()};
+    c.zero.offload_optimizer.buffer_count = 2;
+    c.zero.sub_group_size = 2 * 65536 * std::max(2, world());
+    variants.emplace_back("stage " + std::to_string(stage) + ", offload nvme", c);
   }
   for (const auto& [name, config] : variants) {
     SCOPED_TRACE(name);
@@ -628,8 +639,19 @@ TEST_F(EngineTest, BadInputFailsBeforeTheFirstStep) {
   c = Config{};
   c.zero.offload_optimizer.device = OffloadDevice::kNvme;
   s = error_of(c);
-  EXPECT_EQ(s.code(), StatusCode::kUnimplemented);
-  EXPECT_NE(s.message().find("offload_optimizer.device"), std::string::npos) << s.ToString();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("needs offload_optimizer.nvme_path"), std::string::npos) << s.ToString();
+  // A sub-group cannot split a unit: refused at the first Fetch, before step 1.
+  c.zero.offload_optimizer.nvme_path = {test::TestDir()};
+  c.zero.sub_group_size = 65536;
+  {
+    auto e = Must(Engine::Create(c, *device_, nullptr));
+    DenseNet n;
+    n.Register(*e, 1);
+    s = e->Fetch(0, *stream_).status();
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find("raise sub_group_size to at least 131072"), std::string::npos) << s.ToString();
+  }
   c = Config{};
   c.optimizer.beta1 = 1.5;
   s = error_of(c);
