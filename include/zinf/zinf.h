@@ -1,0 +1,476 @@
+/* zinf.h: the C ABI of libzinf, for trainers and frameworks that link zinf as
+ * their offload backend from C, C++, Python (ctypes) or any C FFI.
+ *
+ * Three independent parts:
+ *   - the engine (zinf_engine_*): ZeRO partitioning, gradient accumulation
+ *     and mixed-precision Adam/AdamW, driven per micro-step with fetch /
+ *     grad buffers / grads ready / release / step, as the C++ zinf::Engine
+ *     (include/zinf/engine.h documents the protocol and the numerics);
+ *   - the asynchronous I/O handle (zinf_aio_*): pread/pwrite on io_uring with
+ *     a thread-pool fallback, what DeepSpeed exposes as its aio handle;
+ *   - the CPU Adam (zinf_adam_*) over caller buffers, what DeepSpeed exposes
+ *     as DeepSpeedCPUAdam.
+ *
+ * Conventions, for every function below unless its comment says otherwise:
+ *   - It returns a zinf_status: ZINF_OK (0) or one of the ZINF_ERR_* codes.
+ *     On failure zinf_last_error() gives the reason as text, and the outputs
+ *     are left untouched unless the function's comment says otherwise.
+ *   - Handles are opaque. Whoever gets a handle from a *_create / *_open
+ *     function owns it and gives it back with the matching *_destroy / _close
+ *     / _free, which accept NULL. Passing a handle after that is undefined.
+ *   - A NULL handle or NULL output pointer is ZINF_ERR_INVALID_ARGUMENT.
+ *   - Nothing throws: no C++ exception crosses this boundary. A C++ exception
+ *     inside zinf becomes ZINF_ERR_INTERNAL (ZINF_ERR_OUT_OF_MEMORY for
+ *     std::bad_alloc). A broken internal invariant (a bug) aborts with
+ *     file:line, as everywhere in zinf.
+ *   - Sizes are in bytes when the name says bytes, else in elements.
+ *   - Thread-safety is stated per group; "any thread" means the function may
+ *     be called concurrently with any other function of this header.
+ *
+ * Only the functions declared here are exported from libzinf.so; the C++
+ * classes of the other include/zinf/ headers are for code built inside the
+ * zinf tree (their symbols are hidden in the shared library). The ABI version
+ * is the shared library's SONAME (libzinf.so.<ZINF_ABI_VERSION>); any change
+ * to a function signature, an enum value or a struct layout here bumps it.
+ * This header includes only <stddef.h> and <stdint.h>: no CUDA, NCCL,
+ * liburing, MPI or C++ header is needed to compile against it. */
+#ifndef ZINF_ZINF_H_
+#define ZINF_ZINF_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define ZINF_ABI_VERSION 0
+#define ZINF_VERSION_MAJOR 0
+#define ZINF_VERSION_MINOR 1
+#define ZINF_VERSION_PATCH 0
+
+#if defined(ZINF_BUILDING_CAPI) && defined(__GNUC__)
+#define ZINF_API __attribute__((visibility("default")))
+#else
+#define ZINF_API
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- Status codes, errors, library ----------------------------------------
+ * The codes mirror zinf::StatusCode (include/zinf/status.h) value for value.
+ * Thread-safety: every function of this group may be called from any thread. */
+typedef enum zinf_status {
+  ZINF_OK = 0,
+  ZINF_ERR_INVALID_ARGUMENT = 1,    /* the caller passed something wrong */
+  ZINF_ERR_NOT_FOUND = 2,           /* a named thing (a file) does not exist */
+  ZINF_ERR_ALREADY_EXISTS = 3,
+  ZINF_ERR_FAILED_PRECONDITION = 4, /* valid call, wrong state (e.g. add_unit after fetch) */
+  ZINF_ERR_OUT_OF_RANGE = 5,
+  ZINF_ERR_UNIMPLEMENTED = 6,       /* not in this build or not yet (e.g. the engine on CUDA) */
+  ZINF_ERR_IO = 7,                  /* an OS I/O call failed: the message names op, path, offset, length, errno */
+  ZINF_ERR_DATA_LOSS = 8,           /* bytes missing or corrupt (short file, checksum) */
+  ZINF_ERR_OUT_OF_MEMORY = 9,       /* a budget or an allocator said no */
+  ZINF_ERR_UNAVAILABLE = 10,        /* a peer or device is not there (dead rank, no GPU) */
+  ZINF_ERR_INTERNAL = 11            /* a bug in zinf, or an exception caught at this boundary */
+} zinf_status;
+
+/* The message of the last failed call on the calling thread, "" when the
+ * last call that returns a zinf_status succeeded: each of those clears it on
+ * entry (the functions returning void, a pointer or a plain value leave it
+ * alone). Thread-local; the pointer stays valid until the calling thread's
+ * next call of a function returning a zinf_status. Never NULL. */
+ZINF_API const char* zinf_last_error(void);
+
+/* "OK", "InvalidArgument", "IoError", ...; "Unknown" for other values.
+ * Static storage; never NULL. */
+ZINF_API const char* zinf_status_name(int code);
+
+/* The library's version, "0.1.0" (static storage), and its ABI version (the
+ * SONAME number). A program may compare zinf_abi_version() with the
+ * ZINF_ABI_VERSION it was compiled with. */
+ZINF_API const char* zinf_version(void);
+ZINF_API int zinf_abi_version(void);
+
+/* Sets the level of zinf's logger (stderr): "trace", "debug", "info",
+ * "warn", "error" or "off" (default: $ZINF_LOG_LEVEL, else "info").
+ * Errors: ZINF_ERR_INVALID_ARGUMENT for NULL or another name. */
+ZINF_API int zinf_set_log_level(const char* level);
+
+/* Frees a string zinf returned through a `char** out` (zinf_engine_stats_json,
+ * zinf_engine_config_json). NULL is a no-op. */
+ZINF_API void zinf_string_free(char* str);
+
+/* Element types, mirroring zinf::DType. */
+typedef enum zinf_dtype {
+  ZINF_DTYPE_FP32 = 0, /* IEEE binary32 */
+  ZINF_DTYPE_BF16 = 1, /* bfloat16 (uint16_t storage) */
+  ZINF_DTYPE_FP16 = 2  /* IEEE binary16 (uint16_t storage) */
+} zinf_dtype;
+
+/* ---- Communicators ---------------------------------------------------------
+ * Where the engine's ranks come from. Creating one is collective over the
+ * ranks it joins (each rank calls it) and blocks until they have joined.
+ * Thread-safety: create/destroy from one thread; the rank/size queries from
+ * any thread. A communicator must outlive every engine created with it. */
+typedef struct zinf_comm zinf_comm;
+
+/* The ranks of the MPI world (Open MPI's mpirun; MPI is initialized here
+ * unless the caller did), or — in a process not started by an MPI launcher —
+ * a 1-rank communicator that never calls MPI. A collective that makes no
+ * progress for `timeout_seconds` (<= 0: 60) fails with ZINF_ERR_UNAVAILABLE
+ * naming the silent ranks.
+ * Errors: ZINF_ERR_FAILED_PRECONDITION (MPI initialized by the caller below
+ * MPI_THREAD_SERIALIZED, or finalized), ZINF_ERR_UNAVAILABLE. */
+ZINF_API int zinf_comm_create_mpi(double timeout_seconds, zinf_comm** out);
+
+/* NCCL_UNIQUE_ID_BYTES: the size of an ncclUniqueId. */
+#define ZINF_NCCL_UNIQUE_ID_BYTES 128
+
+/* ncclGetUniqueId into `out` (`bytes` must be ZINF_NCCL_UNIQUE_ID_BYTES):
+ * call on one rank and hand the bytes to every rank (e.g. through a store).
+ * Errors: ZINF_ERR_UNIMPLEMENTED in a build without NCCL; ZINF_ERR_INVALID_ARGUMENT
+ * for a wrong size; NCCL's failures as ZINF_ERR_UNAVAILABLE/INTERNAL. */
+ZINF_API int zinf_nccl_get_unique_id(void* out, size_t bytes);
+
+/* ncclCommInitRank for rank `rank` of `world_size` with a caller-supplied
+ * unique id on CUDA device ordinal `cuda_device`. Blocks until every rank
+ * joined. Errors: as zinf_nccl_get_unique_id, and ZINF_ERR_UNAVAILABLE without
+ * a usable GPU. */
+ZINF_API int zinf_comm_create_nccl(int rank, int world_size, const void* unique_id, size_t unique_id_bytes,
+                                   int cuda_device, zinf_comm** out);
+
+/* Wraps the caller's existing ncclComm_t (passed as void*), e.g. the one
+ * torch.distributed made. The caller keeps ownership: it must outlive the
+ * zinf_comm and every engine using it, and zinf never destroys it.
+ * Errors: ZINF_ERR_UNIMPLEMENTED in a build without NCCL. */
+ZINF_API int zinf_comm_wrap_nccl(void* nccl_comm, zinf_comm** out);
+
+/* This process's rank and the number of ranks. */
+ZINF_API int zinf_comm_rank(const zinf_comm* comm, int* out_rank);
+ZINF_API int zinf_comm_size(const zinf_comm* comm, int* out_size);
+
+/* Destroys the communicator (not a wrapped ncclComm_t). NULL is a no-op. */
+ZINF_API void zinf_comm_destroy(zinf_comm* comm);
+
+/* ---- Engine ----------------------------------------------------------------
+ * One engine per model. Its device is chosen by the config's "zinf" block
+ * ("device": auto | cpu | cuda | cuda:N, "device_memory": budget in bytes);
+ * today the engine runs on "cpu" (the host stands in for the accelerator: a
+ * stream is a worker thread, device memory a budgeted host arena, and a
+ * device pointer is a plain host address). On a CUDA device creation fails
+ * with ZINF_ERR_UNIMPLEMENTED.
+ *
+ * Per micro-step, for each unit (see include/zinf/engine.h):
+ *   zinf_engine_fetch(u, s)        pointers to u's compute copy, valid for work
+ *                                  enqueued on s afterwards;
+ *   zinf_engine_grad_buffers(u)    where backward writes u's fp32 gradients;
+ *   zinf_engine_grads_ready(u, s)  after backward's writes on s;
+ *   zinf_engine_release(u, s)      after the last use of u's parameters on s;
+ *   zinf_engine_step()             once per micro-step, after every unit's
+ *                                  grads_ready (runs the optimizer at the
+ *                                  accumulation boundary, asynchronously).
+ * These never block the host. Work that reads or writes the buffers must run
+ * in the order of stream s: enqueue it with zinf_stream_enqueue_host (or, on
+ * a CUDA device, launch it on zinf_stream_native_handle(s)), or call
+ * zinf_stream_synchronize(s) after the fetch and compute on the calling
+ * thread before the next call on s.
+ *
+ * Thread-safety: one thread drives an engine (every zinf_engine_* call on it
+ * from that thread, or serialized by the caller); its streams may be used
+ * from any thread. Every rank must make the same calls in the same order. */
+typedef struct zinf_engine zinf_engine;
+typedef struct zinf_stream zinf_stream;
+
+/* Creates an engine from a DeepSpeed-style JSON config (text, or a file's
+ * path). `comm` NULL means one rank; otherwise it gives rank and world size
+ * and must outlive the engine. The caller owns *out.
+ * Errors: ZINF_ERR_INVALID_ARGUMENT for a config error (the message names the
+ * JSON key path, what was found and what is accepted); ZINF_ERR_NOT_FOUND /
+ * ZINF_ERR_IO for an unreadable file; ZINF_ERR_UNIMPLEMENTED for a stage,
+ * option or device the engine cannot honour yet (including an NCCL
+ * communicator: the engine does not run on CUDA yet); ZINF_ERR_OUT_OF_MEMORY
+ * when the device budget cannot be reserved. */
+ZINF_API int zinf_engine_create(const char* config_json, zinf_comm* comm, zinf_engine** out);
+ZINF_API int zinf_engine_create_from_file(const char* config_path, zinf_comm* comm, zinf_engine** out);
+
+/* Waits for everything the engine enqueued, then frees it and its device
+ * memory. Every stream's work that uses the engine's buffers must be finished
+ * (zinf_stream_synchronize) before. Streams of the engine may outlive it.
+ * NULL is a no-op. */
+ZINF_API void zinf_engine_destroy(zinf_engine* engine);
+
+/* The effective configuration (every key, defaults filled in) as JSON; free
+ * with zinf_string_free. */
+ZINF_API int zinf_engine_config_json(const zinf_engine* engine, char** out_json);
+
+typedef struct zinf_engine_info {
+  int rank;
+  int world_size;
+  int zero_stage;
+  int num_units;
+  zinf_dtype compute_dtype;               /* the compute copy's type (bf16, fp16 or fp32) */
+  int64_t gradient_accumulation_steps;    /* micro-steps per optimizer step */
+} zinf_engine_info;
+ZINF_API int zinf_engine_get_info(const zinf_engine* engine, zinf_engine_info* out);
+
+/* One parameter tensor of a unit. `init` is host memory holding
+ * product(shape) elements of `dtype` (NULL: zeros); every rank must pass the
+ * same values. zinf copies what it needs before returning. */
+typedef struct zinf_param_spec {
+  const char* name;
+  const int64_t* shape;  /* ndim extents, each > 0 */
+  size_t ndim;
+  zinf_dtype dtype;      /* of init */
+  const void* init;
+} zinf_param_spec;
+
+/* Registers a unit of `num_params` tensors (a layer); *out_unit receives its
+ * index (0, 1, ... in call order; may be NULL). Only before the first fetch.
+ * Errors: ZINF_ERR_INVALID_ARGUMENT (empty unit, bad shape or dtype),
+ * ZINF_ERR_FAILED_PRECONDITION (after the first fetch), ZINF_ERR_OUT_OF_MEMORY. */
+ZINF_API int zinf_engine_add_unit(zinf_engine* engine, const char* name, const zinf_param_spec* params,
+                                  size_t num_params, int* out_unit);
+
+/* A unit's buffers on the device: its tensors packed back to back in
+ * registration order, then zero padding. `tensors` (num_tensors pointers into
+ * `data`) is owned by the engine and valid until it is destroyed. */
+typedef struct zinf_unit_pointers {
+  void* data;
+  zinf_dtype dtype;
+  int64_t num_elems;           /* sum of the tensors' elements */
+  void* const* tensors;
+  size_t num_tensors;
+} zinf_unit_pointers;
+
+/* The unit's compute copy (compute_dtype), valid for work enqueued on
+ * `stream` after this call, until zinf_engine_release(unit, stream). The
+ * stream waits for the unit's last update; the host does not.
+ * Errors: ZINF_ERR_INVALID_ARGUMENT (no such unit, stream of another device). */
+ZINF_API int zinf_engine_fetch(zinf_engine* engine, int unit, zinf_stream* stream, zinf_unit_pointers* out);
+
+/* Where backward writes the unit's gradients: fp32, overwritten each
+ * micro-step (the engine accumulates), writable by work enqueued after the
+ * unit's fetch on the same stream. */
+ZINF_API int zinf_engine_grad_buffers(zinf_engine* engine, int unit, zinf_unit_pointers* out);
+
+/* Backward's writes to the unit's gradients were enqueued on `stream`. */
+ZINF_API int zinf_engine_grads_ready(zinf_engine* engine, int unit, zinf_stream* stream);
+
+/* The last use of the unit's parameters was enqueued on `stream`. */
+ZINF_API int zinf_engine_release(zinf_engine* engine, int unit, zinf_stream* stream);
+
+/* Ends a micro-step. *out_boundary (may be NULL) is 1 when this was an
+ * accumulation boundary and the optimizer step was enqueued, else 0.
+ * Errors: ZINF_ERR_FAILED_PRECONDITION (a unit without grads_ready), and any
+ * error of earlier asynchronous work (I/O, collectives). */
+ZINF_API int zinf_engine_step(zinf_engine* engine, int* out_boundary);
+
+/* The factor backward multiplies the loss by: fp16's dynamic loss scale
+ * (blocks for the previous step's overflow decision), else 1. */
+ZINF_API int zinf_engine_loss_scale(zinf_engine* engine, float* out_scale);
+
+/* Blocks until everything the engine enqueued has run; returns the first error. */
+ZINF_API int zinf_engine_synchronize(zinf_engine* engine);
+
+/* The metrics of the last accumulation boundary as one JSON object
+ * (synchronizes first): step, boundary, skipped, loss_scale,
+ * next_loss_scale, lr, grad_norm, clip_coef, optimizer_seconds,
+ * comm_seconds, copy_seconds, stall_seconds, longest_stall, collectives
+ * [{kind, calls, bytes}], device_bytes_in_use, summary (the one-line log
+ * form). A non-finite number is written as a string ("inf", "nan").
+ * Free *out_json with zinf_string_free. */
+ZINF_API int zinf_engine_stats_json(zinf_engine* engine, char** out_json);
+
+typedef enum zinf_state_kind {
+  ZINF_STATE_MASTER = 0,          /* fp32 master parameters */
+  ZINF_STATE_EXP_AVG = 1,         /* Adam m */
+  ZINF_STATE_EXP_AVG_SQ = 2,      /* Adam v */
+  ZINF_STATE_COMPUTE_PARAMS = 3   /* the compute copy, widened to fp32 */
+} zinf_state_kind;
+
+/* Copies the whole unit's state, widened to fp32, into host memory:
+ * `num_elems` must be the unit's num_elems. Blocks. Collective in ZeRO
+ * stages 1 and 2 (the shards are gathered): every rank calls it. */
+ZINF_API int zinf_engine_read_state(zinf_engine* engine, int unit, zinf_state_kind kind, float* host_dst,
+                                    size_t num_elems);
+
+/* ---- Streams ---------------------------------------------------------------
+ * An ordered queue of work on the engine's device. Thread-safety: any thread;
+ * one stream's order is the order its enqueue calls return in. */
+
+/* A new stream on the engine's device. The stream keeps the device alive and
+ * may outlive the engine. */
+ZINF_API int zinf_stream_create(zinf_engine* engine, zinf_stream** out);
+
+/* Waits for the stream's work, then destroys it. NULL is a no-op. */
+ZINF_API void zinf_stream_destroy(zinf_stream* stream);
+
+/* Blocks until all work enqueued so far has run. Returns the stream's sticky
+ * error: the first failure of any of its work (an engine task, a host
+ * function that returned non-zero), again on every later call. */
+ZINF_API int zinf_stream_synchronize(zinf_stream* stream);
+
+/* A host function run in stream order, on a zinf worker thread (cpu device)
+ * or through cudaLaunchHostFunc (CUDA, where it must not call CUDA). It must
+ * not call zinf_stream_synchronize on its own stream. A non-zero return
+ * value becomes the stream's sticky error (with that code when it is a
+ * zinf_status, else ZINF_ERR_INTERNAL). */
+typedef int (*zinf_host_fn)(void* user_data);
+
+/* Enqueues fn(user_data) after everything enqueued on the stream before.
+ * `user_data` must stay valid until fn has run. Returns at once. */
+ZINF_API int zinf_stream_enqueue_host(zinf_stream* stream, zinf_host_fn fn, void* user_data);
+
+typedef enum zinf_copy_kind {
+  ZINF_COPY_HOST_TO_DEVICE = 0,
+  ZINF_COPY_DEVICE_TO_HOST = 1,
+  ZINF_COPY_DEVICE_TO_DEVICE = 2
+} zinf_copy_kind;
+
+/* Enqueues an asynchronous copy of `bytes` bytes in stream order; the host
+ * memory must stay untouched until the stream has passed the copy. */
+ZINF_API int zinf_stream_copy(zinf_stream* stream, void* dst, const void* src, uint64_t bytes, zinf_copy_kind kind);
+
+/* The native stream: cudaStream_t on a CUDA device, NULL on the cpu device
+ * (and for a NULL stream). Any thread. */
+ZINF_API void* zinf_stream_native_handle(const zinf_stream* stream);
+
+/* ---- Asynchronous file I/O (the aio handle) ---------------------------------
+ * Requests are split into blocks of `block_size` bytes spread over
+ * `num_threads` worker threads (one io_uring each, `queue_depth` blocks in
+ * flight per ring); short transfers are resubmitted. A failed request's
+ * message names op, path, offset, length and errno. Files opened with
+ * ZINF_FILE_DIRECT (O_DIRECT) need buffer address, offset and length
+ * aligned to 4096: a violation is ZINF_ERR_INVALID_ARGUMENT.
+ * Thread-safety: every zinf_aio_*, zinf_file_* and zinf_aio_request_*
+ * function may be called from any thread, except that a handle must not be
+ * used concurrently with its own destroy/close/free. */
+typedef struct zinf_aio zinf_aio;
+typedef struct zinf_file zinf_file;
+typedef struct zinf_aio_request zinf_aio_request;
+
+#define ZINF_AIO_SINGLE_SUBMIT 1u     /* one io_uring_submit per block instead of per batch */
+#define ZINF_AIO_POSIX 2u             /* the pread/pwrite thread pool instead of io_uring */
+#define ZINF_AIO_NO_FIXED_BUFFERS 4u  /* do not use registered buffers */
+
+/* block_size: bytes per block, a multiple of 4096 (0: 1 MiB); queue_depth
+ * (0: 32); num_threads: rings (0: 1); flags: ZINF_AIO_*. io_uring falls back
+ * to the thread pool (and logs why once) where it cannot be set up.
+ * Errors: ZINF_ERR_INVALID_ARGUMENT, ZINF_ERR_UNAVAILABLE. */
+ZINF_API int zinf_aio_create(uint64_t block_size, unsigned queue_depth, unsigned num_threads, unsigned flags,
+                             zinf_aio** out);
+
+/* The same from a DeepSpeed-style config's "aio" block (block_size,
+ * queue_depth, intra_op_parallelism, single_submit, io_backend) and
+ * "zinf": {"aio": {...}}. Errors: as zinf_engine_create's config errors. */
+ZINF_API int zinf_aio_create_from_config(const char* config_json, zinf_aio** out);
+
+/* Waits for every request in flight, then frees the handle. Files and
+ * requests it made stay valid (they hold what they need). NULL: no-op. */
+ZINF_API void zinf_aio_destroy(zinf_aio* aio);
+
+/* "io_uring" or "posix" (static storage; "" for NULL). */
+ZINF_API const char* zinf_aio_backend(const zinf_aio* aio);
+
+#define ZINF_FILE_READ 0u      /* O_RDONLY */
+#define ZINF_FILE_WRITE 1u     /* O_RDWR */
+#define ZINF_FILE_CREATE 2u    /* O_CREAT (mode 0644); with ZINF_FILE_WRITE */
+#define ZINF_FILE_TRUNCATE 4u  /* O_TRUNC; with ZINF_FILE_WRITE */
+#define ZINF_FILE_DIRECT 8u    /* O_DIRECT (4096-byte alignment, see above) */
+
+/* Opens `path` for I/O through `aio`. Errors: ZINF_ERR_NOT_FOUND (missing
+ * file), ZINF_ERR_IO (other open failures, e.g. O_DIRECT unsupported by the
+ * filesystem), ZINF_ERR_INVALID_ARGUMENT (bad flags). */
+ZINF_API int zinf_aio_open(zinf_aio* aio, const char* path, unsigned flags, zinf_file** out);
+
+/* The file's current size in bytes. */
+ZINF_API int zinf_file_size(const zinf_file* file, uint64_t* out_bytes);
+
+/* Releases the caller's reference; the descriptor closes once no request in
+ * flight uses it. NULL is a no-op. */
+ZINF_API void zinf_file_close(zinf_file* file);
+
+/* Submits a read of `length` bytes at `offset` into `buffer` (or a write
+ * from it) and returns at once. The buffer must stay valid and untouched
+ * until the request completes. *out_request receives a handle to wait on
+ * (free it with zinf_aio_request_free); with out_request NULL the request is
+ * only reaped by zinf_aio_wait_all. Reading past the end of the file is
+ * ZINF_ERR_DATA_LOSS when the request completes.
+ * Errors here: ZINF_ERR_INVALID_ARGUMENT (NULL buffer, O_DIRECT alignment). */
+ZINF_API int zinf_aio_pread(zinf_aio* aio, zinf_file* file, void* buffer, uint64_t length, uint64_t offset,
+                            zinf_aio_request** out_request);
+ZINF_API int zinf_aio_pwrite(zinf_aio* aio, zinf_file* file, const void* buffer, uint64_t length, uint64_t offset,
+                             zinf_aio_request** out_request);
+
+/* Blocks until the request completed; returns its status (ZINF_ERR_IO naming
+ * op, path, offset, length and errno; ZINF_ERR_DATA_LOSS at end of file).
+ * *out_bytes (may be NULL) receives the bytes transferred, on failure too.
+ * May be called again and from several threads. */
+ZINF_API int zinf_aio_request_wait(zinf_aio_request* request, uint64_t* out_bytes);
+
+/* *out_done = 1 when the request has completed, else 0; never blocks. */
+ZINF_API int zinf_aio_request_done(const zinf_aio_request* request, int* out_done);
+
+/* Frees the handle; the request itself still runs to completion and is still
+ * reaped by zinf_aio_wait_all. NULL is a no-op. */
+ZINF_API void zinf_aio_request_free(zinf_aio_request* request);
+
+/* Blocks until every request submitted through `aio` since the last
+ * zinf_aio_wait_all completed (DeepSpeed's handle.wait()), including those
+ * already waited on through their own handle. *out_num_requests (may be
+ * NULL) receives how many that was, on failure too. Returns the first
+ * failure among them in submission order; all of them have completed and
+ * are forgotten either way. */
+ZINF_API int zinf_aio_wait_all(zinf_aio* aio, uint64_t* out_num_requests);
+
+/* Registers [addr, addr+bytes) for io_uring fixed-buffer I/O: 4096-aligned,
+ * at most 1 GiB. A no-op success on the posix backend. Unregister only with
+ * no I/O in flight on the buffer. */
+ZINF_API int zinf_aio_register_buffer(zinf_aio* aio, void* addr, uint64_t bytes);
+ZINF_API int zinf_aio_unregister_buffer(zinf_aio* aio, void* addr);
+
+/* ---- CPU Adam / AdamW over caller buffers ----------------------------------
+ * The optimizer the engine runs at each boundary (one documented operation
+ * sequence, without FMA contraction, identical on every SIMD level), over
+ * the caller's host buffers. Work is split into 64 Ki-element blocks over
+ * the handle's threads; the result does not depend on the thread count.
+ * Thread-safety: any thread; concurrent steps on one handle are safe on
+ * disjoint buffers. */
+typedef struct zinf_adam zinf_adam;
+
+typedef struct zinf_adam_options {
+  double lr;            /* >= 0 */
+  double beta1;         /* [0, 1) */
+  double beta2;         /* [0, 1) */
+  double eps;           /* > 0 */
+  double weight_decay;  /* >= 0 */
+  int adamw_mode;       /* 1: decoupled weight decay (AdamW), 0: L2 added to the gradient (Adam) */
+  int bias_correction;  /* 1: divide by 1 - beta^step */
+} zinf_adam_options;
+
+/* DeepSpeed's defaults: lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight decay
+ * 0, adamw_mode 1, bias_correction 1. Writes nothing for NULL. */
+ZINF_API void zinf_adam_options_default(zinf_adam_options* out);
+
+/* A handle owning `num_threads` worker threads (0: one per available core).
+ * Errors: ZINF_ERR_INVALID_ARGUMENT for a negative count. */
+ZINF_API int zinf_adam_create(int num_threads, zinf_adam** out);
+
+/* Frees the handle (no step may be running on it). NULL is a no-op. */
+ZINF_API void zinf_adam_destroy(zinf_adam* adam);
+
+/* One step (`step` >= 1, the caller's counter) over num_elems elements:
+ * params, exp_avg and exp_avg_sq (fp32) are updated in place from `grads`
+ * (grad_dtype) multiplied by `grad_scale` (fold 1/loss_scale and a clipping
+ * coefficient here; 1 for neither). With `param_copy` non-NULL the updated
+ * parameter is also written to it as param_copy_dtype (bf16 or fp16), in the
+ * same pass. No buffer may overlap another. Blocks until done.
+ * Errors: ZINF_ERR_INVALID_ARGUMENT naming the bad option or buffer. */
+ZINF_API int zinf_adam_step(zinf_adam* adam, const zinf_adam_options* options, int64_t step, double grad_scale,
+                            float* params, float* exp_avg, float* exp_avg_sq, const void* grads,
+                            zinf_dtype grad_dtype, void* param_copy, zinf_dtype param_copy_dtype, size_t num_elems);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* ZINF_ZINF_H_ */

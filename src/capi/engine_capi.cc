@@ -1,0 +1,485 @@
+// The C ABI of the engine, its communicators and its streams: thin wrappers
+// over zinf::Engine, Communicator and Stream that hold the C++ objects and
+// the pointer arrays the C structs point into.
+// Thread-safety: as zinf.h states per group; the wrappers add no state that
+// is shared between threads beyond what the wrapped objects already guard.
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "capi/capi_internal.h"
+#include "common/communicator.h"
+#include "cpu/mpi_comm.h"
+#include "common/build_config.h"
+#include "zinf/config.h"
+#include "zinf/device.h"
+#include "zinf/engine.h"
+#include "zinf/zinf.h"
+#if ZINF_HAVE_NCCL
+#include "gpu/nccl_comm.h"
+#endif
+
+enum class CommKind { kMpi, kNccl };
+
+struct zinf_comm {
+  std::unique_ptr<zinf::Communicator> comm;
+  CommKind kind;
+};
+
+struct zinf_engine {
+  // Destroyed in reverse order: the engine before the device it uses.
+  std::shared_ptr<zinf::Device> device;
+  std::unique_ptr<zinf::Engine> engine;
+  zinf::Config config;
+  // Per unit, the tensor pointers of its compute copy and of its gradients,
+  // copied out of the engine so that their addresses are the wrapper's.
+  std::vector<std::unique_ptr<std::vector<void*>>> param_ptrs, grad_ptrs;
+};
+
+struct zinf_stream {
+  std::shared_ptr<zinf::Device> device;  // keeps the device alive while the stream is
+  std::unique_ptr<zinf::Stream> stream;
+};
+
+namespace zinf::capi {
+namespace {
+
+Status CheckDType(int dtype, const char* what) {
+  if (dtype < ZINF_DTYPE_FP32 || dtype > ZINF_DTYPE_FP16) {
+    return InvalidArgument(std::string(what) + " " + std::to_string(dtype) +
+                           " is not a zinf_dtype (0 fp32, 1 bf16, 2 fp16)");
+  }
+  return Status::Ok();
+}
+
+// Copies `json` into a malloc'ed C string the caller frees with zinf_string_free.
+Status ReturnString(const std::string& text, char** out) {
+  char* s = static_cast<char*>(std::malloc(text.size() + 1));
+  if (!s) return OutOfMemory("cannot allocate " + std::to_string(text.size() + 1) + " bytes for the result");
+  std::memcpy(s, text.c_str(), text.size() + 1);
+  *out = s;
+  return Status::Ok();
+}
+
+Status CreateEngine(Result<Config> config, zinf_comm* comm, zinf_engine** out) {
+  ZINF_RETURN_IF_ERROR(NotNull(out, "out"));
+  if (!config.ok()) return std::move(config).status();
+  if (comm && comm->kind == CommKind::kNccl) {
+    return Unimplemented(
+        "an NCCL communicator needs the engine on a CUDA device, and the engine runs only on the cpu device "
+        "for now; use zinf_comm_create_mpi (or NULL for one rank) with \"zinf\": {\"device\": \"cpu\"}");
+  }
+  auto engine = std::make_unique<zinf_engine>();
+  engine->config = std::move(*config);
+  DeviceOptions device_options;
+  device_options.spec = engine->config.zinf.device;
+  device_options.memory_budget = engine->config.zinf.device_memory;
+  ZINF_ASSIGN_OR_RETURN(std::unique_ptr<Device> device, CreateDevice(device_options));
+  engine->device = std::move(device);
+  ZINF_ASSIGN_OR_RETURN(engine->engine,
+                        Engine::Create(engine->config, *engine->device, comm ? comm->comm.get() : nullptr));
+  *out = engine.release();
+  return Status::Ok();
+}
+
+Status CheckStream(const zinf_engine* engine, const zinf_stream* stream) {
+  ZINF_RETURN_IF_ERROR(NotNull(engine, "engine"));
+  ZINF_RETURN_IF_ERROR(NotNull(stream, "stream"));
+  if (stream->device != engine->device) {
+    return InvalidArgument("the stream belongs to another engine's device (create it with zinf_stream_create on this engine)");
+  }
+  return Status::Ok();
+}
+
+// Fills `out` from `p`, keeping a copy of the tensor pointers in `slot`.
+void ExportPointers(const UnitPointers& p, std::unique_ptr<std::vector<void*>>& slot, zinf_unit_pointers* out) {
+  if (!slot) slot = std::make_unique<std::vector<void*>>();
+  if (slot->size() != p.tensors.size() ||
+      !std::equal(slot->begin(), slot->end(), p.tensors.begin())) {
+    slot->assign(p.tensors.begin(), p.tensors.end());
+  }
+  out->data = p.data;
+  out->dtype = static_cast<zinf_dtype>(p.dtype);
+  out->num_elems = p.num_elems;
+  out->tensors = slot->data();
+  out->num_tensors = slot->size();
+}
+
+Status CheckUnitIndex(zinf_engine* engine, int unit) {
+  if (unit < 0 || unit >= engine->engine->num_units()) {
+    return InvalidArgument("no unit " + std::to_string(unit) + " (" + std::to_string(engine->engine->num_units()) +
+                           " registered)");
+  }
+  if (engine->param_ptrs.size() < static_cast<size_t>(engine->engine->num_units())) {
+    engine->param_ptrs.resize(engine->engine->num_units());
+    engine->grad_ptrs.resize(engine->engine->num_units());
+  }
+  return Status::Ok();
+}
+
+// JSON has no inf or NaN: those become strings.
+nlohmann::json Number(double x) {
+  if (std::isfinite(x)) return x;
+  if (std::isnan(x)) return "nan";
+  return x > 0 ? "inf" : "-inf";
+}
+
+}  // namespace
+}  // namespace zinf::capi
+
+using zinf::Status;
+using zinf::capi::Guard;
+using zinf::capi::GuardVoid;
+using zinf::capi::NotNull;
+
+extern "C" {
+
+// ---- Communicators ----------------------------------------------------------
+
+ZINF_API int zinf_comm_create_mpi(double timeout_seconds, zinf_comm** out) {
+  return Guard(__func__, [&]() -> Status {
+    ZINF_RETURN_IF_ERROR(NotNull(out, "out"));
+    zinf::CommOptions options;
+    if (timeout_seconds > 0) options.timeout_seconds = timeout_seconds;
+    ZINF_ASSIGN_OR_RETURN(auto comm, zinf::CreateMpiCommunicator(options));
+    *out = new zinf_comm{std::move(comm), CommKind::kMpi};
+    return Status::Ok();
+  });
+}
+
+ZINF_API int zinf_nccl_get_unique_id(void* out, size_t bytes) {
+  return Guard(__func__, [&]() -> Status {
+    ZINF_RETURN_IF_ERROR(NotNull(out, "out"));
+    if (bytes != ZINF_NCCL_UNIQUE_ID_BYTES) {
+      return zinf::InvalidArgument("bytes is " + std::to_string(bytes) + "; an ncclUniqueId has " +
+                                   std::to_string(ZINF_NCCL_UNIQUE_ID_BYTES));
+    }
+#if ZINF_HAVE_NCCL
+    ZINF_ASSIGN_OR_RETURN(zinf::gpu::NcclUniqueId id, zinf::gpu::NewNcclUniqueId());
+    std::memcpy(out, id.bytes, sizeof(id.bytes));
+    return Status::Ok();
+#else
+    return zinf::Unimplemented("this libzinf was built without NCCL (configure with -DZINF_WITH_NCCL=ON)");
+#endif
+  });
+}
+
+ZINF_API int zinf_comm_create_nccl(int rank, int world_size, const void* unique_id, size_t unique_id_bytes,
+                                   int cuda_device, zinf_comm** out) {
+  return Guard(__func__, [&]() -> Status {
+    ZINF_RETURN_IF_ERROR(NotNull(out, "out"));
+    ZINF_RETURN_IF_ERROR(NotNull(unique_id, "unique_id"));
+    if (unique_id_bytes != ZINF_NCCL_UNIQUE_ID_BYTES) {
+      return zinf::InvalidArgument("unique_id_bytes is " + std::to_string(unique_id_bytes) +
+                                   "; an ncclUniqueId has " + std::to_string(ZINF_NCCL_UNIQUE_ID_BYTES));
+    }
+    if (world_size < 1 || rank < 0 || rank >= world_size) {
+      return zinf::InvalidArgument("rank " + std::to_string(rank) + " of world_size " + std::to_string(world_size) +
+                                   ": need 0 <= rank < world_size");
+    }
+#if ZINF_HAVE_NCCL
+    zinf::gpu::NcclUniqueId id;
+    std::memcpy(id.bytes, unique_id, sizeof(id.bytes));
+    ZINF_ASSIGN_OR_RETURN(auto comm,
+                          zinf::gpu::CreateNcclCommunicator(rank, world_size, id, cuda_device, zinf::CommOptions{}));
+    *out = new zinf_comm{std::move(comm), CommKind::kNccl};
+    return Status::Ok();
+#else
+    (void)cuda_device;
+    return zinf::Unimplemented("this libzinf was built without NCCL (configure with -DZINF_WITH_NCCL=ON)");
+#endif
+  });
+}
+
+ZINF_API int zinf_comm_wrap_nccl(void* nccl_comm, zinf_comm** out) {
+  return Guard(__func__, [&]() -> Status {
+    ZINF_RETURN_IF_ERROR(NotNull(out, "out"));
+    ZINF_RETURN_IF_ERROR(NotNull(nccl_comm, "nccl_comm"));
+#if ZINF_HAVE_NCCL
+    ZINF_ASSIGN_OR_RETURN(auto comm,
+                          zinf::gpu::WrapNcclCommunicator(static_cast<ncclComm*>(nccl_comm), zinf::CommOptions{}));
+    *out = new zinf_comm{std::move(comm), CommKind::kNccl};
+    return Status::Ok();
+#else
+    return zinf::Unimplemented("this libzinf was built without NCCL (configure with -DZINF_WITH_NCCL=ON)");
+#endif
+  });
+}
+
+ZINF_API int zinf_comm_rank(const zinf_comm* comm, int* out_rank) {
+  return Guard(__func__, [&]() -> Status {
+    ZINF_RETURN_IF_ERROR(NotNull(comm, "comm"));
+    ZINF_RETURN_IF_ERROR(NotNull(out_rank, "out_rank"));
+    *out_rank = comm->comm->rank();
+    return Status::Ok();
+  });
+}
+
+ZINF_API int zinf_comm_size(const zinf_comm* comm, int* out_size) {
+  return Guard(__func__, [&]() -> Status {
+    ZINF_RETURN_IF_ERROR(NotNull(comm, "comm"));
+    ZINF_RETURN_IF_ERROR(NotNull(out_size, "out_size"));
+    *out_size = comm->comm->size();
+    return Status::Ok();
+  });
+}
+
+ZINF_API void zinf_comm_destroy(zinf_comm* comm) {
+  GuardVoid([&] { delete comm; });
+}
+
+// ---- Engine -----------------------------------------------------------------
+
+ZINF_API int zinf_engine_create(const char* config_json, zinf_comm* comm, zinf_engine** out) {
+  return Guard(__func__, [&]() -> Status {
+    ZINF_RETURN_IF_ERROR(NotNull(config_json, "config_json"));
+    return zinf::capi::CreateEngine(zinf::ParseConfig(config_json, "<config_json>"), comm, out);
+  });
+}
+
+ZINF_API int zinf_engine_create_from_file(const char* config_path, zinf_comm* comm, zinf_engine** out) {
+  return Guard(__func__, [&]() -> Status {
+    ZINF_RETURN_IF_ERROR(NotNull(config_path, "config_path"));
+    return zinf::capi::CreateEngine(zinf::LoadConfigFile(config_path), comm, out);
+  });
+}
+
+ZINF_API void zinf_engine_destroy(zinf_engine* engine) {
+  GuardVoid([&] {
+    if (!engine) return;
+    if (engine->engine) (void)engine->engine->Synchronize();
+    delete engine;
+  });
+}
+
+ZINF_API int zinf_engine_config_json(const zinf_engine* engine, char** out_json) {
+  return Guard(__func__, [&]() -> Status {
+    ZINF_RETURN_IF_ERROR(NotNull(engine, "engine"));
+    ZINF_RETURN_IF_ERROR(NotNull(out_json, "out_json"));
+    return zinf::capi::ReturnString(engine->config.ToJson(2), out_json);
+  });
+}
+
+ZINF_API int zinf_engine_get_info(const zinf_engine* engine, zinf_engine_info* out) {
+  return Guard(__func__, [&]() -> Status {
+    ZINF_RETURN_IF_ERROR(NotNull(engine, "engine"));
+    ZINF_RETURN_IF_ERROR(NotNull(out, "out"));
+    const zinf::Engine& e = *engine->engine;
+    out->rank = e.rank();
+    out->world_size = e.world_size();
+    out->zero_stage = e.zero_stage();
+    out->num_units = e.num_units();
+    out->compute_dtype = static_cast<zinf_dtype>(e.compute_dtype());
+    out->gradient_accumulation_steps = e.gradient_accumulation_steps();
+    return Status::Ok();
+  });
+}
+
+ZINF_API int zinf_engine_add_unit(zinf_engine* engine, const char* name, const zinf_param_spec* params,
+                                  size_t num_params, int* out_unit) {
+  return Guard(__func__, [&]() -> Status {
+    ZINF_RETURN_IF_ERROR(NotNull(engine, "engine"));
+    ZINF_RETURN_IF_ERROR(NotNull(name, "name"));
+    if (num_params > 0) ZINF_RETURN_IF_ERROR(NotNull(params, "params"));
+    std::vector<zinf::ParamSpec> specs(num_params);
+    for (size_t i = 0; i < num_params; ++i) {
+      const zinf_param_spec& p = params[i];
+      const std::string what = std::string("unit '") + name + "' param " + std::to_string(i);
+      ZINF_RETURN_IF_ERROR(zinf::capi::CheckDType(p.dtype, (what + " dtype").c_str()));
+      if (p.ndim > 0) ZINF_RETURN_IF_ERROR(NotNull(p.shape, (what + " shape").c_str()));
+      specs[i].name = p.name ? p.name : "";
+      specs[i].shape.assign(p.shape, p.shape + p.ndim);
+      specs[i].dtype = static_cast<zinf::DType>(p.dtype);
+      specs[i].init = p.init;
+    }
+    ZINF_ASSIGN_OR_RETURN(int unit, engine->engine->AddUnit(name, specs));
+    if (out_unit) *out_unit = unit;
+    return Status::Ok();
+  });
+}
+
+ZINF_API int zinf_engine_fetch(zinf_engine* engine, int unit, zinf_stream* stream, zinf_unit_pointers* out) {
+  return Guard(__func__, [&]() -> Status {
+    ZINF_RETURN_IF_ERROR(zinf::capi::CheckStream(engine, stream));
+    ZINF_RETURN_IF_ERROR(NotNull(out, "out"));
+    ZINF_RETURN_IF_ERROR(zinf::capi::CheckUnitIndex(engine, unit));
+    ZINF_ASSIGN_OR_RETURN(zinf::UnitPointers p, engine->engine->Fetch(unit, *stream->stream));
+    zinf::capi::ExportPointers(p, engine->param_ptrs[unit], out);
+    return Status::Ok();
+  });
+}
+
+ZINF_API int zinf_engine_grad_buffers(zinf_engine* engine, int unit, zinf_unit_pointers* out) {
+  return Guard(__func__, [&]() -> Status {
+    ZINF_RETURN_IF_ERROR(NotNull(engine, "engine"));
+    ZINF_RETURN_IF_ERROR(NotNull(out, "out"));
+    ZINF_RETURN_IF_ERROR(zinf::capi::CheckUnitIndex(engine, unit));
+    ZINF_ASSIGN_OR_RETURN(zinf::UnitPointers p, engine->engine->GradBuffers(unit));
+    zinf::capi::ExportPointers(p, engine->grad_ptrs[unit], out);
+    return Status::Ok();
+  });
+}
+
+ZINF_API int zinf_engine_grads_ready(zinf_engine* engine, int unit, zinf_stream* stream) {
+  return Guard(__func__, [&]() -> Status {
+    ZINF_RETURN_IF_ERROR(zinf::capi::CheckStream(engine, stream));
+    return engine->engine->GradsReady(unit, *stream->stream);
+  });
+}
+
+ZINF_API int zinf_engine_release(zinf_engine* engine, int unit, zinf_stream* stream) {
+  return Guard(__func__, [&]() -> Status {
+    ZINF_RETURN_IF_ERROR(zinf::capi::CheckStream(engine, stream));
+    return engine->engine->Release(unit, *stream->stream);
+  });
+}
+
+ZINF_API int zinf_engine_step(zinf_engine* engine, int* out_boundary) {
+  return Guard(__func__, [&]() -> Status {
+    ZINF_RETURN_IF_ERROR(NotNull(engine, "engine"));
+    ZINF_ASSIGN_OR_RETURN(bool boundary, engine->engine->Step());
+    if (out_boundary) *out_boundary = boundary ? 1 : 0;
+    return Status::Ok();
+  });
+}
+
+ZINF_API int zinf_engine_loss_scale(zinf_engine* engine, float* out_scale) {
+  return Guard(__func__, [&]() -> Status {
+    ZINF_RETURN_IF_ERROR(NotNull(engine, "engine"));
+    ZINF_RETURN_IF_ERROR(NotNull(out_scale, "out_scale"));
+    ZINF_ASSIGN_OR_RETURN(float scale, engine->engine->loss_scale());
+    *out_scale = scale;
+    return Status::Ok();
+  });
+}
+
+ZINF_API int zinf_engine_synchronize(zinf_engine* engine) {
+  return Guard(__func__, [&]() -> Status {
+    ZINF_RETURN_IF_ERROR(NotNull(engine, "engine"));
+    return engine->engine->Synchronize();
+  });
+}
+
+ZINF_API int zinf_engine_stats_json(zinf_engine* engine, char** out_json) {
+  return Guard(__func__, [&]() -> Status {
+    using zinf::capi::Number;
+    ZINF_RETURN_IF_ERROR(NotNull(engine, "engine"));
+    ZINF_RETURN_IF_ERROR(NotNull(out_json, "out_json"));
+    ZINF_ASSIGN_OR_RETURN(zinf::StepStats s, engine->engine->Stats());
+    nlohmann::json j;
+    j["step"] = s.step;
+    j["boundary"] = s.boundary;
+    j["skipped"] = s.skipped;
+    j["loss_scale"] = Number(s.loss_scale);
+    j["next_loss_scale"] = Number(s.next_loss_scale);
+    j["lr"] = Number(s.lr);
+    j["grad_norm"] = Number(s.grad_norm);
+    j["clip_coef"] = Number(s.clip_coef);
+    j["optimizer_seconds"] = Number(s.optimizer_seconds);
+    j["comm_seconds"] = Number(s.comm_seconds);
+    j["copy_seconds"] = Number(s.copy_seconds);
+    j["io_seconds"] = Number(s.io_seconds);
+    j["stall_seconds"] = Number(s.stall_seconds);
+    j["longest_stall"] = s.longest_stall;
+    j["collectives"] = nlohmann::json::array();
+    for (const auto& c : s.collectives) {
+      j["collectives"].push_back({{"kind", c.kind}, {"calls", c.calls}, {"bytes", c.bytes}});
+    }
+    j["device_bytes_in_use"] = s.device_bytes_in_use;
+    j["summary"] = s.ToString();
+    // Replace, not throw, on invalid UTF-8 in a message (a path, say).
+    return zinf::capi::ReturnString(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), out_json);
+  });
+}
+
+ZINF_API int zinf_engine_read_state(zinf_engine* engine, int unit, zinf_state_kind kind, float* host_dst,
+                                    size_t num_elems) {
+  return Guard(__func__, [&]() -> Status {
+    ZINF_RETURN_IF_ERROR(NotNull(engine, "engine"));
+    ZINF_RETURN_IF_ERROR(NotNull(host_dst, "host_dst"));
+    ZINF_RETURN_IF_ERROR(zinf::capi::CheckUnitIndex(engine, unit));
+    if (kind < ZINF_STATE_MASTER || kind > ZINF_STATE_COMPUTE_PARAMS) {
+      return zinf::InvalidArgument("kind " + std::to_string(static_cast<int>(kind)) + " is not a zinf_state_kind");
+    }
+    ZINF_ASSIGN_OR_RETURN(zinf::UnitPointers g, engine->engine->GradBuffers(unit));
+    if (static_cast<int64_t>(num_elems) != g.num_elems) {
+      return zinf::InvalidArgument("num_elems is " + std::to_string(num_elems) + "; unit " + std::to_string(unit) +
+                                   " has " + std::to_string(g.num_elems) + " elements");
+    }
+    return engine->engine->ReadState(unit, static_cast<zinf::StateKind>(kind), host_dst);
+  });
+}
+
+// ---- Streams ----------------------------------------------------------------
+
+ZINF_API int zinf_stream_create(zinf_engine* engine, zinf_stream** out) {
+  return Guard(__func__, [&]() -> Status {
+    ZINF_RETURN_IF_ERROR(NotNull(engine, "engine"));
+    ZINF_RETURN_IF_ERROR(NotNull(out, "out"));
+    ZINF_ASSIGN_OR_RETURN(auto stream, engine->device->CreateStream());
+    *out = new zinf_stream{engine->device, std::move(stream)};
+    return Status::Ok();
+  });
+}
+
+ZINF_API void zinf_stream_destroy(zinf_stream* stream) {
+  GuardVoid([&] {
+    if (!stream) return;
+    (void)stream->stream->Synchronize();
+    delete stream;
+  });
+}
+
+ZINF_API int zinf_stream_synchronize(zinf_stream* stream) {
+  return Guard(__func__, [&]() -> Status {
+    ZINF_RETURN_IF_ERROR(NotNull(stream, "stream"));
+    return stream->stream->Synchronize();
+  });
+}
+
+ZINF_API int zinf_stream_enqueue_host(zinf_stream* stream, zinf_host_fn fn, void* user_data) {
+  return Guard(__func__, [&]() -> Status {
+    ZINF_RETURN_IF_ERROR(NotNull(stream, "stream"));
+    ZINF_RETURN_IF_ERROR(NotNull(reinterpret_cast<const void*>(fn), "fn"));
+    return stream->stream->Enqueue([fn, user_data](const zinf::StreamContext&) -> Status {
+      int rc;
+      try {
+        rc = fn(user_data);
+      } catch (...) {  // a C++ caller's function threw: it must not unwind into the stream's thread
+        return zinf::Internal("host function threw an exception");
+      }
+      if (rc == 0) return Status::Ok();
+      const auto code = (rc > 0 && rc <= ZINF_ERR_INTERNAL) ? static_cast<zinf::StatusCode>(rc)
+                                                            : zinf::StatusCode::kInternal;
+      return Status(code, "host function returned " + std::to_string(rc));
+    });
+  });
+}
+
+ZINF_API int zinf_stream_copy(zinf_stream* stream, void* dst, const void* src, uint64_t bytes, zinf_copy_kind kind) {
+  return Guard(__func__, [&]() -> Status {
+    ZINF_RETURN_IF_ERROR(NotNull(stream, "stream"));
+    if (bytes > 0) {
+      ZINF_RETURN_IF_ERROR(NotNull(dst, "dst"));
+      ZINF_RETURN_IF_ERROR(NotNull(src, "src"));
+    }
+    zinf::Device& d = *stream->device;
+    switch (kind) {
+      case ZINF_COPY_HOST_TO_DEVICE: return d.CopyToDevice(dst, src, bytes, *stream->stream);
+      case ZINF_COPY_DEVICE_TO_HOST: return d.CopyToHost(dst, src, bytes, *stream->stream);
+      case ZINF_COPY_DEVICE_TO_DEVICE: return d.CopyOnDevice(dst, src, bytes, *stream->stream);
+    }
+    return zinf::InvalidArgument("kind " + std::to_string(static_cast<int>(kind)) + " is not a zinf_copy_kind");
+  });
+}
+
+ZINF_API void* zinf_stream_native_handle(const zinf_stream* stream) {
+  return stream ? stream->stream->native_handle() : nullptr;
+}
+
+}  // extern "C"
