@@ -57,7 +57,14 @@ struct Unit {
   std::vector<int64_t> tensor_offsets;  // elements from the unit's start
   UnitPartition part;
   // Device buffers.
-  void* params = nullptr;
+  void* params = nullptr;        // the whole compute copy (stages 0-2, stage-3 persistent units)
+  bool partitioned = false;      // stage 3: only this rank's shard lives here, gathered on Fetch
+  void* shard_params = nullptr;  // stage 3: the shard (shard_elems)
+  void* gathered = nullptr;      // stage 3: the gathered unit between Fetch and Release
+  std::unique_ptr<Event> gathered_ready;
+  // Stage 3: the tensor pointers of each address a gathered copy has had, so
+  // the span a Fetch returned stays valid (tasks may read it later).
+  std::map<void*, std::vector<void*>> gathered_ptrs;
   float* grads = nullptr;
   float* accum = nullptr;
   float* master = nullptr;
@@ -118,11 +125,12 @@ class EngineImpl final : public Engine {
   }
 
   void FreeUnit(Unit& u) {
-    for (void* p : {u.params, static_cast<void*>(u.grads), static_cast<void*>(u.accum), static_cast<void*>(u.master),
+    for (void* p : {u.params, u.shard_params, u.gathered, static_cast<void*>(u.grads), static_cast<void*>(u.accum),
+                    static_cast<void*>(u.master),
                     static_cast<void*>(u.exp_avg), static_cast<void*>(u.exp_avg_sq)}) {
       if (p) (void)device_.Free(p, *stream_);
     }
-    u.params = nullptr;
+    u.params = u.shard_params = u.gathered = nullptr;
     u.grads = u.accum = u.master = u.exp_avg = u.exp_avg_sq = nullptr;
     for (PinnedBuffer* b : {&u.h_master, &u.h_exp_avg, &u.h_exp_avg_sq, &u.h_accum}) b->Release();
   }
@@ -180,7 +188,13 @@ class EngineImpl final : public Engine {
     return stage_ == 0 ? u.part.num_elems : u.part.valid_in_shard(rank_);
   }
   // The accumulated gradient of the owned range.
-  float* owned_accum(const Unit& u) const { return stage_ == 2 ? u.accum : u.accum + owned_begin(u); }
+  float* owned_accum(const Unit& u) const { return stage_ >= 2 ? u.accum : u.accum + owned_begin(u); }
+  // Where the owned range of the compute copy lives on the device.
+  char* param_home(const Unit& u) const {
+    return u.partitioned ? static_cast<char*>(u.shard_params)
+                         : static_cast<char*>(u.params) + owned_begin(u) * DTypeSizeBytes(compute_dtype_);
+  }
+  Status Gather(Unit& u);
 
   Status CheckUnit(int unit, const char* what) const {
     if (unit < 0 || unit >= num_units()) {
@@ -318,7 +332,13 @@ Result<int> EngineImpl::AddUnit(const std::string& name, const std::vector<Param
   const uint64_t P = u.part.padded_elems;
   const std::string what = "unit '" + name + "'";
   const int64_t owned = owned_elems(u);
-  ZINF_ASSIGN_OR_RETURN(u.params, Alloc(P * DTypeSizeBytes(compute_dtype_), what + " parameters"));
+  u.partitioned = stage_ == 3 && total > config_.zero.stage3_param_persistence_threshold;
+  if (u.partitioned) {
+    ZINF_ASSIGN_OR_RETURN(u.shard_params, Alloc(u.part.shard_elems * DTypeSizeBytes(compute_dtype_),
+                                                what + " parameter shard"));
+  } else {
+    ZINF_ASSIGN_OR_RETURN(u.params, Alloc(P * DTypeSizeBytes(compute_dtype_), what + " parameters"));
+  }
   ZINF_ASSIGN_OR_RETURN(void* g, Alloc(P * 4, what + " gradients"));
   u.grads = static_cast<float*>(g);
   if (nvme_) {
@@ -329,7 +349,7 @@ Result<int> EngineImpl::AddUnit(const std::string& name, const std::vector<Param
     ZINF_ASSIGN_OR_RETURN(u.h_exp_avg_sq, Pinned(owned * 4, what + " Adam v"));
     ZINF_ASSIGN_OR_RETURN(u.h_accum, Pinned(owned * 4, what + " gradient accumulator"));
   } else {
-    ZINF_ASSIGN_OR_RETURN(void* a, Alloc((stage_ == 2 ? u.part.shard_elems : P) * 4, what + " gradient accumulator"));
+    ZINF_ASSIGN_OR_RETURN(void* a, Alloc((stage_ >= 2 ? u.part.shard_elems : P) * 4, what + " gradient accumulator"));
     u.accum = static_cast<float*>(a);
     ZINF_ASSIGN_OR_RETURN(void* m0, Alloc(owned * 4, what + " fp32 master"));
     ZINF_ASSIGN_OR_RETURN(void* m1, Alloc(owned * 4, what + " Adam m"));
@@ -338,7 +358,7 @@ Result<int> EngineImpl::AddUnit(const std::string& name, const std::vector<Param
     u.exp_avg = static_cast<float*>(m1);
     u.exp_avg_sq = static_cast<float*>(m2);
   }
-  for (auto* e : {&u.params_ready, &u.grads_free, &u.grads_ready, &u.released}) {
+  for (auto* e : {&u.params_ready, &u.grads_free, &u.grads_ready, &u.released, &u.gathered_ready}) {
     ZINF_ASSIGN_OR_RETURN(*e, device_.CreateEvent());
   }
   const size_t esize = DTypeSizeBytes(compute_dtype_);
@@ -357,7 +377,15 @@ Result<int> EngineImpl::AddUnit(const std::string& name, const std::vector<Param
   }
   std::vector<uint8_t> compute(total * esize);
   ZINF_RETURN_IF_ERROR(Cast(arena_, master.data(), DType::kFloat32, compute.data(), compute_dtype_, total));
-  ZINF_RETURN_IF_ERROR(device_.CopyToDevice(u.params, compute.data(), compute.size(), *stream_));
+  if (u.partitioned) {
+    const int64_t shard_valid = u.part.valid_in_shard(rank_);
+    if (shard_valid > 0) {
+      ZINF_RETURN_IF_ERROR(device_.CopyToDevice(u.shard_params, compute.data() + u.part.shard_begin(rank_) * esize,
+                                                shard_valid * esize, *stream_));
+    }
+  } else {
+    ZINF_RETURN_IF_ERROR(device_.CopyToDevice(u.params, compute.data(), compute.size(), *stream_));
+  }
   const int64_t begin = owned_begin(u), valid = owned_valid(u);
   if (nvme_) {
     init_master_.emplace_back(master.begin() + std::min(begin, total), master.begin() + std::min(begin + valid, total));
@@ -530,6 +558,11 @@ Result<UnitPointers> EngineImpl::Fetch(int unit, Stream& stream) {
   Unit& u = units_[unit];
   ZINF_RETURN_IF_ERROR(WaitTimed(stream, *u.params_ready, "update of unit '" + u.name + "'"));
   ZINF_RETURN_IF_ERROR(WaitTimed(stream, *u.grads_free, "gradient reduction of unit '" + u.name + "'"));
+  if (u.partitioned) {
+    ZINF_RETURN_IF_ERROR(Gather(u));
+    ZINF_RETURN_IF_ERROR(WaitTimed(stream, *u.gathered_ready, "all-gather of unit '" + u.name + "'"));
+    return UnitPointers{u.gathered, compute_dtype_, u.part.num_elems, u.gathered_ptrs.at(u.gathered)};
+  }
   return UnitPointers{u.params, compute_dtype_, u.part.num_elems, u.param_ptrs};
 }
 
@@ -541,7 +574,36 @@ Result<UnitPointers> EngineImpl::GradBuffers(int unit) {
 
 Status EngineImpl::Release(int unit, Stream& stream) {
   ZINF_RETURN_IF_ERROR(CheckUnit(unit, "Release"));
-  return units_[unit].released->Record(stream);
+  Unit& u = units_[unit];
+  if (u.gathered) {  // stage 3: the gathered copy goes once `stream` is done with it
+    ZINF_RETURN_IF_ERROR(device_.Free(u.gathered, stream));
+    u.gathered = nullptr;
+  }
+  return u.released->Record(stream);
+}
+
+// Stage 3: the whole unit from every rank's shard, into device memory from
+// the budget, on the engine stream after the shard's last update.
+Status EngineImpl::Gather(Unit& u) {
+  if (u.gathered) return Status::Ok();  // still held since the last Fetch
+  const size_t esize = DTypeSizeBytes(compute_dtype_);
+  auto full = device_.Allocate(u.part.padded_elems * esize, *stream_);
+  if (!full.ok()) return full.status().WithContext("gathering unit '" + u.name + "'");
+  u.gathered = *full;
+  ZINF_RETURN_IF_ERROR(stream_->Wait(*u.params_ready));
+  if (distributed()) {
+    ZINF_RETURN_IF_ERROR(Collective("all_gather", u.part.padded_elems * esize, [&] {
+      return comm_->AllGather(u.shard_params, u.gathered, u.part.shard_elems, compute_dtype_, *stream_);
+    }));
+  } else {
+    ZINF_RETURN_IF_ERROR(device_.CopyOnDevice(u.gathered, u.shard_params, u.part.shard_elems * esize, *stream_));
+  }
+  ZINF_RETURN_IF_ERROR(u.gathered_ready->Record(*stream_));
+  std::vector<void*>& ptrs = u.gathered_ptrs[u.gathered];
+  if (ptrs.empty()) {
+    for (int64_t off : u.tensor_offsets) ptrs.push_back(static_cast<char*>(u.gathered) + off * esize);
+  }
+  return Status::Ok();
 }
 
 Result<PinnedBuffer> EngineImpl::Pinned(uint64_t bytes, const std::string& what) {
@@ -870,7 +932,6 @@ Status EngineImpl::EnqueueBoundary() {
       }
       const int64_t valid = owned_valid(u);
       if (valid == 0) return Status::Ok();
-      const int64_t begin = owned_begin(u);
       AdamBuffers b;
       if (swap) {
         const int64_t owned = owned_elems(u);
@@ -885,7 +946,7 @@ Status EngineImpl::EnqueueBoundary() {
       b.grads = offload_ ? u.h_accum.data() : ctx.Host(owned_accum(u));
       b.grad_dtype = DType::kFloat32;
       b.num_elems = static_cast<size_t>(valid);
-      void* param_dst = offload_ ? staging : static_cast<char*>(ctx.Host(u.params)) + begin * esize;
+      void* param_dst = offload_ ? staging : ctx.Host(param_home(u));
       if (d.skip) {
         // The staging slot goes to the device regardless: refill it with the
         // unchanged compute copy (always the rounding of the master).
@@ -915,13 +976,13 @@ Status EngineImpl::EnqueueBoundary() {
       ZINF_RETURN_IF_ERROR(copy_stream_->Wait(*slot_filled_[slot]));
       const int64_t valid = owned_valid(u);
       if (valid > 0) {
-        void* dst = static_cast<char*>(u.params) + owned_begin(u) * esize;
+        void* dst = param_home(u);
         ZINF_RETURN_IF_ERROR(TimedCopies(*copy_stream_, [&] {
           return device_.CopyToDevice(dst, staging, valid * esize, *copy_stream_);
         }));
       }
     }
-    if (sharded()) {
+    if (sharded() && !u.partitioned) {
       void* mine = static_cast<char*>(u.params) + u.part.shard_begin(rank_) * esize;
       ZINF_RETURN_IF_ERROR(Collective(gather_stream, "all_gather", u.part.padded_elems * esize, [&] {
         return comm_->AllGather(mine, u.params, u.part.shard_elems, compute_dtype_, gather_stream);
@@ -1011,7 +1072,13 @@ Status EngineImpl::ReadState(int unit, StateKind kind, float* host_dst) {
   const int64_t n = u.part.num_elems;
   if (kind == StateKind::kComputeParams) {
     std::vector<uint8_t> raw(n * DTypeSizeBytes(compute_dtype_));
-    ZINF_RETURN_IF_ERROR(device_.CopyToHost(raw.data(), u.params, raw.size(), *stream_));
+    const bool gather = u.partitioned && !u.gathered;
+    if (gather) ZINF_RETURN_IF_ERROR(Gather(u));
+    ZINF_RETURN_IF_ERROR(device_.CopyToHost(raw.data(), u.partitioned ? u.gathered : u.params, raw.size(), *stream_));
+    if (gather) {
+      ZINF_RETURN_IF_ERROR(device_.Free(u.gathered, *stream_));
+      u.gathered = nullptr;
+    }
     ZINF_RETURN_IF_ERROR(stream_->Synchronize());
     return Cast(arena_, raw.data(), compute_dtype_, host_dst, DType::kFloat32, n);
   }
@@ -1087,11 +1154,6 @@ std::string StepStats::ToString() const {
 
 Result<std::unique_ptr<Engine>> Engine::Create(const Config& config, Device& device, Communicator* comm) {
   const ZeroConfig& z = config.zero;
-  if (z.stage == 3) {
-    return Unimplemented(
-        "zero_optimization.stage = 3 (parameter partitioning) is not supported by this engine yet: set stage 0, 1 or "
-        "2");
-  }
   if (z.stage < 0 || z.stage > 3) {
     return InvalidArgument("zero_optimization.stage = " + std::to_string(z.stage) + ": expected 0, 1, 2 or 3");
   }
@@ -1103,14 +1165,15 @@ Result<std::unique_ptr<Engine>> Engine::Create(const Config& config, Device& dev
   if (z.offload_param.device != OffloadDevice::kNone) {
     return Unimplemented("zero_optimization.offload_param.device = \"" +
                          std::string(OffloadDeviceName(z.offload_param.device)) +
-                         "\" needs stage 3, which this engine does not support yet: set it to \"none\"");
+                         "\" is not supported by this engine yet (stage 3 keeps each rank's parameter shard on the "
+                         "device): set it to \"none\"");
   }
   if (device.kind() != DeviceKind::kHost) {
     return Unimplemented("device " + device.name() +
                          ": the engine's gradient accumulation and norm run as host tasks on device memory, which only "
                          "the host device supports until the CUDA kernels land; set \"zinf\": {\"device\": \"cpu\"}");
   }
-  if (z.stage == 2 && z.reduce_bucket_size < kNormBlock) {
+  if (z.stage >= 2 && z.reduce_bucket_size < kNormBlock) {
     return InvalidArgument("zero_optimization.reduce_bucket_size = " + std::to_string(z.reduce_bucket_size) +
                            " elements is smaller than one norm block (65536 elements): raise it to at least 65536");
   }
