@@ -1,0 +1,110 @@
+// Tokenizers: text bytes <-> int32 token ids. Two kinds:
+//  - ByteTokenizer: one token per byte, vocabulary 256 (the default).
+//  - Gpt2BpeTokenizer: GPT-2's byte-level BPE (Radford et al. 2019; the
+//    encoder.py of openai/gpt-2), loaded from the two files GPT-2 ships:
+//    encoder.json (token string -> id) and vocab.bpe (the merges, in rank
+//    order, after a "#version" line).
+// Both work on bytes, not code points: Decode(Encode(s)) == s for every byte
+// string, valid UTF-8 or not. Encode never emits special tokens such as
+// <|endoftext|>; their text is encoded like any other text.
+//
+// GPT-2 pre-tokenization. Text is first split by GPT-2's pattern
+//   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
+// and BPE runs inside each piece. The split here is a hand-written scanner
+// equivalent to that pattern; \s is Unicode White_Space; \p{L} and \p{N} come
+// from a compact table of code-point ranges (unicode_classes.cc) that covers
+// ASCII, Latin, Greek, Cyrillic, Armenian, Hebrew, Arabic, Devanagari, Thai,
+// Georgian, Hangul, kana, CJK ideographs and the common number forms;
+// code points outside it count as neither letters nor numbers. For text in
+// those scripts the ids equal GPT-2's; elsewhere a piece may split
+// differently, which changes ids but never the round trip. A byte that is not
+// part of valid UTF-8 is a one-byte character of the "neither" class.
+//
+// Thread-safety: Encode and Decode are const and may run concurrently (the
+// BPE's piece cache is guarded by a mutex).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "zinf/status.h"
+
+namespace zinf::data {
+
+class Tokenizer {
+ public:
+  virtual ~Tokenizer() = default;
+
+  // "byte" or "gpt2-bpe".
+  virtual std::string Name() const = 0;
+  // Ids are in [0, VocabSize()).
+  virtual int64_t VocabSize() const = 0;
+  // Identifies the vocabulary (a hash of everything that decides the ids):
+  // token caches made with another fingerprint are not reused.
+  virtual uint64_t Fingerprint() const = 0;
+
+  // Encodes `text` as one text, handing the ids to `sink` in order, in pieces
+  // of at most about `chunk_tokens` (so a file of any size needs no token
+  // vector of its size).
+  virtual void EncodeStream(std::string_view text, size_t chunk_tokens,
+                            const std::function<void(std::span<const int32_t>)>& sink) const = 0;
+  // kOutOfRange naming the first id that is not in the vocabulary.
+  virtual Result<std::string> Decode(std::span<const int32_t> tokens) const = 0;
+
+  std::vector<int32_t> Encode(std::string_view text) const;
+};
+
+class ByteTokenizer final : public Tokenizer {
+ public:
+  std::string Name() const override { return "byte"; }
+  int64_t VocabSize() const override { return 256; }
+  uint64_t Fingerprint() const override { return 0x62797465'00000100ull; }  // "byte", 256
+  void EncodeStream(std::string_view text, size_t chunk_tokens,
+                    const std::function<void(std::span<const int32_t>)>& sink) const override;
+  Result<std::string> Decode(std::span<const int32_t> tokens) const override;
+};
+
+class Gpt2BpeTokenizer final : public Tokenizer {
+ public:
+  // Reads dir/encoder.json and dir/vocab.bpe. Errors name the file and, for
+  // vocab.bpe, the line: unreadable files, malformed JSON, an id that is
+  // negative or repeated, a byte of GPT-2's byte alphabet without a token
+  // (the round trip needs all 256), a merge whose parts or result are not in
+  // encoder.json, a repeated merge.
+  static Result<std::unique_ptr<Gpt2BpeTokenizer>> Load(const std::string& dir);
+  // The same from the two files' contents (tests, embedded vocabularies).
+  static Result<std::unique_ptr<Gpt2BpeTokenizer>> FromStrings(std::string_view encoder_json,
+                                                               std::string_view vocab_bpe,
+                                                               const std::string& origin = "<memory>");
+  ~Gpt2BpeTokenizer() override;
+
+  std::string Name() const override { return "gpt2-bpe"; }
+  int64_t VocabSize() const override;
+  uint64_t Fingerprint() const override;
+  void EncodeStream(std::string_view text, size_t chunk_tokens,
+                    const std::function<void(std::span<const int32_t>)>& sink) const override;
+  Result<std::string> Decode(std::span<const int32_t> tokens) const override;
+
+  // GPT-2's byte <-> character map (bytes_to_unicode in encoder.py): the
+  // printable bytes map to themselves, the other 68 to U+0100 onwards.
+  // Returned as UTF-8.
+  static std::string ByteToUnicode(uint8_t byte);
+  // The pre-tokenization pieces of `text` (see the file comment).
+  static std::vector<std::string_view> PreTokenize(std::string_view text);
+
+ private:
+  struct Impl;
+  explicit Gpt2BpeTokenizer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// The --tokenizer flag: "" or "byte" gives ByteTokenizer; anything else is a
+// directory holding encoder.json and vocab.bpe.
+Result<std::unique_ptr<Tokenizer>> MakeTokenizer(const std::string& spec);
+
+}  // namespace zinf::data
