@@ -12,6 +12,7 @@
 
 #include "bench/aio.h"
 #include "bench/bench.h"
+#include "tools/train.h"
 #include "common/logging.h"
 #include "common/runtime_info.h"
 #include "common/units.h"
@@ -112,6 +113,7 @@ int main(int argc, char** argv) {
   config_check->add_flag("--print", check.print, "Print the effective config as JSON (all defaults filled in)");
   config_check->callback([&] { exit_code = RunConfigCheck(check); });
 
+  zinf::tools::RegisterTrain(app, &exit_code);
   zinf::bench::RegisterAio(app, &exit_code);
 
   CLI::App* bench = app.add_subcommand("bench", "Benchmarks; each measures its own reference and prints the ratio");

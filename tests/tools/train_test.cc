@@ -1,0 +1,111 @@
+// `zinf train` run as a user would: a short run on the embedded corpus learns
+// and writes its metrics, plot and export; bad input is one line and exit
+// code 2 with nothing written.
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "test_util.h"
+
+namespace {
+
+struct RunResult {
+  int exit_code;
+  std::string output;  // stdout and stderr together
+};
+
+RunResult RunZinf(const std::string& args) {
+  std::string cmd = "cd " + zinf::test::TestDir() + " && ZINF_LOG_LEVEL=warn " + zinf::test::BinaryDir() + "/zinf " +
+                    args + " 2>&1";
+  FILE* pipe = popen(cmd.c_str(), "r");
+  EXPECT_NE(pipe, nullptr);
+  std::string out;
+  std::array<char, 4096> buf;
+  while (size_t n = fread(buf.data(), 1, buf.size(), pipe)) out.append(buf.data(), n);
+  int status = pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+std::string Scratch(const std::string& name) { return zinf::test::TestDir() + "/" + name; }
+
+TEST(TrainTest, ShortEmbeddedRunLearnsAndWritesItsFiles) {
+  const std::string metrics = Scratch("train_metrics.jsonl"), plot = Scratch("train_plot.svg"),
+                    weights = Scratch("train_export.safetensors");
+  for (const auto& f : {metrics, plot, weights}) std::filesystem::remove(f);
+  auto r = RunZinf("train --steps 40 --layers 1 --d-model 32 --seq-len 32 --micro-batch 4 --metrics-json " + metrics +
+                   " --plot " + plot + " --export " + weights + " --export-names hf");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("config: ZeRO stage 3"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("plan per rank"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("summary: validation loss"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("sample: "), std::string::npos) << r.output;
+  // The optimizer state went to a directory under the working directory, removed afterwards.
+  for (const auto& e : std::filesystem::directory_iterator(zinf::test::TestDir())) {
+    EXPECT_EQ(e.path().filename().string().rfind("zinf-train-", 0), std::string::npos) << e.path();
+  }
+  std::ifstream in(metrics);
+  std::string line;
+  std::vector<double> loss;
+  while (std::getline(in, line)) loss.push_back(nlohmann::json::parse(line).at("loss").get<double>());
+  ASSERT_EQ(loss.size(), 40u);
+  double first = 0, last = 0;
+  for (int i = 0; i < 5; ++i) first += loss[i], last += loss[loss.size() - 1 - i];
+  EXPECT_LT(last, 0.8 * first) << "the loss did not fall";
+  std::ifstream svg(plot);
+  std::stringstream svg_text;
+  svg_text << svg.rdbuf();
+  EXPECT_NE(svg_text.str().find("<polyline"), std::string::npos);
+  EXPECT_GT(std::filesystem::file_size(weights), 1000u);
+
+  // The export loads back (Hugging Face names) as the initial weights.
+  r = RunZinf("train --steps 1 --layers 1 --d-model 32 --seq-len 32 --micro-batch 4 --init " + weights);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+}
+
+// The embedded default (no arguments) reaches the corpus's entropy rate +
+// 0.3 nats on validation, with stage 3 and the optimizer state on NVMe.
+TEST(TrainTest, EmbeddedDefaultReachesTheEntropyBound) {
+  auto r = RunZinf("train");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("optimizer Adam"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("on nvme"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(": met)"), std::string::npos) << r.output;
+}
+
+TEST(TrainTest, BadInputIsOneLineAndExitCodeTwo) {
+  struct Case {
+    std::string args, expect;
+  };
+  const std::string empty = Scratch("train_empty.txt");
+  std::ofstream(empty).close();
+  const std::string tiny = Scratch("train_tiny.txt");
+  std::ofstream(tiny) << "just a few words of text";
+  const std::string config = Scratch("train_config.json");
+  std::ofstream(config) << R"({"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 1}})";
+  const Case cases[] = {
+      {"train --data /nonexistent/corpus.txt", "/nonexistent/corpus.txt"},
+      {"train --data " + empty, "too few"},
+      {"train --data " + tiny + " --seq-len 64", "too few for a context of 64"},
+      {"train --steps many", "--steps"},
+      {"train --config " + config + " --micro-batch 8", "contradicts train_micro_batch_size_per_gpu = 4"},
+      {"train --vocab 100", "smaller than the tokenizer's"},
+      {"train --model gpt-99b", "gpt-99b"},
+  };
+  for (const Case& c : cases) {
+    auto r = RunZinf(c.args);
+    EXPECT_EQ(r.exit_code, 2) << c.args << "\n" << r.output;
+    EXPECT_NE(r.output.find(c.expect), std::string::npos) << c.args << "\n" << r.output;
+    EXPECT_LE(std::count(r.output.begin(), r.output.end(), '\n'), 3) << c.args << "\n" << r.output;
+  }
+}
+
+}  // namespace

@@ -1,0 +1,523 @@
+// `zinf train`: fine-tune the GPT reference model through the engine.
+//
+// With no arguments it runs the embedded default: a small model on the
+// embedded corpus (whose entropy rate is known exactly, so the result can be
+// judged), ZeRO stage 3 with the optimizer state on NVMe in $ZINF_TMPDIR (else
+// a directory under the working directory, removed afterwards). Flags override
+// the config file; the resolved configuration and the plan are printed first,
+// then one live progress line, then a summary with the validation loss and a
+// generated sample. Under mpirun every rank trains on its own windows of the
+// data; rank 0 prints.
+#include "tools/train.h"
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/communicator.h"
+#include "common/logging.h"
+#include "common/units.h"
+#include "cpu/mpi_comm.h"
+#include "data/embedded_corpus.h"
+#include "data/gpt_weights.h"
+#include "data/safetensors.h"
+#include "data/token_dataset.h"
+#include "data/tokenizer.h"
+#include "model/gpt.h"
+#include "model/gpt_config.h"
+#include "model/gpt_device.h"
+#include "sched/state_bytes.h"
+#include "zinf/config.h"
+#include "zinf/device.h"
+#include "zinf/engine.h"
+
+namespace zinf::tools {
+namespace {
+
+struct TrainOptions {
+  std::string config;
+  std::string model;  // a preset; empty: the flags below (or the default's shape)
+  int64_t layers = 0, d_model = 0, heads = 0, seq_len = 0, vocab = 0;
+  std::string data, tokenizer, init, export_path, export_names = "zinf", export_dtype = "bf16";
+  int64_t steps = 0, micro_batch = 0, grad_accum = 0;
+  double lr = 0;
+  std::string device = "cpu";
+  std::string device_memory;
+  uint64_t seed = 1;
+  int threads = 0;
+  std::string metrics_json, plot;
+};
+
+// A bad input: one line, exit code 2.
+struct Usage {
+  std::string message;
+};
+// A failure while running: exit code 1.
+struct Failure {
+  std::string message;
+};
+
+template <class T>
+T Must(Result<T> r, const std::string& what) {
+  if (!r.ok()) throw Failure{what + ": " + r.status().ToString()};
+  return std::move(*r);
+}
+void Must(const Status& s, const std::string& what) {
+  if (!s.ok()) throw Failure{what + ": " + s.ToString()};
+}
+
+// The embedded default's shape and schedule: small enough to finish in well
+// under 90 s on two cores, large enough to learn the corpus's structure.
+constexpr int64_t kDefaultLayers = 2, kDefaultDModel = 64, kDefaultHeads = 4, kDefaultSeqLen = 64;
+constexpr int64_t kDefaultSteps = 300, kDefaultMicroBatch = 8;
+constexpr double kDefaultLr = 3e-3;
+constexpr uint64_t kDefaultCorpusBytes = 2'000'000;
+
+std::string Svg(const std::vector<double>& loss, const std::vector<double>& tps) {
+  const double W = 720, H = 360, pad = 50;
+  auto line = [&](const std::vector<double>& v, const char* color) {
+    if (v.empty()) return std::string();
+    const auto [mn, mx] = std::minmax_element(v.begin(), v.end());
+    const double lo = *mn, hi = *mx > *mn ? *mx : *mn + 1;
+    std::string pts;
+    for (size_t i = 0; i < v.size(); ++i) {
+      const double x = pad + (W - 2 * pad) * (v.size() > 1 ? double(i) / (v.size() - 1) : 0);
+      const double y = H - pad - (H - 2 * pad) * (v[i] - lo) / (hi - lo);
+      pts += std::to_string(x) + "," + std::to_string(y) + " ";
+    }
+    char label[160];
+    std::snprintf(label, sizeof label, "%.3g .. %.3g", lo, hi);
+    return "<polyline fill='none' stroke='" + std::string(color) + "' stroke-width='1.5' points='" + pts + "'/>" +
+           "<text x='" + std::to_string(W - pad) + "' y='" + (color[0] == 'b' ? "20" : "38") +
+           "' text-anchor='end' font-size='12' fill='" + color + "'>" + label + "</text>";
+  };
+  return "<svg xmlns='http://www.w3.org/2000/svg' width='720' height='360' font-family='sans-serif'>"
+         "<rect width='720' height='360' fill='white'/>"
+         "<text x='50' y='20' font-size='13'>zinf train: loss (blue) and tokens/s (orange) per step</text>"
+         "<line x1='50' y1='310' x2='670' y2='310' stroke='#888'/><line x1='50' y1='50' x2='50' y2='310' stroke='#888'/>" +
+         line(loss, "blue") + line(tps, "orange") + "</svg>\n";
+}
+
+int Run(const TrainOptions& opt) {
+  // The progress line is the display; the engine's per-step info lines go to
+  // --metrics-json. ZINF_LOG_LEVEL (or --log-level debug) brings them back.
+  if (!std::getenv("ZINF_LOG_LEVEL") && Log().level() == spdlog::level::info) SetLogLevel("warn");
+  auto comm = Must(CreateMpiCommunicator(CommOptions{}), "ranks");
+  const int rank = comm->rank(), world = comm->size();
+  const bool talk = rank == 0;
+  const bool embedded = opt.data.empty();
+  const bool defaults = opt.config.empty();
+
+  // ---- Configuration: the file (or the embedded default's), then flags.
+  Config config;
+  std::string tmp_dir;
+  bool remove_tmp = false;
+  if (!defaults) {
+    auto c = LoadConfigFile(opt.config);
+    if (!c.ok()) throw Usage{c.status().message()};
+    config = std::move(*c);
+  } else {
+    config.zero.stage = 3;
+    config.zero.stage3_param_persistence_threshold = 0;  // every unit partitioned, gathered around its use
+    config.bf16.enabled = true;
+    config.gradient_clipping = 1.0;
+    config.optimizer.lr = kDefaultLr;
+    config.optimizer.weight_decay = 0.01;
+    config.scheduler.type = SchedulerType::kWarmupDecayLR;
+    config.scheduler.warmup_min_lr = 0;
+    config.scheduler.warmup_max_lr = kDefaultLr;
+    config.scheduler.warmup_num_steps = 20;
+    config.scheduler.warmup_type = WarmupType::kLinear;
+    config.zero.offload_optimizer.device = OffloadDevice::kNvme;
+    const char* env = std::getenv("ZINF_TMPDIR");
+    tmp_dir = env && *env ? std::string(env) : (std::filesystem::current_path() / ("zinf-train-" + std::to_string(getpid()))).string();
+    remove_tmp = !(env && *env);
+    std::filesystem::create_directories(tmp_dir);
+    config.zero.offload_optimizer.nvme_path = {tmp_dir};
+  }
+  struct RemoveTmp {
+    std::string dir;
+    bool on;
+    ~RemoveTmp() {
+      std::error_code ec;
+      if (on) std::filesystem::remove_all(dir, ec);
+    }
+  } remove_guard{tmp_dir, remove_tmp};
+  const int64_t steps = opt.steps > 0 ? opt.steps : kDefaultSteps;
+  if (opt.lr > 0) {
+    config.optimizer.lr = opt.lr;
+    if (config.scheduler.type != SchedulerType::kNone) config.scheduler.warmup_max_lr = opt.lr;
+  }
+  if (config.scheduler.type == SchedulerType::kWarmupDecayLR || config.scheduler.type == SchedulerType::kWarmupCosineLR) {
+    if (config.scheduler.total_num_steps <= 0 || defaults) config.scheduler.total_num_steps = std::max<int64_t>(steps, config.scheduler.warmup_num_steps + 2);
+  }
+  if (opt.micro_batch > 0) {
+    if (config.train_micro_batch_size_per_gpu && *config.train_micro_batch_size_per_gpu != opt.micro_batch && !defaults) {
+      throw Usage{"--micro-batch " + std::to_string(opt.micro_batch) + " contradicts train_micro_batch_size_per_gpu = " +
+                  std::to_string(*config.train_micro_batch_size_per_gpu) + " in " + opt.config +
+                  ": drop one of them"};
+    }
+    config.train_micro_batch_size_per_gpu = opt.micro_batch;
+  }
+  if (opt.grad_accum > 0) config.gradient_accumulation_steps = opt.grad_accum;
+  if (!config.train_micro_batch_size_per_gpu && !config.train_batch_size) config.train_micro_batch_size_per_gpu = kDefaultMicroBatch;
+  if (!config.gradient_accumulation_steps && !(config.train_batch_size && config.train_micro_batch_size_per_gpu)) config.gradient_accumulation_steps = 1;
+  const BatchSizes batch = [&] {
+    auto b = ResolveBatchSizes(config, world);
+    if (!b.ok()) throw Usage{b.status().message()};
+    return *b;
+  }();
+  config.train_micro_batch_size_per_gpu = batch.micro_batch_size;
+  config.gradient_accumulation_steps = batch.gradient_accumulation_steps;
+  config.train_batch_size = batch.train_batch_size;
+
+  // ---- Tokenizer and data.
+  auto tokenizer = [&] {
+    auto t = data::MakeTokenizer(opt.tokenizer);
+    if (!t.ok()) throw Usage{t.status().message()};
+    return std::move(*t);
+  }();
+  std::unique_ptr<data::TokenDataset> dataset;
+  if (embedded) {
+    dataset = data::TokenDataset::FromText(data::EmbeddedCorpus::Generate(kDefaultCorpusBytes, 7), *tokenizer);
+  } else {
+    auto d = data::TokenDataset::Open(opt.data, *tokenizer);
+    if (!d.ok()) throw Usage{d.status().message()};
+    dataset = std::move(*d);
+  }
+  const data::DataSplit split = [&] {
+    auto s = dataset->Split(0.05);
+    if (!s.ok()) throw Usage{s.status().message()};
+    return *s;
+  }();
+
+  // ---- Model.
+  model::GptConfig mc;
+  if (!opt.model.empty()) {
+    auto p = model::GptPreset(opt.model);
+    if (!p.ok()) throw Usage{p.status().message()};
+    mc = *p;
+  } else {
+    mc.name = "custom";
+    mc.num_layers = kDefaultLayers;
+    mc.embed_dim = kDefaultDModel;
+    mc.num_heads = kDefaultHeads;
+    mc.max_seq_len = kDefaultSeqLen;
+    mc.vocab_size = tokenizer->VocabSize();
+  }
+  if (opt.layers > 0) mc.num_layers = opt.layers;
+  if (opt.d_model > 0) mc.embed_dim = opt.d_model;
+  if (opt.heads > 0) mc.num_heads = opt.heads;
+  if (opt.seq_len > 0) mc.max_seq_len = opt.seq_len;
+  if (opt.vocab > 0) mc.vocab_size = opt.vocab;
+  if (Status s = mc.Validate(); !s.ok()) throw Usage{s.message()};
+  if (mc.vocab_size < tokenizer->VocabSize()) {
+    throw Usage{"the model's vocabulary (" + std::to_string(mc.vocab_size) + ") is smaller than the tokenizer's (" +
+                std::to_string(tokenizer->VocabSize()) + "): raise --vocab"};
+  }
+  const int64_t T = mc.max_seq_len, B = batch.micro_batch_size;
+  if (static_cast<int64_t>(split.train.size()) < T + 1 || static_cast<int64_t>(split.valid.size()) < T + 1) {
+    throw Usage{"the data has " + std::to_string(dataset->num_tokens()) + " tokens: too few for a context of " +
+                std::to_string(T) + " (train and validation each need at least " + std::to_string(T + 1) +
+                "); use more data or a shorter --seq-len"};
+  }
+  const int threads = opt.threads > 0 ? opt.threads : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / world);
+  config.zinf.optimizer_threads = threads;
+
+  // ---- Device, engine, model.
+  DeviceOptions dopt;
+  dopt.spec = opt.device;
+  if (!opt.device_memory.empty()) {
+    auto m = ParseSize(opt.device_memory);
+    if (!m.ok()) throw Usage{"--device-memory: " + m.status().message()};
+    dopt.memory_budget = *m;
+  }
+  auto device = Must(CreateDevice(dopt), "device");
+  auto stream = Must(device->CreateStream(), "stream");
+  auto engine = [&] {
+    auto e = Engine::Create(config, *device, comm.get());
+    if (!e.ok()) throw Usage{e.status().message()};
+    return std::move(*e);
+  }();
+  model::GptRunOptions ro;
+  ro.batch_size = B;
+  ro.seq_len = T;
+  ro.num_threads = threads;
+  ro.param_dtype = engine->compute_dtype();
+  ro.grad_dtype = DType::kFloat32;
+  auto gpt = Must(model::GptDevice::Create(*device, *stream, mc, ro), "model");
+
+  const int units = model::NumUnits(mc);
+  std::vector<std::vector<float>> init;
+  if (!opt.init.empty()) {
+    auto reader = data::SafetensorsReader::Open(opt.init);
+    if (!reader.ok()) throw Usage{reader.status().message()};
+    auto w = data::ImportGptWeights(*reader, mc);
+    if (!w.ok()) throw Usage{w.status().message()};
+    init = std::move(*w);
+  }
+  for (int u = 0; u < units; ++u) {
+    std::vector<float> v;
+    if (init.empty()) {
+      v.resize(model::UnitNumParams(mc, u));
+      model::InitUnitParams(mc, u, opt.seed, v.data());
+    } else {
+      v = std::move(init[u]);
+    }
+    Must(engine->AddUnit("unit" + std::to_string(u), {{"flat", {static_cast<int64_t>(v.size())}, DType::kFloat32, v.data()}}),
+         "register");
+  }
+  const int64_t params = model::NumParams(mc);
+
+  if (talk) {
+    std::printf("zinf train: %s, %s parameters (%s), %d rank(s), %s\n", embedded ? "embedded corpus" : opt.data.c_str(),
+                FormatCount(static_cast<double>(params)).c_str(), mc.ToString().c_str(), world, device->name().c_str());
+    std::printf("  config: ZeRO stage %d, %s compute, optimizer %s on %s, micro-batch %lld x accumulation %lld x %d rank(s) = %lld sequences of %lld tokens, %s lr %.3g, clipping %.3g, %lld steps\n",
+                config.zero.stage, std::string(DTypeName(engine->compute_dtype())).c_str(),
+                std::string(OptimizerTypeName(config.optimizer.type)).c_str(),
+                std::string(OffloadDeviceName(config.zero.offload_optimizer.device)).c_str(), static_cast<long long>(B),
+                static_cast<long long>(batch.gradient_accumulation_steps), world,
+                static_cast<long long>(batch.train_batch_size), static_cast<long long>(T),
+                std::string(SchedulerTypeName(config.scheduler.type)).c_str(), config.optimizer.lr, config.gradient_clipping,
+                static_cast<long long>(steps));
+    if (!tmp_dir.empty()) std::printf("  optimizer state on NVMe in %s%s\n", tmp_dir.c_str(), remove_tmp ? " (removed afterwards)" : "");
+    const StateBytes sb = ModelStateBytes(params, world, config.zero.stage, config.zero.offload_optimizer.device,
+                                          config.zero.offload_param.device);
+    std::printf("  plan per rank: model state on device %s, host %s, nvme %s; activations %s; tokens: train %s, validation %s\n",
+                FormatBytes(static_cast<uint64_t>(sb.device)).c_str(), FormatBytes(static_cast<uint64_t>(sb.host)).c_str(),
+                FormatBytes(static_cast<uint64_t>(sb.nvme)).c_str(), FormatBytes(gpt->activation_bytes()).c_str(),
+                FormatCount(static_cast<double>(split.train.size())).c_str(), FormatCount(static_cast<double>(split.valid.size())).c_str());
+    std::fflush(stdout);
+  }
+
+  // ---- Training.
+  data::BatchLoader loader = Must(data::BatchLoader::Create(split.train, {B, T, opt.seed, true}), "data");
+  std::vector<int32_t> tok(B * T), tgt(B * T), skip_tok(B * T), skip_tgt(B * T);
+  int32_t* dtok = static_cast<int32_t*>(Must(device->Allocate(B * T * 4, *stream), "tokens"));
+  int32_t* dtgt = static_cast<int32_t*>(Must(device->Allocate(B * T * 4, *stream), "targets"));
+  float* dloss = static_cast<float*>(Must(device->Allocate(4, *stream), "loss"));
+  std::ofstream metrics;
+  if (talk && !opt.metrics_json.empty()) {
+    metrics.open(opt.metrics_json);
+    if (!metrics) throw Usage{"--metrics-json: cannot write " + opt.metrics_json};
+  }
+  const int L = static_cast<int>(mc.num_layers);
+  std::vector<double> losses, tps_hist;
+  double optimizer_s = 0, comm_s = 0, copy_s = 0, io_s = 0, stall_s = 0, train_s = 0;
+  const bool tty = isatty(2);
+  const auto start = std::chrono::steady_clock::now();
+  for (int64_t step = 0; step < steps; ++step) {
+    const auto t0 = std::chrono::steady_clock::now();
+    double loss_sum = 0;
+    for (int64_t k = 0; k < batch.gradient_accumulation_steps; ++k) {
+      for (int r = 0; r < world; ++r) {  // every rank its own windows
+        if (r == rank) loader.Next(tok.data(), tgt.data());
+        else loader.Next(skip_tok.data(), skip_tgt.data());
+      }
+      Must(device->CopyToDevice(dtok, tok.data(), tok.size() * 4, *stream), "copy");
+      Must(device->CopyToDevice(dtgt, tgt.data(), tgt.size() * 4, *stream), "copy");
+      const void* emb = Must(engine->Fetch(0, *stream), "fetch").data;
+      Must(gpt->EnqueueEmbedForward(dtok, emb), "forward");
+      for (int l = 0; l < L; ++l) {
+        Must(gpt->EnqueueBlockForward(l, Must(engine->Fetch(l + 1, *stream), "fetch").data), "forward");
+        Must(engine->Release(l + 1, *stream), "release");
+      }
+      const void* fin = Must(engine->Fetch(L + 1, *stream), "fetch").data;
+      Must(gpt->EnqueueHeadForward(dtgt, fin, emb, dloss), "forward");
+      const float scale = Must(engine->loss_scale(), "loss scale");
+      Must(gpt->EnqueueHeadBackward(scale, fin, emb, Must(engine->GradBuffers(L + 1), "grads").data,
+                                    Must(engine->GradBuffers(0), "grads").data), "backward");
+      Must(engine->GradsReady(L + 1, *stream), "grads ready");
+      Must(engine->Release(L + 1, *stream), "release");
+      for (int l = L - 1; l >= 0; --l) {
+        Must(gpt->EnqueueBlockBackward(l, Must(engine->Fetch(l + 1, *stream), "fetch").data,
+                                       Must(engine->GradBuffers(l + 1), "grads").data), "backward");
+        Must(engine->GradsReady(l + 1, *stream), "grads ready");
+        Must(engine->Release(l + 1, *stream), "release");
+      }
+      Must(gpt->EnqueueEmbedBackward(Must(engine->GradBuffers(0), "grads").data), "backward");
+      Must(engine->GradsReady(0, *stream), "grads ready");
+      Must(engine->Release(0, *stream), "release");
+      float loss = 0;
+      Must(device->CopyToHost(&loss, dloss, 4, *stream), "copy");
+      Must(stream->Synchronize(), "step " + std::to_string(step + 1));
+      loss_sum += loss;
+      Must(engine->Step(), "step");
+    }
+    const StepStats st = Must(engine->Stats(), "stats");
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    train_s += secs;
+    const double loss = loss_sum / batch.gradient_accumulation_steps;
+    const double tps = static_cast<double>(batch.train_batch_size * T) / secs;
+    losses.push_back(loss);
+    tps_hist.push_back(tps);
+    optimizer_s += st.optimizer_seconds;
+    comm_s += st.comm_seconds;
+    copy_s += st.copy_seconds;
+    io_s += st.io_seconds;
+    stall_s += st.stall_seconds;
+    if (!talk) continue;
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double eta = elapsed / (step + 1) * (steps - step - 1);
+    if (tty || (step + 1) % std::max<int64_t>(1, steps / 10) == 0 || step + 1 == steps) {
+      std::fprintf(stderr, "%sstep %lld/%lld  loss %.4f  %s tokens/s  step %.0f ms  ETA %.0f s  optimizer %.0f%%  nvme waits %.0f%%  stall %.0f%%%s",
+                   tty ? "\r" : "", static_cast<long long>(step + 1), static_cast<long long>(steps), loss,
+                   FormatCount(tps).c_str(), secs * 1e3, eta, 100 * st.optimizer_seconds / secs,
+                   100 * st.io_seconds / secs, 100 * st.stall_seconds / secs, tty ? "   " : "\n");
+      if (tty && step + 1 == steps) std::fprintf(stderr, "\n");
+    }
+    if (metrics.is_open()) {
+      nlohmann::json j = {{"step", step + 1}, {"loss", loss}, {"tokens_per_s", tps}, {"step_seconds", secs},
+                          {"lr", st.lr}, {"grad_norm", st.grad_norm}, {"clip_coef", st.clip_coef},
+                          {"skipped", st.skipped}, {"loss_scale", st.loss_scale},
+                          {"optimizer_seconds", st.optimizer_seconds}, {"comm_seconds", st.comm_seconds},
+                          {"copy_seconds", st.copy_seconds}, {"io_seconds", st.io_seconds},
+                          {"stall_seconds", st.stall_seconds}, {"device_bytes_in_use", st.device_bytes_in_use},
+                          {"host_pinned_bytes", st.host_pinned_bytes}};
+      metrics << j.dump() << "\n";
+    }
+  }
+  Must(engine->Synchronize(), "synchronize");
+  (void)device->Free(dtok, *stream);
+  (void)device->Free(dtgt, *stream);
+  (void)device->Free(dloss, *stream);
+
+  // ---- The trained weights (the compute copy, widened), validation and a sample.
+  std::vector<std::vector<float>> weights(units);
+  for (int u = 0; u < units; ++u) {
+    weights[u].resize(model::UnitNumParams(mc, u));
+    Must(engine->ReadState(u, StateKind::kComputeParams, weights[u].data()), "read weights");
+  }
+  std::vector<std::vector<float>> masters;
+  if (!opt.export_path.empty()) {
+    masters.resize(units);
+    for (int u = 0; u < units; ++u) {
+      masters[u].resize(weights[u].size());
+      Must(engine->ReadState(u, StateKind::kMaster, masters[u].data()), "read master weights");
+    }
+  }
+  if (!talk) return 0;
+  std::vector<const void*> ptrs(units);
+  for (int u = 0; u < units; ++u) ptrs[u] = weights[u].data();
+  model::GptRunOptions eval = ro;
+  eval.param_dtype = DType::kFloat32;
+  auto host_model = Must(model::GptModel::Create(mc, eval), "evaluation model");
+  std::vector<char> arena_storage(host_model->activation_bytes() + 64);
+  host_model->BindActivations(reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(arena_storage.data()) + 63) & ~uintptr_t{63}));
+  data::BatchLoader valid = Must(data::BatchLoader::Create(split.valid, {B, T, 0, false}), "validation data");
+  const int64_t windows = std::min<int64_t>(valid.NumWindows() / B, 16);
+  double vloss = 0;
+  for (int64_t w = 0; w < std::max<int64_t>(windows, 1); ++w) {
+    valid.Next(tok.data(), tgt.data());
+    vloss += Must(host_model->Forward(tok.data(), tgt.data(), ptrs), "validation");
+  }
+  vloss /= std::max<int64_t>(windows, 1);
+
+  // A sample: sampled (temperature 0.8) continuation of the start of the validation text.
+  std::string sample;
+  {
+    model::GptRunOptions one = eval;
+    one.batch_size = 1;
+    auto gen = Must(model::GptModel::Create(mc, one), "sampling model");
+    std::vector<char> a(gen->activation_bytes() + 64);
+    gen->BindActivations(reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(a.data()) + 63) & ~uintptr_t{63}));
+    std::vector<int32_t> ctx(split.valid.begin(), split.valid.begin() + T / 2), window(T), none(T, -1), out;
+    std::mt19937_64 rng(opt.seed);
+    for (int i = 0; i < 120; ++i) {
+      const int64_t n = std::min<int64_t>(static_cast<int64_t>(ctx.size()), T);
+      std::fill(window.begin(), window.end(), 0);
+      std::copy(ctx.end() - n, ctx.end(), window.begin());
+      Must(gen->Forward(window.data(), none.data(), ptrs), "sampling");
+      const float* p = gen->probabilities() + (n - 1) * mc.vocab_size;
+      std::vector<double> w(mc.vocab_size);
+      for (int64_t v = 0; v < mc.vocab_size; ++v) w[v] = std::pow(std::max<double>(p[v], 0), 1 / 0.8);
+      std::discrete_distribution<int32_t> pick(w.begin(), w.end());
+      const int32_t next = pick(rng);
+      ctx.push_back(next);
+      out.push_back(next);
+    }
+    auto prompt = tokenizer->Decode(std::span<const int32_t>(split.valid.data(), T / 2));
+    auto text = tokenizer->Decode(out);
+    sample = (prompt.ok() ? *prompt : "") + "|" + (text.ok() ? *text : "<undecodable>");
+    for (char& c : sample) if (c == '\n') c = ' ';
+  }
+  if (!opt.export_path.empty()) {
+    auto naming = data::ParseWeightNaming(opt.export_names);
+    auto dtype = ParseDType(opt.export_dtype);
+    if (!naming.ok() || !dtype.ok()) throw Usage{"--export-names zinf|hf and --export-dtype fp32|bf16|fp16"};
+    Must(data::ExportGptWeights([&](int u) -> Result<std::span<const float>> { return std::span<const float>(masters[u]); },
+                                mc, *naming, *dtype, opt.export_path),
+         "export");
+  }
+  const double tokens = static_cast<double>(steps * batch.train_batch_size * T);
+  std::printf("summary: validation loss %.4f nats/token", vloss);
+  if (embedded && tokenizer->VocabSize() == 256) {
+    std::printf(" (corpus entropy rate %.4f; target <= %.4f: %s)", data::EmbeddedCorpus::EntropyRateNats(),
+                data::EmbeddedCorpus::EntropyRateNats() + 0.3,
+                vloss <= data::EmbeddedCorpus::EntropyRateNats() + 0.3 ? "met" : "NOT met");
+  }
+  std::printf("\n  %s tokens in %.1f s: %s tokens/s; time in optimizer %.0f%%, collectives %.0f%%, copies %.0f%%, nvme waits %.0f%%, compute stalled %.0f%%\n",
+              FormatCount(tokens).c_str(), train_s, FormatCount(tokens / train_s).c_str(), 100 * optimizer_s / train_s,
+              100 * comm_s / train_s, 100 * copy_s / train_s, 100 * io_s / train_s, 100 * stall_s / train_s);
+  std::printf("  sample: %s\n", sample.c_str());
+  if (!opt.export_path.empty()) std::printf("  exported to %s\n", opt.export_path.c_str());
+  if (!opt.plot.empty()) {
+    std::ofstream svg(opt.plot);
+    svg << Svg(losses, tps_hist);
+    std::printf("  plot: %s\n", opt.plot.c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
+void RegisterTrain(CLI::App& app, int* exit_code) {
+  auto opt = std::make_shared<TrainOptions>();
+  CLI::App* cmd = app.add_subcommand("train", "Fine-tune the GPT reference model through the engine (no arguments: the embedded default)");
+  cmd->add_option("--config", opt->config, "DeepSpeed-style JSON config (flags override it)");
+  cmd->add_option("--model", opt->model, "A preset: tiny, gpt2, gpt2-medium, ..., gpt-13b");
+  cmd->add_option("--layers", opt->layers, "Transformer blocks");
+  cmd->add_option("--d-model", opt->d_model, "Embedding width");
+  cmd->add_option("--heads", opt->heads, "Attention heads");
+  cmd->add_option("--seq-len", opt->seq_len, "Context length");
+  cmd->add_option("--vocab", opt->vocab, "Vocabulary size (>= the tokenizer's)");
+  cmd->add_option("--data", opt->data, "UTF-8 text to train on (default: the embedded corpus)");
+  cmd->add_option("--tokenizer", opt->tokenizer, "Directory with GPT-2's encoder.json and vocab.bpe (default: bytes)");
+  cmd->add_option("--init", opt->init, "Initial weights, .safetensors (Hugging Face GPT-2 or zinf names)");
+  cmd->add_option("--steps", opt->steps, "Optimizer steps (default 300)");
+  cmd->add_option("--micro-batch", opt->micro_batch, "Sequences per micro-step per rank");
+  cmd->add_option("--grad-accum", opt->grad_accum, "Micro-steps per optimizer step");
+  cmd->add_option("--lr", opt->lr, "Peak learning rate");
+  cmd->add_option("--device", opt->device, "cpu (auto and cuda once the GPU path lands)")->capture_default_str();
+  cmd->add_option("--device-memory", opt->device_memory, "Device memory budget, e.g. 2G");
+  cmd->add_option("--seed", opt->seed, "Initialisation, data order and sampling")->capture_default_str();
+  cmd->add_option("--threads", opt->threads, "CPU threads per rank for kernels and the optimizer (0: cores / ranks)");
+  cmd->add_option("--export", opt->export_path, "Write the trained weights as .safetensors");
+  cmd->add_option("--export-names", opt->export_names, "zinf or hf")->capture_default_str();
+  cmd->add_option("--export-dtype", opt->export_dtype, "fp32, bf16 or fp16")->capture_default_str();
+  cmd->add_option("--metrics-json", opt->metrics_json, "One JSON line per step with the engine's metrics");
+  cmd->add_option("--plot", opt->plot, "SVG of loss and tokens/s over steps");
+  cmd->callback([opt, exit_code] {
+    try {
+      *exit_code = Run(*opt);
+    } catch (const Usage& u) {
+      std::fprintf(stderr, "zinf train: %s\n", u.message.c_str());
+      *exit_code = 2;
+    } catch (const Failure& f) {
+      std::fprintf(stderr, "zinf train: %s\n", f.message.c_str());
+      *exit_code = 1;
+    }
+  });
+}
+
+}  // namespace zinf::tools
