@@ -28,7 +28,11 @@
 #include "cpu/adam.h"
 #include "cpu/norm.h"
 #include "cpu/host_device.h"
+#include "nvme/io_engine.h"
+#include "nvme/swap_store.h"
 #include "zinf/engine.h"
+
+#include <sys/resource.h>
 
 namespace zinf::bench {
 namespace {
@@ -36,12 +40,20 @@ namespace {
 struct Options {
   std::string params = "500M";
   std::string offload = "cpu";
+  std::string path;                   // nvme: the directory of the swap store
+  std::string sub_group_size = "50M";  // nvme: elements per sub-group
   int units = 24;
   double compute_ms = 0;
   int steps = 3;
   int threads = 2;
   bool json = false;
 };
+
+uint64_t PeakRssBytes() {
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<uint64_t>(ru.ru_maxrss) * 1024;
+}
 
 struct Fail {
   int code;
@@ -92,15 +104,23 @@ void Wait(Stream& stream, double ms) {
 int Run(const Options& opt) {
   auto count = ParseCount(opt.params);
   if (!count.ok() || *count < static_cast<uint64_t>(opt.units) || opt.units < 1 || opt.steps < 1 ||
-      opt.threads < 1 || opt.compute_ms < 0 || (opt.offload != "cpu" && opt.offload != "none")) {
+      opt.threads < 1 || opt.compute_ms < 0 ||
+      (opt.offload != "cpu" && opt.offload != "none" && opt.offload != "nvme") ||
+      (opt.offload == "nvme" && opt.path.empty())) {
     std::fprintf(stderr,
                  "zinf bench offload: --params must be a count >= --units, --units/--steps/--threads >= 1, "
-                 "--compute-ms-per-unit >= 0, --offload cpu or none\n");
+                 "--compute-ms-per-unit >= 0, --offload cpu, nvme (with --path DIR) or none\n");
     return 2;
   }
+  auto sub_group = ParseCount(opt.sub_group_size);
+  if (!sub_group.ok() || *sub_group == 0) {
+    std::fprintf(stderr, "zinf bench offload: --sub-group-size must be a positive count, e.g. 50M\n");
+    return 2;
+  }
+  const bool nvme = opt.offload == "nvme";
   const int64_t per_unit = static_cast<int64_t>(*count) / opt.units;
   const int64_t P = per_unit * opt.units;
-  const bool offload = opt.offload == "cpu";
+  const bool offload = opt.offload != "none";
   if (!opt.json) {
     std::printf("# zinf bench offload: %s parameters in %d units, bf16 compute, ZeRO stage 0, offload %s, "
                 "%d optimizer threads (%u cores), compute %.1f ms per unit and pass\n",
@@ -130,6 +150,45 @@ int Run(const Options& opt) {
     copies_and_norm = Median(t);
   }
 
+  // NVMe: the I/O bound — the same engine and store reading, then writing,
+  // the same bytes (written first) with nothing else running.
+  double io_bound = 0;
+  if (nvme) {
+    Config io_config;
+    io_config.zero.offload_optimizer.nvme_path = {opt.path};
+    auto io = Check(nvme::IoEngine::Create(nvme::IoEngineOptionsFromConfig(io_config)), "io engine");
+    const int64_t per_group = std::max<int64_t>(per_unit, static_cast<int64_t>(*sub_group) / per_unit * per_unit);
+    const int64_t groups = (P + per_group - 1) / per_group;
+    const uint64_t bytes = static_cast<uint64_t>(per_group) * 12;
+    nvme::SwapStoreOptions so;
+    so.dirs = {opt.path};
+    so.capacity_bytes = groups * (bytes + 4 * so.extent_bytes);
+    auto store = Check(nvme::SwapStore::Create(*io, so), "swap store");
+    const int nbuf = 4;
+    std::vector<std::unique_ptr<char, decltype(&std::free)>> bufs;
+    for (int b = 0; b < nbuf; ++b) {
+      bufs.emplace_back(static_cast<char*>(std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096)), &std::free);
+      std::memset(bufs.back().get(), 1, bytes);
+    }
+    for (int64_t g = 0; g < groups; ++g) {
+      Check(store->Allocate(g, bytes), "allocate");
+      Check(store->Write(g, bufs[0].get()).Wait(), "pre-write");
+    }
+    const double t0 = NowSeconds();
+    std::vector<nvme::IoRequest> reqs(groups);
+    for (int64_t g = 0; g < groups; ++g) {
+      if (g >= nbuf) Check(reqs[g - nbuf].Wait(), "read");
+      reqs[g] = store->Read(g, bufs[g % nbuf].get());
+    }
+    for (auto& r : reqs) Check(r.Wait(), "read");
+    for (int64_t g = 0; g < groups; ++g) {
+      if (g >= nbuf) Check(reqs[g - nbuf].Wait(), "write");
+      reqs[g] = store->Write(g, bufs[g % nbuf].get());
+    }
+    for (auto& r : reqs) Check(r.Wait(), "write");
+    io_bound = NowSeconds() - t0;
+  }
+
   DeviceOptions dopt;
   dopt.spec = "cpu";
   dopt.memory_budget = static_cast<uint64_t>(P) * (offload ? 6 : 22) + (uint64_t{512} << 20);
@@ -149,7 +208,11 @@ int Run(const Options& opt) {
   Config c;
   c.bf16.enabled = true;
   c.zero.stage = 0;
-  c.zero.offload_optimizer.device = offload ? OffloadDevice::kCpu : OffloadDevice::kNone;
+  c.zero.offload_optimizer.device = nvme ? OffloadDevice::kNvme : offload ? OffloadDevice::kCpu : OffloadDevice::kNone;
+  if (nvme) {
+    c.zero.offload_optimizer.nvme_path = {opt.path};
+    c.zero.sub_group_size = static_cast<int64_t>(*sub_group);
+  }
   c.zero.offload_optimizer.pin_memory = true;
   c.zinf.optimizer_threads = opt.threads;
   auto engine = Check(Engine::Create(c, *device, nullptr), "engine");
@@ -204,6 +267,9 @@ int Run(const Options& opt) {
                         {"bound_seconds", bound},
                         {"step_over_bound", step / bound},
                         {"copies_and_norm_seconds", copies_and_norm},
+                        {"io_bound_seconds", io_bound},
+                        {"step_over_io_bound", io_bound > 0 ? step / io_bound : 0.0},
+                        {"peak_rss_bytes", PeakRssBytes()},
                         {"step_over_bound_with_copies", step / (bound + copies_and_norm)},
                         {"optimizer_seconds", optimizer},
                         {"compute_alone_seconds", compute_alone},
@@ -222,10 +288,24 @@ int Run(const Options& opt) {
   std::printf("%8.3f %8.3f %10.2f %9.3f %13.2f %11.3f %9.3f %12.2f %6.0f%% %10.2f\n", step, bound, step / bound,
               copies_and_norm, step / (bound + copies_and_norm), optimizer, compute_alone,
               compute_alone > 0 ? step / compute_alone : 0.0, 100 * hidden, peak_per_param);
-  std::printf("# host pinned peak %s = 16 B/param of state and gradient shard + staging (one unit's fp32 gradient, "
-              "%lld bf16 parameter slots of one unit)\n",
-              FormatBytes(last.host_peak_pinned_bytes).c_str(),
-              static_cast<long long>(c.zero.offload_optimizer.buffer_count));
+  if (nvme) {
+    std::printf("# nvme: the same store reading then writing the %s of optimizer state alone: %.3f s; step/io bound "
+                "%.2f; nvme waits in the step %.3f s\n",
+                FormatBytes(static_cast<uint64_t>(P) * 12).c_str(), io_bound, step / io_bound, last.io_seconds);
+  }
+  std::printf("# peak RSS %s (includes HostDevice's device memory: 6 B/param of bf16 parameters and fp32 gradients)\n",
+              FormatBytes(PeakRssBytes()).c_str());
+  if (nvme) {
+    std::printf("# host pinned peak %s = 4 B/param of fp32 gradient accumulator + %lld swap buffers of one sub-group "
+                "(12 B/element) + staging (one unit's fp32 gradient, bf16 parameter slots)\n",
+                FormatBytes(last.host_peak_pinned_bytes).c_str(),
+                static_cast<long long>(c.zero.offload_optimizer.buffer_count));
+  } else {
+    std::printf("# host pinned peak %s = 16 B/param of state and gradient shard + staging (one unit's fp32 gradient, "
+                "%lld bf16 parameter slots of one unit)\n",
+                FormatBytes(last.host_peak_pinned_bytes).c_str(),
+                static_cast<long long>(c.zero.offload_optimizer.buffer_count));
+  }
   return 0;
 }
 
@@ -235,7 +315,10 @@ void RegisterOffload(CLI::App& bench, int* exit_code) {
   auto opt = std::make_shared<Options>();
   CLI::App* cmd = bench.add_subcommand("offload", "Engine steps with the optimizer offloaded to the CPU vs the Adam bound");
   cmd->add_option("--params", opt->params, "Parameters, e.g. 500M")->capture_default_str();
-  cmd->add_option("--offload", opt->offload, "cpu or none")->capture_default_str();
+  cmd->add_option("--offload", opt->offload, "cpu, nvme or none")->capture_default_str();
+  cmd->add_option("--path", opt->path, "nvme: directory for the optimizer state (on the NVMe to measure)");
+  cmd->add_option("--sub-group-size", opt->sub_group_size, "nvme: elements per sub-group (whole units)")
+      ->capture_default_str();
   cmd->add_option("--units", opt->units, "Units the parameters are split into")->capture_default_str();
   cmd->add_option("--compute-ms-per-unit", opt->compute_ms, "Synthetic device compute per unit, forward and backward")
       ->capture_default_str();
