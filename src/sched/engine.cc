@@ -217,6 +217,7 @@ class EngineImpl final : public Engine {
   Status HostAccumulate(Unit& u, const float* reduced, bool first);
   Result<PinnedBuffer> Pinned(uint64_t bytes, const std::string& what);
   Status SetUpSwap();
+  Status EnqueuePartials(size_t i);
   Status ReadGroup(size_t g);
   Status SwapFailure(Status s);
   Status Timed(double Window::*field, StreamTask task);
@@ -531,6 +532,23 @@ Status EngineImpl::SwapFailure(Status s) {
   return broken_;
 }
 
+// The per-block partials of unit i's owned accumulated gradient, once its
+// last micro-step of the window is accumulated: during backward, off the
+// boundary's critical path.
+Status EngineImpl::EnqueuePartials(size_t i) {
+  if (micro_in_window_ != accumulation_ - 1) return Status::Ok();
+  const int region = stage_ == 0 ? 0 : rank_;
+  return stream_->Enqueue([this, region, i](const StreamContext& ctx) -> Status {
+    double* out = static_cast<double*>(ctx.Host(partials_)) + region * blocks_per_rank_;
+    const Unit& u = units_[i];
+    const int64_t n = owned_elems(u);
+    const void* accum = offload_ ? u.h_accum.data() : ctx.Host(owned_accum(u));
+    return SumSquaresBlocks(arena_, accum, DType::kFloat32, n,
+                            std::span<double>(out + unit_block_offset_[i], NumNormBlocks(n)))
+        .status();
+  });
+}
+
 Status EngineImpl::WaitTimed(Stream& stream, Event& event, const std::string& what) {
   ZINF_ASSIGN_OR_RETURN(bool done, event.Query());
   if (done) return Status::Ok();
@@ -714,7 +732,8 @@ Status EngineImpl::GradsReady(int unit, Stream& stream) {
     } else {
       ZINF_RETURN_IF_ERROR(EnqueueAccumulate(u.accum, u.grads, P, first));
     }
-    return u.grads_free->Record(*stream_);
+    ZINF_RETURN_IF_ERROR(u.grads_free->Record(*stream_));
+    return EnqueuePartials(unit);
   }
   // Stage 2: into the open bucket; closed buckets go out now (overlap_comm)
   // or when the micro-step's last unit is ready.
@@ -760,6 +779,7 @@ Status EngineImpl::FlushBucket(const std::vector<int>& bucket) {
       ZINF_RETURN_IF_ERROR(offload_ ? HostAccumulate(u, shard, first)
                                     : EnqueueAccumulate(u.accum, shard, u.part.shard_elems, first));
       ZINF_RETURN_IF_ERROR(u.grads_free->Record(*stream_));
+      ZINF_RETURN_IF_ERROR(EnqueuePartials(i));
     }
     return Status::Ok();
   }
@@ -805,6 +825,7 @@ Status EngineImpl::FlushBucket(const std::vector<int>& bucket) {
     ZINF_RETURN_IF_ERROR(offload_ ? HostAccumulate(u, mine + off, first)
                                   : EnqueueAccumulate(u.accum, mine + off, u.part.shard_elems, first));
     ZINF_RETURN_IF_ERROR(u.grads_free->Record(*stream_));
+    ZINF_RETURN_IF_ERROR(EnqueuePartials(i));
     off += u.part.shard_elems;
   }
   return Status::Ok();
@@ -874,21 +895,8 @@ Status EngineImpl::EnqueueBoundary() {
   ++boundaries_;
   const int64_t boundary = boundaries_;
   for (Unit& u : units_) ZINF_RETURN_IF_ERROR(stream_->Wait(*u.released));
-  // Per-block partials of the owned accumulated gradient.
-  const int region = stage_ == 0 ? 0 : rank_;
-  auto partials_task = [this, region](const StreamContext& ctx) -> Status {
-    double* out = static_cast<double*>(ctx.Host(partials_)) + region * blocks_per_rank_;
-    for (size_t i = 0; i < units_.size(); ++i) {
-      const Unit& u = units_[i];
-      const int64_t n = owned_elems(u);
-      const void* accum = offload_ ? u.h_accum.data() : ctx.Host(owned_accum(u));
-      ZINF_RETURN_IF_ERROR(SumSquaresBlocks(arena_, accum, DType::kFloat32, n,
-                                            std::span<double>(out + unit_block_offset_[i], NumNormBlocks(n)))
-                               .status());
-    }
-    return Status::Ok();
-  };
-  ZINF_RETURN_IF_ERROR(stream_->Enqueue(std::move(partials_task)));
+  // Every unit's norm partials were taken as its last accumulation finished
+  // (EnqueuePartials), during backward.
   if (sharded()) {
     double* mine = partials_ + rank_ * blocks_per_rank_;
     ZINF_RETURN_IF_ERROR(Collective("all_gather", blocks_per_rank_ * world_ * sizeof(double), [&] {
