@@ -1,6 +1,7 @@
 // The `zinf` command-line tool. Subcommands:
 //   zinf --version                   what was built and what this machine has
 //   zinf config check FILE [...]     validate a DeepSpeed-style config, print the effective one
+//   zinf plan [...]                  bytes per tier and step time for every stage x offload
 //   zinf aio read|write|sweep ...    NVMe throughput through zinf's I/O engine, and tuning
 //   zinf bench <name> [...]          benchmarks (bench/)
 // Exit codes: 0 success, 1 the operation failed (message on stderr),
@@ -12,6 +13,7 @@
 
 #include "bench/aio.h"
 #include "bench/bench.h"
+#include "tools/plan.h"
 #include "tools/train.h"
 #include "common/logging.h"
 #include "common/runtime_info.h"
@@ -114,6 +116,7 @@ int main(int argc, char** argv) {
   config_check->callback([&] { exit_code = RunConfigCheck(check); });
 
   zinf::tools::RegisterTrain(app, &exit_code);
+  zinf::tools::RegisterPlan(app, &exit_code);
   zinf::bench::RegisterAio(app, &exit_code);
 
   CLI::App* bench = app.add_subcommand("bench", "Benchmarks; each measures its own reference and prints the ratio");

@@ -485,7 +485,10 @@ Status EngineImpl::SetUpSwap() {
                   for (const std::string& p : so.dirs) d += (d.empty() ? "" : ", ") + p;
                   return d;
                 }());
-  const int64_t buffers = std::clamp<int64_t>(oc.buffer_count, 2, 64);
+  // No more buffers than sub-groups: with one sub-group, one buffer (read,
+  // update, write back in place).
+  const int64_t buffers = std::min<int64_t>(std::clamp<int64_t>(oc.buffer_count, 1, 64),
+                                            static_cast<int64_t>(groups_.size()));
   for (int64_t i = 0; i < buffers; ++i) {
     ZINF_ASSIGN_OR_RETURN(PinnedBuffer b, Pinned(static_cast<uint64_t>(max_group) * 12, "NVMe swap buffer"));
     nvme_bufs_.push_back(std::move(b));
@@ -511,7 +514,7 @@ Status EngineImpl::SetUpSwap() {
 // waits for g's.
 Status EngineImpl::ReadGroup(size_t g) {
   const size_t nbuf = nvme_bufs_.size();
-  for (size_t h = g; h < std::min(groups_.size(), g + nbuf - 1); ++h) {
+  for (size_t h = g; h < std::min(groups_.size(), g + std::max<size_t>(1, nbuf - 1)); ++h) {
     if (group_read_[h].valid()) continue;
     if (h >= nbuf && group_write_[h - nbuf].valid()) ZINF_RETURN_IF_ERROR(SwapFailure(group_write_[h - nbuf].Wait()));
     group_read_[h] = store_->Read(h, nvme_bufs_[h % nbuf].data());

@@ -1,0 +1,417 @@
+// `zinf plan`'s arithmetic: the engine's allocations per rank and a step-time
+// model, for every stage × offload combination (plan.h).
+#include "sched/plan.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <numeric>
+
+#include "common/device_allocator.h"
+#include "common/units.h"
+#include "cpu/pinned_pool.h"
+#include "model/gpt.h"
+#include "sched/partition.h"
+
+namespace zinf {
+namespace {
+
+constexpr uint64_t kExtentBytes = uint64_t{1} << 20;  // the swap store's default extent
+
+uint64_t Dev(uint64_t bytes) { return DeviceAllocator::RoundUp(bytes); }
+uint64_t Pin(uint64_t bytes) { return PinnedPool::SizeClassBytes(std::max<uint64_t>(bytes, 1)); }
+
+struct Items {
+  std::vector<PlanItem> items;
+  void Add(const std::string& what, uint64_t bytes) {
+    if (bytes == 0) return;
+    for (PlanItem& i : items) {
+      if (i.what == what) {
+        i.bytes += bytes;
+        return;
+      }
+    }
+    items.push_back({what, bytes});
+  }
+  uint64_t total() const {
+    return std::accumulate(items.begin(), items.end(), uint64_t{0},
+                           [](uint64_t s, const PlanItem& i) { return s + i.bytes; });
+  }
+};
+
+Result<nlohmann::json> ParseJson(const std::string& text, const std::string& source) {
+  auto j = nlohmann::json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return InvalidArgument(source + ": not a JSON object");
+  return j;
+}
+
+Result<double> PositiveNumber(const nlohmann::json& j, const char* key, const std::string& source) {
+  if (!j.contains(key) || !j[key].is_number() || !(j[key].get<double>() > 0)) {
+    return InvalidArgument(source + ": expected a positive number at \"" + key + "\"");
+  }
+  return j[key].get<double>();
+}
+
+std::string Gb(double gbps) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.3g", gbps);
+  return buf;
+}
+
+}  // namespace
+
+int64_t PlanModel::num_params() const {
+  return std::accumulate(unit_elems.begin(), unit_elems.end(), int64_t{0});
+}
+
+Result<PlanModel> PlanGptModel(const model::GptConfig& config, int64_t micro_batch, int64_t seq_len,
+                               bool checkpointing, DType compute_dtype) {
+  ZINF_RETURN_IF_ERROR(config.Validate());
+  if (micro_batch < 1) return InvalidArgument("micro-batch must be >= 1");
+  if (seq_len == 0) seq_len = config.max_seq_len;
+  if (seq_len < 1 || seq_len > config.max_seq_len) {
+    return InvalidArgument("seq-len " + std::to_string(seq_len) + " is outside 1.." +
+                           std::to_string(config.max_seq_len) + " (the model's context)");
+  }
+  PlanModel m;
+  m.description = config.ToString();
+  for (int u = 0; u < model::NumUnits(config); ++u) m.unit_elems.push_back(model::UnitNumParams(config, u));
+  m.held_units = {model::EmbeddingUnit()};
+  model::GptRunOptions o;
+  o.batch_size = micro_batch;
+  o.seq_len = seq_len;
+  o.activation_checkpointing = checkpointing;
+  o.param_dtype = compute_dtype;
+  o.grad_dtype = DType::kFloat32;
+  const model::ActivationLayout layout = model::ActivationLayout::For(config, o);
+  m.activation_bytes = Dev(layout.total_bytes);
+  const uint64_t tokens = static_cast<uint64_t>(micro_batch * seq_len);
+  m.io_buffer_bytes = 2 * Dev(tokens * 4) + Dev(4);
+  m.activation_note = "micro-batch " + std::to_string(micro_batch) + " x seq-len " + std::to_string(seq_len) +
+                      (checkpointing ? ", checkpointing" : "") + ": " + layout.ToString();
+  m.flops_per_micro_step = model::TrainingFlops(config, micro_batch, seq_len);
+  return m;
+}
+
+Result<PlanModel> PlanParamsModel(int64_t num_params, int units, int64_t tokens_per_micro_step) {
+  if (num_params < 1) return InvalidArgument("--params must be >= 1");
+  if (units < 1) return InvalidArgument("units must be >= 1");
+  units = static_cast<int>(std::min<int64_t>(units, num_params));
+  PlanModel m;
+  const int64_t each = num_params / units;
+  for (int u = 0; u < units; ++u) m.unit_elems.push_back(u + 1 < units ? each : num_params - each * (units - 1));
+  m.description = FormatCount(static_cast<double>(num_params)) + " parameters in " + std::to_string(units) + " units of ~" +
+                  std::to_string(each) + " elements (no model shape: units assumed)";
+  m.activation_note = "not counted (no model shape: give --model for activations)";
+  if (tokens_per_micro_step > 0) m.flops_per_micro_step = 6.0 * static_cast<double>(num_params) * tokens_per_micro_step;
+  return m;
+}
+
+Status ApplyAdamJson(const std::string& json_text, const std::string& source, PlanRates& rates) {
+  ZINF_ASSIGN_OR_RETURN(nlohmann::json j, ParseJson(json_text, source));
+  if (j.value("bench", "") != "adam" || !j.contains("rows") || !j["rows"].is_array() || j["rows"].empty()) {
+    return InvalidArgument(source + ": not the output of `zinf bench adam --json` (no \"bench\": \"adam\" with rows)");
+  }
+  const nlohmann::json* best = nullptr;
+  for (const auto& r : j["rows"]) {
+    if (!r.is_object() || !r.contains("threads") || !r["threads"].is_number()) {
+      return InvalidArgument(source + ": a row without \"threads\"");
+    }
+    if (!best || r["threads"].get<double>() > (*best)["threads"].get<double>()) best = &r;
+  }
+  ZINF_ASSIGN_OR_RETURN(double rate, PositiveNumber(*best, "params_per_s", source));
+  ZINF_ASSIGN_OR_RETURN(double bytes, PositiveNumber(j, "bytes_per_param", source));
+  rates.adam_params_per_s = {rate, source + " (" + std::to_string((*best)["threads"].get<int>()) + " threads, " +
+                                       Gb(rate * bytes / 1e9) + " GB/s at " + Gb(bytes) + " B/param)"};
+  rates.adam_bytes_per_param = bytes;
+  return Status::Ok();
+}
+
+Status ApplyAioJson(const std::string& json_text, const std::string& source, PlanRates& rates) {
+  ZINF_ASSIGN_OR_RETURN(nlohmann::json j, ParseJson(json_text, source));
+  const std::string command = j.value("command", "");
+  if (command == "aio sweep") {
+    if (!j.contains("points") || !j["points"].is_array() || !j.contains("recommended")) {
+      return InvalidArgument(source + ": `zinf aio sweep --json` output without \"points\" and \"recommended\"");
+    }
+    const auto& rec = j["recommended"];
+    if (!rec.contains("aio") || !rec["aio"].is_object()) return InvalidArgument(source + ": no recommended.aio");
+    const auto& a = rec["aio"];
+    for (const auto& p : j["points"]) {
+      if (p.value("block_size", -1.0) == a.value("block_size", -2.0) &&
+          p.value("queue_depth", -1.0) == a.value("queue_depth", -2.0) &&
+          p.value("threads", -1.0) == a.value("intra_op_parallelism", -2.0)) {
+        ZINF_ASSIGN_OR_RETURN(double r, PositiveNumber(p, "read_gb_per_s", source));
+        ZINF_ASSIGN_OR_RETURN(double w, PositiveNumber(p, "write_gb_per_s", source));
+        const std::string at = source + " (recommended point: block " + std::to_string(p["block_size"].get<int64_t>()) +
+                               ", qd " + std::to_string(p["queue_depth"].get<int64_t>()) + ", threads " +
+                               std::to_string(p["threads"].get<int64_t>()) + ")";
+        rates.nvme_read_gbps = {r, at};
+        rates.nvme_write_gbps = {w, at};
+        return Status::Ok();
+      }
+    }
+    return InvalidArgument(source + ": the recommended aio setting is not among the sweep's points");
+  }
+  if (command == "aio") {
+    const std::string op = j.value("op", "");
+    if ((op != "read" && op != "write") || !j.contains("median") || !j["median"].is_object()) {
+      return InvalidArgument(source + ": `zinf aio read|write --json` output without \"op\" and \"median\"");
+    }
+    ZINF_ASSIGN_OR_RETURN(double g, PositiveNumber(j["median"], "gb_per_s", source));
+    (op == "read" ? rates.nvme_read_gbps : rates.nvme_write_gbps) = {g, source + " (median of zinf aio " + op + ")"};
+    return Status::Ok();
+  }
+  return InvalidArgument(source +
+                         ": not the output of `zinf aio sweep --json` or `zinf aio read|write --json` "
+                         "(the file --output writes holds no throughput; use --json)");
+}
+
+Status ApplyModelJson(const std::string& json_text, const std::string& source, PlanRates& rates) {
+  ZINF_ASSIGN_OR_RETURN(nlohmann::json j, ParseJson(json_text, source));
+  if (j.value("bench", "") != "model" || !j.contains("phases") || !j["phases"].is_array()) {
+    return InvalidArgument(source + ": not the output of `zinf bench model --json`");
+  }
+  for (const auto& p : j["phases"]) {
+    if (p.value("phase", "") == "step") {
+      ZINF_ASSIGN_OR_RETURN(double g, PositiveNumber(p, "gflop_per_s", source));
+      rates.model_gflops = {g, source + " (" + j.value("preset", std::string("?")) + ", step phase)"};
+      return Status::Ok();
+    }
+  }
+  return InvalidArgument(source + ": no \"step\" phase");
+}
+
+PlanRow PlanCombination(const PlanInput& in, int stage, OffloadDevice optimizer, OffloadDevice param) {
+  const ZeroConfig& z = in.config.zero;
+  const int N = std::max(1, in.world_size);
+  const DType compute = in.config.bf16.enabled   ? DType::kBFloat16
+                        : in.config.fp16.enabled ? DType::kFloat16
+                                                 : DType::kFloat32;
+  const uint64_t esize = DTypeSizeBytes(compute);
+  const bool offload = optimizer != OffloadDevice::kNone;
+  const bool nvme = optimizer == OffloadDevice::kNvme;
+  const int64_t k = std::max<int64_t>(1, in.gradient_accumulation_steps);
+  PlanRow row;
+  row.stage = stage;
+  row.optimizer = optimizer;
+  row.param = param;
+  row.zero_formula = ModelStateBytes(in.model.num_params(), N, stage, optimizer, param);
+  Items dev, host, disk;
+
+  std::vector<UnitPartition> parts;
+  for (int64_t n : in.model.unit_elems) parts.push_back(PartitionUnit(std::max<int64_t>(n, 1), N));
+  auto owned = [&](const UnitPartition& p) { return stage == 0 ? p.padded_elems : p.shard_elems; };
+  auto partitioned = [&](size_t u) { return stage == 3 && in.model.unit_elems[u] > z.stage3_param_persistence_threshold; };
+  int64_t max_owned = 0, owned_total = 0, blocks = 0, accum_total = 0;
+  uint64_t gather_held = 0, gather_max = 0;
+  for (size_t u = 0; u < parts.size(); ++u) {
+    const UnitPartition& p = parts[u];
+    const int64_t o = owned(p);
+    max_owned = std::max(max_owned, o);
+    owned_total += o;
+    blocks += o / kNormBlock;
+    accum_total += offload ? o : (stage >= 2 ? p.shard_elems : p.padded_elems);
+    if (partitioned(u)) {
+      const uint64_t shard = static_cast<uint64_t>(p.shard_elems) * esize;
+      if (param == OffloadDevice::kNone) dev.Add("compute copy (parameter shards)", Dev(shard));
+      else if (param == OffloadDevice::kCpu) host.Add("parameter shards (offload_param)", Pin(shard));
+      else disk.Add("parameter shards (offload_param)", (shard + kExtentBytes - 1) / kExtentBytes * kExtentBytes);
+      const uint64_t full = Dev(static_cast<uint64_t>(p.padded_elems) * esize);
+      const bool held = std::find(in.model.held_units.begin(), in.model.held_units.end(), static_cast<int>(u)) !=
+                        in.model.held_units.end();
+      if (held) gather_held += full;
+      else gather_max = std::max(gather_max, full);
+    } else {
+      dev.Add("compute copy", Dev(static_cast<uint64_t>(p.padded_elems) * esize));
+    }
+    dev.Add("fp32 gradients", Dev(static_cast<uint64_t>(p.padded_elems) * 4));
+    if (!offload) {
+      dev.Add("fp32 gradient accumulator", Dev(static_cast<uint64_t>(stage >= 2 ? p.shard_elems : p.padded_elems) * 4));
+      dev.Add("fp32 master, m, v", 3 * Dev(static_cast<uint64_t>(o) * 4));
+    } else if (nvme) {
+      host.Add("fp32 gradient accumulator", Pin(static_cast<uint64_t>(o) * 4));
+    } else {
+      host.Add("fp32 master, m, v", 3 * Pin(static_cast<uint64_t>(o) * 4));
+      host.Add("fp32 gradient accumulator", Pin(static_cast<uint64_t>(o) * 4));
+    }
+  }
+  dev.Add("gathered parameters (stage 3, fetched at once)", gather_held + gather_max);
+  dev.Add("norm partials", Dev(static_cast<uint64_t>(blocks) * (stage == 0 ? 1 : N) * 8));
+  // Stage 2/3 reduce buckets: units in backward order, greedily up to
+  // reduce_bucket_size; a bucket of several units is packed into one buffer
+  // (only with several ranks and contiguous_gradients).
+  if (stage >= 2 && N > 1 && z.contiguous_gradients) {
+    int64_t open = 0, open_units = 0, max_bucket = 0;
+    auto close = [&] {
+      if (open_units > 1) max_bucket = std::max(max_bucket, open);
+      open = open_units = 0;
+    };
+    for (size_t i = parts.size(); i-- > 0;) {
+      if (open_units > 0 && open + parts[i].padded_elems > z.reduce_bucket_size) close();
+      open += parts[i].padded_elems;
+      ++open_units;
+    }
+    close();
+    if (max_bucket > 0) dev.Add("reduce bucket", Dev(static_cast<uint64_t>(max_bucket) * 4));
+  }
+  dev.Add("activations", in.model.activation_bytes);
+  dev.Add("batch buffers", in.model.io_buffer_bytes);
+
+  if (offload) {
+    host.Add("gradient staging", Pin(static_cast<uint64_t>(max_owned) * 4));
+    const int64_t slots = std::clamp<int64_t>(z.offload_optimizer.buffer_count, 2, 64);
+    host.Add("parameter staging slots", slots * Pin(static_cast<uint64_t>(max_owned) * esize));
+  }
+  if (nvme) {
+    std::vector<int64_t> groups;
+    for (const UnitPartition& p : parts) {
+      const int64_t o = owned(p);
+      if (o > z.sub_group_size) {
+        row.runnable = false;
+        row.note = "sub_group_size " + std::to_string(z.sub_group_size) + " is smaller than a unit (" +
+                   std::to_string(o) + " elements on a rank): raise it";
+      }
+      if (groups.empty() || groups.back() + o > z.sub_group_size) groups.push_back(0);
+      groups.back() += o;
+    }
+    const int64_t max_group = groups.empty() ? 0 : *std::max_element(groups.begin(), groups.end());
+    // As the engine: no more buffers than sub-groups.
+    const int64_t buffers = std::min<int64_t>(std::clamp<int64_t>(z.offload_optimizer.buffer_count, 1, 64),
+                                              std::max<int64_t>(1, static_cast<int64_t>(groups.size())));
+    host.Add("NVMe swap buffers (" + std::to_string(buffers) + " x largest of " + std::to_string(groups.size()) +
+                 " sub-groups)",
+             buffers * Pin(static_cast<uint64_t>(max_group) * 12));
+    for (int64_t g : groups) {
+      disk.Add("fp32 master, m, v", (static_cast<uint64_t>(g) * 12 + kExtentBytes - 1) / kExtentBytes * kExtentBytes);
+    }
+  }
+  if (param != OffloadDevice::kNone) {
+    row.runnable = false;
+    row.note = "not runnable yet: the engine refuses offload_param (computed: the parameter shards move off the device)";
+    if (param == OffloadDevice::kNvme) {
+      host.Add("parameter swap buffers (offload_param buffer_count x buffer_size)",
+               static_cast<uint64_t>(std::max<int64_t>(0, z.offload_param.buffer_count)) *
+                   static_cast<uint64_t>(std::max<int64_t>(0, z.offload_param.buffer_size)) * esize);
+    }
+  }
+  row.device_items = dev.items;
+  row.host_items = host.items;
+  row.nvme_items = disk.items;
+  row.device_bytes = dev.total();
+  row.host_bytes = host.total();
+  row.nvme_bytes = disk.total();
+  row.fits_device = in.device_memory == 0 || row.device_bytes <= in.device_memory;
+  row.fits_host = in.host_memory == 0 || row.host_bytes <= in.host_memory;
+  row.fits_nvme = in.nvme_free == 0 || row.nvme_bytes <= in.nvme_free;
+
+  // ---- Step time, per optimizer step of k micro-steps.
+  const PlanRates& r = in.rates;
+  row.compute_s = static_cast<double>(k) * in.model.flops_per_micro_step / (r.model_gflops.value * 1e9);
+  // Copies and passes: the reduced gradient into the accumulator (to the
+  // host with offload) every micro-step; stage 3 on one rank copies each
+  // partitioned unit's shard into its gathered buffer per fetch (forward and
+  // backward; held units once); at the boundary the norm reads the owned
+  // gradients and, with offload, the new compute copy comes back.
+  double copy_bytes = static_cast<double>(k) * static_cast<double>(accum_total) * 4;
+  double comm_bytes = 0;
+  const double share = static_cast<double>(N - 1) / N;
+  for (size_t u = 0; u < parts.size(); ++u) {
+    const double P = static_cast<double>(parts[u].padded_elems);
+    if (partitioned(u)) {
+      const bool held = std::find(in.model.held_units.begin(), in.model.held_units.end(), static_cast<int>(u)) !=
+                        in.model.held_units.end();
+      const double gathers = static_cast<double>(k) * (held ? 1 : 2);
+      if (N == 1) copy_bytes += gathers * P * esize;
+      else comm_bytes += gathers * P * esize * share;
+    }
+    if (N > 1) {
+      comm_bytes += static_cast<double>(k) * P * 4 * (stage < 2 ? 2 * share : share);  // all-reduce / reduce-scatter
+      if (stage >= 1 && !partitioned(u)) comm_bytes += P * esize * share;              // the new shards gathered
+    }
+  }
+  copy_bytes += static_cast<double>(owned_total) * 4;
+  if (offload) copy_bytes += static_cast<double>(owned_total) * esize;
+  row.copy_s = copy_bytes / (r.copy_gbps.value * 1e9);
+  row.comm_s = comm_bytes / (r.comm_gbps.value * 1e9);
+  const double extra = esize < 4 ? static_cast<double>(esize) : 8.0;  // the compute copy written (fp32: a memcpy)
+  row.optimizer_s = static_cast<double>(owned_total) / r.adam_params_per_s.value * (28.0 + extra) /
+                    r.adam_bytes_per_param;
+  if (nvme) {
+    const double state = static_cast<double>(owned_total) * 12;
+    row.nvme_s = state / (r.nvme_read_gbps.value * 1e9) + state / (r.nvme_write_gbps.value * 1e9);
+  }
+  row.step_s = row.compute_s + row.copy_s + row.comm_s + std::max(row.optimizer_s, row.nvme_s);
+  return row;
+}
+
+std::vector<PlanRow> PlanAll(const PlanInput& input) {
+  std::vector<PlanRow> rows;
+  const OffloadDevice tiers[] = {OffloadDevice::kNone, OffloadDevice::kCpu, OffloadDevice::kNvme};
+  for (int stage = 0; stage <= 3; ++stage) {
+    for (OffloadDevice param : tiers) {
+      if (stage < 3 && param != OffloadDevice::kNone) continue;
+      for (OffloadDevice opt : tiers) rows.push_back(PlanCombination(input, stage, opt, param));
+    }
+  }
+  return rows;
+}
+
+std::string PlanToJson(const PlanInput& in, const std::vector<PlanRow>& rows) {
+  auto cap = [](uint64_t v) { return v == 0 ? nlohmann::json(nullptr) : nlohmann::json(v); };
+  auto rate = [](const PlanRate& r) { return nlohmann::json{{"value", r.value}, {"source", r.source}}; };
+  auto items = [](const std::vector<PlanItem>& v) {
+    nlohmann::json a = nlohmann::json::array();
+    for (const PlanItem& i : v) a.push_back({{"what", i.what}, {"bytes", i.bytes}});
+    return a;
+  };
+  nlohmann::json j = {
+      {"command", "plan"},
+      {"model",
+       {{"description", in.model.description},
+        {"params", in.model.num_params()},
+        {"units", in.model.unit_elems.size()},
+        {"activation_bytes", in.model.activation_bytes},
+        {"activations", in.model.activation_note},
+        {"flops_per_micro_step", in.model.flops_per_micro_step}}},
+      {"ranks", in.world_size},
+      {"gradient_accumulation_steps", in.gradient_accumulation_steps},
+      {"compute_dtype", in.config.bf16.enabled ? "bf16" : in.config.fp16.enabled ? "fp16" : "fp32"},
+      {"capacity", {{"device", cap(in.device_memory)}, {"host", cap(in.host_memory)}, {"nvme", cap(in.nvme_free)}}},
+      {"rates",
+       {{"adam_params_per_s", rate(in.rates.adam_params_per_s)},
+        {"adam_bytes_per_param", in.rates.adam_bytes_per_param},
+        {"nvme_read_gb_per_s", rate(in.rates.nvme_read_gbps)},
+        {"nvme_write_gb_per_s", rate(in.rates.nvme_write_gbps)},
+        {"model_gflop_per_s", rate(in.rates.model_gflops)},
+        {"copy_gb_per_s", rate(in.rates.copy_gbps)},
+        {"comm_gb_per_s", rate(in.rates.comm_gbps)}}},
+      {"rows", nlohmann::json::array()}};
+  for (const PlanRow& r : rows) {
+    j["rows"].push_back({{"stage", r.stage},
+                         {"offload_optimizer", std::string(OffloadDeviceName(r.optimizer))},
+                         {"offload_param", std::string(OffloadDeviceName(r.param))},
+                         {"runnable", r.runnable},
+                         {"note", r.note},
+                         {"device_bytes", r.device_bytes},
+                         {"host_bytes", r.host_bytes},
+                         {"nvme_bytes", r.nvme_bytes},
+                         {"device", items(r.device_items)},
+                         {"host", items(r.host_items)},
+                         {"nvme", items(r.nvme_items)},
+                         {"zero_formula",
+                          {{"device", r.zero_formula.device}, {"host", r.zero_formula.host}, {"nvme", r.zero_formula.nvme}}},
+                         {"fits",
+                          {{"device", r.fits_device}, {"host", r.fits_host}, {"nvme", r.fits_nvme}, {"all", r.fits()}}},
+                         {"seconds",
+                          {{"compute", r.compute_s},
+                           {"copies", r.copy_s},
+                           {"comm", r.comm_s},
+                           {"optimizer", r.optimizer_s},
+                           {"nvme", r.nvme_s},
+                           {"step", r.step_s}}}});
+  }
+  return j.dump(2);
+}
+
+}  // namespace zinf

@@ -1,0 +1,341 @@
+// `zinf plan`'s arithmetic: hand-computed bytes for a small configuration,
+// the rate files, and the prediction against what the engine really
+// allocates on HostDevice (device peak and peak pinned host bytes within
+// 10%) for stage 0 / offload none, stage 2 / cpu, stage 3 / nvme, and a GPT
+// with its activation arena.
+#include "sched/plan.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cpu/host_device.h"
+#include "model/gpt_device.h"
+#include "test_util.h"
+#include "zinf/engine.h"
+
+namespace zinf {
+namespace {
+
+PlanModel Units(std::vector<int64_t> elems) {
+  PlanModel m;
+  m.description = "test";
+  m.unit_elems = std::move(elems);
+  return m;
+}
+
+const PlanItem* Find(const std::vector<PlanItem>& items, const std::string& what) {
+  for (const PlanItem& i : items) {
+    if (i.what.rfind(what, 0) == 0) return &i;
+  }
+  return nullptr;
+}
+
+// Two ranks, bf16; unit 0 has 200 000 elements (4 norm blocks: shard 2
+// blocks = 131 072, padded 262 144), unit 1 50 000 (1 block: shard 65 536,
+// padded 131 072). Every size below is a multiple of 512 B under 1 MiB or
+// of 64 KiB above (the device's size classes), and a power of two of pages
+// or a class boundary on the host.
+PlanInput SmallInput() {
+  PlanInput in;
+  in.config.bf16.enabled = true;
+  in.world_size = 2;
+  in.model = Units({200'000, 50'000});
+  return in;
+}
+
+TEST(PlanTest, Stage3NoOffloadMatchesHandCount) {
+  const PlanInput in = SmallInput();
+  const PlanRow r = PlanCombination(in, 3, OffloadDevice::kNone, OffloadDevice::kNone);
+  EXPECT_TRUE(r.runnable);
+  // unit 0 (above the 100 000 persistence threshold): its bf16 shard; unit 1 whole.
+  EXPECT_EQ(Find(r.device_items, "compute copy (parameter shards)")->bytes, 131072u * 2);
+  EXPECT_EQ(Find(r.device_items, "compute copy")->bytes, 131072u * 2);
+  EXPECT_EQ(Find(r.device_items, "fp32 gradients")->bytes, (262144u + 131072u) * 4);
+  EXPECT_EQ(Find(r.device_items, "fp32 gradient accumulator")->bytes, (131072u + 65536u) * 4);
+  EXPECT_EQ(Find(r.device_items, "fp32 master, m, v")->bytes, (131072u + 65536u) * 12);
+  EXPECT_EQ(Find(r.device_items, "gathered parameters")->bytes, 262144u * 2);
+  EXPECT_EQ(Find(r.device_items, "norm partials")->bytes, 512u);  // 3 blocks x 2 ranks x 8 B, one 512 B class
+  // Backward order: unit 1 then unit 0 share one bucket (393 216 elements).
+  EXPECT_EQ(Find(r.device_items, "reduce bucket")->bytes, 393216u * 4);
+  const uint64_t expected = 262144 + 262144 + 1572864 + 786432 + 2359296 + 524288 + 512 + 1572864;
+  EXPECT_EQ(r.device_bytes, expected);
+  EXPECT_EQ(r.host_bytes, 0u);
+  EXPECT_EQ(r.nvme_bytes, 0u);
+  const StateBytes z = ModelStateBytes(250'000, 2, 3, OffloadDevice::kNone, OffloadDevice::kNone);
+  EXPECT_DOUBLE_EQ(r.zero_formula.device, z.device);
+}
+
+TEST(PlanTest, OptimizerOffloadMatchesHandCount) {
+  const PlanInput in = SmallInput();
+  const PlanRow cpu = PlanCombination(in, 2, OffloadDevice::kCpu, OffloadDevice::kNone);
+  // master, m, v, accumulator: 16 B x owned; staging 4 B x the largest
+  // shard; 4 slots (buffer_count) of 2 B x the largest shard.
+  EXPECT_EQ(cpu.host_bytes, (131072u + 65536u) * 16 + 131072u * 4 + 4 * 131072u * 2);
+  EXPECT_EQ(cpu.device_bytes, 2 * 262144u + 2 * 131072u + (262144u + 131072u) * 4 + 512 + 393216u * 4);
+  const PlanRow nv = PlanCombination(in, 2, OffloadDevice::kNvme, OffloadDevice::kNone);
+  // One sub-group of 196 608 elements: 2 359 296 B = 576 pages, whose size
+  // class is 640 pages (2 621 440 B), and one swap buffer (no more buffers
+  // than sub-groups); on disk 3 MiB extents.
+  EXPECT_EQ(nv.host_bytes, (131072u + 65536u) * 4 + 131072u * 4 + 4 * 131072u * 2 + 1 * 2621440u);
+  EXPECT_EQ(nv.nvme_bytes, 3u << 20);
+  EXPECT_EQ(nv.device_bytes, cpu.device_bytes);
+  EXPECT_TRUE(nv.runnable);
+  // A sub-group smaller than a unit is what the engine refuses.
+  PlanInput small = in;
+  small.config.zero.sub_group_size = 100'000;
+  EXPECT_FALSE(PlanCombination(small, 2, OffloadDevice::kNvme, OffloadDevice::kNone).runnable);
+}
+
+TEST(PlanTest, EveryCombinationAndFits) {
+  PlanInput in = SmallInput();
+  in.device_memory = 16 << 20;
+  in.host_memory = 1 << 20;
+  const std::vector<PlanRow> rows = PlanAll(in);
+  ASSERT_EQ(rows.size(), 18u);  // 3 stages x 3 + stage 3 x 3 x 3
+  int not_runnable = 0;
+  for (const PlanRow& r : rows) {
+    if (r.param != OffloadDevice::kNone) {
+      EXPECT_EQ(r.stage, 3);
+      EXPECT_FALSE(r.runnable);
+      EXPECT_NE(r.note.find("not runnable yet"), std::string::npos);
+      ++not_runnable;
+    }
+    EXPECT_EQ(r.fits_device, r.device_bytes <= in.device_memory);
+    EXPECT_EQ(r.fits_host, r.host_bytes <= in.host_memory);
+  }
+  EXPECT_EQ(not_runnable, 6);
+  // Stage 0 without offload: 8.6 MB of device state (fits 16 MiB); nvme
+  // offload needs 10 MiB of pinned swap buffers (does not fit 1 MiB).
+  EXPECT_TRUE(rows[0].fits());
+  EXPECT_FALSE(rows[2].fits_host);
+  const std::string json = PlanToJson(in, rows);
+  EXPECT_NE(json.find("\"offload_param\": \"nvme\""), std::string::npos);
+  EXPECT_NE(json.find("\"step\""), std::string::npos);
+}
+
+TEST(PlanTest, StepTimeTerms) {
+  PlanInput in;
+  in.model = *PlanParamsModel(65536, 1, 10);  // 6 N tokens = 3 932 160 FLOPs
+  in.rates.model_gflops.value = 1;            // 1e9 FLOP/s
+  in.rates.adam_params_per_s.value = 1e6;
+  in.rates.adam_bytes_per_param = 28;
+  in.rates.copy_gbps.value = 1;
+  in.rates.nvme_read_gbps.value = 1;
+  in.rates.nvme_write_gbps.value = 1;
+  in.gradient_accumulation_steps = 2;
+  const PlanRow r = PlanCombination(in, 0, OffloadDevice::kNvme, OffloadDevice::kNone);
+  EXPECT_NEAR(r.compute_s, 2 * 3932160 / 1e9, 1e-12);
+  // fp32: Adam writes the compute copy as a memcpy (8 B more than 28).
+  EXPECT_NEAR(r.optimizer_s, 65536 / 1e6 * 36 / 28, 1e-12);
+  EXPECT_NEAR(r.nvme_s, 2 * 65536 * 12 / 1e9, 1e-12);
+  // 2 micro-steps of 4 B/param to the host, the norm's 4 B, the new copy's 4 B.
+  EXPECT_NEAR(r.copy_s, 65536.0 * (2 * 4 + 4 + 4) / 1e9, 1e-12);
+  EXPECT_NEAR(r.step_s, r.compute_s + r.copy_s + std::max(r.optimizer_s, r.nvme_s), 1e-12);
+}
+
+TEST(PlanTest, RateFiles) {
+  PlanRates r;
+  EXPECT_TRUE(ApplyAdamJson(R"({"bench":"adam","bytes_per_param":28,"rows":[{"threads":1,"params_per_s":5e8},
+                                {"threads":2,"params_per_s":9e8}]})",
+                            "adam.json", r)
+                  .ok());
+  EXPECT_DOUBLE_EQ(r.adam_params_per_s.value, 9e8);
+  EXPECT_NE(r.adam_params_per_s.source.find("adam.json"), std::string::npos);
+  EXPECT_TRUE(ApplyAioJson(R"({"command":"aio sweep","points":[
+      {"threads":1,"block_size":262144,"queue_depth":32,"read_gb_per_s":1.5,"write_gb_per_s":2.6},
+      {"threads":2,"block_size":262144,"queue_depth":32,"read_gb_per_s":9,"write_gb_per_s":9}],
+      "recommended":{"aio":{"block_size":262144,"queue_depth":32,"intra_op_parallelism":1}}})",
+                           "sweep.json", r)
+                  .ok());
+  EXPECT_DOUBLE_EQ(r.nvme_read_gbps.value, 1.5);
+  EXPECT_DOUBLE_EQ(r.nvme_write_gbps.value, 2.6);
+  EXPECT_TRUE(ApplyAioJson(R"({"command":"aio","op":"read","median":{"gb_per_s":0.7}})", "read.json", r).ok());
+  EXPECT_DOUBLE_EQ(r.nvme_read_gbps.value, 0.7);
+  EXPECT_TRUE(ApplyModelJson(R"({"bench":"model","preset":"gpt2","phases":[{"phase":"forward","gflop_per_s":9},
+                                 {"phase":"step","gflop_per_s":33}]})",
+                             "model.json", r)
+                  .ok());
+  EXPECT_DOUBLE_EQ(r.model_gflops.value, 33);
+  // The recommended-config file the sweep writes holds no throughput.
+  const Status s = ApplyAioJson(R"({"aio":{"block_size":262144}})", "zinf_aio_config.json", r);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("zinf_aio_config.json"), std::string::npos);
+  EXPECT_FALSE(ApplyAdamJson("not json", "x", r).ok());
+  EXPECT_FALSE(ApplyModelJson(R"({"bench":"model","phases":[]})", "m", r).ok());
+}
+
+TEST(PlanTest, GptModel) {
+  auto c = model::GptPreset("tiny");
+  ASSERT_TRUE(c.ok());
+  auto m = PlanGptModel(*c, 2, 0, false, DType::kBFloat16);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(m->unit_elems.size(), static_cast<size_t>(model::NumUnits(*c)));
+  EXPECT_EQ(m->num_params(), model::NumParams(*c));
+  EXPECT_GT(m->activation_bytes, 0u);
+  EXPECT_DOUBLE_EQ(m->flops_per_micro_step, model::TrainingFlops(*c, 2, c->max_seq_len));
+  EXPECT_FALSE(PlanGptModel(*c, 2, c->max_seq_len + 1, false, DType::kBFloat16).ok());
+  EXPECT_FALSE(PlanParamsModel(0).ok());
+}
+
+// ---- Against the engine.
+
+struct Measured {
+  uint64_t device_peak = 0;
+  uint64_t host_peak = 0;
+  double optimizer_s = 0, io_s = 0, step_s = 0;
+};
+
+template <class T>
+T Must(Result<T> r) {
+  EXPECT_TRUE(r.ok()) << r.status().ToString();
+  if (!r.ok()) std::abort();
+  return std::move(*r);
+}
+void MustOk(const Status& s) {
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  if (!s.ok()) std::abort();
+}
+
+// Registers the units, runs two micro-steps (each an optimizer step) the way
+// a trainer does — forward Fetch/Release per unit (held units stay fetched),
+// backward Fetch/GradsReady/Release in reverse — and reads the peaks.
+// `gpt`: a model whose activation arena and batch buffers live in the same
+// device (allocated as `zinf train` does).
+Measured RunEngine(const Config& config, const std::vector<int64_t>& units, const std::vector<int>& held,
+                   const model::GptConfig* gpt = nullptr, int64_t batch = 1) {
+  auto device = Must(CreateHostDevice(DeviceOptions{.spec = "cpu", .memory_budget = 512 << 20}));
+  auto stream = Must(device->CreateStream());
+  auto engine = Must(Engine::Create(config, *device, nullptr));
+  std::unique_ptr<model::GptDevice> g;
+  if (gpt) {
+    model::GptRunOptions ro;
+    ro.batch_size = batch;
+    ro.param_dtype = engine->compute_dtype();
+    g = Must(model::GptDevice::Create(*device, *stream, *gpt, ro));
+    const uint64_t tokens = static_cast<uint64_t>(batch * gpt->max_seq_len) * 4;
+    for (uint64_t bytes : {tokens, tokens, uint64_t{4}}) (void)Must(device->Allocate(bytes, *stream));
+  }
+  for (size_t u = 0; u < units.size(); ++u) {
+    std::vector<float> init(units[u], 0.01f);
+    MustOk(engine->AddUnit("u" + std::to_string(u), {{"w", {units[u]}, DType::kFloat32, init.data()}}).status());
+  }
+  Measured m;
+  const int L = static_cast<int>(units.size());
+  auto is_held = [&](int u) { return std::find(held.begin(), held.end(), u) != held.end(); };
+  for (int step = 0; step < 2; ++step) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int u = 0; u < L; ++u) {
+      MustOk(engine->Fetch(u, *stream).status());
+      if (!is_held(u)) MustOk(engine->Release(u, *stream));
+    }
+    for (int u = L - 1; u >= 0; --u) {
+      MustOk(engine->Fetch(u, *stream).status());
+      MustOk(engine->GradsReady(u, *stream));
+      MustOk(engine->Release(u, *stream));
+    }
+    MustOk(engine->Step().status());
+    const StepStats st = Must(engine->Stats());
+    m.step_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    m.optimizer_s = st.optimizer_seconds;
+    m.io_s = st.io_seconds;
+    m.host_peak = st.host_peak_pinned_bytes;
+  }
+  MustOk(stream->Synchronize());
+  m.device_peak = device->memory_stats().peak_in_use_bytes;
+  return m;
+}
+
+void ExpectWithin10(double predicted, double measured, const std::string& what) {
+  EXPECT_LE(std::abs(predicted - measured), 0.10 * measured) << what << ": predicted " << predicted << " B, measured "
+                                                             << measured << " B";
+}
+
+// Dense units spanning several norm blocks, one under the persistence threshold.
+const std::vector<int64_t> kUnits = {600'000, 200'000, 1'000'000, 50'000};
+
+void CheckAgainstEngine(Config config, int stage, OffloadDevice optimizer) {
+  config.bf16.enabled = true;
+  config.zero.stage = stage;
+  config.zero.offload_optimizer.device = optimizer;
+  config.zinf.optimizer_threads = 2;
+  const Measured m = RunEngine(config, kUnits, {});
+  PlanInput in;
+  in.config = config;
+  in.model = Units(kUnits);
+  const PlanRow r = PlanCombination(in, stage, optimizer, OffloadDevice::kNone);
+  ASSERT_TRUE(r.runnable) << r.note;
+  ExpectWithin10(static_cast<double>(r.device_bytes), static_cast<double>(m.device_peak), "device");
+  if (optimizer == OffloadDevice::kNone) {
+    EXPECT_EQ(r.host_bytes, 0u);
+    EXPECT_EQ(m.host_peak, 0u);
+  } else {
+    ExpectWithin10(static_cast<double>(r.host_bytes), static_cast<double>(m.host_peak), "host pinned");
+  }
+  // Step time: the optimizer phase (Adam, and with NVMe its reads and
+  // writes) of the second step against the prediction from the stated
+  // default rates. This 2-core machine is shared and its disk is virtual,
+  // so the check is loose (a factor of 10 either way); the figures print.
+  const double predicted = std::max(r.optimizer_s, r.nvme_s);
+  const double measured = m.optimizer_s + m.io_s;
+  std::printf("stage %d optimizer %s: device predicted %llu measured %llu; host predicted %llu measured %llu; "
+              "optimizer phase predicted %.2f ms measured %.2f ms (optimizer %.2f + io waits %.2f), whole step %.2f ms "
+              "(predicted %.2f ms)\n",
+              stage, std::string(OffloadDeviceName(optimizer)).c_str(), static_cast<unsigned long long>(r.device_bytes),
+              static_cast<unsigned long long>(m.device_peak), static_cast<unsigned long long>(r.host_bytes),
+              static_cast<unsigned long long>(m.host_peak), predicted * 1e3, measured * 1e3, m.optimizer_s * 1e3,
+              m.io_s * 1e3, m.step_s * 1e3, r.step_s * 1e3);
+  EXPECT_LT(measured, 10 * predicted);
+  EXPECT_GT(measured, predicted / 10);
+}
+
+TEST(PlanMeasuredTest, Stage0NoOffload) { CheckAgainstEngine(Config{}, 0, OffloadDevice::kNone); }
+
+TEST(PlanMeasuredTest, Stage2Cpu) { CheckAgainstEngine(Config{}, 2, OffloadDevice::kCpu); }
+
+TEST(PlanMeasuredTest, Stage3Nvme) {
+  Config c;
+  const std::string dir = test::TestDir() + "/plan_test_nvme";
+  std::filesystem::create_directories(dir);
+  c.zero.offload_optimizer.nvme_path = {dir};
+  c.zero.sub_group_size = 1'200'000;  // two sub-groups
+  CheckAgainstEngine(c, 3, OffloadDevice::kNvme);
+  std::filesystem::remove_all(dir);
+}
+
+// A GPT whose embeddings stay fetched through the micro-step (as in `zinf
+// train`), stage 3, with its activation arena and batch buffers.
+TEST(PlanMeasuredTest, GptStage3WithActivations) {
+  model::GptConfig g;
+  g.name = "plan-test";
+  g.vocab_size = 512;
+  g.max_seq_len = 64;
+  g.num_layers = 2;
+  g.embed_dim = 128;
+  g.num_heads = 4;
+  Config c;
+  c.bf16.enabled = true;
+  c.zero.stage = 3;
+  c.zero.stage3_param_persistence_threshold = 10'000;  // embeddings and blocks partitioned, the final norm not
+  c.zinf.optimizer_threads = 2;
+  std::vector<int64_t> units;
+  for (int u = 0; u < model::NumUnits(g); ++u) units.push_back(model::UnitNumParams(g, u));
+  const Measured m = RunEngine(c, units, {0}, &g, 4);
+  PlanInput in;
+  in.config = c;
+  in.model = Must(PlanGptModel(g, 4, 0, false, DType::kBFloat16));
+  const PlanRow r = PlanCombination(in, 3, OffloadDevice::kNone, OffloadDevice::kNone);
+  std::printf("gpt stage 3: device predicted %llu measured %llu (activations %llu)\n",
+              static_cast<unsigned long long>(r.device_bytes), static_cast<unsigned long long>(m.device_peak),
+              static_cast<unsigned long long>(in.model.activation_bytes));
+  ExpectWithin10(static_cast<double>(r.device_bytes), static_cast<double>(m.device_peak), "device");
+}
+
+}  // namespace
+}  // namespace zinf
