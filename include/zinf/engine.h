@@ -137,6 +137,25 @@ class Engine {
   // The whole unit's state as fp32 (num_elems values) into host memory.
   // Collective in stages 1 and 2 (the shards are gathered): every rank calls.
   virtual Status ReadState(int unit, StateKind kind, float* host_dst) = 0;
+
+  // Checkpoints, between optimizer steps only (at an accumulation boundary);
+  // collective: every rank calls. Save writes `dir`/step-N/ atomically: each
+  // rank writes its shard of every unit's fp32 master, m and v (the 16-bit
+  // compute copy is their rounding and is rebuilt on load) into
+  // step-N.tmp/rank-R.bin with a rank-R.json table (unit, kind, element
+  // range, byte offset, XXH3); after a barrier rank 0 writes manifest.json
+  // (format, config, world size, stage, step counters, loss-scale state,
+  // `client_state`), fsyncs files and directory, renames step-N.tmp to
+  // step-N and atomically replaces `dir`/latest. A crash at any moment
+  // leaves the previous checkpoint intact. Returns the checkpoint's path.
+  virtual Result<std::string> Save(const std::string& dir, const std::string& client_state = "{}") = 0;
+  // Restores a checkpoint saved by Save (`path` is a step-N directory, or
+  // `dir`/latest is followed when `path` is the parent holding it) into an
+  // engine whose units are registered identically (names and sizes); any
+  // stage, offload tier or world size. Every checksum is verified: a
+  // mismatch or a truncated file is kDataLoss naming the tensor and file.
+  // Returns the saved client_state.
+  virtual Result<std::string> Load(const std::string& path) = 0;
 };
 
 }  // namespace zinf

@@ -16,8 +16,11 @@
 #include <oneapi/tbb/parallel_for.h>
 #include <oneapi/tbb/task_arena.h>
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -40,6 +43,7 @@
 #include "nvme/engine_registrar.h"
 #include "nvme/io_engine.h"
 #include "nvme/swap_store.h"
+#include "sched/checkpoint_io.h"
 #include "sched/loss_scaler.h"
 #include "sched/lr_schedule.h"
 #include "sched/partition.h"
@@ -176,6 +180,8 @@ class EngineImpl final : public Engine {
     return a.ok() ? b : a;
   }
   Result<StepStats> Stats() override;
+  Result<std::string> Save(const std::string& dir, const std::string& client_state) override;
+  Result<std::string> Load(const std::string& path) override;
   Status ReadState(int unit, StateKind kind, float* host_dst) override;
 
  private:
@@ -217,6 +223,10 @@ class EngineImpl final : public Engine {
   Status HostAccumulate(Unit& u, const float* reduced, bool first);
   Result<PinnedBuffer> Pinned(uint64_t bytes, const std::string& what);
   Status SetUpSwap();
+  Status Barrier();
+  // Sets this rank's owned range of a unit's master, m and v from whole-unit
+  // host arrays, and rebuilds the compute copy (the master's rounding).
+  Status WriteUnitState(Unit& u, const float* master, const float* m, const float* v);
   Status EnqueuePartials(size_t i);
   Status ReadGroup(size_t g);
   Status SwapFailure(Status s);
@@ -1129,6 +1139,233 @@ Status EngineImpl::ReadState(int unit, StateKind kind, float* host_dst) {
   if (!s.ok()) return s;
   if (!sync.ok()) return sync;
   return f;
+}
+
+Status EngineImpl::Barrier() {
+  if (!distributed()) return Status::Ok();
+  ZINF_RETURN_IF_ERROR(comm_->Barrier(*stream_));
+  return stream_->Synchronize();
+}
+
+Status EngineImpl::WriteUnitState(Unit& u, const float* master, const float* m, const float* v) {
+  const int64_t n = u.part.num_elems, begin = owned_begin(u), valid = owned_valid(u);
+  const float* src[3] = {master, m, v};
+  if (valid > 0) {
+    if (nvme_) {
+      const size_t g = group_of_unit_[&u - units_.data()];
+      ZINF_ASSIGN_OR_RETURN(uint64_t padded, store_->PaddedBytes(g));
+      std::unique_ptr<float, decltype(&std::free)> buf(static_cast<float*>(std::aligned_alloc(4096, padded)), &std::free);
+      if (!buf) return OutOfMemory("checkpoint load: " + FormatBytes(padded) + " for a sub-group");
+      ZINF_RETURN_IF_ERROR(store_->Read(g, buf.get()).Wait());
+      float* base = buf.get() + offset_in_group_[&u - units_.data()];
+      for (int k = 0; k < 3; ++k) std::memcpy(base + k * owned_elems(u), src[k] + begin, valid * 4);
+      ZINF_RETURN_IF_ERROR(store_->Write(g, buf.get()).Wait());
+    } else if (offload_) {
+      PinnedBuffer* dst[3] = {&u.h_master, &u.h_exp_avg, &u.h_exp_avg_sq};
+      for (int k = 0; k < 3; ++k) std::memcpy(dst[k]->data(), src[k] + begin, valid * 4);
+    } else {
+      float* dst[3] = {u.master, u.exp_avg, u.exp_avg_sq};
+      for (int k = 0; k < 3; ++k) ZINF_RETURN_IF_ERROR(device_.CopyToDevice(dst[k], src[k] + begin, valid * 4, *stream_));
+    }
+  }
+  const size_t esize = DTypeSizeBytes(compute_dtype_);
+  std::vector<uint8_t> compute(n * esize);
+  ZINF_RETURN_IF_ERROR(Cast(arena_, master, DType::kFloat32, compute.data(), compute_dtype_, n));
+  if (u.partitioned) {
+    const int64_t shard_valid = u.part.valid_in_shard(rank_);
+    if (shard_valid > 0) {
+      ZINF_RETURN_IF_ERROR(device_.CopyToDevice(u.shard_params, compute.data() + u.part.shard_begin(rank_) * esize,
+                                                shard_valid * esize, *stream_));
+    }
+  } else {
+    ZINF_RETURN_IF_ERROR(device_.CopyToDevice(u.params, compute.data(), compute.size(), *stream_));
+  }
+  return stream_->Synchronize();  // the host vectors die with the caller
+}
+
+namespace {
+constexpr int kCheckpointFormat = 1;
+constexpr const char* kKindNames[3] = {"master", "exp_avg", "exp_avg_sq"};
+}  // namespace
+
+Result<std::string> EngineImpl::Save(const std::string& dir, const std::string& client_state) {
+  ZINF_RETURN_IF_ERROR(Finalize());
+  if (micro_in_window_ != 0) {
+    return FailedPrecondition("Save between optimizer steps only: " + std::to_string(micro_in_window_) + " of " +
+                              std::to_string(accumulation_) + " micro-steps of this step are done");
+  }
+  {
+    std::lock_guard lock(mu_);
+    if (!broken_.ok()) return broken_;
+  }
+  auto client = nlohmann::json::parse(client_state, nullptr, false);
+  if (client.is_discarded()) return InvalidArgument("Save: client_state is not valid JSON");
+  ZINF_RETURN_IF_ERROR(Synchronize());
+  namespace fs = std::filesystem;
+  const std::string name = "step-" + std::to_string(boundaries_);
+  const std::string tmp = (fs::path(dir) / (name + ".tmp")).string();
+  const std::string final_dir = (fs::path(dir) / name).string();
+  if (rank_ == 0) {
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    fs::remove_all(tmp, ec);  // left by a save that crashed
+    if (!fs::create_directories(tmp, ec) && ec) return IoError("cannot create " + tmp + ": " + ec.message());
+  }
+  ZINF_RETURN_IF_ERROR(Barrier());
+  // This rank's file: its shard range of every unit, whatever the stage.
+  const std::string bin = "rank-" + std::to_string(rank_) + ".bin";
+  nlohmann::json table = nlohmann::json::array();
+  {
+    ZINF_ASSIGN_OR_RETURN(ckpt::File f, ckpt::File::Create((fs::path(tmp) / bin).string()));
+    uint64_t offset = 0;
+    for (size_t i = 0; i < units_.size(); ++i) {
+      const Unit& u = units_[i];
+      std::vector<float> full(u.part.num_elems);
+      const int64_t begin = u.part.shard_begin(rank_), count = u.part.valid_in_shard(rank_);
+      for (int k = 0; k < 3; ++k) {
+        ZINF_RETURN_IF_ERROR(ReadState(static_cast<int>(i), static_cast<StateKind>(k), full.data()));
+        if (count == 0) continue;
+        const uint64_t bytes = static_cast<uint64_t>(count) * 4;
+        ZINF_RETURN_IF_ERROR(f.Write(full.data() + begin, bytes, offset));
+        table.push_back({{"unit", u.name}, {"kind", kKindNames[k]}, {"begin", begin}, {"count", count},
+                         {"offset", offset}, {"xxh3", ckpt::Checksum(full.data() + begin, bytes)}});
+        offset += bytes;
+      }
+    }
+    ZINF_RETURN_IF_ERROR(f.Sync());
+  }
+  ZINF_RETURN_IF_ERROR(ckpt::WriteFileAtomic((fs::path(tmp) / ("rank-" + std::to_string(rank_) + ".json")).string(),
+                                             nlohmann::json{{"file", bin}, {"tensors", table}}.dump(1)));
+  ZINF_RETURN_IF_ERROR(Barrier());
+  if (rank_ == 0) {
+    nlohmann::json units = nlohmann::json::array();
+    for (const Unit& u : units_) units.push_back({{"name", u.name}, {"elements", u.part.num_elems}});
+    LossScaler::State ls;
+    int64_t steps_applied;
+    {
+      std::lock_guard lock(mu_);
+      ls = scaler_.state();
+      steps_applied = steps_applied_;
+    }
+    nlohmann::json manifest = {
+        {"format", kCheckpointFormat},        {"world_size", world_},
+        {"stage", stage_},                    {"compute_dtype", std::string(DTypeName(compute_dtype_))},
+        {"boundaries", boundaries_},          {"steps_applied", steps_applied},
+        {"loss_scale", {{"scale", ls.scale}, {"cur_hysteresis", ls.cur_hysteresis}, {"iter", ls.iter},
+                        {"last_overflow_iter", ls.last_overflow_iter}, {"overflows", ls.overflows}}},
+        {"units", units},                     {"config", nlohmann::json::parse(config_.ToJson(0), nullptr, false)},
+        {"client_state", client}};
+    ZINF_RETURN_IF_ERROR(ckpt::WriteFileAtomic((fs::path(tmp) / "manifest.json").string(), manifest.dump(1)));
+    ZINF_RETURN_IF_ERROR(ckpt::FsyncDir(tmp));
+    std::error_code ec;
+    fs::remove_all(final_dir, ec);
+    if (::rename(tmp.c_str(), final_dir.c_str()) != 0) {
+      return IoError("rename " + tmp + " -> " + final_dir + ": " + std::strerror(errno));
+    }
+    ZINF_RETURN_IF_ERROR(ckpt::FsyncDir(dir));
+    ZINF_RETURN_IF_ERROR(ckpt::WriteFileAtomic((fs::path(dir) / "latest").string(), name + "\n"));
+  }
+  ZINF_RETURN_IF_ERROR(Barrier());
+  return final_dir;
+}
+
+Result<std::string> EngineImpl::Load(const std::string& path) {
+  namespace fs = std::filesystem;
+  ZINF_RETURN_IF_ERROR(Finalize());
+  ZINF_RETURN_IF_ERROR(Synchronize());
+  std::string ckpt_dir = path;
+  if (!fs::exists(fs::path(path) / "manifest.json")) {
+    auto latest = ckpt::ReadSmallFile((fs::path(path) / "latest").string());
+    if (!latest.ok()) return NotFound("no checkpoint at " + path + ": neither manifest.json nor latest");
+    std::string name = *latest;
+    while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
+    ckpt_dir = (fs::path(path) / name).string();
+  }
+  const std::string manifest_path = (fs::path(ckpt_dir) / "manifest.json").string();
+  ZINF_ASSIGN_OR_RETURN(std::string text, ckpt::ReadSmallFile(manifest_path));
+  auto manifest = nlohmann::json::parse(text, nullptr, false);
+  if (manifest.is_discarded() || !manifest.is_object() || manifest.value("format", 0) != kCheckpointFormat) {
+    return DataLoss(manifest_path + ": not a zinf checkpoint manifest of format " + std::to_string(kCheckpointFormat));
+  }
+  try {
+    // The units must be the same (names and sizes); list every difference.
+    std::string diffs;
+    const auto& saved = manifest.at("units");
+    if (saved.size() != units_.size()) {
+      diffs += " the checkpoint has " + std::to_string(saved.size()) + " units, this engine " +
+               std::to_string(units_.size()) + ";";
+    }
+    for (size_t i = 0; i < std::min<size_t>(saved.size(), units_.size()); ++i) {
+      const std::string sname = saved[i].at("name");
+      const int64_t selems = saved[i].at("elements");
+      if (sname != units_[i].name || selems != units_[i].part.num_elems) {
+        diffs += " unit " + std::to_string(i) + " is '" + sname + "' (" + std::to_string(selems) +
+                 " elements) there, '" + units_[i].name + "' (" + std::to_string(units_[i].part.num_elems) + ") here;";
+      }
+    }
+    if (!diffs.empty()) return InvalidArgument("checkpoint " + ckpt_dir + " does not match the registered units:" + diffs);
+    const int saved_world = manifest.at("world_size");
+    // Every rank's table: (unit, kind) -> slices.
+    struct Slice {
+      int64_t begin, count;
+      uint64_t offset, xxh3;
+      std::shared_ptr<ckpt::File> file;
+    };
+    std::map<std::pair<std::string, std::string>, std::vector<Slice>> slices;
+    for (int r = 0; r < saved_world; ++r) {
+      const std::string tpath = (fs::path(ckpt_dir) / ("rank-" + std::to_string(r) + ".json")).string();
+      auto ttext = ckpt::ReadSmallFile(tpath);
+      if (!ttext.ok()) return DataLoss("checkpoint " + ckpt_dir + ": rank " + std::to_string(r) + "'s table " + tpath + " is missing");
+      auto t = nlohmann::json::parse(*ttext, nullptr, false);
+      if (t.is_discarded()) return DataLoss(tpath + ": not valid JSON");
+      const std::string bin = (fs::path(ckpt_dir) / t.at("file").get<std::string>()).string();
+      ZINF_ASSIGN_OR_RETURN(ckpt::File f, ckpt::File::OpenRead(bin));
+      auto file = std::make_shared<ckpt::File>(std::move(f));
+      for (const auto& e : t.at("tensors")) {
+        slices[{e.at("unit").get<std::string>(), e.at("kind").get<std::string>()}].push_back(
+            {e.at("begin").get<int64_t>(), e.at("count").get<int64_t>(), e.at("offset").get<uint64_t>(),
+             e.at("xxh3").get<uint64_t>(), file});
+      }
+    }
+    for (Unit& u : units_) {
+      std::vector<float> state[3];
+      for (int k = 0; k < 3; ++k) {
+        state[k].assign(u.part.num_elems, 0.0f);
+        int64_t covered = 0;
+        for (const Slice& sl : slices[{u.name, kKindNames[k]}]) {
+          if (sl.begin < 0 || sl.count < 0 || sl.begin + sl.count > u.part.num_elems) {
+            return DataLoss("checkpoint " + ckpt_dir + ": unit '" + u.name + "' " + kKindNames[k] + " slice [" +
+                            std::to_string(sl.begin) + ", " + std::to_string(sl.begin + sl.count) +
+                            ") is outside the unit (" + std::to_string(u.part.num_elems) + " elements)");
+          }
+          const uint64_t bytes = static_cast<uint64_t>(sl.count) * 4;
+          ZINF_RETURN_IF_ERROR(sl.file->Read(state[k].data() + sl.begin, bytes, sl.offset));
+          if (ckpt::Checksum(state[k].data() + sl.begin, bytes) != sl.xxh3) {
+            return DataLoss("checkpoint: unit '" + u.name + "' " + kKindNames[k] + " elements [" +
+                            std::to_string(sl.begin) + ", " + std::to_string(sl.begin + sl.count) + ") in " +
+                            sl.file->path() + " at offset " + std::to_string(sl.offset) + ": checksum mismatch");
+          }
+          covered += sl.count;
+        }
+        if (covered != u.part.num_elems) {
+          return DataLoss("checkpoint " + ckpt_dir + ": unit '" + u.name + "' " + kKindNames[k] + " covers " +
+                          std::to_string(covered) + " of " + std::to_string(u.part.num_elems) + " elements");
+        }
+      }
+      ZINF_RETURN_IF_ERROR(WriteUnitState(u, state[0].data(), state[1].data(), state[2].data()));
+    }
+    const auto& ls = manifest.at("loss_scale");
+    std::lock_guard lock(mu_);
+    scaler_.Restore({ls.at("scale").get<double>(), ls.at("cur_hysteresis").get<int64_t>(), ls.at("iter").get<int64_t>(),
+                     ls.at("last_overflow_iter").get<int64_t>(), ls.at("overflows").get<int64_t>()});
+    steps_applied_ = manifest.at("steps_applied").get<int64_t>();
+    boundaries_ = manifest.at("boundaries").get<int64_t>();
+    decision_pending_ = false;
+    micro_in_window_ = 0;
+    return manifest.at("client_state").dump();
+  } catch (const nlohmann::json::exception& e) {
+    return DataLoss(manifest_path + " or a rank table: malformed (" + std::string(e.what()) + ")");
+  }
 }
 
 }  // namespace

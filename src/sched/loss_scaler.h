@@ -41,6 +41,20 @@ class LossScaler {
 
   int64_t overflows() const { return overflows_; }  // total overflow steps seen
 
+  // What a checkpoint keeps: everything that changes after Create.
+  struct State {
+    double scale = 1;
+    int64_t cur_hysteresis = 1, iter = 0, last_overflow_iter = -1, overflows = 0;
+  };
+  State state() const { return {scale_, cur_hysteresis_, iter_, last_overflow_iter_, overflows_}; }
+  void Restore(const State& s) {
+    scale_ = s.scale;
+    cur_hysteresis_ = s.cur_hysteresis;
+    iter_ = s.iter;
+    last_overflow_iter_ = s.last_overflow_iter;
+    overflows_ = s.overflows;
+  }
+
   // One line, e.g. "dynamic loss scale 65536 (initial 2^16), window 1000, hysteresis 2, min 1".
   std::string Describe() const;
 
