@@ -56,6 +56,8 @@ struct TrainOptions {
   uint64_t seed = 1;
   int threads = 0;
   std::string metrics_json, plot;
+  std::string save_dir, resume;
+  int64_t save_every = 0, keep = 2;
 };
 
 // A bad input: one line, exit code 2.
@@ -300,8 +302,42 @@ int Run(const TrainOptions& opt) {
     std::fflush(stdout);
   }
 
-  // ---- Training.
+  // ---- Training (resumed from a checkpoint when asked).
   data::BatchLoader loader = Must(data::BatchLoader::Create(split.train, {B, T, opt.seed, true}), "data");
+  int64_t first_step = 0;
+  const bool tty = isatty(2);
+  if (!opt.resume.empty()) {
+    const std::string from = opt.resume == "latest" ? opt.save_dir : opt.resume;
+    if (from.empty()) throw Usage{"--resume latest needs --save-dir"};
+    auto client = engine->Load(from);
+    if (!client.ok()) throw Usage{"--resume " + opt.resume + ": " + client.status().message()};
+    auto j = nlohmann::json::parse(*client, nullptr, false);
+    if (j.is_discarded() || !j.contains("step") || !j.contains("loader")) {
+      throw Usage{"--resume " + opt.resume + ": the checkpoint was not written by zinf train"};
+    }
+    first_step = j["step"].get<int64_t>();
+    Must(loader.Restore({j["loader"]["epoch"].get<uint64_t>(), j["loader"]["window"].get<uint64_t>()}), "resume");
+    if (talk) std::printf("  resumed from %s at step %lld\n", from.c_str(), static_cast<long long>(first_step));
+  }
+  // Saves step-N under --save-dir and keeps the newest --keep of them.
+  auto save = [&](int64_t done) {
+    nlohmann::json client = {{"step", done}, {"loader", {{"epoch", loader.Position().epoch}, {"window", loader.Position().window}}}};
+    const std::string path = Must(engine->Save(opt.save_dir, client.dump()), "save");
+    if (!talk) return;
+    std::vector<std::filesystem::path> old;
+    for (const auto& e : std::filesystem::directory_iterator(opt.save_dir)) {
+      const std::string n = e.path().filename().string();
+      if (e.is_directory() && n.rfind("step-", 0) == 0 && n.find(".tmp") == std::string::npos) old.push_back(e.path());
+    }
+    std::sort(old.begin(), old.end(), [](const auto& a, const auto& b) {
+      return std::stoll(a.filename().string().substr(5)) < std::stoll(b.filename().string().substr(5));
+    });
+    for (size_t i = 0; i + static_cast<size_t>(std::max<int64_t>(opt.keep, 1)) < old.size(); ++i) {
+      std::error_code ec;
+      std::filesystem::remove_all(old[i], ec);
+    }
+    if (!tty) std::fprintf(stderr, "saved %s\n", path.c_str());
+  };
   std::vector<int32_t> tok(B * T), tgt(B * T), skip_tok(B * T), skip_tgt(B * T);
   int32_t* dtok = static_cast<int32_t*>(Must(device->Allocate(B * T * 4, *stream), "tokens"));
   int32_t* dtgt = static_cast<int32_t*>(Must(device->Allocate(B * T * 4, *stream), "targets"));
@@ -314,9 +350,8 @@ int Run(const TrainOptions& opt) {
   const int L = static_cast<int>(mc.num_layers);
   std::vector<double> losses, tps_hist;
   double optimizer_s = 0, comm_s = 0, copy_s = 0, io_s = 0, stall_s = 0, train_s = 0;
-  const bool tty = isatty(2);
   const auto start = std::chrono::steady_clock::now();
-  for (int64_t step = 0; step < steps; ++step) {
+  for (int64_t step = first_step; step < steps; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
     double loss_sum = 0;
     for (int64_t k = 0; k < batch.gradient_accumulation_steps; ++k) {
@@ -366,9 +401,10 @@ int Run(const TrainOptions& opt) {
     copy_s += st.copy_seconds;
     io_s += st.io_seconds;
     stall_s += st.stall_seconds;
+    if (!opt.save_dir.empty() && opt.save_every > 0 && ((step + 1) % opt.save_every == 0 || step + 1 == steps)) save(step + 1);
     if (!talk) continue;
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    const double eta = elapsed / (step + 1) * (steps - step - 1);
+    const double eta = elapsed / (step + 1 - first_step) * (steps - step - 1);
     if (tty || (step + 1) % std::max<int64_t>(1, steps / 10) == 0 || step + 1 == steps) {
       std::fprintf(stderr, "%sstep %lld/%lld  loss %.4f  %s tokens/s  step %.0f ms  ETA %.0f s  optimizer %.0f%%  nvme waits %.0f%%  stall %.0f%%%s",
                    tty ? "\r" : "", static_cast<long long>(step + 1), static_cast<long long>(steps), loss,
@@ -459,7 +495,7 @@ int Run(const TrainOptions& opt) {
                                 mc, *naming, *dtype, opt.export_path),
          "export");
   }
-  const double tokens = static_cast<double>(steps * batch.train_batch_size * T);
+  const double tokens = static_cast<double>((steps - first_step) * batch.train_batch_size * T);
   std::printf("summary: validation loss %.4f nats/token", vloss);
   if (embedded && tokenizer->VocabSize() == 256) {
     std::printf(" (corpus entropy rate %.4f; target <= %.4f: %s)", data::EmbeddedCorpus::EntropyRateNats(),
@@ -507,6 +543,10 @@ void RegisterTrain(CLI::App& app, int* exit_code) {
   cmd->add_option("--export-dtype", opt->export_dtype, "fp32, bf16 or fp16")->capture_default_str();
   cmd->add_option("--metrics-json", opt->metrics_json, "One JSON line per step with the engine's metrics");
   cmd->add_option("--plot", opt->plot, "SVG of loss and tokens/s over steps");
+  cmd->add_option("--save-dir", opt->save_dir, "Checkpoint directory (step-N/ and a latest pointer)");
+  cmd->add_option("--save-every", opt->save_every, "Save every N steps (and after the last)");
+  cmd->add_option("--keep", opt->keep, "Checkpoints kept under --save-dir")->capture_default_str();
+  cmd->add_option("--resume", opt->resume, "A step-N directory, a checkpoint directory, or latest (in --save-dir)");
   cmd->callback([opt, exit_code] {
     try {
       *exit_code = Run(*opt);

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -79,6 +80,38 @@ TEST(TrainTest, EmbeddedDefaultReachesTheEntropyBound) {
   EXPECT_NE(r.output.find("optimizer Adam"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("on nvme"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find(": met)"), std::string::npos) << r.output;
+}
+
+std::vector<nlohmann::json> Lines(const std::string& path) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+// Stopping at step 6 and resuming from its checkpoint gives the losses and
+// gradient norms of the run that never stopped, bit for bit.
+TEST(TrainTest, ResumeContinuesBitExactly) {
+  const std::string shape = " --steps 12 --layers 1 --d-model 32 --seq-len 32 --micro-batch 4";
+  const std::string ck = Scratch("train_ckpt"), m1 = Scratch("train_m1.jsonl"), m2 = Scratch("train_m2.jsonl");
+  std::filesystem::remove_all(ck);
+  auto r = RunZinf("train" + shape + " --metrics-json " + m1);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = RunZinf("train" + shape + " --save-dir " + ck + " --save-every 6 --keep 2");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(std::filesystem::exists(ck + "/step-6/manifest.json"));
+  EXPECT_TRUE(std::filesystem::exists(ck + "/latest"));
+  r = RunZinf("train" + shape + " --resume " + ck + "/step-6 --metrics-json " + m2);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("resumed from"), std::string::npos) << r.output;
+  const auto straight = Lines(m1), resumed = Lines(m2);
+  ASSERT_EQ(straight.size(), 12u);
+  ASSERT_EQ(resumed.size(), 6u);
+  for (size_t i = 0; i < 6; ++i) {
+    EXPECT_EQ(resumed[i].at("step"), straight[6 + i].at("step"));
+    EXPECT_EQ(resumed[i].at("loss").get<double>(), straight[6 + i].at("loss").get<double>()) << "step " << 7 + i;
+    EXPECT_EQ(resumed[i].at("grad_norm").get<double>(), straight[6 + i].at("grad_norm").get<double>());
+  }
 }
 
 TEST(TrainTest, BadInputIsOneLineAndExitCodeTwo) {
