@@ -1,10 +1,12 @@
 // Paths for tests: the source tree, the build tree, and a scratch directory
 // for tests that need disk ($ZINF_TEST_DIR when set, else <build>/test-scratch;
-// each test stays under 2 GB there).
+// each test stays under 2 GB there); and running a command as a user would.
 #pragma once
 
 #include <sys/stat.h>
+#include <sys/wait.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 
@@ -25,6 +27,23 @@ inline std::string TestDir() {
     }
   }
   return dir;
+}
+
+// Runs `command` through the shell; returns its exit code (-1 when it did not
+// exit normally) and everything it wrote to stdout (redirect stderr in the
+// command to capture it too).
+struct CommandResult {
+  int exit_code;
+  std::string output;
+};
+inline CommandResult RunCommand(const std::string& command) {
+  FILE* pipe = popen(command.c_str(), "r");
+  if (!pipe) return {-1, "popen failed: " + command};
+  std::string out;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, pipe)) out.append(buf, n);
+  const int status = pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
 }
 
 }  // namespace zinf::test

@@ -227,6 +227,7 @@ class EngineImpl final : public Engine {
   // Sets this rank's owned range of a unit's master, m and v from whole-unit
   // host arrays, and rebuilds the compute copy (the master's rounding).
   Status WriteUnitState(Unit& u, const float* master, const float* m, const float* v);
+  Status WriteComputeCopy(Unit& u, const float* master);
   Status EnqueuePartials(size_t i);
   Status ReadGroup(size_t g);
   Status SwapFailure(Status s);
@@ -386,17 +387,7 @@ Result<int> EngineImpl::AddUnit(const std::string& name, const std::vector<Param
     ZINF_RETURN_IF_ERROR(Cast(arena_, params[i].init, params[i].dtype, master.data() + u.tensor_offsets[i],
                               DType::kFloat32, n));
   }
-  std::vector<uint8_t> compute(total * esize);
-  ZINF_RETURN_IF_ERROR(Cast(arena_, master.data(), DType::kFloat32, compute.data(), compute_dtype_, total));
-  if (u.partitioned) {
-    const int64_t shard_valid = u.part.valid_in_shard(rank_);
-    if (shard_valid > 0) {
-      ZINF_RETURN_IF_ERROR(device_.CopyToDevice(u.shard_params, compute.data() + u.part.shard_begin(rank_) * esize,
-                                                shard_valid * esize, *stream_));
-    }
-  } else {
-    ZINF_RETURN_IF_ERROR(device_.CopyToDevice(u.params, compute.data(), compute.size(), *stream_));
-  }
+  ZINF_RETURN_IF_ERROR(WriteComputeCopy(u, master.data()));
   const int64_t begin = owned_begin(u), valid = owned_valid(u);
   if (nvme_) {
     init_master_.emplace_back(master.begin() + std::min(begin, total), master.begin() + std::min(begin + valid, total));
@@ -1148,7 +1139,7 @@ Status EngineImpl::Barrier() {
 }
 
 Status EngineImpl::WriteUnitState(Unit& u, const float* master, const float* m, const float* v) {
-  const int64_t n = u.part.num_elems, begin = owned_begin(u), valid = owned_valid(u);
+  const int64_t begin = owned_begin(u), valid = owned_valid(u);
   const float* src[3] = {master, m, v};
   if (valid > 0) {
     if (nvme_) {
@@ -1168,6 +1159,14 @@ Status EngineImpl::WriteUnitState(Unit& u, const float* master, const float* m, 
       for (int k = 0; k < 3; ++k) ZINF_RETURN_IF_ERROR(device_.CopyToDevice(dst[k], src[k] + begin, valid * 4, *stream_));
     }
   }
+  return WriteComputeCopy(u, master);
+}
+
+// The compute copy of a whole unit from its fp32 master (host, num_elems):
+// the master's rounding, written where this rank keeps it. Synchronizes (the
+// staging vector dies here).
+Status EngineImpl::WriteComputeCopy(Unit& u, const float* master) {
+  const int64_t n = u.part.num_elems;
   const size_t esize = DTypeSizeBytes(compute_dtype_);
   std::vector<uint8_t> compute(n * esize);
   ZINF_RETURN_IF_ERROR(Cast(arena_, master, DType::kFloat32, compute.data(), compute_dtype_, n));
@@ -1180,7 +1179,7 @@ Status EngineImpl::WriteUnitState(Unit& u, const float* master, const float* m, 
   } else {
     ZINF_RETURN_IF_ERROR(device_.CopyToDevice(u.params, compute.data(), compute.size(), *stream_));
   }
-  return stream_->Synchronize();  // the host vectors die with the caller
+  return stream_->Synchronize();
 }
 
 namespace {

@@ -22,16 +22,10 @@ struct RunResult {
 
 RunResult RunZinf(const std::string& args) {
   const std::string err_path = zinf::test::TestDir() + "/plan_cli_stderr.txt";
-  std::string cmd = zinf::test::BinaryDir() + "/zinf " + args + " 2>" + err_path;
-  FILE* pipe = popen(cmd.c_str(), "r");
-  EXPECT_NE(pipe, nullptr);
-  std::string out;
-  std::array<char, 4096> buf;
-  while (size_t n = fread(buf.data(), 1, buf.size(), pipe)) out.append(buf.data(), n);
-  int status = pclose(pipe);
+  const auto r = zinf::test::RunCommand(zinf::test::BinaryDir() + "/zinf " + args + " 2>" + err_path);
   std::ifstream e(err_path);
   std::string err((std::istreambuf_iterator<char>(e)), std::istreambuf_iterator<char>());
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out, err};
+  return {r.exit_code, r.output, err};
 }
 
 std::string Scratch(const std::string& name, const std::string& content) {

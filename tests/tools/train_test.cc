@@ -19,21 +19,9 @@
 
 namespace {
 
-struct RunResult {
-  int exit_code;
-  std::string output;  // stdout and stderr together
-};
-
-RunResult RunZinf(const std::string& args) {
-  std::string cmd = "cd " + zinf::test::TestDir() + " && ZINF_LOG_LEVEL=warn " + zinf::test::BinaryDir() + "/zinf " +
-                    args + " 2>&1";
-  FILE* pipe = popen(cmd.c_str(), "r");
-  EXPECT_NE(pipe, nullptr);
-  std::string out;
-  std::array<char, 4096> buf;
-  while (size_t n = fread(buf.data(), 1, buf.size(), pipe)) out.append(buf.data(), n);
-  int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+zinf::test::CommandResult RunZinf(const std::string& args) {
+  return zinf::test::RunCommand("cd " + zinf::test::TestDir() + " && ZINF_LOG_LEVEL=warn " +
+                                zinf::test::BinaryDir() + "/zinf " + args + " 2>&1");
 }
 
 std::string Scratch(const std::string& name) { return zinf::test::TestDir() + "/" + name; }
