@@ -127,6 +127,18 @@ Status ApplyAdamJson(const std::string& json_text, const std::string& source, Pl
   return Status::Ok();
 }
 
+// The rates of one point of a sweep.
+Status ApplySweepPoint(const nlohmann::json& p, const std::string& source, PlanRates& rates) {
+  ZINF_ASSIGN_OR_RETURN(double r, PositiveNumber(p, "read_gb_per_s", source));
+  ZINF_ASSIGN_OR_RETURN(double w, PositiveNumber(p, "write_gb_per_s", source));
+  const std::string at = source + " (recommended point: block " + std::to_string(p["block_size"].get<int64_t>()) +
+                         ", qd " + std::to_string(p["queue_depth"].get<int64_t>()) + ", threads " +
+                         std::to_string(p["threads"].get<int64_t>()) + ")";
+  rates.nvme_read_gbps = {r, at};
+  rates.nvme_write_gbps = {w, at};
+  return Status::Ok();
+}
+
 Status ApplyAioJson(const std::string& json_text, const std::string& source, PlanRates& rates) {
   ZINF_ASSIGN_OR_RETURN(nlohmann::json j, ParseJson(json_text, source));
   const std::string command = j.value("command", "");
@@ -141,14 +153,7 @@ Status ApplyAioJson(const std::string& json_text, const std::string& source, Pla
       if (p.value("block_size", -1.0) == a.value("block_size", -2.0) &&
           p.value("queue_depth", -1.0) == a.value("queue_depth", -2.0) &&
           p.value("threads", -1.0) == a.value("intra_op_parallelism", -2.0)) {
-        ZINF_ASSIGN_OR_RETURN(double r, PositiveNumber(p, "read_gb_per_s", source));
-        ZINF_ASSIGN_OR_RETURN(double w, PositiveNumber(p, "write_gb_per_s", source));
-        const std::string at = source + " (recommended point: block " + std::to_string(p["block_size"].get<int64_t>()) +
-                               ", qd " + std::to_string(p["queue_depth"].get<int64_t>()) + ", threads " +
-                               std::to_string(p["threads"].get<int64_t>()) + ")";
-        rates.nvme_read_gbps = {r, at};
-        rates.nvme_write_gbps = {w, at};
-        return Status::Ok();
+        return ApplySweepPoint(p, source, rates);
       }
     }
     return InvalidArgument(source + ": the recommended aio setting is not among the sweep's points");
@@ -159,7 +164,12 @@ Status ApplyAioJson(const std::string& json_text, const std::string& source, Pla
       return InvalidArgument(source + ": `zinf aio read|write --json` output without \"op\" and \"median\"");
     }
     ZINF_ASSIGN_OR_RETURN(double g, PositiveNumber(j["median"], "gb_per_s", source));
-    (op == "read" ? rates.nvme_read_gbps : rates.nvme_write_gbps) = {g, source + " (median of zinf aio " + op + ")"};
+    const std::string from = source + " (median of zinf aio " + op + ")";
+    if (op == "read") {
+      rates.nvme_read_gbps = {g, from};
+    } else {
+      rates.nvme_write_gbps = {g, from};
+    }
     return Status::Ok();
   }
   return InvalidArgument(source +
