@@ -3,6 +3,7 @@
 // (the arithmetic is src/sched/plan.cc; this file reads flags and files and
 // prints).
 #include "tools/plan.h"
+#include "tools/train.h"
 
 #include <CLI/CLI.hpp>
 #include <sys/statvfs.h>
@@ -128,12 +129,7 @@ int Run(const PlanOptions& opt) {
       if (!p.ok()) throw Usage{"--model: " + p.status().message()};
       mc = *p;
     } else {
-      mc.name = "custom";
-      mc.vocab_size = 256;
-      mc.max_seq_len = 64;
-      mc.num_layers = 2;
-      mc.embed_dim = 64;
-      mc.num_heads = 4;
+      mc = DefaultTrainModel();  // zinf train's default shape
     }
     if (opt.layers > 0) mc.num_layers = opt.layers;
     if (opt.d_model > 0) mc.embed_dim = opt.d_model;

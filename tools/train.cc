@@ -80,7 +80,6 @@ void Must(const Status& s, const std::string& what) {
 
 // The embedded default's shape and schedule: small enough to finish in well
 // under 90 s on two cores, large enough to learn the corpus's structure.
-constexpr int64_t kDefaultLayers = 2, kDefaultDModel = 64, kDefaultHeads = 4, kDefaultSeqLen = 64;
 constexpr int64_t kDefaultSteps = 300, kDefaultMicroBatch = 8;
 constexpr double kDefaultLr = 3e-3;
 constexpr uint64_t kDefaultCorpusBytes = 2'000'000;
@@ -210,12 +209,7 @@ int Run(const TrainOptions& opt) {
     if (!p.ok()) throw Usage{p.status().message()};
     mc = *p;
   } else {
-    mc.name = "custom";
-    mc.num_layers = kDefaultLayers;
-    mc.embed_dim = kDefaultDModel;
-    mc.num_heads = kDefaultHeads;
-    mc.max_seq_len = kDefaultSeqLen;
-    mc.vocab_size = tokenizer->VocabSize();
+    mc = DefaultTrainModel(tokenizer->VocabSize());
   }
   if (opt.layers > 0) mc.num_layers = opt.layers;
   if (opt.d_model > 0) mc.embed_dim = opt.d_model;
@@ -516,6 +510,17 @@ int Run(const TrainOptions& opt) {
 }
 
 }  // namespace
+
+model::GptConfig DefaultTrainModel(int64_t vocab_size) {
+  model::GptConfig mc;
+  mc.name = "custom";
+  mc.num_layers = 2;
+  mc.embed_dim = 64;
+  mc.num_heads = 4;
+  mc.max_seq_len = 64;
+  mc.vocab_size = vocab_size;
+  return mc;
+}
 
 void RegisterTrain(CLI::App& app, int* exit_code) {
   auto opt = std::make_shared<TrainOptions>();
