@@ -3,6 +3,8 @@
 #   <libdir>/libzinf.so.<abi>[.x.y.z]        zinf_shared (src/capi), SONAME libzinf.so.<abi>
 #   <libdir>/cmake/zinf/zinfConfig*.cmake    find_package(zinf) -> zinf::zinf
 #   <libdir>/pkgconfig/zinf.pc               pkg-config --cflags --libs zinf
+#   <libdir>/libzinf.a                       with -DZINF_BUILD_STATIC=ON: zinf::zinf_static
+#   <libdir>/pkgconfig/zinf-static.pc        and pkg-config --libs zinf-static
 # The C++ headers of include/zinf/ stay in the tree: their classes are hidden
 # in libzinf.so, so only code built inside zinf (linking the static library)
 # can use them. Components: zinf_runtime (the library), zinf_dev (the rest).
@@ -15,6 +17,10 @@ install(TARGETS zinf_shared EXPORT zinfTargets
   LIBRARY DESTINATION "${CMAKE_INSTALL_LIBDIR}" COMPONENT zinf_runtime NAMELINK_COMPONENT zinf_dev
   RUNTIME DESTINATION "${CMAKE_INSTALL_BINDIR}" COMPONENT zinf_runtime
   ARCHIVE DESTINATION "${CMAKE_INSTALL_LIBDIR}" COMPONENT zinf_dev)
+if(ZINF_BUILD_STATIC)
+  install(TARGETS zinf_static EXPORT zinfTargets
+    ARCHIVE DESTINATION "${CMAKE_INSTALL_LIBDIR}" COMPONENT zinf_dev)
+endif()
 install(FILES "${PROJECT_SOURCE_DIR}/include/zinf/zinf.h"
   DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}/zinf" COMPONENT zinf_dev)
 install(EXPORT zinfTargets
@@ -54,3 +60,8 @@ else()
 endif()
 configure_file("${CMAKE_CURRENT_LIST_DIR}/zinf.pc.in" "${CMAKE_BINARY_DIR}/package/zinf.pc" @ONLY)
 install(FILES "${CMAKE_BINARY_DIR}/package/zinf.pc" DESTINATION "${_zinf_pcdir}" COMPONENT zinf_dev)
+if(ZINF_BUILD_STATIC)
+  list(JOIN ZINF_STATIC_LINK_ITEMS " " ZINF_PC_STATIC_LIBS)
+  configure_file("${CMAKE_CURRENT_LIST_DIR}/zinf-static.pc.in" "${CMAKE_BINARY_DIR}/package/zinf-static.pc" @ONLY)
+  install(FILES "${CMAKE_BINARY_DIR}/package/zinf-static.pc" DESTINATION "${_zinf_pcdir}" COMPONENT zinf_dev)
+endif()

@@ -293,6 +293,36 @@ typedef enum zinf_state_kind {
 ZINF_API int zinf_engine_read_state(zinf_engine* engine, int unit, zinf_state_kind kind, float* host_dst,
                                     size_t num_elems);
 
+/* ---- Checkpoints -----------------------------------------------------------
+ * Between optimizer steps only (after a zinf_engine_step that reported an
+ * accumulation boundary, or before the first); collective: every rank of the
+ * engine calls, with the same arguments. */
+
+/* Saves the engine's state under `dir` (created if missing) as
+ * `dir`/step-N/ and points `dir`/latest at it, atomically: every rank writes
+ * its shard of each unit's fp32 master, m and v with an XXH3 checksum per
+ * slice, rank 0 writes the manifest (format, config, world size, stage, step
+ * counters, loss-scale state, `client_json`), fsyncs and renames. A crash at
+ * any moment leaves the previous checkpoint intact. `client_json` is the
+ * caller's own state to keep with it (a JSON value; NULL means {}), returned
+ * by zinf_engine_load. *out_path (may be NULL) receives the checkpoint's
+ * directory; free it with zinf_string_free.
+ * Errors: INVALID_ARGUMENT (client_json not JSON), FAILED_PRECONDITION (in
+ * the middle of an accumulation), IO (names the path, offset, length and
+ * errno; ENOSPC included), UNAVAILABLE (a rank failed). */
+ZINF_API int zinf_engine_save(zinf_engine* engine, const char* dir, const char* client_json, char** out_path);
+
+/* Restores a checkpoint written by zinf_engine_save: `path` is a step-N
+ * directory or the `dir` holding `latest`. The engine's units must be
+ * registered as they were when saving (names and sizes); the stage, offload
+ * tier and world size may differ (the state is resharded). Every checksum is
+ * verified before anything is used. *out_client_json (may be NULL) receives
+ * the saved client JSON; free it with zinf_string_free.
+ * Errors: NOT_FOUND (no checkpoint there), DATA_LOSS (checksum mismatch,
+ * truncated file: names the tensor and the file), INVALID_ARGUMENT (units or
+ * config that do not match, naming the first difference), IO. */
+ZINF_API int zinf_engine_load(zinf_engine* engine, const char* path, char** out_client_json);
+
 /* ---- Streams ---------------------------------------------------------------
  * An ordered queue of work on the engine's device. Thread-safety: any thread;
  * one stream's order is the order its enqueue calls return in. */

@@ -415,6 +415,32 @@ ZINF_API int zinf_engine_read_state(zinf_engine* engine, int unit, zinf_state_ki
   });
 }
 
+// ---- Checkpoints ------------------------------------------------------------
+
+ZINF_API int zinf_engine_save(zinf_engine* engine, const char* dir, const char* client_json, char** out_path) {
+  return Guard(__func__, [&]() -> Status {
+    ZINF_RETURN_IF_ERROR(NotNull(engine, "engine"));
+    ZINF_RETURN_IF_ERROR(NotNull(dir, "dir"));
+    std::string client = client_json ? client_json : "{}";
+    if (!nlohmann::json::accept(client)) {
+      return zinf::InvalidArgument("client_json is not a JSON value: " + client.substr(0, 80));
+    }
+    ZINF_ASSIGN_OR_RETURN(std::string path, engine->engine->Save(dir, client));
+    if (out_path) return zinf::capi::ReturnString(path, out_path);
+    return Status::Ok();
+  });
+}
+
+ZINF_API int zinf_engine_load(zinf_engine* engine, const char* path, char** out_client_json) {
+  return Guard(__func__, [&]() -> Status {
+    ZINF_RETURN_IF_ERROR(NotNull(engine, "engine"));
+    ZINF_RETURN_IF_ERROR(NotNull(path, "path"));
+    ZINF_ASSIGN_OR_RETURN(std::string client, engine->engine->Load(path));
+    if (out_client_json) return zinf::capi::ReturnString(client, out_client_json);
+    return Status::Ok();
+  });
+}
+
 // ---- Streams ----------------------------------------------------------------
 
 ZINF_API int zinf_stream_create(zinf_engine* engine, zinf_stream** out) {

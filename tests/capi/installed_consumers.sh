@@ -8,14 +8,18 @@
 #   3. configure and build tests/capi/consumer with find_package(zinf) and
 #      run the C and C++ consumers;
 #   4. build the same two programs with nothing but `pkg-config zinf` and run
-#      them again.
-# usage: installed_consumers.sh <build dir> <source dir> <cmake> <C compiler> <C++ compiler>
+#      them again;
+#   5. with a static build (ZINF_BUILD_STATIC=ON): link the C consumer against
+#      libzinf.a, through zinf::zinf_static and through `pkg-config
+#      zinf-static`, check it does not load libzinf.so, and run it.
+# usage: installed_consumers.sh <build dir> <source dir> <cmake> <C compiler> <C++ compiler> <static ON|OFF>
 set -euo pipefail
-if [[ $# -ne 5 ]]; then
-  echo "usage: $0 <build dir> <source dir> <cmake> <C compiler> <C++ compiler>" >&2
+if [[ $# -ne 6 ]]; then
+  echo "usage: $0 <build dir> <source dir> <cmake> <C compiler> <C++ compiler> <static ON|OFF>" >&2
   exit 2
 fi
 build=$1 src=$2 cmake=$3 cc=$4 cxx=$5
+case "$6" in ON | on | TRUE | true | 1 | YES | yes) static=1 ;; *) static=0 ;; esac
 consumer=$src/tests/capi/consumer
 mkdir -p "${TMPDIR:-/tmp}"
 work=$(mktemp -d "${TMPDIR:-/tmp}/zinf-capi.XXXXXX")
@@ -78,4 +82,21 @@ for exe in c_consumer cxx_consumer; do
   step "run $exe (pkg-config build)"
   "$work/pc/$exe" "$work/scratch"
 done
-echo "PASS: installed consumers (find_package and pkg-config)"
+
+if ((static)); then
+  step "libzinf.a: the C consumer linked statically (zinf::zinf_static, pkg-config zinf-static)"
+  [[ -f "$libdir/libzinf.a" ]] || fail "ZINF_BUILD_STATIC is on but there is no $libdir/libzinf.a"
+  [[ -f "$libdir/pkgconfig/zinf-static.pc" ]] || fail "no $libdir/pkgconfig/zinf-static.pc"
+  [[ -x "$work/cmake-build/c_consumer_static" ]] || fail "find_package(zinf) did not define zinf::zinf_static"
+  read -r -a slibs <<<"$(PKG_CONFIG_PATH=$libdir/pkgconfig pkg-config --libs zinf-static)"
+  "$cc" -std=c99 -O2 -Wall -Wextra -pedantic -Werror "${cflags[@]}" "$consumer/c_consumer.c" \
+    -o "$work/pc/c_consumer_static" "${slibs[@]}" -lm
+  for exe in "$work/cmake-build/c_consumer_static" "$work/pc/c_consumer_static"; do
+    if ldd "$exe" | grep -q 'libzinf\.so'; then fail "$exe loads libzinf.so"; fi
+    step "run $exe"
+    "$exe" "$work/scratch"
+  done
+else
+  [[ ! -e "$libdir/libzinf.a" ]] || fail "libzinf.a installed without ZINF_BUILD_STATIC"
+fi
+echo "PASS: installed consumers (find_package and pkg-config$( ((static)) && echo ', shared and static'))"

@@ -83,19 +83,11 @@ static const char* kConfig =
     "  \"zinf\": {\"device\": \"cpu\", \"device_memory\": 67108864}\n"
     "}\n";
 
-static void test_engine(void) {
-  zinf_comm* comm = NULL;
-  CHECK_OK(zinf_comm_create_mpi(0, &comm)); /* a 1-rank communicator outside mpirun */
-  int rank = -1, size = -1;
-  CHECK_OK(zinf_comm_rank(comm, &rank));
-  CHECK_OK(zinf_comm_size(comm, &size));
-  CHECK(rank == 0 && size == 1);
-
-  zinf_engine* engine = NULL;
-  CHECK_OK(zinf_engine_create(kConfig, comm, &engine));
+/* Registers the model's units (parameters from `seed`). */
+static void add_units(zinf_engine* engine, int seed) {
   float w[DM_WIDEST * DM_WIDEST], b[DM_WIDEST];
   for (int u = 0; u < DM_LAYERS; ++u) {
-    dm_init_params(u, 5, w, b);
+    dm_init_params(u, seed, w, b);
     int64_t wshape[2] = {dm_in[u], dm_out[u]}, bshape[1] = {dm_out[u]};
     zinf_param_spec specs[2] = {{"w", wshape, 2, ZINF_DTYPE_FP32, w}, {"b", bshape, 1, ZINF_DTYPE_FP32, b}};
     char name[16];
@@ -104,21 +96,17 @@ static void test_engine(void) {
     CHECK_OK(zinf_engine_add_unit(engine, name, specs, 2, &unit));
     CHECK(unit == u);
   }
-  zinf_engine_info info;
-  CHECK_OK(zinf_engine_get_info(engine, &info));
-  CHECK(info.rank == 0 && info.world_size == 1 && info.zero_stage == 0 && info.num_units == DM_LAYERS);
-  CHECK(info.compute_dtype == ZINF_DTYPE_FP32 && info.gradient_accumulation_steps == 2);
+}
 
-  zinf_stream* stream = NULL;
-  CHECK_OK(zinf_stream_create(engine, &stream));
-  CHECK(zinf_stream_native_handle(stream) == NULL); /* the cpu device has no native stream */
-
+/* Runs optimizer steps [first, first + count) (batches by step index) and
+ * returns the last step's loss; *first_loss (may be NULL) gets the first's. */
+static double train(zinf_engine* engine, zinf_stream* stream, int first, int count, double* first_loss) {
   static dm_state st;
   batch_task batch = {0, &st};
   layer_task fwd[DM_LAYERS], bwd[DM_LAYERS];
-  const int kBoundaries = 40, kAccumulation = 2;
-  double first_loss = 0, last_loss = 0;
-  for (int step = 0; step < kBoundaries; ++step) {
+  const int kAccumulation = 2;
+  double last_loss = 0;
+  for (int step = first; step < first + count; ++step) {
     double loss = 0;
     for (int m = 0; m < kAccumulation; ++m) {
       batch.index = step * kAccumulation + m;
@@ -152,11 +140,92 @@ static void test_engine(void) {
       CHECK_OK(zinf_stream_synchronize(stream));
       loss += st.loss / kAccumulation;
     }
-    if (step == 0) first_loss = loss;
+    if (step == first && first_loss) *first_loss = loss;
     last_loss = loss;
   }
+  return last_loss;
+}
+
+static size_t total_elems(void) {
+  size_t total = 0;
+  for (int u = 0; u < DM_LAYERS; ++u) total += (size_t)(dm_weights(u) + dm_out[u]);
+  return total;
+}
+
+/* Every unit's fp32 master, back to back (malloc'ed). */
+static float* read_masters(zinf_engine* engine) {
+  float* all = (float*)malloc(total_elems() * 4);
+  size_t at = 0;
+  for (int u = 0; u < DM_LAYERS; ++u) {
+    const size_t n = (size_t)(dm_weights(u) + dm_out[u]);
+    CHECK_OK(zinf_engine_read_state(engine, u, ZINF_STATE_MASTER, all + at, n));
+    at += n;
+  }
+  return all;
+}
+
+static void test_engine(const char* scratch) {
+  zinf_comm* comm = NULL;
+  CHECK_OK(zinf_comm_create_mpi(0, &comm)); /* a 1-rank communicator outside mpirun */
+  int rank = -1, size = -1;
+  CHECK_OK(zinf_comm_rank(comm, &rank));
+  CHECK_OK(zinf_comm_size(comm, &size));
+  CHECK(rank == 0 && size == 1);
+
+  zinf_engine* engine = NULL;
+  CHECK_OK(zinf_engine_create(kConfig, comm, &engine));
+  add_units(engine, 5);
+  zinf_engine_info info;
+  CHECK_OK(zinf_engine_get_info(engine, &info));
+  CHECK(info.rank == 0 && info.world_size == 1 && info.zero_stage == 0 && info.num_units == DM_LAYERS);
+  CHECK(info.compute_dtype == ZINF_DTYPE_FP32 && info.gradient_accumulation_steps == 2);
+
+  zinf_stream* stream = NULL;
+  CHECK_OK(zinf_stream_create(engine, &stream));
+  CHECK(zinf_stream_native_handle(stream) == NULL); /* the cpu device has no native stream */
+
+  /* 20 steps, a checkpoint, 20 more. */
+  const int kBoundaries = 40, kSaveAt = 20;
+  double first_loss = 0;
+  train(engine, stream, 0, kSaveAt, &first_loss);
+  char ckpt_dir[4200];
+  snprintf(ckpt_dir, sizeof ckpt_dir, "%s/c_consumer_ckpt", scratch);
+  char* saved_path = NULL;
+  CHECK_OK(zinf_engine_save(engine, ckpt_dir, "{\"next_step\": 20}", &saved_path));
+  CHECK(strstr(saved_path, "step-20") != NULL);
+  printf("c consumer: saved %s\n", saved_path);
+  zinf_string_free(saved_path);
+  CHECK_CODE(zinf_engine_save(engine, ckpt_dir, "{not json", NULL), ZINF_ERR_INVALID_ARGUMENT);
+  const double last_loss = train(engine, stream, kSaveAt, kBoundaries - kSaveAt, NULL);
   printf("c consumer: engine loss %.6f -> %.6f over %d steps\n", first_loss, last_loss, kBoundaries);
   CHECK(isfinite(last_loss) && last_loss < 0.5 * first_loss);
+  float* masters = read_masters(engine);
+
+  /* A second engine with other initial values resumes from the checkpoint
+   * and ends with the same loss and the same bits. */
+  {
+    zinf_engine* resumed = NULL;
+    CHECK_OK(zinf_engine_create(kConfig, comm, &resumed));
+    add_units(resumed, 77);
+    char* client = NULL;
+    char missing[4300];
+    snprintf(missing, sizeof missing, "%s/no-such-checkpoint", scratch);
+    CHECK_CODE(zinf_engine_load(resumed, missing, NULL), ZINF_ERR_NOT_FOUND);
+    CHECK_OK(zinf_engine_load(resumed, ckpt_dir, &client));
+    CHECK(strstr(client, "\"next_step\"") != NULL && strstr(client, "20") != NULL);
+    zinf_string_free(client);
+    zinf_stream* rs = NULL;
+    CHECK_OK(zinf_stream_create(resumed, &rs));
+    const double resumed_loss = train(resumed, rs, kSaveAt, kBoundaries - kSaveAt, NULL);
+    float* resumed_masters = read_masters(resumed);
+    printf("c consumer: resumed from the checkpoint: loss %.9g (uninterrupted %.9g)\n", resumed_loss, last_loss);
+    CHECK(resumed_loss == last_loss);
+    CHECK(memcmp(resumed_masters, masters, total_elems() * 4) == 0);
+    free(resumed_masters);
+    zinf_stream_destroy(rs);
+    zinf_engine_destroy(resumed);
+  }
+  free(masters);
 
   char* stats = NULL;
   CHECK_OK(zinf_engine_stats_json(engine, &stats));
@@ -388,7 +457,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   test_errors();
-  test_engine();
+  test_engine(argv[1]);
   test_aio(argv[1]);
   test_adam();
   printf("c consumer: all checks passed (zinf %s, ABI %d)\n", zinf_version(), zinf_abi_version());
