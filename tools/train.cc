@@ -315,7 +315,11 @@ int Run(const TrainOptions& opt) {
   }
   // Saves step-N under --save-dir and keeps the newest --keep of them.
   auto save = [&](int64_t done) {
-    nlohmann::json client = {{"step", done}, {"loader", {{"epoch", loader.Position().epoch}, {"window", loader.Position().window}}}};
+    nlohmann::json client = {{"step", done},
+                             {"loader", {{"epoch", loader.Position().epoch}, {"window", loader.Position().window}}},
+                             {"model", {{"name", mc.name}, {"vocab_size", mc.vocab_size}, {"max_seq_len", mc.max_seq_len},
+                                        {"embed_dim", mc.embed_dim}, {"num_layers", mc.num_layers},
+                                        {"num_heads", mc.num_heads}}}};
     const std::string path = Must(engine->Save(opt.save_dir, client.dump()), "save");
     if (!talk) return;
     std::vector<std::filesystem::path> old;

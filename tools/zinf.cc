@@ -2,6 +2,7 @@
 //   zinf --version                   what was built and what this machine has
 //   zinf config check FILE [...]     validate a DeepSpeed-style config, print the effective one
 //   zinf plan [...]                  bytes per tier and step time for every stage x offload
+//   zinf export CKPT OUT.safetensors  a checkpoint's weights, tensor by tensor
 //   zinf aio read|write|sweep ...    NVMe throughput through zinf's I/O engine, and tuning
 //   zinf bench <name> [...]          benchmarks (bench/)
 // Exit codes: 0 success, 1 the operation failed (message on stderr),
@@ -13,6 +14,7 @@
 
 #include "bench/aio.h"
 #include "bench/bench.h"
+#include "tools/export.h"
 #include "tools/plan.h"
 #include "tools/train.h"
 #include "common/logging.h"
@@ -117,6 +119,7 @@ int main(int argc, char** argv) {
 
   zinf::tools::RegisterTrain(app, &exit_code);
   zinf::tools::RegisterPlan(app, &exit_code);
+  zinf::tools::RegisterExport(app, &exit_code);
   zinf::bench::RegisterAio(app, &exit_code);
 
   CLI::App* bench = app.add_subcommand("bench", "Benchmarks; each measures its own reference and prints the ratio");

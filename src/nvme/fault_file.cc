@@ -19,6 +19,7 @@ Result<std::shared_ptr<FaultInjectingFile>> FaultInjectingFile::Open(const std::
 }
 
 std::optional<int> FaultInjectingFile::InjectError(IoKind kind, uint64_t offset, uint64_t len) {
+  if (plan_.armed && !plan_.armed->load()) return std::nullopt;
   uint64_t n = attempts_.fetch_add(1);
   std::optional<int> err;
   if (plan_.fail_attempt && n == *plan_.fail_attempt) err = plan_.fail_errno;
@@ -31,6 +32,7 @@ std::optional<int> FaultInjectingFile::InjectError(IoKind kind, uint64_t offset,
 }
 
 uint64_t FaultInjectingFile::LimitTransfer(IoKind kind, uint64_t offset, uint64_t len) {
+  if (plan_.armed && !plan_.armed->load()) return len;
   uint64_t limit = len;
   if (plan_.max_transfer && limit > plan_.max_transfer) limit = plan_.max_transfer;
   // A write that crosses the ENOSPC line stops at it (the next attempt fails).

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <atomic>
+#include <memory>
 #include <optional>
 
 #include "nvme/file.h"
@@ -28,6 +29,9 @@ struct FaultPlan {
   std::optional<uint64_t> enospc_at;
   // Each completion is held this long before the engine handles it.
   uint32_t delay_us = 0;
+  // When set, the faults above apply, and attempts count, only while it is
+  // true: a test arms a file once it is past the I/O it wants to succeed.
+  std::shared_ptr<std::atomic<bool>> armed;
 };
 
 class FaultInjectingFile : public File {

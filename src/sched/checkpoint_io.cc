@@ -1,11 +1,17 @@
 #include "sched/checkpoint_io.h"
 
+#include "common/logging.h"
+
 #include <fcntl.h>
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -101,5 +107,295 @@ Result<std::string> ReadSmallFile(const std::string& path) {
 }
 
 uint64_t Checksum(const void* data, uint64_t bytes) { return XXH3_64bits(data, bytes); }
+
+namespace {
+
+std::mutex opener_mu;
+FileOpener& TestOpener() {
+  static FileOpener opener;
+  return opener;
+}
+
+uint64_t AlignUp(uint64_t x) { return (x + kSliceAlign - 1) / kSliceAlign * kSliceAlign; }
+
+void* AllocAligned(uint64_t bytes) { return std::aligned_alloc(kSliceAlign, AlignUp(bytes)); }
+
+}  // namespace
+
+void SetFileOpenerForTesting(FileOpener opener) {
+  std::lock_guard lock(opener_mu);
+  TestOpener() = std::move(opener);
+}
+
+Result<std::shared_ptr<nvme::File>> OpenWithHook(nvme::IoEngine& io, const std::string& path,
+                                                 const nvme::FileOptions& options) {
+  FileOpener opener;
+  {
+    std::lock_guard lock(opener_mu);
+    opener = TestOpener();
+  }
+  return opener ? opener(io, path, options) : io.Open(path, options);
+}
+
+Result<std::shared_ptr<nvme::File>> OpenDataFile(nvme::IoEngine& io, const std::string& path, bool write) {
+  nvme::FileOptions o;
+  o.direct = true;
+  o.writable = write;
+  o.create = write;
+  o.truncate = write;
+  auto f = OpenWithHook(io, path, o);
+  if (!f.ok() && f.status().code() == StatusCode::kInvalidArgument && !std::filesystem::is_directory(path)) {
+    static std::atomic<bool> said{false};
+    if (!said.exchange(true)) {
+      ZINF_LOG_INFO("checkpoint files under {} go through the page cache: {}",
+                    std::filesystem::path(path).parent_path().string(), f.status().message());
+    }
+    o.direct = false;
+    f = OpenWithHook(io, path, o);
+  }
+  if (!f.ok() && !write && f.status().code() == StatusCode::kNotFound) {
+    return DataLoss("checkpoint file missing: " + path);
+  }
+  return f;
+}
+
+// ---- SliceWriter -------------------------------------------------------------
+
+SliceWriter::SliceWriter(nvme::IoEngine& io, std::shared_ptr<nvme::File> file, uint64_t chunk_bytes, int depth)
+    : io_(io), file_(std::move(file)), chunk_(AlignUp(chunk_bytes)), bufs_(depth, nullptr), inflight_(depth) {}
+
+Result<std::unique_ptr<SliceWriter>> SliceWriter::Create(nvme::IoEngine& io, std::shared_ptr<nvme::File> file,
+                                                         uint64_t chunk_bytes, int depth) {
+  if (depth < 1 || chunk_bytes == 0) return InvalidArgument("SliceWriter: depth >= 1 and chunk_bytes > 0 needed");
+  std::unique_ptr<SliceWriter> w(new SliceWriter(io, std::move(file), chunk_bytes, depth));
+  for (void*& b : w->bufs_) {
+    b = AllocAligned(w->chunk_);
+    if (!b) return OutOfMemory("checkpoint staging buffer of " + std::to_string(w->chunk_) + " bytes");
+  }
+  w->hash_ = XXH3_createState();
+  if (!w->hash_) return OutOfMemory("XXH3 state");
+  return w;
+}
+
+SliceWriter::~SliceWriter() {
+  for (auto& r : inflight_) {
+    if (r.valid()) (void)r.Wait();
+  }
+  for (void* b : bufs_) std::free(b);
+  if (hash_) XXH3_freeState(static_cast<XXH3_state_t*>(hash_));
+}
+
+uint64_t SliceWriter::BeginSlice() {
+  XXH3_64bits_reset(static_cast<XXH3_state_t*>(hash_));
+  return buf_offset_ + fill_;
+}
+
+// Submits the current buffer (the whole chunk, or at a slice's end its
+// filled part padded to 4 KiB) and moves to the next, waiting for its
+// previous write.
+Status SliceWriter::Flush(bool slice_end) {
+  if (fill_ == 0) return Status::Ok();
+  uint64_t len = fill_;
+  if (slice_end) {
+    len = AlignUp(fill_);
+    std::memset(static_cast<char*>(bufs_[cur_]) + fill_, 0, len - fill_);
+  }
+  inflight_[cur_] = io_.Write(file_, buf_offset_, bufs_[cur_], len);
+  submitted_ += len;
+  buf_offset_ += len;
+  fill_ = 0;
+  cur_ = (cur_ + 1) % static_cast<int>(bufs_.size());
+  if (inflight_[cur_].valid()) {
+    Status s = inflight_[cur_].Wait();
+    inflight_[cur_] = {};
+    if (!s.ok()) return s;
+  }
+  return Status::Ok();
+}
+
+Status SliceWriter::Append(const void* data, uint64_t bytes) {
+  if (!error_.ok()) return error_;
+  XXH3_64bits_update(static_cast<XXH3_state_t*>(hash_), data, bytes);
+  const char* p = static_cast<const char*>(data);
+  while (bytes > 0) {
+    const uint64_t n = std::min(bytes, chunk_ - fill_);
+    std::memcpy(static_cast<char*>(bufs_[cur_]) + fill_, p, n);
+    fill_ += n;
+    p += n;
+    bytes -= n;
+    if (fill_ == chunk_) {
+      error_ = Flush(false);
+      if (!error_.ok()) return error_;
+    }
+  }
+  return Status::Ok();
+}
+
+Result<uint64_t> SliceWriter::EndSlice() {
+  if (!error_.ok()) return error_;
+  error_ = Flush(true);
+  if (!error_.ok()) return error_;
+  return static_cast<uint64_t>(XXH3_64bits_digest(static_cast<XXH3_state_t*>(hash_)));
+}
+
+Status SliceWriter::Finish() {
+  if (error_.ok()) error_ = Flush(true);
+  for (auto& r : inflight_) {
+    if (!r.valid()) continue;
+    Status s = r.Wait();
+    r = {};
+    if (error_.ok() && !s.ok()) error_ = s;
+  }
+  if (!error_.ok()) return error_;
+  if (::fsync(file_->fd()) != 0) return IoError("fsync of " + file_->path() + ": " + Errno(errno));
+  return Status::Ok();
+}
+
+// ---- SliceReader -------------------------------------------------------------
+
+SliceReader::SliceReader(nvme::IoEngine& io, uint64_t chunk_bytes, int depth)
+    : io_(io), chunk_(AlignUp(chunk_bytes)), bufs_(depth, nullptr) {}
+
+Result<std::unique_ptr<SliceReader>> SliceReader::Create(nvme::IoEngine& io, uint64_t chunk_bytes, int depth) {
+  if (depth < 1 || chunk_bytes == 0) return InvalidArgument("SliceReader: depth >= 1 and chunk_bytes > 0 needed");
+  std::unique_ptr<SliceReader> r(new SliceReader(io, chunk_bytes, depth));
+  for (void*& b : r->bufs_) {
+    b = AllocAligned(r->chunk_);
+    if (!b) return OutOfMemory("checkpoint staging buffer of " + std::to_string(r->chunk_) + " bytes");
+  }
+  return r;
+}
+
+SliceReader::~SliceReader() {
+  for (void* b : bufs_) std::free(b);
+}
+
+Status SliceReader::Read(const std::shared_ptr<nvme::File>& file, uint64_t offset, uint64_t bytes, uint64_t xxh3,
+                         const std::string& what, const std::function<void(const void*, uint64_t, uint64_t)>& sink) {
+  if (file->direct() && offset % kSliceAlign != 0) {
+    return DataLoss("checkpoint: " + what + " in " + file->path() + " starts at offset " + std::to_string(offset) +
+                    ", not a multiple of 4096");
+  }
+  const int depth = static_cast<int>(bufs_.size());
+  const uint64_t chunks = (bytes + chunk_ - 1) / chunk_;
+  std::vector<nvme::IoRequest> reqs(depth);
+  auto issue = [&](uint64_t c) {
+    const uint64_t pos = c * chunk_;
+    const uint64_t len = std::min(chunk_, bytes - pos);
+    reqs[c % depth] = io_.Read(file, offset + pos, bufs_[c % depth], file->direct() ? AlignUp(len) : len);
+  };
+  for (uint64_t c = 0; c < std::min<uint64_t>(chunks, depth); ++c) issue(c);
+  XXH3_state_t* h = XXH3_createState();
+  if (!h) return OutOfMemory("XXH3 state");
+  XXH3_64bits_reset(h);
+  Status st;
+  for (uint64_t c = 0; c < chunks; ++c) {
+    nvme::IoRequest& r = reqs[c % depth];
+    Status s = r.Wait();
+    r = {};
+    if (!s.ok()) {
+      if (s.code() == StatusCode::kDataLoss) {
+        s = DataLoss("checkpoint: " + what + ": " + file->path() + " is truncated (" + s.message() + ")");
+      }
+      st = s;
+      break;
+    }
+    const uint64_t pos = c * chunk_;
+    const uint64_t len = std::min(chunk_, bytes - pos);
+    XXH3_64bits_update(h, bufs_[c % depth], len);
+    sink(bufs_[c % depth], pos, len);
+    read_ += len;
+    if (c + depth < chunks) issue(c + depth);
+  }
+  for (auto& r : reqs) {
+    if (r.valid()) (void)r.Wait();
+  }
+  const uint64_t digest = XXH3_64bits_digest(h);
+  XXH3_freeState(h);
+  if (!st.ok()) return st;
+  if (digest != xxh3) {
+    return DataLoss("checkpoint: " + what + " in " + file->path() + " at offset " + std::to_string(offset) + " (" +
+                    std::to_string(bytes) + " bytes): checksum mismatch");
+  }
+  return Status::Ok();
+}
+
+// ---- CheckpointReader ----------------------------------------------------------
+
+Result<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(nvme::IoEngine& io, const std::string& path) {
+  namespace fs = std::filesystem;
+  std::unique_ptr<CheckpointReader> r(new CheckpointReader(io));
+  r->dir_ = path;
+  if (!fs::exists(fs::path(path) / "manifest.json")) {
+    auto latest = ReadSmallFile((fs::path(path) / "latest").string());
+    if (!latest.ok()) return NotFound("no checkpoint at " + path + ": neither manifest.json nor latest");
+    std::string name = *latest;
+    while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
+    r->dir_ = (fs::path(path) / name).string();
+  }
+  const std::string manifest_path = (fs::path(r->dir_) / "manifest.json").string();
+  ZINF_ASSIGN_OR_RETURN(std::string text, ReadSmallFile(manifest_path));
+  r->manifest_ = nlohmann::json::parse(text, nullptr, false);
+  if (r->manifest_.is_discarded() || !r->manifest_.is_object() || r->manifest_.value("format", 0) != kFormat) {
+    return DataLoss(manifest_path + ": not a zinf checkpoint manifest of format " + std::to_string(kFormat));
+  }
+  try {
+    const int world = r->manifest_.at("world_size");
+    for (int rank = 0; rank < world; ++rank) {
+      const std::string tpath = (fs::path(r->dir_) / ("rank-" + std::to_string(rank) + ".json")).string();
+      auto ttext = ReadSmallFile(tpath);
+      if (!ttext.ok()) {
+        return DataLoss("checkpoint " + r->dir_ + ": rank " + std::to_string(rank) + "'s table " + tpath + " is missing");
+      }
+      auto t = nlohmann::json::parse(*ttext, nullptr, false);
+      if (t.is_discarded()) return DataLoss(tpath + ": not valid JSON");
+      r->paths_.push_back((fs::path(r->dir_) / t.at("file").get<std::string>()).string());
+      r->files_.emplace_back();
+      for (const auto& e : t.at("tensors")) {
+        r->slices_[{e.at("unit").get<std::string>(), e.at("kind").get<std::string>()}].push_back(
+            {e.at("begin").get<int64_t>(), e.at("count").get<int64_t>(), e.at("offset").get<uint64_t>(),
+             e.at("xxh3").get<uint64_t>(), r->paths_.size() - 1});
+      }
+    }
+  } catch (const nlohmann::json::exception& e) {
+    return DataLoss(manifest_path + " or a rank table: malformed (" + std::string(e.what()) + ")");
+  }
+  ZINF_ASSIGN_OR_RETURN(r->reader_, SliceReader::Create(io));
+  return r;
+}
+
+Status CheckpointReader::ReadRange(const std::string& unit, int kind, int64_t unit_elems, int64_t first,
+                                   int64_t count, float* dst) {
+  const char* kname = kKindNames[kind];
+  int64_t covered = 0;
+  for (const Slice& sl : slices_[{unit, kname}]) {
+    if (sl.begin < 0 || sl.count < 0 || sl.begin + sl.count > unit_elems) {
+      return DataLoss("checkpoint " + dir_ + ": unit '" + unit + "' " + kname + " slice [" + std::to_string(sl.begin) +
+                      ", " + std::to_string(sl.begin + sl.count) + ") is outside the unit (" +
+                      std::to_string(unit_elems) + " elements)");
+    }
+    const int64_t lo = std::max(sl.begin, first), hi = std::min(sl.begin + sl.count, first + count);
+    if (lo >= hi) continue;  // elements the caller does not want
+    if (!files_[sl.file]) {
+      ZINF_ASSIGN_OR_RETURN(files_[sl.file], OpenDataFile(io_, paths_[sl.file], false));
+    }
+    const uint64_t want_lo = static_cast<uint64_t>(lo - sl.begin) * 4, want_hi = static_cast<uint64_t>(hi - sl.begin) * 4;
+    char* out = reinterpret_cast<char*>(dst + (lo - first));
+    ZINF_RETURN_IF_ERROR(reader_->Read(
+        files_[sl.file], sl.offset, static_cast<uint64_t>(sl.count) * 4, sl.xxh3,
+        "unit '" + unit + "' " + kname + " elements [" + std::to_string(sl.begin) + ", " +
+            std::to_string(sl.begin + sl.count) + ")",
+        [&](const void* data, uint64_t pos, uint64_t n) {
+          const uint64_t a = std::max(pos, want_lo), b = std::min(pos + n, want_hi);
+          if (a < b) std::memcpy(out + (a - want_lo), static_cast<const char*>(data) + (a - pos), b - a);
+        }));
+    covered += hi - lo;
+  }
+  if (covered != count) {
+    return DataLoss("checkpoint " + dir_ + ": unit '" + unit + "' " + kname + " covers " + std::to_string(covered) +
+                    " of the " + std::to_string(count) + " elements asked for");
+  }
+  return Status::Ok();
+}
 
 }  // namespace zinf::ckpt

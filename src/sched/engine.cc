@@ -59,6 +59,7 @@ struct Unit {
   std::string name;
   std::vector<std::string> tensor_names;
   std::vector<int64_t> tensor_offsets;  // elements from the unit's start
+  std::vector<std::vector<int64_t>> tensor_shapes;
   UnitPartition part;
   // Device buffers.
   void* params = nullptr;        // the whole compute copy (stages 0-2, stage-3 persistent units)
@@ -223,11 +224,18 @@ class EngineImpl final : public Engine {
   Status HostAccumulate(Unit& u, const float* reduced, bool first);
   Result<PinnedBuffer> Pinned(uint64_t bytes, const std::string& what);
   Status SetUpSwap();
-  Status Barrier();
   // Sets this rank's owned range of a unit's master, m and v from whole-unit
   // host arrays, and rebuilds the compute copy (the master's rounding).
-  Status WriteUnitState(Unit& u, const float* master, const float* m, const float* v);
-  Status WriteComputeCopy(Unit& u, const float* master);
+  Status WriteComputeCopy(Unit& u, const float* master, int64_t first = 0);
+  // Checkpoints: this rank's slices of every unit's master, m, v into one
+  // file, streamed from where they live; and back, from the slices of any
+  // world size that overlap what this rank keeps.
+  Status WriteShards(const std::string& path, nlohmann::json* table);
+  Status ReadShards(ckpt::CheckpointReader& reader);
+  Result<nvme::IoEngine*> CheckpointIo();
+  // Whether every rank's `mine` is OK (collective): the first failure here,
+  // or kAborted-like kUnavailable naming a failed rank.
+  Status AgreeOk(const Status& mine);
   Status EnqueuePartials(size_t i);
   Status ReadGroup(size_t g);
   Status SwapFailure(Status s);
@@ -270,6 +278,9 @@ class EngineImpl final : public Engine {
   std::vector<nvme::IoRequest> group_read_, group_write_;  // this boundary's requests (engine stream only)
   std::vector<std::vector<float>> init_master_;  // NVMe: initial owned masters until the store exists
   Status broken_;  // an I/O failure mid-step: the state on disk is mixed, no further steps
+  bool broken_by_load_ = false;  // broken_ is a failed Load's (the streams are fine: another Load may fix it)
+  std::string last_checkpoint_;  // the last one saved or loaded, for the message of broken_ (mu_)
+  std::unique_ptr<nvme::IoEngine> ckpt_io_;  // checkpoint I/O when the optimizer is not on NVMe
   PinnedBuffer h_grad_stage_;               // one unit's reduced gradient on its way to the accumulator
   std::vector<PinnedBuffer> h_param_slots_;  // new compute-copy shards on their way to the device
   std::vector<std::unique_ptr<Event>> slot_filled_, slot_free_;
@@ -329,6 +340,7 @@ Result<int> EngineImpl::AddUnit(const std::string& name, const std::vector<Param
       n *= d;
     }
     u.tensor_names.push_back(p.name);
+    u.tensor_shapes.push_back(p.shape);
     u.tensor_offsets.push_back(total);
     total += n;
   }
@@ -478,6 +490,9 @@ Status EngineImpl::SetUpSwap() {
   so.capacity_bytes = total + groups_.size() * so.extent_bytes * (so.dirs.size() + 1);
   so.checksums = config_.zinf.checksums;
   so.direct = !config_.zinf.aio.buffered;
+  so.open_file = [this](const std::string& path, const nvme::FileOptions& fo) {
+    return ckpt::OpenWithHook(*io_, path, fo);
+  };
   ZINF_ASSIGN_OR_RETURN(store_, nvme::SwapStore::Create(*io_, so));
   ZINF_LOG_INFO("engine: optimizer state on NVMe: {} in {} sub-groups, {} reserved per path ({})",
                 FormatBytes(total), groups_.size(), FormatBytes(store_->bytes_reserved() / so.dirs.size()),
@@ -531,7 +546,9 @@ Status EngineImpl::SwapFailure(Status s) {
   if (broken_.ok()) {
     broken_ = DataLoss("optimizer state on NVMe: " + s.ToString() +
                        "; sub-groups on disk are now at different steps: no further steps; resume from the last "
-                       "complete checkpoint");
+                       "complete checkpoint" +
+                       (last_checkpoint_.empty() ? std::string(" (this engine has saved or loaded none)")
+                                                 : " (" + last_checkpoint_ + ")"));
   }
   return broken_;
 }
@@ -1132,60 +1149,126 @@ Status EngineImpl::ReadState(int unit, StateKind kind, float* host_dst) {
   return f;
 }
 
-Status EngineImpl::Barrier() {
-  if (!distributed()) return Status::Ok();
-  ZINF_RETURN_IF_ERROR(comm_->Barrier(*stream_));
-  return stream_->Synchronize();
-}
-
-Status EngineImpl::WriteUnitState(Unit& u, const float* master, const float* m, const float* v) {
-  const int64_t begin = owned_begin(u), valid = owned_valid(u);
-  const float* src[3] = {master, m, v};
-  if (valid > 0) {
-    if (nvme_) {
-      const size_t g = group_of_unit_[&u - units_.data()];
-      ZINF_ASSIGN_OR_RETURN(uint64_t padded, store_->PaddedBytes(g));
-      std::unique_ptr<float, decltype(&std::free)> buf(static_cast<float*>(std::aligned_alloc(4096, padded)), &std::free);
-      if (!buf) return OutOfMemory("checkpoint load: " + FormatBytes(padded) + " for a sub-group");
-      ZINF_RETURN_IF_ERROR(store_->Read(g, buf.get()).Wait());
-      float* base = buf.get() + offset_in_group_[&u - units_.data()];
-      for (int k = 0; k < 3; ++k) std::memcpy(base + k * owned_elems(u), src[k] + begin, valid * 4);
-      ZINF_RETURN_IF_ERROR(store_->Write(g, buf.get()).Wait());
-    } else if (offload_) {
-      PinnedBuffer* dst[3] = {&u.h_master, &u.h_exp_avg, &u.h_exp_avg_sq};
-      for (int k = 0; k < 3; ++k) std::memcpy(dst[k]->data(), src[k] + begin, valid * 4);
-    } else {
-      float* dst[3] = {u.master, u.exp_avg, u.exp_avg_sq};
-      for (int k = 0; k < 3; ++k) ZINF_RETURN_IF_ERROR(device_.CopyToDevice(dst[k], src[k] + begin, valid * 4, *stream_));
-    }
-  }
-  return WriteComputeCopy(u, master);
-}
-
-// The compute copy of a whole unit from its fp32 master (host, num_elems):
-// the master's rounding, written where this rank keeps it. Synchronizes (the
-// staging vector dies here).
-Status EngineImpl::WriteComputeCopy(Unit& u, const float* master) {
-  const int64_t n = u.part.num_elems;
+// The compute copy of a unit from its fp32 master (host; master[0] is element
+// `first`, and it covers what this rank keeps: its shard when the unit is
+// partitioned, else the whole unit): the master's rounding, written where
+// this rank keeps it. Synchronizes (the staging vector dies here).
+Status EngineImpl::WriteComputeCopy(Unit& u, const float* master, int64_t first) {
   const size_t esize = DTypeSizeBytes(compute_dtype_);
-  std::vector<uint8_t> compute(n * esize);
-  ZINF_RETURN_IF_ERROR(Cast(arena_, master, DType::kFloat32, compute.data(), compute_dtype_, n));
-  if (u.partitioned) {
-    const int64_t shard_valid = u.part.valid_in_shard(rank_);
-    if (shard_valid > 0) {
-      ZINF_RETURN_IF_ERROR(device_.CopyToDevice(u.shard_params, compute.data() + u.part.shard_begin(rank_) * esize,
-                                                shard_valid * esize, *stream_));
-    }
-  } else {
-    ZINF_RETURN_IF_ERROR(device_.CopyToDevice(u.params, compute.data(), compute.size(), *stream_));
-  }
+  const int64_t begin = u.partitioned ? u.part.shard_begin(rank_) : 0;
+  const int64_t count = u.partitioned ? u.part.valid_in_shard(rank_) : u.part.num_elems;
+  if (count <= 0) return Status::Ok();
+  if (begin < first) return Internal("WriteComputeCopy: the master given starts after the range to write");
+  std::vector<uint8_t> compute(count * esize);
+  ZINF_RETURN_IF_ERROR(Cast(arena_, master + (begin - first), DType::kFloat32, compute.data(), compute_dtype_, count));
+  ZINF_RETURN_IF_ERROR(
+      device_.CopyToDevice(u.partitioned ? u.shard_params : u.params, compute.data(), compute.size(), *stream_));
   return stream_->Synchronize();
 }
 
 namespace {
-constexpr int kCheckpointFormat = 1;
-constexpr const char* kKindNames[3] = {"master", "exp_avg", "exp_avg_sq"};
+constexpr int kCheckpointFormat = ckpt::CheckpointReader::kFormat;  // 2: slices 4 KiB-aligned, tensor shapes
+constexpr const char* const* kKindNames = ckpt::CheckpointReader::kKindNames;
 }  // namespace
+
+Result<nvme::IoEngine*> EngineImpl::CheckpointIo() {
+  if (io_) return io_.get();
+  if (!ckpt_io_) {
+    ZINF_ASSIGN_OR_RETURN(ckpt_io_, nvme::IoEngine::Create(nvme::IoEngineOptionsFromConfig(config_)));
+  }
+  return ckpt_io_.get();
+}
+
+Status EngineImpl::AgreeOk(const Status& mine) {
+  if (!distributed()) return mine;
+  // Each rank contributes 1 + its rank when it failed; the max names one.
+  float flag = mine.ok() ? 0.0f : static_cast<float>(rank_ + 1);
+  ZINF_ASSIGN_OR_RETURN(void* buf, Alloc(2 * sizeof(float), "checkpoint agreement"));
+  float* d = static_cast<float*>(buf);
+  Status s = device_.CopyToDevice(d, &flag, sizeof flag, *stream_);
+  if (s.ok()) s = comm_->AllReduce(d, d + 1, 1, DType::kFloat32, ReduceOp::kMax, *stream_);
+  float worst = 0;
+  if (s.ok()) s = device_.CopyToHost(&worst, d + 1, sizeof worst, *stream_);
+  Status sync = stream_->Synchronize();
+  Status f = device_.Free(buf, *stream_);
+  if (!mine.ok()) return mine;
+  if (!s.ok()) return s;
+  if (!sync.ok()) return sync;
+  if (!f.ok()) return f;
+  if (worst > 0) {
+    return Unavailable("rank " + std::to_string(static_cast<int>(worst) - 1) + " failed (its own error says why)");
+  }
+  return Status::Ok();
+}
+
+Status EngineImpl::WriteShards(const std::string& path, nlohmann::json* table) {
+  ZINF_ASSIGN_OR_RETURN(nvme::IoEngine * io, CheckpointIo());
+  ZINF_ASSIGN_OR_RETURN(std::shared_ptr<nvme::File> file, ckpt::OpenDataFile(*io, path, /*write=*/true));
+  ZINF_ASSIGN_OR_RETURN(std::unique_ptr<ckpt::SliceWriter> w, ckpt::SliceWriter::Create(*io, file));
+  // NVMe: each sub-group is read once, the next one read ahead in the
+  // engine's swap buffers (idle between steps).
+  const size_t nb = nvme_bufs_.size();
+  std::vector<nvme::IoRequest> reads(nvme_ ? groups_.size() : 0);
+  auto read_group = [&](size_t g) {
+    if (g < reads.size() && !reads[g].valid()) reads[g] = store_->Read(g, nvme_bufs_[g % nb].data());
+  };
+  struct DrainReads {  // never leave a read in flight into the engine's buffers
+    std::vector<nvme::IoRequest>& r;
+    ~DrainReads() {
+      for (auto& q : r) {
+        if (q.valid()) (void)q.Wait();
+      }
+    }
+  } drain{reads};
+  std::vector<float> staged;  // offload none: one slice copied off the device
+  int64_t current_group = -1;
+  uint64_t bytes_out = 0;
+  for (size_t i = 0; i < units_.size(); ++i) {
+    const Unit& u = units_[i];
+    const int64_t begin = u.part.shard_begin(rank_), count = u.part.valid_in_shard(rank_);
+    const int64_t at = begin - owned_begin(u);  // the slice's place in the owned range
+    const float* src[3] = {nullptr, nullptr, nullptr};
+    if (nvme_) {
+      const size_t g = group_of_unit_[i];
+      if (static_cast<int64_t>(g) != current_group) {
+        read_group(g);
+        Status r = reads[g].Wait();
+        reads[g] = {};
+        if (!r.ok()) return r;
+        current_group = static_cast<int64_t>(g);
+        if (nb > 1) read_group(g + 1);
+      }
+      const float* base = static_cast<const float*>(nvme_bufs_[g % nb].data()) + offset_in_group_[i];
+      for (int k = 0; k < 3; ++k) src[k] = base + k * owned_elems(u) + at;
+    } else if (offload_) {
+      const PinnedBuffer* h[3] = {&u.h_master, &u.h_exp_avg, &u.h_exp_avg_sq};
+      for (int k = 0; k < 3; ++k) src[k] = static_cast<const float*>(h[k]->data()) + at;
+    } else {
+      const float* d[3] = {u.master, u.exp_avg, u.exp_avg_sq};
+      for (int k = 0; k < 3; ++k) src[k] = d[k] + at;
+    }
+    if (count <= 0) continue;
+    const uint64_t bytes = static_cast<uint64_t>(count) * 4;
+    for (int k = 0; k < 3; ++k) {
+      const float* p = src[k];
+      if (!offload_) {  // device memory: through a host copy
+        staged.resize(count);
+        ZINF_RETURN_IF_ERROR(device_.CopyToHost(staged.data(), p, bytes, *stream_));
+        ZINF_RETURN_IF_ERROR(stream_->Synchronize());
+        p = staged.data();
+      }
+      const uint64_t offset = w->BeginSlice();
+      ZINF_RETURN_IF_ERROR(w->Append(p, bytes));
+      ZINF_ASSIGN_OR_RETURN(uint64_t xxh3, w->EndSlice());
+      table->push_back({{"unit", u.name}, {"kind", kKindNames[k]}, {"begin", begin}, {"count", count},
+                        {"offset", offset}, {"xxh3", xxh3}});
+      bytes_out += bytes;
+    }
+  }
+  ZINF_RETURN_IF_ERROR(w->Finish());
+  ZINF_LOG_DEBUG("checkpoint: rank {} wrote {} to {}", rank_, FormatBytes(bytes_out), path);
+  return Status::Ok();
+}
 
 Result<std::string> EngineImpl::Save(const std::string& dir, const std::string& client_state) {
   ZINF_RETURN_IF_ERROR(Finalize());
@@ -1204,41 +1287,42 @@ Result<std::string> EngineImpl::Save(const std::string& dir, const std::string& 
   const std::string name = "step-" + std::to_string(boundaries_);
   const std::string tmp = (fs::path(dir) / (name + ".tmp")).string();
   const std::string final_dir = (fs::path(dir) / name).string();
+  Status prepared;
   if (rank_ == 0) {
     std::error_code ec;
     fs::create_directories(dir, ec);
     fs::remove_all(tmp, ec);  // left by a save that crashed
-    if (!fs::create_directories(tmp, ec) && ec) return IoError("cannot create " + tmp + ": " + ec.message());
+    if (!fs::create_directories(tmp, ec) && ec) prepared = IoError("cannot create " + tmp + ": " + ec.message());
   }
-  ZINF_RETURN_IF_ERROR(Barrier());
+  ZINF_RETURN_IF_ERROR(AgreeOk(prepared));
+  // A failure from here on removes step-N.tmp: the previous checkpoint and
+  // `latest` are untouched.
+  auto abandon = [&](const Status& s) -> Status {
+    if (rank_ == 0) {
+      std::error_code ec;
+      fs::remove_all(tmp, ec);
+    }
+    return s;
+  };
   // This rank's file: its shard range of every unit, whatever the stage.
   const std::string bin = "rank-" + std::to_string(rank_) + ".bin";
   nlohmann::json table = nlohmann::json::array();
-  {
-    ZINF_ASSIGN_OR_RETURN(ckpt::File f, ckpt::File::Create((fs::path(tmp) / bin).string()));
-    uint64_t offset = 0;
-    for (size_t i = 0; i < units_.size(); ++i) {
-      const Unit& u = units_[i];
-      std::vector<float> full(u.part.num_elems);
-      const int64_t begin = u.part.shard_begin(rank_), count = u.part.valid_in_shard(rank_);
-      for (int k = 0; k < 3; ++k) {
-        ZINF_RETURN_IF_ERROR(ReadState(static_cast<int>(i), static_cast<StateKind>(k), full.data()));
-        if (count == 0) continue;
-        const uint64_t bytes = static_cast<uint64_t>(count) * 4;
-        ZINF_RETURN_IF_ERROR(f.Write(full.data() + begin, bytes, offset));
-        table.push_back({{"unit", u.name}, {"kind", kKindNames[k]}, {"begin", begin}, {"count", count},
-                         {"offset", offset}, {"xxh3", ckpt::Checksum(full.data() + begin, bytes)}});
-        offset += bytes;
-      }
-    }
-    ZINF_RETURN_IF_ERROR(f.Sync());
+  Status written = WriteShards((fs::path(tmp) / bin).string(), &table);
+  if (written.ok()) {
+    written = ckpt::WriteFileAtomic((fs::path(tmp) / ("rank-" + std::to_string(rank_) + ".json")).string(),
+                                    nlohmann::json{{"file", bin}, {"align", ckpt::kSliceAlign}, {"tensors", table}}.dump(1));
   }
-  ZINF_RETURN_IF_ERROR(ckpt::WriteFileAtomic((fs::path(tmp) / ("rank-" + std::to_string(rank_) + ".json")).string(),
-                                             nlohmann::json{{"file", bin}, {"tensors", table}}.dump(1)));
-  ZINF_RETURN_IF_ERROR(Barrier());
+  if (Status all = AgreeOk(written); !all.ok()) return abandon(all);
+  Status committed;
   if (rank_ == 0) {
     nlohmann::json units = nlohmann::json::array();
-    for (const Unit& u : units_) units.push_back({{"name", u.name}, {"elements", u.part.num_elems}});
+    for (const Unit& u : units_) {
+      nlohmann::json params = nlohmann::json::array();
+      for (size_t t = 0; t < u.tensor_names.size(); ++t) {
+        params.push_back({{"name", u.tensor_names[t]}, {"shape", u.tensor_shapes[t]}, {"offset", u.tensor_offsets[t]}});
+      }
+      units.push_back({{"name", u.name}, {"elements", u.part.num_elems}, {"params", params}});
+    }
     LossScaler::State ls;
     int64_t steps_applied;
     {
@@ -1254,38 +1338,92 @@ Result<std::string> EngineImpl::Save(const std::string& dir, const std::string& 
                         {"last_overflow_iter", ls.last_overflow_iter}, {"overflows", ls.overflows}}},
         {"units", units},                     {"config", nlohmann::json::parse(config_.ToJson(0), nullptr, false)},
         {"client_state", client}};
-    ZINF_RETURN_IF_ERROR(ckpt::WriteFileAtomic((fs::path(tmp) / "manifest.json").string(), manifest.dump(1)));
-    ZINF_RETURN_IF_ERROR(ckpt::FsyncDir(tmp));
-    std::error_code ec;
-    fs::remove_all(final_dir, ec);
-    if (::rename(tmp.c_str(), final_dir.c_str()) != 0) {
-      return IoError("rename " + tmp + " -> " + final_dir + ": " + std::strerror(errno));
+    committed = ckpt::WriteFileAtomic((fs::path(tmp) / "manifest.json").string(), manifest.dump(1));
+    if (committed.ok()) committed = ckpt::FsyncDir(tmp);
+    if (committed.ok()) {
+      std::error_code ec;
+      fs::remove_all(final_dir, ec);
+      if (::rename(tmp.c_str(), final_dir.c_str()) != 0) {
+        committed = IoError("rename " + tmp + " -> " + final_dir + ": " + std::strerror(errno));
+      }
     }
-    ZINF_RETURN_IF_ERROR(ckpt::FsyncDir(dir));
-    ZINF_RETURN_IF_ERROR(ckpt::WriteFileAtomic((fs::path(dir) / "latest").string(), name + "\n"));
+    if (!committed.ok()) committed = abandon(committed);
+    // From here step-N is complete; a failure below leaves `latest` at the
+    // previous checkpoint, which is intact.
+    if (committed.ok()) committed = ckpt::FsyncDir(dir);
+    if (committed.ok()) committed = ckpt::WriteFileAtomic((fs::path(dir) / "latest").string(), name + "\n");
   }
-  ZINF_RETURN_IF_ERROR(Barrier());
+  ZINF_RETURN_IF_ERROR(AgreeOk(committed));
+  {
+    std::lock_guard lock(mu_);
+    last_checkpoint_ = final_dir;
+  }
   return final_dir;
+}
+
+Status EngineImpl::ReadShards(ckpt::CheckpointReader& reader) {
+  // NVMe: a sub-group's [master | m | v] is assembled in a swap buffer and
+  // written once all its units are in (every owned element is overwritten).
+  float* group_buf = nvme_ ? static_cast<float*>(nvme_bufs_[0].data()) : nullptr;
+  int64_t current_group = -1;
+  auto flush_group = [&]() -> Status {
+    if (current_group < 0) return Status::Ok();
+    Status s = store_->Write(current_group, group_buf).Wait();
+    current_group = -1;
+    return s;
+  };
+  std::vector<float> state[3];
+  for (size_t i = 0; i < units_.size(); ++i) {
+    Unit& u = units_[i];
+    const int64_t ob = owned_begin(u), ov = owned_valid(u);
+    // The master covers the whole unit where its compute copy is whole here.
+    const int64_t first[3] = {u.partitioned ? ob : 0, ob, ob};
+    const int64_t len[3] = {u.partitioned ? ov : u.part.num_elems, ov, ov};
+    for (int k = 0; k < 3; ++k) {
+      state[k].assign(std::max<int64_t>(len[k], 0), 0.0f);
+      ZINF_RETURN_IF_ERROR(reader.ReadRange(u.name, k, u.part.num_elems, first[k], len[k], state[k].data()));
+    }
+    // Place the owned range where the state lives.
+    const float* owned[3] = {state[0].data() + (ob - first[0]), state[1].data(), state[2].data()};
+    if (ov > 0) {
+      if (nvme_) {
+        const int64_t g = group_of_unit_[i];
+        if (g != current_group) {
+          ZINF_RETURN_IF_ERROR(flush_group());
+          std::memset(group_buf, 0, static_cast<uint64_t>(groups_[g].elems) * 12);
+          current_group = g;
+        }
+        float* base = group_buf + offset_in_group_[i];
+        for (int k = 0; k < 3; ++k) std::memcpy(base + k * owned_elems(u), owned[k], ov * 4);
+      } else if (offload_) {
+        PinnedBuffer* dst[3] = {&u.h_master, &u.h_exp_avg, &u.h_exp_avg_sq};
+        for (int k = 0; k < 3; ++k) std::memcpy(dst[k]->data(), owned[k], ov * 4);
+      } else {
+        float* dst[3] = {u.master, u.exp_avg, u.exp_avg_sq};
+        for (int k = 0; k < 3; ++k) ZINF_RETURN_IF_ERROR(device_.CopyToDevice(dst[k], owned[k], ov * 4, *stream_));
+      }
+    }
+    ZINF_RETURN_IF_ERROR(WriteComputeCopy(u, state[0].data(), first[0]));
+  }
+  return flush_group();
 }
 
 Result<std::string> EngineImpl::Load(const std::string& path) {
   namespace fs = std::filesystem;
+  {
+    std::lock_guard lock(mu_);
+    if (!broken_.ok() && !broken_by_load_) {
+      return FailedPrecondition("this engine stopped after an I/O failure during a step (" + broken_.message() +
+                                "): create a new engine and load the checkpoint there");
+    }
+  }
   ZINF_RETURN_IF_ERROR(Finalize());
   ZINF_RETURN_IF_ERROR(Synchronize());
-  std::string ckpt_dir = path;
-  if (!fs::exists(fs::path(path) / "manifest.json")) {
-    auto latest = ckpt::ReadSmallFile((fs::path(path) / "latest").string());
-    if (!latest.ok()) return NotFound("no checkpoint at " + path + ": neither manifest.json nor latest");
-    std::string name = *latest;
-    while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
-    ckpt_dir = (fs::path(path) / name).string();
-  }
-  const std::string manifest_path = (fs::path(ckpt_dir) / "manifest.json").string();
-  ZINF_ASSIGN_OR_RETURN(std::string text, ckpt::ReadSmallFile(manifest_path));
-  auto manifest = nlohmann::json::parse(text, nullptr, false);
-  if (manifest.is_discarded() || !manifest.is_object() || manifest.value("format", 0) != kCheckpointFormat) {
-    return DataLoss(manifest_path + ": not a zinf checkpoint manifest of format " + std::to_string(kCheckpointFormat));
-  }
+  ZINF_ASSIGN_OR_RETURN(nvme::IoEngine * io, CheckpointIo());
+  ZINF_ASSIGN_OR_RETURN(std::unique_ptr<ckpt::CheckpointReader> reader, ckpt::CheckpointReader::Open(*io, path));
+  const std::string& ckpt_dir = reader->dir();
+  const nlohmann::json& manifest = reader->manifest();
+  const std::string manifest_path = ckpt_dir + "/manifest.json";
   try {
     // The units must be the same (names and sizes); list every difference.
     std::string diffs;
@@ -1303,64 +1441,26 @@ Result<std::string> EngineImpl::Load(const std::string& path) {
       }
     }
     if (!diffs.empty()) return InvalidArgument("checkpoint " + ckpt_dir + " does not match the registered units:" + diffs);
-    const int saved_world = manifest.at("world_size");
-    // Every rank's table: (unit, kind) -> slices.
-    struct Slice {
-      int64_t begin, count;
-      uint64_t offset, xxh3;
-      std::shared_ptr<ckpt::File> file;
-    };
-    std::map<std::pair<std::string, std::string>, std::vector<Slice>> slices;
-    for (int r = 0; r < saved_world; ++r) {
-      const std::string tpath = (fs::path(ckpt_dir) / ("rank-" + std::to_string(r) + ".json")).string();
-      auto ttext = ckpt::ReadSmallFile(tpath);
-      if (!ttext.ok()) return DataLoss("checkpoint " + ckpt_dir + ": rank " + std::to_string(r) + "'s table " + tpath + " is missing");
-      auto t = nlohmann::json::parse(*ttext, nullptr, false);
-      if (t.is_discarded()) return DataLoss(tpath + ": not valid JSON");
-      const std::string bin = (fs::path(ckpt_dir) / t.at("file").get<std::string>()).string();
-      ZINF_ASSIGN_OR_RETURN(ckpt::File f, ckpt::File::OpenRead(bin));
-      auto file = std::make_shared<ckpt::File>(std::move(f));
-      for (const auto& e : t.at("tensors")) {
-        slices[{e.at("unit").get<std::string>(), e.at("kind").get<std::string>()}].push_back(
-            {e.at("begin").get<int64_t>(), e.at("count").get<int64_t>(), e.at("offset").get<uint64_t>(),
-             e.at("xxh3").get<uint64_t>(), file});
-      }
-    }
-    for (Unit& u : units_) {
-      std::vector<float> state[3];
-      for (int k = 0; k < 3; ++k) {
-        state[k].assign(u.part.num_elems, 0.0f);
-        int64_t covered = 0;
-        for (const Slice& sl : slices[{u.name, kKindNames[k]}]) {
-          if (sl.begin < 0 || sl.count < 0 || sl.begin + sl.count > u.part.num_elems) {
-            return DataLoss("checkpoint " + ckpt_dir + ": unit '" + u.name + "' " + kKindNames[k] + " slice [" +
-                            std::to_string(sl.begin) + ", " + std::to_string(sl.begin + sl.count) +
-                            ") is outside the unit (" + std::to_string(u.part.num_elems) + " elements)");
-          }
-          const uint64_t bytes = static_cast<uint64_t>(sl.count) * 4;
-          ZINF_RETURN_IF_ERROR(sl.file->Read(state[k].data() + sl.begin, bytes, sl.offset));
-          if (ckpt::Checksum(state[k].data() + sl.begin, bytes) != sl.xxh3) {
-            return DataLoss("checkpoint: unit '" + u.name + "' " + kKindNames[k] + " elements [" +
-                            std::to_string(sl.begin) + ", " + std::to_string(sl.begin + sl.count) + ") in " +
-                            sl.file->path() + " at offset " + std::to_string(sl.offset) + ": checksum mismatch");
-          }
-          covered += sl.count;
-        }
-        if (covered != u.part.num_elems) {
-          return DataLoss("checkpoint " + ckpt_dir + ": unit '" + u.name + "' " + kKindNames[k] + " covers " +
-                          std::to_string(covered) + " of " + std::to_string(u.part.num_elems) + " elements");
-        }
-      }
-      ZINF_RETURN_IF_ERROR(WriteUnitState(u, state[0].data(), state[1].data(), state[2].data()));
+    // A failure part-way leaves this rank's state mixed: no steps until a
+    // Load succeeds.
+    if (Status s = AgreeOk(ReadShards(*reader)); !s.ok()) {
+      std::lock_guard lock(mu_);
+      broken_ = Status(s.code(), "Load from " + ckpt_dir + " failed part-way, the engine's state is mixed (load a "
+                                 "checkpoint again): " + s.message());
+      broken_by_load_ = true;
+      return s;
     }
     const auto& ls = manifest.at("loss_scale");
     std::lock_guard lock(mu_);
+    broken_ = Status::Ok();
+    broken_by_load_ = false;
     scaler_.Restore({ls.at("scale").get<double>(), ls.at("cur_hysteresis").get<int64_t>(), ls.at("iter").get<int64_t>(),
                      ls.at("last_overflow_iter").get<int64_t>(), ls.at("overflows").get<int64_t>()});
     steps_applied_ = manifest.at("steps_applied").get<int64_t>();
     boundaries_ = manifest.at("boundaries").get<int64_t>();
     decision_pending_ = false;
     micro_in_window_ = 0;
+    last_checkpoint_ = ckpt_dir;
     return manifest.at("client_state").dump();
   } catch (const nlohmann::json::exception& e) {
     return DataLoss(manifest_path + " or a rank table: malformed (" + std::string(e.what()) + ")");

@@ -10,6 +10,10 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/mount.h>
+
+#include <atomic>
+#include <cerrno>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -24,6 +28,8 @@
 #include "cpu/host_device.h"
 #include "cpu/mpi_comm.h"
 #include "model/gpt_device.h"
+#include "nvme/fault_file.h"
+#include "sched/checkpoint_io.h"
 #include "sched/partition.h"
 #include "test_util.h"
 
@@ -85,10 +91,14 @@ class DenseNet {
   // One micro-step on global micro-batch `g`; `poison` writes +inf into the
   // first gradient of unit 1 (an fp16 overflow stand-in).
   void MicroStep(Engine& engine, Stream& stream, uint64_t g, bool poison = false) {
+    MustOk(TryMicroStep(engine, stream, g, poison));
+  }
+  // The same, returning the engine's first error.
+  Status TryMicroStep(Engine& engine, Stream& stream, uint64_t g, bool poison = false) {
     const int L = num_units();
     // The batch is made in stream order: the previous micro-step's tasks may
     // still be reading these vectors.
-    MustOk(stream.Enqueue([this, g, L](const StreamContext&) {
+    ZINF_RETURN_IF_ERROR(stream.Enqueue([this, g, L](const StreamContext&) {
       acts_.assign(L + 1, {});
       acts_[0].resize(kBatch * dims[0].first);
       for (size_t i = 0; i < acts_[0].size(); ++i) acts_[0][i] = Uniform(777, g, i);
@@ -97,8 +107,8 @@ class DenseNet {
       return Status::Ok();
     }));
     for (int u = 0; u < L; ++u) {
-      UnitPointers p = Must(engine.Fetch(u, stream));
-      MustOk(stream.Enqueue([this, u, p, last = u == L - 1](const StreamContext& ctx) {
+      ZINF_ASSIGN_OR_RETURN(UnitPointers p, engine.Fetch(u, stream));
+      ZINF_RETURN_IF_ERROR(stream.Enqueue([this, u, p, last = u == L - 1](const StreamContext& ctx) {
         const auto [in, out] = dims[u];
         const void* w = ctx.Host(p.tensors[0]);
         const void* b = ctx.Host(p.tensors[1]);
@@ -114,13 +124,13 @@ class DenseNet {
         }
         return Status::Ok();
       }));
-      MustOk(engine.Release(u, stream));
+      ZINF_RETURN_IF_ERROR(engine.Release(u, stream));
     }
-    const float scale = Must(engine.loss_scale());
+    ZINF_ASSIGN_OR_RETURN(const float scale, engine.loss_scale());
     for (int u = L - 1; u >= 0; --u) {
-      UnitPointers p = Must(engine.Fetch(u, stream));
-      UnitPointers gp = Must(engine.GradBuffers(u));
-      MustOk(stream.Enqueue([this, u, p, gp, scale, poison, last = u == L - 1](const StreamContext& ctx) {
+      ZINF_ASSIGN_OR_RETURN(UnitPointers p, engine.Fetch(u, stream));
+      ZINF_ASSIGN_OR_RETURN(UnitPointers gp, engine.GradBuffers(u));
+      ZINF_RETURN_IF_ERROR(stream.Enqueue([this, u, p, gp, scale, poison, last = u == L - 1](const StreamContext& ctx) {
         const auto [in, out] = dims[u];
         const void* w = ctx.Host(p.tensors[0]);
         float* gw = static_cast<float*>(ctx.Host(gp.tensors[0]));
@@ -155,15 +165,20 @@ class DenseNet {
         if (poison && u == 1) gw[0] = INFINITY;
         return Status::Ok();
       }));
-      MustOk(engine.GradsReady(u, stream));
-      MustOk(engine.Release(u, stream));
+      ZINF_RETURN_IF_ERROR(engine.GradsReady(u, stream));
+      ZINF_RETURN_IF_ERROR(engine.Release(u, stream));
     }
+  return Status::Ok();
   }
 
  private:
   std::vector<std::vector<float>> acts_;
   std::vector<float> target_, dy_;
 };
+
+bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
 
 class EngineTest : public ::testing::Test {
  protected:
@@ -200,6 +215,36 @@ class EngineTest : public ::testing::Test {
     return c;
   }
 
+  // HardConfig with the optimizer state on NVMe: sub-groups of about two
+  // units cycling through two buffers.
+  Config NvmeConfig(int stage) const {
+    Config c = HardConfig(stage);
+    c.zero.stage3_param_persistence_threshold = 0;
+    c.zero.offload_optimizer.device = OffloadDevice::kNvme;
+    c.zero.offload_optimizer.nvme_path = {test::TestDir()};
+    c.zero.offload_optimizer.buffer_count = 2;
+    c.zero.sub_group_size = 2 * 65536 * std::max(2, world());
+    return c;
+  }
+  // Boundaries [from, to) of DenseNet with HardConfig's poisoned micro-step.
+  void RunSteps(Engine& e, DenseNet& net, int from, int to, int poison_at) {
+    for (int step = from; step < to; ++step) {
+      for (int k = 0; k < 2; ++k) {
+        const uint64_t g = (static_cast<uint64_t>(step) * 2 + k) * world() + rank();
+        net.MicroStep(e, *stream_, g, step == poison_at && k == 1 && rank() == world() - 1);
+        (void)Must(e.Step());
+      }
+    }
+  }
+  std::string CheckpointDir(const std::string& name) {
+    const std::string dir = test::TestDir() + "/" + name + "-np" + std::to_string(world()) +
+                            (StartedByMpiLauncher() ? "-mpi" : "-local");
+    if (rank() == 0) std::filesystem::remove_all(dir);
+    MustOk(comm_->Barrier(*stream_));
+    MustOk(stream_->Synchronize());
+    return dir;
+  }
+
   struct Snapshot {
     std::vector<std::vector<float>> state[4];  // by StateKind, per unit
     std::vector<StepStats> stats;
@@ -214,6 +259,14 @@ class EngineTest : public ::testing::Test {
       }
     }
     return s;
+  }
+
+  void ExpectSameState(const Snapshot& a, const Snapshot& b, const std::string& what) {
+    for (int k = 0; k < 4; ++k) {
+      for (size_t u = 0; u < a.state[k].size(); ++u) {
+        EXPECT_TRUE(SameBits(a.state[k][u], b.state[k][u])) << what << ": state kind " << k << ", unit " << u;
+      }
+    }
   }
 
   // Runs `steps` boundaries of DenseNet; poisons micro-step 1 of boundary `poison_at` on the last rank.
@@ -242,9 +295,6 @@ class EngineTest : public ::testing::Test {
   std::unique_ptr<Communicator> comm_;
 };
 
-bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
 
 TEST(PartitionTest, ShardsAreWholeNormBlocks) {
   const UnitPartition p = PartitionUnit(75250, 4);
@@ -681,9 +731,10 @@ TEST_F(EngineTest, CheckpointResumesBitExactlyAcrossStagesAndTiers) {
     }
   }
   // Another world size: every rank loads the checkpoint into a 1-rank engine
-  // (resharded from the manifest) and finds the state as it was saved.
+  // with its optimizer state on NVMe (resharded from the manifest) and finds
+  // the state as it was saved.
   {
-    auto local = Must(Engine::Create(HardConfig(0), *device_, nullptr));
+    auto local = Must(Engine::Create(NvmeConfig(0), *device_, nullptr));  // into NVMe-resident state
     DenseNet n;
     n.Register(*local, 5);
     (void)Must(local->Load(dir + "/step-3"));
@@ -719,6 +770,160 @@ TEST_F(EngineTest, CheckpointResumesBitExactlyAcrossStagesAndTiers) {
 }
 
 // What the engine cannot honour fails before the first step, saying what to change.
+// An I/O error in the NVMe swap files during a step leaves sub-groups at
+// different steps: the step fails with kDataLoss naming the file, errno and
+// the checkpoint to resume from; the engine refuses steps, saves and loads;
+// a new engine loads the checkpoint and the run goes on bit-identical to one
+// without the fault. Save and load stream from and into NVMe-resident state.
+TEST_F(EngineTest, NvmeFaultMidStepStopsTheEngineUntilACheckpointLoads) {
+  constexpr int kSteps = 6, kSave = 3, kPoison = 2;
+  const Config c = NvmeConfig(2);
+  const Snapshot straight = RunDense(c, kSteps, kPoison);
+  const std::string dir = CheckpointDir("nvme-fault");
+  auto armed = std::make_shared<std::atomic<bool>>(false);
+  nvme::FaultPlan plan;
+  plan.fail_attempt = 1;  // the second block attempt on a swap file once armed
+  plan.fail_errno = EIO;
+  plan.armed = armed;
+  ckpt::SetFileOpenerForTesting([plan](nvme::IoEngine& io, const std::string& path, const nvme::FileOptions& o)
+                                    -> Result<std::shared_ptr<nvme::File>> {
+    if (path.find("/step-") != std::string::npos) return io.Open(path, o);  // checkpoint files
+    ZINF_ASSIGN_OR_RETURN(auto f, nvme::FaultInjectingFile::Open(path, o, plan));
+    return std::shared_ptr<nvme::File>(std::move(f));
+  });
+  struct Restore {
+    ~Restore() { ckpt::SetFileOpenerForTesting(nullptr); }
+  } restore;
+  auto e = Must(Engine::Create(c, *device_, comm_.get()));
+  DenseNet net;
+  net.Register(*e, 11);
+  RunSteps(*e, net, 0, kSave, kPoison);
+  const std::string saved = Must(e->Save(dir));
+  armed->store(true);
+  Status failure;
+  for (int k = 0; k < 2 && failure.ok(); ++k) {
+    const uint64_t g = (static_cast<uint64_t>(kSave) * 2 + k) * world() + rank();
+    failure = net.TryMicroStep(*e, *stream_, g);
+    if (failure.ok()) failure = e->Step().status();
+  }
+  if (failure.ok()) failure = e->Synchronize();
+  MustOk(stream_->Synchronize());
+  armed->store(false);
+  EXPECT_EQ(failure.code(), StatusCode::kDataLoss) << failure.ToString();
+  const std::string m = failure.message();
+  EXPECT_NE(m.find(test::TestDir()), std::string::npos) << "names the swap file: " << m;
+  EXPECT_NE(m.find("errno"), std::string::npos) << m;
+  EXPECT_NE(m.find("different steps"), std::string::npos) << m;
+  EXPECT_NE(m.find(saved), std::string::npos) << "names the checkpoint to resume from: " << m;
+  EXPECT_EQ(e->Step().status().code(), StatusCode::kDataLoss);
+  EXPECT_EQ(e->Save(dir).status().code(), StatusCode::kDataLoss);
+  EXPECT_EQ(e->Load(dir).status().code(), StatusCode::kFailedPrecondition) << "a new engine is needed";
+  e.reset();
+  // Recovery: a new engine loads the checkpoint and goes on.
+  auto again = Must(Engine::Create(c, *device_, comm_.get()));
+  DenseNet net2;
+  net2.Register(*again, 99);
+  EXPECT_EQ(Must(again->Load(dir)), "{}");
+  RunSteps(*again, net2, kSave, kSteps, kPoison);
+  MustOk(stream_->Synchronize());
+  ExpectSameState(Take(*again), straight, "resumed after the fault");
+}
+
+// A full disk during a save (ENOSPC injected into the shard files): the save
+// fails naming ENOSPC and the path, step-N.tmp is removed, `latest` still
+// names the previous checkpoint, which loads.
+TEST_F(EngineTest, SaveOnAFullDiskKeepsThePreviousCheckpoint) {
+  const std::string dir = CheckpointDir("enospc");
+  auto e = Must(Engine::Create(HardConfig(1), *device_, comm_.get()));
+  DenseNet net;
+  net.Register(*e, 11);
+  RunSteps(*e, net, 0, 2, -1);
+  (void)Must(e->Save(dir));
+  MustOk(stream_->Synchronize());
+  const Snapshot at_save = Take(*e);
+  RunSteps(*e, net, 2, 3, -1);
+  nvme::FaultPlan plan;
+  plan.enospc_at = 4096;  // rank 0's file always holds more (unit 0's first slice)
+  ckpt::SetFileOpenerForTesting([plan](nvme::IoEngine& io, const std::string& path, const nvme::FileOptions& o)
+                                    -> Result<std::shared_ptr<nvme::File>> {
+    if (path.find(".tmp/") == std::string::npos) return io.Open(path, o);
+    ZINF_ASSIGN_OR_RETURN(auto f, nvme::FaultInjectingFile::Open(path, o, plan));
+    return std::shared_ptr<nvme::File>(std::move(f));
+  });
+  const Status s = e->Save(dir).status();
+  ckpt::SetFileOpenerForTesting(nullptr);
+  if (rank() == 0 || s.code() == StatusCode::kIoError) {
+    EXPECT_EQ(s.code(), StatusCode::kIoError) << s.ToString();
+    EXPECT_NE(s.message().find("No space left on device"), std::string::npos) << s.ToString();
+    EXPECT_NE(s.message().find(dir + "/step-3.tmp/rank-" + std::to_string(rank()) + ".bin"), std::string::npos)
+        << s.ToString();
+  } else {
+    EXPECT_EQ(s.code(), StatusCode::kUnavailable) << "told that another rank failed: " << s.ToString();
+  }
+  MustOk(comm_->Barrier(*stream_));
+  MustOk(stream_->Synchronize());
+  EXPECT_FALSE(std::filesystem::exists(dir + "/step-3.tmp"));
+  EXPECT_FALSE(std::filesystem::exists(dir + "/step-3"));
+  EXPECT_EQ(Must(ckpt::ReadSmallFile(dir + "/latest")), "step-2\n");
+  auto fresh = Must(Engine::Create(HardConfig(1), *device_, comm_.get()));
+  DenseNet net2;
+  net2.Register(*fresh, 99);
+  (void)Must(fresh->Load(dir));
+  ExpectSameState(Take(*fresh), at_save, "the previous checkpoint");
+  MustOk(stream_->Synchronize());
+}
+
+// The same on a real full filesystem: a small tmpfs (root only; skipped where
+// mounting is not allowed, and under mpirun). tmpfs may have no O_DIRECT:
+// checkpoint files then go through the page cache.
+TEST_F(EngineTest, SaveOnAFullTmpfsKeepsThePreviousCheckpoint) {
+  if (world() > 1) GTEST_SKIP() << "one rank";
+  const std::string mnt = test::TestDir() + "/tmpfs-" + std::to_string(::getpid());
+  std::filesystem::create_directories(mnt);
+  if (::mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=4m") != 0) {
+    const int err = errno;
+    std::filesystem::remove(mnt);
+    GTEST_SKIP() << "cannot mount a tmpfs here: " << std::strerror(err);
+  }
+  struct Unmount {
+    std::string path;
+    ~Unmount() {
+      ::umount2(path.c_str(), MNT_DETACH);
+      std::filesystem::remove(path);
+    }
+  } unmount{mnt};
+  const std::string dir = mnt + "/ckpt";
+  auto e = Must(Engine::Create(HardConfig(0), *device_, comm_.get()));
+  DenseNet net;
+  net.Register(*e, 11);
+  RunSteps(*e, net, 0, 2, -1);
+  (void)Must(e->Save(dir));
+  MustOk(stream_->Synchronize());
+  const Snapshot at_save = Take(*e);
+  // Leave 256 KiB free: less than a checkpoint (about 1 MiB).
+  {
+    const auto space = std::filesystem::space(mnt);
+    std::ofstream filler(mnt + "/filler", std::ios::binary);
+    const std::vector<char> block(64 << 10, 'x');
+    for (uint64_t left = space.available - (256 << 10); left >= block.size(); left -= block.size()) {
+      filler.write(block.data(), static_cast<std::streamsize>(block.size()));
+    }
+  }
+  RunSteps(*e, net, 2, 3, -1);
+  const Status s = e->Save(dir).status();
+  EXPECT_EQ(s.code(), StatusCode::kIoError) << s.ToString();
+  EXPECT_NE(s.message().find("No space left on device"), std::string::npos) << s.ToString();
+  EXPECT_NE(s.message().find(dir + "/step-3.tmp/"), std::string::npos) << s.ToString();
+  EXPECT_FALSE(std::filesystem::exists(dir + "/step-3.tmp"));
+  EXPECT_EQ(Must(ckpt::ReadSmallFile(dir + "/latest")), "step-2\n");
+  auto fresh = Must(Engine::Create(HardConfig(0), *device_, comm_.get()));
+  DenseNet net2;
+  net2.Register(*fresh, 99);
+  (void)Must(fresh->Load(dir));
+  ExpectSameState(Take(*fresh), at_save, "the previous checkpoint on the full tmpfs");
+  MustOk(stream_->Synchronize());
+}
+
 TEST_F(EngineTest, BadInputFailsBeforeTheFirstStep) {
   auto error_of = [&](const Config& c) { return Engine::Create(c, *device_, comm_.get()).status(); };
   Config c;

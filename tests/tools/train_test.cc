@@ -19,9 +19,10 @@
 
 namespace {
 
-zinf::test::CommandResult RunZinf(const std::string& args) {
-  return zinf::test::RunCommand("cd " + zinf::test::TestDir() + " && ZINF_LOG_LEVEL=warn " +
-                                zinf::test::BinaryDir() + "/zinf " + args + " 2>&1");
+// Runs `zinf args` in `dir` (default: the test directory).
+zinf::test::CommandResult RunZinf(const std::string& args, const std::string& dir = zinf::test::TestDir()) {
+  return zinf::test::RunCommand("cd " + dir + " && ZINF_LOG_LEVEL=warn " + zinf::test::BinaryDir() + "/zinf " + args +
+                                " 2>&1");
 }
 
 std::string Scratch(const std::string& name) { return zinf::test::TestDir() + "/" + name; }
@@ -30,15 +31,20 @@ TEST(TrainTest, ShortEmbeddedRunLearnsAndWritesItsFiles) {
   const std::string metrics = Scratch("train_metrics.jsonl"), plot = Scratch("train_plot.svg"),
                     weights = Scratch("train_export.safetensors");
   for (const auto& f : {metrics, plot, weights}) std::filesystem::remove(f);
+  // In a directory of its own: other tests' runs make their own state directories.
+  const std::string cwd = Scratch("train_short_cwd");
+  std::filesystem::remove_all(cwd);
+  std::filesystem::create_directories(cwd);
   auto r = RunZinf("train --steps 40 --layers 1 --d-model 32 --seq-len 32 --micro-batch 4 --metrics-json " + metrics +
-                   " --plot " + plot + " --export " + weights + " --export-names hf");
+                       " --plot " + plot + " --export " + weights + " --export-names hf",
+                   cwd);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("config: ZeRO stage 3"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("plan per rank"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("summary: validation loss"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("sample: "), std::string::npos) << r.output;
   // The optimizer state went to a directory under the working directory, removed afterwards.
-  for (const auto& e : std::filesystem::directory_iterator(zinf::test::TestDir())) {
+  for (const auto& e : std::filesystem::directory_iterator(cwd)) {
     EXPECT_EQ(e.path().filename().string().rfind("zinf-train-", 0), std::string::npos) << e.path();
   }
   std::ifstream in(metrics);
@@ -85,10 +91,28 @@ TEST(TrainTest, ResumeContinuesBitExactly) {
   std::filesystem::remove_all(ck);
   auto r = RunZinf("train" + shape + " --metrics-json " + m1);
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  r = RunZinf("train" + shape + " --save-dir " + ck + " --save-every 6 --keep 2");
+  const std::string trained = Scratch("train_final.safetensors"), exported = Scratch("train_ckpt_export.safetensors");
+  r = RunZinf("train" + shape + " --save-dir " + ck + " --save-every 6 --keep 2 --export " + trained +
+              " --export-dtype fp32 --export-names hf");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_TRUE(std::filesystem::exists(ck + "/step-6/manifest.json"));
   EXPECT_TRUE(std::filesystem::exists(ck + "/latest"));
+  // `zinf export` of the last checkpoint writes the same file, byte for
+  // byte, as the run's own export of its final weights.
+  r = RunZinf("export " + ck + " " + exported + " --dtype fp32 --names hf");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("step-12"), std::string::npos) << r.output;
+  auto bytes = [](const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  EXPECT_GT(bytes(exported).size(), 1000u);
+  EXPECT_TRUE(bytes(exported) == bytes(trained)) << "zinf export differs from train --export";
+  r = RunZinf("export " + ck + " " + exported + " --dtype fp8");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  r = RunZinf("export " + Scratch("no-such-checkpoint") + " " + exported);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("no checkpoint at"), std::string::npos) << r.output;
   r = RunZinf("train" + shape + " --resume " + ck + "/step-6 --metrics-json " + m2);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("resumed from"), std::string::npos) << r.output;
