@@ -12,6 +12,7 @@ void RegisterComm(CLI::App& bench, int* exit_code);
 void RegisterCopy(CLI::App& bench, int* exit_code);
 void RegisterModel(CLI::App& bench, int* exit_code);
 void RegisterOffload(CLI::App& bench, int* exit_code);
+void RegisterCheckpoint(CLI::App& bench, int* exit_code);
 
 void RegisterAll(CLI::App& bench, int* exit_code) {
   RegisterMembw(bench, exit_code);
@@ -21,6 +22,7 @@ void RegisterAll(CLI::App& bench, int* exit_code) {
   RegisterCopy(bench, exit_code);
   RegisterModel(bench, exit_code);
   RegisterOffload(bench, exit_code);
+  RegisterCheckpoint(bench, exit_code);
   bench.require_subcommand(1);
 }
 

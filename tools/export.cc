@@ -121,10 +121,21 @@ int Run(const ExportOptions& opt) {
     for (size_t u = 0; u < units.size(); ++u) {
       for (const auto& p : manifest.at("units")[u].at("params")) {
         std::vector<int64_t> shape = p.at("shape");
+        const int64_t offset = p.at("offset");
         int64_t n = 1;
-        for (int64_t d : shape) n *= d;
+        for (int64_t d : shape) {
+          if (d <= 0 || n > (int64_t{1} << 40) / d) n = -1;
+          if (n < 0) break;
+          n *= d;
+        }
+        if (n < 0 || offset < 0 || offset + n > units[u].elements) {
+          throw Failure{"the checkpoint's manifest is damaged: tensor '" + p.at("name").get<std::string>() +
+                        "' of unit '" + units[u].name + "' (offset " + std::to_string(offset) + ", shape " +
+                        p.at("shape").dump() + ") does not fit the unit's " + std::to_string(units[u].elements) +
+                        " elements"};
+        }
         specs.push_back({units[u].name + "." + p.at("name").get<std::string>(), SafetensorsDType(dtype), shape});
-        where.push_back({static_cast<int>(u), p.at("offset").get<int64_t>(), n});
+        where.push_back({static_cast<int>(u), offset, n});
       }
     }
     data::SafetensorsWriter w = Must(data::SafetensorsWriter::Begin(opt.out, specs), "export");

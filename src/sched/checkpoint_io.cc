@@ -272,52 +272,66 @@ SliceReader::~SliceReader() {
 
 Status SliceReader::Read(const std::shared_ptr<nvme::File>& file, uint64_t offset, uint64_t bytes, uint64_t xxh3,
                          const std::string& what, const std::function<void(const void*, uint64_t, uint64_t)>& sink) {
-  if (file->direct() && offset % kSliceAlign != 0) {
-    return DataLoss("checkpoint: " + what + " in " + file->path() + " starts at offset " + std::to_string(offset) +
-                    ", not a multiple of 4096");
+  std::vector<Job> jobs(1);
+  jobs[0] = Job{file, offset, bytes, xxh3, what, sink};
+  return ReadAll(jobs);
+}
+
+Status SliceReader::ReadAll(std::vector<Job>& jobs) {
+  for (const Job& j : jobs) {
+    if (j.file->direct() && j.offset % kSliceAlign != 0) {
+      return DataLoss("checkpoint: " + j.what + " in " + j.file->path() + " starts at offset " +
+                      std::to_string(j.offset) + ", not a multiple of 4096");
+    }
   }
-  const int depth = static_cast<int>(bufs_.size());
-  const uint64_t chunks = (bytes + chunk_ - 1) / chunk_;
-  std::vector<nvme::IoRequest> reqs(depth);
-  auto issue = [&](uint64_t c) {
-    const uint64_t pos = c * chunk_;
-    const uint64_t len = std::min(chunk_, bytes - pos);
-    reqs[c % depth] = io_.Read(file, offset + pos, bufs_[c % depth], file->direct() ? AlignUp(len) : len);
+  // Every chunk of every job, in order.
+  struct Chunk {
+    size_t job;
+    uint64_t pos, len;
   };
-  for (uint64_t c = 0; c < std::min<uint64_t>(chunks, depth); ++c) issue(c);
-  XXH3_state_t* h = XXH3_createState();
+  std::vector<Chunk> chunks;
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    for (uint64_t pos = 0; pos < jobs[j].bytes; pos += chunk_) chunks.push_back({j, pos, std::min(chunk_, jobs[j].bytes - pos)});
+  }
+  XXH3_state_t* h = XXH3_createState();  // before any read is in flight
   if (!h) return OutOfMemory("XXH3 state");
-  XXH3_64bits_reset(h);
+  const int depth = static_cast<int>(bufs_.size());
+  std::vector<nvme::IoRequest> reqs(depth);
+  auto issue = [&](size_t c) {
+    const Job& j = jobs[chunks[c].job];
+    const uint64_t len = chunks[c].len;
+    reqs[c % depth] = io_.Read(j.file, j.offset + chunks[c].pos, bufs_[c % depth], j.file->direct() ? AlignUp(len) : len);
+  };
+  for (size_t c = 0; c < std::min<size_t>(chunks.size(), depth); ++c) issue(c);
   Status st;
-  for (uint64_t c = 0; c < chunks; ++c) {
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    const Job& j = jobs[chunks[c].job];
     nvme::IoRequest& r = reqs[c % depth];
     Status s = r.Wait();
     r = {};
     if (!s.ok()) {
       if (s.code() == StatusCode::kDataLoss) {
-        s = DataLoss("checkpoint: " + what + ": " + file->path() + " is truncated (" + s.message() + ")");
+        s = DataLoss("checkpoint: " + j.what + ": " + j.file->path() + " is truncated (" + s.message() + ")");
       }
       st = s;
       break;
     }
-    const uint64_t pos = c * chunk_;
-    const uint64_t len = std::min(chunk_, bytes - pos);
-    XXH3_64bits_update(h, bufs_[c % depth], len);
-    sink(bufs_[c % depth], pos, len);
-    read_ += len;
-    if (c + depth < chunks) issue(c + depth);
+    if (chunks[c].pos == 0) XXH3_64bits_reset(h);
+    XXH3_64bits_update(h, bufs_[c % depth], chunks[c].len);
+    j.sink(bufs_[c % depth], chunks[c].pos, chunks[c].len);
+    read_ += chunks[c].len;
+    if (chunks[c].pos + chunks[c].len == j.bytes && XXH3_64bits_digest(h) != j.xxh3) {
+      st = DataLoss("checkpoint: " + j.what + " in " + j.file->path() + " at offset " + std::to_string(j.offset) +
+                    " (" + std::to_string(j.bytes) + " bytes): checksum mismatch");
+      break;
+    }
+    if (c + depth < chunks.size()) issue(c + depth);
   }
   for (auto& r : reqs) {
     if (r.valid()) (void)r.Wait();
   }
-  const uint64_t digest = XXH3_64bits_digest(h);
   XXH3_freeState(h);
-  if (!st.ok()) return st;
-  if (digest != xxh3) {
-    return DataLoss("checkpoint: " + what + " in " + file->path() + " at offset " + std::to_string(offset) + " (" +
-                    std::to_string(bytes) + " bytes): checksum mismatch");
-  }
-  return Status::Ok();
+  return st;
 }
 
 // ---- CheckpointReader ----------------------------------------------------------
@@ -336,7 +350,8 @@ Result<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(nvme::IoEngine&
   const std::string manifest_path = (fs::path(r->dir_) / "manifest.json").string();
   ZINF_ASSIGN_OR_RETURN(std::string text, ReadSmallFile(manifest_path));
   r->manifest_ = nlohmann::json::parse(text, nullptr, false);
-  if (r->manifest_.is_discarded() || !r->manifest_.is_object() || r->manifest_.value("format", 0) != kFormat) {
+  if (r->manifest_.is_discarded() || !r->manifest_.is_object() || !r->manifest_.contains("format") ||
+      !r->manifest_["format"].is_number_integer() || r->manifest_["format"].get<int64_t>() != kFormat) {
     return DataLoss(manifest_path + ": not a zinf checkpoint manifest of format " + std::to_string(kFormat));
   }
   try {
@@ -366,36 +381,42 @@ Result<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(nvme::IoEngine&
 
 Status CheckpointReader::ReadRange(const std::string& unit, int kind, int64_t unit_elems, int64_t first,
                                    int64_t count, float* dst) {
-  const char* kname = kKindNames[kind];
-  int64_t covered = 0;
-  for (const Slice& sl : slices_[{unit, kname}]) {
-    if (sl.begin < 0 || sl.count < 0 || sl.begin + sl.count > unit_elems) {
-      return DataLoss("checkpoint " + dir_ + ": unit '" + unit + "' " + kname + " slice [" + std::to_string(sl.begin) +
-                      ", " + std::to_string(sl.begin + sl.count) + ") is outside the unit (" +
-                      std::to_string(unit_elems) + " elements)");
+  return ReadRanges({Range{unit, kind, unit_elems, first, count, dst}});
+}
+
+Status CheckpointReader::ReadRanges(const std::vector<Range>& ranges) {
+  std::vector<SliceReader::Job> jobs;
+  for (const Range& rg : ranges) {
+    const char* kname = kKindNames[rg.kind];
+    int64_t covered = 0;
+    for (const Slice& sl : slices_[{rg.unit, kname}]) {
+      if (sl.begin < 0 || sl.count < 0 || sl.begin + sl.count > rg.unit_elems) {
+        return DataLoss("checkpoint " + dir_ + ": unit '" + rg.unit + "' " + kname + " slice [" +
+                        std::to_string(sl.begin) + ", " + std::to_string(sl.begin + sl.count) +
+                        ") is outside the unit (" + std::to_string(rg.unit_elems) + " elements)");
+      }
+      const int64_t lo = std::max(sl.begin, rg.first), hi = std::min(sl.begin + sl.count, rg.first + rg.count);
+      if (lo >= hi) continue;  // elements the caller does not want
+      if (!files_[sl.file]) {
+        ZINF_ASSIGN_OR_RETURN(files_[sl.file], OpenDataFile(io_, paths_[sl.file], false));
+      }
+      const uint64_t want_lo = static_cast<uint64_t>(lo - sl.begin) * 4, want_hi = static_cast<uint64_t>(hi - sl.begin) * 4;
+      char* out = reinterpret_cast<char*>(rg.dst + (lo - rg.first));
+      jobs.push_back({files_[sl.file], sl.offset, static_cast<uint64_t>(sl.count) * 4, sl.xxh3,
+                      "unit '" + rg.unit + "' " + kname + " elements [" + std::to_string(sl.begin) + ", " +
+                          std::to_string(sl.begin + sl.count) + ")",
+                      [out, want_lo, want_hi](const void* data, uint64_t pos, uint64_t n) {
+                        const uint64_t a = std::max(pos, want_lo), b = std::min(pos + n, want_hi);
+                        if (a < b) std::memcpy(out + (a - want_lo), static_cast<const char*>(data) + (a - pos), b - a);
+                      }});
+      covered += hi - lo;
     }
-    const int64_t lo = std::max(sl.begin, first), hi = std::min(sl.begin + sl.count, first + count);
-    if (lo >= hi) continue;  // elements the caller does not want
-    if (!files_[sl.file]) {
-      ZINF_ASSIGN_OR_RETURN(files_[sl.file], OpenDataFile(io_, paths_[sl.file], false));
+    if (covered != rg.count) {
+      return DataLoss("checkpoint " + dir_ + ": unit '" + rg.unit + "' " + kname + " covers " +
+                      std::to_string(covered) + " of the " + std::to_string(rg.count) + " elements asked for");
     }
-    const uint64_t want_lo = static_cast<uint64_t>(lo - sl.begin) * 4, want_hi = static_cast<uint64_t>(hi - sl.begin) * 4;
-    char* out = reinterpret_cast<char*>(dst + (lo - first));
-    ZINF_RETURN_IF_ERROR(reader_->Read(
-        files_[sl.file], sl.offset, static_cast<uint64_t>(sl.count) * 4, sl.xxh3,
-        "unit '" + unit + "' " + kname + " elements [" + std::to_string(sl.begin) + ", " +
-            std::to_string(sl.begin + sl.count) + ")",
-        [&](const void* data, uint64_t pos, uint64_t n) {
-          const uint64_t a = std::max(pos, want_lo), b = std::min(pos + n, want_hi);
-          if (a < b) std::memcpy(out + (a - want_lo), static_cast<const char*>(data) + (a - pos), b - a);
-        }));
-    covered += hi - lo;
   }
-  if (covered != count) {
-    return DataLoss("checkpoint " + dir_ + ": unit '" + unit + "' " + kname + " covers " + std::to_string(covered) +
-                    " of the " + std::to_string(count) + " elements asked for");
-  }
-  return Status::Ok();
+  return reader_->ReadAll(jobs);
 }
 
 }  // namespace zinf::ckpt

@@ -103,7 +103,7 @@ class SliceWriter {
 class SliceReader {
  public:
   static Result<std::unique_ptr<SliceReader>> Create(nvme::IoEngine& io, uint64_t chunk_bytes = 16ull << 20,
-                                                     int depth = 3);
+                                                     int depth = 8);
   ~SliceReader();
   // Passes [offset, offset + bytes) of `file` to `sink` chunk by chunk, in
   // order (data, position in the slice, length), then checks the slice's
@@ -112,6 +112,15 @@ class SliceReader {
   // error, discard what it stored.
   Status Read(const std::shared_ptr<nvme::File>& file, uint64_t offset, uint64_t bytes, uint64_t xxh3,
               const std::string& what, const std::function<void(const void*, uint64_t, uint64_t)>& sink);
+  // Several slices, their chunks read ahead across slice boundaries (the
+  // disk stays busy from one slice to the next). Stops at the first error.
+  struct Job {
+    std::shared_ptr<nvme::File> file;
+    uint64_t offset = 0, bytes = 0, xxh3 = 0;
+    std::string what;
+    std::function<void(const void*, uint64_t, uint64_t)> sink;
+  };
+  Status ReadAll(std::vector<Job>& jobs);
   uint64_t bytes_read() const { return read_; }
 
  private:
@@ -143,6 +152,14 @@ class CheckpointReader {
   // slice overlapping them, each slice read and verified in full. kDataLoss
   // for a checksum mismatch, a truncated file, or elements no slice covers.
   Status ReadRange(const std::string& unit, int kind, int64_t unit_elems, int64_t first, int64_t count, float* dst);
+  // Several ranges at once, read ahead across slices.
+  struct Range {
+    std::string unit;
+    int kind = 0;
+    int64_t unit_elems = 0, first = 0, count = 0;
+    float* dst = nullptr;
+  };
+  Status ReadRanges(const std::vector<Range>& ranges);
   uint64_t bytes_read() const { return reader_->bytes_read(); }
 
  private:

@@ -30,6 +30,7 @@
 #include <thread>
 #include <utility>
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include "common/communicator.h"
@@ -1271,24 +1272,25 @@ Status EngineImpl::WriteShards(const std::string& path, nlohmann::json* table) {
 }
 
 Result<std::string> EngineImpl::Save(const std::string& dir, const std::string& client_state) {
-  ZINF_RETURN_IF_ERROR(Finalize());
-  if (micro_in_window_ != 0) {
-    return FailedPrecondition("Save between optimizer steps only: " + std::to_string(micro_in_window_) + " of " +
-                              std::to_string(accumulation_) + " micro-steps of this step are done");
-  }
-  {
-    std::lock_guard lock(mu_);
-    if (!broken_.ok()) return broken_;
-  }
+  // Every check that can fail on one rank alone is agreed on before any
+  // rank goes further: no rank is left waiting in a collective.
   auto client = nlohmann::json::parse(client_state, nullptr, false);
-  if (client.is_discarded()) return InvalidArgument("Save: client_state is not valid JSON");
-  ZINF_RETURN_IF_ERROR(Synchronize());
+  Status prepared = Finalize();
+  if (prepared.ok() && micro_in_window_ != 0) {
+    prepared = FailedPrecondition("Save between optimizer steps only: " + std::to_string(micro_in_window_) + " of " +
+                                  std::to_string(accumulation_) + " micro-steps of this step are done");
+  }
+  if (prepared.ok()) {
+    std::lock_guard lock(mu_);
+    prepared = broken_;
+  }
+  if (prepared.ok() && client.is_discarded()) prepared = InvalidArgument("Save: client_state is not valid JSON");
+  if (prepared.ok()) prepared = Synchronize();
   namespace fs = std::filesystem;
   const std::string name = "step-" + std::to_string(boundaries_);
   const std::string tmp = (fs::path(dir) / (name + ".tmp")).string();
   const std::string final_dir = (fs::path(dir) / name).string();
-  Status prepared;
-  if (rank_ == 0) {
+  if (rank_ == 0 && prepared.ok()) {
     std::error_code ec;
     fs::create_directories(dir, ec);
     fs::remove_all(tmp, ec);  // left by a save that crashed
@@ -1341,9 +1343,13 @@ Result<std::string> EngineImpl::Save(const std::string& dir, const std::string& 
     committed = ckpt::WriteFileAtomic((fs::path(tmp) / "manifest.json").string(), manifest.dump(1));
     if (committed.ok()) committed = ckpt::FsyncDir(tmp);
     if (committed.ok()) {
-      std::error_code ec;
-      fs::remove_all(final_dir, ec);
-      if (::rename(tmp.c_str(), final_dir.c_str()) != 0) {
+      // Saved at this step before (a save right after a load): the new
+      // directory and the old one swap places atomically, so `latest` never
+      // names a missing directory; the old one is removed afterwards.
+      if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) == 0) {
+        std::error_code ec;
+        fs::remove_all(tmp, ec);
+      } else if (errno != ENOENT || ::rename(tmp.c_str(), final_dir.c_str()) != 0) {
         committed = IoError("rename " + tmp + " -> " + final_dir + ": " + std::strerror(errno));
       }
     }
@@ -1362,16 +1368,87 @@ Result<std::string> EngineImpl::Save(const std::string& dir, const std::string& 
 }
 
 Status EngineImpl::ReadShards(ckpt::CheckpointReader& reader) {
-  // NVMe: a sub-group's [master | m | v] is assembled in a swap buffer and
-  // written once all its units are in (every owned element is overwritten).
-  float* group_buf = nvme_ ? static_cast<float*>(nvme_bufs_[0].data()) : nullptr;
-  int64_t current_group = -1;
-  auto flush_group = [&]() -> Status {
-    if (current_group < 0) return Status::Ok();
-    Status s = store_->Write(current_group, group_buf).Wait();
-    current_group = -1;
-    return s;
-  };
+  using Range = ckpt::CheckpointReader::Range;
+  if (nvme_) {
+    // A sub-group's [master | m | v] is read straight into a swap buffer
+    // (every slice of the sub-group in one read-ahead stream) and written to
+    // the store while the next sub-group is read into the next buffer.
+    const size_t nb = nvme_bufs_.size();
+    std::vector<nvme::IoRequest> writes(nb);
+    struct DrainWrites {  // never leave a write in flight from the engine's buffers
+      std::vector<nvme::IoRequest>& w;
+      ~DrainWrites() {
+        for (auto& q : w) {
+          if (q.valid()) (void)q.Wait();
+        }
+      }
+    } drain{writes};
+    // The compute copies of a sub-group's units run on a helper thread while
+    // the next sub-group is read (the disk stays busy); joined before the
+    // engine stream is used again here or its buffer is refilled.
+    std::thread copier;
+    Status copied;
+    auto join_copier = [&]() -> Status {
+      if (copier.joinable()) copier.join();
+      return copied;
+    };
+    struct JoinCopier {  // on every return path
+      std::thread& t;
+      ~JoinCopier() {
+        if (t.joinable()) t.join();
+      }
+    } join_on_exit{copier};
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      if (nb == 1) ZINF_RETURN_IF_ERROR(join_copier());  // the copier reads the buffer about to be refilled
+      nvme::IoRequest& previous = writes[g % nb];
+      if (previous.valid()) {
+        Status s = previous.Wait();
+        previous = {};
+        ZINF_RETURN_IF_ERROR(s);
+      }
+      float* buf = static_cast<float*>(nvme_bufs_[g % nb].data());
+      std::vector<Range> ranges;
+      std::vector<char> whole(groups_[g].units.size(), 0);  // the compute copy is whole here, the master sharded
+      for (size_t j = 0; j < groups_[g].units.size(); ++j) {
+        const int i = groups_[g].units[j];
+        const Unit& u = units_[i];
+        const int64_t ob = owned_begin(u), ov = std::max<int64_t>(owned_valid(u), 0), oe = owned_elems(u);
+        float* base = buf + offset_in_group_[i];
+        for (int k = 0; k < 3; ++k) std::fill(base + k * oe + ov, base + (k + 1) * oe, 0.0f);
+        whole[j] = !(u.partitioned || (ob == 0 && ov == u.part.num_elems));
+        for (int k = whole[j] ? 1 : 0; k < 3; ++k) ranges.push_back({u.name, k, u.part.num_elems, ob, ov, base + k * oe});
+      }
+      ZINF_RETURN_IF_ERROR(reader.ReadRanges(ranges));
+      ZINF_RETURN_IF_ERROR(join_copier());
+      // Units whose whole master is needed: one at a time (memory: one unit).
+      for (size_t j = 0; j < groups_[g].units.size(); ++j) {
+        if (!whole[j]) continue;
+        const int i = groups_[g].units[j];
+        Unit& u = units_[i];
+        std::vector<float> master(u.part.num_elems);
+        ZINF_RETURN_IF_ERROR(reader.ReadRange(u.name, 0, u.part.num_elems, 0, u.part.num_elems, master.data()));
+        const int64_t ov = owned_valid(u);
+        if (ov > 0) std::memcpy(buf + offset_in_group_[i], master.data() + owned_begin(u), ov * 4);
+        ZINF_RETURN_IF_ERROR(WriteComputeCopy(u, master.data(), 0));
+      }
+      writes[g % nb] = store_->Write(g, buf);
+      copier = std::thread([this, g, buf, whole = std::move(whole), &copied] {
+        for (size_t j = 0; j < groups_[g].units.size() && copied.ok(); ++j) {
+          if (whole[j]) continue;
+          const int i = groups_[g].units[j];
+          copied = WriteComputeCopy(units_[i], buf + offset_in_group_[i], owned_begin(units_[i]));
+        }
+      });
+    }
+    ZINF_RETURN_IF_ERROR(join_copier());
+    for (auto& w : writes) {
+      if (!w.valid()) continue;
+      Status s = w.Wait();
+      w = {};
+      ZINF_RETURN_IF_ERROR(s);
+    }
+    return Status::Ok();
+  }
   std::vector<float> state[3];
   for (size_t i = 0; i < units_.size(); ++i) {
     Unit& u = units_[i];
@@ -1379,23 +1456,16 @@ Status EngineImpl::ReadShards(ckpt::CheckpointReader& reader) {
     // The master covers the whole unit where its compute copy is whole here.
     const int64_t first[3] = {u.partitioned ? ob : 0, ob, ob};
     const int64_t len[3] = {u.partitioned ? ov : u.part.num_elems, ov, ov};
+    std::vector<Range> ranges;
     for (int k = 0; k < 3; ++k) {
       state[k].assign(std::max<int64_t>(len[k], 0), 0.0f);
-      ZINF_RETURN_IF_ERROR(reader.ReadRange(u.name, k, u.part.num_elems, first[k], len[k], state[k].data()));
+      ranges.push_back({u.name, k, u.part.num_elems, first[k], std::max<int64_t>(len[k], 0), state[k].data()});
     }
+    ZINF_RETURN_IF_ERROR(reader.ReadRanges(ranges));
     // Place the owned range where the state lives.
     const float* owned[3] = {state[0].data() + (ob - first[0]), state[1].data(), state[2].data()};
     if (ov > 0) {
-      if (nvme_) {
-        const int64_t g = group_of_unit_[i];
-        if (g != current_group) {
-          ZINF_RETURN_IF_ERROR(flush_group());
-          std::memset(group_buf, 0, static_cast<uint64_t>(groups_[g].elems) * 12);
-          current_group = g;
-        }
-        float* base = group_buf + offset_in_group_[i];
-        for (int k = 0; k < 3; ++k) std::memcpy(base + k * owned_elems(u), owned[k], ov * 4);
-      } else if (offload_) {
+      if (offload_) {
         PinnedBuffer* dst[3] = {&u.h_master, &u.h_exp_avg, &u.h_exp_avg_sq};
         for (int k = 0; k < 3; ++k) std::memcpy(dst[k]->data(), owned[k], ov * 4);
       } else {
@@ -1405,42 +1475,55 @@ Status EngineImpl::ReadShards(ckpt::CheckpointReader& reader) {
     }
     ZINF_RETURN_IF_ERROR(WriteComputeCopy(u, state[0].data(), first[0]));
   }
-  return flush_group();
+  return Status::Ok();
 }
 
 Result<std::string> EngineImpl::Load(const std::string& path) {
-  namespace fs = std::filesystem;
-  {
-    std::lock_guard lock(mu_);
-    if (!broken_.ok() && !broken_by_load_) {
-      return FailedPrecondition("this engine stopped after an I/O failure during a step (" + broken_.message() +
-                                "): create a new engine and load the checkpoint there");
+  // Every check that can fail on one rank alone (a path only some ranks
+  // see, a damaged table) is agreed on before any rank reads state.
+  std::unique_ptr<ckpt::CheckpointReader> reader;
+  auto prepare = [&]() -> Status {
+    {
+      std::lock_guard lock(mu_);
+      if (!broken_.ok() && !broken_by_load_) {
+        return FailedPrecondition("this engine stopped after an I/O failure during a step (" + broken_.message() +
+                                  "): create a new engine and load the checkpoint there");
+      }
     }
-  }
-  ZINF_RETURN_IF_ERROR(Finalize());
-  ZINF_RETURN_IF_ERROR(Synchronize());
-  ZINF_ASSIGN_OR_RETURN(nvme::IoEngine * io, CheckpointIo());
-  ZINF_ASSIGN_OR_RETURN(std::unique_ptr<ckpt::CheckpointReader> reader, ckpt::CheckpointReader::Open(*io, path));
+    ZINF_RETURN_IF_ERROR(Finalize());
+    ZINF_RETURN_IF_ERROR(Synchronize());
+    ZINF_ASSIGN_OR_RETURN(nvme::IoEngine * io, CheckpointIo());
+    ZINF_ASSIGN_OR_RETURN(reader, ckpt::CheckpointReader::Open(*io, path));
+    try {
+      // The units must be the same (names and sizes); list every difference.
+      std::string diffs;
+      const auto& saved = reader->manifest().at("units");
+      if (saved.size() != units_.size()) {
+        diffs += " the checkpoint has " + std::to_string(saved.size()) + " units, this engine " +
+                 std::to_string(units_.size()) + ";";
+      }
+      for (size_t i = 0; i < std::min<size_t>(saved.size(), units_.size()); ++i) {
+        const std::string sname = saved[i].at("name");
+        const int64_t selems = saved[i].at("elements");
+        if (sname != units_[i].name || selems != units_[i].part.num_elems) {
+          diffs += " unit " + std::to_string(i) + " is '" + sname + "' (" + std::to_string(selems) +
+                   " elements) there, '" + units_[i].name + "' (" + std::to_string(units_[i].part.num_elems) +
+                   ") here;";
+        }
+      }
+      if (!diffs.empty()) {
+        return InvalidArgument("checkpoint " + reader->dir() + " does not match the registered units:" + diffs);
+      }
+    } catch (const nlohmann::json::exception& e) {
+      return DataLoss(reader->dir() + "/manifest.json: malformed (" + std::string(e.what()) + ")");
+    }
+    return Status::Ok();
+  };
+  ZINF_RETURN_IF_ERROR(AgreeOk(prepare()));
   const std::string& ckpt_dir = reader->dir();
   const nlohmann::json& manifest = reader->manifest();
   const std::string manifest_path = ckpt_dir + "/manifest.json";
   try {
-    // The units must be the same (names and sizes); list every difference.
-    std::string diffs;
-    const auto& saved = manifest.at("units");
-    if (saved.size() != units_.size()) {
-      diffs += " the checkpoint has " + std::to_string(saved.size()) + " units, this engine " +
-               std::to_string(units_.size()) + ";";
-    }
-    for (size_t i = 0; i < std::min<size_t>(saved.size(), units_.size()); ++i) {
-      const std::string sname = saved[i].at("name");
-      const int64_t selems = saved[i].at("elements");
-      if (sname != units_[i].name || selems != units_[i].part.num_elems) {
-        diffs += " unit " + std::to_string(i) + " is '" + sname + "' (" + std::to_string(selems) +
-                 " elements) there, '" + units_[i].name + "' (" + std::to_string(units_[i].part.num_elems) + ") here;";
-      }
-    }
-    if (!diffs.empty()) return InvalidArgument("checkpoint " + ckpt_dir + " does not match the registered units:" + diffs);
     // A failure part-way leaves this rank's state mixed: no steps until a
     // Load succeeds.
     if (Status s = AgreeOk(ReadShards(*reader)); !s.ok()) {

@@ -723,6 +723,9 @@ TEST_F(EngineTest, CheckpointResumesBitExactlyAcrossStagesAndTiers) {
   DenseNet net;
   net.Register(*second, 99);  // other initial values: the checkpoint replaces them
   EXPECT_EQ(Must(second->Load(dir)), R"({"next_step":3})");  // `dir`/latest is followed
+  // Saving the same step again swaps the new directory in atomically.
+  EXPECT_EQ(Must(second->Save(dir, R"({"next_step": 3})")), dir + "/step-3");
+  EXPECT_FALSE(std::filesystem::exists(dir + "/step-3.tmp"));
   run(*second, net, kSave, kSteps);
   const Snapshot resumed = Take(*second);
   for (int k = 0; k < 4; ++k) {

@@ -8,7 +8,7 @@
 set -euo pipefail
 ZINF=$(realpath "$1")
 DIR=$(realpath -m "$2")/crash_campaign
-ROUNDS=${ROUNDS:-16}
+ROUNDS=${ROUNDS:-40}
 SHAPE="--steps 24 --layers 1 --d-model 32 --seq-len 32 --micro-batch 4"
 export ZINF_LOG_LEVEL=warn
 rm -rf "$DIR" && mkdir -p "$DIR" && cd "$DIR"
