@@ -1172,6 +1172,16 @@ constexpr int kCheckpointFormat = ckpt::CheckpointReader::kFormat;  // 2: slices
 constexpr const char* const* kKindNames = ckpt::CheckpointReader::kKindNames;
 }  // namespace
 
+// Waits for every request still in flight when it goes out of scope.
+struct DrainRequests {
+  std::vector<nvme::IoRequest>& requests;
+  ~DrainRequests() {
+    for (auto& r : requests) {
+      if (r.valid()) (void)r.Wait();
+    }
+  }
+};
+
 Result<nvme::IoEngine*> EngineImpl::CheckpointIo() {
   if (io_) return io_.get();
   if (!ckpt_io_) {
@@ -1213,14 +1223,7 @@ Status EngineImpl::WriteShards(const std::string& path, nlohmann::json* table) {
   auto read_group = [&](size_t g) {
     if (g < reads.size() && !reads[g].valid()) reads[g] = store_->Read(g, nvme_bufs_[g % nb].data());
   };
-  struct DrainReads {  // never leave a read in flight into the engine's buffers
-    std::vector<nvme::IoRequest>& r;
-    ~DrainReads() {
-      for (auto& q : r) {
-        if (q.valid()) (void)q.Wait();
-      }
-    }
-  } drain{reads};
+  DrainRequests drain{reads};  // never leave a read in flight into the engine's buffers
   std::vector<float> staged;  // offload none: one slice copied off the device
   int64_t current_group = -1;
   uint64_t bytes_out = 0;
@@ -1375,14 +1378,7 @@ Status EngineImpl::ReadShards(ckpt::CheckpointReader& reader) {
     // the store while the next sub-group is read into the next buffer.
     const size_t nb = nvme_bufs_.size();
     std::vector<nvme::IoRequest> writes(nb);
-    struct DrainWrites {  // never leave a write in flight from the engine's buffers
-      std::vector<nvme::IoRequest>& w;
-      ~DrainWrites() {
-        for (auto& q : w) {
-          if (q.valid()) (void)q.Wait();
-        }
-      }
-    } drain{writes};
+    DrainRequests drain{writes};  // never leave a write in flight from the engine's buffers
     // The compute copies of a sub-group's units run on a helper thread while
     // the next sub-group is read (the disk stays busy); joined before the
     // engine stream is used again here or its buffer is refilled.

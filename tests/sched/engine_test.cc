@@ -269,6 +269,18 @@ class EngineTest : public ::testing::Test {
     }
   }
 
+  // `dir`/latest names `step` and a fresh engine (other initial values)
+  // loads it to exactly `expected`.
+  void ExpectLatestLoads(const std::string& dir, const std::string& step, const Config& c, const Snapshot& expected) {
+    EXPECT_EQ(Must(ckpt::ReadSmallFile(dir + "/latest")), step + "\n");
+    auto fresh = Must(Engine::Create(c, *device_, comm_.get()));
+    DenseNet net;
+    net.Register(*fresh, 99);
+    (void)Must(fresh->Load(dir));
+    ExpectSameState(Take(*fresh), expected, "the checkpoint " + dir + "/" + step);
+    MustOk(stream_->Synchronize());
+  }
+
   // Runs `steps` boundaries of DenseNet; poisons micro-step 1 of boundary `poison_at` on the last rank.
   Snapshot RunDense(const Config& c, int steps, int poison_at = -1) {
     auto engine = Must(Engine::Create(c, *device_, comm_.get()));
@@ -867,13 +879,7 @@ TEST_F(EngineTest, SaveOnAFullDiskKeepsThePreviousCheckpoint) {
   MustOk(stream_->Synchronize());
   EXPECT_FALSE(std::filesystem::exists(dir + "/step-3.tmp"));
   EXPECT_FALSE(std::filesystem::exists(dir + "/step-3"));
-  EXPECT_EQ(Must(ckpt::ReadSmallFile(dir + "/latest")), "step-2\n");
-  auto fresh = Must(Engine::Create(HardConfig(1), *device_, comm_.get()));
-  DenseNet net2;
-  net2.Register(*fresh, 99);
-  (void)Must(fresh->Load(dir));
-  ExpectSameState(Take(*fresh), at_save, "the previous checkpoint");
-  MustOk(stream_->Synchronize());
+  ExpectLatestLoads(dir, "step-2", HardConfig(1), at_save);
 }
 
 // The same on a real full filesystem: a small tmpfs (root only; skipped where
@@ -918,13 +924,7 @@ TEST_F(EngineTest, SaveOnAFullTmpfsKeepsThePreviousCheckpoint) {
   EXPECT_NE(s.message().find("No space left on device"), std::string::npos) << s.ToString();
   EXPECT_NE(s.message().find(dir + "/step-3.tmp/"), std::string::npos) << s.ToString();
   EXPECT_FALSE(std::filesystem::exists(dir + "/step-3.tmp"));
-  EXPECT_EQ(Must(ckpt::ReadSmallFile(dir + "/latest")), "step-2\n");
-  auto fresh = Must(Engine::Create(HardConfig(0), *device_, comm_.get()));
-  DenseNet net2;
-  net2.Register(*fresh, 99);
-  (void)Must(fresh->Load(dir));
-  ExpectSameState(Take(*fresh), at_save, "the previous checkpoint on the full tmpfs");
-  MustOk(stream_->Synchronize());
+  ExpectLatestLoads(dir, "step-2", HardConfig(0), at_save);
 }
 
 TEST_F(EngineTest, BadInputFailsBeforeTheFirstStep) {
