@@ -1,0 +1,468 @@
+// The kernels of gpu/kernels.h. Elementwise kernels are grid-stride loops
+// (256 threads a block, at most 65536 blocks) over the shared per-element
+// functions; built with --fmad=false and IEEE division and sqrt (no
+// --use_fast_math), so each element rounds the same operations in the same
+// order as the CPU twin.
+//
+// Row kernels (LayerNorm, softmax + cross-entropy) run one block per row
+// (grid-stride over rows). Their row sums and maxima reproduce the 16-lane
+// order of model/layers.cc (LaneSum, LaneMax, LaneExpSum) exactly: with
+// full = n - n % 16,
+//   thread j < 16 accumulates lane j: acc_j = ((0 + t[j]) + t[j+16]) + ...
+//     over the indices below `full`, in increasing order;
+//   thread 16 accumulates the tail: tail = ((0 + t[full]) + t[full+1]) + ...;
+//   then every thread combines them from shared memory in one fixed order:
+//     s = (((0 + acc_0) + acc_1) + ... + acc_15) + tail
+//   (for a maximum, m starts at -inf, takes the tail in order, then the
+//   lanes 0..15, each step `a > m ? a : m`).
+// That is the CPU's sequence of additions, so the sums, and everything
+// computed from them, are bit-identical to the CPU layers. It limits a row
+// reduction to 17 threads; the elementwise passes of a row use the whole
+// block. Column sums (LayerNorm's dw, db) use one thread per column adding
+// the rows in order, as the CPU does.
+#include "gpu/kernels.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "cpu/float16.h"
+#include "gpu/cuda_check.h"
+#include "model/gpt_math.h"
+
+namespace zinf::gpu {
+namespace {
+
+constexpr unsigned kThreads = 256;
+constexpr size_t kMaxBlocks = size_t{1} << 16;
+constexpr int kLanes = 16;  // the lane count of model/layers.cc
+
+unsigned BlocksFor(size_t n) {
+  return static_cast<unsigned>(std::min<size_t>((n + kThreads - 1) / kThreads, kMaxBlocks));
+}
+unsigned BlocksForRows(int64_t rows) { return static_cast<unsigned>(std::min<int64_t>(rows, 65535)); }
+
+// The launch error of `kernel`, if any, as a Status naming it.
+Status CheckLaunch(const char* kernel, const char* file, int line) {
+  const cudaError_t err = cudaGetLastError();
+  if (err == cudaSuccess) return Status::Ok();
+  return CudaError(err, (std::string("launch of ") + kernel).c_str(), file, line);
+}
+#define ZINF_CHECK_LAUNCH(kernel) CheckLaunch(kernel, __FILE__, __LINE__)
+
+__device__ inline size_t GlobalThread() { return static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; }
+__device__ inline size_t GridStride() { return static_cast<size_t>(gridDim.x) * blockDim.x; }
+
+// ---- dtype loads and stores, through cpu/float16.h ----
+
+template <DType kType>
+__device__ inline float LoadAsFloat(const void* base, size_t i) {
+  if constexpr (kType == DType::kFloat32) {
+    return static_cast<const float*>(base)[i];
+  } else if constexpr (kType == DType::kBFloat16) {
+    return Bf16BitsToFloat(static_cast<const uint16_t*>(base)[i]);
+  } else {
+    return HalfBitsToFloat(static_cast<const uint16_t*>(base)[i]);
+  }
+}
+
+template <DType kType>
+__device__ inline void StoreFromFloat(void* base, size_t i, float x) {
+  if constexpr (kType == DType::kFloat32) {
+    static_cast<float*>(base)[i] = x;
+  } else if constexpr (kType == DType::kBFloat16) {
+    static_cast<uint16_t*>(base)[i] = FloatToBf16Bits(x);
+  } else {
+    static_cast<uint16_t*>(base)[i] = FloatToHalfBits(x);
+  }
+}
+
+// ---- Adam ----
+
+// kCopy: 0 none, else the DType of the parameter copy.
+template <DType kGrad, int kCopy>
+__global__ void AdamKernel(AdamStepConstants c, float* __restrict__ params, float* __restrict__ exp_avg,
+                           float* __restrict__ exp_avg_sq, const void* __restrict__ grads, void* __restrict__ copy,
+                           size_t n) {
+  const AdamCoefficients<float> k(c);
+  for (size_t i = GlobalThread(); i < n; i += GridStride()) {
+    float p = params[i], m = exp_avg[i], v = exp_avg_sq[i];
+    AdamUpdate(k, LoadAsFloat<kGrad>(grads, i), p, m, v);
+    params[i] = p;
+    exp_avg[i] = m;
+    exp_avg_sq[i] = v;
+    if constexpr (kCopy == 1) StoreFromFloat<DType::kBFloat16>(copy, i, p);
+    if constexpr (kCopy == 2) StoreFromFloat<DType::kFloat16>(copy, i, p);
+  }
+}
+
+template <DType kGrad>
+Status LaunchAdam(const AdamStepConstants& c, float* p, float* m, float* v, const void* g, void* copy,
+                  DType copy_dtype, size_t n, cudaStream_t stream) {
+  const unsigned blocks = BlocksFor(n);
+  if (copy == nullptr) {
+    AdamKernel<kGrad, 0><<<blocks, kThreads, 0, stream>>>(c, p, m, v, g, copy, n);
+  } else if (copy_dtype == DType::kBFloat16) {
+    AdamKernel<kGrad, 1><<<blocks, kThreads, 0, stream>>>(c, p, m, v, g, copy, n);
+  } else {
+    AdamKernel<kGrad, 2><<<blocks, kThreads, 0, stream>>>(c, p, m, v, g, copy, n);
+  }
+  return ZINF_CHECK_LAUNCH("AdamKernel");
+}
+
+// ---- casts ----
+
+template <DType kSrc, DType kDst>
+__global__ void CastKernel(const void* __restrict__ src, void* __restrict__ dst, size_t n) {
+  for (size_t i = GlobalThread(); i < n; i += GridStride()) StoreFromFloat<kDst>(dst, i, LoadAsFloat<kSrc>(src, i));
+}
+
+template <DType kSrc>
+Status LaunchCast(const void* src, void* dst, DType dst_dtype, size_t n, cudaStream_t stream) {
+  const unsigned blocks = BlocksFor(n);
+  switch (dst_dtype) {
+    case DType::kFloat32:
+      CastKernel<kSrc, DType::kFloat32><<<blocks, kThreads, 0, stream>>>(src, dst, n);
+      break;
+    case DType::kBFloat16:
+      CastKernel<kSrc, DType::kBFloat16><<<blocks, kThreads, 0, stream>>>(src, dst, n);
+      break;
+    case DType::kFloat16:
+      CastKernel<kSrc, DType::kFloat16><<<blocks, kThreads, 0, stream>>>(src, dst, n);
+      break;
+  }
+  return ZINF_CHECK_LAUNCH("CastKernel");
+}
+
+// ---- GELU ----
+
+__global__ void GeluForwardKernel(const float* x, float* y, size_t n) {
+  for (size_t i = GlobalThread(); i < n; i += GridStride()) y[i] = model::Gelu(x[i]);
+}
+
+__global__ void GeluBackwardKernel(const float* x, const float* dy, float* dx, size_t n) {
+  for (size_t i = GlobalThread(); i < n; i += GridStride()) dx[i] = model::GeluGrad(x[i]) * dy[i];
+}
+
+// ---- row reductions in the CPU's lane order (see the top of this file) ----
+
+// Σ term(i) for i in [0, n) in the lane order; every thread of the block
+// gets the sum. `scratch` is shared memory of kLanes + 1 floats. Must be
+// called by all threads of the block (it synchronises). term(i) is called
+// exactly once per i, so it may store a per-element result.
+template <class Term>
+__device__ float LaneSum(const Term& term, int64_t n, float* scratch) {
+  const int64_t full = n - n % kLanes;
+  if (threadIdx.x < kLanes) {
+    float acc = 0.0f;
+    for (int64_t i = threadIdx.x; i < full; i += kLanes) acc += term(i);
+    scratch[threadIdx.x] = acc;
+  } else if (threadIdx.x == kLanes) {
+    float tail = 0.0f;
+    for (int64_t i = full; i < n; ++i) tail += term(i);
+    scratch[kLanes] = tail;
+  }
+  __syncthreads();
+  float s = 0.0f;
+  for (int j = 0; j < kLanes; ++j) s += scratch[j];
+  s = s + scratch[kLanes];
+  __syncthreads();  // scratch may be reused by the caller's next reduction
+  return s;
+}
+
+// max_i x[i] in the lane order of layers.cc's LaneMax (tail first, then the
+// lanes 0..15); every thread gets it.
+__device__ float LaneMax(const float* x, int64_t n, float* scratch) {
+  const int64_t full = n - n % kLanes;
+  if (threadIdx.x < kLanes) {
+    float acc = -INFINITY;
+    for (int64_t i = threadIdx.x; i < full; i += kLanes) acc = x[i] > acc ? x[i] : acc;
+    scratch[threadIdx.x] = acc;
+  } else if (threadIdx.x == kLanes) {
+    float m = -INFINITY;
+    for (int64_t i = full; i < n; ++i) m = x[i] > m ? x[i] : m;
+    scratch[kLanes] = m;
+  }
+  __syncthreads();
+  float m = scratch[kLanes];
+  for (int j = 0; j < kLanes; ++j) m = scratch[j] > m ? scratch[j] : m;
+  __syncthreads();
+  return m;
+}
+
+// ---- LayerNorm ----
+
+__global__ void LayerNormForwardKernel(const float* __restrict__ x, const float* __restrict__ w,
+                                       const float* __restrict__ b, float* __restrict__ y, float* __restrict__ mean,
+                                       float* __restrict__ rstd, int64_t rows, int64_t cols) {
+  __shared__ float scratch[kLanes + 1];
+  const float fc = static_cast<float>(cols);
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float* xr = x + r * cols;
+    const float m = LaneSum([&](int64_t i) { return xr[i]; }, cols, scratch) / fc;
+    const float var = LaneSum(
+                          [&](int64_t i) {
+                            const float d = xr[i] - m;
+                            return d * d;
+                          },
+                          cols, scratch) /
+                      fc;
+    const float s = model::LayerNormRstd(var);
+    float* yr = y + r * cols;
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
+      yr[c] = model::LayerNormAffine(model::LayerNormNormalize(xr[c], m, s), w[c], b[c]);
+    if (threadIdx.x == 0) {
+      mean[r] = m;
+      rstd[r] = s;
+    }
+  }
+}
+
+__global__ void LayerNormBackwardRowsKernel(const float* __restrict__ dy, const float* __restrict__ x,
+                                            const float* __restrict__ w, const float* __restrict__ mean,
+                                            const float* __restrict__ rstd, float* __restrict__ dx, int64_t rows,
+                                            int64_t cols) {
+  __shared__ float scratch[kLanes + 1];
+  const float fc = static_cast<float>(cols);
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float* xr = x + r * cols;
+    const float* dyr = dy + r * cols;
+    const float m = mean[r], s = rstd[r];
+    const float mean_g = LaneSum([&](int64_t i) { return dyr[i] * w[i]; }, cols, scratch) / fc;
+    const float mean_gx =
+        LaneSum([&](int64_t i) { return (dyr[i] * w[i]) * model::LayerNormNormalize(xr[i], m, s); }, cols,
+                scratch) /
+        fc;
+    float* dxr = dx + r * cols;
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
+      dxr[c] += model::LayerNormInputGrad(dyr[c] * w[c], model::LayerNormNormalize(xr[c], m, s), mean_g, mean_gx, s);
+  }
+}
+
+// One thread per column: dw[c] += Σ_r dy·x̂, db[c] += Σ_r dy, rows in order.
+__global__ void LayerNormBackwardColumnsKernel(const float* __restrict__ dy, const float* __restrict__ x,
+                                               const float* __restrict__ mean, const float* __restrict__ rstd,
+                                               float* __restrict__ dw, float* __restrict__ db, int64_t rows,
+                                               int64_t cols) {
+  for (size_t c = GlobalThread(); c < static_cast<size_t>(cols); c += GridStride()) {
+    float acc_w = 0.0f, acc_b = 0.0f;
+    for (int64_t r = 0; r < rows; ++r) {
+      const float d = dy[r * cols + c];
+      acc_w += d * model::LayerNormNormalize(x[r * cols + c], mean[r], rstd[r]);
+      acc_b += d;
+    }
+    dw[c] += acc_w;
+    db[c] += acc_b;
+  }
+}
+
+// ---- softmax + cross-entropy ----
+
+__global__ void SoftmaxCrossEntropyForwardKernel(const float* logits, const int32_t* __restrict__ targets,
+                                                 float* probs, float* __restrict__ losses, int64_t rows,
+                                                 int64_t vocab) {
+  __shared__ float scratch[kLanes + 1];
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float* xr = logits + r * vocab;
+    float* pr = probs + r * vocab;
+    const int32_t t = targets[r];
+    // The target's logit is read before the (possibly in-place) softmax
+    // overwrites it; LaneMax synchronises the block after the read.
+    const float target_logit = t >= 0 ? xr[t] : 0.0f;
+    const float row_max = LaneMax(xr, vocab, scratch);
+    // Each element is read and written by the same thread, so in place is safe.
+    const float sum = LaneSum(
+        [&](int64_t i) {
+          const float e = model::SoftmaxExp(xr[i], row_max);
+          pr[i] = e;
+          return e;
+        },
+        vocab, scratch);
+    const float inv_sum = 1.0f / sum;
+    for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) pr[j] *= inv_sum;
+    if (threadIdx.x == 0) losses[r] = t >= 0 ? model::CrossEntropyLoss(row_max, sum, target_logit) : 0.0f;
+    __syncthreads();  // the row's last reads of pr before the next row
+  }
+}
+
+__global__ void SoftmaxCrossEntropyBackwardKernel(const float* probs, const int32_t* __restrict__ targets,
+                                                  float* dlogits, int64_t rows, int64_t vocab, float scale) {
+  const size_t n = static_cast<size_t>(rows) * static_cast<size_t>(vocab);
+  for (size_t i = GlobalThread(); i < n; i += GridStride()) {
+    const int64_t r = static_cast<int64_t>(i / static_cast<size_t>(vocab));
+    const int64_t j = static_cast<int64_t>(i % static_cast<size_t>(vocab));
+    const int32_t t = targets[r];
+    dlogits[i] = t < 0 ? 0.0f : model::CrossEntropyLogitGrad(probs[i], j == t, scale);
+  }
+}
+
+// ---- embedding ----
+
+__global__ void EmbeddingForwardKernel(const int32_t* __restrict__ tokens, const float* __restrict__ wte,
+                                       const float* __restrict__ wpe, float* __restrict__ out, int64_t rows,
+                                       int64_t seq_len, int64_t channels) {
+  const size_t n = static_cast<size_t>(rows) * static_cast<size_t>(channels);
+  for (size_t i = GlobalThread(); i < n; i += GridStride()) {
+    const int64_t r = static_cast<int64_t>(i / static_cast<size_t>(channels));
+    const int64_t c = static_cast<int64_t>(i % static_cast<size_t>(channels));
+    const float te = wte[static_cast<int64_t>(tokens[r]) * channels + c];
+    out[i] = wpe ? te + wpe[(r % seq_len) * channels + c] : te;
+  }
+}
+
+__global__ void EmbeddingBackwardKernel(const float* __restrict__ dout, const int32_t* __restrict__ tokens,
+                                        float* dwte, float* dwpe, int64_t rows, int64_t seq_len, int64_t channels) {
+  const size_t n = static_cast<size_t>(rows) * static_cast<size_t>(channels);
+  for (size_t i = GlobalThread(); i < n; i += GridStride()) {
+    const int64_t r = static_cast<int64_t>(i / static_cast<size_t>(channels));
+    const int64_t c = static_cast<int64_t>(i % static_cast<size_t>(channels));
+    const float d = dout[i];
+    atomicAdd(dwte + static_cast<int64_t>(tokens[r]) * channels + c, d);
+    if (dwpe) atomicAdd(dwpe + (r % seq_len) * channels + c, d);
+  }
+}
+
+bool IsFloatDType(DType d) { return d == DType::kFloat32 || d == DType::kBFloat16 || d == DType::kFloat16; }
+
+std::string DTypeArg(DType d) { return std::to_string(static_cast<int>(d)); }
+
+Status CheckRows(const char* fn, int64_t rows, int64_t cols, const char* cols_name) {
+  if (rows < 0 || cols < 1)
+    return InvalidArgument(std::string(fn) + ": rows " + std::to_string(rows) + ", " + cols_name + " " +
+                           std::to_string(cols) + " (need rows >= 0, " + cols_name + " >= 1)");
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status AdamStep(const AdamStepConstants& constants, float* params, float* exp_avg, float* exp_avg_sq,
+                const void* grads, DType grad_dtype, void* param_copy, DType param_copy_dtype, size_t n,
+                void* stream) {
+  if (!IsFloatDType(grad_dtype)) return InvalidArgument("gpu::AdamStep: unknown grad dtype " + DTypeArg(grad_dtype));
+  if (param_copy != nullptr && param_copy_dtype != DType::kBFloat16 && param_copy_dtype != DType::kFloat16)
+    return InvalidArgument("gpu::AdamStep: param_copy dtype must be bf16 or fp16, got " + DTypeArg(param_copy_dtype));
+  if (n == 0) return Status::Ok();
+  if (!params || !exp_avg || !exp_avg_sq || !grads)
+    return InvalidArgument("gpu::AdamStep: null params, exp_avg, exp_avg_sq or grads");
+  auto s = static_cast<cudaStream_t>(stream);
+  switch (grad_dtype) {
+    case DType::kFloat32:
+      return LaunchAdam<DType::kFloat32>(constants, params, exp_avg, exp_avg_sq, grads, param_copy, param_copy_dtype,
+                                         n, s);
+    case DType::kBFloat16:
+      return LaunchAdam<DType::kBFloat16>(constants, params, exp_avg, exp_avg_sq, grads, param_copy,
+                                          param_copy_dtype, n, s);
+    case DType::kFloat16:
+      return LaunchAdam<DType::kFloat16>(constants, params, exp_avg, exp_avg_sq, grads, param_copy, param_copy_dtype,
+                                         n, s);
+  }
+  return InvalidArgument("gpu::AdamStep: unknown grad dtype " + DTypeArg(grad_dtype));
+}
+
+Status Cast(const void* src, DType src_dtype, void* dst, DType dst_dtype, size_t n, void* stream) {
+  if (!IsFloatDType(src_dtype) || !IsFloatDType(dst_dtype))
+    return InvalidArgument("gpu::Cast: unknown dtype " + DTypeArg(src_dtype) + " -> " + DTypeArg(dst_dtype));
+  if (n == 0) return Status::Ok();
+  if (!src || !dst) return InvalidArgument("gpu::Cast: null src or dst");
+  auto s = static_cast<cudaStream_t>(stream);
+  switch (src_dtype) {
+    case DType::kFloat32:
+      return LaunchCast<DType::kFloat32>(src, dst, dst_dtype, n, s);
+    case DType::kBFloat16:
+      return LaunchCast<DType::kBFloat16>(src, dst, dst_dtype, n, s);
+    case DType::kFloat16:
+      return LaunchCast<DType::kFloat16>(src, dst, dst_dtype, n, s);
+  }
+  return InvalidArgument("gpu::Cast: unknown dtype " + DTypeArg(src_dtype));
+}
+
+Status GeluForward(const float* x, float* y, size_t n, void* stream) {
+  if (n == 0) return Status::Ok();
+  if (!x || !y) return InvalidArgument("gpu::GeluForward: null x or y");
+  GeluForwardKernel<<<BlocksFor(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(x, y, n);
+  return ZINF_CHECK_LAUNCH("GeluForwardKernel");
+}
+
+Status GeluBackward(const float* x, const float* dy, float* dx, size_t n, void* stream) {
+  if (n == 0) return Status::Ok();
+  if (!x || !dy || !dx) return InvalidArgument("gpu::GeluBackward: null x, dy or dx");
+  GeluBackwardKernel<<<BlocksFor(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(x, dy, dx, n);
+  return ZINF_CHECK_LAUNCH("GeluBackwardKernel");
+}
+
+Status LayerNormForward(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd,
+                        int64_t rows, int64_t cols, void* stream) {
+  ZINF_RETURN_IF_ERROR(CheckRows("gpu::LayerNormForward", rows, cols, "cols"));
+  if (rows == 0) return Status::Ok();
+  if (!x || !w || !b || !y || !mean || !rstd)
+    return InvalidArgument("gpu::LayerNormForward: null x, w, b, y, mean or rstd");
+  LayerNormForwardKernel<<<BlocksForRows(rows), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(x, w, b, y, mean,
+                                                                                                  rstd, rows, cols);
+  return ZINF_CHECK_LAUNCH("LayerNormForwardKernel");
+}
+
+Status LayerNormBackward(const float* dy, const float* x, const float* w, const float* mean, const float* rstd,
+                         float* dx, float* dw, float* db, int64_t rows, int64_t cols, void* stream) {
+  ZINF_RETURN_IF_ERROR(CheckRows("gpu::LayerNormBackward", rows, cols, "cols"));
+  if (rows == 0) return Status::Ok();
+  if (!dy || !x || !w || !mean || !rstd || !dx || !dw || !db)
+    return InvalidArgument("gpu::LayerNormBackward: null dy, x, w, mean, rstd, dx, dw or db");
+  auto s = static_cast<cudaStream_t>(stream);
+  LayerNormBackwardRowsKernel<<<BlocksForRows(rows), kThreads, 0, s>>>(dy, x, w, mean, rstd, dx, rows, cols);
+  ZINF_RETURN_IF_ERROR(ZINF_CHECK_LAUNCH("LayerNormBackwardRowsKernel"));
+  LayerNormBackwardColumnsKernel<<<BlocksFor(static_cast<size_t>(cols)), kThreads, 0, s>>>(dy, x, mean, rstd, dw, db,
+                                                                                            rows, cols);
+  return ZINF_CHECK_LAUNCH("LayerNormBackwardColumnsKernel");
+}
+
+Status SoftmaxCrossEntropyForward(const float* logits, const int32_t* targets, float* probs, float* losses,
+                                  int64_t rows, int64_t vocab, void* stream) {
+  ZINF_RETURN_IF_ERROR(CheckRows("gpu::SoftmaxCrossEntropyForward", rows, vocab, "vocab"));
+  if (rows == 0) return Status::Ok();
+  if (!logits || !targets || !probs || !losses)
+    return InvalidArgument("gpu::SoftmaxCrossEntropyForward: null logits, targets, probs or losses");
+  SoftmaxCrossEntropyForwardKernel<<<BlocksForRows(rows), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      logits, targets, probs, losses, rows, vocab);
+  return ZINF_CHECK_LAUNCH("SoftmaxCrossEntropyForwardKernel");
+}
+
+Status SoftmaxCrossEntropyBackward(const float* probs, const int32_t* targets, float* dlogits, int64_t rows,
+                                   int64_t vocab, float scale, void* stream) {
+  ZINF_RETURN_IF_ERROR(CheckRows("gpu::SoftmaxCrossEntropyBackward", rows, vocab, "vocab"));
+  if (rows == 0) return Status::Ok();
+  if (!probs || !targets || !dlogits)
+    return InvalidArgument("gpu::SoftmaxCrossEntropyBackward: null probs, targets or dlogits");
+  const size_t n = static_cast<size_t>(rows) * static_cast<size_t>(vocab);
+  SoftmaxCrossEntropyBackwardKernel<<<BlocksFor(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      probs, targets, dlogits, rows, vocab, scale);
+  return ZINF_CHECK_LAUNCH("SoftmaxCrossEntropyBackwardKernel");
+}
+
+Status EmbeddingForward(const int32_t* tokens, const float* wte, const float* wpe, float* out, int64_t rows,
+                        int64_t seq_len, int64_t channels, void* stream) {
+  ZINF_RETURN_IF_ERROR(CheckRows("gpu::EmbeddingForward", rows, channels, "channels"));
+  if (seq_len < 1) return InvalidArgument("gpu::EmbeddingForward: seq_len " + std::to_string(seq_len));
+  if (rows == 0) return Status::Ok();
+  if (!tokens || !wte || !out) return InvalidArgument("gpu::EmbeddingForward: null tokens, wte or out");
+  const size_t n = static_cast<size_t>(rows) * static_cast<size_t>(channels);
+  EmbeddingForwardKernel<<<BlocksFor(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(tokens, wte, wpe, out,
+                                                                                            rows, seq_len, channels);
+  return ZINF_CHECK_LAUNCH("EmbeddingForwardKernel");
+}
+
+Status EmbeddingBackward(const float* dout, const int32_t* tokens, float* dwte, float* dwpe, int64_t rows,
+                         int64_t seq_len, int64_t channels, void* stream) {
+  ZINF_RETURN_IF_ERROR(CheckRows("gpu::EmbeddingBackward", rows, channels, "channels"));
+  if (seq_len < 1) return InvalidArgument("gpu::EmbeddingBackward: seq_len " + std::to_string(seq_len));
+  if (rows == 0) return Status::Ok();
+  if (!dout || !tokens || !dwte) return InvalidArgument("gpu::EmbeddingBackward: null dout, tokens or dwte");
+  const size_t n = static_cast<size_t>(rows) * static_cast<size_t>(channels);
+  EmbeddingBackwardKernel<<<BlocksFor(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(dout, tokens, dwte, dwpe,
+                                                                                             rows, seq_len, channels);
+  return ZINF_CHECK_LAUNCH("EmbeddingBackwardKernel");
+}
+
+}  // namespace zinf::gpu

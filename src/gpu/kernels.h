@@ -1,0 +1,85 @@
+// The CUDA kernels of the GPU path: the Adam/AdamW step, dtype casts, and the
+// GPT layers that are not matrix products (GELU, LayerNorm, softmax +
+// cross-entropy, token/position embedding). Each kernel evaluates the same
+// ZINF_HOST_DEVICE per-element functions as the CPU code (cpu/adam_math.h,
+// cpu/float16.h, model/gpt_math.h), and the row reductions add in the same
+// order as the CPU layers (model/layers.cc), so a kernel and its CPU twin
+// agree bit for bit except where noted (the log of the cross-entropy loss
+// and the atomic scatter-add of EmbeddingBackward).
+//
+// Every function enqueues work on `stream` (a cudaStream_t; nullptr is the
+// legacy default stream) and returns without waiting; all pointers are
+// device memory (or managed memory) and must stay valid until the stream
+// reaches the work. Errors: kInvalidArgument for a bad argument (named), and
+// the launch error (kInternal, naming the kernel and device) when a launch
+// fails; errors of the asynchronous execution surface at the next
+// synchronisation of the stream. No CUDA header leaks from here.
+// Thread-safety: concurrent calls are safe on disjoint outputs.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "cpu/adam_math.h"
+#include "zinf/dtype.h"
+#include "zinf/status.h"
+
+namespace zinf::gpu {
+
+// One Adam/AdamW step over n elements (adam_math.h, steps (1)-(7)):
+// params, exp_avg and exp_avg_sq are fp32 and updated in place; grads holds
+// grad_dtype elements (fp32, bf16 or fp16); param_copy, when not null,
+// receives the updated parameter as param_copy_dtype (bf16 or fp16, rounded
+// to nearest even). Bit-identical to the CPU AdamStep at every SIMD level.
+Status AdamStep(const AdamStepConstants& constants, float* params, float* exp_avg, float* exp_avg_sq,
+                const void* grads, DType grad_dtype, void* param_copy, DType param_copy_dtype, size_t n,
+                void* stream);
+
+// dst[i] = src[i] converted (widen to fp32, round to nearest even on
+// narrowing); bit-identical to the CPU Cast. src and dst must not overlap.
+// The same dtype on both sides is a copy.
+Status Cast(const void* src, DType src_dtype, void* dst, DType dst_dtype, size_t n, void* stream);
+
+// y = gelu(x) (tanh form), elementwise; y may be x.
+Status GeluForward(const float* x, float* y, size_t n, void* stream);
+// dx = gelu'(x) · dy, overwritten; dx may be dy.
+Status GeluBackward(const float* x, const float* dy, float* dx, size_t n, void* stream);
+
+// Per row of x [rows, cols]: y = (x - mean) · rstd · w + b, with mean[r] and
+// rstd[r] = 1 / sqrt(var + 1e-5) stored (biased variance, two-pass). y is
+// overwritten and must not overlap x.
+Status LayerNormForward(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd,
+                        int64_t rows, int64_t cols, void* stream);
+// The gradients of LayerNormForward given dy and the stored mean and rstd:
+// dx [rows, cols], dw [cols] and db [cols] all accumulate (+=), as on the CPU.
+// dw and db are each column summed in row order, then added.
+Status LayerNormBackward(const float* dy, const float* x, const float* w, const float* mean, const float* rstd,
+                         float* dx, float* dw, float* db, int64_t rows, int64_t cols, void* stream);
+
+// Per row r of logits [rows, vocab]: probs[r] = softmax(logits[r]) and
+// losses[r] = cross-entropy of targets[r]; a negative target is ignored
+// (loss 0). probs may be logits (in place). Targets must be < vocab (not
+// checked on the device). The loss uses the device's logf (within 1 ulp), so
+// it may differ from the CPU's in the last bits; probs are bit-identical.
+Status SoftmaxCrossEntropyForward(const float* logits, const int32_t* targets, float* probs, float* losses,
+                                  int64_t rows, int64_t vocab, void* stream);
+// dlogits[r] = scale · (probs[r] - onehot(targets[r])), 0 for ignored rows;
+// overwritten, and may be probs (in place).
+Status SoftmaxCrossEntropyBackward(const float* probs, const int32_t* targets, float* dlogits, int64_t rows,
+                                   int64_t vocab, float scale, void* stream);
+
+// out[r] = wte[tokens[r]] + wpe[r % seq_len] for each of `rows` rows of
+// `channels` (rows = batch · seq_len); wpe may be null (a plain gather,
+// out[r] = wte[tokens[r]]). Tokens must be in [0, vocab) (not checked on the
+// device). Bit-identical to the CPU EncoderForward.
+Status EmbeddingForward(const int32_t* tokens, const float* wte, const float* wpe, float* out, int64_t rows,
+                        int64_t seq_len, int64_t channels, void* stream);
+// dwte[tokens[r]] += dout[r]; dwpe[r % seq_len] += dout[r] when dwpe is not
+// null. The scatter-add uses atomicAdd, so the order in which the rows of a
+// repeated token (or position) are added is not fixed: the result is not
+// bit-deterministic from run to run, only within the rounding of a
+// reordered sum of the same terms.
+Status EmbeddingBackward(const float* dout, const int32_t* tokens, float* dwte, float* dwpe, int64_t rows,
+                         int64_t seq_len, int64_t channels, void* stream);
+
+}  // namespace zinf::gpu

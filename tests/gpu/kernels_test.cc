@@ -1,0 +1,385 @@
+// The CUDA kernels of gpu/kernels.h against their CPU twins. Skipped (not
+// passed) without a CUDA device.
+//
+// Tests that only check arguments (GpuKernelArgsTest) run everywhere.
+//
+// Tolerances:
+//   Adam, casts, GELU, LayerNorm (forward and backward), softmax
+//   probabilities, the cross-entropy gradient, embedding forward: 0 ulp
+//   (bits equal; a NaN matches any NaN, as NaN payloads are not specified).
+//   The kernels evaluate the same per-element functions with contraction
+//   off, and the row and column sums add in the CPU layers' order.
+//   Cross-entropy loss: |gpu - cpu| <= 1e-6 · max(1, |cpu|). The loss takes
+//   a log, which is the device's logf (within 1 ulp) on the GPU and the C
+//   library's on the CPU; a few ulp after the two additions that follow.
+//   Embedding backward: the atomic scatter-add sums the same k terms
+//   (including the initial value) in another order, so each element is
+//   within (k - 1) · FLT_EPSILON · Σ|terms| of the CPU's ordered sum.
+#include "gpu/kernels.h"
+
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "cpu/adam.h"
+#include "cpu/kernels.h"
+#include "gpu/cuda_probe.h"
+#include "model/layers.h"
+#include "model/parallel.h"
+
+namespace zinf::gpu {
+namespace {
+
+uint64_t SplitMix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// Uniform in [lo, hi), reproducible from (seed, i).
+float Uniform(uint64_t seed, size_t i, float lo, float hi) {
+  const uint64_t bits = SplitMix64(seed * 0x100000001b3ull ^ i);
+  return lo + (hi - lo) * static_cast<float>(bits >> 40) / 16777216.0f;
+}
+
+std::vector<float> RandomFloats(uint64_t seed, size_t n, float lo, float hi) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = Uniform(seed, i, lo, hi);
+  return v;
+}
+
+template <class T>
+std::vector<T> Zeros(size_t n) {
+  return std::vector<T>(n);
+}
+
+uint32_t Bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof(u));
+  return u;
+}
+
+// Equal bits, or both NaN.
+::testing::AssertionResult SameFloat(float gpu, float cpu) {
+  if (Bits(gpu) == Bits(cpu) || (std::isnan(gpu) && std::isnan(cpu))) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "gpu " << gpu << " (0x" << std::hex << Bits(gpu) << ") vs cpu " << cpu
+                                       << " (0x" << Bits(cpu) << ")";
+}
+
+void ExpectSameFloats(const std::vector<float>& gpu, const std::vector<float>& cpu, const char* what) {
+  ASSERT_EQ(gpu.size(), cpu.size()) << what;
+  size_t mismatches = 0;
+  for (size_t i = 0; i < gpu.size(); ++i) {
+    const auto same = SameFloat(gpu[i], cpu[i]);
+    if (!same && ++mismatches <= 5) ADD_FAILURE() << what << "[" << i << "]: " << same.message();
+  }
+  EXPECT_EQ(mismatches, 0u) << what;
+}
+
+// A device copy of a host vector, freed on destruction.
+template <class T>
+class DeviceArray {
+ public:
+  explicit DeviceArray(const std::vector<T>& host) : size_(host.size()) {
+    EXPECT_EQ(cudaMalloc(&ptr_, std::max<size_t>(size_, 1) * sizeof(T)), cudaSuccess);
+    if (size_ > 0) {
+      EXPECT_EQ(cudaMemcpy(ptr_, host.data(), size_ * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+    }
+  }
+  ~DeviceArray() { cudaFree(ptr_); }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+
+  T* get() const { return ptr_; }
+  // Waits for the device, then copies back.
+  std::vector<T> ToHost() const {
+    std::vector<T> host(size_);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    if (size_ > 0) {
+      EXPECT_EQ(cudaMemcpy(host.data(), ptr_, size_ * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+    }
+    return host;
+  }
+
+ private:
+  T* ptr_ = nullptr;
+  size_t size_ = 0;
+};
+
+class GpuKernelTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+    ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  }
+  model::ModelThreads threads_{1};
+};
+
+int DTypeIndex(DType d) { return static_cast<int>(d); }
+
+TEST_F(GpuKernelTest, AdamMatchesTheScalarTwinBitForBit) {
+  constexpr size_t kN = 100003;  // not a multiple of any block size
+  const DType grad_dtypes[] = {DType::kFloat32, DType::kBFloat16, DType::kFloat16};
+  const AdamMode modes[] = {AdamMode::kAdam, AdamMode::kAdamW};
+  for (AdamMode mode : modes) {
+    for (DType grad_dtype : grad_dtypes) {
+      for (int copy = 0; copy < 3; ++copy) {
+        SCOPED_TRACE(::testing::Message() << "mode " << static_cast<int>(mode) << " grad dtype "
+                                          << DTypeIndex(grad_dtype) << " copy " << copy);
+        AdamOptions options;
+        options.lr = 3e-3;
+        options.weight_decay = 0.05;
+        options.mode = mode;
+        std::vector<float> p = RandomFloats(1, kN, -1.0f, 1.0f);
+        std::vector<float> m = RandomFloats(2, kN, -0.01f, 0.01f);
+        std::vector<float> v = RandomFloats(3, kN, 0.0f, 1e-4f);
+        const std::vector<float> g32 = RandomFloats(4, kN, -2.0f, 2.0f);
+        std::vector<uint8_t> grads(kN * DTypeSizeBytes(grad_dtype));
+        if (grad_dtype == DType::kFloat32) {
+          std::memcpy(grads.data(), g32.data(), grads.size());
+        } else {
+          ASSERT_TRUE(cpu::ScalarKernels().cast[0][DTypeIndex(grad_dtype)] != nullptr);
+          cpu::ScalarKernels().cast[0][DTypeIndex(grad_dtype)](g32.data(), grads.data(), kN);
+        }
+        const DType copy_dtype = copy == 2 ? DType::kFloat16 : DType::kBFloat16;
+        std::vector<uint16_t> cpu_copy(kN, 0);
+
+        DeviceArray<float> dp(p), dm(m), dv(v);
+        DeviceArray<uint8_t> dg(grads);
+        DeviceArray<uint16_t> dcopy(cpu_copy);
+        for (int64_t step = 1; step <= 3; ++step) {
+          auto constants = MakeAdamStepConstants(options, step, 0.5);
+          ASSERT_TRUE(constants.ok());
+          cpu::ScalarKernels().adam[DTypeIndex(grad_dtype)][copy](*constants, p.data(), m.data(), v.data(),
+                                                                   grads.data(), copy ? cpu_copy.data() : nullptr,
+                                                                   kN);
+          ASSERT_TRUE(gpu::AdamStep(*constants, dp.get(), dm.get(), dv.get(), dg.get(), grad_dtype,
+                               copy ? dcopy.get() : nullptr, copy_dtype, kN, nullptr)
+                          .ok());
+        }
+        ExpectSameFloats(dp.ToHost(), p, "params");
+        ExpectSameFloats(dm.ToHost(), m, "exp_avg");
+        ExpectSameFloats(dv.ToHost(), v, "exp_avg_sq");
+        if (copy) {
+          EXPECT_EQ(dcopy.ToHost(), cpu_copy);
+        }
+      }
+    }
+  }
+}
+
+// Argument checks happen before any CUDA call, so these run without a GPU.
+TEST(GpuKernelArgsTest, AdamRefusesBadDTypes) {
+  AdamStepConstants c;
+  float x = 0;
+  EXPECT_EQ(gpu::AdamStep(c, &x, &x, &x, &x, static_cast<DType>(7), nullptr, DType::kBFloat16, 1, nullptr).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(gpu::AdamStep(c, &x, &x, &x, &x, DType::kFloat32, &x, DType::kFloat32, 1, nullptr).code(),
+            StatusCode::kInvalidArgument);
+}
+
+// Every 16-bit pattern, and fp32 patterns that cover NaNs, infinities,
+// denormals and the rounding boundaries, in each direction.
+TEST_F(GpuKernelTest, CastMatchesTheScalarTwinBitForBit) {
+  constexpr size_t kN32 = size_t{1} << 20;
+  std::vector<uint8_t> fp32(kN32 * 4);
+  for (size_t i = 0; i < kN32; ++i) {
+    uint32_t u = static_cast<uint32_t>(SplitMix64(i));
+    if (i < 65536) u = static_cast<uint32_t>(i) << 16 | (i & 1 ? 0x8000u : 0x7fffu);  // bf16 ties and near-ties
+    if (i >= 65536 && i < 131072) u = static_cast<uint32_t>(i - 65536) << 13;  // the fp16 grid, and denormals
+    std::memcpy(fp32.data() + 4 * i, &u, 4);
+  }
+  std::vector<uint8_t> all16(65536 * 2);
+  for (uint32_t i = 0; i < 65536; ++i) {
+    const uint16_t h = static_cast<uint16_t>(i);
+    std::memcpy(all16.data() + 2 * i, &h, 2);
+  }
+  const DType dtypes[] = {DType::kFloat32, DType::kBFloat16, DType::kFloat16};
+  for (DType src : dtypes) {
+    for (DType dst : dtypes) {
+      if (src == dst) continue;
+      SCOPED_TRACE(::testing::Message() << "src " << DTypeIndex(src) << " dst " << DTypeIndex(dst));
+      const std::vector<uint8_t>& input = src == DType::kFloat32 ? fp32 : all16;
+      const size_t n = input.size() / DTypeSizeBytes(src);
+      std::vector<uint8_t> cpu_out(n * DTypeSizeBytes(dst));
+      cpu::ScalarKernels().cast[DTypeIndex(src)][DTypeIndex(dst)](input.data(), cpu_out.data(), n);
+      DeviceArray<uint8_t> din(input);
+      DeviceArray<uint8_t> dout(Zeros<uint8_t>(cpu_out.size()));
+      ASSERT_TRUE(gpu::Cast(din.get(), src, dout.get(), dst, n, nullptr).ok());
+      EXPECT_TRUE(dout.ToHost() == cpu_out);
+    }
+  }
+}
+
+TEST_F(GpuKernelTest, GeluMatchesTheCpuLayersBitForBit) {
+  constexpr size_t kN = 65537;
+  std::vector<float> x = RandomFloats(10, kN, -12.0f, 12.0f);
+  x[0] = 0.0f;
+  x[1] = -0.0f;
+  x[2] = std::numeric_limits<float>::infinity();
+  x[3] = -std::numeric_limits<float>::infinity();
+  x[4] = 1e-40f;
+  x[5] = 100.0f;
+  x[6] = -100.0f;
+  const std::vector<float> dy = RandomFloats(11, kN, -1.0f, 1.0f);
+  std::vector<float> cpu_y(kN), cpu_dx(kN);
+  model::GeluForward(threads_, cpu_y.data(), x.data(), static_cast<int64_t>(kN));
+  model::GeluBackward(threads_, cpu_dx.data(), x.data(), dy.data(), static_cast<int64_t>(kN));
+
+  DeviceArray<float> dx_in(x), ddy(dy), dy_out(Zeros<float>(kN)), ddx(Zeros<float>(kN));
+  ASSERT_TRUE(GeluForward(dx_in.get(), dy_out.get(), kN, nullptr).ok());
+  ASSERT_TRUE(GeluBackward(dx_in.get(), ddy.get(), ddx.get(), kN, nullptr).ok());
+  ExpectSameFloats(dy_out.ToHost(), cpu_y, "gelu");
+  ExpectSameFloats(ddx.ToHost(), cpu_dx, "gelu grad");
+}
+
+TEST_F(GpuKernelTest, LayerNormMatchesTheCpuLayersBitForBit) {
+  const int64_t kRows = 37;
+  for (int64_t cols : {int64_t{1}, int64_t{15}, int64_t{16}, int64_t{17}, int64_t{773}}) {
+    SCOPED_TRACE(::testing::Message() << "cols " << cols);
+    const size_t n = static_cast<size_t>(kRows * cols);
+    const std::vector<float> x = RandomFloats(20 + cols, n, -3.0f, 5.0f);
+    const std::vector<float> w = RandomFloats(21 + cols, cols, 0.5f, 1.5f);
+    const std::vector<float> b = RandomFloats(22 + cols, cols, -0.5f, 0.5f);
+    const std::vector<float> dy = RandomFloats(23 + cols, n, -1.0f, 1.0f);
+    std::vector<float> y(n), mean(kRows), rstd(kRows);
+    std::vector<float> dx = RandomFloats(24 + cols, n, -0.1f, 0.1f);  // the backward accumulates
+    std::vector<float> dw = RandomFloats(25 + cols, cols, -0.1f, 0.1f);
+    std::vector<float> db = RandomFloats(26 + cols, cols, -0.1f, 0.1f);
+
+    DeviceArray<float> gx(x), gw(w), gb(b), gdy(dy), gy(y), gmean(mean), grstd(rstd), gdx(dx), gdw(dw), gdb(db);
+    model::LayerNormForward(threads_, y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), kRows, cols);
+    model::LayerNormBackward(threads_, dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), mean.data(),
+                             rstd.data(), kRows, cols);
+    ASSERT_TRUE(
+        LayerNormForward(gx.get(), gw.get(), gb.get(), gy.get(), gmean.get(), grstd.get(), kRows, cols, nullptr).ok());
+    ASSERT_TRUE(LayerNormBackward(gdy.get(), gx.get(), gw.get(), gmean.get(), grstd.get(), gdx.get(), gdw.get(),
+                                  gdb.get(), kRows, cols, nullptr)
+                    .ok());
+    ExpectSameFloats(gy.ToHost(), y, "y");
+    ExpectSameFloats(gmean.ToHost(), mean, "mean");
+    ExpectSameFloats(grstd.ToHost(), rstd, "rstd");
+    ExpectSameFloats(gdx.ToHost(), dx, "dx");
+    ExpectSameFloats(gdw.ToHost(), dw, "dw");
+    ExpectSameFloats(gdb.ToHost(), db, "db");
+  }
+}
+
+TEST_F(GpuKernelTest, SoftmaxCrossEntropyMatchesTheCpuLayers) {
+  const int64_t kRows = 29;
+  for (int64_t vocab : {int64_t{1}, int64_t{16}, int64_t{31}, int64_t{1000}, int64_t{50257}}) {
+    SCOPED_TRACE(::testing::Message() << "vocab " << vocab);
+    const size_t n = static_cast<size_t>(kRows * vocab);
+    const std::vector<float> logits = RandomFloats(30 + vocab, n, -8.0f, 8.0f);
+    std::vector<int32_t> targets(kRows);
+    for (int64_t r = 0; r < kRows; ++r)
+      targets[r] = r % 7 == 3 ? -1 : static_cast<int32_t>(SplitMix64(vocab * 100 + r) % vocab);
+    constexpr float kScale = 1.0f / 29.0f;
+
+    std::vector<float> probs(n), losses(kRows), dlogits(n);
+    model::SoftmaxCrossEntropyForward(threads_, probs.data(), losses.data(), logits.data(), targets.data(), kRows,
+                                      vocab);
+    model::SoftmaxCrossEntropyBackward(threads_, dlogits.data(), probs.data(), targets.data(), kRows, vocab, kScale);
+
+    DeviceArray<float> glogits(logits), gprobs(Zeros<float>(n)), glosses(Zeros<float>(kRows)),
+        gdlogits(Zeros<float>(n));
+    DeviceArray<int32_t> gtargets(targets);
+    ASSERT_TRUE(SoftmaxCrossEntropyForward(glogits.get(), gtargets.get(), gprobs.get(), glosses.get(), kRows, vocab,
+                                           nullptr)
+                    .ok());
+    ASSERT_TRUE(
+        SoftmaxCrossEntropyBackward(gprobs.get(), gtargets.get(), gdlogits.get(), kRows, vocab, kScale, nullptr).ok());
+    const std::vector<float> gpu_probs = gprobs.ToHost();
+    ExpectSameFloats(gpu_probs, probs, "probs");
+    ExpectSameFloats(gdlogits.ToHost(), dlogits, "dlogits");
+    const std::vector<float> gpu_losses = glosses.ToHost();
+    for (int64_t r = 0; r < kRows; ++r) {
+      EXPECT_NEAR(gpu_losses[r], losses[r], 1e-6 * std::max(1.0, std::fabs(static_cast<double>(losses[r]))))
+          << "row " << r;
+    }
+
+    // In place (probs = logits, then dlogits = probs) gives the same bits.
+    ASSERT_TRUE(SoftmaxCrossEntropyForward(glogits.get(), gtargets.get(), glogits.get(), glosses.get(), kRows, vocab,
+                                           nullptr)
+                    .ok());
+    ExpectSameFloats(glogits.ToHost(), gpu_probs, "in-place probs");
+    ExpectSameFloats(glosses.ToHost(), gpu_losses, "in-place losses");
+    ASSERT_TRUE(
+        SoftmaxCrossEntropyBackward(glogits.get(), gtargets.get(), glogits.get(), kRows, vocab, kScale, nullptr).ok());
+    ExpectSameFloats(glogits.ToHost(), dlogits, "in-place dlogits");
+  }
+}
+
+TEST_F(GpuKernelTest, EmbeddingMatchesTheCpuLayers) {
+  const int64_t kBatch = 16, kSeqLen = 8, kChannels = 33, kVocab = 13;  // each token repeats about 10 times
+  const int64_t rows = kBatch * kSeqLen;
+  std::vector<int32_t> tokens(rows);
+  for (int64_t r = 0; r < rows; ++r) tokens[r] = static_cast<int32_t>(SplitMix64(500 + r) % kVocab);
+  const std::vector<float> wte = RandomFloats(40, kVocab * kChannels, -1.0f, 1.0f);
+  const std::vector<float> wpe = RandomFloats(41, kSeqLen * kChannels, -1.0f, 1.0f);
+  const std::vector<float> dout = RandomFloats(42, rows * kChannels, -1.0f, 1.0f);
+  const std::vector<float> dwte0 = RandomFloats(43, kVocab * kChannels, -0.1f, 0.1f);
+  const std::vector<float> dwpe0 = RandomFloats(44, kSeqLen * kChannels, -0.1f, 0.1f);
+
+  std::vector<float> out(rows * kChannels), dwte = dwte0, dwpe = dwpe0;
+  model::EncoderForward(threads_, out.data(), tokens.data(), wte.data(), wpe.data(), kBatch, kSeqLen, kChannels);
+  model::EncoderBackward(threads_, dwte.data(), dwpe.data(), dout.data(), tokens.data(), kBatch, kSeqLen, kChannels);
+
+  DeviceArray<int32_t> gtokens(tokens);
+  DeviceArray<float> gwte(wte), gwpe(wpe), gdout(dout), gout(Zeros<float>(out.size())), gdwte(dwte0),
+      gdwpe(dwpe0);
+  ASSERT_TRUE(EmbeddingForward(gtokens.get(), gwte.get(), gwpe.get(), gout.get(), rows, kSeqLen, kChannels, nullptr)
+                  .ok());
+  ExpectSameFloats(gout.ToHost(), out, "out");
+  // Without positions: a plain gather.
+  ASSERT_TRUE(
+      EmbeddingForward(gtokens.get(), gwte.get(), nullptr, gout.get(), rows, kSeqLen, kChannels, nullptr).ok());
+  const std::vector<float> gathered = gout.ToHost();
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < kChannels; ++c)
+      ASSERT_TRUE(SameFloat(gathered[r * kChannels + c], wte[tokens[r] * kChannels + c])) << r << ", " << c;
+  }
+
+  ASSERT_TRUE(EmbeddingBackward(gdout.get(), gtokens.get(), gdwte.get(), gdwpe.get(), rows, kSeqLen, kChannels,
+                                nullptr)
+                  .ok());
+  // The error bound of each element: (k - 1) · FLT_EPSILON · Σ|terms|.
+  std::vector<double> te_abs(dwte0.size()), pe_abs(dwpe0.size());
+  std::vector<int> te_terms(dwte0.size(), 1), pe_terms(dwpe0.size(), 1);
+  for (size_t i = 0; i < dwte0.size(); ++i) te_abs[i] = std::fabs(dwte0[i]);
+  for (size_t i = 0; i < dwpe0.size(); ++i) pe_abs[i] = std::fabs(dwpe0[i]);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < kChannels; ++c) {
+      const double d = std::fabs(dout[r * kChannels + c]);
+      te_abs[tokens[r] * kChannels + c] += d;
+      ++te_terms[tokens[r] * kChannels + c];
+      pe_abs[(r % kSeqLen) * kChannels + c] += d;
+      ++pe_terms[(r % kSeqLen) * kChannels + c];
+    }
+  }
+  const std::vector<float> gpu_dwte = gdwte.ToHost(), gpu_dwpe = gdwpe.ToHost();
+  for (size_t i = 0; i < dwte.size(); ++i)
+    EXPECT_NEAR(gpu_dwte[i], dwte[i], (te_terms[i] - 1) * FLT_EPSILON * te_abs[i]) << "dwte " << i;
+  for (size_t i = 0; i < dwpe.size(); ++i)
+    EXPECT_NEAR(gpu_dwpe[i], dwpe[i], (pe_terms[i] - 1) * FLT_EPSILON * pe_abs[i]) << "dwpe " << i;
+}
+
+TEST(GpuKernelArgsTest, RowKernelsRefuseBadShapes) {
+  float x = 0;
+  int32_t t = 0;
+  EXPECT_EQ(LayerNormForward(&x, &x, &x, &x, &x, &x, 1, 0, nullptr).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(SoftmaxCrossEntropyForward(&x, &t, &x, &x, -1, 4, nullptr).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(EmbeddingForward(&t, &x, nullptr, &x, 1, 0, 1, nullptr).code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(LayerNormForward(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 0, 8, nullptr).ok());
+}
+
+}  // namespace
+}  // namespace zinf::gpu
