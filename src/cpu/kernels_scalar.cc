@@ -4,33 +4,12 @@
 // Compiled with the baseline flags only.
 #include <cstring>
 
+#include "cpu/dtype_access.h"
 #include "cpu/float16.h"
 #include "cpu/kernels.h"
 
 namespace zinf::cpu {
 namespace {
-
-template <DType kType>
-float LoadAsFloat(const void* base, size_t i) {
-  if constexpr (kType == DType::kFloat32) {
-    return static_cast<const float*>(base)[i];
-  } else if constexpr (kType == DType::kBFloat16) {
-    return Bf16BitsToFloat(static_cast<const uint16_t*>(base)[i]);
-  } else {
-    return HalfBitsToFloat(static_cast<const uint16_t*>(base)[i]);
-  }
-}
-
-template <DType kType>
-void StoreFromFloat(void* base, size_t i, float x) {
-  if constexpr (kType == DType::kFloat32) {
-    static_cast<float*>(base)[i] = x;
-  } else if constexpr (kType == DType::kBFloat16) {
-    static_cast<uint16_t*>(base)[i] = FloatToBf16Bits(x);
-  } else {
-    static_cast<uint16_t*>(base)[i] = FloatToHalfBits(x);
-  }
-}
 
 template <DType kGrad, ParamCopy kCopy>
 void AdamScalar(const AdamStepConstants& c, float* params, float* exp_avg, float* exp_avg_sq, const void* grads,

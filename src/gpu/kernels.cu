@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <string>
 
+#include "cpu/dtype_access.h"
 #include "cpu/float16.h"
 #include "gpu/cuda_check.h"
 #include "model/gpt_math.h"
@@ -55,30 +56,6 @@ Status CheckLaunch(const char* kernel, const char* file, int line) {
 
 __device__ inline size_t GlobalThread() { return static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; }
 __device__ inline size_t GridStride() { return static_cast<size_t>(gridDim.x) * blockDim.x; }
-
-// ---- dtype loads and stores, through cpu/float16.h ----
-
-template <DType kType>
-__device__ inline float LoadAsFloat(const void* base, size_t i) {
-  if constexpr (kType == DType::kFloat32) {
-    return static_cast<const float*>(base)[i];
-  } else if constexpr (kType == DType::kBFloat16) {
-    return Bf16BitsToFloat(static_cast<const uint16_t*>(base)[i]);
-  } else {
-    return HalfBitsToFloat(static_cast<const uint16_t*>(base)[i]);
-  }
-}
-
-template <DType kType>
-__device__ inline void StoreFromFloat(void* base, size_t i, float x) {
-  if constexpr (kType == DType::kFloat32) {
-    static_cast<float*>(base)[i] = x;
-  } else if constexpr (kType == DType::kBFloat16) {
-    static_cast<uint16_t*>(base)[i] = FloatToBf16Bits(x);
-  } else {
-    static_cast<uint16_t*>(base)[i] = FloatToHalfBits(x);
-  }
-}
 
 // ---- Adam ----
 

@@ -269,6 +269,14 @@ class EngineTest : public ::testing::Test {
     }
   }
 
+  // Registers `net`, runs two steps, saves step-2 under `dir`; returns the state saved.
+  Snapshot TrainTwoStepsAndSave(Engine& e, DenseNet& net, const std::string& dir) {
+    net.Register(e, 11);
+    RunSteps(e, net, 0, 2, -1);
+    (void)Must(e.Save(dir));
+    MustOk(stream_->Synchronize());
+    return Take(e);
+  }
   // `dir`/latest names `step` and a fresh engine (other initial values)
   // loads it to exactly `expected`.
   void ExpectLatestLoads(const std::string& dir, const std::string& step, const Config& c, const Snapshot& expected) {
@@ -851,11 +859,7 @@ TEST_F(EngineTest, SaveOnAFullDiskKeepsThePreviousCheckpoint) {
   const std::string dir = CheckpointDir("enospc");
   auto e = Must(Engine::Create(HardConfig(1), *device_, comm_.get()));
   DenseNet net;
-  net.Register(*e, 11);
-  RunSteps(*e, net, 0, 2, -1);
-  (void)Must(e->Save(dir));
-  MustOk(stream_->Synchronize());
-  const Snapshot at_save = Take(*e);
+  const Snapshot at_save = TrainTwoStepsAndSave(*e, net, dir);
   RunSteps(*e, net, 2, 3, -1);
   nvme::FaultPlan plan;
   plan.enospc_at = 4096;  // rank 0's file always holds more (unit 0's first slice)
@@ -904,11 +908,7 @@ TEST_F(EngineTest, SaveOnAFullTmpfsKeepsThePreviousCheckpoint) {
   const std::string dir = mnt + "/ckpt";
   auto e = Must(Engine::Create(HardConfig(0), *device_, comm_.get()));
   DenseNet net;
-  net.Register(*e, 11);
-  RunSteps(*e, net, 0, 2, -1);
-  (void)Must(e->Save(dir));
-  MustOk(stream_->Synchronize());
-  const Snapshot at_save = Take(*e);
+  const Snapshot at_save = TrainTwoStepsAndSave(*e, net, dir);
   // Leave 256 KiB free: less than a checkpoint (about 1 MiB).
   {
     const auto space = std::filesystem::space(mnt);
