@@ -1,16 +1,27 @@
 // Paths for tests: the source tree, the build tree, and a scratch directory
 // for tests that need disk ($ZINF_TEST_DIR when set, else <build>/test-scratch;
-// each test stays under 2 GB there); and running a command as a user would.
+// each test stays under 2 GB there); running a command as a user would; and
+// the SplitMix64 mixer the tests draw reproducible data from.
 #pragma once
 
 #include <sys/stat.h>
 #include <sys/wait.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 
 namespace zinf::test {
+
+// SplitMix64's output function (Steele, Lea, Flood 2014): a well-mixed
+// 64-bit value from any 64-bit input, for reproducible test data.
+inline uint64_t SplitMix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
 
 inline std::string SourceDir() { return ZINF_TEST_SOURCE_DIR; }
 inline std::string BinaryDir() { return ZINF_TEST_BINARY_DIR; }

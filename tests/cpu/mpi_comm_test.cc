@@ -29,6 +29,7 @@
 #include "common/communicator.h"
 #include "cpu/float16.h"
 #include "cpu/host_device.h"
+#include "test_util.h"
 
 namespace zinf {
 namespace {
@@ -37,13 +38,7 @@ using Bytes = std::vector<uint8_t>;
 
 constexpr DType kDTypes[] = {DType::kFloat32, DType::kBFloat16, DType::kFloat16};
 
-uint64_t SplitMix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
+using test::SplitMix64;
 // A finite value with a random sign, mantissa and binary exponent in
 // [-exp_range, exp_range]: wide enough that the order of a sum matters.
 float RandomFloat(uint64_t bits, int exp_range) {

@@ -33,17 +33,12 @@
 #include "gpu/cuda_probe.h"
 #include "model/layers.h"
 #include "model/parallel.h"
+#include "test_util.h"
 
 namespace zinf::gpu {
 namespace {
 
-uint64_t SplitMix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
+using test::SplitMix64;
 // Uniform in [lo, hi), reproducible from (seed, i).
 float Uniform(uint64_t seed, size_t i, float lo, float hi) {
   const uint64_t bits = SplitMix64(seed * 0x100000001b3ull ^ i);

@@ -22,19 +22,14 @@
 #include "gpu/cuda_probe.h"
 #include "gpu/reduce_kernels.h"
 #include "zinf/device.h"
+#include "test_util.h"
 
 namespace zinf::gpu {
 namespace {
 
 using Bytes = std::vector<uint8_t>;
 
-uint64_t SplitMix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
+using test::SplitMix64;
 // Random finite values, with every 61st element a special (inf, NaN, -0,
 // denormal), in `dtype`'s storage.
 Bytes MakeInput(DType dtype, int rank, size_t count) {

@@ -36,15 +36,10 @@
 namespace zinf {
 namespace {
 
-uint64_t Mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
 // Uniform in [-1, 1), deterministic in its arguments.
 float Uniform(uint64_t a, uint64_t b, uint64_t c) {
-  return static_cast<float>(Mix(Mix(Mix(a) ^ b) ^ c) >> 40) / static_cast<float>(1 << 23) - 1.0f;
+  using test::SplitMix64;
+  return static_cast<float>(SplitMix64(SplitMix64(SplitMix64(a) ^ b) ^ c) >> 40) / static_cast<float>(1 << 23) - 1.0f;
 }
 
 float Widen(const void* p, DType dtype, int64_t i) {
@@ -552,8 +547,8 @@ class TinyGpt {
     tok_.resize(bt);
     tgt_.resize(bt);
     for (size_t i = 0; i < bt; ++i) {
-      tok_[i] = static_cast<int32_t>(Mix(g * 1000 + i) % cfg_.vocab_size);
-      tgt_[i] = static_cast<int32_t>(Mix(g * 1000 + i + 500) % cfg_.vocab_size);
+      tok_[i] = static_cast<int32_t>(test::SplitMix64(g * 1000 + i) % cfg_.vocab_size);
+      tgt_[i] = static_cast<int32_t>(test::SplitMix64(g * 1000 + i + 500) % cfg_.vocab_size);
     }
     MustOk(device_.CopyToDevice(tokens_, tok_.data(), bt * 4, stream_));
     MustOk(device_.CopyToDevice(targets_, tgt_.data(), bt * 4, stream_));
