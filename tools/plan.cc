@@ -237,10 +237,10 @@ int Run(const PlanOptions& opt) {
   }
   std::printf("bytes per rank as the engine allocates them (buffers, buckets, staging, activations included); host = "
               "pinned memory. step = compute + copies + collectives + max(optimizer, nvme io) per optimizer step. "
-              "offload_param rows: computed, not runnable yet (the engine refuses offload_param). --json has the "
+              "offload_param nvme rows: computed, not runnable yet (the engine refuses offload_param nvme). --json has the "
               "breakdown.\n");
   for (const PlanRow& row : rows) {
-    if (row.runnable || row.param != OffloadDevice::kNone) continue;
+    if (row.runnable || row.param == OffloadDevice::kNvme) continue;
     std::printf("note: stage %d, optimizer %s: %s\n", row.stage, std::string(OffloadDeviceName(row.optimizer)).c_str(),
                 row.note.c_str());
   }

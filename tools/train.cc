@@ -2,8 +2,9 @@
 //
 // With no arguments it runs the embedded default: a small model on the
 // embedded corpus (whose entropy rate is known exactly, so the result can be
-// judged), ZeRO stage 3 with the optimizer state on NVMe in $ZINF_TMPDIR (else
-// a directory under the working directory, removed afterwards). Flags override
+// judged), ZeRO stage 3 with the parameter shards in pinned host memory and the
+// optimizer state on NVMe in $ZINF_TMPDIR (else a directory under the working
+// directory, removed afterwards). Flags override
 // the config file; the resolved configuration and the plan are printed first,
 // then one live progress line, then a summary with the validation loss and a
 // generated sample. Under mpirun every rank trains on its own windows of the
@@ -139,6 +140,7 @@ int Run(const TrainOptions& opt) {
     config.scheduler.warmup_max_lr = kDefaultLr;
     config.scheduler.warmup_num_steps = 20;
     config.scheduler.warmup_type = WarmupType::kLinear;
+    config.zero.offload_param.device = OffloadDevice::kCpu;
     config.zero.offload_optimizer.device = OffloadDevice::kNvme;
     const char* env = std::getenv("ZINF_TMPDIR");
     tmp_dir = env && *env ? std::string(env) : (std::filesystem::current_path() / ("zinf-train-" + std::to_string(getpid()))).string();
@@ -278,8 +280,11 @@ int Run(const TrainOptions& opt) {
   if (talk) {
     std::printf("zinf train: %s, %s parameters (%s), %d rank(s), %s\n", embedded ? "embedded corpus" : opt.data.c_str(),
                 FormatCount(static_cast<double>(params)).c_str(), mc.ToString().c_str(), world, device->name().c_str());
-    std::printf("  config: ZeRO stage %d, %s compute, optimizer %s on %s, micro-batch %lld x accumulation %lld x %d rank(s) = %lld sequences of %lld tokens, %s lr %.3g, clipping %.3g, %lld steps\n",
+    std::printf("  config: ZeRO stage %d, %s compute, parameter shards on %s, optimizer %s on %s, micro-batch %lld x accumulation %lld x %d rank(s) = %lld sequences of %lld tokens, %s lr %.3g, clipping %.3g, %lld steps\n",
                 config.zero.stage, std::string(DTypeName(engine->compute_dtype())).c_str(),
+                config.zero.offload_param.device == OffloadDevice::kNone
+                    ? "device"
+                    : std::string(OffloadDeviceName(config.zero.offload_param.device)).c_str(),
                 std::string(OptimizerTypeName(config.optimizer.type)).c_str(),
                 std::string(OffloadDeviceName(config.zero.offload_optimizer.device)).c_str(), static_cast<long long>(B),
                 static_cast<long long>(batch.gradient_accumulation_steps), world,

@@ -65,7 +65,8 @@ struct Unit {
   // Device buffers.
   void* params = nullptr;        // the whole compute copy (stages 0-2, stage-3 persistent units)
   bool partitioned = false;      // stage 3: only this rank's shard lives here, gathered on Fetch
-  void* shard_params = nullptr;  // stage 3: the shard (shard_elems)
+  void* shard_params = nullptr;  // stage 3: the shard (shard_elems), on the device
+  PinnedBuffer h_shard;          // stage 3 with offload_param cpu: the shard's home instead
   void* gathered = nullptr;      // stage 3: the gathered unit between Fetch and Release
   std::unique_ptr<Event> gathered_ready;
   // Stage 3: the tensor pointers of each address a gathered copy has had, so
@@ -117,7 +118,8 @@ class EngineImpl final : public Engine {
         compute_dtype_(compute_dtype),
         arena_(threads),
         offload_(config.zero.offload_optimizer.device != OffloadDevice::kNone),
-        nvme_(config.zero.offload_optimizer.device == OffloadDevice::kNvme) {}
+        nvme_(config.zero.offload_optimizer.device == OffloadDevice::kNvme),
+        param_offload_(config.zero.stage == 3 && config.zero.offload_param.device == OffloadDevice::kCpu) {}
 
   ~EngineImpl() override {
     if (stream_) {
@@ -126,6 +128,7 @@ class EngineImpl final : public Engine {
       for (Unit& u : units_) FreeUnit(u);
       if (partials_) (void)device_.Free(partials_, *stream_);
       if (bucket_) (void)device_.Free(bucket_, *stream_);
+      if (param_scratch_) (void)device_.Free(param_scratch_, *stream_);
       (void)stream_->Synchronize();
     }
   }
@@ -138,20 +141,23 @@ class EngineImpl final : public Engine {
     }
     u.params = u.shard_params = u.gathered = nullptr;
     u.grads = u.accum = u.master = u.exp_avg = u.exp_avg_sq = nullptr;
-    for (PinnedBuffer* b : {&u.h_master, &u.h_exp_avg, &u.h_exp_avg_sq, &u.h_accum}) b->Release();
+    for (PinnedBuffer* b : {&u.h_master, &u.h_exp_avg, &u.h_exp_avg_sq, &u.h_accum, &u.h_shard}) b->Release();
   }
 
   Status Init() {
     ZINF_ASSIGN_OR_RETURN(stream_, device_.CreateStream());
     ZINF_ASSIGN_OR_RETURN(copy_stream_, device_.CreateStream());
     ZINF_ASSIGN_OR_RETURN(decided_, device_.CreateEvent());
-    if (offload_) {
+    ZINF_ASSIGN_OR_RETURN(updates_done_, device_.CreateEvent());
+    if (offload_ || param_offload_) {
       PinnedPoolOptions o;
       o.budget_bytes = config_.zinf.host_memory;
       if (o.budget_bytes == 0) {  // no limit beyond the machine's memory
         o.budget_bytes = static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
       }
-      o.lock = config_.zero.offload_optimizer.pin_memory || nvme_;  // DeepSpeed's switch for page-locking
+      // DeepSpeed's switches for page-locking.
+      o.lock = (offload_ && config_.zero.offload_optimizer.pin_memory) || nvme_ ||
+               (param_offload_ && config_.zero.offload_param.pin_memory);
       if (nvme_) {
         ZINF_ASSIGN_OR_RETURN(io_, nvme::IoEngine::Create(nvme::IoEngineOptionsFromConfig(config_)));
         registrar_ = std::make_unique<nvme::EngineRegistrar>(*io_);
@@ -198,6 +204,9 @@ class EngineImpl final : public Engine {
   // The accumulated gradient of the owned range.
   float* owned_accum(const Unit& u) const { return stage_ >= 2 ? u.accum : u.accum + owned_begin(u); }
   // Where the owned range of the compute copy lives on the device.
+  // Stage 3 with offload_param cpu: a partitioned unit's shard lives in
+  // pinned host memory, copied to the device only to be gathered.
+  bool host_home(const Unit& u) const { return u.partitioned && param_offload_; }
   char* param_home(const Unit& u) const {
     return u.partitioned ? static_cast<char*>(u.shard_params)
                          : static_cast<char*>(u.params) + owned_begin(u) * DTypeSizeBytes(compute_dtype_);
@@ -261,6 +270,8 @@ class EngineImpl final : public Engine {
 
   const bool offload_;  // offload_optimizer cpu or nvme: the optimizer runs on the host
   const bool nvme_;     // offload_optimizer nvme: master, m, v in the swap store
+  const bool param_offload_;  // stage 3, offload_param cpu: partitioned units' shards in pinned host memory
+  void* param_scratch_ = nullptr;  // offload_param without offload_optimizer: the new shard on its way home
   std::unique_ptr<nvme::IoEngine> io_;
   std::unique_ptr<nvme::EngineRegistrar> registrar_;
   std::unique_ptr<PinnedPool> pool_;
@@ -288,6 +299,7 @@ class EngineImpl final : public Engine {
   std::unique_ptr<Stream> stream_;
   std::unique_ptr<Stream> copy_stream_;  // offload: host-to-device copies of updated shards and their gathers
   std::unique_ptr<Event> decided_;  // recorded after each boundary's decision
+  std::unique_ptr<Event> updates_done_;  // offload: the engine stream's last task of a boundary
   std::vector<Unit> units_;
   bool finalized_ = false;
   int64_t micro_in_window_ = 0;  // micro-steps since the last boundary
@@ -358,7 +370,10 @@ Result<int> EngineImpl::AddUnit(const std::string& name, const std::vector<Param
   const std::string what = "unit '" + name + "'";
   const int64_t owned = owned_elems(u);
   u.partitioned = stage_ == 3 && total > config_.zero.stage3_param_persistence_threshold;
-  if (u.partitioned) {
+  if (host_home(u)) {
+    ZINF_ASSIGN_OR_RETURN(u.h_shard, Pinned(u.part.shard_elems * DTypeSizeBytes(compute_dtype_),
+                                            what + " parameter shard (offload_param)"));
+  } else if (u.partitioned) {
     ZINF_ASSIGN_OR_RETURN(u.shard_params, Alloc(u.part.shard_elems * DTypeSizeBytes(compute_dtype_),
                                                 what + " parameter shard"));
   } else {
@@ -442,6 +457,18 @@ Status EngineImpl::Finalize() {
       ZINF_ASSIGN_OR_RETURN(auto free_event, device_.CreateEvent());
       slot_filled_.push_back(std::move(filled));
       slot_free_.push_back(std::move(free_event));
+    }
+  }
+  if (param_offload_ && !offload_) {
+    // The optimizer runs where the master is (the device) and the new shard
+    // goes home to the host through one scratch buffer, unit by unit.
+    int64_t max_shard = 0;
+    for (const Unit& u : units_) {
+      if (host_home(u)) max_shard = std::max(max_shard, u.part.shard_elems);
+    }
+    if (max_shard > 0) {
+      ZINF_ASSIGN_OR_RETURN(param_scratch_, Alloc(max_shard * DTypeSizeBytes(compute_dtype_),
+                                                  "parameter update scratch (offload_param)"));
     }
   }
   if (nvme_) ZINF_RETURN_IF_ERROR(SetUpSwap());
@@ -631,12 +658,20 @@ Status EngineImpl::Gather(Unit& u) {
   if (!full.ok()) return full.status().WithContext("gathering unit '" + u.name + "'");
   u.gathered = *full;
   ZINF_RETURN_IF_ERROR(stream_->Wait(*u.params_ready));
+  const void* shard = u.shard_params;
+  if (host_home(u)) {  // the shard comes up from the host into its place in the gathered buffer
+    void* mine = static_cast<char*>(u.gathered) + u.part.shard_begin(rank_) * esize;
+    ZINF_RETURN_IF_ERROR(TimedCopies(*stream_, [&] {
+      return device_.CopyToDevice(mine, u.h_shard.data(), u.part.shard_elems * esize, *stream_);
+    }));
+    shard = mine;
+  }
   if (distributed()) {
     ZINF_RETURN_IF_ERROR(Collective("all_gather", u.part.padded_elems * esize, [&] {
-      return comm_->AllGather(u.shard_params, u.gathered, u.part.shard_elems, compute_dtype_, *stream_);
+      return comm_->AllGather(shard, u.gathered, u.part.shard_elems, compute_dtype_, *stream_);
     }));
-  } else {
-    ZINF_RETURN_IF_ERROR(device_.CopyOnDevice(u.gathered, u.shard_params, u.part.shard_elems * esize, *stream_));
+  } else if (!host_home(u)) {
+    ZINF_RETURN_IF_ERROR(device_.CopyOnDevice(u.gathered, shard, u.part.shard_elems * esize, *stream_));
   }
   ZINF_RETURN_IF_ERROR(u.gathered_ready->Record(*stream_));
   std::vector<void*>& ptrs = u.gathered_ptrs[u.gathered];
@@ -944,8 +979,14 @@ Status EngineImpl::EnqueueBoundary() {
   const size_t esize = DTypeSizeBytes(compute_dtype_);
   for (size_t i = 0; i < units_.size(); ++i) {
     Unit& u = units_[i];
-    const size_t slot = offload_ ? i % h_param_slots_.size() : 0;
-    void* staging = offload_ ? h_param_slots_[slot].data() : nullptr;
+    // Where the new compute copy goes: a staging slot on its way to the
+    // device (offload), the shard's pinned home itself (offload_param with
+    // offload), the scratch on its way home (offload_param alone), or its
+    // place on the device.
+    const bool home = host_home(u);
+    const bool use_slot = offload_ && !home;
+    const size_t slot = use_slot ? i % h_param_slots_.size() : 0;
+    void* staging = use_slot ? h_param_slots_[slot].data() : home && offload_ ? u.h_shard.data() : nullptr;
     float* swap = nullptr;  // NVMe: the unit's [master | m | v] in its group's buffer
     if (nvme_) {
       const size_t g = group_of_unit_[i];
@@ -954,7 +995,7 @@ Status EngineImpl::EnqueueBoundary() {
         ZINF_RETURN_IF_ERROR(Timed(&Window::io, [this, g](const StreamContext&) { return ReadGroup(g); }));
       }
     }
-    auto update = [this, &u, staging, swap, esize](const StreamContext& ctx) -> Status {
+    auto update = [this, &u, staging, swap, home, use_slot, esize](const StreamContext& ctx) -> Status {
       Decision d;
       {
         std::lock_guard lock(mu_);
@@ -976,11 +1017,11 @@ Status EngineImpl::EnqueueBoundary() {
       b.grads = offload_ ? u.h_accum.data() : ctx.Host(owned_accum(u));
       b.grad_dtype = DType::kFloat32;
       b.num_elems = static_cast<size_t>(valid);
-      void* param_dst = offload_ ? staging : ctx.Host(param_home(u));
+      void* param_dst = offload_ ? staging : ctx.Host(home ? param_scratch_ : param_home(u));
       if (d.skip) {
-        // The staging slot goes to the device regardless: refill it with the
-        // unchanged compute copy (always the rounding of the master).
-        if (offload_) return Cast(arena_, b.params, DType::kFloat32, param_dst, compute_dtype_, valid);
+        // A staging slot or the scratch is copied on regardless: refill it
+        // with the unchanged compute copy (always the rounding of the master).
+        if (use_slot || (home && !offload_)) return Cast(arena_, b.params, DType::kFloat32, param_dst, compute_dtype_, valid);
         return Status::Ok();
       }
       if (compute_dtype_ != DType::kFloat32) {
@@ -991,8 +1032,8 @@ Status EngineImpl::EnqueueBoundary() {
       if (compute_dtype_ == DType::kFloat32) std::memcpy(param_dst, b.params, valid * 4);
       return Status::Ok();
     };
-    Stream& gather_stream = offload_ ? *copy_stream_ : *stream_;
-    if (offload_) ZINF_RETURN_IF_ERROR(stream_->Wait(*slot_free_[slot]));
+    Stream& gather_stream = use_slot ? *copy_stream_ : *stream_;
+    if (use_slot) ZINF_RETURN_IF_ERROR(stream_->Wait(*slot_free_[slot]));
     ZINF_RETURN_IF_ERROR(Timed(&Window::optimizer, std::move(update)));
     if (nvme_ && groups_[group_of_unit_[i]].units.back() == static_cast<int>(i)) {
       const size_t g = group_of_unit_[i];
@@ -1001,7 +1042,13 @@ Status EngineImpl::EnqueueBoundary() {
         return Status::Ok();
       }));
     }
-    if (offload_) {
+    if (home && !offload_ && owned_valid(u) > 0) {
+      const uint64_t bytes = owned_valid(u) * esize;
+      ZINF_RETURN_IF_ERROR(TimedCopies(*stream_, [&] {
+        return device_.CopyToHost(u.h_shard.data(), param_scratch_, bytes, *stream_);
+      }));
+    }
+    if (use_slot) {
       ZINF_RETURN_IF_ERROR(slot_filled_[slot]->Record(*stream_));
       ZINF_RETURN_IF_ERROR(copy_stream_->Wait(*slot_filled_[slot]));
       const int64_t valid = owned_valid(u);
@@ -1019,7 +1066,7 @@ Status EngineImpl::EnqueueBoundary() {
       }));
     }
     ZINF_RETURN_IF_ERROR(u.params_ready->Record(gather_stream));
-    if (offload_) ZINF_RETURN_IF_ERROR(slot_free_[slot]->Record(*copy_stream_));
+    if (use_slot) ZINF_RETURN_IF_ERROR(slot_free_[slot]->Record(*copy_stream_));
   }
   if (nvme_) {  // the step ends when every sub-group is back on disk
     ZINF_RETURN_IF_ERROR(Timed(&Window::io, [this](const StreamContext&) -> Status {
@@ -1035,8 +1082,12 @@ Status EngineImpl::EnqueueBoundary() {
       return first;
     }));
   }
-  // Close the window: the step's metrics, logged in one line (after the
-  // last copy back, with offload).
+  // Close the window: the step's metrics, logged in one line (with offload,
+  // after the last copy back and the engine stream's last task).
+  if (offload_) {
+    ZINF_RETURN_IF_ERROR(updates_done_->Record(*stream_));
+    ZINF_RETURN_IF_ERROR(copy_stream_->Wait(*updates_done_));
+  }
   return (offload_ ? *copy_stream_ : *stream_).Enqueue([this, boundary](const StreamContext&) {
     StepStats s;
     {
@@ -1160,6 +1211,7 @@ Status EngineImpl::WriteComputeCopy(Unit& u, const float* master, int64_t first)
   const int64_t count = u.partitioned ? u.part.valid_in_shard(rank_) : u.part.num_elems;
   if (count <= 0) return Status::Ok();
   if (begin < first) return Internal("WriteComputeCopy: the master given starts after the range to write");
+  if (host_home(u)) return Cast(arena_, master + (begin - first), DType::kFloat32, u.h_shard.data(), compute_dtype_, count);
   std::vector<uint8_t> compute(count * esize);
   ZINF_RETURN_IF_ERROR(Cast(arena_, master + (begin - first), DType::kFloat32, compute.data(), compute_dtype_, count));
   ZINF_RETURN_IF_ERROR(
@@ -1588,11 +1640,15 @@ Result<std::unique_ptr<Engine>> Engine::Create(const Config& config, Device& dev
         "zero_optimization.offload_optimizer.device = \"nvme\" needs offload_optimizer.nvme_path: one or more "
         "directories on NVMe");
   }
-  if (z.offload_param.device != OffloadDevice::kNone) {
+  if (z.offload_param.device != OffloadDevice::kNone && z.stage != 3) {
+    return InvalidArgument("zero_optimization.offload_param needs stage 3 (stage is " + std::to_string(z.stage) +
+                           "): set \"stage\": 3 or remove offload_param");
+  }
+  if (z.offload_param.device == OffloadDevice::kNvme) {
     return Unimplemented("zero_optimization.offload_param.device = \"" +
                          std::string(OffloadDeviceName(z.offload_param.device)) +
-                         "\" is not supported by this engine yet (stage 3 keeps each rank's parameter shard on the "
-                         "device): set it to \"none\"");
+                         "\" is not supported by this engine yet (parameter shards live on the device or, with "
+                         "\"cpu\", in pinned host memory): set it to \"cpu\" or \"none\"");
   }
   if (device.kind() != DeviceKind::kHost) {
     return Unimplemented("device " + device.name() +

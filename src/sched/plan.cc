@@ -213,7 +213,7 @@ PlanRow PlanCombination(const PlanInput& in, int stage, OffloadDevice optimizer,
   for (int64_t n : in.model.unit_elems) parts.push_back(PartitionUnit(std::max<int64_t>(n, 1), N));
   auto owned = [&](const UnitPartition& p) { return stage == 0 ? p.padded_elems : p.shard_elems; };
   auto partitioned = [&](size_t u) { return stage == 3 && in.model.unit_elems[u] > z.stage3_param_persistence_threshold; };
-  int64_t max_owned = 0, owned_total = 0, blocks = 0, accum_total = 0;
+  int64_t max_owned = 0, owned_total = 0, blocks = 0, accum_total = 0, max_host_shard = 0;
   uint64_t gather_held = 0, gather_max = 0;
   for (size_t u = 0; u < parts.size(); ++u) {
     const UnitPartition& p = parts[u];
@@ -227,6 +227,7 @@ PlanRow PlanCombination(const PlanInput& in, int stage, OffloadDevice optimizer,
       if (param == OffloadDevice::kNone) dev.Add("compute copy (parameter shards)", Dev(shard));
       else if (param == OffloadDevice::kCpu) host.Add("parameter shards (offload_param)", Pin(shard));
       else disk.Add("parameter shards (offload_param)", (shard + kExtentBytes - 1) / kExtentBytes * kExtentBytes);
+      if (param == OffloadDevice::kCpu) max_host_shard = std::max(max_host_shard, p.shard_elems);
       const uint64_t full = Dev(static_cast<uint64_t>(p.padded_elems) * esize);
       const bool held = std::find(in.model.held_units.begin(), in.model.held_units.end(), static_cast<int>(u)) !=
                         in.model.held_units.end();
@@ -296,10 +297,13 @@ PlanRow PlanCombination(const PlanInput& in, int stage, OffloadDevice optimizer,
       disk.Add("fp32 master, m, v", (static_cast<uint64_t>(g) * 12 + kExtentBytes - 1) / kExtentBytes * kExtentBytes);
     }
   }
-  if (param != OffloadDevice::kNone) {
+  if (param == OffloadDevice::kCpu && !offload && max_host_shard > 0) {
+    dev.Add("parameter update scratch (offload_param, one shard)", Dev(static_cast<uint64_t>(max_host_shard) * esize));
+  }
+  if (param == OffloadDevice::kNvme) {
     row.runnable = false;
-    row.note = "not runnable yet: the engine refuses offload_param (computed: the parameter shards move off the device)";
-    if (param == OffloadDevice::kNvme) {
+    row.note = "not runnable yet: the engine refuses offload_param nvme (computed: the parameter shards move to NVMe)";
+    {
       host.Add("parameter swap buffers (offload_param buffer_count x buffer_size)",
                static_cast<uint64_t>(std::max<int64_t>(0, z.offload_param.buffer_count)) *
                    static_cast<uint64_t>(std::max<int64_t>(0, z.offload_param.buffer_size)) * esize);

@@ -19,9 +19,11 @@
 //           nvme: the accumulator 4 B × owned, the staging and slots, and
 //           buffer_count swap buffers of 12 B × the largest sub-group.
 //   nvme    12 B × owned per sub-group, in whole 1 MiB extents.
-// offload_param is not supported by the engine yet: those rows are computed
-// (the parameter shard moved to the host or NVMe, plus buffer_count ×
-// buffer_size staging) and marked not runnable.
+// offload_param cpu (stage 3) moves the partitioned units' shards to pinned
+// host memory; without optimizer offload one shard-sized device scratch
+// carries each new shard home. offload_param nvme is not supported by the
+// engine yet: those rows are computed (the shards on NVMe plus buffer_count
+// × buffer_size staging) and marked not runnable.
 //
 // The step time is a sum of stated terms from measured (or default) rates:
 // compute = FLOPs / GFLOP/s, the engine's copies and passes over gradients

@@ -377,6 +377,17 @@ TEST_F(EngineTest, StagesAreBitIdentical) {
     c.zero.sub_group_size = 2 * 65536 * std::max(2, world());
     variants.emplace_back("stage " + std::to_string(stage) + ", offload nvme", c);
   }
+  // Stage 3 with the parameter shards in pinned host memory
+  // (offload_param cpu), with the optimizer on the device, the host and NVMe.
+  for (OffloadDevice opt : {OffloadDevice::kNone, OffloadDevice::kCpu, OffloadDevice::kNvme}) {
+    c = opt == OffloadDevice::kNvme ? NvmeConfig(3) : HardConfig(3);
+    c.zero.offload_optimizer.device = opt;
+    c.zero.offload_optimizer.buffer_count = 2;
+    c.zero.offload_param.device = OffloadDevice::kCpu;
+    c.zero.offload_param.pin_memory = opt == OffloadDevice::kCpu;
+    c.zero.stage3_param_persistence_threshold = 10'000;  // the small units stay on the device
+    variants.emplace_back("stage 3, offload_param cpu, offload_optimizer " + std::string(OffloadDeviceName(opt)), c);
+  }
   for (const auto& [name, config] : variants) {
     SCOPED_TRACE(name);
     const Snapshot s = RunDense(config, kSteps, kPoison);
@@ -926,10 +937,16 @@ TEST_F(EngineTest, BadInputFailsBeforeTheFirstStep) {
   auto error_of = [&](const Config& c) { return Engine::Create(c, *device_, comm_.get()).status(); };
   Config c;
   c.zero.stage = 3;
-  c.zero.offload_param.device = OffloadDevice::kCpu;
+  c.zero.offload_param.device = OffloadDevice::kNvme;
+  c.zero.offload_param.nvme_path = {test::TestDir()};
   Status s = error_of(c);
   EXPECT_EQ(s.code(), StatusCode::kUnimplemented);
-  EXPECT_NE(s.message().find("offload_param.device = \"cpu\""), std::string::npos) << s.ToString();
+  EXPECT_NE(s.message().find("offload_param.device = \"nvme\""), std::string::npos) << s.ToString();
+  c.zero.stage = 2;
+  c.zero.offload_param.device = OffloadDevice::kCpu;
+  s = error_of(c);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("offload_param needs stage 3"), std::string::npos) << s.ToString();
   c = Config{};
   c.zero.stage = 2;
   c.zero.reduce_bucket_size = 1000;

@@ -101,8 +101,8 @@ TEST(PlanTest, EveryCombinationAndFits) {
   ASSERT_EQ(rows.size(), 18u);  // 3 stages x 3 + stage 3 x 3 x 3
   int not_runnable = 0;
   for (const PlanRow& r : rows) {
-    if (r.param != OffloadDevice::kNone) {
-      EXPECT_EQ(r.stage, 3);
+    if (r.param != OffloadDevice::kNone) EXPECT_EQ(r.stage, 3);
+    if (r.param == OffloadDevice::kNvme) {
       EXPECT_FALSE(r.runnable);
       EXPECT_NE(r.note.find("not runnable yet"), std::string::npos);
       ++not_runnable;
@@ -110,7 +110,7 @@ TEST(PlanTest, EveryCombinationAndFits) {
     EXPECT_EQ(r.fits_device, r.device_bytes <= in.device_memory);
     EXPECT_EQ(r.fits_host, r.host_bytes <= in.host_memory);
   }
-  EXPECT_EQ(not_runnable, 6);
+  EXPECT_EQ(not_runnable, 3);
   // Stage 0 without offload: 8.6 MB of device state (fits 16 MiB); nvme
   // offload needs 10 MiB of pinned swap buffers (does not fit 1 MiB).
   EXPECT_TRUE(rows[0].fits());
@@ -260,19 +260,21 @@ void ExpectWithin10(double predicted, double measured, const std::string& what) 
 // Dense units spanning several norm blocks, one under the persistence threshold.
 const std::vector<int64_t> kUnits = {600'000, 200'000, 1'000'000, 50'000};
 
-void CheckAgainstEngine(Config config, int stage, OffloadDevice optimizer) {
+void CheckAgainstEngine(Config config, int stage, OffloadDevice optimizer,
+                        OffloadDevice param = OffloadDevice::kNone) {
   config.bf16.enabled = true;
   config.zero.stage = stage;
   config.zero.offload_optimizer.device = optimizer;
+  config.zero.offload_param.device = param;
   config.zinf.optimizer_threads = 2;
   const Measured m = RunEngine(config, kUnits, {});
   PlanInput in;
   in.config = config;
   in.model = Units(kUnits);
-  const PlanRow r = PlanCombination(in, stage, optimizer, OffloadDevice::kNone);
+  const PlanRow r = PlanCombination(in, stage, optimizer, param);
   ASSERT_TRUE(r.runnable) << r.note;
   ExpectWithin10(static_cast<double>(r.device_bytes), static_cast<double>(m.device_peak), "device");
-  if (optimizer == OffloadDevice::kNone) {
+  if (optimizer == OffloadDevice::kNone && param == OffloadDevice::kNone) {
     EXPECT_EQ(r.host_bytes, 0u);
     EXPECT_EQ(m.host_peak, 0u);
   } else {
@@ -298,6 +300,13 @@ void CheckAgainstEngine(Config config, int stage, OffloadDevice optimizer) {
 TEST(PlanMeasuredTest, Stage0NoOffload) { CheckAgainstEngine(Config{}, 0, OffloadDevice::kNone); }
 
 TEST(PlanMeasuredTest, Stage2Cpu) { CheckAgainstEngine(Config{}, 2, OffloadDevice::kCpu); }
+
+// Stage 3 with the parameter shards in pinned host memory, the optimizer on
+// the device (the scratch that carries new shards home) and on the host.
+TEST(PlanMeasuredTest, Stage3ParamCpu) {
+  CheckAgainstEngine(Config{}, 3, OffloadDevice::kNone, OffloadDevice::kCpu);
+  CheckAgainstEngine(Config{}, 3, OffloadDevice::kCpu, OffloadDevice::kCpu);
+}
 
 TEST(PlanMeasuredTest, Stage3Nvme) {
   Config c;
