@@ -14,8 +14,14 @@
 //                     each micro-step: the engine accumulates).
 //   GradsReady(u, s)  after backward's writes to u's gradients on s.
 //   Release(u, s)     after the last use of u's parameters on s.
-//   Step()            once per micro-step, after every unit's GradsReady;
-//                     at the accumulation boundary it enqueues the optimizer.
+//   Step()            once per micro-step, after the GradsReady of every unit
+//                     fetched in it; at the accumulation boundary it enqueues
+//                     the optimizer.
+//
+// A unit not fetched in any micro-step of an optimizer step has no gradient
+// there: it is left out of the norm and not updated (master, m and v stay),
+// and its own Adam step count (bias correction) does not advance — as an
+// optimizer treats a parameter whose gradient is None.
 //
 // Nothing here blocks the host except Synchronize, Stats, ReadState and — for
 // fp16 with dynamic loss scaling — loss_scale(), which waits for the previous

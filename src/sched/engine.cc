@@ -85,13 +85,21 @@ struct Unit {
   std::unique_ptr<Event> grads_ready;   // client stream: backward wrote the gradients
   std::unique_ptr<Event> released;      // client stream: done with the parameters
   bool grads_ready_this_micro = false;
+  bool fetched_this_micro = false;
+  // This window: whether any micro-step's gradients were accumulated (a
+  // unit with none is not updated: its master, m and v stay as they are) and
+  // whether its norm partials were taken.
+  bool accumulated = false;
+  bool partials_taken = false;
+  int64_t steps = 0;  // updates applied to this unit (its Adam bias-correction step)
 };
 
 // The decision of one boundary, made by a task on the engine stream and read
 // by the tasks after it (and by the host once they ran).
 struct Decision {
   bool skip = false;
-  AdamStepConstants constants{};
+  AdamOptions adam{};       // with the step's lr
+  double grad_scale = 1;    // clipping, 1/loss_scale and the mean, folded
   double loss_scale = 1, next_loss_scale = 1, lr = 0, grad_norm = 0, clip_coef = 1;
 };
 
@@ -246,7 +254,9 @@ class EngineImpl final : public Engine {
   // Whether every rank's `mine` is OK (collective): the first failure here,
   // or kAborted-like kUnavailable naming a failed rank.
   Status AgreeOk(const Status& mine);
-  Status EnqueuePartials(size_t i);
+  // Unit i's norm partials: at its last micro-step of the window (or `now`;
+  // zeros when it has no gradient this window).
+  Status EnqueuePartials(size_t i, bool now = false);
   Status ReadGroup(size_t g);
   Status SwapFailure(Status s);
   Status Timed(double Window::*field, StreamTask task);
@@ -584,13 +594,19 @@ Status EngineImpl::SwapFailure(Status s) {
 // The per-block partials of unit i's owned accumulated gradient, once its
 // last micro-step of the window is accumulated: during backward, off the
 // boundary's critical path.
-Status EngineImpl::EnqueuePartials(size_t i) {
-  if (micro_in_window_ != accumulation_ - 1) return Status::Ok();
+Status EngineImpl::EnqueuePartials(size_t i, bool now) {
+  if (!now && micro_in_window_ != accumulation_ - 1) return Status::Ok();
   const int region = stage_ == 0 ? 0 : rank_;
-  return stream_->Enqueue([this, region, i](const StreamContext& ctx) -> Status {
+  const bool zero = !units_[i].accumulated;
+  units_[i].partials_taken = true;
+  return stream_->Enqueue([this, region, i, zero](const StreamContext& ctx) -> Status {
     double* out = static_cast<double*>(ctx.Host(partials_)) + region * blocks_per_rank_;
     const Unit& u = units_[i];
     const int64_t n = owned_elems(u);
+    if (zero) {  // no gradient this window: nothing in the norm
+      std::fill_n(out + unit_block_offset_[i], NumNormBlocks(n), 0.0);
+      return Status::Ok();
+    }
     const void* accum = offload_ ? u.h_accum.data() : ctx.Host(owned_accum(u));
     return SumSquaresBlocks(arena_, accum, DType::kFloat32, n,
                             std::span<double>(out + unit_block_offset_[i], NumNormBlocks(n)))
@@ -623,6 +639,7 @@ Result<UnitPointers> EngineImpl::Fetch(int unit, Stream& stream) {
   ZINF_RETURN_IF_ERROR(CheckUnit(unit, "Fetch"));
   ZINF_RETURN_IF_ERROR(Finalize());
   Unit& u = units_[unit];
+  u.fetched_this_micro = true;
   ZINF_RETURN_IF_ERROR(WaitTimed(stream, *u.params_ready, "update of unit '" + u.name + "'"));
   ZINF_RETURN_IF_ERROR(WaitTimed(stream, *u.grads_free, "gradient reduction of unit '" + u.name + "'"));
   if (u.partitioned) {
@@ -775,9 +792,10 @@ Status EngineImpl::GradsReady(int unit, Stream& stream) {
   }
   u.grads_ready_this_micro = true;
   ZINF_RETURN_IF_ERROR(u.grads_ready->Record(stream));
-  const bool first = micro_in_window_ == 0;
   const int64_t P = u.part.padded_elems;
   if (stage_ < 2) {
+    const bool first = !u.accumulated;
+    u.accumulated = true;
     ZINF_RETURN_IF_ERROR(stream_->Wait(*u.grads_ready));
     if (distributed()) {
       ZINF_RETURN_IF_ERROR(Collective("all_reduce", P * 4, [&] {
@@ -803,7 +821,7 @@ Status EngineImpl::GradsReady(int unit, Stream& stream) {
   open_bucket_.push_back(unit);
   open_bucket_elems_ += P;
   const bool last = std::all_of(units_.begin(), units_.end(), [](const Unit& x) { return x.grads_ready_this_micro; });
-  if (last) {
+  if (last) {  // else Step() closes it (units not fetched this micro-step have no gradients)
     closed_buckets_.push_back(std::move(open_bucket_));
     open_bucket_.clear();
     open_bucket_elems_ = 0;
@@ -819,7 +837,12 @@ Status EngineImpl::FlushPendingBuckets() {
 }
 
 Status EngineImpl::FlushBucket(const std::vector<int>& bucket) {
-  const bool first = micro_in_window_ == 0;
+  // The unit's first accumulation of the window copies, the later ones add.
+  auto first_of = [this](int i) {
+    const bool first = !units_[i].accumulated;
+    units_[i].accumulated = true;
+    return first;
+  };
   for (int i : bucket) ZINF_RETURN_IF_ERROR(stream_->Wait(*units_[i].grads_ready));
   const bool pack = bucket.size() > 1 && config_.zero.contiguous_gradients && distributed();
   if (!pack) {
@@ -833,6 +856,7 @@ Status EngineImpl::FlushBucket(const std::vector<int>& bucket) {
           return comm_->ReduceScatter(u.grads, shard, u.part.shard_elems, DType::kFloat32, ReduceOp::kSum, *stream_);
         }));
       }
+      const bool first = first_of(i);
       ZINF_RETURN_IF_ERROR(offload_ ? HostAccumulate(u, shard, first)
                                     : EnqueueAccumulate(u.accum, shard, u.part.shard_elems, first));
       ZINF_RETURN_IF_ERROR(u.grads_free->Record(*stream_));
@@ -879,6 +903,7 @@ Status EngineImpl::FlushBucket(const std::vector<int>& bucket) {
   int64_t off = 0;
   for (int i : bucket) {
     Unit& u = units_[i];
+    const bool first = first_of(i);
     ZINF_RETURN_IF_ERROR(offload_ ? HostAccumulate(u, mine + off, first)
                                   : EnqueueAccumulate(u.accum, mine + off, u.part.shard_elems, first));
     ZINF_RETURN_IF_ERROR(u.grads_free->Record(*stream_));
@@ -895,13 +920,19 @@ Result<bool> EngineImpl::Step() {
     if (!broken_.ok()) return broken_;
   }
   for (const Unit& u : units_) {
-    if (!u.grads_ready_this_micro) {
+    if (u.fetched_this_micro && !u.grads_ready_this_micro) {
       return FailedPrecondition("Step() before GradsReady(unit '" + u.name +
-                                "'): every unit's gradients must be ready before the micro-step ends");
+                                "'): every unit fetched in a micro-step must have its gradients ready before the "
+                                "micro-step ends (a unit not fetched has none)");
     }
   }
+  if (!open_bucket_.empty()) {  // some units were not fetched: the last bucket closes here
+    closed_buckets_.push_back(std::move(open_bucket_));
+    open_bucket_.clear();
+    open_bucket_elems_ = 0;
+  }
   ZINF_RETURN_IF_ERROR(FlushPendingBuckets());
-  for (Unit& u : units_) u.grads_ready_this_micro = false;
+  for (Unit& u : units_) u.grads_ready_this_micro = u.fetched_this_micro = false;
   if (++micro_in_window_ < accumulation_) return false;
   micro_in_window_ = 0;
   ZINF_RETURN_IF_ERROR(EnqueueBoundary());
@@ -931,14 +962,13 @@ void EngineImpl::Decide(const double* partials) {
     if (c < 1) d.clip_coef = c;
   }
   d.lr = schedule_.LrAt(steps_applied_);
+  d.adam = adam_;
+  d.adam.lr = d.lr;
+  d.grad_scale = d.clip_coef / mean_div;
   if (!d.skip) {
-    AdamOptions o = adam_;
-    o.lr = d.lr;
-    auto constants = MakeAdamStepConstants(o, steps_applied_ + 1, d.clip_coef / mean_div);
-    if (constants.ok()) {
-      d.constants = *constants;
-    } else {  // options were validated at Create; a schedule's lr cannot be bad
-      ZINF_LOG_ERROR("engine: {}", constants.status().ToString());
+    // Options were validated at Create; a schedule's lr cannot be bad.
+    if (auto c = MakeAdamStepConstants(d.adam, steps_applied_ + 1, d.grad_scale); !c.ok()) {
+      ZINF_LOG_ERROR("engine: {}", c.status().ToString());
       d.skip = true;
     }
   }
@@ -952,8 +982,15 @@ Status EngineImpl::EnqueueBoundary() {
   ++boundaries_;
   const int64_t boundary = boundaries_;
   for (Unit& u : units_) ZINF_RETURN_IF_ERROR(stream_->Wait(*u.released));
-  // Every unit's norm partials were taken as its last accumulation finished
-  // (EnqueuePartials), during backward.
+  // Most units' norm partials were taken as their last accumulation finished
+  // (EnqueuePartials), during backward; those of units without gradients in
+  // the last micro-step are taken now.
+  std::vector<char> has_grad(units_.size());
+  for (size_t i = 0; i < units_.size(); ++i) {
+    if (!units_[i].partials_taken) ZINF_RETURN_IF_ERROR(EnqueuePartials(i, /*now=*/true));
+    has_grad[i] = units_[i].accumulated;
+    units_[i].accumulated = units_[i].partials_taken = false;
+  }
   if (sharded()) {
     double* mine = partials_ + rank_ * blocks_per_rank_;
     ZINF_RETURN_IF_ERROR(Collective("all_gather", blocks_per_rank_ * world_ * sizeof(double), [&] {
@@ -995,7 +1032,7 @@ Status EngineImpl::EnqueueBoundary() {
         ZINF_RETURN_IF_ERROR(Timed(&Window::io, [this, g](const StreamContext&) { return ReadGroup(g); }));
       }
     }
-    auto update = [this, &u, staging, swap, home, use_slot, esize](const StreamContext& ctx) -> Status {
+    auto update = [this, &u, staging, swap, home, use_slot, esize, has = has_grad[i] != 0](const StreamContext& ctx) -> Status {
       Decision d;
       {
         std::lock_guard lock(mu_);
@@ -1018,7 +1055,8 @@ Status EngineImpl::EnqueueBoundary() {
       b.grad_dtype = DType::kFloat32;
       b.num_elems = static_cast<size_t>(valid);
       void* param_dst = offload_ ? staging : ctx.Host(home ? param_scratch_ : param_home(u));
-      if (d.skip) {
+      if (d.skip || !has) {
+        // Skipped (an overflow, or no gradient for this unit this window).
         // A staging slot or the scratch is copied on regardless: refill it
         // with the unchanged compute copy (always the rounding of the master).
         if (use_slot || (home && !offload_)) return Cast(arena_, b.params, DType::kFloat32, param_dst, compute_dtype_, valid);
@@ -1028,7 +1066,10 @@ Status EngineImpl::EnqueueBoundary() {
         b.param_copy = param_dst;
         b.param_copy_dtype = compute_dtype_;
       }
-      ZINF_RETURN_IF_ERROR(AdamStep(arena_, d.constants, b).WithContext("unit '" + u.name + "'"));
+      // The unit's own step count, as an optimizer keeps one per parameter.
+      ZINF_ASSIGN_OR_RETURN(AdamStepConstants constants, MakeAdamStepConstants(d.adam, u.steps + 1, d.grad_scale));
+      ZINF_RETURN_IF_ERROR(AdamStep(arena_, constants, b).WithContext("unit '" + u.name + "'"));
+      ++u.steps;
       if (compute_dtype_ == DType::kFloat32) std::memcpy(param_dst, b.params, valid * 4);
       return Status::Ok();
     };
@@ -1378,7 +1419,9 @@ Result<std::string> EngineImpl::Save(const std::string& dir, const std::string& 
       for (size_t t = 0; t < u.tensor_names.size(); ++t) {
         params.push_back({{"name", u.tensor_names[t]}, {"shape", u.tensor_shapes[t]}, {"offset", u.tensor_offsets[t]}});
       }
-      units.push_back({{"name", u.name}, {"elements", u.part.num_elems}, {"params", params}});
+      // steps: the updates this unit has had (fewer than steps_applied when
+      // some steps did not fetch it).
+      units.push_back({{"name", u.name}, {"elements", u.part.num_elems}, {"params", params}, {"steps", u.steps}});
     }
     LossScaler::State ls;
     int64_t steps_applied;
@@ -1588,6 +1631,10 @@ Result<std::string> EngineImpl::Load(const std::string& path) {
     scaler_.Restore({ls.at("scale").get<double>(), ls.at("cur_hysteresis").get<int64_t>(), ls.at("iter").get<int64_t>(),
                      ls.at("last_overflow_iter").get<int64_t>(), ls.at("overflows").get<int64_t>()});
     steps_applied_ = manifest.at("steps_applied").get<int64_t>();
+    const auto& saved_units = manifest.at("units");
+    for (size_t i = 0; i < units_.size(); ++i) {
+      units_[i].steps = saved_units[i].value("steps", steps_applied_);
+    }
     boundaries_ = manifest.at("boundaries").get<int64_t>();
     decision_pending_ = false;
     micro_in_window_ = 0;

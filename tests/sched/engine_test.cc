@@ -171,6 +171,43 @@ class DenseNet {
   std::vector<float> target_, dy_;
 };
 
+// ---- A client whose units do not feed each other: each unit's gradient is
+// a fixed pattern of (global micro-batch, unit), so a micro-step may leave
+// any unit out (not fetched: no gradient).
+struct IndependentUnits {
+  // One, two, part of and several norm blocks.
+  std::vector<int64_t> sizes{75'250, 200, 140'000, 9'000};
+  int num_units() const { return static_cast<int>(sizes.size()); }
+  void Register(Engine& engine) const {
+    for (int u = 0; u < num_units(); ++u) {
+      std::vector<float> w(sizes[u]);
+      for (size_t i = 0; i < w.size(); ++i) w[i] = 0.1f * Uniform(5, u, i);
+      EXPECT_EQ(Must(engine.AddUnit("unit" + std::to_string(u), {{"w", {sizes[u]}, DType::kFloat32, w.data()}})), u);
+    }
+  }
+  static float Grad(uint64_t g, int u, int64_t i) { return 0.01f * Uniform(31, g * 16 + u, i); }
+  // Forward over the units in `present`, then backward in reverse order.
+  Status MicroStep(Engine& engine, Stream& stream, uint64_t g, const std::vector<int>& present) const {
+    for (int u : present) {
+      ZINF_RETURN_IF_ERROR(engine.Fetch(u, stream).status());
+      ZINF_RETURN_IF_ERROR(engine.Release(u, stream));
+    }
+    for (auto it = present.rbegin(); it != present.rend(); ++it) {
+      const int u = *it;
+      ZINF_RETURN_IF_ERROR(engine.Fetch(u, stream).status());
+      ZINF_ASSIGN_OR_RETURN(UnitPointers gp, engine.GradBuffers(u));
+      ZINF_RETURN_IF_ERROR(stream.Enqueue([g, u, gp](const StreamContext& ctx) {
+        float* p = static_cast<float*>(ctx.Host(gp.data));
+        for (int64_t i = 0; i < gp.num_elems; ++i) p[i] = Grad(g, u, i);
+        return Status::Ok();
+      }));
+      ZINF_RETURN_IF_ERROR(engine.GradsReady(u, stream));
+      ZINF_RETURN_IF_ERROR(engine.Release(u, stream));
+    }
+    return Status::Ok();
+  }
+};
+
 bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
@@ -931,6 +968,140 @@ TEST_F(EngineTest, SaveOnAFullTmpfsKeepsThePreviousCheckpoint) {
   EXPECT_NE(s.message().find(dir + "/step-3.tmp/"), std::string::npos) << s.ToString();
   EXPECT_FALSE(std::filesystem::exists(dir + "/step-3.tmp"));
   ExpectLatestLoads(dir, "step-2", HardConfig(0), at_save);
+}
+
+// A unit not fetched in a step has no gradient and is not updated (its
+// master, m and v stay as they are, and its own step count — Adam's bias
+// correction — does not advance), as an optimizer treats a parameter whose
+// gradient is None; the norm leaves it out. The same bits in every stage and
+// tier, with accumulation 2 and units missing from one micro-step only.
+TEST_F(EngineTest, UnitsNotFetchedAreNotUpdated) {
+  const IndependentUnits net;
+  constexpr int kSteps = 5;
+  // Which units each (step, micro-step) fetches.
+  auto present = [](int step, int k) {
+    std::vector<int> p;
+    for (int u = 0; u < 4; ++u) {
+      if (u == 1 && step == 2) continue;             // not at all in step 2
+      if (u == 2 && step == 3 && k == 1) continue;   // its last gradient in micro-step 0
+      if (u == 0 && step == 1 && k == 0) continue;   // its first gradient in micro-step 1
+      if (u == 3 && step == 4) continue;
+      p.push_back(u);
+    }
+    return p;
+  };
+  auto run = [&](const Config& c, Snapshot* after_step1, Snapshot* after_step2) {
+    auto e = Must(Engine::Create(c, *device_, comm_.get()));
+    net.Register(*e);
+    Snapshot s;
+    for (int step = 0; step < kSteps; ++step) {
+      for (int k = 0; k < 2; ++k) {
+        MustOk(net.MicroStep(*e, *stream_, (static_cast<uint64_t>(step) * 2 + k) * world() + rank(), present(step, k)));
+        EXPECT_EQ(Must(e->Step()), k == 1);
+      }
+      s.stats.push_back(Must(e->Stats()));
+      if (step == 1 && after_step1) *after_step1 = Take(*e);
+      if (step == 2 && after_step2) *after_step2 = Take(*e);
+    }
+    Snapshot last = Take(*e);
+    last.stats = std::move(s.stats);
+    return last;
+  };
+  Config base = HardConfig(0);
+  base.fp16.enabled = false;  // no loss scale: the synthetic gradients are not scaled
+  base.gradient_clipping = 0.5;
+  Snapshot at1, at2;
+  const Snapshot ref = run(base, &at1, &at2);
+  // Step 2 left unit 1 exactly as step 1 did, and moved the others.
+  for (int k = 0; k < 3; ++k) {
+    EXPECT_TRUE(SameBits(at1.state[k][1], at2.state[k][1])) << "state kind " << k;
+    EXPECT_FALSE(SameBits(at1.state[k][0], at2.state[k][0])) << "state kind " << k;
+  }
+  int clipped = 0;
+  for (const StepStats& st : ref.stats) clipped += st.clip_coef < 1;
+  EXPECT_GE(clipped, 2);  // the norm (without the missing units) mattered
+
+  std::vector<std::pair<std::string, Config>> variants;
+  for (int stage : {1, 2, 3}) {
+    Config c = base;
+    c.zero.stage = stage;
+    c.zero.stage3_param_persistence_threshold = 0;
+    variants.emplace_back("stage " + std::to_string(stage), c);
+  }
+  Config c = base;
+  c.zero.stage = 2;
+  c.zero.overlap_comm = false;
+  variants.emplace_back("stage 2, no overlap", c);
+  c = NvmeConfig(3);
+  c.fp16.enabled = false;
+  c.gradient_clipping = 0.5;
+  c.zero.offload_param.device = OffloadDevice::kCpu;
+  variants.emplace_back("stage 3, offload_param cpu, offload_optimizer nvme", c);
+  c = base;
+  c.zero.stage = 1;
+  c.zero.offload_optimizer.device = OffloadDevice::kCpu;
+  variants.emplace_back("stage 1, offload cpu", c);
+  for (const auto& [name, config] : variants) {
+    SCOPED_TRACE(name);
+    const Snapshot s = run(config, nullptr, nullptr);
+    ExpectSameState(s, ref, name);
+    for (int i = 0; i < kSteps; ++i) EXPECT_EQ(s.stats[i].grad_norm, ref.stats[i].grad_norm) << "step " << i;
+  }
+}
+
+// One rank, fp32, no clipping: a unit fetched in steps 1 and 3 only gets
+// Adam's steps 1 and 2 (its own count), on exactly its own gradients.
+TEST_F(EngineTest, SkippedUnitKeepsItsOwnAdamStepCount) {
+  const IndependentUnits net;
+  Config c;
+  c.optimizer.lr = 1e-3;
+  c.optimizer.weight_decay = 0.01;
+  auto engine = Must(Engine::Create(c, *device_, nullptr));
+  net.Register(*engine);
+  std::vector<float> master(net.sizes[1]);
+  MustOk(engine->ReadState(1, StateKind::kMaster, master.data()));
+  std::vector<float> m(master.size(), 0.0f), v(master.size(), 0.0f), grad(master.size());
+  tbb::task_arena arena(1);
+  AdamOptions o;
+  o.lr = 1e-3;
+  o.weight_decay = 0.01;
+  int64_t own_step = 0;
+  for (uint64_t step = 0; step < 3; ++step) {
+    const bool with_unit1 = step != 1;
+    MustOk(net.MicroStep(*engine, *stream_, step, with_unit1 ? std::vector<int>{0, 1} : std::vector<int>{0}));
+    EXPECT_TRUE(Must(engine->Step()));
+    if (!with_unit1) continue;
+    for (size_t i = 0; i < grad.size(); ++i) grad[i] = IndependentUnits::Grad(step, 1, static_cast<int64_t>(i));
+    MustOk(AdamStep(arena, o, ++own_step, 1.0,
+                    AdamBuffers{master.data(), m.data(), v.data(), grad.data(), DType::kFloat32, nullptr,
+                                DType::kBFloat16, master.size()}));
+  }
+  EXPECT_EQ(own_step, 2);
+  std::vector<float> got(master.size());
+  MustOk(engine->ReadState(1, StateKind::kMaster, got.data()));
+  EXPECT_TRUE(SameBits(got, master));
+  MustOk(engine->ReadState(1, StateKind::kExpAvgSq, got.data()));
+  EXPECT_TRUE(SameBits(got, v));
+  // A checkpoint keeps each unit's count: a fresh engine loading it takes
+  // the same next step.
+  const std::string dir = CheckpointDir("own-step-count");
+  (void)Must(engine->Save(dir));
+  auto fresh = Must(Engine::Create(c, *device_, nullptr));
+  net.Register(*fresh);
+  (void)Must(fresh->Load(dir));
+  std::vector<float> a(master.size()), b(master.size());
+  for (Engine* e : {engine.get(), fresh.get()}) {
+    MustOk(net.MicroStep(*e, *stream_, 7, {0, 1}));
+    EXPECT_TRUE(Must(e->Step()));
+    MustOk(e->ReadState(1, StateKind::kMaster, (e == engine.get() ? a : b).data()));
+  }
+  EXPECT_TRUE(SameBits(a, b));
+  // A unit fetched without its gradients by the end of the micro-step is an error.
+  (void)Must(engine->Fetch(2, *stream_));
+  const Status s = engine->Step().status();
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("GradsReady(unit 'unit2')"), std::string::npos) << s.ToString();
+  MustOk(engine->Synchronize());
 }
 
 TEST_F(EngineTest, BadInputFailsBeforeTheFirstStep) {
