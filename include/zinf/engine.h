@@ -96,6 +96,21 @@ struct StepStats {
   double io_seconds = 0;       // NVMe offload: waiting for sub-group reads and writes
   double stall_seconds = 0;    // the client's streams waiting on the engine
   std::string longest_stall;   // what the longest wait was for ("" when none)
+  // The client streams' waits that were not hidden, by unit and cause:
+  // "optimizer" (the unit's update), "disk" (its update, with the optimizer
+  // state on NVMe), "comm" (its gradient reduction or all-gather), "copy"
+  // (its shard coming up from pinned host memory).
+  struct Stall {
+    std::string unit, cause;
+    int64_t count = 0;
+    double seconds = 0;
+  };
+  std::vector<Stall> stalls;
+  // Stage 3: gathers for the client's Fetch calls, and how many of them were
+  // already issued ahead (prefetched along the recorded order, or kept since
+  // an earlier use within stage3_max_reuse_distance).
+  int64_t fetches = 0;
+  int64_t prefetch_hits = 0;
   struct Collective {
     std::string kind;  // "all_reduce", "reduce_scatter", "all_gather"
     int64_t calls = 0;

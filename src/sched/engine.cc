@@ -86,6 +86,8 @@ struct Unit {
   std::unique_ptr<Event> released;      // client stream: done with the parameters
   bool grads_ready_this_micro = false;
   bool fetched_this_micro = false;
+  bool client_holds = false;  // stage 3: between the client's Fetch and Release
+  bool prefetched = false;    // stage 3: gathered ahead of its Fetch (or kept for reuse), not yet fetched
   // This window: whether any micro-step's gradients were accumulated (a
   // unit with none is not updated: its master, m and v stay as they are) and
   // whether its norm partials were taken.
@@ -106,6 +108,8 @@ struct Decision {
 struct Window {  // metrics accumulated since the last boundary
   double optimizer = 0, comm = 0, copy = 0, io = 0, stall = 0, longest_stall = 0;
   std::string longest_stall_what;
+  std::map<std::pair<std::string, std::string>, StepStats::Stall> stalls;  // by (unit, cause)
+  int64_t fetches = 0, prefetch_hits = 0;
   std::map<std::string, StepStats::Collective> collectives;
 };
 
@@ -219,7 +223,6 @@ class EngineImpl final : public Engine {
     return u.partitioned ? static_cast<char*>(u.shard_params)
                          : static_cast<char*>(u.params) + owned_begin(u) * DTypeSizeBytes(compute_dtype_);
   }
-  Status Gather(Unit& u);
 
   Status CheckUnit(int unit, const char* what) const {
     if (unit < 0 || unit >= num_units()) {
@@ -264,7 +267,16 @@ class EngineImpl final : public Engine {
   Status FlushBucket(const std::vector<int>& bucket);
   Status FlushPendingBuckets();
   Status EnqueueBoundary();
-  Status WaitTimed(Stream& stream, Event& event, const std::string& what);
+  Status WaitTimed(Stream& stream, Event& event, const Unit& u, const char* cause, const std::string& what);
+  // Stage 3 prefetch: follows the client's Fetch calls against the trace,
+  // gathers ahead along it, keeps a released unit gathered when the trace
+  // uses it again soon, and drops what the engine holds.
+  void NoteFetch(int unit);
+  Status Prefetch();
+  bool KeepForReuse(int unit) const;
+  Status DropGathered(Unit& u);
+  Status DropEngineHeld();
+  Status Gather(Unit& u, bool prefetch);
   void Decide(const double* partials_host);
 
   const Config config_;
@@ -311,6 +323,14 @@ class EngineImpl final : public Engine {
   std::unique_ptr<Event> decided_;  // recorded after each boundary's decision
   std::unique_ptr<Event> updates_done_;  // offload: the engine stream's last task of a boundary
   std::vector<Unit> units_;
+  // Stage 3 prefetch: the order of one micro-step's Fetch calls (recorded
+  // in the first, compared in every later one), this micro-step's calls so
+  // far, and the gathered elements the engine holds ahead of use.
+  std::vector<int> trace_, recording_;
+  bool trace_followed_ = false;  // this micro-step's calls match the trace so far
+  bool order_change_logged_ = false;
+  int64_t live_elems_ = 0;        // gathered elements of every unit (client's and prefetched)
+  int64_t persistent_elems_ = 0;  // stage 3: elements of the units kept whole
   bool finalized_ = false;
   int64_t micro_in_window_ = 0;  // micro-steps since the last boundary
   int64_t boundaries_ = 0;
@@ -379,7 +399,10 @@ Result<int> EngineImpl::AddUnit(const std::string& name, const std::vector<Param
   const uint64_t P = u.part.padded_elems;
   const std::string what = "unit '" + name + "'";
   const int64_t owned = owned_elems(u);
-  u.partitioned = stage_ == 3 && total > config_.zero.stage3_param_persistence_threshold;
+  // Stage 3: units up to stage3_param_persistence_threshold stay whole,
+  // until they add up to stage3_model_persistence_threshold.
+  u.partitioned = stage_ == 3 && (total > config_.zero.stage3_param_persistence_threshold ||
+                                  persistent_elems_ + total > config_.zero.stage3_model_persistence_threshold);
   if (host_home(u)) {
     ZINF_ASSIGN_OR_RETURN(u.h_shard, Pinned(u.part.shard_elems * DTypeSizeBytes(compute_dtype_),
                                             what + " parameter shard (offload_param)"));
@@ -438,6 +461,7 @@ Result<int> EngineImpl::AddUnit(const std::string& name, const std::vector<Param
   ZINF_RETURN_IF_ERROR(u.grads_free->Record(*stream_));
   ZINF_RETURN_IF_ERROR(stream_->Synchronize());  // the host vectors die here
   cleanup.u = nullptr;
+  if (stage_ == 3 && !u.partitioned) persistent_elems_ += total;
   units_.push_back(std::move(u));
   return num_units() - 1;
 }
@@ -445,6 +469,24 @@ Result<int> EngineImpl::AddUnit(const std::string& name, const std::vector<Param
 Status EngineImpl::Finalize() {
   if (finalized_) return Status::Ok();
   if (units_.empty()) return FailedPrecondition("no units registered: AddUnit before the first Fetch");
+  // Stage 3: a unit that cannot be gathered whole is a plan error now, not
+  // an out-of-memory error mid-step.
+  const uint64_t budget = device_.memory_stats().budget_bytes;
+  for (const Unit& u : units_) {
+    if (!u.partitioned) continue;
+    const int64_t n = u.part.padded_elems;
+    const uint64_t bytes = static_cast<uint64_t>(n) * DTypeSizeBytes(compute_dtype_);
+    if (n > config_.zero.stage3_max_live_parameters) {
+      return InvalidArgument("unit '" + u.name + "' gathers " + std::to_string(n) +
+                             " elements (padded), more than zero_optimization.stage3_max_live_parameters = " +
+                             std::to_string(config_.zero.stage3_max_live_parameters) + ": raise it to at least " +
+                             std::to_string(n) + " or split the unit");
+    }
+    if (budget > 0 && bytes > budget) {
+      return OutOfMemory("unit '" + u.name + "' gathers " + FormatBytes(bytes) + ", more than the device budget of " +
+                         FormatBytes(budget) + ": split the unit or raise the device memory");
+    }
+  }
   finalized_ = true;
   int64_t offset = 0;
   for (const Unit& u : units_) {
@@ -614,7 +656,7 @@ Status EngineImpl::EnqueuePartials(size_t i, bool now) {
   });
 }
 
-Status EngineImpl::WaitTimed(Stream& stream, Event& event, const std::string& what) {
+Status EngineImpl::WaitTimed(Stream& stream, Event& event, const Unit& u, const char* cause, const std::string& what) {
   ZINF_ASSIGN_OR_RETURN(bool done, event.Query());
   if (done) return Status::Ok();
   auto start = std::make_shared<Clock::time_point>();
@@ -623,9 +665,14 @@ Status EngineImpl::WaitTimed(Stream& stream, Event& event, const std::string& wh
     return Status::Ok();
   }));
   ZINF_RETURN_IF_ERROR(stream.Wait(event));
-  return stream.Enqueue([this, start, what](const StreamContext&) {
+  return stream.Enqueue([this, start, what, unit = u.name, cause](const StreamContext&) {
     const double s = Seconds(*start, Clock::now());
     std::lock_guard lock(mu_);
+    StepStats::Stall& st = window_.stalls[{unit, cause}];
+    st.unit = unit;
+    st.cause = cause;
+    st.count += 1;
+    st.seconds += s;
     window_.stall += s;
     if (s > window_.longest_stall) {
       window_.longest_stall = s;
@@ -640,11 +687,23 @@ Result<UnitPointers> EngineImpl::Fetch(int unit, Stream& stream) {
   ZINF_RETURN_IF_ERROR(Finalize());
   Unit& u = units_[unit];
   u.fetched_this_micro = true;
-  ZINF_RETURN_IF_ERROR(WaitTimed(stream, *u.params_ready, "update of unit '" + u.name + "'"));
-  ZINF_RETURN_IF_ERROR(WaitTimed(stream, *u.grads_free, "gradient reduction of unit '" + u.name + "'"));
+  ZINF_RETURN_IF_ERROR(WaitTimed(stream, *u.params_ready, u, nvme_ ? "disk" : "optimizer",
+                                 "update of unit '" + u.name + "'"));
+  ZINF_RETURN_IF_ERROR(WaitTimed(stream, *u.grads_free, u, "comm", "gradient reduction of unit '" + u.name + "'"));
   if (u.partitioned) {
-    ZINF_RETURN_IF_ERROR(Gather(u));
-    ZINF_RETURN_IF_ERROR(WaitTimed(stream, *u.gathered_ready, "all-gather of unit '" + u.name + "'"));
+    NoteFetch(unit);
+    const bool hit = u.gathered && u.prefetched;
+    ZINF_RETURN_IF_ERROR(Gather(u, /*prefetch=*/false));
+    u.prefetched = false;
+    u.client_holds = true;
+    {
+      std::lock_guard lock(mu_);
+      window_.fetches += 1;
+      window_.prefetch_hits += hit;
+    }
+    ZINF_RETURN_IF_ERROR(WaitTimed(stream, *u.gathered_ready, u, distributed() ? "comm" : host_home(u) ? "copy" : "comm",
+                                   "all-gather of unit '" + u.name + "'"));
+    ZINF_RETURN_IF_ERROR(Prefetch());
     return UnitPointers{u.gathered, compute_dtype_, u.part.num_elems, u.gathered_ptrs.at(u.gathered)};
   }
   return UnitPointers{u.params, compute_dtype_, u.part.num_elems, u.param_ptrs};
@@ -659,21 +718,103 @@ Result<UnitPointers> EngineImpl::GradBuffers(int unit) {
 Status EngineImpl::Release(int unit, Stream& stream) {
   ZINF_RETURN_IF_ERROR(CheckUnit(unit, "Release"));
   Unit& u = units_[unit];
-  if (u.gathered) {  // stage 3: the gathered copy goes once `stream` is done with it
-    ZINF_RETURN_IF_ERROR(device_.Free(u.gathered, stream));
-    u.gathered = nullptr;
+  if (u.gathered && u.client_holds) {
+    // Stage 3: the gathered copy goes once `stream` is done with it, unless
+    // the trace uses it again within stage3_max_reuse_distance.
+    u.client_holds = false;
+    if (KeepForReuse(unit)) {
+      u.prefetched = true;
+    } else {
+      ZINF_RETURN_IF_ERROR(device_.Free(u.gathered, stream));
+      u.gathered = nullptr;
+      live_elems_ -= u.part.padded_elems;
+    }
   }
   return u.released->Record(stream);
 }
 
+void EngineImpl::NoteFetch(int unit) {
+  const size_t pos = recording_.size();
+  recording_.push_back(unit);
+  if (pos == 0) trace_followed_ = !trace_.empty();
+  if (trace_followed_ && (pos >= trace_.size() || trace_[pos] != unit)) {
+    trace_followed_ = false;
+    if (!order_change_logged_) {
+      order_change_logged_ = true;
+      ZINF_LOG_INFO("engine: the order of Fetch calls changed (call {} is unit '{}', the recorded order has {}): no "
+                    "prefetch until the new order is recorded (this is said once)",
+                    pos + 1, units_[unit].name,
+                    pos < trace_.size() ? "'" + units_[trace_[pos]].name + "'" : std::string("no more calls"));
+    }
+  }
+}
+
+// Gathers the units the trace fetches next, while the elements gathered
+// ahead stay within stage3_prefetch_bucket_size and everything gathered
+// within stage3_max_live_parameters and the device budget.
+Status EngineImpl::Prefetch() {
+  if (!trace_followed_) return Status::Ok();
+  const int64_t bucket = config_.zero.stage3_prefetch_bucket_size;
+  const int64_t live_cap = config_.zero.stage3_max_live_parameters;
+  int64_t ahead = 0;
+  for (size_t j = recording_.size(); j < trace_.size(); ++j) {
+    Unit& w = units_[trace_[j]];
+    if (w.gathered) continue;
+    if (ahead + w.part.padded_elems > bucket || live_elems_ + w.part.padded_elems > live_cap) break;
+    Status s = Gather(w, /*prefetch=*/true);
+    if (s.code() == StatusCode::kOutOfMemory) break;  // the device budget is full: the client's Fetch gathers it
+    ZINF_RETURN_IF_ERROR(s);
+    w.prefetched = true;
+    ahead += w.part.padded_elems;
+  }
+  return Status::Ok();
+}
+
+// Whether the trace fetches `unit` again within stage3_max_reuse_distance
+// elements (of the units fetched in between), with the live cap respected.
+bool EngineImpl::KeepForReuse(int unit) const {
+  if (!trace_followed_ || live_elems_ > config_.zero.stage3_max_live_parameters) return false;
+  int64_t distance = 0;
+  for (size_t j = recording_.size(); j < trace_.size(); ++j) {
+    if (trace_[j] == unit) return distance <= config_.zero.stage3_max_reuse_distance;
+    distance += units_[trace_[j]].part.padded_elems;
+    if (distance > config_.zero.stage3_max_reuse_distance) return false;
+  }
+  return false;
+}
+
+// Frees a gathered copy the engine holds (prefetched, or kept after the
+// client's Release), after the client's last use of it.
+Status EngineImpl::DropGathered(Unit& u) {
+  ZINF_RETURN_IF_ERROR(stream_->Wait(*u.released));
+  ZINF_RETURN_IF_ERROR(device_.Free(u.gathered, *stream_));
+  u.gathered = nullptr;
+  u.prefetched = false;
+  live_elems_ -= u.part.padded_elems;
+  return Status::Ok();
+}
+
+Status EngineImpl::DropEngineHeld() {
+  for (Unit& u : units_) {
+    if (u.gathered && !u.client_holds) ZINF_RETURN_IF_ERROR(DropGathered(u));
+  }
+  return Status::Ok();
+}
+
 // Stage 3: the whole unit from every rank's shard, into device memory from
 // the budget, on the engine stream after the shard's last update.
-Status EngineImpl::Gather(Unit& u) {
-  if (u.gathered) return Status::Ok();  // still held since the last Fetch
+Status EngineImpl::Gather(Unit& u, bool prefetch) {
+  if (u.gathered) return Status::Ok();  // still held since the last Fetch, prefetched or kept
   const size_t esize = DTypeSizeBytes(compute_dtype_);
   auto full = device_.Allocate(u.part.padded_elems * esize, *stream_);
+  if (!full.ok() && !prefetch && full.status().code() == StatusCode::kOutOfMemory) {
+    // What the engine holds ahead of use gives way to what the client asks for.
+    ZINF_RETURN_IF_ERROR(DropEngineHeld());
+    full = device_.Allocate(u.part.padded_elems * esize, *stream_);
+  }
   if (!full.ok()) return full.status().WithContext("gathering unit '" + u.name + "'");
   u.gathered = *full;
+  live_elems_ += u.part.padded_elems;
   ZINF_RETURN_IF_ERROR(stream_->Wait(*u.params_ready));
   const void* shard = u.shard_params;
   if (host_home(u)) {  // the shard comes up from the host into its place in the gathered buffer
@@ -933,6 +1074,12 @@ Result<bool> EngineImpl::Step() {
   }
   ZINF_RETURN_IF_ERROR(FlushPendingBuckets());
   for (Unit& u : units_) u.grads_ready_this_micro = u.fetched_this_micro = false;
+  // Stage 3: what was gathered ahead and not used goes (an update may
+  // follow); this micro-step's order becomes the trace when it differs.
+  ZINF_RETURN_IF_ERROR(DropEngineHeld());
+  if (recording_ != trace_) trace_ = recording_;
+  recording_.clear();
+  trace_followed_ = false;
   if (++micro_in_window_ < accumulation_) return false;
   micro_in_window_ = 0;
   ZINF_RETURN_IF_ERROR(EnqueueBoundary());
@@ -1148,6 +1295,9 @@ Status EngineImpl::EnqueueBoundary() {
       s.io_seconds = window_.io;
       s.stall_seconds = window_.stall;
       s.longest_stall = window_.longest_stall_what;
+      for (auto& [key, st] : window_.stalls) s.stalls.push_back(st);
+      s.fetches = window_.fetches;
+      s.prefetch_hits = window_.prefetch_hits;
       for (auto& [kind, c] : window_.collectives) s.collectives.push_back(c);
       window_ = Window{};
     }
@@ -1195,12 +1345,9 @@ Status EngineImpl::ReadState(int unit, StateKind kind, float* host_dst) {
   if (kind == StateKind::kComputeParams) {
     std::vector<uint8_t> raw(n * DTypeSizeBytes(compute_dtype_));
     const bool gather = u.partitioned && !u.gathered;
-    if (gather) ZINF_RETURN_IF_ERROR(Gather(u));
+    if (gather) ZINF_RETURN_IF_ERROR(Gather(u, /*prefetch=*/false));
     ZINF_RETURN_IF_ERROR(device_.CopyToHost(raw.data(), u.partitioned ? u.gathered : u.params, raw.size(), *stream_));
-    if (gather) {
-      ZINF_RETURN_IF_ERROR(device_.Free(u.gathered, *stream_));
-      u.gathered = nullptr;
-    }
+    if (gather) ZINF_RETURN_IF_ERROR(DropGathered(u));
     ZINF_RETURN_IF_ERROR(stream_->Synchronize());
     return Cast(arena_, raw.data(), compute_dtype_, host_dst, DType::kFloat32, n);
   }
@@ -1669,6 +1816,7 @@ std::string StepStats::ToString() const {
                 optimizer_seconds * 1e3, comm_seconds * 1e3, copy_seconds * 1e3, io_seconds * 1e3, stall_seconds * 1e3);
   out += buf;
   if (!longest_stall.empty()) out += " (longest: " + longest_stall + ")";
+  if (fetches > 0) out += " | prefetched " + std::to_string(prefetch_hits) + "/" + std::to_string(fetches) + " gathers";
   for (const Collective& c : collectives) {
     out += " | " + c.kind + " " + std::to_string(c.calls) + "x " + FormatBytes(c.bytes);
   }

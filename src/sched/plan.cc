@@ -214,7 +214,7 @@ PlanRow PlanCombination(const PlanInput& in, int stage, OffloadDevice optimizer,
   auto owned = [&](const UnitPartition& p) { return stage == 0 ? p.padded_elems : p.shard_elems; };
   auto partitioned = [&](size_t u) { return stage == 3 && in.model.unit_elems[u] > z.stage3_param_persistence_threshold; };
   int64_t max_owned = 0, owned_total = 0, blocks = 0, accum_total = 0, max_host_shard = 0;
-  uint64_t gather_held = 0, gather_max = 0;
+  uint64_t gather_held = 0, gather_max = 0, gather_all = 0;
   for (size_t u = 0; u < parts.size(); ++u) {
     const UnitPartition& p = parts[u];
     const int64_t o = owned(p);
@@ -233,6 +233,7 @@ PlanRow PlanCombination(const PlanInput& in, int stage, OffloadDevice optimizer,
                         in.model.held_units.end();
       if (held) gather_held += full;
       else gather_max = std::max(gather_max, full);
+      if (!held) gather_all += full;
     } else {
       dev.Add("compute copy", Dev(static_cast<uint64_t>(p.padded_elems) * esize));
     }
@@ -247,7 +248,15 @@ PlanRow PlanCombination(const PlanInput& in, int stage, OffloadDevice optimizer,
       host.Add("fp32 gradient accumulator", Pin(static_cast<uint64_t>(o) * 4));
     }
   }
-  dev.Add("gathered parameters (stage 3, fetched at once)", gather_held + gather_max);
+  // Stage 3 prefetch and reuse keep units gathered ahead of and after their
+  // use: at most stage3_max_live_parameters (checked before each one is
+  // added) plus the unit the client fetches, and never more than all of them.
+  uint64_t window = gather_max;
+  if (z.stage3_prefetch_bucket_size > 0 || z.stage3_max_reuse_distance >= 0) {
+    const uint64_t cap = static_cast<uint64_t>(std::max<int64_t>(z.stage3_max_live_parameters, 0)) * esize + gather_max;
+    window = std::max(gather_max, std::min(gather_all, cap));
+  }
+  dev.Add("gathered parameters (stage 3: fetched, prefetched and kept for reuse)", gather_held + window);
   dev.Add("norm partials", Dev(static_cast<uint64_t>(blocks) * (stage == 0 ? 1 : N) * 8));
   // Stage 2/3 reduce buckets: units in backward order, greedily up to
   // reduce_bucket_size; a bucket of several units is packed into one buffer

@@ -8,7 +8,9 @@
 // allocation rounded to its allocator's size class (DeviceAllocator::RoundUp
 // on the device, PinnedPool::SizeClassBytes on the host):
 //   device  compute copy P (S for stage-3 units above the persistence
-//           threshold, plus the gathered copies fetched at once), fp32
+//           threshold, plus the gathered copies: those the client holds at
+//           once and the prefetch/reuse window, at most
+//           stage3_max_live_parameters plus one unit), fp32
 //           gradients P, and without optimizer offload the fp32 accumulator
 //           (P in stages 0/1, S in 2/3) and master/m/v 12 B × owned (P in
 //           stage 0, S otherwise); the stage 2/3 reduce bucket when several

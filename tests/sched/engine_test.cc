@@ -1084,7 +1084,8 @@ TEST_F(EngineTest, SkippedUnitKeepsItsOwnAdamStepCount) {
   EXPECT_TRUE(SameBits(got, v));
   // A checkpoint keeps each unit's count: a fresh engine loading it takes
   // the same next step.
-  const std::string dir = CheckpointDir("own-step-count");
+  // (An engine of one rank on every rank: each its own directory.)
+  const std::string dir = CheckpointDir("own-step-count") + "/rank-" + std::to_string(rank());
   (void)Must(engine->Save(dir));
   auto fresh = Must(Engine::Create(c, *device_, nullptr));
   net.Register(*fresh);
@@ -1102,6 +1103,50 @@ TEST_F(EngineTest, SkippedUnitKeepsItsOwnAdamStepCount) {
   EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
   EXPECT_NE(s.message().find("GradsReady(unit 'unit2')"), std::string::npos) << s.ToString();
   MustOk(engine->Synchronize());
+}
+
+// Stage 3 prefetch: the first micro-step records the order of Fetch calls;
+// later ones gather ahead along it (and keep a released unit that is used
+// again soon). The bits are those of a run without prefetch, the gathers are
+// mostly issued ahead, and a live-parameter cap below one unit is refused
+// before step 1.
+TEST_F(EngineTest, Stage3PrefetchFollowsTheRecordedOrder) {
+  Config with = HardConfig(3);
+  with.zero.stage3_param_persistence_threshold = 0;
+  with.zero.offload_param.device = OffloadDevice::kCpu;
+  with.zero.offload_optimizer.device = OffloadDevice::kCpu;
+  Config without = with;
+  without.zero.stage3_prefetch_bucket_size = 0;
+  without.zero.stage3_max_reuse_distance = -1;
+  Config capped = with;  // room for two of the small units at a time
+  capped.zero.stage3_max_live_parameters = 2 * PartitionUnit(75'250, world()).padded_elems;
+  const Snapshot a = RunDense(with, 4, 2);
+  const Snapshot b = RunDense(without, 4, 2);
+  const Snapshot c = RunDense(capped, 4, 2);
+  ExpectSameState(a, b, "prefetch vs none");
+  ExpectSameState(c, b, "capped prefetch vs none");
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(a.stats[i].grad_norm, b.stats[i].grad_norm) << "step " << i;
+    EXPECT_EQ(b.stats[i].prefetch_hits, 0) << "step " << i;
+    // Two micro-steps of four forward and four backward fetches each.
+    EXPECT_EQ(a.stats[i].fetches, 16) << "step " << i;
+  }
+  // The first micro-step of the run only records; afterwards every gather
+  // but the micro-step's first is issued ahead of its Fetch.
+  EXPECT_EQ(a.stats[0].prefetch_hits, 7);
+  EXPECT_EQ(a.stats[1].prefetch_hits, 14);
+  EXPECT_GT(c.stats[1].prefetch_hits, 0);
+  EXPECT_LE(c.stats[1].prefetch_hits, a.stats[1].prefetch_hits);
+
+  Config tiny = with;
+  tiny.zero.stage3_max_live_parameters = 1000;
+  auto e = Must(Engine::Create(tiny, *device_, comm_.get()));
+  DenseNet net;
+  net.Register(*e, 1);
+  const Status s = e->Fetch(0, *stream_).status();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("stage3_max_live_parameters = 1000"), std::string::npos) << s.ToString();
+  MustOk(stream_->Synchronize());
 }
 
 TEST_F(EngineTest, BadInputFailsBeforeTheFirstStep) {
