@@ -52,7 +52,7 @@ struct TrainOptions {
   std::string data, tokenizer, init, export_path, export_names = "zinf", export_dtype = "bf16";
   int64_t steps = 0, micro_batch = 0, grad_accum = 0;
   double lr = 0;
-  std::string device = "cpu";
+  std::string device;  // empty: the config's zinf.device (auto by default)
   std::string device_memory;
   uint64_t seed = 1;
   int threads = 0;
@@ -234,7 +234,8 @@ int Run(const TrainOptions& opt) {
 
   // ---- Device, engine, model.
   DeviceOptions dopt;
-  dopt.spec = opt.device;
+  dopt.spec = opt.device.empty() ? config.zinf.device : opt.device;
+  dopt.memory_budget = config.zinf.device_memory;
   if (!opt.device_memory.empty()) {
     auto m = ParseSize(opt.device_memory);
     if (!m.ok()) throw Usage{"--device-memory: " + m.status().message()};
@@ -548,7 +549,7 @@ void RegisterTrain(CLI::App& app, int* exit_code) {
   cmd->add_option("--micro-batch", opt->micro_batch, "Sequences per micro-step per rank");
   cmd->add_option("--grad-accum", opt->grad_accum, "Micro-steps per optimizer step");
   cmd->add_option("--lr", opt->lr, "Peak learning rate");
-  cmd->add_option("--device", opt->device, "cpu (auto and cuda once the GPU path lands)")->capture_default_str();
+  cmd->add_option("--device", opt->device, "auto (CUDA device 0 if there is one, else cpu), cpu, cuda or cuda:N; default: the config's zinf.device, auto");
   cmd->add_option("--device-memory", opt->device_memory, "Device memory budget, e.g. 2G");
   cmd->add_option("--seed", opt->seed, "Initialisation, data order and sampling")->capture_default_str();
   cmd->add_option("--threads", opt->threads, "CPU threads per rank for kernels and the optimizer (0: cores / ranks)");

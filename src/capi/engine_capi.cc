@@ -69,11 +69,6 @@ Status ReturnString(const std::string& text, char** out) {
 Status CreateEngine(Result<Config> config, zinf_comm* comm, zinf_engine** out) {
   ZINF_RETURN_IF_ERROR(NotNull(out, "out"));
   if (!config.ok()) return std::move(config).status();
-  if (comm && comm->kind == CommKind::kNccl) {
-    return Unimplemented(
-        "an NCCL communicator needs the engine on a CUDA device, and the engine runs only on the cpu device "
-        "for now; use zinf_comm_create_mpi (or NULL for one rank) with \"zinf\": {\"device\": \"cpu\"}");
-  }
   auto engine = std::make_unique<zinf_engine>();
   engine->config = std::move(*config);
   DeviceOptions device_options;

@@ -24,14 +24,6 @@ const KernelTable& Kernels(SimdLevel level) {
   return ScalarKernels();
 }
 
-double CombineNormLanes(const double lanes[kNormLanes]) {
-  double s[8];
-  for (int i = 0; i < 8; ++i) s[i] = lanes[i] + lanes[i + 8];
-  for (int i = 0; i < 4; ++i) s[i] = s[i] + s[i + 4];
-  for (int i = 0; i < 2; ++i) s[i] = s[i] + s[i + 2];
-  return s[0] + s[1];
-}
-
 #if defined(__x86_64__) || defined(_M_X64)
 // MXCSR: all exceptions masked, round to nearest, FTZ (bit 15) and DAZ (bit 6)
 // off. The low 6 bits are sticky exception flags, which do not matter.

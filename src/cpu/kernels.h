@@ -23,15 +23,11 @@
 #include <cstdint>
 
 #include "cpu/adam_math.h"
+#include "cpu/norm_math.h"  // kNormBlockElems, kNormLanes, CombineNormLanes
 #include "cpu/simd_level.h"
 #include "zinf/dtype.h"
 
 namespace zinf::cpu {
-
-// Sums of squares are formed over fixed blocks of this many elements, each in
-// kNormLanes double accumulators: element i of a block goes to lane i % 16.
-inline constexpr size_t kNormBlockElems = size_t{64} * 1024;
-inline constexpr int kNormLanes = 16;
 
 // Where the optional 16-bit copy of the updated parameter goes.
 enum class ParamCopy : int { kNone = 0, kBf16 = 1, kFp16 = 2 };
@@ -59,10 +55,6 @@ struct KernelTable {
 // ZINF_CHECK). Levels not built for this architecture fall back to the next
 // lower one that is.
 const KernelTable& Kernels(SimdLevel level);
-
-// Combines the 16 lanes of one block in a fixed pairwise order:
-// s[i] = l[i] + l[i+8] (i < 8), then s[i] + s[i+4], s[i] + s[i+2], s[0] + s[1].
-double CombineNormLanes(const double lanes[kNormLanes]);
 
 // Sets the calling thread's floating-point environment to IEEE defaults
 // (round to nearest even, no flush-to-zero, no denormals-are-zero) for its

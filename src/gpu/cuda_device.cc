@@ -126,6 +126,7 @@ class CudaDevice : public Device {
   }
 
   DeviceKind kind() const override { return DeviceKind::kCuda; }
+  int ordinal() const { return ordinal_; }
   std::string name() const override { return name_; }
 
   Result<void*> Allocate(uint64_t bytes, Stream& stream) override {
@@ -189,6 +190,11 @@ class CudaDevice : public Device {
 };
 
 }  // namespace
+
+int CudaOrdinal(const Device& device) {
+  const auto* cuda = dynamic_cast<const CudaDevice*>(&device);
+  return cuda ? cuda->ordinal() : -1;
+}
 
 Result<std::unique_ptr<Device>> CreateCudaDevice(int ordinal, const DeviceOptions& options) {
   int count = 0;

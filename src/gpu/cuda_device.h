@@ -13,4 +13,7 @@ namespace zinf::gpu {
 // Device `ordinal`; budget 0 = 90% of the free memory at creation.
 Result<std::unique_ptr<Device>> CreateCudaDevice(int ordinal, const DeviceOptions& options);
 
+// The CUDA ordinal of a device made by CreateCudaDevice; -1 for any other.
+int CudaOrdinal(const Device& device);
+
 }  // namespace zinf::gpu

@@ -57,7 +57,8 @@ BackendInfo ProbeCuda() {
     cudaGetLastError();
     info.detail = versions + "; no GPU (" + std::string(err == cudaSuccess ? "0 devices" : cudaGetErrorName(err)) +
                   "): using host; the GPU path is compiled, not run here (pending: ctest -L gpu — gpu_test: the "
-                  "kernels against their CPU twins, CudaDevice's contract; nccl_comm_test)";
+                  "kernels against their CPU twins, CudaDevice's contract, the engine on CudaDevice against HostDevice; "
+                  "nccl_comm_test)";
     return info;
   }
   if (err != cudaSuccess) {

@@ -31,8 +31,10 @@
 
 #include "cpu/dtype_access.h"
 #include "cpu/float16.h"
+#include "cpu/norm_math.h"
 #include "gpu/cuda_check.h"
 #include "model/gpt_math.h"
+#include "model/lane_math.h"
 
 namespace zinf::gpu {
 namespace {
@@ -112,6 +114,37 @@ Status LaunchCast(const void* src, void* dst, DType dst_dtype, size_t n, cudaStr
       break;
   }
   return ZINF_CHECK_LAUNCH("CastKernel");
+}
+
+// ---- gradient norm partials and accumulation ----
+
+// kNormBlocksPerCta norm blocks per thread block, one thread per lane: thread
+// (b, l) adds the squares of block b's elements l, l + 16, l + 32, ... in
+// order, as the CPU's lane l does; lane 0 then combines the 16 lanes.
+constexpr int kNormBlocksPerCta = 8;
+
+__global__ void SumSquaresBlocksKernel(const float* __restrict__ data, size_t n, size_t num_blocks,
+                                       double* __restrict__ out) {
+  __shared__ double lanes[kNormBlocksPerCta][cpu::kNormLanes];
+  const int local = threadIdx.x / cpu::kNormLanes;
+  const int lane = threadIdx.x % cpu::kNormLanes;
+  const size_t block = static_cast<size_t>(blockIdx.x) * kNormBlocksPerCta + local;
+  double acc = 0.0;
+  if (block < num_blocks) {
+    const size_t begin = block * cpu::kNormBlockElems;
+    const size_t end = begin + cpu::kNormBlockElems < n ? begin + cpu::kNormBlockElems : n;
+    for (size_t i = begin + lane; i < end; i += cpu::kNormLanes) {
+      const double x = data[i];
+      acc += x * x;  // exact square; --fmad=false keeps the add separate (an fma would round the same)
+    }
+  }
+  lanes[local][lane] = acc;
+  __syncthreads();
+  if (lane == 0 && block < num_blocks) out[block] = cpu::CombineNormLanes(lanes[local]);
+}
+
+__global__ void AddInPlaceKernel(float* __restrict__ a, const float* __restrict__ b, size_t n) {
+  for (size_t i = GlobalThread(); i < n; i += GridStride()) a[i] = a[i] + b[i];
 }
 
 // ---- GELU ----
@@ -302,6 +335,67 @@ __global__ void EmbeddingBackwardKernel(const float* __restrict__ dout, const in
   }
 }
 
+// ---- the rest of the GPT layers ----
+
+__global__ void ResidualKernel(const float* a, const float* b, float* out, size_t n) {
+  for (size_t i = GlobalThread(); i < n; i += GridStride()) out[i] = a[i] + b[i];
+}
+
+__global__ void BroadcastRowKernel(const float* __restrict__ row, float* __restrict__ out, size_t n, int64_t cols) {
+  for (size_t i = GlobalThread(); i < n; i += GridStride()) out[i] = row[static_cast<int64_t>(i) % cols];
+}
+
+// One thread per column: the rows in order from zero, then added to out (the
+// CPU's ColumnSumAccumulate).
+__global__ void ColumnSumKernel(const float* __restrict__ x, float* __restrict__ out, int64_t rows, int64_t cols) {
+  for (int64_t c = GlobalThread(); c < cols; c += GridStride()) {
+    float acc = 0.0f;
+    for (int64_t r = 0; r < rows; ++r) acc += x[r * cols + c];
+    out[c] += acc;
+  }
+}
+
+// One thread per attention row (row i of a T × T matrix): the softmax of its
+// causal prefix in the lanes of model/lane_math.h, the rest zeroed.
+__global__ void CausalSoftmaxKernel(float* att, int64_t rows, int64_t T) {
+  for (int64_t r = GlobalThread(); r < rows; r += GridStride()) {
+    const int64_t i = r % T;
+    float* row = att + r * T;
+    model::SoftmaxInPlace(row, i + 1);
+    for (int64_t j = i + 1; j < T; ++j) row[j] = 0.0f;
+  }
+}
+
+__global__ void CausalSoftmaxBackwardKernel(const float* __restrict__ att, float* __restrict__ datt, int64_t rows,
+                                            int64_t T, float scale) {
+  for (int64_t r = GlobalThread(); r < rows; r += GridStride()) {
+    const int64_t i = r % T;
+    const float* p = att + r * T;
+    float* d = datt + r * T;
+    const float dot = model::LaneDot(p, d, i + 1);
+    for (int64_t j = 0; j <= i; ++j) d[j] = scale * model::SoftmaxInputGrad(p[j], d[j], dot);
+    for (int64_t j = i + 1; j < T; ++j) d[j] = 0.0f;
+  }
+}
+
+// One thread: the losses summed in double in row order, as GptModel does.
+__global__ void MeanLossKernel(const float* losses, const int32_t* targets, int64_t rows, float* loss, float* count) {
+  double sum = 0;
+  int64_t n = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    sum += losses[r];
+    n += targets[r] >= 0;
+  }
+  if (loss) *loss = n ? static_cast<float>(sum / static_cast<double>(n)) : 0.0f;
+  *count = static_cast<float>(n);
+}
+
+__global__ void ScaleByCountKernel(float* x, size_t n, float scale, const float* count) {
+  const float c = *count;
+  const float k = c > 0 ? scale / c : 0.0f;
+  for (size_t i = GlobalThread(); i < n; i += GridStride()) x[i] = k * x[i];
+}
+
 bool IsFloatDType(DType d) { return d == DType::kFloat32 || d == DType::kBFloat16 || d == DType::kFloat16; }
 
 std::string DTypeArg(DType d) { return std::to_string(static_cast<int>(d)); }
@@ -337,6 +431,24 @@ Status AdamStep(const AdamStepConstants& constants, float* params, float* exp_av
                                          n, s);
   }
   return InvalidArgument("gpu::AdamStep: unknown grad dtype " + DTypeArg(grad_dtype));
+}
+
+Status SumSquaresBlocks(const float* data, size_t n, double* block_partials, void* stream) {
+  if (n == 0) return Status::Ok();
+  if (!data || !block_partials) return InvalidArgument("gpu::SumSquaresBlocks: null data or block_partials");
+  const size_t num_blocks = (n + cpu::kNormBlockElems - 1) / cpu::kNormBlockElems;
+  const size_t ctas = (num_blocks + kNormBlocksPerCta - 1) / kNormBlocksPerCta;
+  if (ctas > 0x7fffffffu) return InvalidArgument("gpu::SumSquaresBlocks: " + std::to_string(n) + " elements is too many");
+  SumSquaresBlocksKernel<<<static_cast<unsigned>(ctas), kNormBlocksPerCta * cpu::kNormLanes, 0,
+                           static_cast<cudaStream_t>(stream)>>>(data, n, num_blocks, block_partials);
+  return ZINF_CHECK_LAUNCH("SumSquaresBlocksKernel");
+}
+
+Status AddInPlace(float* a, const float* b, size_t n, void* stream) {
+  if (n == 0) return Status::Ok();
+  if (!a || !b) return InvalidArgument("gpu::AddInPlace: null a or b");
+  AddInPlaceKernel<<<BlocksFor(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(a, b, n);
+  return ZINF_CHECK_LAUNCH("AddInPlaceKernel");
 }
 
 Status Cast(const void* src, DType src_dtype, void* dst, DType dst_dtype, size_t n, void* stream) {
@@ -440,6 +552,64 @@ Status EmbeddingBackward(const float* dout, const int32_t* tokens, float* dwte, 
   EmbeddingBackwardKernel<<<BlocksFor(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(dout, tokens, dwte, dwpe,
                                                                                              rows, seq_len, channels);
   return ZINF_CHECK_LAUNCH("EmbeddingBackwardKernel");
+}
+
+Status ResidualForward(const float* a, const float* b, float* out, size_t n, void* stream) {
+  if (n == 0) return Status::Ok();
+  if (!a || !b || !out) return InvalidArgument("gpu::ResidualForward: null a, b or out");
+  ResidualKernel<<<BlocksFor(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(a, b, out, n);
+  return ZINF_CHECK_LAUNCH("ResidualKernel");
+}
+
+Status BroadcastRow(const float* row, float* out, int64_t rows, int64_t cols, void* stream) {
+  ZINF_RETURN_IF_ERROR(CheckRows("gpu::BroadcastRow", rows, cols, "cols"));
+  if (rows == 0) return Status::Ok();
+  if (!row || !out) return InvalidArgument("gpu::BroadcastRow: null row or out");
+  const size_t n = static_cast<size_t>(rows) * static_cast<size_t>(cols);
+  BroadcastRowKernel<<<BlocksFor(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(row, out, n, cols);
+  return ZINF_CHECK_LAUNCH("BroadcastRowKernel");
+}
+
+Status ColumnSumAccumulate(const float* x, float* out, int64_t rows, int64_t cols, void* stream) {
+  ZINF_RETURN_IF_ERROR(CheckRows("gpu::ColumnSumAccumulate", rows, cols, "cols"));
+  if (!x || !out) return InvalidArgument("gpu::ColumnSumAccumulate: null x or out");
+  ColumnSumKernel<<<BlocksFor(static_cast<size_t>(cols)), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      x, out, rows, cols);
+  return ZINF_CHECK_LAUNCH("ColumnSumKernel");
+}
+
+Status CausalSoftmaxForward(float* att, int64_t matrices, int64_t T, void* stream) {
+  ZINF_RETURN_IF_ERROR(CheckRows("gpu::CausalSoftmaxForward", matrices, T, "T"));
+  if (matrices == 0) return Status::Ok();
+  if (!att) return InvalidArgument("gpu::CausalSoftmaxForward: null att");
+  const int64_t rows = matrices * T;
+  CausalSoftmaxKernel<<<BlocksFor(static_cast<size_t>(rows)), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      att, rows, T);
+  return ZINF_CHECK_LAUNCH("CausalSoftmaxKernel");
+}
+
+Status CausalSoftmaxBackward(const float* att, float* datt, int64_t matrices, int64_t T, float scale, void* stream) {
+  ZINF_RETURN_IF_ERROR(CheckRows("gpu::CausalSoftmaxBackward", matrices, T, "T"));
+  if (matrices == 0) return Status::Ok();
+  if (!att || !datt) return InvalidArgument("gpu::CausalSoftmaxBackward: null att or datt");
+  const int64_t rows = matrices * T;
+  CausalSoftmaxBackwardKernel<<<BlocksFor(static_cast<size_t>(rows)), kThreads, 0,
+                                static_cast<cudaStream_t>(stream)>>>(att, datt, rows, T, scale);
+  return ZINF_CHECK_LAUNCH("CausalSoftmaxBackwardKernel");
+}
+
+Status MeanLoss(const float* losses, const int32_t* targets, int64_t rows, float* loss, float* count, void* stream) {
+  if (rows < 0) return InvalidArgument("gpu::MeanLoss: rows " + std::to_string(rows));
+  if (!count || (rows > 0 && (!losses || !targets))) return InvalidArgument("gpu::MeanLoss: null losses, targets or count");
+  MeanLossKernel<<<1, 1, 0, static_cast<cudaStream_t>(stream)>>>(losses, targets, rows, loss, count);
+  return ZINF_CHECK_LAUNCH("MeanLossKernel");
+}
+
+Status ScaleByCount(float* x, size_t n, float scale, const float* count, void* stream) {
+  if (n == 0) return Status::Ok();
+  if (!x || !count) return InvalidArgument("gpu::ScaleByCount: null x or count");
+  ScaleByCountKernel<<<BlocksFor(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(x, n, scale, count);
+  return ZINF_CHECK_LAUNCH("ScaleByCountKernel");
 }
 
 }  // namespace zinf::gpu

@@ -40,6 +40,18 @@ Status AdamStep(const AdamStepConstants& constants, float* params, float* exp_av
 // The same dtype on both sides is a copy.
 Status Cast(const void* src, DType src_dtype, void* dst, DType dst_dtype, size_t n, void* stream);
 
+// The gradient norm's per-block partials of n fp32 values: block_partials[b]
+// (NumNormBlocks(n) doubles, device memory) = the sum of squares of elements
+// [b * 65536, (b + 1) * 65536), squared in double and added in the 16 lanes
+// and the lane order of cpu/norm_math.h: bit-identical to the CPU's
+// SumSquaresBlocks at every SIMD level. A block holding an inf or NaN gives a
+// non-finite partial, as on the CPU.
+Status SumSquaresBlocks(const float* data, size_t n, double* block_partials, void* stream);
+
+// a[i] = a[i] + b[i] over n fp32 values (gradient accumulation); a and b may
+// not overlap.
+Status AddInPlace(float* a, const float* b, size_t n, void* stream);
+
 // y = gelu(x) (tanh form), elementwise; y may be x.
 Status GeluForward(const float* x, float* y, size_t n, void* stream);
 // dx = gelu'(x) · dy, overwritten; dx may be dy.
@@ -81,5 +93,28 @@ Status EmbeddingForward(const int32_t* tokens, const float* wte, const float* wp
 // reordered sum of the same terms.
 Status EmbeddingBackward(const float* dout, const int32_t* tokens, float* dwte, float* dwpe, int64_t rows,
                          int64_t seq_len, int64_t channels, void* stream);
+
+// ---- the rest of the GPT layers (model/layers.h), for the model on CUDA.
+// The matrix products are cuBLAS's (gpu/gpt_cuda.cc); these are the pieces
+// between them, each the same per-element math and order as its CPU twin.
+
+// out = a + b elementwise; out may be a or b.
+Status ResidualForward(const float* a, const float* b, float* out, size_t n, void* stream);
+// out[r, :] = row[0 .. cols) for each of `rows` rows (a bias before a GEMM with beta 1).
+Status BroadcastRow(const float* row, float* out, int64_t rows, int64_t cols, void* stream);
+// out[c] += Σ_r x[r, c], each column summed from zero in row order, then
+// added: bit-identical to model::ColumnSumAccumulate.
+Status ColumnSumAccumulate(const float* x, float* out, int64_t rows, int64_t cols, void* stream);
+// `matrices` T × T attention-score matrices: row i becomes the softmax of its
+// first i + 1 entries (model/lane_math.h's SoftmaxInPlace), the rest 0.
+Status CausalSoftmaxForward(float* att, int64_t matrices, int64_t T, void* stream);
+// Through that softmax: datt (d att on entry) becomes scale · d(scores) on
+// the causal prefix, 0 after it; as model::AttentionBackward's row loop.
+Status CausalSoftmaxBackward(const float* att, float* datt, int64_t matrices, int64_t T, float scale, void* stream);
+// count[0] = the rows with a target >= 0; loss[0] (when not null) = the mean
+// of their losses, summed in double in row order (0 when there is none).
+Status MeanLoss(const float* losses, const int32_t* targets, int64_t rows, float* loss, float* count, void* stream);
+// x[i] = (scale / count[0]) · x[i], or 0 when count[0] is 0.
+Status ScaleByCount(float* x, size_t n, float scale, const float* count, void* stream);
 
 }  // namespace zinf::gpu

@@ -270,4 +270,6 @@ Result<std::unique_ptr<Communicator>> WrapNcclCommunicator(ncclComm* comm, const
   return Make(comm, /*owned=*/false, rank, size, device, options);
 }
 
+bool IsNcclCommunicator(const Communicator* comm) { return dynamic_cast<const NcclComm*>(comm) != nullptr; }
+
 }  // namespace zinf::gpu

@@ -55,4 +55,7 @@ Result<std::unique_ptr<Communicator>> CreateNcclCommunicator(int rank, int size,
 // alive (and not destroy it) while the wrapper and its enqueued work exist.
 Result<std::unique_ptr<Communicator>> WrapNcclCommunicator(ncclComm* comm, const CommOptions& options);
 
+// Whether `comm` is one of the communicators above (collectives on device memory).
+bool IsNcclCommunicator(const Communicator* comm);
+
 }  // namespace zinf::gpu

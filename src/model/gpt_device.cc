@@ -3,6 +3,11 @@
 
 #include <utility>
 
+#include "common/build_config.h"
+#if ZINF_HAVE_CUDA
+#include "gpu/gpt_cuda.h"
+#endif
+
 namespace zinf::model {
 namespace {
 
@@ -11,13 +16,70 @@ T* HostOf(const StreamContext& ctx, T* device_ptr) {
   return device_ptr ? static_cast<T*>(ctx.Host(device_ptr)) : nullptr;
 }
 
+// HostDevice: each stage a task over GptModel, bound to the arena's host address.
+class HostStages final : public GptStages {
+ public:
+  HostStages(Stream& stream, std::shared_ptr<GptModel> model, void* arena)
+      : stream_(stream), model_(std::move(model)), arena_(arena) {}
+
+  Status EmbedForward(const int32_t* tokens, const void* embedding) override {
+    return Enqueue([=](GptModel& m, const StreamContext& ctx) {
+      return m.EmbedForward(HostOf(ctx, tokens), HostOf(ctx, embedding));
+    });
+  }
+  Status BlockForward(int layer, const void* block) override {
+    return Enqueue([=](GptModel& m, const StreamContext& ctx) { return m.BlockForward(layer, HostOf(ctx, block)); });
+  }
+  Status HeadForward(const int32_t* targets, const void* final_norm, const void* embedding, float* loss) override {
+    return Enqueue([=](GptModel& m, const StreamContext& ctx) -> Status {
+      ZINF_ASSIGN_OR_RETURN(float value, m.HeadForward(HostOf(ctx, targets), HostOf(ctx, final_norm),
+                                                       HostOf(ctx, embedding)));
+      if (loss) *HostOf(ctx, loss) = value;
+      return Status::Ok();
+    });
+  }
+  Status HeadBackward(float loss_scale, const void* final_norm, const void* embedding, void* final_norm_grad,
+                      void* embedding_grad) override {
+    return Enqueue([=](GptModel& m, const StreamContext& ctx) {
+      return m.HeadBackward(loss_scale, HostOf(ctx, final_norm), HostOf(ctx, embedding),
+                            HostOf(ctx, final_norm_grad), HostOf(ctx, embedding_grad));
+    });
+  }
+  Status BlockBackward(int layer, const void* block, void* block_grad) override {
+    return Enqueue([=](GptModel& m, const StreamContext& ctx) {
+      return m.BlockBackward(layer, HostOf(ctx, block), HostOf(ctx, block_grad));
+    });
+  }
+  Status EmbedBackward(void* embedding_grad) override {
+    return Enqueue([=](GptModel& m, const StreamContext& ctx) { return m.EmbedBackward(HostOf(ctx, embedding_grad)); });
+  }
+
+ private:
+  // Enqueues fn(model, ctx) after binding the arena's host address.
+  template <class Fn>
+  Status Enqueue(Fn fn) {
+    return stream_.Enqueue([model = model_, arena = arena_, fn = std::move(fn)](const StreamContext& ctx) -> Status {
+      void* host = ctx.Host(arena);
+      if (!host) return Unimplemented("gpt model: device memory is not reachable from host tasks");
+      model->BindActivations(host);
+      return fn(*model, ctx);
+    });
+  }
+
+  Stream& stream_;
+  std::shared_ptr<GptModel> model_;
+  void* arena_;
+};
+
 }  // namespace
 
 Result<std::unique_ptr<GptDevice>> GptDevice::Create(Device& device, Stream& stream, const GptConfig& config,
                                                      const GptRunOptions& options) {
+#if !ZINF_HAVE_CUDA
   if (device.kind() != DeviceKind::kHost) {
-    return Unimplemented("gpt model on " + device.name() + ": only the CPU kernels exist so far (HostDevice)");
+    return Unimplemented("gpt model on " + device.name() + ": this build of zinf has no CUDA");
   }
+#endif
   ZINF_ASSIGN_OR_RETURN(std::unique_ptr<GptModel> model, GptModel::Create(config, options));
   const uint64_t bytes = model->activation_bytes();
   auto arena = device.Allocate(bytes, stream);
@@ -25,64 +87,50 @@ Result<std::unique_ptr<GptDevice>> GptDevice::Create(Device& device, Stream& str
     return std::move(arena).status().WithContext("gpt model " + config.name + ": activations (" +
                                                  model->activation_layout().ToString() + ")");
   }
-  return std::unique_ptr<GptDevice>(new GptDevice(device, stream, std::move(model), *arena));
+  std::unique_ptr<GptDevice> g(new GptDevice(device, stream, std::move(model), *arena));
+  if (device.kind() == DeviceKind::kHost) {
+    g->stages_ = std::make_unique<HostStages>(stream, g->model_, g->arena_);
+  } else {
+#if ZINF_HAVE_CUDA
+    auto stages = gpu::CreateGptCudaStages(device, stream, config, g->model_->options(), g->model_->activation_layout(),
+                                           g->arena_);
+    if (!stages.ok()) return std::move(stages).status().WithContext("gpt model " + config.name);
+    g->stages_ = std::move(*stages);
+#endif
+  }
+  return g;
 }
 
 GptDevice::GptDevice(Device& device, Stream& stream, std::shared_ptr<GptModel> model, void* arena)
     : device_(device), stream_(stream), model_(std::move(model)), arena_(arena) {}
 
 GptDevice::~GptDevice() {
+  stages_.reset();
   // Stream-ordered: after every task queued so far.
   device_.Free(arena_, stream_).IgnoreError();
 }
 
-template <class Fn>
-Status GptDevice::Enqueue(Fn fn) {
-  return stream_.Enqueue([model = model_, arena = arena_, fn = std::move(fn)](const StreamContext& ctx) -> Status {
-    void* host = ctx.Host(arena);
-    if (!host) return Unimplemented("gpt model: device memory is not reachable from host tasks");
-    model->BindActivations(host);
-    return fn(*model, ctx);
-  });
-}
-
 Status GptDevice::EnqueueEmbedForward(const int32_t* tokens, const void* embedding) {
-  return Enqueue([=](GptModel& m, const StreamContext& ctx) {
-    return m.EmbedForward(HostOf(ctx, tokens), HostOf(ctx, embedding));
-  });
+  return stages_->EmbedForward(tokens, embedding);
 }
 
-Status GptDevice::EnqueueBlockForward(int layer, const void* block) {
-  return Enqueue([=](GptModel& m, const StreamContext& ctx) { return m.BlockForward(layer, HostOf(ctx, block)); });
-}
+Status GptDevice::EnqueueBlockForward(int layer, const void* block) { return stages_->BlockForward(layer, block); }
 
 Status GptDevice::EnqueueHeadForward(const int32_t* targets, const void* final_norm, const void* embedding,
                                      float* loss) {
-  return Enqueue([=](GptModel& m, const StreamContext& ctx) -> Status {
-    ZINF_ASSIGN_OR_RETURN(float value, m.HeadForward(HostOf(ctx, targets), HostOf(ctx, final_norm),
-                                                     HostOf(ctx, embedding)));
-    if (loss) *HostOf(ctx, loss) = value;
-    return Status::Ok();
-  });
+  return stages_->HeadForward(targets, final_norm, embedding, loss);
 }
 
 Status GptDevice::EnqueueHeadBackward(float loss_scale, const void* final_norm, const void* embedding,
                                       void* final_norm_grad, void* embedding_grad) {
-  return Enqueue([=](GptModel& m, const StreamContext& ctx) {
-    return m.HeadBackward(loss_scale, HostOf(ctx, final_norm), HostOf(ctx, embedding), HostOf(ctx, final_norm_grad),
-                          HostOf(ctx, embedding_grad));
-  });
+  return stages_->HeadBackward(loss_scale, final_norm, embedding, final_norm_grad, embedding_grad);
 }
 
 Status GptDevice::EnqueueBlockBackward(int layer, const void* block, void* block_grad) {
-  return Enqueue([=](GptModel& m, const StreamContext& ctx) {
-    return m.BlockBackward(layer, HostOf(ctx, block), HostOf(ctx, block_grad));
-  });
+  return stages_->BlockBackward(layer, block, block_grad);
 }
 
-Status GptDevice::EnqueueEmbedBackward(void* embedding_grad) {
-  return Enqueue([=](GptModel& m, const StreamContext& ctx) { return m.EmbedBackward(HostOf(ctx, embedding_grad)); });
-}
+Status GptDevice::EnqueueEmbedBackward(void* embedding_grad) { return stages_->EmbedBackward(embedding_grad); }
 
 Status GptDevice::EnqueueForward(const int32_t* tokens, const int32_t* targets,
                                  const std::vector<const void*>& unit_params, float* loss) {

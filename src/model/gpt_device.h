@@ -6,8 +6,13 @@
 // a task translates its device pointers with StreamContext::Host and runs the
 // CPU kernels; a failing stage becomes the stream's sticky error.
 //
-// Only devices whose memory tasks can reach from the host run it (HostDevice);
-// the CUDA kernels come with the GPU issue, and Create says so (kUnimplemented).
+// On HostDevice a task translates its device pointers with
+// StreamContext::Host and runs GptModel's CPU kernels. On a CUDA device the
+// stages launch CUDA kernels and cuBLAS products on the stream instead
+// (gpu/gpt_cuda.h): the elementwise and row math is the CPU's
+// (model/gpt_math.h, model/lane_math.h), the fp32 matrix products are
+// cuBLAS's, so results agree with the CPU within GEMM rounding. On CUDA,
+// tokens and targets are not range-checked (the CPU path checks them).
 //
 // Thread-safety: enqueue from one thread at a time (one stream's order is the
 // enqueue order). The Device and the Stream must outlive the GptDevice;
@@ -22,6 +27,20 @@
 #include "zinf/device.h"
 
 namespace zinf::model {
+
+// The six stages on one kind of device; every pointer is device memory.
+// GptDevice checks arguments and order where it can and forwards here.
+class GptStages {
+ public:
+  virtual ~GptStages() = default;
+  virtual Status EmbedForward(const int32_t* tokens, const void* embedding) = 0;
+  virtual Status BlockForward(int layer, const void* block) = 0;
+  virtual Status HeadForward(const int32_t* targets, const void* final_norm, const void* embedding, float* loss) = 0;
+  virtual Status HeadBackward(float loss_scale, const void* final_norm, const void* embedding, void* final_norm_grad,
+                              void* embedding_grad) = 0;
+  virtual Status BlockBackward(int layer, const void* block, void* block_grad) = 0;
+  virtual Status EmbedBackward(void* embedding_grad) = 0;
+};
 
 class GptDevice {
  public:
@@ -55,14 +74,12 @@ class GptDevice {
 
  private:
   GptDevice(Device& device, Stream& stream, std::shared_ptr<GptModel> model, void* arena);
-  // Enqueues fn(model, ctx) after binding the arena's host address.
-  template <class Fn>
-  Status Enqueue(Fn fn);
 
   Device& device_;
   Stream& stream_;
-  std::shared_ptr<GptModel> model_;
+  std::shared_ptr<GptModel> model_;  // the layout; on HostDevice also the kernels
   void* arena_;  // device pointer
+  std::unique_ptr<GptStages> stages_;
 };
 
 }  // namespace zinf::model

@@ -11,11 +11,11 @@
 #include "common/check.h"
 #include "model/gemm.h"
 #include "model/gpt_math.h"
+#include "model/lane_math.h"
 
 namespace zinf::model {
 namespace {
 
-constexpr int kLanes = 16;
 // Rows per chunk for row-wise kernels: about 64 KiB of fp32 per chunk.
 int64_t RowGrain(int64_t cols) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(cols, 1)); }
 // Columns per chunk for column sums: a cache line of doubles or two of floats.
@@ -53,65 +53,6 @@ F LaneSumSquaredDeviation(const F* x, F mean, int64_t n) {
   F s = 0;
   for (int j = 0; j < kLanes; ++j) s += acc[j];
   return s + tail;
-}
-
-template <class F>
-F LaneMax(const F* x, int64_t n) {
-  F acc[kLanes];
-  for (int j = 0; j < kLanes; ++j) acc[j] = -INFINITY;
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    for (int j = 0; j < kLanes; ++j) acc[j] = x[i + j] > acc[j] ? x[i + j] : acc[j];
-  }
-  F m = -INFINITY;
-  for (; i < n; ++i) m = x[i] > m ? x[i] : m;
-  for (int j = 0; j < kLanes; ++j) m = acc[j] > m ? acc[j] : m;
-  return m;
-}
-
-// out[i] = exp(x[i] - max); returns Σ out.
-template <class F>
-F LaneExpSum(F* out, const F* x, F row_max, int64_t n) {
-  F acc[kLanes] = {};
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    for (int j = 0; j < kLanes; ++j) {
-      const F e = SoftmaxExp(x[i + j], row_max);
-      out[i + j] = e;
-      acc[j] += e;
-    }
-  }
-  F tail = 0;
-  for (; i < n; ++i) {
-    out[i] = SoftmaxExp(x[i], row_max);
-    tail += out[i];
-  }
-  F s = 0;
-  for (int j = 0; j < kLanes; ++j) s += acc[j];
-  return s + tail;
-}
-
-// Σ a[i] · b[i].
-template <class F>
-F LaneDot(const F* a, const F* b, int64_t n) {
-  F acc[kLanes] = {};
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    for (int j = 0; j < kLanes; ++j) acc[j] += a[i + j] * b[i + j];
-  }
-  F tail = 0;
-  for (; i < n; ++i) tail += a[i] * b[i];
-  F s = 0;
-  for (int j = 0; j < kLanes; ++j) s += acc[j];
-  return s + tail;
-}
-
-// Softmax of row[0 .. n) in place (the causal prefix of an attention row).
-template <class F>
-void SoftmaxInPlace(F* row, int64_t n) {
-  const F row_max = LaneMax(row, n);
-  const F inv_sum = F(1) / LaneExpSum(row, row, row_max, n);
-  for (int64_t j = 0; j < n; ++j) row[j] *= inv_sum;
 }
 
 }  // namespace

@@ -45,6 +45,7 @@
 #include "nvme/io_engine.h"
 #include "nvme/swap_store.h"
 #include "sched/checkpoint_io.h"
+#include "sched/device_kernels.h"
 #include "sched/loss_scaler.h"
 #include "sched/lr_schedule.h"
 #include "sched/partition.h"
@@ -131,7 +132,8 @@ class EngineImpl final : public Engine {
         arena_(threads),
         offload_(config.zero.offload_optimizer.device != OffloadDevice::kNone),
         nvme_(config.zero.offload_optimizer.device == OffloadDevice::kNvme),
-        param_offload_(config.zero.stage == 3 && config.zero.offload_param.device == OffloadDevice::kCpu) {}
+        param_offload_(config.zero.stage == 3 && config.zero.offload_param.device == OffloadDevice::kCpu),
+        host_memory_(device.kind() == DeviceKind::kHost) {}
 
   ~EngineImpl() override {
     if (stream_) {
@@ -161,7 +163,7 @@ class EngineImpl final : public Engine {
     ZINF_ASSIGN_OR_RETURN(copy_stream_, device_.CreateStream());
     ZINF_ASSIGN_OR_RETURN(decided_, device_.CreateEvent());
     ZINF_ASSIGN_OR_RETURN(updates_done_, device_.CreateEvent());
-    if (offload_ || param_offload_) {
+    if (offload_ || param_offload_ || !host_memory_) {
       PinnedPoolOptions o;
       o.budget_bytes = config_.zinf.host_memory;
       if (o.budget_bytes == 0) {  // no limit beyond the machine's memory
@@ -174,6 +176,10 @@ class EngineImpl final : public Engine {
         ZINF_ASSIGN_OR_RETURN(io_, nvme::IoEngine::Create(nvme::IoEngineOptionsFromConfig(config_)));
         registrar_ = std::make_unique<nvme::EngineRegistrar>(*io_);
         o.registrars.push_back(registrar_.get());
+      }
+      if (!host_memory_) {  // copies to and from the device stay asynchronous and in stream order
+        ZINF_ASSIGN_OR_RETURN(device_registrar_, sched::CreateHostRegistrarFor(device_));
+        o.registrars.push_back(device_registrar_.get());
       }
       ZINF_ASSIGN_OR_RETURN(pool_, PinnedPool::Create(std::move(o)));
     }
@@ -260,6 +266,10 @@ class EngineImpl final : public Engine {
   // Unit i's norm partials: at its last micro-step of the window (or `now`;
   // zeros when it has no gradient this window).
   Status EnqueuePartials(size_t i, bool now = false);
+  Status DevicePartials(size_t i, int region, bool zero);
+  // Unit u's update by the device's kernels (optimizer state in device
+  // memory, not host-addressable), with the boundary's decision made.
+  Status EnqueueDeviceUpdate(Unit& u, bool home, bool has_grad);
   Status ReadGroup(size_t g);
   Status SwapFailure(Status s);
   Status Timed(double Window::*field, StreamTask task);
@@ -293,6 +303,12 @@ class EngineImpl final : public Engine {
   const bool offload_;  // offload_optimizer cpu or nvme: the optimizer runs on the host
   const bool nvme_;     // offload_optimizer nvme: master, m, v in the swap store
   const bool param_offload_;  // stage 3, offload_param cpu: partitioned units' shards in pinned host memory
+  // HostDevice: device memory is host memory and the engine's arithmetic on
+  // it runs as host tasks (ctx.Host). Otherwise (CUDA) it runs as the
+  // kernels of sched/device_kernels.h, and the boundary's decision is read
+  // back to the host before the updates are enqueued.
+  const bool host_memory_;
+  std::unique_ptr<MemoryRegistrar> device_registrar_;  // CUDA: page-locks the pool's buffers for async copies
   void* param_scratch_ = nullptr;  // offload_param without offload_optimizer: the new shard on its way home
   std::unique_ptr<nvme::IoEngine> io_;
   std::unique_ptr<nvme::EngineRegistrar> registrar_;
@@ -343,6 +359,7 @@ class EngineImpl final : public Engine {
   int64_t bucket_capacity_ = 0;
   // Norm partials: rank-major [rank][unit][shard block], doubles.
   double* partials_ = nullptr;
+  PinnedBuffer h_partials_;  // CUDA: all ranks' partials read back for the decision (and offload's, on their way down)
   int64_t blocks_per_rank_ = 0;  // sum over units of owned blocks (stage 0: all blocks)
   std::vector<int64_t> unit_block_offset_;  // into a rank's region
 
@@ -497,6 +514,9 @@ Status EngineImpl::Finalize() {
   const int64_t regions = stage_ == 0 ? 1 : world_;
   ZINF_ASSIGN_OR_RETURN(void* p, Alloc(blocks_per_rank_ * regions * sizeof(double), "norm partials"));
   partials_ = static_cast<double*>(p);
+  if (!host_memory_) {
+    ZINF_ASSIGN_OR_RETURN(h_partials_, Pinned(blocks_per_rank_ * regions * sizeof(double), "norm partials read-back"));
+  }
   if (offload_) {
     int64_t max_owned = 0;
     for (const Unit& u : units_) max_owned = std::max(max_owned, owned_elems(u));
@@ -641,6 +661,7 @@ Status EngineImpl::EnqueuePartials(size_t i, bool now) {
   const int region = stage_ == 0 ? 0 : rank_;
   const bool zero = !units_[i].accumulated;
   units_[i].partials_taken = true;
+  if (!host_memory_) return DevicePartials(i, region, zero);
   return stream_->Enqueue([this, region, i, zero](const StreamContext& ctx) -> Status {
     double* out = static_cast<double*>(ctx.Host(partials_)) + region * blocks_per_rank_;
     const Unit& u = units_[i];
@@ -654,6 +675,49 @@ Status EngineImpl::EnqueuePartials(size_t i, bool now) {
                             std::span<double>(out + unit_block_offset_[i], NumNormBlocks(n)))
         .status();
   });
+}
+
+// EnqueuePartials on a device whose memory the host cannot address: the
+// kernel over a device-resident accumulation; with offload, the host's
+// partials of the pinned accumulation, copied down into their place.
+Status EngineImpl::DevicePartials(size_t i, int region, bool zero) {
+  const Unit& u = units_[i];
+  const int64_t n = owned_elems(u);
+  const int64_t blocks = n / kNormBlock;
+  double* out = partials_ + region * blocks_per_rank_ + unit_block_offset_[i];
+  if (zero) return device_.Memset(out, 0, blocks * sizeof(double), *stream_);  // +0.0 is all zero bits
+  if (!offload_) return sched::DeviceSumSquaresBlocks(owned_accum(u), n, out, *stream_);
+  double* host = static_cast<double*>(h_partials_.data()) + unit_block_offset_[i];
+  ZINF_RETURN_IF_ERROR(stream_->Enqueue([this, &u, n, host, blocks](const StreamContext&) {
+    return SumSquaresBlocks(arena_, u.h_accum.data(), DType::kFloat32, n, std::span<double>(host, blocks)).status();
+  }));
+  return device_.CopyToDevice(out, host, blocks * sizeof(double), *stream_);
+}
+
+Status EngineImpl::EnqueueDeviceUpdate(Unit& u, bool home, bool has_grad) {
+  Decision d;
+  {
+    std::lock_guard lock(mu_);
+    d = decision_;
+  }
+  const int64_t valid = owned_valid(u);
+  if (valid == 0) return Status::Ok();
+  float* master = static_cast<float*>(u.master);
+  void* param_dst = home ? param_scratch_ : param_home(u);
+  if (d.skip || !has_grad) {  // the scratch is copied home regardless: refill it with the unchanged copy
+    if (home) return sched::DeviceCast(master, DType::kFloat32, param_dst, compute_dtype_, valid, *stream_);
+    return Status::Ok();
+  }
+  ZINF_ASSIGN_OR_RETURN(AdamStepConstants constants, MakeAdamStepConstants(d.adam, u.steps + 1, d.grad_scale));
+  const bool copy = compute_dtype_ != DType::kFloat32;
+  ZINF_RETURN_IF_ERROR(sched::DeviceAdamStep(constants, master, static_cast<float*>(u.exp_avg),
+                                             static_cast<float*>(u.exp_avg_sq),
+                                             static_cast<const float*>(owned_accum(u)), copy ? param_dst : nullptr,
+                                             compute_dtype_, valid, *stream_)
+                           .WithContext("unit '" + u.name + "'"));
+  ++u.steps;
+  if (!copy) return device_.CopyOnDevice(param_dst, master, valid * 4, *stream_);
+  return Status::Ok();
 }
 
 Status EngineImpl::WaitTimed(Stream& stream, Event& event, const Unit& u, const char* cause, const std::string& what) {
@@ -911,6 +975,7 @@ Status EngineImpl::Timed(double Window::*field, StreamTask task) {
 // same fp32 additions in the same order in every stage.
 Status EngineImpl::EnqueueAccumulate(float* accum, const float* reduced, int64_t elems, bool first) {
   if (first) return device_.CopyOnDevice(accum, reduced, elems * 4, *stream_);
+  if (!host_memory_) return sched::DeviceAddInPlace(accum, reduced, elems, *stream_);
   return stream_->Enqueue([this, accum, reduced, elems](const StreamContext& ctx) {
     float* a = static_cast<float*>(ctx.Host(accum));
     const float* r = static_cast<const float*>(ctx.Host(reduced));
@@ -1145,10 +1210,20 @@ Status EngineImpl::EnqueueBoundary() {
       return comm_->AllGather(mine, partials_, 2 * blocks_per_rank_, DType::kFloat32, *stream_);
     }));
   }
-  ZINF_RETURN_IF_ERROR(stream_->Enqueue([this](const StreamContext& ctx) {
-    Decide(static_cast<const double*>(ctx.Host(partials_)));
-    return Status::Ok();
-  }));
+  if (host_memory_) {
+    ZINF_RETURN_IF_ERROR(stream_->Enqueue([this](const StreamContext& ctx) {
+      Decide(static_cast<const double*>(ctx.Host(partials_)));
+      return Status::Ok();
+    }));
+  } else {
+    // The kernels below take the decision as launch arguments: read the
+    // partials back (this waits for the step's last reduction) and decide here.
+    const int regions = stage_ == 0 ? 1 : world_;
+    ZINF_RETURN_IF_ERROR(device_.CopyToHost(h_partials_.data(), partials_, blocks_per_rank_ * regions * sizeof(double),
+                                            *stream_));
+    ZINF_RETURN_IF_ERROR(stream_->Synchronize());
+    Decide(static_cast<const double*>(h_partials_.data()));
+  }
   ZINF_RETURN_IF_ERROR(decided_->Record(*stream_));
   {
     std::lock_guard lock(mu_);
@@ -1222,7 +1297,11 @@ Status EngineImpl::EnqueueBoundary() {
     };
     Stream& gather_stream = use_slot ? *copy_stream_ : *stream_;
     if (use_slot) ZINF_RETURN_IF_ERROR(stream_->Wait(*slot_free_[slot]));
-    ZINF_RETURN_IF_ERROR(Timed(&Window::optimizer, std::move(update)));
+    if (!host_memory_ && !offload_) {
+      ZINF_RETURN_IF_ERROR(EnqueueDeviceUpdate(u, home, has_grad[i] != 0));
+    } else {
+      ZINF_RETURN_IF_ERROR(Timed(&Window::optimizer, std::move(update)));
+    }
     if (nvme_ && groups_[group_of_unit_[i]].units.back() == static_cast<int>(i)) {
       const size_t g = group_of_unit_[i];
       ZINF_RETURN_IF_ERROR(stream_->Enqueue([this, g](const StreamContext&) {
@@ -1845,10 +1924,15 @@ Result<std::unique_ptr<Engine>> Engine::Create(const Config& config, Device& dev
                          "\" is not supported by this engine yet (parameter shards live on the device or, with "
                          "\"cpu\", in pinned host memory): set it to \"cpu\" or \"none\"");
   }
-  if (device.kind() != DeviceKind::kHost) {
-    return Unimplemented("device " + device.name() +
-                         ": the engine's gradient accumulation and norm run as host tasks on device memory, which only "
-                         "the host device supports until the CUDA kernels land; set \"zinf\": {\"device\": \"cpu\"}");
+  if (device.kind() == DeviceKind::kHost && sched::CommunicatesDeviceMemory(comm)) {
+    return InvalidArgument("device " + device.name() +
+                           ": an NCCL communicator needs the engine on a CUDA device (\"zinf\": {\"device\": "
+                           "\"cuda\"}); on the cpu device use the MPI communicator, or none for one rank");
+  }
+  if (device.kind() != DeviceKind::kHost && comm && comm->size() > 1 && !sched::CommunicatesDeviceMemory(comm)) {
+    return InvalidArgument("device " + device.name() + " with " + std::to_string(comm->size()) +
+                           " ranks: the communicator's collectives work on host memory; on a CUDA device use the "
+                           "NCCL communicator (gpu/nccl_comm.h)");
   }
   if (z.stage >= 2 && z.reduce_bucket_size < kNormBlock) {
     return InvalidArgument("zero_optimization.reduce_bucket_size = " + std::to_string(z.reduce_bucket_size) +

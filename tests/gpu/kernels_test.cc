@@ -30,6 +30,7 @@
 
 #include "cpu/adam.h"
 #include "cpu/kernels.h"
+#include "cpu/norm.h"
 #include "gpu/cuda_probe.h"
 #include "model/layers.h"
 #include "model/parallel.h"
@@ -179,6 +180,53 @@ TEST(GpuKernelArgsTest, AdamRefusesBadDTypes) {
             StatusCode::kInvalidArgument);
   EXPECT_EQ(gpu::AdamStep(c, &x, &x, &x, &x, DType::kFloat32, &x, DType::kFloat32, 1, nullptr).code(),
             StatusCode::kInvalidArgument);
+}
+
+// The norm partials against the CPU's SumSquaresBlocks (scalar twin and the
+// best SIMD level) for sizes around the block and lane boundaries, with wide
+// magnitudes (so the order of additions shows) and blocks holding inf/NaN.
+TEST_F(GpuKernelTest, NormPartialsMatchTheCpuBitForBit) {
+  tbb::task_arena arena(2);
+  const size_t sizes[] = {1, 15, 17, 65535, 65536, 65537, 3 * 65536 + 1000, 20 * 65536 + 7};
+  for (size_t n : sizes) {
+    SCOPED_TRACE(::testing::Message() << "n " << n);
+    std::vector<float> x(n);
+    for (size_t i = 0; i < n; ++i) x[i] = std::ldexp(Uniform(9, i, -1.0f, 1.0f), static_cast<int>(SplitMix64(i) % 40) - 20);
+    if (n > 3 * 65536) {
+      x[65536 + 5] = INFINITY;
+      x[2 * 65536 + 77] = NAN;
+    }
+    const size_t blocks = NumNormBlocks(n);
+    std::vector<double> cpu(blocks), cpu_scalar(blocks);
+    ASSERT_TRUE(zinf::SumSquaresBlocks(arena, x.data(), DType::kFloat32, n, cpu).ok());
+    ASSERT_TRUE(zinf::SumSquaresBlocks(arena, x.data(), DType::kFloat32, n, cpu_scalar, SimdLevel::kScalar).ok());
+    DeviceArray<float> gx(x);
+    DeviceArray<double> gout(std::vector<double>(blocks, -1.0));
+    ASSERT_TRUE(SumSquaresBlocks(gx.get(), n, gout.get(), nullptr).ok());
+    const std::vector<double> gpu = gout.ToHost();
+    for (size_t b = 0; b < blocks; ++b) {
+      uint64_t g, c, s;
+      std::memcpy(&g, &gpu[b], 8);
+      std::memcpy(&c, &cpu[b], 8);
+      std::memcpy(&s, &cpu_scalar[b], 8);
+      EXPECT_EQ(c, s) << "block " << b << ": the CPU levels disagree";
+      if (std::isnan(cpu[b])) {
+        EXPECT_TRUE(std::isnan(gpu[b])) << "block " << b;
+      } else {
+        EXPECT_EQ(g, c) << "block " << b << ": gpu " << gpu[b] << " cpu " << cpu[b];
+      }
+    }
+  }
+}
+
+TEST_F(GpuKernelTest, AddInPlaceMatchesTheCpuSum) {
+  constexpr size_t kN = 300007;
+  std::vector<float> a = RandomFloats(11, kN, -3.0f, 3.0f);
+  const std::vector<float> b = RandomFloats(12, kN, -1e-3f, 1e-3f);
+  DeviceArray<float> ga(a), gb(b);
+  ASSERT_TRUE(AddInPlace(ga.get(), gb.get(), kN, nullptr).ok());
+  for (size_t i = 0; i < kN; ++i) a[i] = a[i] + b[i];
+  ExpectSameFloats(ga.ToHost(), a, "accumulated");
 }
 
 // Every 16-bit pattern, and fp32 patterns that cover NaNs, infinities,

@@ -1,0 +1,355 @@
+// GptModel's stages (model/gpt.cc) on CUDA, one for one: the same buffers of
+// the same layout, the same products in the same row-major shapes. A row-major
+// product C = op(A) op(B) is cuBLAS's column-major Cᵀ = op(B)ᵀ op(A)ᵀ, so
+// each call passes B before A with the transposes as given.
+#include "gpu/gpt_cuda.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <string>
+#include <utility>
+
+#include "gpu/cuda_check.h"
+#include "gpu/kernels.h"
+
+namespace zinf::gpu {
+namespace {
+
+using model::ActivationLayout;
+using model::BlockLayout;
+using model::EmbeddingLayout;
+using model::FinalNormLayout;
+
+Status CublasError(cublasStatus_t st, const char* what) {
+  return Internal(std::string("cuBLAS ") + what + ": " + cublasGetStatusName(st) + " (" + cublasGetStatusString(st) +
+                  ")");
+}
+#define ZINF_CUBLAS_RETURN_IF_ERROR(stmt, what)                        \
+  do {                                                                 \
+    const cublasStatus_t zinf_cublas_st_ = (stmt);                     \
+    if (zinf_cublas_st_ != CUBLAS_STATUS_SUCCESS) return CublasError(zinf_cublas_st_, what); \
+  } while (0)
+
+class CudaStages final : public model::GptStages {
+ public:
+  CudaStages(Device& device, Stream& stream, const model::GptConfig& config, const model::GptRunOptions& options,
+             const ActivationLayout& layout, void* arena)
+      : device_(device),
+        stream_(stream),
+        s_(stream.native_handle()),
+        config_(config),
+        options_(options),
+        layout_(layout),
+        arena_(static_cast<char*>(arena)) {}
+  ~CudaStages() override {
+    if (handle_) cublasDestroy(handle_);
+    if (count_) device_.Free(count_, stream_).IgnoreError();
+  }
+
+  Status Init() {
+    if (!s_) return InvalidArgument("gpt model on CUDA: the stream has no CUDA stream");
+    ZINF_CUBLAS_RETURN_IF_ERROR(cublasCreate(&handle_), "cublasCreate");
+    ZINF_CUBLAS_RETURN_IF_ERROR(cublasSetStream(handle_, static_cast<cudaStream_t>(s_)), "cublasSetStream");
+    // Plain fp32 products: no TF32 (the CPU path computes in fp32).
+    ZINF_CUBLAS_RETURN_IF_ERROR(cublasSetMathMode(handle_, CUBLAS_PEDANTIC_MATH), "cublasSetMathMode");
+    ZINF_ASSIGN_OR_RETURN(void* c, device_.Allocate(sizeof(float), stream_));
+    count_ = static_cast<float*>(c);
+    return Status::Ok();
+  }
+
+  Status EmbedForward(const int32_t* tokens, const void* embedding) override {
+    const int64_t B = options_.batch_size, T = options_.seq_len, C = config_.embed_dim;
+    ZINF_RETURN_IF_ERROR(device_.CopyOnDevice(I32(layout_.tokens), tokens, B * T * sizeof(int32_t), stream_));
+    const EmbeddingLayout e = EmbeddingLayout::For(config_);
+    ZINF_ASSIGN_OR_RETURN(const float* p, Widen(embedding, e.num_elems, layout_.wide_embedding));
+    ZINF_RETURN_IF_ERROR(
+        EmbeddingForward(I32(layout_.tokens), p + e.wte, p + e.wpe, F32(layout_.residual), B * T, T, C, s_));
+    forward_next_ = 0;
+    head_forward_done_ = false;
+    backward_next_ = -2;
+    checkpoint_layer_ = -1;
+    return Status::Ok();
+  }
+
+  Status BlockForward(int layer, const void* block) override {
+    if (forward_next_ < 0 || layer != forward_next_ || layer >= config_.num_layers) {
+      return FailedPrecondition("gpt model: BlockForward(" + std::to_string(layer) + ") out of order");
+    }
+    ZINF_ASSIGN_OR_RETURN(const float* p, Widen(block, BlockLayout::For(config_).num_elems, layout_.wide_unit));
+    ZINF_RETURN_IF_ERROR(RunBlockForward(layer, p));
+    ++forward_next_;
+    return Status::Ok();
+  }
+
+  Status HeadForward(const int32_t* targets, const void* final_norm, const void* embedding, float* loss) override {
+    if (forward_next_ != config_.num_layers) {
+      return FailedPrecondition("gpt model: HeadForward before the forward of every block");
+    }
+    const int64_t B = options_.batch_size, T = options_.seq_len, C = config_.embed_dim, V = config_.vocab_size;
+    const int64_t BT = B * T, L = config_.num_layers;
+    ZINF_RETURN_IF_ERROR(device_.CopyOnDevice(I32(layout_.targets), targets, BT * sizeof(int32_t), stream_));
+    const FinalNormLayout f = FinalNormLayout::For(config_);
+    const EmbeddingLayout e = EmbeddingLayout::For(config_);
+    ZINF_ASSIGN_OR_RETURN(const float* pf, Widen(final_norm, f.num_elems, layout_.wide_unit));
+    ZINF_ASSIGN_OR_RETURN(const float* pe, Widen(embedding, e.num_elems, layout_.wide_embedding));
+    float* lnf = F32(layout_.lnf);
+    float* probs = F32(layout_.probs);
+    ZINF_RETURN_IF_ERROR(LayerNormForward(F32(layout_.residual) + L * BT * C, pf + f.w, pf + f.b, lnf,
+                                          F32(layout_.lnf_mean), F32(layout_.lnf_rstd), BT, C, s_));
+    ZINF_RETURN_IF_ERROR(Gemm(false, true, BT, V, C, 1.0f, lnf, C, pe + e.wte, C, 0.0f, probs, V));  // logits
+    ZINF_RETURN_IF_ERROR(
+        SoftmaxCrossEntropyForward(probs, I32(layout_.targets), probs, F32(layout_.losses), BT, V, s_));
+    ZINF_RETURN_IF_ERROR(MeanLoss(F32(layout_.losses), I32(layout_.targets), BT, loss, count_, s_));
+    head_forward_done_ = true;
+    return Status::Ok();
+  }
+
+  Status HeadBackward(float loss_scale, const void* final_norm, const void* embedding, void* final_norm_grad,
+                      void* embedding_grad) override {
+    if (!head_forward_done_ || backward_next_ != -2) {
+      return FailedPrecondition("gpt model: HeadBackward needs a completed forward (HeadForward) first");
+    }
+    const int64_t B = options_.batch_size, T = options_.seq_len, C = config_.embed_dim, V = config_.vocab_size;
+    const int64_t BT = B * T, L = config_.num_layers;
+    const FinalNormLayout f = FinalNormLayout::For(config_);
+    const EmbeddingLayout e = EmbeddingLayout::For(config_);
+    ZINF_ASSIGN_OR_RETURN(const float* pf, Widen(final_norm, f.num_elems, layout_.wide_unit));
+    ZINF_ASSIGN_OR_RETURN(const float* pe, Widen(embedding, e.num_elems, layout_.wide_embedding));
+    ZINF_ASSIGN_OR_RETURN(float* gf, BeginGrad(final_norm_grad, f.num_elems, layout_.grad_unit));
+    ZINF_ASSIGN_OR_RETURN(embedding_grad32_, BeginGrad(embedding_grad, e.num_elems, layout_.grad_embedding));
+    float* dlogits = F32(layout_.probs);  // in place over the probabilities
+    // scale · (p - onehot) with scale = loss_scale / targets, the count on the device.
+    ZINF_RETURN_IF_ERROR(SoftmaxCrossEntropyBackward(dlogits, I32(layout_.targets), dlogits, BT, V, 1.0f, s_));
+    ZINF_RETURN_IF_ERROR(ScaleByCount(dlogits, static_cast<size_t>(BT * V), loss_scale, count_, s_));
+    float* dlnf = F32(layout_.dbuf);
+    ZINF_RETURN_IF_ERROR(Gemm(false, false, BT, C, V, 1.0f, dlogits, V, pe + e.wte, C, 0.0f, dlnf, C));
+    ZINF_RETURN_IF_ERROR(
+        Gemm(true, false, V, C, BT, 1.0f, dlogits, V, F32(layout_.lnf), C, 1.0f, embedding_grad32_ + e.wte, C));
+    float* dres = F32(layout_.dres);
+    ZINF_RETURN_IF_ERROR(device_.Memset(dres, 0, BT * C * sizeof(float), stream_));
+    ZINF_RETURN_IF_ERROR(LayerNormBackward(dlnf, F32(layout_.residual) + L * BT * C, pf + f.w, F32(layout_.lnf_mean),
+                                           F32(layout_.lnf_rstd), dres, gf + f.w, gf + f.b, BT, C, s_));
+    ZINF_RETURN_IF_ERROR(EndGrad(final_norm_grad, gf, f.num_elems));
+    head_forward_done_ = false;
+    backward_next_ = static_cast<int>(L) - 1;
+    return Status::Ok();
+  }
+
+  Status BlockBackward(int layer, const void* block, void* block_grad) override {
+    if (backward_next_ < 0 || layer != backward_next_) {
+      return FailedPrecondition("gpt model: BlockBackward(" + std::to_string(layer) + ") out of order");
+    }
+    const int64_t B = options_.batch_size, T = options_.seq_len, C = config_.embed_dim;
+    const int64_t BT = B * T;
+    const BlockLayout w = BlockLayout::For(config_);
+    ZINF_ASSIGN_OR_RETURN(const float* p, Widen(block, w.num_elems, layout_.wide_unit));
+    if (options_.activation_checkpointing && checkpoint_layer_ != layer) ZINF_RETURN_IF_ERROR(RunBlockForward(layer, p));
+    ZINF_ASSIGN_OR_RETURN(float* g, BeginGrad(block_grad, w.num_elems, layout_.grad_unit));
+    const ActivationLayout::Block a = BlockPtrs(layer);
+    const float* in = F32(layout_.residual) + layer * BT * C;
+    float* dres = F32(layout_.dres);
+    float* dbuf = F32(layout_.dbuf);
+    float* dfch = F32(layout_.dfch);
+    float* dqkv = F32(layout_.dqkv);
+    ZINF_RETURN_IF_ERROR(LinearBackward(dfch, g + w.fc_proj_w, g + w.fc_proj_b, dres, F32(a.fch_gelu),
+                                        p + w.fc_proj_w, BT, 4 * C, C));
+    ZINF_RETURN_IF_ERROR(GeluBackward(F32(a.fch), dfch, dfch, static_cast<size_t>(BT * 4 * C), s_));
+    ZINF_RETURN_IF_ERROR(LinearBackward(dbuf, g + w.fc_w, g + w.fc_b, dfch, F32(a.ln2), p + w.fc_w, BT, C, 4 * C));
+    ZINF_RETURN_IF_ERROR(LayerNormBackward(dbuf, F32(a.res_mid), p + w.ln2_w, F32(a.ln2_mean), F32(a.ln2_rstd), dres,
+                                           g + w.ln2_w, g + w.ln2_b, BT, C, s_));
+    ZINF_RETURN_IF_ERROR(LinearBackward(dbuf, g + w.attn_proj_w, g + w.attn_proj_b, dres, F32(a.atty),
+                                        p + w.attn_proj_w, BT, C, C));
+    ZINF_RETURN_IF_ERROR(AttentionBackward(dqkv, F32(layout_.datt), dbuf, F32(a.qkv), F32(a.att)));
+    ZINF_RETURN_IF_ERROR(LinearBackward(dbuf, g + w.qkv_w, g + w.qkv_b, dqkv, F32(a.ln1), p + w.qkv_w, BT, C, 3 * C));
+    ZINF_RETURN_IF_ERROR(LayerNormBackward(dbuf, in, p + w.ln1_w, F32(a.ln1_mean), F32(a.ln1_rstd), dres, g + w.ln1_w,
+                                           g + w.ln1_b, BT, C, s_));
+    ZINF_RETURN_IF_ERROR(EndGrad(block_grad, g, w.num_elems));
+    --backward_next_;
+    return Status::Ok();
+  }
+
+  Status EmbedBackward(void* embedding_grad) override {
+    if (backward_next_ != -1) return FailedPrecondition("gpt model: EmbedBackward before the backward of every block");
+    const int64_t B = options_.batch_size, T = options_.seq_len, C = config_.embed_dim;
+    const EmbeddingLayout e = EmbeddingLayout::For(config_);
+    ZINF_RETURN_IF_ERROR(EmbeddingBackward(F32(layout_.dres), I32(layout_.tokens), embedding_grad32_ + e.wte,
+                                           embedding_grad32_ + e.wpe, B * T, T, C, s_));
+    ZINF_RETURN_IF_ERROR(EndGrad(embedding_grad, embedding_grad32_, e.num_elems));
+    embedding_grad32_ = nullptr;
+    backward_next_ = -3;
+    forward_next_ = -1;
+    return Status::Ok();
+  }
+
+ private:
+  float* F32(uint64_t offset) const { return reinterpret_cast<float*>(arena_ + offset); }
+  int32_t* I32(uint64_t offset) const { return reinterpret_cast<int32_t*>(arena_ + offset); }
+
+  ActivationLayout::Block BlockPtrs(int layer) const {
+    const uint64_t base = layout_.blocks + (options_.activation_checkpointing ? 0 : layout_.block_stride * layer);
+    ActivationLayout::Block b = layout_.block;
+    for (uint64_t* f : {&b.ln1, &b.ln1_mean, &b.ln1_rstd, &b.qkv, &b.att, &b.atty, &b.res_mid, &b.ln2, &b.ln2_mean,
+                        &b.ln2_rstd, &b.fch, &b.fch_gelu}) {
+      *f += base;
+    }
+    return b;
+  }
+
+  // 16-bit parameters widened into the arena; fp32 ones used in place.
+  Result<const float*> Widen(const void* params, int64_t n, uint64_t wide_offset) {
+    if (options_.param_dtype == DType::kFloat32) return static_cast<const float*>(params);
+    float* dst = F32(wide_offset);
+    ZINF_RETURN_IF_ERROR(Cast(params, options_.param_dtype, dst, DType::kFloat32, static_cast<size_t>(n), s_));
+    return static_cast<const float*>(dst);
+  }
+  // The fp32 gradient to add into: the buffer itself (fp32) or the arena's
+  // accumulator (16-bit), zeroed or loaded per accumulate_grads.
+  Result<float*> BeginGrad(void* grad, int64_t n, uint64_t accumulator_offset) {
+    const DType dtype = options_.grad_dtype;
+    float* acc = dtype == DType::kFloat32 ? static_cast<float*>(grad) : F32(accumulator_offset);
+    if (!options_.accumulate_grads) {
+      ZINF_RETURN_IF_ERROR(device_.Memset(acc, 0, n * sizeof(float), stream_));
+    } else if (dtype != DType::kFloat32) {
+      ZINF_RETURN_IF_ERROR(Cast(grad, dtype, acc, DType::kFloat32, static_cast<size_t>(n), s_));
+    }
+    return acc;
+  }
+  Status EndGrad(void* grad, const float* acc, int64_t n) {
+    if (options_.grad_dtype == DType::kFloat32) return Status::Ok();
+    return Cast(acc, DType::kFloat32, grad, options_.grad_dtype, static_cast<size_t>(n), s_);
+  }
+
+  // model::Gemm's contract, row-major.
+  Status Gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+              const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+    ZINF_CUBLAS_RETURN_IF_ERROR(
+        cublasSgemm(handle_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(n),
+                    static_cast<int>(m), static_cast<int>(k), &alpha, b, static_cast<int>(ldb), a,
+                    static_cast<int>(lda), &beta, c, static_cast<int>(ldc)),
+        "cublasSgemm");
+    return Status::Ok();
+  }
+  // `count` row-major products, operand i at a + i·sa, b + i·sb, c + i·sc.
+  Status GemmBatched(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+                     int64_t sa, const float* b, int64_t ldb, int64_t sb, float beta, float* c, int64_t ldc,
+                     int64_t sc, int64_t count) {
+    ZINF_CUBLAS_RETURN_IF_ERROR(
+        cublasSgemmStridedBatched(handle_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                  static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, b,
+                                  static_cast<int>(ldb), sb, a, static_cast<int>(lda), sa, &beta, c,
+                                  static_cast<int>(ldc), sc, static_cast<int>(count)),
+        "cublasSgemmStridedBatched");
+    return Status::Ok();
+  }
+
+  // model::LinearForward / LinearBackward (dinp overwritten).
+  Status LinearForward(float* out, const float* inp, const float* w, const float* bias, int64_t rows, int64_t in_dim,
+                       int64_t out_dim) {
+    if (bias) ZINF_RETURN_IF_ERROR(BroadcastRow(bias, out, rows, out_dim, s_));
+    return Gemm(false, false, rows, out_dim, in_dim, 1.0f, inp, in_dim, w, out_dim, bias ? 1.0f : 0.0f, out, out_dim);
+  }
+  Status LinearBackward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w,
+                        int64_t rows, int64_t in_dim, int64_t out_dim) {
+    ZINF_RETURN_IF_ERROR(Gemm(false, true, rows, in_dim, out_dim, 1.0f, dout, out_dim, w, out_dim, 0.0f, dinp, in_dim));
+    ZINF_RETURN_IF_ERROR(Gemm(true, false, in_dim, out_dim, rows, 1.0f, inp, in_dim, dout, out_dim, 1.0f, dw, out_dim));
+    if (dbias) ZINF_RETURN_IF_ERROR(ColumnSumAccumulate(dout, dbias, rows, out_dim, s_));
+    return Status::Ok();
+  }
+
+  // model::AttentionForward / AttentionBackward: per batch row, the heads as
+  // one strided batch (head h at column h·D of q, k, v and out).
+  Status AttentionForward(float* out, float* att, const float* qkv) {
+    const int64_t B = options_.batch_size, T = options_.seq_len, C = config_.embed_dim, H = config_.num_heads;
+    const int64_t D = C / H, C3 = 3 * C;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+    for (int64_t b = 0; b < B; ++b) {
+      const float* q = qkv + b * T * C3;
+      ZINF_RETURN_IF_ERROR(GemmBatched(false, true, T, T, D, scale, q, C3, D, q + C, C3, D, 0.0f, att + b * H * T * T,
+                                       T, T * T, H));
+    }
+    ZINF_RETURN_IF_ERROR(CausalSoftmaxForward(att, B * H, T, s_));
+    for (int64_t b = 0; b < B; ++b) {
+      const float* v = qkv + b * T * C3 + 2 * C;
+      ZINF_RETURN_IF_ERROR(GemmBatched(false, false, T, D, T, 1.0f, att + b * H * T * T, T, T * T, v, C3, D, 0.0f,
+                                       out + b * T * C, C, D, H));
+    }
+    return Status::Ok();
+  }
+  Status AttentionBackward(float* dqkv, float* datt, const float* dout, const float* qkv, const float* att) {
+    const int64_t B = options_.batch_size, T = options_.seq_len, C = config_.embed_dim, H = config_.num_heads;
+    const int64_t D = C / H, C3 = 3 * C;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+    for (int64_t b = 0; b < B; ++b) {
+      const float* q = qkv + b * T * C3;
+      const float* k = q + C;
+      const float* v = q + 2 * C;
+      float* dq = dqkv + b * T * C3;
+      const float* a = att + b * H * T * T;
+      const float* dy = dout + b * T * C;
+      float* da = datt + b * H * T * T;
+      ZINF_RETURN_IF_ERROR(GemmBatched(false, true, T, T, D, 1.0f, dy, C, D, v, C3, D, 0.0f, da, T, T * T, H));
+      ZINF_RETURN_IF_ERROR(GemmBatched(true, false, T, D, T, 1.0f, a, T, T * T, dy, C, D, 0.0f, dq + 2 * C, C3, D, H));
+      ZINF_RETURN_IF_ERROR(CausalSoftmaxBackward(a, da, H, T, scale, s_));
+      ZINF_RETURN_IF_ERROR(GemmBatched(false, false, T, D, T, 1.0f, da, T, T * T, k, C3, D, 0.0f, dq, C3, D, H));
+      ZINF_RETURN_IF_ERROR(GemmBatched(true, false, T, D, T, 1.0f, da, T, T * T, q, C3, D, 0.0f, dq + C, C3, D, H));
+    }
+    return Status::Ok();
+  }
+
+  Status RunBlockForward(int layer, const float* p) {
+    const int64_t B = options_.batch_size, T = options_.seq_len, C = config_.embed_dim;
+    const int64_t BT = B * T;
+    const BlockLayout w = BlockLayout::For(config_);
+    const ActivationLayout::Block a = BlockPtrs(layer);
+    const float* in = F32(layout_.residual) + layer * BT * C;
+    float* out = F32(layout_.residual) + (layer + 1) * BT * C;
+    float* res_mid = F32(a.res_mid);
+    const size_t n = static_cast<size_t>(BT * C);
+    ZINF_RETURN_IF_ERROR(
+        LayerNormForward(in, p + w.ln1_w, p + w.ln1_b, F32(a.ln1), F32(a.ln1_mean), F32(a.ln1_rstd), BT, C, s_));
+    ZINF_RETURN_IF_ERROR(LinearForward(F32(a.qkv), F32(a.ln1), p + w.qkv_w, p + w.qkv_b, BT, C, 3 * C));
+    ZINF_RETURN_IF_ERROR(AttentionForward(F32(a.atty), F32(a.att), F32(a.qkv)));
+    ZINF_RETURN_IF_ERROR(LinearForward(res_mid, F32(a.atty), p + w.attn_proj_w, p + w.attn_proj_b, BT, C, C));
+    ZINF_RETURN_IF_ERROR(ResidualForward(res_mid, in, res_mid, n, s_));
+    ZINF_RETURN_IF_ERROR(
+        LayerNormForward(res_mid, p + w.ln2_w, p + w.ln2_b, F32(a.ln2), F32(a.ln2_mean), F32(a.ln2_rstd), BT, C, s_));
+    ZINF_RETURN_IF_ERROR(LinearForward(F32(a.fch), F32(a.ln2), p + w.fc_w, p + w.fc_b, BT, C, 4 * C));
+    ZINF_RETURN_IF_ERROR(GeluForward(F32(a.fch), F32(a.fch_gelu), static_cast<size_t>(BT * 4 * C), s_));
+    ZINF_RETURN_IF_ERROR(LinearForward(out, F32(a.fch_gelu), p + w.fc_proj_w, p + w.fc_proj_b, BT, 4 * C, C));
+    ZINF_RETURN_IF_ERROR(ResidualForward(out, res_mid, out, n, s_));
+    checkpoint_layer_ = layer;
+    return Status::Ok();
+  }
+
+  Device& device_;
+  Stream& stream_;
+  void* s_;  // the cudaStream_t
+  model::GptConfig config_;
+  model::GptRunOptions options_;
+  ActivationLayout layout_;
+  char* arena_;
+  cublasHandle_t handle_ = nullptr;
+  float* count_ = nullptr;  // device: the last HeadForward's number of targets
+
+  int forward_next_ = -1;
+  bool head_forward_done_ = false;
+  int backward_next_ = -2;
+  int checkpoint_layer_ = -1;
+  float* embedding_grad32_ = nullptr;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<model::GptStages>> CreateGptCudaStages(Device& device, Stream& stream,
+                                                              const model::GptConfig& config,
+                                                              const model::GptRunOptions& options,
+                                                              const model::ActivationLayout& layout, void* arena) {
+  if (device.kind() != DeviceKind::kCuda) return InvalidArgument("gpt model: " + device.name() + " is not a CUDA device");
+  auto stages = std::make_unique<CudaStages>(device, stream, config, options, layout, arena);
+  ZINF_RETURN_IF_ERROR(stages->Init());
+  return std::unique_ptr<model::GptStages>(std::move(stages));
+}
+
+}  // namespace zinf::gpu

@@ -1,0 +1,176 @@
+// The GPT model's stages on CUDA (GptDevice on a CudaDevice) against GptModel
+// on the CPU, on the same parameters and batch. Skipped (not passed) without a
+// CUDA device.
+//
+// Tolerances: the products are cuBLAS fp32 (no TF32) against OpenBLAS fp32,
+// which sum in other orders; everything between them is the CPU's math.
+//   loss: |gpu - cpu| <= 1e-5 · max(1, |cpu|);
+//   each unit's gradient with fp32 gradients: ‖gpu - cpu‖ / ‖cpu‖ <= 1e-4;
+//   with bf16 parameters and gradients (rounded once at the end, so a few
+//   elements land one bf16 step apart): ‖gpu - cpu‖ / ‖cpu‖ <= 1e-2.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <vector>
+
+#include "cpu/float16.h"
+#include "gpu/cuda_device.h"
+#include "gpu/cuda_probe.h"
+#include "model/gpt_device.h"
+#include "model/model_test_util.h"
+
+namespace zinf::model {
+namespace {
+
+using test::MakeGrads;
+using test::MakeModel;
+using test::MakeParams;
+using test::RandomTokens;
+
+struct Case {
+  const char* name;
+  GptConfig config;
+  bool checkpointing;
+  bool bf16;
+};
+
+std::vector<uint16_t> ToBf16(const std::vector<float>& v) {
+  std::vector<uint16_t> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = FloatToBf16Bits(v[i]);
+  return out;
+}
+std::vector<float> FromBf16(const std::vector<uint16_t>& v) {
+  std::vector<float> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = Bf16BitsToFloat(v[i]);
+  return out;
+}
+
+double RelativeError(const std::vector<float>& got, const std::vector<float>& want) {
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    diff += (static_cast<double>(got[i]) - want[i]) * (static_cast<double>(got[i]) - want[i]);
+    norm += static_cast<double>(want[i]) * want[i];
+  }
+  return std::sqrt(diff / std::max(norm, 1e-300));
+}
+
+class GptOnCudaTest : public ::testing::TestWithParam<Case> {
+ protected:
+  void SetUp() override {
+    if (gpu::CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  }
+};
+
+TEST_P(GptOnCudaTest, LossAndGradientsMatchTheCpuModel) {
+  const Case& k = GetParam();
+  const GptConfig& c = k.config;
+  GptRunOptions o;
+  o.batch_size = 3;
+  o.num_threads = 2;
+  o.activation_checkpointing = k.checkpointing;
+  o.param_dtype = o.grad_dtype = k.bf16 ? DType::kBFloat16 : DType::kFloat32;
+  o.accumulate_grads = k.bf16;  // accumulate onto a non-zero start: exercises the fp32 accumulator's load
+  const int64_t BT = o.batch_size * c.max_seq_len;
+  auto params = MakeParams(c, 21);
+  auto tokens = RandomTokens(BT, c.vocab_size, 22), targets = RandomTokens(BT, c.vocab_size, 23);
+  targets[5] = -1;  // an ignored target
+
+  // The CPU reference, on the same (possibly bf16-rounded) parameters.
+  std::vector<std::vector<uint16_t>> params16, grads16;
+  std::vector<std::vector<float>> want(NumUnits(c));
+  float want_loss = 0;
+  {
+    auto model = MakeModel(c, o);
+    if (k.bf16) {
+      for (auto& p : params) params16.push_back(ToBf16(p));
+      for (auto& p : params) grads16.push_back(ToBf16(std::vector<float>(p.size(), 0.01f)));
+      auto g = grads16;
+      want_loss = test::Step(*model, params16, g, tokens, targets);
+      for (int u = 0; u < NumUnits(c); ++u) want[u] = FromBf16(g[u]);
+    } else {
+      auto g = MakeGrads<float>(c);
+      want_loss = test::Step(*model, params, g, tokens, targets);
+      want = g;
+    }
+  }
+
+  auto device = gpu::CreateCudaDevice(0, DeviceOptions{.memory_budget = 512 << 20});
+  ASSERT_TRUE(device.ok()) << device.status().ToString();
+  Device& d = **device;
+  auto stream = std::move(d.CreateStream()).value();
+  const size_t esize = k.bf16 ? 2 : 4;
+  std::vector<const void*> dparams;
+  std::vector<void*> dgrads;
+  for (int u = 0; u < NumUnits(c); ++u) {
+    const size_t bytes = params[u].size() * esize;
+    void* p = d.Allocate(bytes, *stream).value();
+    void* g = d.Allocate(bytes, *stream).value();
+    ASSERT_TRUE(d.CopyToDevice(p, k.bf16 ? static_cast<const void*>(params16[u].data()) : params[u].data(), bytes,
+                               *stream).ok());
+    if (k.bf16) {
+      ASSERT_TRUE(d.CopyToDevice(g, grads16[u].data(), bytes, *stream).ok());
+    } else {
+      ASSERT_TRUE(d.Memset(g, 0xff, bytes, *stream).ok());  // NaN: every element must be written
+    }
+    dparams.push_back(p);
+    dgrads.push_back(g);
+  }
+  auto* dtokens = static_cast<int32_t*>(d.Allocate(BT * 4, *stream).value());
+  auto* dtargets = static_cast<int32_t*>(d.Allocate(BT * 4, *stream).value());
+  auto* dloss = static_cast<float*>(d.Allocate(4, *stream).value());
+  ASSERT_TRUE(d.CopyToDevice(dtokens, tokens.data(), BT * 4, *stream).ok());
+  ASSERT_TRUE(d.CopyToDevice(dtargets, targets.data(), BT * 4, *stream).ok());
+  ASSERT_TRUE(stream->Synchronize().ok());
+
+  auto gpt = GptDevice::Create(d, *stream, c, o);
+  ASSERT_TRUE(gpt.ok()) << gpt.status().ToString();
+  ASSERT_TRUE((*gpt)->EnqueueForward(dtokens, dtargets, dparams, dloss).ok());
+  ASSERT_TRUE((*gpt)->EnqueueBackward(dparams, dgrads).ok());
+  float loss = 0;
+  ASSERT_TRUE(d.CopyToHost(&loss, dloss, 4, *stream).ok());
+  std::vector<std::vector<float>> got(NumUnits(c));
+  for (int u = 0; u < NumUnits(c); ++u) {
+    if (k.bf16) {
+      std::vector<uint16_t> g(params[u].size());
+      ASSERT_TRUE(d.CopyToHost(g.data(), dgrads[u], g.size() * 2, *stream).ok());
+      got[u] = FromBf16(g);
+    } else {
+      got[u].resize(params[u].size());
+      ASSERT_TRUE(d.CopyToHost(got[u].data(), dgrads[u], got[u].size() * 4, *stream).ok());
+    }
+  }
+  const Status st = stream->Synchronize();
+  ASSERT_TRUE(st.ok()) << st.ToString();
+
+  EXPECT_NEAR(loss, want_loss, 1e-5 * std::max(1.0f, std::fabs(want_loss))) << k.name;
+  const double tolerance = k.bf16 ? 1e-2 : 1e-4;
+  for (int u = 0; u < NumUnits(c); ++u) {
+    const double err = RelativeError(got[u], want[u]);
+    std::printf("  %s: unit %d gradient relative error %.3g\n", k.name, u, err);
+    EXPECT_LE(err, tolerance) << k.name << ", unit " << u;
+  }
+  gpt->reset();
+  ASSERT_TRUE(stream->Synchronize().ok());
+}
+
+GptConfig Shape(int64_t V, int64_t T, int64_t C, int64_t L, int64_t H) {
+  GptConfig c;
+  c.name = "test";
+  c.vocab_size = V;
+  c.max_seq_len = T;
+  c.embed_dim = C;
+  c.num_layers = L;
+  c.num_heads = H;
+  return c;
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, GptOnCudaTest,
+                         ::testing::Values(Case{"tiny", test::Tiny(), false, false},
+                                           Case{"tiny_checkpointing", test::Tiny(), true, false},
+                                           Case{"odd_vocab_long_rows", Shape(97, 67, 48, 3, 6), false, false},
+                                           Case{"bf16_accumulate", Shape(97, 40, 64, 2, 4), true, true}),
+                         [](const ::testing::TestParamInfo<Case>& i) { return std::string(i.param.name); });
+
+}  // namespace
+}  // namespace zinf::model
