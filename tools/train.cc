@@ -56,6 +56,7 @@ struct TrainOptions {
   std::string device_memory;
   uint64_t seed = 1;
   int threads = 0;
+  int sample_tokens = 120;
   std::string metrics_json, plot;
   std::string save_dir, resume;
   int64_t save_every = 0, keep = 2;
@@ -157,6 +158,7 @@ int Run(const TrainOptions& opt) {
     }
   } remove_guard{tmp_dir, remove_tmp};
   const int64_t steps = opt.steps > 0 ? opt.steps : kDefaultSteps;
+  if (opt.sample_tokens < 0) throw Usage{"--sample-tokens must be >= 0 (0: no sample)"};
   if (opt.lr > 0) {
     config.optimizer.lr = opt.lr;
     if (config.scheduler.type != SchedulerType::kNone) config.scheduler.warmup_max_lr = opt.lr;
@@ -241,7 +243,11 @@ int Run(const TrainOptions& opt) {
     if (!m.ok()) throw Usage{"--device-memory: " + m.status().message()};
     dopt.memory_budget = *m;
   }
-  auto device = Must(CreateDevice(dopt), "device");
+  auto device = [&] {
+    auto d = CreateDevice(dopt);
+    if (!d.ok() && d.status().code() == StatusCode::kInvalidArgument) throw Usage{"--device: " + d.status().message()};
+    return Must(std::move(d), "device");
+  }();
   auto stream = Must(device->CreateStream(), "stream");
   auto engine = [&] {
     auto e = Engine::Create(config, *device, comm.get());
@@ -428,52 +434,70 @@ int Run(const TrainOptions& opt) {
     }
   }
   Must(engine->Synchronize(), "synchronize");
+
+  // ---- Validation: forward passes through the engine on the device (every
+  // rank runs them: a stage-3 Fetch is collective); the mean over up to 16
+  // windows of the validation split.
+  data::BatchLoader valid = Must(data::BatchLoader::Create(split.valid, {B, T, 0, false}), "validation data");
+  const int64_t windows = std::max<int64_t>(1, std::min<int64_t>(valid.NumWindows() / B, 16));
+  double vloss = 0;
+  for (int64_t w = 0; w < windows; ++w) {
+    valid.Next(tok.data(), tgt.data());
+    Must(device->CopyToDevice(dtok, tok.data(), tok.size() * 4, *stream), "copy");
+    Must(device->CopyToDevice(dtgt, tgt.data(), tgt.size() * 4, *stream), "copy");
+    const void* emb = Must(engine->Fetch(0, *stream), "fetch").data;
+    Must(gpt->EnqueueEmbedForward(dtok, emb), "validation");
+    for (int l = 0; l < L; ++l) {
+      Must(gpt->EnqueueBlockForward(l, Must(engine->Fetch(l + 1, *stream), "fetch").data), "validation");
+      Must(engine->Release(l + 1, *stream), "release");
+    }
+    const void* fin = Must(engine->Fetch(L + 1, *stream), "fetch").data;
+    Must(gpt->EnqueueHeadForward(dtgt, fin, emb, dloss), "validation");
+    Must(engine->Release(L + 1, *stream), "release");
+    Must(engine->Release(0, *stream), "release");
+    float loss = 0;
+    Must(device->CopyToHost(&loss, dloss, 4, *stream), "copy");
+    Must(stream->Synchronize(), "validation");
+    vloss += loss;
+  }
+  vloss /= static_cast<double>(windows);
   (void)device->Free(dtok, *stream);
   (void)device->Free(dtgt, *stream);
   (void)device->Free(dloss, *stream);
 
-  // ---- The trained weights (the compute copy, widened), validation and a sample.
+  // ---- The trained weights (the compute copy, widened) and a sample.
   std::vector<std::vector<float>> weights(units);
-  for (int u = 0; u < units; ++u) {
-    weights[u].resize(model::UnitNumParams(mc, u));
-    Must(engine->ReadState(u, StateKind::kComputeParams, weights[u].data()), "read weights");
+  if (opt.sample_tokens > 0) {
+    for (int u = 0; u < units; ++u) {
+      weights[u].resize(model::UnitNumParams(mc, u));
+      Must(engine->ReadState(u, StateKind::kComputeParams, weights[u].data()), "read weights");
+    }
   }
   std::vector<std::vector<float>> masters;
   if (!opt.export_path.empty()) {
     masters.resize(units);
     for (int u = 0; u < units; ++u) {
-      masters[u].resize(weights[u].size());
+      masters[u].resize(model::UnitNumParams(mc, u));
       Must(engine->ReadState(u, StateKind::kMaster, masters[u].data()), "read master weights");
     }
   }
   if (!talk) return 0;
-  std::vector<const void*> ptrs(units);
-  for (int u = 0; u < units; ++u) ptrs[u] = weights[u].data();
-  model::GptRunOptions eval = ro;
-  eval.param_dtype = DType::kFloat32;
-  auto host_model = Must(model::GptModel::Create(mc, eval), "evaluation model");
-  std::vector<char> arena_storage(host_model->activation_bytes() + 64);
-  host_model->BindActivations(reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(arena_storage.data()) + 63) & ~uintptr_t{63}));
-  data::BatchLoader valid = Must(data::BatchLoader::Create(split.valid, {B, T, 0, false}), "validation data");
-  const int64_t windows = std::min<int64_t>(valid.NumWindows() / B, 16);
-  double vloss = 0;
-  for (int64_t w = 0; w < std::max<int64_t>(windows, 1); ++w) {
-    valid.Next(tok.data(), tgt.data());
-    vloss += Must(host_model->Forward(tok.data(), tgt.data(), ptrs), "validation");
-  }
-  vloss /= std::max<int64_t>(windows, 1);
 
-  // A sample: sampled (temperature 0.8) continuation of the start of the validation text.
-  std::string sample;
-  {
-    model::GptRunOptions one = eval;
+  // A sample: sampled (temperature 0.8) continuation of the start of the
+  // validation text, by the CPU model on the trained weights.
+  std::string sample = "(none: --sample-tokens 0)";
+  if (opt.sample_tokens > 0) {
+    std::vector<const void*> ptrs(units);
+    for (int u = 0; u < units; ++u) ptrs[u] = weights[u].data();
+    model::GptRunOptions one = ro;
+    one.param_dtype = DType::kFloat32;
     one.batch_size = 1;
     auto gen = Must(model::GptModel::Create(mc, one), "sampling model");
     std::vector<char> a(gen->activation_bytes() + 64);
     gen->BindActivations(reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(a.data()) + 63) & ~uintptr_t{63}));
     std::vector<int32_t> ctx(split.valid.begin(), split.valid.begin() + T / 2), window(T), none(T, -1), out;
     std::mt19937_64 rng(opt.seed);
-    for (int i = 0; i < 120; ++i) {
+    for (int i = 0; i < opt.sample_tokens; ++i) {
       const int64_t n = std::min<int64_t>(static_cast<int64_t>(ctx.size()), T);
       std::fill(window.begin(), window.end(), 0);
       std::copy(ctx.end() - n, ctx.end(), window.begin());
@@ -553,6 +577,8 @@ void RegisterTrain(CLI::App& app, int* exit_code) {
   cmd->add_option("--device-memory", opt->device_memory, "Device memory budget, e.g. 2G");
   cmd->add_option("--seed", opt->seed, "Initialisation, data order and sampling")->capture_default_str();
   cmd->add_option("--threads", opt->threads, "CPU threads per rank for kernels and the optimizer (0: cores / ranks)");
+  cmd->add_option("--sample-tokens", opt->sample_tokens, "Tokens to sample after training (CPU model; 0: none)")
+      ->capture_default_str();
   cmd->add_option("--export", opt->export_path, "Write the trained weights as .safetensors");
   cmd->add_option("--export-names", opt->export_names, "zinf or hf")->capture_default_str();
   cmd->add_option("--export-dtype", opt->export_dtype, "fp32, bf16 or fp16")->capture_default_str();

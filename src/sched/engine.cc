@@ -559,11 +559,26 @@ Status EngineImpl::Finalize() {
 // now), the pipeline buffers, and the initial state written out, so every
 // read of a step touches written extents.
 Status EngineImpl::SetUpSwap() {
-  const int64_t limit = config_.zero.sub_group_size;
+  // A sub-group's swap buffer is one registered pinned buffer: at most
+  // kMaxBufferBytes of [master | m | v], whatever sub_group_size asks.
+  const int64_t buffer_cap = static_cast<int64_t>(PinnedPool::kMaxBufferBytes / 12);
+  const int64_t limit = std::min<int64_t>(config_.zero.sub_group_size, buffer_cap);
+  if (limit < config_.zero.sub_group_size) {
+    ZINF_LOG_INFO("engine: sub-groups of at most {} elements (sub_group_size {} capped: a sub-group's 12 B/element "
+                  "swap buffer is one pinned buffer of at most {})",
+                  limit, config_.zero.sub_group_size, FormatBytes(PinnedPool::kMaxBufferBytes));
+  }
   group_of_unit_.assign(units_.size(), 0);
   offset_in_group_.assign(units_.size(), 0);
   for (size_t i = 0; i < units_.size(); ++i) {
     const int64_t n = owned_elems(units_[i]);
+    if (n > buffer_cap) {
+      return InvalidArgument("unit '" + units_[i].name + "' has " + std::to_string(n) +
+                             " elements on this rank: its optimizer state (12 B/element) exceeds the " +
+                             FormatBytes(PinnedPool::kMaxBufferBytes) +
+                             " a sub-group's swap buffer can be; split the unit, or shard it over more ranks "
+                             "(stage 1-3)");
+    }
     if (n > limit) {
       return InvalidArgument("zero_optimization.sub_group_size = " + std::to_string(limit) + " is smaller than unit '" +
                              units_[i].name + "' (" + std::to_string(n) +

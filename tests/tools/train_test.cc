@@ -62,8 +62,9 @@ TEST(TrainTest, ShortEmbeddedRunLearnsAndWritesItsFiles) {
   EXPECT_GT(std::filesystem::file_size(weights), 1000u);
 
   // The export loads back (Hugging Face names) as the initial weights.
-  r = RunZinf("train --steps 1 --layers 1 --d-model 32 --seq-len 32 --micro-batch 4 --init " + weights);
+  r = RunZinf("train --steps 1 --layers 1 --d-model 32 --seq-len 32 --micro-batch 4 --sample-tokens 0 --init " + weights);
   EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("sample: (none: --sample-tokens 0)"), std::string::npos) << r.output;
 }
 
 // The embedded default (no arguments) reaches the corpus's entropy rate +
@@ -144,6 +145,8 @@ TEST(TrainTest, BadInputIsOneLineAndExitCodeTwo) {
       {"train --config " + config + " --micro-batch 8", "contradicts train_micro_batch_size_per_gpu = 4"},
       {"train --vocab 100", "smaller than the tokenizer's"},
       {"train --model gpt-99b", "gpt-99b"},
+      {"train --sample-tokens -1", "--sample-tokens must be >= 0"},
+      {"train --device tpu", "expected auto, cpu, cuda or cuda:N"},
   };
   for (const Case& c : cases) {
     auto r = RunZinf(c.args);
