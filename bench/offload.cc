@@ -27,12 +27,17 @@
 #include "common/units.h"
 #include "cpu/adam.h"
 #include "cpu/norm.h"
+#include "common/build_config.h"
 #include "cpu/host_device.h"
 #include "nvme/io_engine.h"
 #include "nvme/swap_store.h"
 #include "zinf/engine.h"
 
 #include <sys/resource.h>
+
+#if ZINF_HAVE_CUDA
+#include "gpu/kernels.h"
+#endif
 
 namespace zinf::bench {
 namespace {
@@ -46,6 +51,7 @@ struct Options {
   double compute_ms = 0;
   int steps = 3;
   int threads = 2;
+  std::string device = "cpu";  // cpu, cuda or cuda:N
   bool json = false;
 };
 
@@ -92,8 +98,14 @@ double AdamBound(int64_t n, int threads) {
   return Median(t);
 }
 
-void Wait(Stream& stream, double ms) {
+// Synthetic device compute: on a CUDA device a kernel that holds the stream
+// (no host CPU, no host-function thread); on the host device a sleeping task.
+void Wait(Device& device, Stream& stream, double ms) {
   if (ms <= 0) return;
+#if ZINF_HAVE_CUDA
+  if (device.kind() == DeviceKind::kCuda) return Check(gpu::BusyWait(ms / 1e3, stream.native_handle()), "compute");
+#endif
+  (void)device;
   Check(stream.Enqueue([ms](const StreamContext&) {
     std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(ms));
     return Status::Ok();
@@ -112,6 +124,10 @@ int Run(const Options& opt) {
                  "--compute-ms-per-unit >= 0, --offload cpu, nvme (with --path DIR) or none\n");
     return 2;
   }
+  if (opt.device != "cpu" && opt.device != "cuda" && opt.device.rfind("cuda:", 0) != 0) {
+    std::fprintf(stderr, "zinf bench offload: --device must be cpu, cuda or cuda:N (got '%s')\n", opt.device.c_str());
+    return 2;
+  }
   auto sub_group = ParseCount(opt.sub_group_size);
   if (!sub_group.ok() || *sub_group == 0) {
     std::fprintf(stderr, "zinf bench offload: --sub-group-size must be a positive count, e.g. 50M\n");
@@ -123,9 +139,9 @@ int Run(const Options& opt) {
   const bool offload = opt.offload != "none";
   if (!opt.json) {
     std::printf("# zinf bench offload: %s parameters in %d units, bf16 compute, ZeRO stage 0, offload %s, "
-                "%d optimizer threads (%u cores), compute %.1f ms per unit and pass\n",
+                "%d optimizer threads (%u cores), compute %.1f ms per unit and pass, device %s\n",
                 FormatCount(static_cast<double>(P)).c_str(), opt.units, opt.offload.c_str(), opt.threads,
-                std::thread::hardware_concurrency(), opt.compute_ms);
+                std::thread::hardware_concurrency(), opt.compute_ms, opt.device.c_str());
     std::fflush(stdout);
   }
   // 1. The bound, alone; and what a step must also do on this device: move
@@ -190,16 +206,17 @@ int Run(const Options& opt) {
   }
 
   DeviceOptions dopt;
-  dopt.spec = "cpu";
+  dopt.spec = opt.device;
   dopt.memory_budget = static_cast<uint64_t>(P) * (offload ? 6 : 22) + (uint64_t{512} << 20);
-  auto device = Check(CreateHostDevice(dopt), "device");
+  auto device = Check(CreateDevice(dopt), "device");
+  const bool host_device = device->kind() == DeviceKind::kHost;
   auto stream = Check(device->CreateStream(), "stream");
 
   // 2. Forward + backward alone: the waits, on the stream.
   double compute_alone = 0;
   if (opt.compute_ms > 0) {
     const double t0 = NowSeconds();
-    for (int u = 0; u < 2 * opt.units; ++u) Wait(*stream, opt.compute_ms);
+    for (int u = 0; u < 2 * opt.units; ++u) Wait(*device, *stream, opt.compute_ms);
     Check(stream->Synchronize(), "compute");
     compute_alone = NowSeconds() - t0;
   }
@@ -216,26 +233,26 @@ int Run(const Options& opt) {
   c.zero.offload_optimizer.pin_memory = true;
   c.zinf.optimizer_threads = opt.threads;
   auto engine = Check(Engine::Create(c, *device, nullptr), "engine");
-  for (int u = 0; u < opt.units; ++u) {
-    Check(engine->AddUnit("unit" + std::to_string(u), {{"w", {per_unit}, DType::kFloat32, nullptr}}), "register");
-    // Synthetic gradients, written once: backward leaves them in place.
-    UnitPointers g = Check(engine->GradBuffers(u), "grads");
-    Check(stream->Enqueue([g](const StreamContext& ctx) {
-      float* p = static_cast<float*>(ctx.Host(g.data));
-      std::fill(p, p + g.num_elems, 1e-3f);
-      return Status::Ok();
-    }),
-          "fill");
+  {
+    std::vector<float> fill;
+    for (int u = 0; u < opt.units; ++u) {
+      Check(engine->AddUnit("unit" + std::to_string(u), {{"w", {per_unit}, DType::kFloat32, nullptr}}), "register");
+      // Synthetic gradients, written once: backward leaves them in place.
+      UnitPointers g = Check(engine->GradBuffers(u), "grads");
+      fill.assign(g.num_elems, 1e-3f);
+      Check(device->CopyToDevice(g.data, fill.data(), fill.size() * 4, *stream), "fill");
+      Check(stream->Synchronize(), "fill");
+    }
   }
   auto one_step = [&] {
     for (int u = 0; u < opt.units; ++u) {
       Check(engine->Fetch(u, *stream), "fetch");
-      Wait(*stream, opt.compute_ms);
+      Wait(*device, *stream, opt.compute_ms);
       Check(engine->Release(u, *stream), "release");
     }
     for (int u = opt.units - 1; u >= 0; --u) {
       Check(engine->Fetch(u, *stream), "fetch");
-      Wait(*stream, opt.compute_ms);
+      Wait(*device, *stream, opt.compute_ms);
       Check(engine->GradsReady(u, *stream), "grads ready");
       Check(engine->Release(u, *stream), "release");
     }
@@ -262,6 +279,7 @@ int Run(const Options& opt) {
                         {"units", opt.units},
                         {"offload", opt.offload},
                         {"threads", opt.threads},
+                        {"device", device->name()},
                         {"compute_ms_per_unit", opt.compute_ms},
                         {"step_seconds", step},
                         {"bound_seconds", bound},
@@ -293,8 +311,8 @@ int Run(const Options& opt) {
                 "%.2f; nvme waits in the step %.3f s\n",
                 FormatBytes(static_cast<uint64_t>(P) * 12).c_str(), io_bound, step / io_bound, last.io_seconds);
   }
-  std::printf("# peak RSS %s (includes HostDevice's device memory: 6 B/param of bf16 parameters and fp32 gradients)\n",
-              FormatBytes(PeakRssBytes()).c_str());
+  std::printf("# peak RSS %s%s\n", FormatBytes(PeakRssBytes()).c_str(),
+              host_device ? " (includes HostDevice's device memory: 6 B/param of bf16 parameters and fp32 gradients)" : "");
   if (nvme) {
     std::printf("# host pinned peak %s = 4 B/param of fp32 gradient accumulator + %lld swap buffers of one sub-group "
                 "(12 B/element) + staging (one unit's fp32 gradient, bf16 parameter slots)\n",
@@ -324,6 +342,7 @@ void RegisterOffload(CLI::App& bench, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--steps", opt->steps, "Timed steps (median reported) after one warm-up")->capture_default_str();
   cmd->add_option("--threads", opt->threads, "Optimizer threads (zinf.optimizer_threads)")->capture_default_str();
+  cmd->add_option("--device", opt->device, "cpu (HostDevice), cuda or cuda:N")->capture_default_str();
   cmd->add_flag("--json", opt->json, "Print one JSON object");
   cmd->callback([opt, exit_code] {
     try {

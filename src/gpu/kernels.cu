@@ -396,6 +396,17 @@ __global__ void ScaleByCountKernel(float* x, size_t n, float scale, const float*
   for (size_t i = GlobalThread(); i < n; i += GridStride()) x[i] = k * x[i];
 }
 
+__device__ inline uint64_t GlobalTimerNs() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+__global__ void BusyWaitKernel(uint64_t ns) {
+  const uint64_t start = GlobalTimerNs();
+  while (GlobalTimerNs() - start < ns) __nanosleep(1000);
+}
+
 bool IsFloatDType(DType d) { return d == DType::kFloat32 || d == DType::kBFloat16 || d == DType::kFloat16; }
 
 std::string DTypeArg(DType d) { return std::to_string(static_cast<int>(d)); }
@@ -610,6 +621,13 @@ Status ScaleByCount(float* x, size_t n, float scale, const float* count, void* s
   if (!x || !count) return InvalidArgument("gpu::ScaleByCount: null x or count");
   ScaleByCountKernel<<<BlocksFor(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(x, n, scale, count);
   return ZINF_CHECK_LAUNCH("ScaleByCountKernel");
+}
+
+Status BusyWait(double seconds, void* stream) {
+  if (!(seconds >= 0)) return InvalidArgument("gpu::BusyWait: seconds must be >= 0");
+  if (seconds == 0) return Status::Ok();
+  BusyWaitKernel<<<1, 1, 0, static_cast<cudaStream_t>(stream)>>>(static_cast<uint64_t>(seconds * 1e9));
+  return ZINF_CHECK_LAUNCH("BusyWaitKernel");
 }
 
 }  // namespace zinf::gpu

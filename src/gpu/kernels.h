@@ -117,4 +117,9 @@ Status MeanLoss(const float* losses, const int32_t* targets, int64_t rows, float
 // x[i] = (scale / count[0]) · x[i], or 0 when count[0] is 0.
 Status ScaleByCount(float* x, size_t n, float scale, const float* count, void* stream);
 
+// Occupies `stream` for `seconds` of device time (one thread polling the
+// global timer, sleeping between polls; no host CPU): synthetic compute for
+// benchmarks.
+Status BusyWait(double seconds, void* stream);
+
 }  // namespace zinf::gpu

@@ -62,6 +62,7 @@ TEST(ZinfCliTest, BadUsageExitsTwo) {
   EXPECT_EQ(RunZinf("frobnicate").exit_code, 2);
   EXPECT_EQ(RunZinf("config check").exit_code, 2);
   EXPECT_EQ(RunZinf("bench membw --size 4Q").exit_code, 2);
+  EXPECT_EQ(RunZinf("bench offload --params 1M --device tpu").exit_code, 2);
   EXPECT_EQ(RunZinf("--log-level loud config check " + Data("ds_zero3_nvme.json")).exit_code, 2);
 }
 
