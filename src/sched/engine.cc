@@ -716,7 +716,10 @@ Status EngineImpl::EnqueueDeviceUpdate(Unit& u, bool home, bool has_grad) {
     d = decision_;
   }
   const int64_t valid = owned_valid(u);
-  if (valid == 0) return Status::Ok();
+  if (valid == 0) {  // only padding here: nothing to update, but the unit took a step
+    if (!d.skip && has_grad) ++u.steps;
+    return Status::Ok();
+  }
   float* master = static_cast<float*>(u.master);
   void* param_dst = home ? param_scratch_ : param_home(u);
   if (d.skip || !has_grad) {  // the scratch is copied home regardless: refill it with the unchanged copy
@@ -1276,7 +1279,10 @@ Status EngineImpl::EnqueueBoundary() {
         d = decision_;
       }
       const int64_t valid = owned_valid(u);
-      if (valid == 0) return Status::Ok();
+      if (valid == 0) {  // only padding on this rank: nothing to update, but the unit took a step
+        if (!d.skip && has) ++u.steps;
+        return Status::Ok();
+      }
       AdamBuffers b;
       if (swap) {
         const int64_t owned = owned_elems(u);
