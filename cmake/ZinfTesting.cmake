@@ -40,16 +40,17 @@ function(zinf_add_test)
     PROPERTIES LABELS ${T_LABEL})
 endfunction()
 
-# zinf_add_mpi_test(NAME <name> SOURCES ... RANKS 1 2 4 [LIBS ...] [TIMEOUT <s>])
+# zinf_add_mpi_test(NAME <name> SOURCES ... RANKS 1 2 4 [LIBS ...] [TIMEOUT <s>] [LABEL gpu])
 # Builds one GoogleTest binary (set up as zinf_add_test does) and registers
 # one ctest per rank count, <name>.np<N>, running it under
 #   ${ZINF_MPIEXEC} -np N <binary>
-# with label mpi. Every rank runs every test; the job fails if any rank does.
+# with label mpi (and LABEL's, if given). Every rank runs every test; the job
+# fails if any rank does.
 # The MPI tests share one RESOURCE_LOCK: two 4-rank jobs at once on a 2-core
 # machine only starve each other. Nothing is built with ZINF_UNIT_TESTS_ONLY.
 set(ZINF_MPIEXEC "${MPIEXEC_EXECUTABLE}" --allow-run-as-root --oversubscribe --bind-to none)
 function(zinf_add_mpi_test)
-  cmake_parse_arguments(T "" "NAME;TIMEOUT" "SOURCES;LIBS;RANKS" ${ARGN})
+  cmake_parse_arguments(T "" "NAME;TIMEOUT;LABEL" "SOURCES;LIBS;RANKS" ${ARGN})
   if(ZINF_UNIT_TESTS_ONLY)
     return()
   endif()
@@ -62,6 +63,6 @@ function(zinf_add_mpi_test)
   _zinf_test_executable(${T_NAME} "${T_SOURCES}" "${T_LIBS}")
   foreach(n IN LISTS T_RANKS)
     add_test(NAME ${T_NAME}.np${n} COMMAND ${ZINF_MPIEXEC} -np ${n} $<TARGET_FILE:${T_NAME}>)
-    set_tests_properties(${T_NAME}.np${n} PROPERTIES LABELS mpi TIMEOUT ${T_TIMEOUT} RESOURCE_LOCK zinf_mpi)
+    set_tests_properties(${T_NAME}.np${n} PROPERTIES LABELS "mpi;${T_LABEL}" TIMEOUT ${T_TIMEOUT} RESOURCE_LOCK zinf_mpi)
   endforeach()
 endfunction()

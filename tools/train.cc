@@ -360,6 +360,22 @@ int Run(const TrainOptions& opt) {
   const int L = static_cast<int>(mc.num_layers);
   std::vector<double> losses, tps_hist;
   double optimizer_s = 0, comm_s = 0, copy_s = 0, io_s = 0, stall_s = 0, train_s = 0;
+  // Copies the batch in tok/tgt to the device and enqueues the forward, each
+  // block fetched and released in turn; the embedding and the final norm stay
+  // fetched for the head's backward (returned: their parameters).
+  auto enqueue_forward = [&](const char* what) -> std::pair<const void*, const void*> {
+    Must(device->CopyToDevice(dtok, tok.data(), tok.size() * 4, *stream), "copy");
+    Must(device->CopyToDevice(dtgt, tgt.data(), tgt.size() * 4, *stream), "copy");
+    const void* emb = Must(engine->Fetch(0, *stream), "fetch").data;
+    Must(gpt->EnqueueEmbedForward(dtok, emb), what);
+    for (int l = 0; l < L; ++l) {
+      Must(gpt->EnqueueBlockForward(l, Must(engine->Fetch(l + 1, *stream), "fetch").data), what);
+      Must(engine->Release(l + 1, *stream), "release");
+    }
+    const void* fin = Must(engine->Fetch(L + 1, *stream), "fetch").data;
+    Must(gpt->EnqueueHeadForward(dtgt, fin, emb, dloss), what);
+    return {emb, fin};
+  };
   const auto start = std::chrono::steady_clock::now();
   for (int64_t step = first_step; step < steps; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -369,16 +385,7 @@ int Run(const TrainOptions& opt) {
         if (r == rank) loader.Next(tok.data(), tgt.data());
         else loader.Next(skip_tok.data(), skip_tgt.data());
       }
-      Must(device->CopyToDevice(dtok, tok.data(), tok.size() * 4, *stream), "copy");
-      Must(device->CopyToDevice(dtgt, tgt.data(), tgt.size() * 4, *stream), "copy");
-      const void* emb = Must(engine->Fetch(0, *stream), "fetch").data;
-      Must(gpt->EnqueueEmbedForward(dtok, emb), "forward");
-      for (int l = 0; l < L; ++l) {
-        Must(gpt->EnqueueBlockForward(l, Must(engine->Fetch(l + 1, *stream), "fetch").data), "forward");
-        Must(engine->Release(l + 1, *stream), "release");
-      }
-      const void* fin = Must(engine->Fetch(L + 1, *stream), "fetch").data;
-      Must(gpt->EnqueueHeadForward(dtgt, fin, emb, dloss), "forward");
+      const auto [emb, fin] = enqueue_forward("forward");
       const float scale = Must(engine->loss_scale(), "loss scale");
       Must(gpt->EnqueueHeadBackward(scale, fin, emb, Must(engine->GradBuffers(L + 1), "grads").data,
                                     Must(engine->GradBuffers(0), "grads").data), "backward");
@@ -443,16 +450,7 @@ int Run(const TrainOptions& opt) {
   double vloss = 0;
   for (int64_t w = 0; w < windows; ++w) {
     valid.Next(tok.data(), tgt.data());
-    Must(device->CopyToDevice(dtok, tok.data(), tok.size() * 4, *stream), "copy");
-    Must(device->CopyToDevice(dtgt, tgt.data(), tgt.size() * 4, *stream), "copy");
-    const void* emb = Must(engine->Fetch(0, *stream), "fetch").data;
-    Must(gpt->EnqueueEmbedForward(dtok, emb), "validation");
-    for (int l = 0; l < L; ++l) {
-      Must(gpt->EnqueueBlockForward(l, Must(engine->Fetch(l + 1, *stream), "fetch").data), "validation");
-      Must(engine->Release(l + 1, *stream), "release");
-    }
-    const void* fin = Must(engine->Fetch(L + 1, *stream), "fetch").data;
-    Must(gpt->EnqueueHeadForward(dtgt, fin, emb, dloss), "validation");
+    enqueue_forward("validation");
     Must(engine->Release(L + 1, *stream), "release");
     Must(engine->Release(0, *stream), "release");
     float loss = 0;

@@ -14,10 +14,16 @@
 #include <string>
 #include <vector>
 
+#include "common/build_config.h"
+#include "common/communicator.h"
 #include "cpu/float16.h"
 #include "cpu/host_device.h"
+#include "cpu/mpi_comm.h"
 #include "gpu/cuda_device.h"
 #include "gpu/cuda_probe.h"
+#if ZINF_HAVE_NCCL
+#include "gpu/nccl_comm.h"
+#endif
 #include "test_util.h"
 #include "zinf/config.h"
 #include "zinf/engine.h"
@@ -94,12 +100,14 @@ struct TrainedState {
 };
 
 // Five steps of two micro-steps: the second micro-step of step 2 is poisoned
-// (fp16: skipped, scale halved); unit 2 is missing from all of step 3.
-TrainedState Train(const Config& c, Device& device) {
+// (fp16: skipped, scale halved) on the last rank; unit 2 is missing from all
+// of step 3. Each rank trains on its own micro-batches.
+TrainedState Train(const Config& c, Device& device, Communicator* comm = nullptr) {
   TrainedState r;
   auto stream = device.CreateStream();
   EXPECT_TRUE(stream.ok()) << stream.status().ToString();
-  auto engine = Engine::Create(c, device, nullptr);
+  auto engine = Engine::Create(c, device, comm);
+  const int world = comm ? comm->size() : 1, rank = comm ? comm->rank() : 0;
   EXPECT_TRUE(engine.ok()) << engine.status().ToString();
   if (!stream.ok() || !engine.ok()) return r;
   Engine& e = **engine;
@@ -108,7 +116,8 @@ TrainedState Train(const Config& c, Device& device) {
   for (int step = 0; step < 5; ++step) {
     for (int k = 0; k < 2; ++k) {
       const std::vector<int> present = step == 3 ? std::vector<int>{0, 1, 3} : std::vector<int>{0, 1, 2, 3};
-      const Status s = client.MicroStep(e, device, **stream, step * 2 + k, present, step == 2 && k == 1);
+      const Status s = client.MicroStep(e, device, **stream, (step * 2 + k) * world + rank, present,
+                                        step == 2 && k == 1 && rank == world - 1);
       EXPECT_TRUE(s.ok()) << s.ToString();
       auto boundary = e.Step();
       EXPECT_TRUE(boundary.ok()) << boundary.status().ToString();
@@ -230,6 +239,53 @@ TEST_F(EngineOnCudaTest, EveryTierMatchesHostDeviceBitForBit) {
     // The run moved the state: a test of equal bits must not pass on two untouched copies.
     EXPECT_NE(want.state[0][0][0], 0.2f * Uniform(5, 0, 0));
   }
+}
+
+// Under mpirun with one GPU per rank: every stage with NCCL on CUDA devices
+// ends with the same bits as the same ranks on host devices with MPI (the
+// NCCL reductions add in rank order, as MPI's do).
+TEST_F(EngineOnCudaTest, NcclRanksMatchMpiRanksBitForBit) {
+#if ZINF_HAVE_NCCL
+  auto mpi = CreateMpiCommunicator(CommOptions{.timeout_seconds = 60, .checking = true});
+  ASSERT_TRUE(mpi.ok()) << mpi.status().ToString();
+  const int world = (*mpi)->size(), rank = (*mpi)->rank();
+  if (world < 2) GTEST_SKIP() << "one rank: run under mpirun -np 2 or more";
+  if (gpu::CudaDeviceCount() < world) {
+    GTEST_SKIP() << "needs one GPU per rank: " << gpu::CudaDeviceCount() << " for " << world << " ranks";
+  }
+  auto nccl = gpu::CreateNcclCommunicatorOverMpi(rank, CommOptions{.timeout_seconds = 60});
+  ASSERT_TRUE(nccl.ok()) << nccl.status().ToString();
+  std::vector<Config> configs;
+  for (int stage = 0; stage <= 3; ++stage) configs.push_back(Base(stage));
+  configs.push_back(Base(2));
+  configs.back().zero.offload_optimizer.device = OffloadDevice::kCpu;
+  configs.push_back(Base(3));
+  configs.back().zero.offload_param.device = OffloadDevice::kCpu;
+  for (const Config& c : configs) {
+    SCOPED_TRACE("stage " + std::to_string(c.zero.stage) + (c.zero.offload_optimizer.device != OffloadDevice::kNone
+                                                                 ? " + offload_optimizer cpu"
+                                                                 : c.zero.offload_param.device != OffloadDevice::kNone
+                                                                       ? " + offload_param cpu"
+                                                                       : ""));
+    auto host = CreateHostDevice(DeviceOptions{.spec = "cpu", .memory_budget = 256 << 20, .checking = true, .seed = 3});
+    auto cuda = gpu::CreateCudaDevice(rank, DeviceOptions{.memory_budget = 256 << 20});
+    ASSERT_TRUE(host.ok() && cuda.ok()) << host.status().ToString() << cuda.status().ToString();
+    const TrainedState want = Train(c, **host, mpi->get());
+    const TrainedState got = Train(c, **cuda, nccl->get());
+    ASSERT_EQ(got.stats.size(), want.stats.size());
+    for (size_t s = 0; s < want.stats.size(); ++s) {
+      EXPECT_EQ(got.stats[s].grad_norm, want.stats[s].grad_norm) << "step " << s;
+      EXPECT_EQ(got.stats[s].skipped, want.stats[s].skipped) << "step " << s;
+    }
+    for (int kind = 0; kind < 4; ++kind) {
+      for (size_t u = 0; u < want.state[kind].size(); ++u) {
+        EXPECT_TRUE(SameBits(got.state[kind][u], want.state[kind][u])) << "state kind " << kind << ", unit " << u;
+      }
+    }
+  }
+#else
+  GTEST_SKIP() << "built without NCCL";
+#endif
 }
 
 }  // namespace
