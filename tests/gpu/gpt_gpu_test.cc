@@ -33,7 +33,21 @@ struct Case {
   GptConfig config;
   bool checkpointing;
   bool bf16;
+  float loss_scale = 1.0f;  // backpropagates loss_scale · loss (fp16 loss scaling)
 };
+
+// One forward + backward on host buffers (test::Step with a loss scale).
+template <class P, class G>
+float CpuStep(GptModel& model, const std::vector<std::vector<P>>& params, std::vector<std::vector<G>>& grads,
+              const std::vector<int32_t>& tokens, const std::vector<int32_t>& targets, float loss_scale) {
+  test::Arena arena = test::MakeArena(model.activation_bytes());
+  model.BindActivations(arena.get());
+  auto loss = model.Forward(tokens.data(), targets.data(), test::ConstPtrs(params));
+  EXPECT_TRUE(loss.ok()) << loss.status().ToString();
+  const Status st = model.Backward(test::ConstPtrs(params), test::Ptrs(grads), loss_scale);
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  return loss.value_or(NAN);
+}
 
 std::vector<uint16_t> ToBf16(const std::vector<float>& v) {
   std::vector<uint16_t> out(v.size());
@@ -86,11 +100,11 @@ TEST_P(GptOnCudaTest, LossAndGradientsMatchTheCpuModel) {
       for (auto& p : params) params16.push_back(ToBf16(p));
       for (auto& p : params) grads16.push_back(ToBf16(std::vector<float>(p.size(), 0.01f)));
       auto g = grads16;
-      want_loss = test::Step(*model, params16, g, tokens, targets);
+      want_loss = CpuStep(*model, params16, g, tokens, targets, k.loss_scale);
       for (int u = 0; u < NumUnits(c); ++u) want[u] = FromBf16(g[u]);
     } else {
       auto g = MakeGrads<float>(c);
-      want_loss = test::Step(*model, params, g, tokens, targets);
+      want_loss = CpuStep(*model, params, g, tokens, targets, k.loss_scale);
       want = g;
     }
   }
@@ -126,7 +140,7 @@ TEST_P(GptOnCudaTest, LossAndGradientsMatchTheCpuModel) {
   auto gpt = GptDevice::Create(d, *stream, c, o);
   ASSERT_TRUE(gpt.ok()) << gpt.status().ToString();
   ASSERT_TRUE((*gpt)->EnqueueForward(dtokens, dtargets, dparams, dloss).ok());
-  ASSERT_TRUE((*gpt)->EnqueueBackward(dparams, dgrads).ok());
+  ASSERT_TRUE((*gpt)->EnqueueBackward(dparams, dgrads, k.loss_scale).ok());
   float loss = 0;
   ASSERT_TRUE(d.CopyToHost(&loss, dloss, 4, *stream).ok());
   std::vector<std::vector<float>> got(NumUnits(c));
@@ -169,7 +183,8 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GptOnCudaTest,
                          ::testing::Values(Case{"tiny", test::Tiny(), false, false},
                                            Case{"tiny_checkpointing", test::Tiny(), true, false},
                                            Case{"odd_vocab_long_rows", Shape(97, 67, 48, 3, 6), false, false},
-                                           Case{"bf16_accumulate", Shape(97, 40, 64, 2, 4), true, true}),
+                                           Case{"bf16_accumulate", Shape(97, 40, 64, 2, 4), true, true},
+                                           Case{"loss_scale_1024", Shape(97, 40, 64, 2, 4), false, false, 1024.0f}),
                          [](const ::testing::TestParamInfo<Case>& i) { return std::string(i.param.name); });
 
 }  // namespace
