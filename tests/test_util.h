@@ -1,7 +1,8 @@
 // Paths for tests: the source tree, the build tree, and a scratch directory
 // for tests that need disk ($ZINF_TEST_DIR when set, else <build>/test-scratch;
 // each test stays under 2 GB there); running a command as a user would; and
-// the SplitMix64 mixer the tests draw reproducible data from.
+// the SplitMix64 mixer the tests draw reproducible data from; element i of a
+// buffer of any float dtype, widened to fp32.
 #pragma once
 
 #include <sys/stat.h>
@@ -10,7 +11,11 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
+
+#include "cpu/float16.h"
+#include "zinf/dtype.h"
 
 namespace zinf::test {
 
@@ -21,6 +26,19 @@ inline uint64_t SplitMix64(uint64_t x) {
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
   return x ^ (x >> 31);
+}
+
+// Element i of `data` (fp32, bf16 or fp16 storage) as fp32.
+inline float LoadAsFloat(const void* data, DType dtype, int64_t i) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  if (dtype == DType::kFloat32) {
+    float f;
+    std::memcpy(&f, p + 4 * i, 4);
+    return f;
+  }
+  uint16_t h;
+  std::memcpy(&h, p + 2 * i, 2);
+  return dtype == DType::kBFloat16 ? Bf16BitsToFloat(h) : HalfBitsToFloat(h);
 }
 
 inline std::string SourceDir() { return ZINF_TEST_SOURCE_DIR; }

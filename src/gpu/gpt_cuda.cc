@@ -147,7 +147,7 @@ class CudaStages final : public model::GptStages {
     ZINF_ASSIGN_OR_RETURN(const float* p, Widen(block, w.num_elems, layout_.wide_unit));
     if (options_.activation_checkpointing && checkpoint_layer_ != layer) ZINF_RETURN_IF_ERROR(RunBlockForward(layer, p));
     ZINF_ASSIGN_OR_RETURN(float* g, BeginGrad(block_grad, w.num_elems, layout_.grad_unit));
-    const ActivationLayout::Block a = BlockPtrs(layer);
+    const ActivationLayout::Block a = layout_.BlockAt(layer);
     const float* in = F32(layout_.residual) + layer * BT * C;
     float* dres = F32(layout_.dres);
     float* dbuf = F32(layout_.dbuf);
@@ -186,16 +186,6 @@ class CudaStages final : public model::GptStages {
  private:
   float* F32(uint64_t offset) const { return reinterpret_cast<float*>(arena_ + offset); }
   int32_t* I32(uint64_t offset) const { return reinterpret_cast<int32_t*>(arena_ + offset); }
-
-  ActivationLayout::Block BlockPtrs(int layer) const {
-    const uint64_t base = layout_.blocks + (options_.activation_checkpointing ? 0 : layout_.block_stride * layer);
-    ActivationLayout::Block b = layout_.block;
-    for (uint64_t* f : {&b.ln1, &b.ln1_mean, &b.ln1_rstd, &b.qkv, &b.att, &b.atty, &b.res_mid, &b.ln2, &b.ln2_mean,
-                        &b.ln2_rstd, &b.fch, &b.fch_gelu}) {
-      *f += base;
-    }
-    return b;
-  }
 
   // 16-bit parameters widened into the arena; fp32 ones used in place.
   Result<const float*> Widen(const void* params, int64_t n, uint64_t wide_offset) {
@@ -302,7 +292,7 @@ class CudaStages final : public model::GptStages {
     const int64_t B = options_.batch_size, T = options_.seq_len, C = config_.embed_dim;
     const int64_t BT = B * T;
     const BlockLayout w = BlockLayout::For(config_);
-    const ActivationLayout::Block a = BlockPtrs(layer);
+    const ActivationLayout::Block a = layout_.BlockAt(layer);
     const float* in = F32(layout_.residual) + layer * BT * C;
     float* out = F32(layout_.residual) + (layer + 1) * BT * C;
     float* res_mid = F32(a.res_mid);

@@ -132,9 +132,9 @@ Status GptModel::CheckArena() const {
 
 const float* GptModel::probabilities() const { return arena_ ? F32(layout_.probs) : nullptr; }
 
-ActivationLayout::Block GptModel::BlockPtrs(int layer) const {
-  const uint64_t base = layout_.blocks + (options_.activation_checkpointing ? 0 : layout_.block_stride * layer);
-  ActivationLayout::Block b = layout_.block;
+ActivationLayout::Block ActivationLayout::BlockAt(int layer) const {
+  const uint64_t base = blocks + (block_sets == 1 ? 0 : block_stride * static_cast<uint64_t>(layer));
+  Block b = block;
   for (uint64_t* f : {&b.ln1, &b.ln1_mean, &b.ln1_rstd, &b.qkv, &b.att, &b.atty, &b.res_mid, &b.ln2, &b.ln2_mean,
                       &b.ln2_rstd, &b.fch, &b.fch_gelu}) {
     *f += base;
@@ -211,7 +211,7 @@ void GptModel::RunBlockForward(int layer, const float* p) {
   const int64_t B = options_.batch_size, T = options_.seq_len, C = config_.embed_dim, H = config_.num_heads;
   const int64_t BT = B * T;
   const BlockLayout w = BlockLayout::For(config_);
-  const ActivationLayout::Block a = BlockPtrs(layer);
+  const ActivationLayout::Block a = layout_.BlockAt(layer);
   const float* in = F32(layout_.residual) + layer * BT * C;
   float* out = F32(layout_.residual) + (layer + 1) * BT * C;
   float* res_mid = F32(a.res_mid);
@@ -318,7 +318,7 @@ Status GptModel::BlockBackward(int layer, const void* block, void* block_grad) {
   const float* p = Widen(block, w.num_elems, layout_.wide_unit);
   if (options_.activation_checkpointing && checkpoint_layer_ != layer) RunBlockForward(layer, p);
   float* g = BeginGrad(block_grad, w.num_elems, layout_.grad_unit);
-  const ActivationLayout::Block a = BlockPtrs(layer);
+  const ActivationLayout::Block a = layout_.BlockAt(layer);
   const float* in = F32(layout_.residual) + layer * BT * C;
   float* dres = F32(layout_.dres);  // d(block output) on entry, d(block input) on exit
   float* dbuf = F32(layout_.dbuf);

@@ -84,6 +84,9 @@ struct ActivationLayout {
   uint64_t wide_embedding = 0, wide_unit = 0, grad_embedding = 0, grad_unit = 0;  // conversion, when used
 
   static ActivationLayout For(const GptConfig& c, const GptRunOptions& o);
+  // Block `layer`'s saved tensors: the offsets of its block set (the one set
+  // every layer shares with checkpointing).
+  Block BlockAt(int layer) const;
   std::string ToString() const;  // "1.02 GiB (saved 901 MiB, scratch 120 MiB, conversion 0 B)"
 };
 
@@ -134,7 +137,6 @@ class GptModel {
   const float* Widen(const void* params, int64_t num_elems, uint64_t wide_offset);
   float* BeginGrad(void* grad, int64_t num_elems, uint64_t accumulator_offset);
   void EndGrad(void* grad, const float* accumulator, int64_t num_elems);
-  ActivationLayout::Block BlockPtrs(int layer) const;  // offsets of layer's block set
   void RunBlockForward(int layer, const float* p);
   Status CheckArena() const;
 

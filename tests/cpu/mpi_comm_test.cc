@@ -65,17 +65,6 @@ void StoreElement(DType dtype, uint8_t* base, size_t i, float v) {
   }
 }
 
-float LoadElement(DType dtype, const uint8_t* base, size_t i) {
-  if (dtype == DType::kFloat32) {
-    float v;
-    std::memcpy(&v, base + 4 * i, 4);
-    return v;
-  }
-  uint16_t h;
-  std::memcpy(&h, base + 2 * i, 2);
-  return dtype == DType::kBFloat16 ? Bf16BitsToFloat(h) : HalfBitsToFloat(h);
-}
-
 Bytes MakeInput(DType dtype, uint64_t seed, int rank, size_t count) {
   Bytes out(count * DTypeSizeBytes(dtype));
   // fp16 tops out at 65504: keep sums of a few ranks finite.
@@ -94,9 +83,9 @@ Bytes MakeInput(DType dtype, uint64_t seed, int rank, size_t count) {
 Bytes ReferenceReduce(const std::vector<Bytes>& inputs, DType dtype, ReduceOp op, size_t offset, size_t count) {
   Bytes out(count * DTypeSizeBytes(dtype));
   for (size_t i = 0; i < count; ++i) {
-    float acc = LoadElement(dtype, inputs[0].data(), offset + i);
+    float acc = test::LoadAsFloat(inputs[0].data(), dtype, offset + i);
     for (size_t r = 1; r < inputs.size(); ++r) {
-      const float x = LoadElement(dtype, inputs[r].data(), offset + i);
+      const float x = test::LoadAsFloat(inputs[r].data(), dtype, offset + i);
       if (op == ReduceOp::kSum) {
         acc = acc + x;
       } else if (!std::isnan(acc) && (std::isnan(x) || x > acc)) {
@@ -118,7 +107,7 @@ Bytes ReferenceReduce(const std::vector<Bytes>& inputs, DType dtype, ReduceOp op
     if (std::memcmp(got.data() + i * elem, want.data() + i * elem, elem) != 0) {
       return ::testing::AssertionFailure()
              << DTypeName(dtype) << " element " << i << " of " << got.size() / elem << ": got "
-             << LoadElement(dtype, got.data(), i) << ", want " << LoadElement(dtype, want.data(), i);
+             << test::LoadAsFloat(got.data(), dtype, i) << ", want " << test::LoadAsFloat(want.data(), dtype, i);
     }
   }
   return ::testing::AssertionSuccess();
@@ -458,8 +447,8 @@ TEST_F(MpiCommTest, MaxAllReduceCarriesOverflowFlags) {
   void* buf = Upload(Bytes(reinterpret_cast<uint8_t*>(flags), reinterpret_cast<uint8_t*>(flags) + 8));
   ASSERT_TRUE(comm_->AllReduce(buf, buf, 2, DType::kFloat32, ReduceOp::kMax, *stream_).ok());
   const Bytes got = Download(buf, 8);
-  EXPECT_EQ(LoadElement(DType::kFloat32, got.data(), 0), inf);
-  EXPECT_TRUE(std::isnan(LoadElement(DType::kFloat32, got.data(), 1)));
+  EXPECT_EQ(test::LoadAsFloat(got.data(), DType::kFloat32, 0), inf);
+  EXPECT_TRUE(std::isnan(test::LoadAsFloat(got.data(), DType::kFloat32, 1)));
 }
 
 TEST_F(MpiCommTest, BarrierWaitsForEveryRank) {

@@ -15,6 +15,7 @@
 
 #include "cpu/kernels.h"
 #include "cpu_test_util.h"
+#include "test_util.h"
 
 namespace zinf {
 namespace {
@@ -37,17 +38,6 @@ AlignedBuffer<unsigned char> RandomData(size_t n, DType dtype, uint32_t seed) {
     }
   }
   return data;
-}
-
-double ValueAt(const unsigned char* data, DType dtype, size_t i) {
-  if (dtype == DType::kFloat32) {
-    float f;
-    std::memcpy(&f, data + 4 * i, 4);
-    return f;
-  }
-  uint16_t h;
-  std::memcpy(&h, data + 2 * i, 2);
-  return dtype == DType::kBFloat16 ? Bf16BitsToFloat(h) : HalfBitsToFloat(h);
 }
 
 std::vector<double> Partials(tbb::task_arena& arena, const void* data, DType dtype, size_t n, SimdLevel level,
@@ -97,7 +87,7 @@ TEST_P(NormLevelTest, MatchesExtendedPrecisionSum) {
     for (size_t b = 0; b < partials.size(); ++b) {
       long double ref = 0;
       for (size_t i = b * kNormBlockElems; i < std::min(n, (b + 1) * kNormBlockElems); ++i) {
-        const long double x = ValueAt(data.data(), dtype, i);
+        const long double x = test::LoadAsFloat(data.data(), dtype, i);
         ref += x * x;
       }
       EXPECT_LE(std::fabs(static_cast<long double>(partials[b]) - ref), 1e-12L * ref) << DTypeName(dtype) << " " << b;

@@ -38,17 +38,6 @@ float Uniform(uint64_t a, uint64_t b, uint64_t c) {
   return static_cast<float>(bits >> 40) / 16777216.0f * 2.0f - 1.0f;
 }
 
-float Widen(const uint8_t* p, DType dtype, int64_t i) {
-  if (dtype == DType::kFloat32) {
-    float f;
-    std::memcpy(&f, p + 4 * i, 4);
-    return f;
-  }
-  uint16_t h;
-  std::memcpy(&h, p + 2 * i, 2);
-  return dtype == DType::kBFloat16 ? Bf16BitsToFloat(h) : HalfBitsToFloat(h);
-}
-
 // Units of one, about two, part of, and several norm blocks; the gradient
 // pulls each weight toward a fixed target, so each step's gradient depends on
 // the parameters the previous update wrote.
@@ -82,7 +71,7 @@ struct HostMathClient {
       std::vector<float> grad(gp.num_elems);
       for (int64_t i = 0; i < gp.num_elems; ++i) {
         const float target = 0.3f * Uniform(6, u, i);
-        grad[i] = scale * (0.5f * (Widen(w.data(), p.dtype, i) - target) + 0.01f * Uniform(7, g * 16 + u, i));
+        grad[i] = scale * (0.5f * (test::LoadAsFloat(w.data(), p.dtype, i) - target) + 0.01f * Uniform(7, g * 16 + u, i));
       }
       if (poison && u == 1) grad[0] = INFINITY;
       ZINF_RETURN_IF_ERROR(device.CopyToDevice(gp.data, grad.data(), grad.size() * 4, stream));

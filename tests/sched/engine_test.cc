@@ -42,15 +42,6 @@ float Uniform(uint64_t a, uint64_t b, uint64_t c) {
   return static_cast<float>(SplitMix64(SplitMix64(SplitMix64(a) ^ b) ^ c) >> 40) / static_cast<float>(1 << 23) - 1.0f;
 }
 
-float Widen(const void* p, DType dtype, int64_t i) {
-  switch (dtype) {
-    case DType::kFloat32: return static_cast<const float*>(p)[i];
-    case DType::kBFloat16: return Bf16BitsToFloat(static_cast<const uint16_t*>(p)[i]);
-    case DType::kFloat16: return HalfBitsToFloat(static_cast<const uint16_t*>(p)[i]);
-  }
-  return 0;
-}
-
 template <class T>
 T Must(Result<T> r) {
   EXPECT_TRUE(r.ok()) << r.status().ToString();
@@ -112,8 +103,8 @@ class DenseNet {
         y.assign(kBatch * out, 0.0f);
         for (int n = 0; n < kBatch; ++n) {
           for (int o = 0; o < out; ++o) {
-            float z = Widen(b, p.dtype, o);
-            for (int i = 0; i < in; ++i) z += x[n * in + i] * Widen(w, p.dtype, int64_t{i} * out + o);
+            float z = test::LoadAsFloat(b, p.dtype, o);
+            for (int i = 0; i < in; ++i) z += x[n * in + i] * test::LoadAsFloat(w, p.dtype, int64_t{i} * out + o);
             y[n * out + o] = last ? z : std::tanh(z);
           }
         }
@@ -153,7 +144,7 @@ class DenseNet {
         for (int n = 0; n < kBatch; ++n) {
           for (int i = 0; i < in; ++i) {
             float s = 0;
-            for (int o = 0; o < out; ++o) s += dz[n * out + o] * Widen(w, p.dtype, int64_t{i} * out + o);
+            for (int o = 0; o < out; ++o) s += dz[n * out + o] * test::LoadAsFloat(w, p.dtype, int64_t{i} * out + o);
             dy_[n * in + i] = s;
           }
         }
