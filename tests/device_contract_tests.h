@@ -186,6 +186,67 @@ TEST_P(DeviceContractTest, FreedMemoryIsReusedInStreamOrder) {
   EXPECT_EQ(back, pattern) << "stream b read the block before stream a's write to it finished";
 }
 
+// Stream a reuses the head of a block it freed; the tail is still a's until
+// a's earlier work is done: stream b, left only that tail, must wait for it.
+TEST_P(DeviceContractTest, TheTailOfAReusedBlockWaitsForItsStream) {
+  auto a = NewStream(), b = NewStream();
+  const uint64_t mib = 1 << 20;
+  std::vector<uint8_t> pattern(mib, 0xcd), back(mib, 0);
+  auto block = device_->Allocate(2 * mib, *a);
+  ASSERT_TRUE(block.ok());
+  ASSERT_TRUE(a->Enqueue([](const StreamContext&) {
+                 std::this_thread::sleep_for(std::chrono::milliseconds(30));
+                 return Status::Ok();
+               }).ok());
+  char* tail = static_cast<char*>(*block) + mib;
+  ASSERT_TRUE(device_->CopyToDevice(tail, pattern.data(), mib, *a).ok());
+  ASSERT_TRUE(device_->Free(*block, *a).ok());
+  auto head = device_->Allocate(mib, *a);  // a's own freed block, at once
+  ASSERT_TRUE(head.ok());
+  EXPECT_EQ(*head, *block);
+  auto rest = device_->Allocate(device_->memory_stats().budget_bytes - 2 * mib, *b);
+  ASSERT_TRUE(rest.ok()) << rest.status().ToString();
+  auto reused = device_->Allocate(mib, *b);
+  ASSERT_TRUE(reused.ok()) << reused.status().ToString();
+  EXPECT_EQ(*reused, static_cast<void*>(tail));
+  ASSERT_TRUE(device_->CopyToHost(back.data(), *reused, mib, *b).ok());
+  ASSERT_TRUE(b->Synchronize().ok());
+  EXPECT_EQ(back, pattern) << "stream b took the tail before stream a's write to it finished";
+  ASSERT_TRUE(a->Synchronize().ok());
+}
+
+// Neighbours freed on two streams, still pending, merge for a request that
+// neither holds alone; the allocating stream waits for both.
+TEST_P(DeviceContractTest, PendingNeighboursMergeForALargerRequest) {
+  auto a = NewStream(), b = NewStream(), c = NewStream();
+  const uint64_t mib = 1 << 20, budget = device_->memory_stats().budget_bytes;
+  std::vector<uint8_t> pa(mib, 0x11), pb(mib, 0x22), back(2 * mib, 0);
+  auto x = device_->Allocate(mib, *a);
+  auto y = device_->Allocate(mib, *b);
+  ASSERT_TRUE(x.ok() && y.ok());
+  ASSERT_EQ(static_cast<char*>(*y), static_cast<char*>(*x) + mib);
+  auto rest = device_->Allocate(budget - 2 * mib, *c);
+  ASSERT_TRUE(rest.ok()) << rest.status().ToString();
+  for (auto* s : {a.get(), b.get()}) {
+    ASSERT_TRUE(s->Enqueue([](const StreamContext&) {
+                   std::this_thread::sleep_for(std::chrono::milliseconds(20));
+                   return Status::Ok();
+                 }).ok());
+  }
+  ASSERT_TRUE(device_->CopyToDevice(*x, pa.data(), mib, *a).ok());
+  ASSERT_TRUE(device_->CopyToDevice(*y, pb.data(), mib, *b).ok());
+  ASSERT_TRUE(device_->Free(*x, *a).ok());
+  ASSERT_TRUE(device_->Free(*y, *b).ok());
+  EXPECT_EQ(device_->memory_stats().largest_free_bytes, 2 * mib);
+  auto both = device_->Allocate(2 * mib, *c);
+  ASSERT_TRUE(both.ok()) << both.status().ToString();
+  EXPECT_EQ(*both, *x);
+  ASSERT_TRUE(device_->CopyToHost(back.data(), *both, 2 * mib, *c).ok());
+  ASSERT_TRUE(c->Synchronize().ok());
+  EXPECT_TRUE(std::equal(pa.begin(), pa.end(), back.begin()) && std::equal(pb.begin(), pb.end(), back.begin() + mib))
+      << "stream c read the merged range before a's and b's writes finished";
+}
+
 TEST_P(DeviceContractTest, ThousandsOfSmallOpsChainedAcrossStreams) {
   std::vector<std::unique_ptr<Stream>> streams;
   for (int i = 0; i < 3; ++i) streams.push_back(NewStream());

@@ -2,6 +2,7 @@
 #include "common/device_allocator.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "common/check.h"
 #include "common/units.h"
@@ -58,8 +59,16 @@ void DeviceAllocator::Reclaim() {
 }
 
 uint64_t DeviceAllocator::LargestFree() const {
-  uint64_t largest = free_by_size_.empty() ? 0 : free_by_size_.rbegin()->first;
-  for (const auto& p : pending_) largest = std::max(largest, p.size);
+  // Free ranges and pending blocks merge when adjacent (step 4 of Allocate).
+  std::vector<std::pair<uint64_t, uint64_t>> pieces(free_by_offset_.begin(), free_by_offset_.end());
+  for (const auto& p : pending_) pieces.emplace_back(p.offset, p.size);
+  std::sort(pieces.begin(), pieces.end());
+  uint64_t largest = 0, run = 0, end = 0;
+  for (const auto& [offset, size] : pieces) {
+    run = offset == end ? run + size : size;
+    end = offset + size;
+    largest = std::max(largest, run);
+  }
   return largest;
 }
 
@@ -90,6 +99,15 @@ Result<uint64_t> DeviceAllocator::Allocate(uint64_t bytes, Stream& stream) {
     if (range > size) InsertFree(offset + size, range - size);
     return take(offset);
   };
+  // Takes the head of pending block i; its tail stays pending under the same
+  // event: only the freeing stream (or one that waits) may use it.
+  auto take_pending = [&](size_t i) {
+    Pending p = std::move(pending_[i]);
+    pending_[i] = std::move(pending_.back());
+    pending_.pop_back();
+    if (p.size > size) pending_.push_back({p.offset + size, p.size - size, p.stream_id, p.event});
+    return take(p.offset);
+  };
   // 1. A block this stream freed: stream order makes it safe at once.
   {
     size_t best = pending_.size();
@@ -97,13 +115,7 @@ Result<uint64_t> DeviceAllocator::Allocate(uint64_t bytes, Stream& stream) {
       if (pending_[i].stream_id == stream.id() && pending_[i].size >= size &&
           (best == pending_.size() || pending_[i].size < pending_[best].size))
         best = i;
-    if (best < pending_.size()) {
-      Pending p = std::move(pending_[best]);
-      pending_[best] = std::move(pending_.back());
-      pending_.pop_back();
-      if (p.size > size) InsertFree(p.offset + size, p.size - size);  // the tail is unused: free for all
-      return take(p.offset);
-    }
+    if (best < pending_.size()) return take_pending(best);
   }
   // 2. A free range (best fit), after reclaiming blocks whose events completed.
   Reclaim();
@@ -117,11 +129,54 @@ Result<uint64_t> DeviceAllocator::Allocate(uint64_t bytes, Stream& stream) {
       if (pending_[i].size >= size && (best == pending_.size() || pending_[i].size < pending_[best].size)) best = i;
     if (best < pending_.size()) {
       ZINF_RETURN_IF_ERROR(stream.Wait(*pending_[best].event));
-      Pending p = std::move(pending_[best]);
-      pending_[best] = std::move(pending_.back());
-      pending_.pop_back();
-      if (p.size > size) InsertFree(p.offset + size, p.size - size);
-      return take(p.offset);
+      return take_pending(best);
+    }
+  }
+  // 4. Adjacent pieces — free ranges and pending blocks — that together hold
+  // the request: this stream waits for every pending one among them; the
+  // last piece's unused tail stays what it was (free, or pending).
+  {
+    struct Piece {
+      uint64_t offset, size;
+      size_t pending;  // index into pending_, or pending_.size() for a free range
+    };
+    std::vector<Piece> pieces;
+    for (const auto& [offset, range] : free_by_offset_) pieces.push_back({offset, range, pending_.size()});
+    for (size_t i = 0; i < pending_.size(); ++i) pieces.push_back({pending_[i].offset, pending_[i].size, i});
+    std::sort(pieces.begin(), pieces.end(), [](const Piece& a, const Piece& b) { return a.offset < b.offset; });
+    size_t first = 0;
+    uint64_t run = 0;
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      if (i > first && pieces[i - 1].offset + pieces[i - 1].size != pieces[i].offset) {
+        first = i;
+        run = 0;
+      }
+      run += pieces[i].size;
+      if (run < size) continue;
+      const uint64_t start = pieces[first].offset, end = start + size;
+      std::optional<Pending> tail;  // of the last piece, past the allocation
+      std::vector<size_t> taken;
+      for (size_t j = first; j <= i; ++j) {
+        const Piece& q = pieces[j];
+        const bool last = j == i && q.offset + q.size > end;
+        if (q.pending == pending_.size()) {
+          EraseFree(q.offset, q.size);
+          if (last) tail = Pending{end, q.offset + q.size - end, 0, nullptr};
+        } else {
+          const Pending& p = pending_[q.pending];
+          ZINF_RETURN_IF_ERROR(stream.Wait(*p.event));
+          if (last) tail = Pending{end, q.offset + q.size - end, p.stream_id, p.event};
+          taken.push_back(q.pending);
+        }
+      }
+      std::sort(taken.rbegin(), taken.rend());  // erase from the back so indices stay valid
+      for (size_t k : taken) {
+        pending_[k] = std::move(pending_.back());
+        pending_.pop_back();
+      }
+      if (tail && tail->event) pending_.push_back(std::move(*tail));
+      else if (tail) InsertFree(tail->offset, tail->size);
+      return take(start);
     }
   }
   return OutOfMemory(bytes, size);

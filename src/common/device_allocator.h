@@ -8,7 +8,11 @@
 // at once (S runs in order, so its earlier uses are done first); another
 // stream gets it only after an event recorded at the free — the allocating
 // stream is made to wait on that event, or the block is reused once the
-// event has completed. Freed neighbours merge once their events complete.
+// event has completed. Part of a pending block handed out early leaves its
+// tail pending under the same event (free for its own stream, not for
+// others). Freed neighbours merge once their events complete; when no single
+// range fits, adjacent free and pending pieces merge, the allocating stream
+// waiting for each pending one.
 //
 // Thread-safe (one mutex); never blocks on device work.
 #pragma once
@@ -43,7 +47,7 @@ class DeviceAllocator {
     uint64_t offset;
     uint64_t size;
     uint64_t stream_id;
-    std::unique_ptr<Event> event;
+    std::shared_ptr<Event> event;  // shared by a block and the tails split from it
   };
 
   void InsertFree(uint64_t offset, uint64_t size);  // coalesces with free neighbours
