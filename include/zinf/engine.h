@@ -11,7 +11,12 @@
 //                     gradient buffers of u are free for writing by that work
 //                     too: the engine has finished reading them.
 //   GradBuffers(u)    where backward writes u's gradients (fp32, overwritten
-//                     each micro-step: the engine accumulates).
+//                     each micro-step: the engine accumulates). With ZeRO
+//                     stage 3 a partitioned unit's buffer is device memory
+//                     only from this call to its reduction after GradsReady:
+//                     call it in each micro-step, once backward is near
+//                     (after or just before u's backward Fetch); a
+//                     GradsReady without it means zero gradients.
 //   GradsReady(u, s)  after backward's writes to u's gradients on s.
 //   Release(u, s)     after the last use of u's parameters on s.
 //   Step()            once per micro-step, after the GradsReady of every unit
@@ -134,6 +139,8 @@ class Engine {
   // Registers a unit; returns its index. Only before the first Fetch.
   virtual Result<int> AddUnit(const std::string& name, const std::vector<ParamSpec>& params) = 0;
   virtual int num_units() const = 0;
+  // The unit's elements (its tensors' sum).
+  virtual Result<int64_t> unit_elems(int unit) const = 0;
   virtual int rank() const = 0;
   virtual int world_size() const = 0;
   virtual int zero_stage() const = 0;

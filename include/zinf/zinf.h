@@ -249,7 +249,10 @@ ZINF_API int zinf_engine_fetch(zinf_engine* engine, int unit, zinf_stream* strea
 
 /* Where backward writes the unit's gradients: fp32, overwritten each
  * micro-step (the engine accumulates), writable by work enqueued after the
- * unit's fetch on the same stream. */
+ * unit's fetch on the same stream. With ZeRO stage 3 a partitioned unit's
+ * buffer exists only from this call to its reduction after
+ * zinf_engine_grads_ready: call it in each micro-step, after or just before
+ * the unit's backward fetch; grads_ready without it means zero gradients. */
 ZINF_API int zinf_engine_grad_buffers(zinf_engine* engine, int unit, zinf_unit_pointers* out);
 
 /* Backward's writes to the unit's gradients were enqueued on `stream`. */

@@ -401,10 +401,10 @@ ZINF_API int zinf_engine_read_state(zinf_engine* engine, int unit, zinf_state_ki
     if (kind < ZINF_STATE_MASTER || kind > ZINF_STATE_COMPUTE_PARAMS) {
       return zinf::InvalidArgument("kind " + std::to_string(static_cast<int>(kind)) + " is not a zinf_state_kind");
     }
-    ZINF_ASSIGN_OR_RETURN(zinf::UnitPointers g, engine->engine->GradBuffers(unit));
-    if (static_cast<int64_t>(num_elems) != g.num_elems) {
+    ZINF_ASSIGN_OR_RETURN(const int64_t elems, engine->engine->unit_elems(unit));
+    if (static_cast<int64_t>(num_elems) != elems) {
       return zinf::InvalidArgument("num_elems is " + std::to_string(num_elems) + "; unit " + std::to_string(unit) +
-                                   " has " + std::to_string(g.num_elems) + " elements");
+                                   " has " + std::to_string(elems) + " elements");
     }
     return engine->engine->ReadState(unit, static_cast<zinf::StateKind>(kind), host_dst);
   });

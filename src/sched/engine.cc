@@ -3,7 +3,9 @@
 //
 // Per unit, on the device (P = padded elements, S = shard = P / N):
 //   params      compute dtype, P   — every rank holds the whole unit
-//   grads       fp32, P            — backward writes it each micro-step
+//   grads       fp32, P            — backward writes it each micro-step; for a
+//                                    stage-3 partitioned unit only from its
+//                                    GradBuffers call to its reduction
 //   accum       fp32, P (stage 0/1) or S (stage 2) — the sum over micro-steps
 //   master/m/v  fp32, P (stage 0) or S (stages 1/2)  — the owned range
 // One engine stream runs, in enqueue order: the waits on the client's
@@ -73,7 +75,14 @@ struct Unit {
   // Stage 3: the tensor pointers of each address a gathered copy has had, so
   // the span a Fetch returned stays valid (tasks may read it later).
   std::map<void*, std::vector<void*>> gathered_ptrs;
+  // Stage 3 (partitioned): allocated on the client's stream at GradBuffers
+  // (or GradsReady) and freed once the reduction has consumed it, so only
+  // the gradients between backward and their reduce bucket take device
+  // memory; grad_ptrs_at keeps the tensor pointers of each address, so a
+  // span GradBuffers returned stays valid.
   float* grads = nullptr;
+  Stream* fetch_stream = nullptr;  // stage 3: the stream of the client's current Fetch
+  std::map<void*, std::vector<void*>> grad_ptrs_at;
   float* accum = nullptr;
   float* master = nullptr;
   float* exp_avg = nullptr;
@@ -192,6 +201,10 @@ class EngineImpl final : public Engine {
   int zero_stage() const override { return stage_; }
   DType compute_dtype() const override { return compute_dtype_; }
   int64_t gradient_accumulation_steps() const override { return accumulation_; }
+  Result<int64_t> unit_elems(int unit) const override {
+    ZINF_RETURN_IF_ERROR(CheckUnit(unit, "unit_elems"));
+    return units_[unit].part.num_elems;
+  }
 
   Result<int> AddUnit(const std::string& name, const std::vector<ParamSpec>& params) override;
   Result<UnitPointers> Fetch(int unit, Stream& stream) override;
@@ -239,6 +252,8 @@ class EngineImpl final : public Engine {
   }
   Status Finalize();
   Result<void*> Alloc(uint64_t bytes, const std::string& what);
+  Status AllocateGrads(Unit& u, Stream& stream, bool zero);
+  Status FreeGradsIfTransient(Unit& u);
 
   // Engine-stream helpers.
   Status Collective(const char* kind, uint64_t bytes, const std::function<Status()>& enqueue) {
@@ -429,8 +444,10 @@ Result<int> EngineImpl::AddUnit(const std::string& name, const std::vector<Param
   } else {
     ZINF_ASSIGN_OR_RETURN(u.params, Alloc(P * DTypeSizeBytes(compute_dtype_), what + " parameters"));
   }
-  ZINF_ASSIGN_OR_RETURN(void* g, Alloc(P * 4, what + " gradients"));
-  u.grads = static_cast<float*>(g);
+  if (!u.partitioned) {
+    ZINF_ASSIGN_OR_RETURN(void* g, Alloc(P * 4, what + " gradients"));
+    u.grads = static_cast<float*>(g);
+  }
   if (nvme_) {
     ZINF_ASSIGN_OR_RETURN(u.h_accum, Pinned(owned * 4, what + " gradient accumulator"));
   } else if (offload_) {
@@ -454,7 +471,7 @@ Result<int> EngineImpl::AddUnit(const std::string& name, const std::vector<Param
   const size_t esize = DTypeSizeBytes(compute_dtype_);
   for (int64_t off : u.tensor_offsets) {
     u.param_ptrs.push_back(static_cast<char*>(u.params) + off * esize);
-    u.grad_ptrs.push_back(u.grads + off);
+    if (u.grads) u.grad_ptrs.push_back(u.grads + off);
   }
 
   // Initial values: fp32 master (widened exactly), compute copy rounded from it.
@@ -773,6 +790,7 @@ Result<UnitPointers> EngineImpl::Fetch(int unit, Stream& stream) {
                                  "update of unit '" + u.name + "'"));
   ZINF_RETURN_IF_ERROR(WaitTimed(stream, *u.grads_free, u, "comm", "gradient reduction of unit '" + u.name + "'"));
   if (u.partitioned) {
+    u.fetch_stream = &stream;
     NoteFetch(unit);
     const bool hit = u.gathered && u.prefetched;
     ZINF_RETURN_IF_ERROR(Gather(u, /*prefetch=*/false));
@@ -794,7 +812,49 @@ Result<UnitPointers> EngineImpl::Fetch(int unit, Stream& stream) {
 Result<UnitPointers> EngineImpl::GradBuffers(int unit) {
   ZINF_RETURN_IF_ERROR(CheckUnit(unit, "GradBuffers"));
   Unit& u = units_[unit];
-  return UnitPointers{u.grads, DType::kFloat32, u.part.num_elems, u.grad_ptrs};
+  if (!u.partitioned) return UnitPointers{u.grads, DType::kFloat32, u.part.num_elems, u.grad_ptrs};
+  if (!u.grads) {
+    // On the stream of the unit's Fetch (backward's, usually, or the
+    // forward's when this comes first); a later Fetch on another stream
+    // waits for the allocation through grads_free.
+    Stream& s = u.fetch_stream ? *u.fetch_stream : *stream_;
+    ZINF_RETURN_IF_ERROR(AllocateGrads(u, s, /*zero=*/false));
+    if (!u.client_holds) ZINF_RETURN_IF_ERROR(u.grads_free->Record(s));
+  }
+  return UnitPointers{u.grads, DType::kFloat32, u.part.num_elems, u.grad_ptrs_at.at(u.grads)};
+}
+
+// Stage 3: a partitioned unit's gradient buffer, from the budget, usable by
+// the client's work on `stream` from here. The padding past the tensors is
+// zeroed (backward writes only the tensors), or all of it for a unit whose
+// GradsReady came without GradBuffers (no gradient written: zeros).
+Status EngineImpl::AllocateGrads(Unit& u, Stream& stream, bool zero) {
+  const uint64_t bytes = static_cast<uint64_t>(u.part.padded_elems) * 4;
+  auto g = device_.Allocate(bytes, stream);
+  if (!g.ok() && g.status().code() == StatusCode::kOutOfMemory) {
+    // What the engine holds ahead of use gives way to what the client needs now.
+    ZINF_RETURN_IF_ERROR(DropEngineHeld());
+    g = device_.Allocate(bytes, stream);
+  }
+  if (!g.ok()) return g.status().WithContext("gradients of unit '" + u.name + "' (stage 3)");
+  u.grads = static_cast<float*>(*g);
+  const int64_t from = zero ? 0 : u.part.num_elems;
+  if (u.part.padded_elems > from) {
+    ZINF_RETURN_IF_ERROR(device_.Memset(u.grads + from, 0, (u.part.padded_elems - from) * 4, stream));
+  }
+  std::vector<void*>& ptrs = u.grad_ptrs_at[u.grads];
+  if (ptrs.empty()) {
+    for (int64_t off : u.tensor_offsets) ptrs.push_back(u.grads + off);
+  }
+  return Status::Ok();
+}
+
+// Stage 3: the gradient buffer goes once the engine stream has consumed it.
+Status EngineImpl::FreeGradsIfTransient(Unit& u) {
+  if (!u.partitioned || !u.grads) return Status::Ok();
+  ZINF_RETURN_IF_ERROR(device_.Free(u.grads, *stream_));
+  u.grads = nullptr;
+  return Status::Ok();
 }
 
 Status EngineImpl::Release(int unit, Stream& stream) {
@@ -1015,6 +1075,7 @@ Status EngineImpl::GradsReady(int unit, Stream& stream) {
     return FailedPrecondition("GradsReady(unit '" + u.name + "') twice in one micro-step; call Step() between");
   }
   u.grads_ready_this_micro = true;
+  if (u.partitioned && !u.grads) ZINF_RETURN_IF_ERROR(AllocateGrads(u, stream, /*zero=*/true));
   ZINF_RETURN_IF_ERROR(u.grads_ready->Record(stream));
   const int64_t P = u.part.padded_elems;
   if (stage_ < 2) {
@@ -1084,6 +1145,7 @@ Status EngineImpl::FlushBucket(const std::vector<int>& bucket) {
       ZINF_RETURN_IF_ERROR(offload_ ? HostAccumulate(u, shard, first)
                                     : EnqueueAccumulate(u.accum, shard, u.part.shard_elems, first));
       ZINF_RETURN_IF_ERROR(u.grads_free->Record(*stream_));
+      ZINF_RETURN_IF_ERROR(FreeGradsIfTransient(u));
       ZINF_RETURN_IF_ERROR(EnqueuePartials(i));
     }
     return Status::Ok();
@@ -1114,6 +1176,7 @@ Status EngineImpl::FlushBucket(const std::vector<int>& bucket) {
       off += u.part.shard_elems;
     }
   }
+  for (int i : bucket) ZINF_RETURN_IF_ERROR(FreeGradsIfTransient(units_[i]));  // packed: the bucket holds them now
   ZINF_RETURN_IF_ERROR(stream_->Enqueue([this, copy_start](const StreamContext&) {
     const double s = Seconds(*copy_start, Clock::now());
     std::lock_guard lock(mu_);

@@ -58,6 +58,125 @@ std::string Gb(double gbps) {
   return buf;
 }
 
+
+// Stage 3's device peak of gathered units and in-flight gradients, by
+// replaying what the engine does over one micro-step that follows its
+// recorded trace: forward fetches every unit (held ones stay fetched),
+// backward fetches them in reverse order, writes each one's gradients and
+// hands them to the reduce buckets; Fetch gathers ahead along the trace
+// within stage3_prefetch_bucket_size and stage3_max_live_parameters, and
+// Release keeps a unit used again within stage3_max_reuse_distance. The
+// held units' gradients are written from the start of backward (the GPT
+// head writes the tied embedding's).
+struct Stage3Peak {
+  uint64_t gathered = 0, grads = 0;  // at the moment their sum peaks
+};
+
+template <typename Partitioned>
+Stage3Peak SimulateStage3(const PlanInput& in, const std::vector<UnitPartition>& parts, uint64_t esize,
+                          const Partitioned& partitioned) {
+  const ZeroConfig& z = in.config.zero;
+  const size_t n = parts.size();
+  auto is_held = [&](size_t u) {
+    return std::find(in.model.held_units.begin(), in.model.held_units.end(), static_cast<int>(u)) !=
+           in.model.held_units.end();
+  };
+  std::vector<int> trace;  // the recorded order: partitioned units only
+  for (size_t u = 0; u < n; ++u) {
+    if (partitioned(u)) trace.push_back(static_cast<int>(u));
+  }
+  for (size_t u = n; u-- > 0;) {
+    if (partitioned(u)) trace.push_back(static_cast<int>(u));
+  }
+  std::vector<char> gathered(n, 0), holds(n, 0), has_grads(n, 0);
+  int64_t live = 0;
+  uint64_t gathered_bytes = 0, grad_bytes = 0;
+  Stage3Peak peak;
+  auto note = [&] {
+    if (gathered_bytes + grad_bytes > peak.gathered + peak.grads) peak = {gathered_bytes, grad_bytes};
+  };
+  auto gather = [&](int u) {
+    gathered[u] = 1;
+    live += parts[u].padded_elems;
+    gathered_bytes += Dev(static_cast<uint64_t>(parts[u].padded_elems) * esize);
+    note();
+  };
+  auto drop = [&](int u) {
+    gathered[u] = 0;
+    live -= parts[u].padded_elems;
+    gathered_bytes -= Dev(static_cast<uint64_t>(parts[u].padded_elems) * esize);
+  };
+  auto grads_bytes_of = [&](size_t u) { return Dev(static_cast<uint64_t>(parts[u].padded_elems) * 4); };
+  size_t pos = 0;  // fetches so far
+  auto fetch = [&](int u) {
+    ++pos;
+    if (!gathered[u]) gather(u);
+    holds[u] = 1;
+    int64_t ahead = 0;
+    for (size_t j = pos; j < trace.size(); ++j) {
+      const int w = trace[j];
+      if (gathered[w]) continue;
+      if (ahead + parts[w].padded_elems > z.stage3_prefetch_bucket_size ||
+          live + parts[w].padded_elems > z.stage3_max_live_parameters) {
+        break;
+      }
+      gather(w);
+      ahead += parts[w].padded_elems;
+    }
+  };
+  auto keep_for_reuse = [&](int u) {
+    if (live > z.stage3_max_live_parameters) return false;
+    int64_t distance = 0;
+    for (size_t j = pos; j < trace.size(); ++j) {
+      if (trace[j] == u) return distance <= z.stage3_max_reuse_distance;
+      distance += parts[trace[j]].padded_elems;
+      if (distance > z.stage3_max_reuse_distance) return false;
+    }
+    return false;
+  };
+  auto release = [&](int u) {
+    holds[u] = 0;
+    if (!keep_for_reuse(u)) drop(u);
+  };
+  for (size_t u = 0; u < n; ++u) {
+    if (!partitioned(u)) continue;
+    fetch(static_cast<int>(u));
+    if (!is_held(u)) release(static_cast<int>(u));
+  }
+  for (size_t u = 0; u < n; ++u) {
+    if (partitioned(u) && is_held(u)) {
+      has_grads[u] = 1;
+      grad_bytes += grads_bytes_of(u);
+    }
+  }
+  note();
+  std::vector<size_t> open;  // the open reduce bucket
+  int64_t open_elems = 0;
+  auto flush = [&] {
+    for (size_t v : open) {
+      if (has_grads[v]) grad_bytes -= grads_bytes_of(v), has_grads[v] = 0;
+    }
+    open.clear();
+    open_elems = 0;
+  };
+  for (size_t u = n; u-- > 0;) {
+    const int64_t P = parts[u].padded_elems;
+    if (partitioned(u)) {
+      fetch(static_cast<int>(u));
+      if (!has_grads[u]) {
+        has_grads[u] = 1;
+        grad_bytes += grads_bytes_of(u);
+        note();
+      }
+    }
+    if (!open.empty() && open_elems + P > z.reduce_bucket_size && z.overlap_comm) flush();
+    open.push_back(u);
+    open_elems += P;
+    if (partitioned(u)) release(static_cast<int>(u));
+  }
+  return peak;
+}
+
 }  // namespace
 
 int64_t PlanModel::num_params() const {
@@ -214,7 +333,6 @@ PlanRow PlanCombination(const PlanInput& in, int stage, OffloadDevice optimizer,
   auto owned = [&](const UnitPartition& p) { return stage == 0 ? p.padded_elems : p.shard_elems; };
   auto partitioned = [&](size_t u) { return stage == 3 && in.model.unit_elems[u] > z.stage3_param_persistence_threshold; };
   int64_t max_owned = 0, owned_total = 0, blocks = 0, accum_total = 0, max_host_shard = 0;
-  uint64_t gather_held = 0, gather_max = 0, gather_all = 0;
   for (size_t u = 0; u < parts.size(); ++u) {
     const UnitPartition& p = parts[u];
     const int64_t o = owned(p);
@@ -228,16 +346,10 @@ PlanRow PlanCombination(const PlanInput& in, int stage, OffloadDevice optimizer,
       else if (param == OffloadDevice::kCpu) host.Add("parameter shards (offload_param)", Pin(shard));
       else disk.Add("parameter shards (offload_param)", (shard + kExtentBytes - 1) / kExtentBytes * kExtentBytes);
       if (param == OffloadDevice::kCpu) max_host_shard = std::max(max_host_shard, p.shard_elems);
-      const uint64_t full = Dev(static_cast<uint64_t>(p.padded_elems) * esize);
-      const bool held = std::find(in.model.held_units.begin(), in.model.held_units.end(), static_cast<int>(u)) !=
-                        in.model.held_units.end();
-      if (held) gather_held += full;
-      else gather_max = std::max(gather_max, full);
-      if (!held) gather_all += full;
     } else {
       dev.Add("compute copy", Dev(static_cast<uint64_t>(p.padded_elems) * esize));
     }
-    dev.Add("fp32 gradients", Dev(static_cast<uint64_t>(p.padded_elems) * 4));
+    if (!partitioned(u)) dev.Add("fp32 gradients", Dev(static_cast<uint64_t>(p.padded_elems) * 4));
     if (!offload) {
       dev.Add("fp32 gradient accumulator", Dev(static_cast<uint64_t>(stage >= 2 ? p.shard_elems : p.padded_elems) * 4));
       dev.Add("fp32 master, m, v", 3 * Dev(static_cast<uint64_t>(o) * 4));
@@ -248,15 +360,11 @@ PlanRow PlanCombination(const PlanInput& in, int stage, OffloadDevice optimizer,
       host.Add("fp32 gradient accumulator", Pin(static_cast<uint64_t>(o) * 4));
     }
   }
-  // Stage 3 prefetch and reuse keep units gathered ahead of and after their
-  // use: at most stage3_max_live_parameters (checked before each one is
-  // added) plus the unit the client fetches, and never more than all of them.
-  uint64_t window = gather_max;
-  if (z.stage3_prefetch_bucket_size > 0 || z.stage3_max_reuse_distance >= 0) {
-    const uint64_t cap = static_cast<uint64_t>(std::max<int64_t>(z.stage3_max_live_parameters, 0)) * esize + gather_max;
-    window = std::max(gather_max, std::min(gather_all, cap));
+  if (stage == 3) {
+    const Stage3Peak peak = SimulateStage3(in, parts, esize, partitioned);
+    dev.Add("gathered parameters (stage 3: fetched, prefetched and kept for reuse)", peak.gathered);
+    dev.Add("fp32 gradients (stage 3: from backward to their reduce bucket)", peak.grads);
   }
-  dev.Add("gathered parameters (stage 3: fetched, prefetched and kept for reuse)", gather_held + window);
   dev.Add("norm partials", Dev(static_cast<uint64_t>(blocks) * (stage == 0 ? 1 : N) * 8));
   // Stage 2/3 reduce buckets: units in backward order, greedily up to
   // reduce_bucket_size; a bucket of several units is packed into one buffer

@@ -57,7 +57,9 @@ TEST(PlanTest, Stage3NoOffloadMatchesHandCount) {
   // unit 0 (above the 100 000 persistence threshold): its bf16 shard; unit 1 whole.
   EXPECT_EQ(Find(r.device_items, "compute copy (parameter shards)")->bytes, 131072u * 2);
   EXPECT_EQ(Find(r.device_items, "compute copy")->bytes, 131072u * 2);
-  EXPECT_EQ(Find(r.device_items, "fp32 gradients")->bytes, (262144u + 131072u) * 4);
+  // Unit 1's gradients live on the device; unit 0's only from its backward to its reduction.
+  EXPECT_EQ(Find(r.device_items, "fp32 gradients")->bytes, 131072u * 4);
+  EXPECT_EQ(Find(r.device_items, "fp32 gradients (stage 3")->bytes, 262144u * 4);
   EXPECT_EQ(Find(r.device_items, "fp32 gradient accumulator")->bytes, (131072u + 65536u) * 4);
   EXPECT_EQ(Find(r.device_items, "fp32 master, m, v")->bytes, (131072u + 65536u) * 12);
   EXPECT_EQ(Find(r.device_items, "gathered parameters")->bytes, 262144u * 2);
@@ -101,7 +103,9 @@ TEST(PlanTest, EveryCombinationAndFits) {
   ASSERT_EQ(rows.size(), 18u);  // 3 stages x 3 + stage 3 x 3 x 3
   int not_runnable = 0;
   for (const PlanRow& r : rows) {
-    if (r.param != OffloadDevice::kNone) EXPECT_EQ(r.stage, 3);
+    if (r.param != OffloadDevice::kNone) {
+      EXPECT_EQ(r.stage, 3);
+    }
     if (r.param == OffloadDevice::kNvme) {
       EXPECT_FALSE(r.runnable);
       EXPECT_NE(r.note.find("not runnable yet"), std::string::npos);
@@ -235,8 +239,12 @@ Measured RunEngine(const Config& config, const std::vector<int64_t>& units, cons
       MustOk(engine->Fetch(u, *stream).status());
       if (!is_held(u)) MustOk(engine->Release(u, *stream));
     }
+    // The held units' gradients are written first (the GPT head writes the
+    // tied embedding's); the others' as backward reaches them.
+    for (int u : held) MustOk(engine->GradBuffers(u).status());
     for (int u = L - 1; u >= 0; --u) {
       MustOk(engine->Fetch(u, *stream).status());
+      MustOk(engine->GradBuffers(u).status());
       MustOk(engine->GradsReady(u, *stream));
       MustOk(engine->Release(u, *stream));
     }
