@@ -392,15 +392,23 @@ PlanRow PlanCombination(const PlanInput& in, int stage, OffloadDevice optimizer,
     host.Add("parameter staging slots", slots * Pin(static_cast<uint64_t>(max_owned) * esize));
   }
   if (nvme) {
+    // As the engine: a sub-group's [master | m | v] is one pinned buffer, so
+    // sub_group_size is capped at kMaxBufferBytes / 12 elements.
+    const int64_t cap = static_cast<int64_t>(PinnedPool::kMaxBufferBytes / 12);
+    const int64_t limit = std::min<int64_t>(z.sub_group_size, cap);
     std::vector<int64_t> groups;
     for (const UnitPartition& p : parts) {
       const int64_t o = owned(p);
-      if (o > z.sub_group_size) {
+      if (o > cap) {
+        row.runnable = false;
+        row.note = "a unit has " + std::to_string(o) + " elements on a rank: its optimizer state exceeds one " +
+                   FormatBytes(PinnedPool::kMaxBufferBytes) + " swap buffer; split it or shard it over more ranks";
+      } else if (o > limit) {
         row.runnable = false;
         row.note = "sub_group_size " + std::to_string(z.sub_group_size) + " is smaller than a unit (" +
                    std::to_string(o) + " elements on a rank): raise it";
       }
-      if (groups.empty() || groups.back() + o > z.sub_group_size) groups.push_back(0);
+      if (groups.empty() || groups.back() + o > limit) groups.push_back(0);
       groups.back() += o;
     }
     const int64_t max_group = groups.empty() ? 0 : *std::max_element(groups.begin(), groups.end());

@@ -207,6 +207,24 @@ void MustOk(const Status& s) {
   if (!s.ok()) std::abort();
 }
 
+// As the engine: a sub-group is at most one 1 GiB pinned buffer of
+// [master | m | v] (89 478 485 elements), whatever sub_group_size says.
+TEST(PlanTest, SubGroupsAreCappedAtOnePinnedBuffer) {
+  PlanInput in;
+  in.config.bf16.enabled = true;
+  in.config.zero.sub_group_size = 1'000'000'000;
+  in.model = Units({60'000'000, 60'000'000, 60'000'000});
+  const PlanRow r = PlanCombination(in, 2, OffloadDevice::kNvme, OffloadDevice::kNone);
+  EXPECT_TRUE(r.runnable) << r.note;
+  const PlanItem* swap = Find(r.host_items, "NVMe swap buffers");
+  ASSERT_NE(swap, nullptr);
+  EXPECT_NE(swap->what.find("of 3 sub-groups"), std::string::npos) << swap->what;
+  in.model = Units({100'000'000});
+  const PlanRow big = PlanCombination(in, 2, OffloadDevice::kNvme, OffloadDevice::kNone);
+  EXPECT_FALSE(big.runnable);
+  EXPECT_NE(big.note.find("swap buffer"), std::string::npos) << big.note;
+}
+
 // Registers the units, runs two micro-steps (each an optimizer step) the way
 // a trainer does — forward Fetch/Release per unit (held units stay fetched),
 // backward Fetch/GradsReady/Release in reverse — and reads the peaks.
