@@ -341,7 +341,6 @@ class EngineImpl final : public Engine {
   std::unique_ptr<nvme::SwapStore> store_;
   std::vector<PinnedBuffer> nvme_bufs_;
   std::vector<nvme::IoRequest> group_read_, group_write_;  // this boundary's requests (engine stream only)
-  std::vector<std::vector<float>> init_master_;  // NVMe: initial owned masters until the store exists
   Status broken_;  // an I/O failure mid-step: the state on disk is mixed, no further steps
   bool broken_by_load_ = false;  // broken_ is a failed Load's (the streams are fine: another Load may fix it)
   std::string last_checkpoint_;  // the last one saved or loaded, for the message of broken_ (mu_)
@@ -485,7 +484,9 @@ Result<int> EngineImpl::AddUnit(const std::string& name, const std::vector<Param
   ZINF_RETURN_IF_ERROR(WriteComputeCopy(u, master.data()));
   const int64_t begin = owned_begin(u), valid = owned_valid(u);
   if (nvme_) {
-    init_master_.emplace_back(master.begin() + std::min(begin, total), master.begin() + std::min(begin + valid, total));
+    // The initial master waits in the unit's gradient accumulator (the same
+    // owned size, unused until the first backward) until the store exists.
+    if (valid > 0) std::memcpy(u.h_accum.data(), master.data() + begin, valid * 4);
   } else if (valid > 0 && offload_) {
     std::memcpy(u.h_master.data(), master.data() + begin, valid * 4);
   } else if (valid > 0) {
@@ -646,12 +647,13 @@ Status EngineImpl::SetUpSwap() {
     float* buf = static_cast<float*>(nvme_bufs_[0].data());
     std::memset(buf, 0, static_cast<uint64_t>(groups_[g].elems) * 12);
     for (int u : groups_[g].units) {
-      std::copy(init_master_[u].begin(), init_master_[u].end(), buf + offset_in_group_[u]);
+      Unit& unit = units_[u];
+      const int64_t valid = owned_valid(unit);
+      if (valid > 0) std::memcpy(buf + offset_in_group_[u], unit.h_accum.data(), valid * 4);
     }
     ZINF_RETURN_IF_ERROR(store_->Write(g, buf).Wait());
+    for (int u : groups_[g].units) std::memset(units_[u].h_accum.data(), 0, units_[u].h_accum.size_bytes());
   }
-  init_master_.clear();
-  init_master_.shrink_to_fit();
   group_read_.assign(groups_.size(), {});
   group_write_.assign(groups_.size(), {});
   return Status::Ok();
