@@ -58,7 +58,6 @@ std::string Gb(double gbps) {
   return buf;
 }
 
-
 // Stage 3's device peak of gathered units and in-flight gradients, by
 // replaying what the engine does over one micro-step that follows its
 // recorded trace: forward fetches every unit (held ones stay fetched),
@@ -88,7 +87,7 @@ Stage3Peak SimulateStage3(const PlanInput& in, const std::vector<UnitPartition>&
   for (size_t u = n; u-- > 0;) {
     if (partitioned(u)) trace.push_back(static_cast<int>(u));
   }
-  std::vector<char> gathered(n, 0), holds(n, 0), has_grads(n, 0);
+  std::vector<char> gathered(n, 0), has_grads(n, 0);
   int64_t live = 0;
   uint64_t gathered_bytes = 0, grad_bytes = 0;
   Stage3Peak peak;
@@ -111,7 +110,6 @@ Stage3Peak SimulateStage3(const PlanInput& in, const std::vector<UnitPartition>&
   auto fetch = [&](int u) {
     ++pos;
     if (!gathered[u]) gather(u);
-    holds[u] = 1;
     int64_t ahead = 0;
     for (size_t j = pos; j < trace.size(); ++j) {
       const int w = trace[j];
@@ -135,7 +133,6 @@ Stage3Peak SimulateStage3(const PlanInput& in, const std::vector<UnitPartition>&
     return false;
   };
   auto release = [&](int u) {
-    holds[u] = 0;
     if (!keep_for_reuse(u)) drop(u);
   };
   for (size_t u = 0; u < n; ++u) {
