@@ -236,13 +236,13 @@ int Run(const PlanOptions& opt) {
                 row.nvme_s > 0 ? Seconds(row.nvme_s).c_str() : "-");
   }
   std::printf("bytes per rank as the engine allocates them (buffers, buckets, staging, activations included); host = "
-              "pinned memory. step = compute + copies + collectives + max(optimizer, nvme io) per optimizer step. "
-              "offload_param nvme rows: computed, not runnable yet (the engine refuses offload_param nvme). --json has the "
-              "breakdown.\n");
+              "pinned memory. step = max(compute, parameter shard reads) + copies + collectives + max(optimizer, nvme "
+              "io) per optimizer step. --json has the breakdown.\n");
   for (const PlanRow& row : rows) {
-    if (row.runnable || row.param == OffloadDevice::kNvme) continue;
-    std::printf("note: stage %d, optimizer %s: %s\n", row.stage, std::string(OffloadDeviceName(row.optimizer)).c_str(),
-                row.note.c_str());
+    if (row.runnable) continue;
+    std::printf("note: stage %d, optimizer %s, param %s: %s\n", row.stage,
+                std::string(OffloadDeviceName(row.optimizer)).c_str(),
+                std::string(OffloadDeviceName(row.param)).c_str(), row.note.c_str());
   }
   return 0;
 }

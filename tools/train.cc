@@ -360,6 +360,7 @@ int Run(const TrainOptions& opt) {
   const int L = static_cast<int>(mc.num_layers);
   std::vector<double> losses, tps_hist;
   double optimizer_s = 0, comm_s = 0, copy_s = 0, io_s = 0, stall_s = 0, train_s = 0;
+  uint64_t nvme_read = 0, nvme_written = 0, copied = 0;  // bytes moved per tier, all steps
   // Copies the batch in tok/tgt to the device and enqueues the forward, each
   // block fetched and released in turn; the embedding and the final norm stay
   // fetched for the head's backward (returned: their parameters).
@@ -418,15 +419,22 @@ int Run(const TrainOptions& opt) {
     copy_s += st.copy_seconds;
     io_s += st.io_seconds;
     stall_s += st.stall_seconds;
+    nvme_read += st.nvme_bytes_read;
+    nvme_written += st.nvme_bytes_written;
+    copied += st.copy_bytes;
     if (!opt.save_dir.empty() && opt.save_every > 0 && ((step + 1) % opt.save_every == 0 || step + 1 == steps)) save(step + 1);
     if (!talk) continue;
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     const double eta = elapsed / (step + 1 - first_step) * (steps - step - 1);
     if (tty || (step + 1) % std::max<int64_t>(1, steps / 10) == 0 || step + 1 == steps) {
-      std::fprintf(stderr, "%sstep %lld/%lld  loss %.4f  %s tokens/s  step %.0f ms  ETA %.0f s  optimizer %.0f%%  nvme waits %.0f%%  stall %.0f%%%s",
+      std::fprintf(stderr,
+                   "%sstep %lld/%lld  loss %.4f  %s tokens/s  step %.0f ms  ETA %.0f s  optimizer %.0f%%  nvme %.2f GB/s "
+                   "(waits %.0f%%)  copies %.2f GB/s  stall %.0f%%%s",
                    tty ? "\r" : "", static_cast<long long>(step + 1), static_cast<long long>(steps), loss,
                    FormatCount(tps).c_str(), secs * 1e3, eta, 100 * st.optimizer_seconds / secs,
-                   100 * st.io_seconds / secs, 100 * st.stall_seconds / secs, tty ? "   " : "\n");
+                   static_cast<double>(st.nvme_bytes_read + st.nvme_bytes_written) / secs / 1e9,
+                   100 * st.io_seconds / secs, static_cast<double>(st.copy_bytes) / secs / 1e9,
+                   100 * st.stall_seconds / secs, tty ? "   " : "\n");
       if (tty && step + 1 == steps) std::fprintf(stderr, "\n");
     }
     if (metrics.is_open()) {
@@ -435,7 +443,9 @@ int Run(const TrainOptions& opt) {
                           {"skipped", st.skipped}, {"loss_scale", st.loss_scale},
                           {"optimizer_seconds", st.optimizer_seconds}, {"comm_seconds", st.comm_seconds},
                           {"copy_seconds", st.copy_seconds}, {"io_seconds", st.io_seconds},
-                          {"stall_seconds", st.stall_seconds}, {"device_bytes_in_use", st.device_bytes_in_use},
+                          {"stall_seconds", st.stall_seconds}, {"nvme_bytes_read", st.nvme_bytes_read},
+                          {"nvme_bytes_written", st.nvme_bytes_written}, {"copy_bytes", st.copy_bytes},
+                          {"device_bytes_in_use", st.device_bytes_in_use},
                           {"host_pinned_bytes", st.host_pinned_bytes}};
       metrics << j.dump() << "\n";
     }
@@ -531,6 +541,11 @@ int Run(const TrainOptions& opt) {
   std::printf("\n  %s tokens in %.1f s: %s tokens/s; time in optimizer %.0f%%, collectives %.0f%%, copies %.0f%%, nvme waits %.0f%%, compute stalled %.0f%%\n",
               FormatCount(tokens).c_str(), train_s, FormatCount(tokens / train_s).c_str(), 100 * optimizer_s / train_s,
               100 * comm_s / train_s, 100 * copy_s / train_s, 100 * io_s / train_s, 100 * stall_s / train_s);
+  std::printf("  bytes moved: nvme read %s, written %s; host<->device copies %s (per step %s, %s, %s)\n",
+              FormatBytes(nvme_read).c_str(), FormatBytes(nvme_written).c_str(), FormatBytes(copied).c_str(),
+              FormatBytes(nvme_read / std::max<int64_t>(1, steps - first_step)).c_str(),
+              FormatBytes(nvme_written / std::max<int64_t>(1, steps - first_step)).c_str(),
+              FormatBytes(copied / std::max<int64_t>(1, steps - first_step)).c_str());
   std::printf("  sample: %s\n", sample.c_str());
   if (!opt.export_path.empty()) std::printf("  exported to %s\n", opt.export_path.c_str());
   if (!opt.plot.empty()) {

@@ -98,13 +98,19 @@ struct StepStats {
   double optimizer_seconds = 0;
   double comm_seconds = 0;     // collectives on the engine stream
   double copy_seconds = 0;     // bucket packing and other device copies
-  double io_seconds = 0;       // NVMe offload: waiting for sub-group reads and writes
+  double io_seconds = 0;       // NVMe offload: waiting for sub-group and parameter-shard reads and writes
+  // Bytes the step moved: read from and written to NVMe by the engine's
+  // I/O (optimizer state and parameter shards; checkpoints not counted),
+  // and copied between host and device memory (offloaded gradients down,
+  // shards and new parameters up).
+  uint64_t nvme_bytes_read = 0, nvme_bytes_written = 0, copy_bytes = 0;
   double stall_seconds = 0;    // the client's streams waiting on the engine
   std::string longest_stall;   // what the longest wait was for ("" when none)
   // The client streams' waits that were not hidden, by unit and cause:
   // "optimizer" (the unit's update), "disk" (its update, with the optimizer
-  // state on NVMe), "comm" (its gradient reduction or all-gather), "copy"
-  // (its shard coming up from pinned host memory).
+  // state on NVMe, or its shard read from NVMe), "comm" (its gradient
+  // reduction or all-gather), "copy" (its shard coming up from pinned host
+  // memory).
   struct Stall {
     std::string unit, cause;
     int64_t count = 0;

@@ -379,6 +379,9 @@ ZINF_API int zinf_engine_stats_json(zinf_engine* engine, char** out_json) {
     j["comm_seconds"] = Number(s.comm_seconds);
     j["copy_seconds"] = Number(s.copy_seconds);
     j["io_seconds"] = Number(s.io_seconds);
+    j["nvme_bytes_read"] = s.nvme_bytes_read;
+    j["nvme_bytes_written"] = s.nvme_bytes_written;
+    j["copy_bytes"] = s.copy_bytes;
     j["stall_seconds"] = Number(s.stall_seconds);
     j["longest_stall"] = s.longest_stall;
     j["collectives"] = nlohmann::json::array();

@@ -69,7 +69,9 @@ struct Unit {
   void* params = nullptr;        // the whole compute copy (stages 0-2, stage-3 persistent units)
   bool partitioned = false;      // stage 3: only this rank's shard lives here, gathered on Fetch
   void* shard_params = nullptr;  // stage 3: the shard (shard_elems), on the device
-  PinnedBuffer h_shard;          // stage 3 with offload_param cpu: the shard's home instead
+  PinnedBuffer h_shard;          // stage 3 with offload_param: the shard's home in pinned host memory instead
+  bool shard_on_nvme = false;    // offload_param nvme past max_in_cpu: the shard's home is the parameter store
+  std::vector<uint8_t> init_shard;  // ... and its initial value until the store exists (Finalize)
   void* gathered = nullptr;      // stage 3: the gathered unit between Fetch and Release
   std::unique_ptr<Event> gathered_ready;
   // Stage 3: the tensor pointers of each address a gathered copy has had, so
@@ -117,10 +119,19 @@ struct Decision {
 
 struct Window {  // metrics accumulated since the last boundary
   double optimizer = 0, comm = 0, copy = 0, io = 0, stall = 0, longest_stall = 0;
+  uint64_t copy_bytes = 0;
   std::string longest_stall_what;
   std::map<std::pair<std::string, std::string>, StepStats::Stall> stalls;  // by (unit, cause)
-  int64_t fetches = 0, prefetch_hits = 0;
   std::map<std::string, StepStats::Collective> collectives;
+};
+
+// What engine-stream tasks count between two boundaries: handed from the
+// boundary's last engine-stream task to its window's close (which, with
+// offload, runs later on the copy stream, after the next step's first
+// engine-stream tasks may have run).
+struct StreamCounts {
+  int64_t fetches = 0, prefetch_hits = 0;
+  uint64_t nvme_read = 0, nvme_written = 0;
 };
 
 class EngineImpl final : public Engine {
@@ -141,13 +152,17 @@ class EngineImpl final : public Engine {
         arena_(threads),
         offload_(config.zero.offload_optimizer.device != OffloadDevice::kNone),
         nvme_(config.zero.offload_optimizer.device == OffloadDevice::kNvme),
-        param_offload_(config.zero.stage == 3 && config.zero.offload_param.device == OffloadDevice::kCpu),
+        param_offload_(config.zero.stage == 3 && config.zero.offload_param.device != OffloadDevice::kNone),
+        param_nvme_(config.zero.stage == 3 && config.zero.offload_param.device == OffloadDevice::kNvme),
         host_memory_(device.kind() == DeviceKind::kHost) {}
 
   ~EngineImpl() override {
     if (stream_) {
       (void)stream_->Synchronize();
       (void)copy_stream_->Synchronize();
+      for (nvme::IoRequest& w : param_write_) {
+        if (w.valid()) (void)w.Wait();
+      }
       for (Unit& u : units_) FreeUnit(u);
       if (partials_) (void)device_.Free(partials_, *stream_);
       if (bucket_) (void)device_.Free(bucket_, *stream_);
@@ -179,9 +194,9 @@ class EngineImpl final : public Engine {
         o.budget_bytes = static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
       }
       // DeepSpeed's switches for page-locking.
-      o.lock = (offload_ && config_.zero.offload_optimizer.pin_memory) || nvme_ ||
+      o.lock = (offload_ && config_.zero.offload_optimizer.pin_memory) || nvme_ || param_nvme_ ||
                (param_offload_ && config_.zero.offload_param.pin_memory);
-      if (nvme_) {
+      if (nvme_ || param_nvme_) {
         ZINF_ASSIGN_OR_RETURN(io_, nvme::IoEngine::Create(nvme::IoEngineOptionsFromConfig(config_)));
         registrar_ = std::make_unique<nvme::EngineRegistrar>(*io_);
         o.registrars.push_back(registrar_.get());
@@ -235,8 +250,9 @@ class EngineImpl final : public Engine {
   // The accumulated gradient of the owned range.
   float* owned_accum(const Unit& u) const { return stage_ >= 2 ? u.accum : u.accum + owned_begin(u); }
   // Where the owned range of the compute copy lives on the device.
-  // Stage 3 with offload_param cpu: a partitioned unit's shard lives in
-  // pinned host memory, copied to the device only to be gathered.
+  // Stage 3 with offload_param: a partitioned unit's shard lives in pinned
+  // host memory (cpu; nvme within max_in_cpu elements) or in the parameter
+  // store (nvme), and reaches the device only to be gathered.
   bool host_home(const Unit& u) const { return u.partitioned && param_offload_; }
   char* param_home(const Unit& u) const {
     return u.partitioned ? static_cast<char*>(u.shard_params)
@@ -251,6 +267,7 @@ class EngineImpl final : public Engine {
     return Status::Ok();
   }
   Status Finalize();
+  struct ExcludeIo;
   Result<void*> Alloc(uint64_t bytes, const std::string& what);
   Status AllocateGrads(Unit& u, Stream& stream, bool zero);
   Status FreeGradsIfTransient(Unit& u);
@@ -261,7 +278,7 @@ class EngineImpl final : public Engine {
   }
   Status Collective(Stream& stream, const char* kind, uint64_t bytes, const std::function<Status()>& enqueue);
   // Device copies bracketed by timestamps, counted as copy time.
-  Status TimedCopies(Stream& stream, const std::function<Status()>& enqueue);
+  Status TimedCopies(Stream& stream, uint64_t bytes, const std::function<Status()>& enqueue);
   // Adds the reduced owned range (device, owned_elems) into the host accumulator.
   Status HostAccumulate(Unit& u, const float* reduced, bool first);
   Result<PinnedBuffer> Pinned(uint64_t bytes, const std::string& what);
@@ -286,7 +303,14 @@ class EngineImpl final : public Engine {
   // memory, not host-addressable), with the boundary's decision made.
   Status EnqueueDeviceUpdate(Unit& u, bool home, bool has_grad);
   Status ReadGroup(size_t g);
-  Status SwapFailure(Status s);
+  // An I/O failure of a step's writes: the state on disk is mixed, the
+  // engine refuses further steps (broken_).
+  Status SwapFailure(Status s, bool params = false);
+  Status SetUpParamSwap();
+  size_t NextParamSlot() { return param_slot_next_++ % param_bufs_.size(); }
+  // Engine stream: waits for the write in flight from staging buffer
+  // `slot`, and for any of `unit`'s (-1: every write).
+  Status ParamWritesDone(size_t slot, int unit);
   Status Timed(double Window::*field, StreamTask task);
   Status EnqueueAccumulate(float* accum, const float* reduced, int64_t elems, bool first);
   Status FlushBucket(const std::vector<int>& bucket);
@@ -317,7 +341,8 @@ class EngineImpl final : public Engine {
 
   const bool offload_;  // offload_optimizer cpu or nvme: the optimizer runs on the host
   const bool nvme_;     // offload_optimizer nvme: master, m, v in the swap store
-  const bool param_offload_;  // stage 3, offload_param cpu: partitioned units' shards in pinned host memory
+  const bool param_offload_;  // stage 3, offload_param cpu or nvme: partitioned units' shards off the device
+  const bool param_nvme_;     // stage 3, offload_param nvme: shards past max_in_cpu in the parameter store
   // HostDevice: device memory is host memory and the engine's arithmetic on
   // it runs as host tasks (ctx.Host). Otherwise (CUDA) it runs as the
   // kernels of sched/device_kernels.h, and the boundary's decision is read
@@ -340,6 +365,16 @@ class EngineImpl final : public Engine {
   std::vector<int64_t> offset_in_group_;  // elements: the unit's master; m and v follow, owned_elems apart
   std::unique_ptr<nvme::SwapStore> store_;
   std::vector<PinnedBuffer> nvme_bufs_;
+  // offload_param nvme: the shards past max_in_cpu in their own store
+  // (tensor id = unit index) and buffer_count staging buffers that gathers
+  // read into and updates write from, each with its write in flight (engine
+  // stream only) and whose it is.
+  std::unique_ptr<nvme::SwapStore> param_store_;
+  std::vector<PinnedBuffer> param_bufs_;
+  std::vector<nvme::IoRequest> param_write_;
+  std::vector<int> param_write_unit_;
+  size_t param_slot_next_ = 0;
+  int64_t cpu_shard_elems_ = 0;  // offload_param nvme: shard elements kept in host memory (max_in_cpu)
   std::vector<nvme::IoRequest> group_read_, group_write_;  // this boundary's requests (engine stream only)
   Status broken_;  // an I/O failure mid-step: the state on disk is mixed, no further steps
   bool broken_by_load_ = false;  // broken_ is a failed Load's (the streams are fine: another Load may fix it)
@@ -378,11 +413,28 @@ class EngineImpl final : public Engine {
   std::vector<int64_t> unit_block_offset_;  // into a rank's region
 
   std::mutex mu_;  // guards everything below, scaler_, and the Window
+  nvme::IoEngineStats io_base_;  // io_'s counters at the last boundary, less checkpoint I/O since
+  StreamCounts stream_counts_;   // since the last boundary, in the engine stream's order
+  std::map<int64_t, StreamCounts> closing_;  // per boundary, until its window closes
   Decision decision_;
   int64_t steps_applied_ = 0;
   Window window_;
   std::optional<StepStats> last_stats_;
   bool decision_pending_ = false;  // a boundary was enqueued whose decision the host has not waited for
+};
+
+// Checkpoint I/O through io_ is left out of the steps' NVMe bytes.
+struct EngineImpl::ExcludeIo {
+  EngineImpl* e;
+  nvme::IoEngineStats before;
+  explicit ExcludeIo(EngineImpl* engine) : e(engine), before(engine->io_ ? engine->io_->stats() : nvme::IoEngineStats{}) {}
+  ~ExcludeIo() {
+    if (!e->io_) return;
+    const nvme::IoEngineStats after = e->io_->stats();
+    std::lock_guard lock(e->mu_);
+    e->io_base_.bytes_read += after.bytes_read - before.bytes_read;
+    e->io_base_.bytes_written += after.bytes_written - before.bytes_written;
+  }
 };
 
 Result<void*> EngineImpl::Alloc(uint64_t bytes, const std::string& what) {
@@ -434,9 +486,15 @@ Result<int> EngineImpl::AddUnit(const std::string& name, const std::vector<Param
   // until they add up to stage3_model_persistence_threshold.
   u.partitioned = stage_ == 3 && (total > config_.zero.stage3_param_persistence_threshold ||
                                   persistent_elems_ + total > config_.zero.stage3_model_persistence_threshold);
-  if (host_home(u)) {
+  // offload_param nvme: shards stay in host memory while they add up to
+  // max_in_cpu elements; the others live in the parameter store.
+  u.shard_on_nvme = host_home(u) && param_nvme_ &&
+                    cpu_shard_elems_ + u.part.shard_elems > config_.zero.offload_param.max_in_cpu;
+  if (host_home(u) && !u.shard_on_nvme) {
     ZINF_ASSIGN_OR_RETURN(u.h_shard, Pinned(u.part.shard_elems * DTypeSizeBytes(compute_dtype_),
                                             what + " parameter shard (offload_param)"));
+  } else if (host_home(u)) {
+    // Written to the store at Finalize, when every unit's size is known.
   } else if (u.partitioned) {
     ZINF_ASSIGN_OR_RETURN(u.shard_params, Alloc(u.part.shard_elems * DTypeSizeBytes(compute_dtype_),
                                                 what + " parameter shard"));
@@ -497,6 +555,7 @@ Result<int> EngineImpl::AddUnit(const std::string& name, const std::vector<Param
   ZINF_RETURN_IF_ERROR(stream_->Synchronize());  // the host vectors die here
   cleanup.u = nullptr;
   if (stage_ == 3 && !u.partitioned) persistent_elems_ += total;
+  if (host_home(u) && !u.shard_on_nvme) cpu_shard_elems_ += u.part.shard_elems;
   units_.push_back(std::move(u));
   return num_units() - 1;
 }
@@ -562,6 +621,11 @@ Status EngineImpl::Finalize() {
     }
   }
   if (nvme_) ZINF_RETURN_IF_ERROR(SetUpSwap());
+  if (param_nvme_) ZINF_RETURN_IF_ERROR(SetUpParamSwap());
+  if (io_) {  // the initial state written above is not a step's I/O
+    std::lock_guard lock(mu_);
+    io_base_ = io_->stats();
+  }
   // Released starts out complete: the first boundary waits on nothing.
   for (Unit& u : units_) ZINF_RETURN_IF_ERROR(u.released->Record(*stream_));
   const uint64_t params = std::accumulate(units_.begin(), units_.end(), uint64_t{0},
@@ -672,14 +736,107 @@ Status EngineImpl::ReadGroup(size_t g) {
   return SwapFailure(group_read_[g].Wait());
 }
 
+// offload_param nvme: the parameter store sized for the shards past
+// max_in_cpu (space reserved and checked now), the staging buffers, and the
+// initial shards written out, so every gather reads written extents.
+Status EngineImpl::SetUpParamSwap() {
+  const OffloadParamConfig& pc = config_.zero.offload_param;
+  const uint64_t esize = DTypeSizeBytes(compute_dtype_);
+  int64_t max_shard = 0, on_nvme = 0, on_nvme_elems = 0;
+  const Unit* largest = nullptr;
+  for (const Unit& u : units_) {
+    if (!u.shard_on_nvme) continue;
+    ++on_nvme;
+    on_nvme_elems += u.part.shard_elems;
+    if (u.part.shard_elems > max_shard) {
+      max_shard = u.part.shard_elems;
+      largest = &u;
+    }
+  }
+  if (on_nvme == 0) {
+    ZINF_LOG_INFO("engine: offload_param nvme: every parameter shard ({} elements) fits within "
+                  "offload_param.max_in_cpu = {}: all stay in pinned host memory",
+                  cpu_shard_elems_, pc.max_in_cpu);
+    return Status::Ok();
+  }
+  if (max_shard > pc.buffer_size) {
+    return InvalidArgument("zero_optimization.offload_param.buffer_size = " + std::to_string(pc.buffer_size) +
+                           " elements is smaller than the shard of unit '" + largest->name + "' (" +
+                           std::to_string(max_shard) + " elements on this rank): raise buffer_size to at least " +
+                           std::to_string(max_shard));
+  }
+  const uint64_t padded = (static_cast<uint64_t>(max_shard) * esize + 4095) / 4096 * 4096;
+  if (padded > PinnedPool::kMaxBufferBytes) {
+    return InvalidArgument("unit '" + largest->name + "' has a parameter shard of " + FormatBytes(padded) +
+                           " on this rank, more than one staging buffer can be (" +
+                           FormatBytes(PinnedPool::kMaxBufferBytes) + "): split the unit or shard it over more ranks");
+  }
+  nvme::SwapStoreOptions so;
+  so.dirs = pc.nvme_path;
+  uint64_t total = 0;
+  for (const Unit& u : units_) {
+    if (u.shard_on_nvme) total += (static_cast<uint64_t>(u.part.shard_elems) * esize + 4095) / 4096 * 4096;
+  }
+  // Each tensor rounds up to whole extents on each of its files.
+  so.capacity_bytes = total + static_cast<uint64_t>(on_nvme) * so.extent_bytes * (so.dirs.size() + 1);
+  so.checksums = config_.zinf.checksums;
+  so.direct = !config_.zinf.aio.buffered;
+  so.open_file = [this](const std::string& path, const nvme::FileOptions& fo) {
+    return ckpt::OpenWithHook(*io_, path, fo);
+  };
+  ZINF_ASSIGN_OR_RETURN(param_store_, nvme::SwapStore::Create(*io_, so));
+  const int64_t buffers = std::min<int64_t>(std::clamp<int64_t>(pc.buffer_count, 1, 64), on_nvme);
+  ZINF_LOG_INFO("engine: parameter shards on NVMe: {} units, {} elements ({}), {} reserved per path ({}); {} elements "
+                "in host memory (max_in_cpu {}); {} staging buffers of {}",
+                on_nvme, on_nvme_elems, FormatBytes(total), FormatBytes(param_store_->bytes_reserved() / so.dirs.size()),
+                [&] {
+                  std::string d;
+                  for (const std::string& p : so.dirs) d += (d.empty() ? "" : ", ") + p;
+                  return d;
+                }(),
+                cpu_shard_elems_, pc.max_in_cpu, buffers, FormatBytes(padded));
+  for (int64_t i = 0; i < buffers; ++i) {
+    ZINF_ASSIGN_OR_RETURN(PinnedBuffer b, Pinned(padded, "parameter staging buffer (offload_param nvme)"));
+    param_bufs_.push_back(std::move(b));
+  }
+  param_write_.assign(param_bufs_.size(), {});
+  param_write_unit_.assign(param_bufs_.size(), -1);
+  for (size_t i = 0; i < units_.size(); ++i) {
+    Unit& u = units_[i];
+    if (!u.shard_on_nvme) continue;
+    const uint64_t bytes = static_cast<uint64_t>(u.part.shard_elems) * esize;
+    ZINF_RETURN_IF_ERROR(param_store_->Allocate(i, bytes));
+    char* buf = static_cast<char*>(param_bufs_[0].data());
+    // A shard of padding only was never written by WriteComputeCopy: zeros.
+    const uint64_t init = std::min<uint64_t>(u.init_shard.size(), bytes);
+    if (init > 0) std::memcpy(buf, u.init_shard.data(), init);
+    std::memset(buf + init, 0, padded - init);
+    ZINF_RETURN_IF_ERROR(param_store_->Write(i, buf).Wait().WithContext("initial parameter shard of unit '" + u.name + "'"));
+    std::vector<uint8_t>().swap(u.init_shard);
+  }
+  return Status::Ok();
+}
+
+Status EngineImpl::ParamWritesDone(size_t slot, int unit) {
+  Status first;
+  for (size_t k = 0; k < param_write_.size(); ++k) {
+    if (!param_write_[k].valid() || (unit >= 0 && k != slot && param_write_unit_[k] != unit)) continue;
+    Status st = SwapFailure(param_write_[k].Wait(), /*params=*/true);
+    param_write_[k] = {};
+    if (first.ok()) first = st;
+  }
+  return first;
+}
+
 // An I/O failure during a step leaves some sub-groups updated and others
 // not: the engine refuses further steps.
-Status EngineImpl::SwapFailure(Status s) {
+Status EngineImpl::SwapFailure(Status s, bool params) {
   if (s.ok()) return s;
   std::lock_guard lock(mu_);
   if (broken_.ok()) {
-    broken_ = DataLoss("optimizer state on NVMe: " + s.ToString() +
-                       "; sub-groups on disk are now at different steps: no further steps; resume from the last "
+    broken_ = DataLoss(std::string(params ? "parameter shards" : "optimizer state") + " on NVMe: " + s.ToString() +
+                       "; " + (params ? "units" : "sub-groups") +
+                       " on disk are now at different steps: no further steps; resume from the last "
                        "complete checkpoint" +
                        (last_checkpoint_.empty() ? std::string(" (this engine has saved or loaded none)")
                                                  : " (" + last_checkpoint_ + ")"));
@@ -798,12 +955,16 @@ Result<UnitPointers> EngineImpl::Fetch(int unit, Stream& stream) {
     ZINF_RETURN_IF_ERROR(Gather(u, /*prefetch=*/false));
     u.prefetched = false;
     u.client_holds = true;
-    {
+    // Counted in the engine stream's order, so the step they belong to is
+    // the one whose boundary follows them there.
+    ZINF_RETURN_IF_ERROR(stream_->Enqueue([this, hit](const StreamContext&) {
       std::lock_guard lock(mu_);
-      window_.fetches += 1;
-      window_.prefetch_hits += hit;
-    }
-    ZINF_RETURN_IF_ERROR(WaitTimed(stream, *u.gathered_ready, u, distributed() ? "comm" : host_home(u) ? "copy" : "comm",
+      stream_counts_.fetches += 1;
+      stream_counts_.prefetch_hits += hit;
+      return Status::Ok();
+    }));
+    const char* cause = u.shard_on_nvme ? "disk" : distributed() ? "comm" : host_home(u) ? "copy" : "comm";
+    ZINF_RETURN_IF_ERROR(WaitTimed(stream, *u.gathered_ready, u, cause,
                                    "all-gather of unit '" + u.name + "'"));
     ZINF_RETURN_IF_ERROR(Prefetch());
     return UnitPointers{u.gathered, compute_dtype_, u.part.num_elems, u.gathered_ptrs.at(u.gathered)};
@@ -963,8 +1124,20 @@ Status EngineImpl::Gather(Unit& u, bool prefetch) {
   const void* shard = u.shard_params;
   if (host_home(u)) {  // the shard comes up from the host into its place in the gathered buffer
     void* mine = static_cast<char*>(u.gathered) + u.part.shard_begin(rank_) * esize;
-    ZINF_RETURN_IF_ERROR(TimedCopies(*stream_, [&] {
-      return device_.CopyToDevice(mine, u.h_shard.data(), u.part.shard_elems * esize, *stream_);
+    const void* src = u.h_shard.data();
+    if (u.shard_on_nvme) {  // first from the parameter store into a staging buffer
+      const size_t slot = NextParamSlot();
+      void* buf = param_bufs_[slot].data();
+      src = buf;
+      const int index = static_cast<int>(&u - units_.data());
+      auto read = [this, slot, index, buf](const StreamContext&) -> Status {
+        ZINF_RETURN_IF_ERROR(ParamWritesDone(slot, index));
+        return param_store_->Read(index, buf).Wait().WithContext("parameter shard of unit '" + units_[index].name + "'");
+      };
+      ZINF_RETURN_IF_ERROR(Timed(&Window::io, std::move(read)));
+    }
+    ZINF_RETURN_IF_ERROR(TimedCopies(*stream_, u.part.shard_elems * esize, [&] {
+      return device_.CopyToDevice(mine, src, u.part.shard_elems * esize, *stream_);
     }));
     shard = mine;
   }
@@ -990,17 +1163,18 @@ Result<PinnedBuffer> EngineImpl::Pinned(uint64_t bytes, const std::string& what)
   return std::move(*b);
 }
 
-Status EngineImpl::TimedCopies(Stream& stream, const std::function<Status()>& enqueue) {
+Status EngineImpl::TimedCopies(Stream& stream, uint64_t bytes, const std::function<Status()>& enqueue) {
   auto start = std::make_shared<Clock::time_point>();
   ZINF_RETURN_IF_ERROR(stream.Enqueue([start](const StreamContext&) {
     *start = Clock::now();
     return Status::Ok();
   }));
   ZINF_RETURN_IF_ERROR(enqueue());
-  return stream.Enqueue([this, start](const StreamContext&) {
+  return stream.Enqueue([this, start, bytes](const StreamContext&) {
     const double s = Seconds(*start, Clock::now());
     std::lock_guard lock(mu_);
     window_.copy += s;
+    window_.copy_bytes += bytes;
     return Status::Ok();
   });
 }
@@ -1008,7 +1182,7 @@ Status EngineImpl::TimedCopies(Stream& stream, const std::function<Status()>& en
 Status EngineImpl::HostAccumulate(Unit& u, const float* reduced, bool first) {
   const int64_t n = owned_elems(u);
   float* dst = static_cast<float*>(first ? u.h_accum.data() : h_grad_stage_.data());
-  ZINF_RETURN_IF_ERROR(TimedCopies(*stream_, [&] { return device_.CopyToHost(dst, reduced, n * 4, *stream_); }));
+  ZINF_RETURN_IF_ERROR(TimedCopies(*stream_, n * 4, [&] { return device_.CopyToHost(dst, reduced, n * 4, *stream_); }));
   if (first) return Status::Ok();
   return stream_->Enqueue([this, a = static_cast<float*>(u.h_accum.data()), r = dst, n](const StreamContext&) {
     arena_.execute([&] {
@@ -1328,7 +1502,16 @@ Status EngineImpl::EnqueueBoundary() {
     const bool home = host_home(u);
     const bool use_slot = offload_ && !home;
     const size_t slot = use_slot ? i % h_param_slots_.size() : 0;
-    void* staging = use_slot ? h_param_slots_[slot].data() : home && offload_ ? u.h_shard.data() : nullptr;
+    // offload_param nvme: the new shard goes home through a staging buffer.
+    const bool to_store = u.shard_on_nvme;
+    const size_t pslot = to_store ? NextParamSlot() : 0;
+    void* home_buf = to_store ? param_bufs_[pslot].data() : u.h_shard.data();
+    void* staging = use_slot ? h_param_slots_[slot].data() : home && offload_ ? home_buf : nullptr;
+    if (to_store) {  // the staging buffer's last write has finished
+      ZINF_RETURN_IF_ERROR(Timed(&Window::io, [this, pslot, i](const StreamContext&) {
+        return ParamWritesDone(pslot, static_cast<int>(i));
+      }));
+    }
     float* swap = nullptr;  // NVMe: the unit's [master | m | v] in its group's buffer
     if (nvme_) {
       const size_t g = group_of_unit_[i];
@@ -1337,7 +1520,8 @@ Status EngineImpl::EnqueueBoundary() {
         ZINF_RETURN_IF_ERROR(Timed(&Window::io, [this, g](const StreamContext&) { return ReadGroup(g); }));
       }
     }
-    auto update = [this, &u, staging, swap, home, use_slot, esize, has = has_grad[i] != 0](const StreamContext& ctx) -> Status {
+    auto update = [this, &u, staging, swap, home, use_slot, to_store, esize,
+                   has = has_grad[i] != 0](const StreamContext& ctx) -> Status {
       Decision d;
       {
         std::lock_guard lock(mu_);
@@ -1365,9 +1549,12 @@ Status EngineImpl::EnqueueBoundary() {
       void* param_dst = offload_ ? staging : ctx.Host(home ? param_scratch_ : param_home(u));
       if (d.skip || !has) {
         // Skipped (an overflow, or no gradient for this unit this window).
-        // A staging slot or the scratch is copied on regardless: refill it
-        // with the unchanged compute copy (always the rounding of the master).
-        if (use_slot || (home && !offload_)) return Cast(arena_, b.params, DType::kFloat32, param_dst, compute_dtype_, valid);
+        // A staging slot, the scratch or a parameter staging buffer is
+        // copied on regardless: refill it with the unchanged compute copy
+        // (always the rounding of the master).
+        if (use_slot || (home && !offload_) || to_store) {
+          return Cast(arena_, b.params, DType::kFloat32, param_dst, compute_dtype_, valid);
+        }
         return Status::Ok();
       }
       if (compute_dtype_ != DType::kFloat32) {
@@ -1397,8 +1584,18 @@ Status EngineImpl::EnqueueBoundary() {
     }
     if (home && !offload_ && owned_valid(u) > 0) {
       const uint64_t bytes = owned_valid(u) * esize;
-      ZINF_RETURN_IF_ERROR(TimedCopies(*stream_, [&] {
-        return device_.CopyToHost(u.h_shard.data(), param_scratch_, bytes, *stream_);
+      ZINF_RETURN_IF_ERROR(TimedCopies(*stream_, bytes, [&] {
+        return device_.CopyToHost(home_buf, param_scratch_, bytes, *stream_);
+      }));
+    }
+    if (to_store) {  // the padding past the valid elements is zeros, as in a shard kept in host memory
+      ZINF_RETURN_IF_ERROR(stream_->Enqueue([this, i, pslot, home_buf, esize](const StreamContext&) {
+        const Unit& w = units_[i];
+        const uint64_t valid = std::max<int64_t>(0, owned_valid(w)) * esize;
+        std::memset(static_cast<char*>(home_buf) + valid, 0, w.part.shard_elems * esize - valid);
+        param_write_[pslot] = param_store_->Write(i, home_buf);
+        param_write_unit_[pslot] = static_cast<int>(i);
+        return Status::Ok();
       }));
     }
     if (use_slot) {
@@ -1407,7 +1604,7 @@ Status EngineImpl::EnqueueBoundary() {
       const int64_t valid = owned_valid(u);
       if (valid > 0) {
         void* dst = param_home(u);
-        ZINF_RETURN_IF_ERROR(TimedCopies(*copy_stream_, [&] {
+        ZINF_RETURN_IF_ERROR(TimedCopies(*copy_stream_, valid * esize, [&] {
           return device_.CopyToDevice(dst, staging, valid * esize, *copy_stream_);
         }));
       }
@@ -1420,6 +1617,9 @@ Status EngineImpl::EnqueueBoundary() {
     }
     ZINF_RETURN_IF_ERROR(u.params_ready->Record(gather_stream));
     if (use_slot) ZINF_RETURN_IF_ERROR(slot_free_[slot]->Record(*copy_stream_));
+  }
+  if (param_store_) {  // ... and every parameter shard
+    ZINF_RETURN_IF_ERROR(Timed(&Window::io, [this](const StreamContext&) { return ParamWritesDone(0, -1); }));
   }
   if (nvme_) {  // the step ends when every sub-group is back on disk
     ZINF_RETURN_IF_ERROR(Timed(&Window::io, [this](const StreamContext&) -> Status {
@@ -1435,6 +1635,21 @@ Status EngineImpl::EnqueueBoundary() {
       return first;
     }));
   }
+  // The step's counts in the engine stream's order: every read and write of
+  // the step has completed here.
+  ZINF_RETURN_IF_ERROR(stream_->Enqueue([this, boundary](const StreamContext&) {
+    std::lock_guard lock(mu_);
+    StreamCounts c = stream_counts_;
+    stream_counts_ = StreamCounts{};
+    if (io_) {
+      const nvme::IoEngineStats now = io_->stats();
+      c.nvme_read = now.bytes_read - io_base_.bytes_read;
+      c.nvme_written = now.bytes_written - io_base_.bytes_written;
+      io_base_ = now;
+    }
+    closing_[boundary] = c;
+    return Status::Ok();
+  }));
   // Close the window: the step's metrics, logged in one line (with offload,
   // after the last copy back and the engine stream's last task).
   if (offload_) {
@@ -1458,11 +1673,17 @@ Status EngineImpl::EnqueueBoundary() {
       s.comm_seconds = window_.comm;
       s.copy_seconds = window_.copy;
       s.io_seconds = window_.io;
+      s.copy_bytes = window_.copy_bytes;
+      if (auto it = closing_.find(boundary); it != closing_.end()) {
+        s.fetches = it->second.fetches;
+        s.prefetch_hits = it->second.prefetch_hits;
+        s.nvme_bytes_read = it->second.nvme_read;
+        s.nvme_bytes_written = it->second.nvme_written;
+        closing_.erase(it);
+      }
       s.stall_seconds = window_.stall;
       s.longest_stall = window_.longest_stall_what;
       for (auto& [key, st] : window_.stalls) s.stalls.push_back(st);
-      s.fetches = window_.fetches;
-      s.prefetch_hits = window_.prefetch_hits;
       for (auto& [kind, c] : window_.collectives) s.collectives.push_back(c);
       window_ = Window{};
     }
@@ -1502,6 +1723,7 @@ Result<StepStats> EngineImpl::Stats() {
 }
 
 Status EngineImpl::ReadState(int unit, StateKind kind, float* host_dst) {
+  ExcludeIo exclude(this);
   ZINF_RETURN_IF_ERROR(CheckUnit(unit, "ReadState"));
   ZINF_RETURN_IF_ERROR(Finalize());
   ZINF_RETURN_IF_ERROR(Synchronize());
@@ -1564,6 +1786,21 @@ Status EngineImpl::WriteComputeCopy(Unit& u, const float* master, int64_t first)
   const int64_t count = u.partitioned ? u.part.valid_in_shard(rank_) : u.part.num_elems;
   if (count <= 0) return Status::Ok();
   if (begin < first) return Internal("WriteComputeCopy: the master given starts after the range to write");
+  if (u.shard_on_nvme) {
+    const uint64_t bytes = static_cast<uint64_t>(u.part.shard_elems) * esize;
+    if (!param_store_) {  // before Finalize: kept until the store exists
+      u.init_shard.assign(bytes, 0);
+      return Cast(arena_, master + (begin - first), DType::kFloat32, u.init_shard.data(), compute_dtype_, count);
+    }
+    // Through staging buffer 0, once nothing else uses it.
+    ZINF_RETURN_IF_ERROR(stream_->Synchronize());
+    ZINF_RETURN_IF_ERROR(ParamWritesDone(0, -1));
+    void* buf = param_bufs_[0].data();
+    std::memset(buf, 0, param_bufs_[0].size_bytes());
+    ZINF_RETURN_IF_ERROR(Cast(arena_, master + (begin - first), DType::kFloat32, buf, compute_dtype_, count));
+    const int index = static_cast<int>(&u - units_.data());
+    return SwapFailure(param_store_->Write(index, buf).Wait(), /*params=*/true);
+  }
   if (host_home(u)) return Cast(arena_, master + (begin - first), DType::kFloat32, u.h_shard.data(), compute_dtype_, count);
   std::vector<uint8_t> compute(count * esize);
   ZINF_RETURN_IF_ERROR(Cast(arena_, master + (begin - first), DType::kFloat32, compute.data(), compute_dtype_, count));
@@ -1679,7 +1916,9 @@ Status EngineImpl::WriteShards(const std::string& path, nlohmann::json* table) {
   return Status::Ok();
 }
 
+
 Result<std::string> EngineImpl::Save(const std::string& dir, const std::string& client_state) {
+  ExcludeIo exclude(this);
   // Every check that can fail on one rank alone is agreed on before any
   // rank goes further: no rank is left waiting in a collective.
   auto client = nlohmann::json::parse(client_state, nullptr, false);
@@ -1882,6 +2121,7 @@ Status EngineImpl::ReadShards(ckpt::CheckpointReader& reader) {
 }
 
 Result<std::string> EngineImpl::Load(const std::string& path) {
+  ExcludeIo exclude(this);
   // Every check that can fail on one rank alone (a path only some ranks
   // see, a damaged table) is agreed on before any rank reads state.
   std::unique_ptr<ckpt::CheckpointReader> reader;
@@ -1981,6 +2221,10 @@ std::string StepStats::ToString() const {
                 optimizer_seconds * 1e3, comm_seconds * 1e3, copy_seconds * 1e3, io_seconds * 1e3, stall_seconds * 1e3);
   out += buf;
   if (!longest_stall.empty()) out += " (longest: " + longest_stall + ")";
+  if (nvme_bytes_read + nvme_bytes_written > 0) {
+    out += " | nvme read " + FormatBytes(nvme_bytes_read) + ", written " + FormatBytes(nvme_bytes_written);
+  }
+  if (copy_bytes > 0) out += " | host<->device " + FormatBytes(copy_bytes);
   if (fetches > 0) out += " | prefetched " + std::to_string(prefetch_hits) + "/" + std::to_string(fetches) + " gathers";
   for (const Collective& c : collectives) {
     out += " | " + c.kind + " " + std::to_string(c.calls) + "x " + FormatBytes(c.bytes);
@@ -2004,11 +2248,10 @@ Result<std::unique_ptr<Engine>> Engine::Create(const Config& config, Device& dev
     return InvalidArgument("zero_optimization.offload_param needs stage 3 (stage is " + std::to_string(z.stage) +
                            "): set \"stage\": 3 or remove offload_param");
   }
-  if (z.offload_param.device == OffloadDevice::kNvme) {
-    return Unimplemented("zero_optimization.offload_param.device = \"" +
-                         std::string(OffloadDeviceName(z.offload_param.device)) +
-                         "\" is not supported by this engine yet (parameter shards live on the device or, with "
-                         "\"cpu\", in pinned host memory): set it to \"cpu\" or \"none\"");
+  if (z.offload_param.device == OffloadDevice::kNvme && z.offload_param.nvme_path.empty()) {
+    return InvalidArgument(
+        "zero_optimization.offload_param.device = \"nvme\" needs offload_param.nvme_path: one or more directories "
+        "on NVMe");
   }
   if (device.kind() == DeviceKind::kHost && sched::CommunicatesDeviceMemory(comm)) {
     return InvalidArgument("device " + device.name() +

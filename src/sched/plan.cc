@@ -330,6 +330,10 @@ PlanRow PlanCombination(const PlanInput& in, int stage, OffloadDevice optimizer,
   auto owned = [&](const UnitPartition& p) { return stage == 0 ? p.padded_elems : p.shard_elems; };
   auto partitioned = [&](size_t u) { return stage == 3 && in.model.unit_elems[u] > z.stage3_param_persistence_threshold; };
   int64_t max_owned = 0, owned_total = 0, blocks = 0, accum_total = 0, max_host_shard = 0;
+  // offload_param nvme, as the engine: shards in host memory up to
+  // max_in_cpu elements, the rest in the parameter store.
+  int64_t cpu_shard_elems = 0, max_nvme_shard = 0, nvme_units = 0;
+  std::vector<char> shard_on_nvme(parts.size(), 0);
   for (size_t u = 0; u < parts.size(); ++u) {
     const UnitPartition& p = parts[u];
     const int64_t o = owned(p);
@@ -339,10 +343,22 @@ PlanRow PlanCombination(const PlanInput& in, int stage, OffloadDevice optimizer,
     accum_total += offload ? o : (stage >= 2 ? p.shard_elems : p.padded_elems);
     if (partitioned(u)) {
       const uint64_t shard = static_cast<uint64_t>(p.shard_elems) * esize;
-      if (param == OffloadDevice::kNone) dev.Add("compute copy (parameter shards)", Dev(shard));
-      else if (param == OffloadDevice::kCpu) host.Add("parameter shards (offload_param)", Pin(shard));
-      else disk.Add("parameter shards (offload_param)", (shard + kExtentBytes - 1) / kExtentBytes * kExtentBytes);
-      if (param == OffloadDevice::kCpu) max_host_shard = std::max(max_host_shard, p.shard_elems);
+      const bool to_nvme = param == OffloadDevice::kNvme &&
+                           cpu_shard_elems + p.shard_elems > z.offload_param.max_in_cpu;
+      if (param == OffloadDevice::kNone) {
+        dev.Add("compute copy (parameter shards)", Dev(shard));
+      } else if (!to_nvme) {
+        host.Add(param == OffloadDevice::kCpu ? "parameter shards (offload_param)"
+                                              : "parameter shards in host memory (offload_param max_in_cpu)",
+                 Pin(shard));
+        if (param == OffloadDevice::kNvme) cpu_shard_elems += p.shard_elems;
+      } else {
+        disk.Add("parameter shards (offload_param)", (shard + kExtentBytes - 1) / kExtentBytes * kExtentBytes);
+        shard_on_nvme[u] = 1;
+        ++nvme_units;
+        max_nvme_shard = std::max(max_nvme_shard, p.shard_elems);
+      }
+      if (param != OffloadDevice::kNone) max_host_shard = std::max(max_host_shard, p.shard_elems);
     } else {
       dev.Add("compute copy", Dev(static_cast<uint64_t>(p.padded_elems) * esize));
     }
@@ -419,16 +435,18 @@ PlanRow PlanCombination(const PlanInput& in, int stage, OffloadDevice optimizer,
       disk.Add("fp32 master, m, v", (static_cast<uint64_t>(g) * 12 + kExtentBytes - 1) / kExtentBytes * kExtentBytes);
     }
   }
-  if (param == OffloadDevice::kCpu && !offload && max_host_shard > 0) {
+  if (param != OffloadDevice::kNone && !offload && max_host_shard > 0) {
     dev.Add("parameter update scratch (offload_param, one shard)", Dev(static_cast<uint64_t>(max_host_shard) * esize));
   }
-  if (param == OffloadDevice::kNvme) {
-    row.runnable = false;
-    row.note = "not runnable yet: the engine refuses offload_param nvme (computed: the parameter shards move to NVMe)";
-    {
-      host.Add("parameter swap buffers (offload_param buffer_count x buffer_size)",
-               static_cast<uint64_t>(std::max<int64_t>(0, z.offload_param.buffer_count)) *
-                   static_cast<uint64_t>(std::max<int64_t>(0, z.offload_param.buffer_size)) * esize);
+  if (nvme_units > 0) {
+    const int64_t buffers = std::min<int64_t>(std::clamp<int64_t>(z.offload_param.buffer_count, 1, 64), nvme_units);
+    const uint64_t padded = (static_cast<uint64_t>(max_nvme_shard) * esize + 4095) / 4096 * 4096;
+    host.Add("parameter staging buffers (offload_param nvme: " + std::to_string(buffers) + " x the largest shard)",
+             buffers * Pin(padded));
+    if (max_nvme_shard > z.offload_param.buffer_size) {
+      row.runnable = false;
+      row.note = "offload_param.buffer_size " + std::to_string(z.offload_param.buffer_size) +
+                 " is smaller than a parameter shard (" + std::to_string(max_nvme_shard) + " elements): raise it";
     }
   }
   row.device_items = dev.items;
@@ -450,7 +468,7 @@ PlanRow PlanCombination(const PlanInput& in, int stage, OffloadDevice optimizer,
   // backward; held units once); at the boundary the norm reads the owned
   // gradients and, with offload, the new compute copy comes back.
   double copy_bytes = static_cast<double>(k) * static_cast<double>(accum_total) * 4;
-  double comm_bytes = 0;
+  double comm_bytes = 0, shard_read_bytes = 0, shard_write_bytes = 0;
   const double share = static_cast<double>(N - 1) / N;
   for (size_t u = 0; u < parts.size(); ++u) {
     const double P = static_cast<double>(parts[u].padded_elems);
@@ -460,6 +478,11 @@ PlanRow PlanCombination(const PlanInput& in, int stage, OffloadDevice optimizer,
       const double gathers = static_cast<double>(k) * (held ? 1 : 2);
       if (N == 1) copy_bytes += gathers * P * esize;
       else comm_bytes += gathers * P * esize * share;
+      if (shard_on_nvme[u]) {
+        const double shard = static_cast<double>(parts[u].shard_elems) * esize;
+        shard_read_bytes += gathers * shard;
+        shard_write_bytes += shard;
+      }
     }
     if (N > 1) {
       comm_bytes += static_cast<double>(k) * P * 4 * (stage < 2 ? 2 * share : share);  // all-reduce / reduce-scatter
@@ -477,7 +500,10 @@ PlanRow PlanCombination(const PlanInput& in, int stage, OffloadDevice optimizer,
     const double state = static_cast<double>(owned_total) * 12;
     row.nvme_s = state / (r.nvme_read_gbps.value * 1e9) + state / (r.nvme_write_gbps.value * 1e9);
   }
-  row.step_s = row.compute_s + row.copy_s + row.comm_s + std::max(row.optimizer_s, row.nvme_s);
+  row.nvme_s += shard_write_bytes / (r.nvme_write_gbps.value * 1e9);
+  row.param_read_s = shard_read_bytes / (r.nvme_read_gbps.value * 1e9);
+  row.step_s = std::max(row.compute_s, row.param_read_s) + row.copy_s + row.comm_s +
+               std::max(row.optimizer_s, row.nvme_s);
   return row;
 }
 
@@ -545,6 +571,7 @@ std::string PlanToJson(const PlanInput& in, const std::vector<PlanRow>& rows) {
                            {"comm", r.comm_s},
                            {"optimizer", r.optimizer_s},
                            {"nvme", r.nvme_s},
+                           {"param_read", r.param_read_s},
                            {"step", r.step_s}}}});
   }
   return j.dump(2);

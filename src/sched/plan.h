@@ -23,15 +23,19 @@
 //   nvme    12 B × owned per sub-group, in whole 1 MiB extents.
 // offload_param cpu (stage 3) moves the partitioned units' shards to pinned
 // host memory; without optimizer offload one shard-sized device scratch
-// carries each new shard home. offload_param nvme is not supported by the
-// engine yet: those rows are computed (the shards on NVMe plus buffer_count
-// × buffer_size staging) and marked not runnable.
+// carries each new shard home. offload_param nvme keeps shards in pinned
+// host memory while they add up to max_in_cpu elements (registration order)
+// and puts the others in the parameter store, with min(buffer_count, units
+// on NVMe) pinned staging buffers of the largest such shard (4 KiB-rounded);
+// a shard larger than buffer_size makes the row not runnable.
 //
 // The step time is a sum of stated terms from measured (or default) rates:
 // compute = FLOPs / GFLOP/s, the engine's copies and passes over gradients
 // at a copy bandwidth, collectives at a communication bandwidth, and the
 // optimizer — Adam at its bandwidth, or with NVMe max(Adam, read + write of
-// the 12 B/param state), since the pipeline overlaps them.
+// the 12 B/param state and write of the new shards on NVMe), since the
+// pipeline overlaps them. With shards on NVMe, each gather reads its shard
+// ahead of compute (prefetch): compute becomes max(compute, shard reads).
 //
 // Thread-safety: pure functions over plain values.
 #pragma once
@@ -129,7 +133,9 @@ struct PlanRow {
   bool fits_device = true, fits_host = true, fits_nvme = true;
   bool fits() const { return fits_device && fits_host && fits_nvme; }
   // Seconds per optimizer step (gradient_accumulation_steps micro-steps).
-  double compute_s = 0, copy_s = 0, comm_s = 0, optimizer_s = 0, nvme_s = 0, step_s = 0;
+  // param_read_s: the shard reads of gathers (offload_param nvme), which
+  // prefetch overlaps with compute; nvme_s: the boundary's NVMe traffic.
+  double compute_s = 0, copy_s = 0, comm_s = 0, optimizer_s = 0, nvme_s = 0, param_read_s = 0, step_s = 0;
 };
 
 // One combination, with input.config's other settings.

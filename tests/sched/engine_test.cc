@@ -250,6 +250,18 @@ class EngineTest : public ::testing::Test {
     c.zero.sub_group_size = 2 * 65536 * std::max(2, world());
     return c;
   }
+  // Stage 3 with every parameter shard on NVMe and the optimizer on `opt`.
+  Config ParamNvmeConfig(OffloadDevice opt) const {
+    Config c = opt == OffloadDevice::kNvme ? NvmeConfig(3) : HardConfig(3);
+    c.zero.offload_optimizer.device = opt;
+    c.zero.offload_optimizer.buffer_count = 2;
+    c.zero.stage3_param_persistence_threshold = 0;
+    c.zero.offload_param.device = OffloadDevice::kNvme;
+    c.zero.offload_param.nvme_path = {test::TestDir()};
+    c.zero.offload_param.buffer_count = 2;
+    c.zero.offload_param.max_in_cpu = 0;
+    return c;
+  }
   // Boundaries [from, to) of DenseNet with HardConfig's poisoned micro-step.
   void RunSteps(Engine& e, DenseNet& net, int from, int to, int poison_at) {
     for (int step = from; step < to; ++step) {
@@ -416,6 +428,17 @@ TEST_F(EngineTest, StagesAreBitIdentical) {
     c.zero.offload_param.pin_memory = opt == OffloadDevice::kCpu;
     c.zero.stage3_param_persistence_threshold = 10'000;  // the small units stay on the device
     variants.emplace_back("stage 3, offload_param cpu, offload_optimizer " + std::string(OffloadDeviceName(opt)), c);
+  }
+  // offload_param nvme: every shard in the parameter store (max_in_cpu 0)
+  // or, with the optimizer on the host, the first in host memory and the
+  // others on NVMe; two staging buffers for four units.
+  for (OffloadDevice opt : {OffloadDevice::kNone, OffloadDevice::kCpu, OffloadDevice::kNvme}) {
+    c = ParamNvmeConfig(opt);
+    if (opt == OffloadDevice::kCpu) c.zero.offload_param.max_in_cpu = 65536;
+    variants.emplace_back("stage 3, offload_param nvme (max_in_cpu " +
+                              std::to_string(c.zero.offload_param.max_in_cpu) + "), offload_optimizer " +
+                              std::string(OffloadDeviceName(opt)),
+                          c);
   }
   for (const auto& [name, config] : variants) {
     SCOPED_TRACE(name);
@@ -793,6 +816,8 @@ TEST_F(EngineTest, StateTenTimesTheDeviceBudgetGivesTheSameLosses) {
   };
   const std::vector<float> within = run(base, *device_, *stream_);
   EXPECT_LT(within.back(), within.front());
+  // ZeRO-Offload (parameter shards and optimizer on the host) and
+  // ZeRO-Infinity (both on NVMe, nothing of the model kept in host memory).
   for (OffloadDevice optimizer : {OffloadDevice::kCpu, OffloadDevice::kNvme}) {
     Config c = tight;
     c.zero.offload_optimizer.device = optimizer;
@@ -801,12 +826,15 @@ TEST_F(EngineTest, StateTenTimesTheDeviceBudgetGivesTheSameLosses) {
       std::filesystem::create_directories(dir);
       c.zero.offload_optimizer.nvme_path = {dir};
       c.zero.sub_group_size = 400'000;
+      c.zero.offload_param.device = OffloadDevice::kNvme;
+      c.zero.offload_param.nvme_path = {dir};
+      c.zero.offload_param.max_in_cpu = 0;
     }
     auto small = Must(CreateHostDevice(
         DeviceOptions{.spec = "cpu", .memory_budget = budget, .checking = true, .seed = 5}));
     auto stream = Must(small->CreateStream());
     const std::vector<float> got = run(c, *small, *stream);
-    SCOPED_TRACE(std::string("offload_optimizer ") + std::string(OffloadDeviceName(optimizer)));
+    SCOPED_TRACE(std::string("offload_param and offload_optimizer ") + std::string(OffloadDeviceName(optimizer)));
     ASSERT_EQ(got.size(), within.size());
     for (size_t i = 0; i < got.size(); ++i) {
       EXPECT_EQ(std::memcmp(&got[i], &within[i], 4), 0) << "micro-step " << i << ": " << got[i] << " vs " << within[i];
@@ -969,6 +997,80 @@ TEST_F(EngineTest, NvmeFaultMidStepStopsTheEngineUntilACheckpointLoads) {
   ExpectSameState(Take(*again), straight, "resumed after the fault");
 }
 
+// The same for the parameter store (offload_param nvme): a write of a new
+// shard fails during the update, leaving units at different steps.
+TEST_F(EngineTest, ParamNvmeWriteFaultStopsTheEngineUntilACheckpointLoads) {
+  constexpr int kSteps = 5, kSave = 3, kPoison = 2;
+  const Config c = ParamNvmeConfig(OffloadDevice::kCpu);
+  const Snapshot straight = RunDense(c, kSteps, kPoison);
+  const std::string dir = CheckpointDir("param-nvme-fault");
+  auto armed = std::make_shared<std::atomic<bool>>(false);
+  nvme::FaultPlan plan;
+  plan.fail_attempt = 1;  // the second unit's write, once armed for the update
+  plan.fail_errno = EIO;
+  plan.armed = armed;
+  ckpt::SetFileOpenerForTesting([plan](nvme::IoEngine& io, const std::string& path, const nvme::FileOptions& o)
+                                    -> Result<std::shared_ptr<nvme::File>> {
+    if (path.find("/step-") != std::string::npos) return io.Open(path, o);  // checkpoint files
+    ZINF_ASSIGN_OR_RETURN(auto f, nvme::FaultInjectingFile::Open(path, o, plan));
+    return std::shared_ptr<nvme::File>(std::move(f));
+  });
+  struct Restore {
+    ~Restore() { ckpt::SetFileOpenerForTesting(nullptr); }
+  } restore;
+  auto e = Must(Engine::Create(c, *device_, comm_.get()));
+  DenseNet net;
+  net.Register(*e, 11);
+  RunSteps(*e, net, 0, kSave, kPoison);
+  const std::string saved = Must(e->Save(dir));
+  const uint64_t g = static_cast<uint64_t>(kSave) * 2 * world() + rank();
+  net.MicroStep(*e, *stream_, g);
+  (void)Must(e->Step());
+  net.MicroStep(*e, *stream_, g + world());
+  // The micro-steps' gathers have read their shards; only the update writes.
+  MustOk(stream_->Synchronize());
+  MustOk(e->Synchronize());
+  armed->store(true);
+  Status failure = e->Step().status();
+  if (failure.ok()) failure = e->Synchronize();
+  armed->store(false);
+  EXPECT_EQ(failure.code(), StatusCode::kDataLoss) << failure.ToString();
+  const std::string m = failure.message();
+  EXPECT_NE(m.find("parameter shards on NVMe"), std::string::npos) << m;
+  EXPECT_NE(m.find(test::TestDir()), std::string::npos) << "names the swap file: " << m;
+  EXPECT_NE(m.find("errno"), std::string::npos) << m;
+  EXPECT_NE(m.find("different steps"), std::string::npos) << m;
+  EXPECT_NE(m.find(saved), std::string::npos) << "names the checkpoint to resume from: " << m;
+  EXPECT_EQ(e->Step().status().code(), StatusCode::kDataLoss);
+  EXPECT_EQ(e->Save(dir).status().code(), StatusCode::kDataLoss);
+  e.reset();
+  auto again = Must(Engine::Create(c, *device_, comm_.get()));
+  DenseNet net2;
+  net2.Register(*again, 99);
+  EXPECT_EQ(Must(again->Load(dir)), "{}");
+  RunSteps(*again, net2, kSave, kSteps, kPoison);
+  MustOk(stream_->Synchronize());
+  ExpectSameState(Take(*again), straight, "resumed after the fault");
+}
+
+// offload_param nvme settings the engine cannot honour fail before the first
+// step, saying what to change.
+TEST_F(EngineTest, ParamNvmeConfigErrorsSayWhatToChange) {
+  Config c = ParamNvmeConfig(OffloadDevice::kNone);
+  c.zero.offload_param.nvme_path.clear();
+  const Status no_path = Engine::Create(c, *device_, comm_.get()).status();
+  EXPECT_EQ(no_path.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(no_path.message().find("offload_param.nvme_path"), std::string::npos) << no_path.ToString();
+  c = ParamNvmeConfig(OffloadDevice::kNone);
+  c.zero.offload_param.buffer_size = 1000;  // smaller than every unit's shard
+  auto e = Must(Engine::Create(c, *device_, comm_.get()));
+  DenseNet net;
+  net.Register(*e, 11);
+  const Status small = e->Fetch(0, *stream_).status();
+  EXPECT_EQ(small.code(), StatusCode::kInvalidArgument) << small.ToString();
+  EXPECT_NE(small.message().find("raise buffer_size to at least"), std::string::npos) << small.ToString();
+}
+
 // A full disk during a save (ENOSPC injected into the shard files): the save
 // fails naming ENOSPC and the path, step-N.tmp is removed, `latest` still
 // names the previous checkpoint, which loads.
@@ -1111,6 +1213,10 @@ TEST_F(EngineTest, UnitsNotFetchedAreNotUpdated) {
   c.gradient_clipping = 0.5;
   c.zero.offload_param.device = OffloadDevice::kCpu;
   variants.emplace_back("stage 3, offload_param cpu, offload_optimizer nvme", c);
+  c.zero.offload_param.device = OffloadDevice::kNvme;
+  c.zero.offload_param.nvme_path = {test::TestDir()};
+  c.zero.offload_param.max_in_cpu = 0;
+  variants.emplace_back("stage 3, offload_param nvme, offload_optimizer nvme", c);
   c = base;
   c.zero.stage = 1;
   c.zero.offload_optimizer.device = OffloadDevice::kCpu;
@@ -1228,10 +1334,10 @@ TEST_F(EngineTest, BadInputFailsBeforeTheFirstStep) {
   Config c;
   c.zero.stage = 3;
   c.zero.offload_param.device = OffloadDevice::kNvme;
-  c.zero.offload_param.nvme_path = {test::TestDir()};
   Status s = error_of(c);
-  EXPECT_EQ(s.code(), StatusCode::kUnimplemented);
-  EXPECT_NE(s.message().find("offload_param.device = \"nvme\""), std::string::npos) << s.ToString();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("needs offload_param.nvme_path"), std::string::npos) << s.ToString();
+  c.zero.offload_param.nvme_path = {test::TestDir()};
   c.zero.stage = 2;
   c.zero.offload_param.device = OffloadDevice::kCpu;
   s = error_of(c);

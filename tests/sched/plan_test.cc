@@ -99,22 +99,31 @@ TEST(PlanTest, EveryCombinationAndFits) {
   PlanInput in = SmallInput();
   in.device_memory = 16 << 20;
   in.host_memory = 1 << 20;
+  in.config.zero.offload_param.max_in_cpu = 0;  // every partitioned unit's shard on NVMe
   const std::vector<PlanRow> rows = PlanAll(in);
   ASSERT_EQ(rows.size(), 18u);  // 3 stages x 3 + stage 3 x 3 x 3
-  int not_runnable = 0;
   for (const PlanRow& r : rows) {
     if (r.param != OffloadDevice::kNone) {
       EXPECT_EQ(r.stage, 3);
     }
-    if (r.param == OffloadDevice::kNvme) {
-      EXPECT_FALSE(r.runnable);
-      EXPECT_NE(r.note.find("not runnable yet"), std::string::npos);
-      ++not_runnable;
-    }
+    EXPECT_TRUE(r.runnable) << r.note;
     EXPECT_EQ(r.fits_device, r.device_bytes <= in.device_memory);
     EXPECT_EQ(r.fits_host, r.host_bytes <= in.host_memory);
   }
-  EXPECT_EQ(not_runnable, 3);
+  // Stage 3, optimizer on the device: the shards move from the device to
+  // the host (cpu) or to NVMe, with staging buffers in host memory.
+  const PlanRow& none = rows[9];
+  const PlanRow& cpu = rows[12];
+  const PlanRow& nvme = rows[15];
+  ASSERT_EQ(nvme.param, OffloadDevice::kNvme);
+  ASSERT_EQ(nvme.optimizer, OffloadDevice::kNone);
+  EXPECT_EQ(cpu.device_bytes, nvme.device_bytes);
+  EXPECT_LE(cpu.device_bytes, none.device_bytes);  // one shard moves home, a shard-sized scratch stays
+  EXPECT_EQ(cpu.nvme_bytes, 0u);
+  EXPECT_GT(nvme.nvme_bytes, 0u);
+  EXPECT_GT(nvme.param_read_s, 0.0);
+  EXPECT_TRUE(std::any_of(nvme.host_items.begin(), nvme.host_items.end(),
+                          [](const PlanItem& i) { return i.what.find("parameter staging buffers") == 0; }));
   // Stage 0 without offload: 8.6 MB of device state (fits 16 MiB); nvme
   // offload needs 10 MiB of pinned swap buffers (does not fit 1 MiB).
   EXPECT_TRUE(rows[0].fits());
@@ -332,6 +341,24 @@ TEST(PlanMeasuredTest, Stage2Cpu) { CheckAgainstEngine(Config{}, 2, OffloadDevic
 TEST(PlanMeasuredTest, Stage3ParamCpu) {
   CheckAgainstEngine(Config{}, 3, OffloadDevice::kNone, OffloadDevice::kCpu);
   CheckAgainstEngine(Config{}, 3, OffloadDevice::kCpu, OffloadDevice::kCpu);
+}
+
+// offload_param nvme: every shard on NVMe (optimizer on the device and on
+// NVMe), and the first units' shards in host memory within max_in_cpu.
+TEST(PlanMeasuredTest, Stage3ParamNvme) {
+  Config c;
+  const std::string dir = test::TestDir() + "/plan_test_param_nvme";
+  std::filesystem::create_directories(dir);
+  c.zero.offload_optimizer.nvme_path = {dir};
+  c.zero.offload_param.nvme_path = {dir};
+  c.zero.offload_param.buffer_count = 2;
+  c.zero.offload_param.max_in_cpu = 0;
+  c.zero.sub_group_size = 1'200'000;
+  CheckAgainstEngine(c, 3, OffloadDevice::kNone, OffloadDevice::kNvme);
+  CheckAgainstEngine(c, 3, OffloadDevice::kNvme, OffloadDevice::kNvme);
+  c.zero.offload_param.max_in_cpu = 700'000;  // the first unit's shard in host memory
+  CheckAgainstEngine(c, 3, OffloadDevice::kCpu, OffloadDevice::kNvme);
+  std::filesystem::remove_all(dir);
 }
 
 TEST(PlanMeasuredTest, Stage3Nvme) {
