@@ -13,6 +13,7 @@ void RegisterCopy(CLI::App& bench, int* exit_code);
 void RegisterModel(CLI::App& bench, int* exit_code);
 void RegisterOffload(CLI::App& bench, int* exit_code);
 void RegisterCheckpoint(CLI::App& bench, int* exit_code);
+void RegisterStage3(CLI::App& bench, int* exit_code);
 
 void RegisterAll(CLI::App& bench, int* exit_code) {
   RegisterMembw(bench, exit_code);
@@ -23,6 +24,7 @@ void RegisterAll(CLI::App& bench, int* exit_code) {
   RegisterModel(bench, exit_code);
   RegisterOffload(bench, exit_code);
   RegisterCheckpoint(bench, exit_code);
+  RegisterStage3(bench, exit_code);
   bench.require_subcommand(1);
 }
 

@@ -24,20 +24,14 @@
 
 #include "bench/bench.h"
 #include "bench/bench_util.h"
+#include "bench/engine_bench.h"
 #include "common/units.h"
 #include "cpu/adam.h"
 #include "cpu/norm.h"
-#include "common/build_config.h"
 #include "cpu/host_device.h"
 #include "nvme/io_engine.h"
 #include "nvme/swap_store.h"
 #include "zinf/engine.h"
-
-#include <sys/resource.h>
-
-#if ZINF_HAVE_CUDA
-#include "gpu/kernels.h"
-#endif
 
 namespace zinf::bench {
 namespace {
@@ -55,29 +49,11 @@ struct Options {
   bool json = false;
 };
 
-uint64_t PeakRssBytes() {
-  struct rusage ru {};
-  getrusage(RUSAGE_SELF, &ru);
-  return static_cast<uint64_t>(ru.ru_maxrss) * 1024;
-}
-
-struct Fail {
-  int code;
-};
 template <class T>
 T Check(Result<T> r, const char* what) {
-  if (!r.ok()) {
-    std::fprintf(stderr, "zinf bench offload: %s: %s\n", what, r.status().ToString().c_str());
-    throw Fail{1};
-  }
-  return std::move(*r);
+  return EngineCheck(std::move(r), "offload", what);
 }
-void Check(const Status& s, const char* what) {
-  if (!s.ok()) {
-    std::fprintf(stderr, "zinf bench offload: %s: %s\n", what, s.ToString().c_str());
-    throw Fail{1};
-  }
-}
+void Check(const Status& s, const char* what) { EngineCheck(s, "offload", what); }
 
 // The bound: Adam (fp32 grads) with the fused bf16 parameter copy over n
 // parameters, median of 3 passes after a warm-up, seconds per pass.
@@ -98,20 +74,7 @@ double AdamBound(int64_t n, int threads) {
   return Median(t);
 }
 
-// Synthetic device compute: on a CUDA device a kernel that holds the stream
-// (no host CPU, no host-function thread); on the host device a sleeping task.
-void Wait(Device& device, Stream& stream, double ms) {
-  if (ms <= 0) return;
-#if ZINF_HAVE_CUDA
-  if (device.kind() == DeviceKind::kCuda) return Check(gpu::BusyWait(ms / 1e3, stream.native_handle()), "compute");
-#endif
-  (void)device;
-  Check(stream.Enqueue([ms](const StreamContext&) {
-    std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(ms));
-    return Status::Ok();
-  }),
-        "enqueue");
-}
+void Wait(Device& device, Stream& stream, double ms) { Check(SyntheticCompute(device, stream, ms), "compute"); }
 
 int Run(const Options& opt) {
   auto count = ParseCount(opt.params);
@@ -347,7 +310,7 @@ void RegisterOffload(CLI::App& bench, int* exit_code) {
   cmd->callback([opt, exit_code] {
     try {
       *exit_code = Run(*opt);
-    } catch (const Fail& f) {
+    } catch (const EngineBenchFail& f) {
       *exit_code = f.code;
     }
   });

@@ -7,8 +7,11 @@
 #include <array>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <string>
+
+#include <nlohmann/json.hpp>
 
 #include "test_util.h"
 
@@ -63,6 +66,9 @@ TEST(ZinfCliTest, BadUsageExitsTwo) {
   EXPECT_EQ(RunZinf("config check").exit_code, 2);
   EXPECT_EQ(RunZinf("bench membw --size 4Q").exit_code, 2);
   EXPECT_EQ(RunZinf("bench offload --params 1M --device tpu").exit_code, 2);
+  EXPECT_EQ(RunZinf("bench stage3 --params 1M --offload-param nvme").exit_code, 2);  // no --path
+  EXPECT_EQ(RunZinf("bench stage3 --params 1M --offload-param disk --path /tmp").exit_code, 2);
+  EXPECT_EQ(RunZinf("bench stage3 --params 1M --device-memory 0 --path /tmp").exit_code, 2);
   EXPECT_EQ(RunZinf("--log-level loud config check " + Data("ds_zero3_nvme.json")).exit_code, 2);
 }
 
@@ -84,6 +90,29 @@ TEST(ZinfCliTest, MembwBenchPrintsRatioJson) {
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("\"ratio_to_copy\""), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("\"kernel\": \"update\""), std::string::npos) << r.output;
+}
+
+// A small stage-3 run with parameters and optimizer on NVMe: the engine's
+// bytes, the bound, the plan's peaks against the measured ones.
+TEST(ZinfCliTest, Stage3BenchReportsBytesAndTheBound) {
+  const std::string dir = zinf::test::TestDir() + "/bench_stage3";
+  std::filesystem::create_directories(dir);
+  auto r = zinf::test::RunCommand(zinf::test::BinaryDir() + "/zinf bench stage3 --params 4M --units 4 "
+                                  "--device-memory 64M --sub-group-size 2M --steps 2 --compute-ms-per-unit 1 --json "
+                                  "--path " + dir + " 2>/dev/null");
+  std::filesystem::remove_all(dir);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto j = nlohmann::json::parse(r.output);
+  // Per step: each 1M-parameter unit's bf16 shard read in forward (and in
+  // backward unless kept) and written once; 12 B/param of state both ways.
+  const double state = 4e6 * 12, shards = 4e6 * 2;
+  EXPECT_GE(j["nvme_bytes_read"].get<double>(), state + shards) << r.output;
+  EXPECT_LE(j["nvme_bytes_read"].get<double>(), state + 2 * shards + 1e6) << r.output;
+  EXPECT_GE(j["nvme_bytes_written"].get<double>(), state + shards) << r.output;
+  EXPECT_GT(j["io_bound_seconds"].get<double>(), 0) << r.output;
+  EXPECT_EQ(j["device_peak_bytes"], j["plan_device_bytes"]) << r.output;
+  EXPECT_EQ(j["host_peak_pinned_bytes"], j["plan_host_bytes"]) << r.output;
+  EXPECT_EQ(j["fetches"].get<int>(), 8) << r.output;
 }
 
 }  // namespace

@@ -1,0 +1,40 @@
+#include "bench/engine_bench.h"
+
+#include <chrono>
+#include <thread>
+
+#include <sys/resource.h>
+
+#include "common/build_config.h"
+
+#if ZINF_HAVE_CUDA
+#include "gpu/kernels.h"
+#endif
+
+namespace zinf::bench {
+
+void EngineCheck(const Status& s, const char* bench, const char* what) {
+  if (s.ok()) return;
+  std::fprintf(stderr, "zinf bench %s: %s: %s\n", bench, what, s.ToString().c_str());
+  throw EngineBenchFail{1};
+}
+
+Status SyntheticCompute(Device& device, Stream& stream, double ms) {
+  if (ms <= 0) return Status::Ok();
+#if ZINF_HAVE_CUDA
+  if (device.kind() == DeviceKind::kCuda) return gpu::BusyWait(ms / 1e3, stream.native_handle());
+#endif
+  (void)device;
+  return stream.Enqueue([ms](const StreamContext&) {
+    std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(ms));
+    return Status::Ok();
+  });
+}
+
+uint64_t PeakRssBytes() {
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<uint64_t>(ru.ru_maxrss) * 1024;
+}
+
+}  // namespace zinf::bench
