@@ -4,9 +4,9 @@
 // backward is a wait of --compute-ms-per-unit on the device stream (no CPU
 // used), standing in for device compute.
 //
-// It reports the step time; the stall (the client stream's waits on the
-// engine, as Stats() counts them, over forward+backward time measured alone
-// in the same run); the bytes each tier moved and their rates; the plan's
+// It reports the step time; the stall (the step time the client stream
+// spent not computing — waiting on the engine — over forward+backward time
+// measured alone in the same run); the bytes each tier moved and their rates; the plan's
 // predicted device and pinned host peaks against the measured ones; and, in
 // the same run, the I/O bound: the same io_uring engine and a swap store on
 // --path reading, then writing, the same bytes (written beforehand) with
@@ -20,6 +20,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -256,6 +257,28 @@ int Run(const Options& opt) {
   for (int u = 0; u < opt.units; ++u) {
     Check(engine->AddUnit("unit" + std::to_string(u), {{"w", {per_unit}, DType::kFloat32, nullptr}}), "register");
   }
+  // When the client stream finishes each step's backward (a task on it):
+  // the steady-state step time is the interval between these, as in a long
+  // run where every step's update overlaps the next forward. The run's last
+  // update, which nothing follows, is reported apart.
+  std::mutex marks_mu;
+  std::vector<double> marks;
+  const int total_steps = opt.steps + 1;
+  auto mark = [&](int s) {
+    Check(stream->Enqueue([&, s](const StreamContext&) {
+      const double now = NowSeconds();
+      std::lock_guard lock(marks_mu);
+      marks.push_back(now);
+      if (!opt.json && marks.size() > 1) {
+        const double each = (now - marks.front()) / static_cast<double>(marks.size() - 1);
+        std::fprintf(stderr, "\r  step %d/%d: %.2f s/step, ETA %.0f s   ", s, total_steps - 1, each,
+                     each * static_cast<double>(total_steps - static_cast<int>(marks.size())));
+      }
+      return Status::Ok();
+    }),
+          "mark");
+  };
+  int step_index = 0;
   auto one_step = [&] {
     for (int u = 0; u < opt.units; ++u) {
       Check(engine->Fetch(u, *stream), "fetch");
@@ -268,28 +291,27 @@ int Run(const Options& opt) {
       Check(engine->GradsReady(u, *stream), "grads ready");
       Check(engine->Release(u, *stream), "release");
     }
+    mark(step_index++);
     Check(engine->Step(), "step");
   };
   one_step();  // warm-up: records the trace, first touches
   Check(stream->Synchronize(), "sync");
   Check(engine->Synchronize(), "sync");
+  const StepStats warm = Check(engine->Stats(), "stats");
   // Steps back to back: each step's update overlaps the next forward.
-  std::vector<double> times;
-  const double t0 = NowSeconds();
-  for (int s = 0; s < opt.steps; ++s) {
-    one_step();
-    if (!opt.json) {
-      const double elapsed = NowSeconds() - t0;
-      std::fprintf(stderr, "\r  step %d/%d enqueued, %.1f s elapsed, ETA %.0f s   ", s + 1, opt.steps, elapsed,
-                   elapsed / (s + 1) * (opt.steps - s - 1));
-    }
-  }
+  for (int s = 0; s < opt.steps; ++s) one_step();
   Check(stream->Synchronize(), "sync");
+  const double last_backward = NowSeconds();
   Check(engine->Synchronize(), "sync");
-  const double step = (NowSeconds() - t0) / opt.steps;
+  const double drain = NowSeconds() - last_backward;  // the last update, overlapping nothing
+  const double step = (marks.back() - marks.front()) / opt.steps;
   if (!opt.json) std::fprintf(stderr, "\n");
   const StepStats last = Check(engine->Stats(), "stats");
   const DeviceMemoryStats dm = device->memory_stats();
+  // Per timed step, from the totals (a step's first shard reads overlap the
+  // previous step's updates, so one step's own figures are not exact).
+  const uint64_t nvme_read = (last.nvme_bytes_read_total - warm.nvme_bytes_read_total) / opt.steps;
+  const uint64_t nvme_written = (last.nvme_bytes_written_total - warm.nvme_bytes_written_total) / opt.steps;
   engine.reset();  // its pinned buffers and swap files go before the bound runs again
   const BoundTimes bound_after = measure_bound();
   // The bound of the bytes the engine moved in its last step (it reads a
@@ -299,11 +321,14 @@ int Run(const Options& opt) {
   if (bound_read > 0) {
     const double read_s = std::min(bound_before.read, bound_after.read);
     const double write_s = std::min(bound_before.write, bound_after.write);
-    io_bound = read_s * static_cast<double>(last.nvme_bytes_read) / static_cast<double>(bound_read) +
-               write_s * static_cast<double>(last.nvme_bytes_written) / static_cast<double>(bound_written);
+    io_bound = read_s * static_cast<double>(nvme_read) / static_cast<double>(bound_read) +
+               write_s * static_cast<double>(nvme_written) / static_cast<double>(bound_written);
   }
-  const double stall_frac = compute_alone > 0 ? last.stall_seconds / compute_alone : 0.0;
-  const double nvme_rate = static_cast<double>(last.nvme_bytes_read + last.nvme_bytes_written) / step / 1e9;
+  // The client stream computes compute_alone per step; the rest of the step
+  // it waited on the engine (the host enqueues far ahead of it).
+  const double stall = compute_alone > 0 ? std::max(0.0, step - compute_alone) : 0.0;
+  const double stall_frac = compute_alone > 0 ? stall / compute_alone : 0.0;
+  const double nvme_rate = static_cast<double>(nvme_read + nvme_written) / step / 1e9;
   if (opt.json) {
     nlohmann::json j = {{"bench", "stage3"},
                         {"params", P},
@@ -315,9 +340,10 @@ int Run(const Options& opt) {
                         {"threads", opt.threads},
                         {"compute_ms_per_unit", opt.compute_ms},
                         {"step_seconds", step},
+                        {"last_update_seconds", drain},
                         {"compute_alone_seconds", compute_alone},
                         {"step_over_compute", compute_alone > 0 ? step / compute_alone : 0.0},
-                        {"stall_seconds", last.stall_seconds},
+                        {"stall_seconds", stall},
                         {"stall_fraction", stall_frac},
                         {"io_bound_seconds", io_bound},
                         {"io_bound_read_gb_per_s", bound_read / std::min(bound_before.read, bound_after.read) / 1e9},
@@ -326,8 +352,8 @@ int Run(const Options& opt) {
                         {"step_over_io_bound", io_bound > 0 ? step / io_bound : 0.0},
                         {"io_bound_bytes_read", bound_read},
                         {"io_bound_bytes_written", bound_written},
-                        {"nvme_bytes_read", last.nvme_bytes_read},
-                        {"nvme_bytes_written", last.nvme_bytes_written},
+                        {"nvme_bytes_read", nvme_read},
+                        {"nvme_bytes_written", nvme_written},
                         {"nvme_gb_per_s", nvme_rate},
                         {"copy_bytes", last.copy_bytes},
                         {"io_wait_seconds", last.io_seconds},
@@ -345,9 +371,9 @@ int Run(const Options& opt) {
   std::printf("%8s %10s %12s %8s %7s %10s %12s %10s %10s %9s\n", "step s", "compute s", "step/compute", "stall s",
               "stall", "io bound s", "step/io bound", "nvme read", "written", "nvme GB/s");
   std::printf("%8.3f %10.3f %12.2f %8.3f %6.1f%% %10.3f %12.2f %10s %10s %9.2f\n", step, compute_alone,
-              compute_alone > 0 ? step / compute_alone : 0.0, last.stall_seconds, 100 * stall_frac, io_bound,
-              io_bound > 0 ? step / io_bound : 0.0, FormatBytes(last.nvme_bytes_read).c_str(),
-              FormatBytes(last.nvme_bytes_written).c_str(), nvme_rate);
+              compute_alone > 0 ? step / compute_alone : 0.0, stall, 100 * stall_frac, io_bound,
+              io_bound > 0 ? step / io_bound : 0.0, FormatBytes(nvme_read).c_str(),
+              FormatBytes(nvme_written).c_str(), nvme_rate);
   if (bound_read > 0) {
     std::printf("# the I/O bound: the same store reading %s, then writing %s (every shard twice and the optimizer "
                 "state once, then both once) alone, before the engine ran and after: read %.2f / %.2f GB/s, write "
@@ -356,6 +382,9 @@ int Run(const Options& opt) {
                 bound_read / bound_after.read / 1e9, bound_written / bound_before.write / 1e9,
                 bound_written / bound_after.write / 1e9);
   }
+  std::printf("# step: between the ends of consecutive backwards (the steady state); the run's last update, which "
+              "no forward follows, took %.3f s more\n",
+              drain);
   std::printf("# last step: host<->device copies %s (%.2f GB/s), nvme waits %.3f s, optimizer %.3f s, %lld/%lld gathers "
               "prefetched\n",
               FormatBytes(last.copy_bytes).c_str(), static_cast<double>(last.copy_bytes) / step / 1e9, last.io_seconds,

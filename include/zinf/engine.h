@@ -103,7 +103,11 @@ struct StepStats {
   // I/O (optimizer state and parameter shards; checkpoints not counted),
   // and copied between host and device memory (offloaded gradients down,
   // shards and new parameters up).
+  // With stage 3 gathers overlapping the previous step's updates, a step's
+  // first shard reads may fall in the previous step's figures; the totals
+  // since the engine started are exact.
   uint64_t nvme_bytes_read = 0, nvme_bytes_written = 0, copy_bytes = 0;
+  uint64_t nvme_bytes_read_total = 0, nvme_bytes_written_total = 0;
   double stall_seconds = 0;    // the client's streams waiting on the engine
   std::string longest_stall;   // what the longest wait was for ("" when none)
   // The client streams' waits that were not hidden, by unit and cause:

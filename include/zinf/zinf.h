@@ -278,7 +278,8 @@ ZINF_API int zinf_engine_synchronize(zinf_engine* engine);
  * (synchronizes first): step, boundary, skipped, loss_scale,
  * next_loss_scale, lr, grad_norm, clip_coef, optimizer_seconds,
  * comm_seconds, copy_seconds, io_seconds, stall_seconds, longest_stall,
- * nvme_bytes_read, nvme_bytes_written, copy_bytes (host<->device), collectives
+ * nvme_bytes_read, nvme_bytes_written (and their _total since the engine
+ * started), copy_bytes (host<->device), collectives
  * [{kind, calls, bytes}], device_bytes_in_use, summary (the one-line log
  * form). A non-finite number is written as a string ("inf", "nan").
  * Free *out_json with zinf_string_free. */

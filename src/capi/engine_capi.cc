@@ -381,6 +381,8 @@ ZINF_API int zinf_engine_stats_json(zinf_engine* engine, char** out_json) {
     j["io_seconds"] = Number(s.io_seconds);
     j["nvme_bytes_read"] = s.nvme_bytes_read;
     j["nvme_bytes_written"] = s.nvme_bytes_written;
+    j["nvme_bytes_read_total"] = s.nvme_bytes_read_total;
+    j["nvme_bytes_written_total"] = s.nvme_bytes_written_total;
     j["copy_bytes"] = s.copy_bytes;
     j["stall_seconds"] = Number(s.stall_seconds);
     j["longest_stall"] = s.longest_stall;

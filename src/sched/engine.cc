@@ -160,9 +160,7 @@ class EngineImpl final : public Engine {
     if (stream_) {
       (void)stream_->Synchronize();
       (void)copy_stream_->Synchronize();
-      for (nvme::IoRequest& w : param_write_) {
-        if (w.valid()) (void)w.Wait();
-      }
+      (void)gather_stream_->Synchronize();
       for (Unit& u : units_) FreeUnit(u);
       if (partials_) (void)device_.Free(partials_, *stream_);
       if (bucket_) (void)device_.Free(bucket_, *stream_);
@@ -185,6 +183,8 @@ class EngineImpl final : public Engine {
   Status Init() {
     ZINF_ASSIGN_OR_RETURN(stream_, device_.CreateStream());
     ZINF_ASSIGN_OR_RETURN(copy_stream_, device_.CreateStream());
+    ZINF_ASSIGN_OR_RETURN(gather_stream_, device_.CreateStream());
+    ZINF_ASSIGN_OR_RETURN(gathers_done_, device_.CreateEvent());
     ZINF_ASSIGN_OR_RETURN(decided_, device_.CreateEvent());
     ZINF_ASSIGN_OR_RETURN(updates_done_, device_.CreateEvent());
     if (offload_ || param_offload_ || !host_memory_) {
@@ -196,10 +196,17 @@ class EngineImpl final : public Engine {
       // DeepSpeed's switches for page-locking.
       o.lock = (offload_ && config_.zero.offload_optimizer.pin_memory) || nvme_ || param_nvme_ ||
                (param_offload_ && config_.zero.offload_param.pin_memory);
-      if (nvme_ || param_nvme_) {
+      if (nvme_) {
         ZINF_ASSIGN_OR_RETURN(io_, nvme::IoEngine::Create(nvme::IoEngineOptionsFromConfig(config_)));
         registrar_ = std::make_unique<nvme::EngineRegistrar>(*io_);
         o.registrars.push_back(registrar_.get());
+      }
+      if (param_nvme_) {
+        // Its own rings: a gather's shard read does not queue behind the
+        // optimizer state's bulk reads and writes.
+        ZINF_ASSIGN_OR_RETURN(param_io_, nvme::IoEngine::Create(nvme::IoEngineOptionsFromConfig(config_)));
+        param_registrar_ = std::make_unique<nvme::EngineRegistrar>(*param_io_);
+        o.registrars.push_back(param_registrar_.get());
       }
       if (!host_memory_) {  // copies to and from the device stay asynchronous and in stream order
         ZINF_ASSIGN_OR_RETURN(device_registrar_, sched::CreateHostRegistrarFor(device_));
@@ -231,7 +238,8 @@ class EngineImpl final : public Engine {
   Status Synchronize() override {
     Status a = stream_->Synchronize();
     Status b = copy_stream_->Synchronize();
-    return a.ok() ? b : a;
+    Status c = gather_stream_->Synchronize();
+    return !a.ok() ? a : !b.ok() ? b : c;
   }
   Result<StepStats> Stats() override;
   Result<std::string> Save(const std::string& dir, const std::string& client_state) override;
@@ -303,15 +311,16 @@ class EngineImpl final : public Engine {
   // memory, not host-addressable), with the boundary's decision made.
   Status EnqueueDeviceUpdate(Unit& u, bool home, bool has_grad);
   Status ReadGroup(size_t g);
+  // Engine stream: issues the reads of groups g .. g + buffers - 2 not yet
+  // issued; the step's first ones go out as its last backward starts.
+  Status IssueReads(size_t g);
+  bool early_reads_ = false;  // this window's first reads were issued during backward
   // An I/O failure of a step's writes: the state on disk is mixed, the
   // engine refuses further steps (broken_).
   Status SwapFailure(Status s, bool params = false);
   Status SetUpParamSwap();
-  size_t NextParamSlot() { return param_slot_next_++ % param_bufs_.size(); }
-  // Engine stream: waits for the write in flight from staging buffer
-  // `slot`, and for any of `unit`'s (-1: every write).
-  Status ParamWritesDone(size_t slot, int unit);
-  Status Timed(double Window::*field, StreamTask task);
+  // A task on `stream` (default: the engine stream) whose time adds to `field`.
+  Status Timed(double Window::*field, StreamTask task, Stream* stream = nullptr);
   Status EnqueueAccumulate(float* accum, const float* reduced, int64_t elems, bool first);
   Status FlushBucket(const std::vector<int>& bucket);
   Status FlushPendingBuckets();
@@ -352,6 +361,19 @@ class EngineImpl final : public Engine {
   void* param_scratch_ = nullptr;  // offload_param without offload_optimizer: the new shard on its way home
   std::unique_ptr<nvme::IoEngine> io_;
   std::unique_ptr<nvme::EngineRegistrar> registrar_;
+  std::unique_ptr<nvme::IoEngine> param_io_;  // offload_param nvme: the parameter store's I/O
+  std::unique_ptr<nvme::EngineRegistrar> param_registrar_;
+  // Bytes both engines moved so far.
+  nvme::IoEngineStats IoTotals() const {
+    nvme::IoEngineStats t;
+    for (const nvme::IoEngine* e : {io_.get(), param_io_.get()}) {
+      if (!e) continue;
+      const nvme::IoEngineStats s = e->stats();
+      t.bytes_read += s.bytes_read;
+      t.bytes_written += s.bytes_written;
+    }
+    return t;
+  }
   std::unique_ptr<PinnedPool> pool_;
   // NVMe: sub-groups of whole units (forward order), one swap tensor each
   // holding [master | m | v] of every unit's owned range, and buffer_count
@@ -366,14 +388,12 @@ class EngineImpl final : public Engine {
   std::unique_ptr<nvme::SwapStore> store_;
   std::vector<PinnedBuffer> nvme_bufs_;
   // offload_param nvme: the shards past max_in_cpu in their own store
-  // (tensor id = unit index) and buffer_count staging buffers that gathers
-  // read into and updates write from, each with its write in flight (engine
-  // stream only) and whose it is.
+  // (tensor id = unit index), and two staging buffers of the largest shard:
+  // gathers read into one (gather stream), updates write from the other
+  // (engine stream), each transfer complete before the buffer is reused.
   std::unique_ptr<nvme::SwapStore> param_store_;
   std::vector<PinnedBuffer> param_bufs_;
-  std::vector<nvme::IoRequest> param_write_;
-  std::vector<int> param_write_unit_;
-  size_t param_slot_next_ = 0;
+  static constexpr size_t kGatherBuffer = 0, kUpdateBuffer = 1;
   int64_t cpu_shard_elems_ = 0;  // offload_param nvme: shard elements kept in host memory (max_in_cpu)
   std::vector<nvme::IoRequest> group_read_, group_write_;  // this boundary's requests (engine stream only)
   Status broken_;  // an I/O failure mid-step: the state on disk is mixed, no further steps
@@ -385,6 +405,11 @@ class EngineImpl final : public Engine {
   std::vector<std::unique_ptr<Event>> slot_filled_, slot_free_;
   std::unique_ptr<Stream> stream_;
   std::unique_ptr<Stream> copy_stream_;  // offload: host-to-device copies of updated shards and their gathers
+  // Stage 3: the gathers (shard read from NVMe, copied up, all-gathered),
+  // each after its unit's update, so the next forward's first units arrive
+  // while the engine stream still updates the later ones.
+  std::unique_ptr<Stream> gather_stream_;
+  std::unique_ptr<Event> gathers_done_;  // the boundary's updates wait for every gather still reading a shard
   std::unique_ptr<Event> decided_;  // recorded after each boundary's decision
   std::unique_ptr<Event> updates_done_;  // offload: the engine stream's last task of a boundary
   std::vector<Unit> units_;
@@ -416,6 +441,7 @@ class EngineImpl final : public Engine {
   nvme::IoEngineStats io_base_;  // io_'s counters at the last boundary, less checkpoint I/O since
   StreamCounts stream_counts_;   // since the last boundary, in the engine stream's order
   std::map<int64_t, StreamCounts> closing_;  // per boundary, until its window closes
+  uint64_t nvme_total_read_ = 0, nvme_total_written_ = 0;  // over every closed window
   Decision decision_;
   int64_t steps_applied_ = 0;
   Window window_;
@@ -427,10 +453,9 @@ class EngineImpl final : public Engine {
 struct EngineImpl::ExcludeIo {
   EngineImpl* e;
   nvme::IoEngineStats before;
-  explicit ExcludeIo(EngineImpl* engine) : e(engine), before(engine->io_ ? engine->io_->stats() : nvme::IoEngineStats{}) {}
+  explicit ExcludeIo(EngineImpl* engine) : e(engine), before(engine->IoTotals()) {}
   ~ExcludeIo() {
-    if (!e->io_) return;
-    const nvme::IoEngineStats after = e->io_->stats();
+    const nvme::IoEngineStats after = e->IoTotals();
     std::lock_guard lock(e->mu_);
     e->io_base_.bytes_read += after.bytes_read - before.bytes_read;
     e->io_base_.bytes_written += after.bytes_written - before.bytes_written;
@@ -622,9 +647,9 @@ Status EngineImpl::Finalize() {
   }
   if (nvme_) ZINF_RETURN_IF_ERROR(SetUpSwap());
   if (param_nvme_) ZINF_RETURN_IF_ERROR(SetUpParamSwap());
-  if (io_) {  // the initial state written above is not a step's I/O
+  {  // the initial state written above is not a step's I/O
     std::lock_guard lock(mu_);
-    io_base_ = io_->stats();
+    io_base_ = IoTotals();
   }
   // Released starts out complete: the first boundary waits on nothing.
   for (Unit& u : units_) ZINF_RETURN_IF_ERROR(u.released->Record(*stream_));
@@ -727,13 +752,18 @@ Status EngineImpl::SetUpSwap() {
 // is reused once the write of the group before it there has finished), then
 // waits for g's.
 Status EngineImpl::ReadGroup(size_t g) {
+  ZINF_RETURN_IF_ERROR(IssueReads(g));
+  return SwapFailure(group_read_[g].Wait());
+}
+
+Status EngineImpl::IssueReads(size_t g) {
   const size_t nbuf = nvme_bufs_.size();
   for (size_t h = g; h < std::min(groups_.size(), g + std::max<size_t>(1, nbuf - 1)); ++h) {
     if (group_read_[h].valid()) continue;
     if (h >= nbuf && group_write_[h - nbuf].valid()) ZINF_RETURN_IF_ERROR(SwapFailure(group_write_[h - nbuf].Wait()));
     group_read_[h] = store_->Read(h, nvme_bufs_[h % nbuf].data());
   }
-  return SwapFailure(group_read_[g].Wait());
+  return Status::Ok();
 }
 
 // offload_param nvme: the parameter store sized for the shards past
@@ -782,25 +812,22 @@ Status EngineImpl::SetUpParamSwap() {
   so.checksums = config_.zinf.checksums;
   so.direct = !config_.zinf.aio.buffered;
   so.open_file = [this](const std::string& path, const nvme::FileOptions& fo) {
-    return ckpt::OpenWithHook(*io_, path, fo);
+    return ckpt::OpenWithHook(*param_io_, path, fo);
   };
-  ZINF_ASSIGN_OR_RETURN(param_store_, nvme::SwapStore::Create(*io_, so));
-  const int64_t buffers = std::min<int64_t>(std::clamp<int64_t>(pc.buffer_count, 1, 64), on_nvme);
+  ZINF_ASSIGN_OR_RETURN(param_store_, nvme::SwapStore::Create(*param_io_, so));
   ZINF_LOG_INFO("engine: parameter shards on NVMe: {} units, {} elements ({}), {} reserved per path ({}); {} elements "
-                "in host memory (max_in_cpu {}); {} staging buffers of {}",
+                "in host memory (max_in_cpu {}); 2 staging buffers of {} (gathers, updates)",
                 on_nvme, on_nvme_elems, FormatBytes(total), FormatBytes(param_store_->bytes_reserved() / so.dirs.size()),
                 [&] {
                   std::string d;
                   for (const std::string& p : so.dirs) d += (d.empty() ? "" : ", ") + p;
                   return d;
                 }(),
-                cpu_shard_elems_, pc.max_in_cpu, buffers, FormatBytes(padded));
-  for (int64_t i = 0; i < buffers; ++i) {
+                cpu_shard_elems_, pc.max_in_cpu, FormatBytes(padded));
+  for (int i = 0; i < 2; ++i) {
     ZINF_ASSIGN_OR_RETURN(PinnedBuffer b, Pinned(padded, "parameter staging buffer (offload_param nvme)"));
     param_bufs_.push_back(std::move(b));
   }
-  param_write_.assign(param_bufs_.size(), {});
-  param_write_unit_.assign(param_bufs_.size(), -1);
   for (size_t i = 0; i < units_.size(); ++i) {
     Unit& u = units_[i];
     if (!u.shard_on_nvme) continue;
@@ -815,17 +842,6 @@ Status EngineImpl::SetUpParamSwap() {
     std::vector<uint8_t>().swap(u.init_shard);
   }
   return Status::Ok();
-}
-
-Status EngineImpl::ParamWritesDone(size_t slot, int unit) {
-  Status first;
-  for (size_t k = 0; k < param_write_.size(); ++k) {
-    if (!param_write_[k].valid() || (unit >= 0 && k != slot && param_write_unit_[k] != unit)) continue;
-    Status st = SwapFailure(param_write_[k].Wait(), /*params=*/true);
-    param_write_[k] = {};
-    if (first.ok()) first = st;
-  }
-  return first;
 }
 
 // An I/O failure during a step leaves some sub-groups updated and others
@@ -1091,8 +1107,8 @@ bool EngineImpl::KeepForReuse(int unit) const {
 // Frees a gathered copy the engine holds (prefetched, or kept after the
 // client's Release), after the client's last use of it.
 Status EngineImpl::DropGathered(Unit& u) {
-  ZINF_RETURN_IF_ERROR(stream_->Wait(*u.released));
-  ZINF_RETURN_IF_ERROR(device_.Free(u.gathered, *stream_));
+  ZINF_RETURN_IF_ERROR(gather_stream_->Wait(*u.released));
+  ZINF_RETURN_IF_ERROR(device_.Free(u.gathered, *gather_stream_));
   u.gathered = nullptr;
   u.prefetched = false;
   live_elems_ -= u.part.padded_elems;
@@ -1110,45 +1126,44 @@ Status EngineImpl::DropEngineHeld() {
 // the budget, on the engine stream after the shard's last update.
 Status EngineImpl::Gather(Unit& u, bool prefetch) {
   if (u.gathered) return Status::Ok();  // still held since the last Fetch, prefetched or kept
+  Stream& gs = *gather_stream_;
   const size_t esize = DTypeSizeBytes(compute_dtype_);
-  auto full = device_.Allocate(u.part.padded_elems * esize, *stream_);
+  auto full = device_.Allocate(u.part.padded_elems * esize, gs);
   if (!full.ok() && !prefetch && full.status().code() == StatusCode::kOutOfMemory) {
     // What the engine holds ahead of use gives way to what the client asks for.
     ZINF_RETURN_IF_ERROR(DropEngineHeld());
-    full = device_.Allocate(u.part.padded_elems * esize, *stream_);
+    full = device_.Allocate(u.part.padded_elems * esize, gs);
   }
   if (!full.ok()) return full.status().WithContext("gathering unit '" + u.name + "'");
   u.gathered = *full;
   live_elems_ += u.part.padded_elems;
-  ZINF_RETURN_IF_ERROR(stream_->Wait(*u.params_ready));
+  ZINF_RETURN_IF_ERROR(gs.Wait(*u.params_ready));
   const void* shard = u.shard_params;
   if (host_home(u)) {  // the shard comes up from the host into its place in the gathered buffer
     void* mine = static_cast<char*>(u.gathered) + u.part.shard_begin(rank_) * esize;
     const void* src = u.h_shard.data();
-    if (u.shard_on_nvme) {  // first from the parameter store into a staging buffer
-      const size_t slot = NextParamSlot();
-      void* buf = param_bufs_[slot].data();
+    if (u.shard_on_nvme) {  // first from the parameter store into the gathers' staging buffer
+      void* buf = param_bufs_[kGatherBuffer].data();
       src = buf;
       const int index = static_cast<int>(&u - units_.data());
-      auto read = [this, slot, index, buf](const StreamContext&) -> Status {
-        ZINF_RETURN_IF_ERROR(ParamWritesDone(slot, index));
+      auto read = [this, index, buf](const StreamContext&) -> Status {
         return param_store_->Read(index, buf).Wait().WithContext("parameter shard of unit '" + units_[index].name + "'");
       };
-      ZINF_RETURN_IF_ERROR(Timed(&Window::io, std::move(read)));
+      ZINF_RETURN_IF_ERROR(Timed(&Window::io, std::move(read), &gs));
     }
-    ZINF_RETURN_IF_ERROR(TimedCopies(*stream_, u.part.shard_elems * esize, [&] {
-      return device_.CopyToDevice(mine, src, u.part.shard_elems * esize, *stream_);
+    ZINF_RETURN_IF_ERROR(TimedCopies(gs, u.part.shard_elems * esize, [&] {
+      return device_.CopyToDevice(mine, src, u.part.shard_elems * esize, gs);
     }));
     shard = mine;
   }
   if (distributed()) {
-    ZINF_RETURN_IF_ERROR(Collective("all_gather", u.part.padded_elems * esize, [&] {
-      return comm_->AllGather(shard, u.gathered, u.part.shard_elems, compute_dtype_, *stream_);
+    ZINF_RETURN_IF_ERROR(Collective(gs, "all_gather", u.part.padded_elems * esize, [&] {
+      return comm_->AllGather(shard, u.gathered, u.part.shard_elems, compute_dtype_, gs);
     }));
   } else if (!host_home(u)) {
-    ZINF_RETURN_IF_ERROR(device_.CopyOnDevice(u.gathered, shard, u.part.shard_elems * esize, *stream_));
+    ZINF_RETURN_IF_ERROR(device_.CopyOnDevice(u.gathered, shard, u.part.shard_elems * esize, gs));
   }
-  ZINF_RETURN_IF_ERROR(u.gathered_ready->Record(*stream_));
+  ZINF_RETURN_IF_ERROR(u.gathered_ready->Record(gs));
   std::vector<void*>& ptrs = u.gathered_ptrs[u.gathered];
   if (ptrs.empty()) {
     for (int64_t off : u.tensor_offsets) ptrs.push_back(static_cast<char*>(u.gathered) + off * esize);
@@ -1214,8 +1229,8 @@ Status EngineImpl::Collective(Stream& stream, const char* kind, uint64_t bytes,
   });
 }
 
-Status EngineImpl::Timed(double Window::*field, StreamTask task) {
-  return stream_->Enqueue([this, field, task = std::move(task)](const StreamContext& ctx) {
+Status EngineImpl::Timed(double Window::*field, StreamTask task, Stream* stream) {
+  return (stream ? *stream : *stream_).Enqueue([this, field, task = std::move(task)](const StreamContext& ctx) {
     const auto start = Clock::now();
     Status s = task(ctx);
     const double seconds = Seconds(start, Clock::now());
@@ -1251,6 +1266,12 @@ Status EngineImpl::GradsReady(int unit, Stream& stream) {
     return FailedPrecondition("GradsReady(unit '" + u.name + "') twice in one micro-step; call Step() between");
   }
   u.grads_ready_this_micro = true;
+  if (nvme_ && !early_reads_ && micro_in_window_ == accumulation_ - 1) {
+    // The optimizer state does not depend on the gradients: its first
+    // sub-groups are read while backward still runs.
+    early_reads_ = true;
+    ZINF_RETURN_IF_ERROR(stream_->Enqueue([this](const StreamContext&) { return IssueReads(0); }));
+  }
   if (u.partitioned && !u.grads) ZINF_RETURN_IF_ERROR(AllocateGrads(u, stream, /*zero=*/true));
   ZINF_RETURN_IF_ERROR(u.grads_ready->Record(stream));
   const int64_t P = u.part.padded_elems;
@@ -1449,8 +1470,13 @@ void EngineImpl::Decide(const double* partials) {
 
 Status EngineImpl::EnqueueBoundary() {
   ++boundaries_;
+  early_reads_ = false;
   const int64_t boundary = boundaries_;
   for (Unit& u : units_) ZINF_RETURN_IF_ERROR(stream_->Wait(*u.released));
+  // No update overwrites a shard a gather still reads (one gathered ahead
+  // and never fetched).
+  ZINF_RETURN_IF_ERROR(gathers_done_->Record(*gather_stream_));
+  ZINF_RETURN_IF_ERROR(stream_->Wait(*gathers_done_));
   // Most units' norm partials were taken as their last accumulation finished
   // (EnqueuePartials), during backward; those of units without gradients in
   // the last micro-step are taken now.
@@ -1504,14 +1530,8 @@ Status EngineImpl::EnqueueBoundary() {
     const size_t slot = use_slot ? i % h_param_slots_.size() : 0;
     // offload_param nvme: the new shard goes home through a staging buffer.
     const bool to_store = u.shard_on_nvme;
-    const size_t pslot = to_store ? NextParamSlot() : 0;
-    void* home_buf = to_store ? param_bufs_[pslot].data() : u.h_shard.data();
+    void* home_buf = to_store ? param_bufs_[kUpdateBuffer].data() : u.h_shard.data();
     void* staging = use_slot ? h_param_slots_[slot].data() : home && offload_ ? home_buf : nullptr;
-    if (to_store) {  // the staging buffer's last write has finished
-      ZINF_RETURN_IF_ERROR(Timed(&Window::io, [this, pslot, i](const StreamContext&) {
-        return ParamWritesDone(pslot, static_cast<int>(i));
-      }));
-    }
     float* swap = nullptr;  // NVMe: the unit's [master | m | v] in its group's buffer
     if (nvme_) {
       const size_t g = group_of_unit_[i];
@@ -1588,14 +1608,16 @@ Status EngineImpl::EnqueueBoundary() {
         return device_.CopyToHost(home_buf, param_scratch_, bytes, *stream_);
       }));
     }
-    if (to_store) {  // the padding past the valid elements is zeros, as in a shard kept in host memory
-      ZINF_RETURN_IF_ERROR(stream_->Enqueue([this, i, pslot, home_buf, esize](const StreamContext&) {
+    if (to_store) {
+      // Written before the unit's update counts as done (a gather reads it
+      // next); the padding past the valid elements is zeros, as in a shard
+      // kept in host memory. Meanwhile the disk still works on the
+      // sub-group reads issued ahead.
+      ZINF_RETURN_IF_ERROR(Timed(&Window::io, [this, i, home_buf, esize](const StreamContext&) {
         const Unit& w = units_[i];
         const uint64_t valid = std::max<int64_t>(0, owned_valid(w)) * esize;
         std::memset(static_cast<char*>(home_buf) + valid, 0, w.part.shard_elems * esize - valid);
-        param_write_[pslot] = param_store_->Write(i, home_buf);
-        param_write_unit_[pslot] = static_cast<int>(i);
-        return Status::Ok();
+        return SwapFailure(param_store_->Write(i, home_buf).Wait(), /*params=*/true);
       }));
     }
     if (use_slot) {
@@ -1618,9 +1640,6 @@ Status EngineImpl::EnqueueBoundary() {
     ZINF_RETURN_IF_ERROR(u.params_ready->Record(gather_stream));
     if (use_slot) ZINF_RETURN_IF_ERROR(slot_free_[slot]->Record(*copy_stream_));
   }
-  if (param_store_) {  // ... and every parameter shard
-    ZINF_RETURN_IF_ERROR(Timed(&Window::io, [this](const StreamContext&) { return ParamWritesDone(0, -1); }));
-  }
   if (nvme_) {  // the step ends when every sub-group is back on disk
     ZINF_RETURN_IF_ERROR(Timed(&Window::io, [this](const StreamContext&) -> Status {
       Status first;
@@ -1641,12 +1660,10 @@ Status EngineImpl::EnqueueBoundary() {
     std::lock_guard lock(mu_);
     StreamCounts c = stream_counts_;
     stream_counts_ = StreamCounts{};
-    if (io_) {
-      const nvme::IoEngineStats now = io_->stats();
-      c.nvme_read = now.bytes_read - io_base_.bytes_read;
-      c.nvme_written = now.bytes_written - io_base_.bytes_written;
-      io_base_ = now;
-    }
+    const nvme::IoEngineStats now = IoTotals();
+    c.nvme_read = now.bytes_read - io_base_.bytes_read;
+    c.nvme_written = now.bytes_written - io_base_.bytes_written;
+    io_base_ = now;
     closing_[boundary] = c;
     return Status::Ok();
   }));
@@ -1681,6 +1698,10 @@ Status EngineImpl::EnqueueBoundary() {
         s.nvme_bytes_written = it->second.nvme_written;
         closing_.erase(it);
       }
+      nvme_total_read_ += s.nvme_bytes_read;
+      nvme_total_written_ += s.nvme_bytes_written;
+      s.nvme_bytes_read_total = nvme_total_read_;
+      s.nvme_bytes_written_total = nvme_total_written_;
       s.stall_seconds = window_.stall;
       s.longest_stall = window_.longest_stall_what;
       for (auto& [key, st] : window_.stalls) s.stalls.push_back(st);
@@ -1733,7 +1754,9 @@ Status EngineImpl::ReadState(int unit, StateKind kind, float* host_dst) {
     std::vector<uint8_t> raw(n * DTypeSizeBytes(compute_dtype_));
     const bool gather = u.partitioned && !u.gathered;
     if (gather) ZINF_RETURN_IF_ERROR(Gather(u, /*prefetch=*/false));
+    if (u.partitioned) ZINF_RETURN_IF_ERROR(stream_->Wait(*u.gathered_ready));
     ZINF_RETURN_IF_ERROR(device_.CopyToHost(raw.data(), u.partitioned ? u.gathered : u.params, raw.size(), *stream_));
+    if (gather) ZINF_RETURN_IF_ERROR(u.released->Record(*stream_));  // DropGathered frees after this copy
     if (gather) ZINF_RETURN_IF_ERROR(DropGathered(u));
     ZINF_RETURN_IF_ERROR(stream_->Synchronize());
     return Cast(arena_, raw.data(), compute_dtype_, host_dst, DType::kFloat32, n);
@@ -1792,11 +1815,10 @@ Status EngineImpl::WriteComputeCopy(Unit& u, const float* master, int64_t first)
       u.init_shard.assign(bytes, 0);
       return Cast(arena_, master + (begin - first), DType::kFloat32, u.init_shard.data(), compute_dtype_, count);
     }
-    // Through staging buffer 0, once nothing else uses it.
-    ZINF_RETURN_IF_ERROR(stream_->Synchronize());
-    ZINF_RETURN_IF_ERROR(ParamWritesDone(0, -1));
-    void* buf = param_bufs_[0].data();
-    std::memset(buf, 0, param_bufs_[0].size_bytes());
+    // Through the updates' staging buffer, once nothing else uses it.
+    ZINF_RETURN_IF_ERROR(Synchronize());
+    void* buf = param_bufs_[kUpdateBuffer].data();
+    std::memset(buf, 0, param_bufs_[kUpdateBuffer].size_bytes());
     ZINF_RETURN_IF_ERROR(Cast(arena_, master + (begin - first), DType::kFloat32, buf, compute_dtype_, count));
     const int index = static_cast<int>(&u - units_.data());
     return SwapFailure(param_store_->Write(index, buf).Wait(), /*params=*/true);

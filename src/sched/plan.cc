@@ -439,10 +439,9 @@ PlanRow PlanCombination(const PlanInput& in, int stage, OffloadDevice optimizer,
     dev.Add("parameter update scratch (offload_param, one shard)", Dev(static_cast<uint64_t>(max_host_shard) * esize));
   }
   if (nvme_units > 0) {
-    const int64_t buffers = std::min<int64_t>(std::clamp<int64_t>(z.offload_param.buffer_count, 1, 64), nvme_units);
     const uint64_t padded = (static_cast<uint64_t>(max_nvme_shard) * esize + 4095) / 4096 * 4096;
-    host.Add("parameter staging buffers (offload_param nvme: " + std::to_string(buffers) + " x the largest shard)",
-             buffers * Pin(padded));
+    host.Add("parameter staging buffers (offload_param nvme: gathers' and updates', the largest shard each)",
+             2 * Pin(padded));
     if (max_nvme_shard > z.offload_param.buffer_size) {
       row.runnable = false;
       row.note = "offload_param.buffer_size " + std::to_string(z.offload_param.buffer_size) +

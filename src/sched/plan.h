@@ -25,9 +25,9 @@
 // host memory; without optimizer offload one shard-sized device scratch
 // carries each new shard home. offload_param nvme keeps shards in pinned
 // host memory while they add up to max_in_cpu elements (registration order)
-// and puts the others in the parameter store, with min(buffer_count, units
-// on NVMe) pinned staging buffers of the largest such shard (4 KiB-rounded);
-// a shard larger than buffer_size makes the row not runnable.
+// and puts the others in the parameter store, with two pinned staging
+// buffers of the largest such shard (4 KiB-rounded: the gathers' and the
+// updates'); a shard larger than buffer_size makes the row not runnable.
 //
 // The step time is a sum of stated terms from measured (or default) rates:
 // compute = FLOPs / GFLOP/s, the engine's copies and passes over gradients
