@@ -37,4 +37,14 @@ uint64_t PeakRssBytes() {
   return static_cast<uint64_t>(ru.ru_maxrss) * 1024;
 }
 
+void AddEngineBenchRunOptions(CLI::App* cmd, EngineBenchRun& run) {
+  cmd->add_option("--units", run.units, "Units the parameters are split into")->capture_default_str();
+  cmd->add_option("--compute-ms-per-unit", run.compute_ms, "Synthetic device compute per unit, forward and backward")
+      ->capture_default_str();
+  cmd->add_option("--steps", run.steps, "Timed steps after one warm-up")->capture_default_str();
+  cmd->add_option("--threads", run.threads, "Optimizer threads (zinf.optimizer_threads)")->capture_default_str();
+  cmd->add_option("--device", run.device, "cpu (HostDevice), cuda or cuda:N")->capture_default_str();
+  cmd->add_flag("--json", run.json, "Print one JSON object");
+}
+
 }  // namespace zinf::bench

@@ -3,6 +3,8 @@
 // the process's peak RSS.
 #pragma once
 
+#include <CLI/CLI.hpp>
+
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -32,5 +34,29 @@ T EngineCheck(Result<T> r, const char* bench, const char* what) {
 Status SyntheticCompute(Device& device, Stream& stream, double ms);
 
 uint64_t PeakRssBytes();
+
+// The options every engine benchmark takes, registered on `cmd`.
+struct EngineBenchRun {
+  int units = 24;
+  double compute_ms = 0;
+  int steps = 3;
+  int threads = 2;
+  std::string device = "cpu";  // cpu, cuda or cuda:N
+  bool json = false;
+};
+void AddEngineBenchRunOptions(CLI::App* cmd, EngineBenchRun& run);
+
+// Runs `run()` as the command's action: its return value, or the code of an
+// EngineBenchFail, becomes *exit_code.
+template <class F>
+void SetEngineBenchAction(CLI::App* cmd, F run, int* exit_code) {
+  cmd->callback([run, exit_code] {
+    try {
+      *exit_code = run();
+    } catch (const EngineBenchFail& f) {
+      *exit_code = f.code;
+    }
+  });
+}
 
 }  // namespace zinf::bench

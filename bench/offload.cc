@@ -36,17 +36,11 @@
 namespace zinf::bench {
 namespace {
 
-struct Options {
+struct Options : EngineBenchRun {
   std::string params = "500M";
   std::string offload = "cpu";
   std::string path;                   // nvme: the directory of the swap store
   std::string sub_group_size = "50M";  // nvme: elements per sub-group
-  int units = 24;
-  double compute_ms = 0;
-  int steps = 3;
-  int threads = 2;
-  std::string device = "cpu";  // cpu, cuda or cuda:N
-  bool json = false;
 };
 
 template <class T>
@@ -300,20 +294,8 @@ void RegisterOffload(CLI::App& bench, int* exit_code) {
   cmd->add_option("--path", opt->path, "nvme: directory for the optimizer state (on the NVMe to measure)");
   cmd->add_option("--sub-group-size", opt->sub_group_size, "nvme: elements per sub-group (whole units)")
       ->capture_default_str();
-  cmd->add_option("--units", opt->units, "Units the parameters are split into")->capture_default_str();
-  cmd->add_option("--compute-ms-per-unit", opt->compute_ms, "Synthetic device compute per unit, forward and backward")
-      ->capture_default_str();
-  cmd->add_option("--steps", opt->steps, "Timed steps (median reported) after one warm-up")->capture_default_str();
-  cmd->add_option("--threads", opt->threads, "Optimizer threads (zinf.optimizer_threads)")->capture_default_str();
-  cmd->add_option("--device", opt->device, "cpu (HostDevice), cuda or cuda:N")->capture_default_str();
-  cmd->add_flag("--json", opt->json, "Print one JSON object");
-  cmd->callback([opt, exit_code] {
-    try {
-      *exit_code = Run(*opt);
-    } catch (const EngineBenchFail& f) {
-      *exit_code = f.code;
-    }
-  });
+  AddEngineBenchRunOptions(cmd, *opt);
+  SetEngineBenchAction(cmd, [opt] { return Run(*opt); }, exit_code);
 }
 
 }  // namespace zinf::bench

@@ -39,19 +39,13 @@
 namespace zinf::bench {
 namespace {
 
-struct Options {
+struct Options : EngineBenchRun {
   std::string params = "1B";
   std::string device_memory = "1G";
   std::string offload_param = "nvme";
   std::string offload_optimizer = "nvme";
   std::string path;                    // the directory of the swap stores (nvme)
   std::string sub_group_size = "50M";  // optimizer nvme: elements per sub-group
-  int units = 24;
-  double compute_ms = 0;
-  int steps = 3;
-  int threads = 2;
-  std::string device = "cpu";
-  bool json = false;
 };
 
 template <class T>
@@ -167,6 +161,12 @@ int Run(const Options& opt) {
   c.zero.stage3_param_persistence_threshold = 0;
   c.zero.stage3_model_persistence_threshold = 0;
   c.zero.reduce_bucket_size = std::max<int64_t>(per_unit, 65536);
+  // Prefetch one unit ahead; at most three units gathered (the one in use,
+  // the next, one kept for reuse across the forward/backward turn).
+  const int64_t padded_unit = (per_unit + 65535) / 65536 * 65536;  // units pad to whole norm blocks
+  c.zero.stage3_prefetch_bucket_size = padded_unit;
+  c.zero.stage3_max_live_parameters = 3 * padded_unit;
+  c.zero.stage3_max_reuse_distance = padded_unit;
   c.zero.overlap_comm = true;
   c.zero.offload_param.device = *param_tier;
   c.zero.offload_param.pin_memory = true;
@@ -411,21 +411,8 @@ void RegisterStage3(CLI::App& bench, int* exit_code) {
   cmd->add_option("--path", opt->path, "nvme: directory for the swap stores (on the NVMe to measure)");
   cmd->add_option("--sub-group-size", opt->sub_group_size, "optimizer nvme: elements per sub-group")
       ->capture_default_str();
-  cmd->add_option("--units", opt->units, "Units the parameters are split into")->capture_default_str();
-  cmd->add_option("--compute-ms-per-unit", opt->compute_ms, "Synthetic device compute per unit, forward and backward")
-      ->capture_default_str();
-  cmd->add_option("--steps", opt->steps, "Timed steps (mean of back-to-back steps) after one warm-up")
-      ->capture_default_str();
-  cmd->add_option("--threads", opt->threads, "Optimizer threads (zinf.optimizer_threads)")->capture_default_str();
-  cmd->add_option("--device", opt->device, "cpu (HostDevice), cuda or cuda:N")->capture_default_str();
-  cmd->add_flag("--json", opt->json, "Print one JSON object");
-  cmd->callback([opt, exit_code] {
-    try {
-      *exit_code = Run(*opt);
-    } catch (const EngineBenchFail& f) {
-      *exit_code = f.code;
-    }
-  });
+  AddEngineBenchRunOptions(cmd, *opt);
+  SetEngineBenchAction(cmd, [opt] { return Run(*opt); }, exit_code);
 }
 
 }  // namespace zinf::bench

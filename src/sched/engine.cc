@@ -314,7 +314,6 @@ class EngineImpl final : public Engine {
   // Engine stream: issues the reads of groups g .. g + buffers - 2 not yet
   // issued; the step's first ones go out as its last backward starts.
   Status IssueReads(size_t g);
-  bool early_reads_ = false;  // this window's first reads were issued during backward
   // An I/O failure of a step's writes: the state on disk is mixed, the
   // engine refuses further steps (broken_).
   Status SwapFailure(Status s, bool params = false);
@@ -396,6 +395,7 @@ class EngineImpl final : public Engine {
   static constexpr size_t kGatherBuffer = 0, kUpdateBuffer = 1;
   int64_t cpu_shard_elems_ = 0;  // offload_param nvme: shard elements kept in host memory (max_in_cpu)
   std::vector<nvme::IoRequest> group_read_, group_write_;  // this boundary's requests (engine stream only)
+  bool early_reads_ = false;  // this window's first sub-group reads were issued during backward
   Status broken_;  // an I/O failure mid-step: the state on disk is mixed, no further steps
   bool broken_by_load_ = false;  // broken_ is a failed Load's (the streams are fine: another Load may fix it)
   std::string last_checkpoint_;  // the last one saved or loaded, for the message of broken_ (mu_)
@@ -438,7 +438,7 @@ class EngineImpl final : public Engine {
   std::vector<int64_t> unit_block_offset_;  // into a rank's region
 
   std::mutex mu_;  // guards everything below, scaler_, and the Window
-  nvme::IoEngineStats io_base_;  // io_'s counters at the last boundary, less checkpoint I/O since
+  nvme::IoEngineStats io_base_;  // IoTotals() at the last boundary, less checkpoint I/O since
   StreamCounts stream_counts_;   // since the last boundary, in the engine stream's order
   std::map<int64_t, StreamCounts> closing_;  // per boundary, until its window closes
   uint64_t nvme_total_read_ = 0, nvme_total_written_ = 0;  // over every closed window
@@ -449,7 +449,8 @@ class EngineImpl final : public Engine {
   bool decision_pending_ = false;  // a boundary was enqueued whose decision the host has not waited for
 };
 
-// Checkpoint I/O through io_ is left out of the steps' NVMe bytes.
+// Checkpoint and ReadState I/O through the engine's I/O engines is left out
+// of the steps' NVMe bytes.
 struct EngineImpl::ExcludeIo {
   EngineImpl* e;
   nvme::IoEngineStats before;
@@ -833,7 +834,7 @@ Status EngineImpl::SetUpParamSwap() {
     if (!u.shard_on_nvme) continue;
     const uint64_t bytes = static_cast<uint64_t>(u.part.shard_elems) * esize;
     ZINF_RETURN_IF_ERROR(param_store_->Allocate(i, bytes));
-    char* buf = static_cast<char*>(param_bufs_[0].data());
+    char* buf = static_cast<char*>(param_bufs_[kUpdateBuffer].data());
     // A shard of padding only was never written by WriteComputeCopy: zeros.
     const uint64_t init = std::min<uint64_t>(u.init_shard.size(), bytes);
     if (init > 0) std::memcpy(buf, u.init_shard.data(), init);

@@ -250,6 +250,25 @@ class EngineTest : public ::testing::Test {
     c.zero.sub_group_size = 2 * 65536 * std::max(2, world());
     return c;
   }
+  // Swap files opened from here (not checkpoint files) fail their second
+  // block attempt with EIO once `armed` is set; the opener is reset when the
+  // returned guard goes.
+  struct OpenerGuard {
+    ~OpenerGuard() { ckpt::SetFileOpenerForTesting(nullptr); }
+  };
+  [[nodiscard]] static std::unique_ptr<OpenerGuard> FailSwapFilesOnceArmed(std::shared_ptr<std::atomic<bool>> armed) {
+    nvme::FaultPlan plan;
+    plan.fail_attempt = 1;
+    plan.fail_errno = EIO;
+    plan.armed = std::move(armed);
+    ckpt::SetFileOpenerForTesting([plan](nvme::IoEngine& io, const std::string& path, const nvme::FileOptions& o)
+                                      -> Result<std::shared_ptr<nvme::File>> {
+      if (path.find("/step-") != std::string::npos) return io.Open(path, o);  // checkpoint files
+      ZINF_ASSIGN_OR_RETURN(auto f, nvme::FaultInjectingFile::Open(path, o, plan));
+      return std::shared_ptr<nvme::File>(std::move(f));
+    });
+    return std::make_unique<OpenerGuard>();
+  }
   // Stage 3 with every parameter shard on NVMe and the optimizer on `opt`.
   Config ParamNvmeConfig(OffloadDevice opt) const {
     Config c = opt == OffloadDevice::kNvme ? NvmeConfig(3) : HardConfig(3);
@@ -949,19 +968,7 @@ TEST_F(EngineTest, NvmeFaultMidStepStopsTheEngineUntilACheckpointLoads) {
   const Snapshot straight = RunDense(c, kSteps, kPoison);
   const std::string dir = CheckpointDir("nvme-fault");
   auto armed = std::make_shared<std::atomic<bool>>(false);
-  nvme::FaultPlan plan;
-  plan.fail_attempt = 1;  // the second block attempt on a swap file once armed
-  plan.fail_errno = EIO;
-  plan.armed = armed;
-  ckpt::SetFileOpenerForTesting([plan](nvme::IoEngine& io, const std::string& path, const nvme::FileOptions& o)
-                                    -> Result<std::shared_ptr<nvme::File>> {
-    if (path.find("/step-") != std::string::npos) return io.Open(path, o);  // checkpoint files
-    ZINF_ASSIGN_OR_RETURN(auto f, nvme::FaultInjectingFile::Open(path, o, plan));
-    return std::shared_ptr<nvme::File>(std::move(f));
-  });
-  struct Restore {
-    ~Restore() { ckpt::SetFileOpenerForTesting(nullptr); }
-  } restore;
+  const auto restore = FailSwapFilesOnceArmed(armed);  // the second block attempt on a swap file once armed
   auto e = Must(Engine::Create(c, *device_, comm_.get()));
   DenseNet net;
   net.Register(*e, 11);
@@ -1005,19 +1012,7 @@ TEST_F(EngineTest, ParamNvmeWriteFaultStopsTheEngineUntilACheckpointLoads) {
   const Snapshot straight = RunDense(c, kSteps, kPoison);
   const std::string dir = CheckpointDir("param-nvme-fault");
   auto armed = std::make_shared<std::atomic<bool>>(false);
-  nvme::FaultPlan plan;
-  plan.fail_attempt = 1;  // the second unit's write, once armed for the update
-  plan.fail_errno = EIO;
-  plan.armed = armed;
-  ckpt::SetFileOpenerForTesting([plan](nvme::IoEngine& io, const std::string& path, const nvme::FileOptions& o)
-                                    -> Result<std::shared_ptr<nvme::File>> {
-    if (path.find("/step-") != std::string::npos) return io.Open(path, o);  // checkpoint files
-    ZINF_ASSIGN_OR_RETURN(auto f, nvme::FaultInjectingFile::Open(path, o, plan));
-    return std::shared_ptr<nvme::File>(std::move(f));
-  });
-  struct Restore {
-    ~Restore() { ckpt::SetFileOpenerForTesting(nullptr); }
-  } restore;
+  const auto restore = FailSwapFilesOnceArmed(armed);  // the second unit's write, once armed for the update
   auto e = Must(Engine::Create(c, *device_, comm_.get()));
   DenseNet net;
   net.Register(*e, 11);
