@@ -11,7 +11,8 @@
 // One engine stream runs, in enqueue order: the waits on the client's
 // events, the collectives, the accumulation, the norm, the decision (skip,
 // clip, loss scale) and the per-unit updates, each unit's end marked by an
-// event that the next Fetch of that unit waits on.
+// event that the next Fetch of that unit waits on. Stage 3's gathers run on
+// a gather stream of their own, each after its unit's update.
 #include "zinf/engine.h"
 
 #include <oneapi/tbb/blocked_range.h>
@@ -1124,7 +1125,8 @@ Status EngineImpl::DropEngineHeld() {
 }
 
 // Stage 3: the whole unit from every rank's shard, into device memory from
-// the budget, on the engine stream after the shard's last update.
+// the budget, on the gather stream after the shard's last update (the
+// shard read from NVMe or copied up from the host first when it lives there).
 Status EngineImpl::Gather(Unit& u, bool prefetch) {
   if (u.gathered) return Status::Ok();  // still held since the last Fetch, prefetched or kept
   Stream& gs = *gather_stream_;
@@ -1938,7 +1940,6 @@ Status EngineImpl::WriteShards(const std::string& path, nlohmann::json* table) {
   ZINF_LOG_DEBUG("checkpoint: rank {} wrote {} to {}", rank_, FormatBytes(bytes_out), path);
   return Status::Ok();
 }
-
 
 Result<std::string> EngineImpl::Save(const std::string& dir, const std::string& client_state) {
   ExcludeIo exclude(this);
