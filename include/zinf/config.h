@@ -137,11 +137,18 @@ struct ZinfAioConfig {
   bool buffered = false;       // page-cache I/O instead of O_DIRECT
 };
 
+// offload_optimizer nvme: where each unit's accumulated fp32 gradient
+// lives between backward and its update. kAuto: pinned host memory while
+// zinf.host_memory allows (the first units first), the swap store for the
+// rest; kNvme: every unit's in the swap store; kHost: every unit's in host memory.
+enum class GradientHome { kAuto, kHost, kNvme };
+
 struct ZinfConfig {
   std::string device = "auto";   // auto | cpu | cuda | cuda:N
   uint64_t device_memory = 0;    // bytes; 0 = all of the device (HostDevice: 1/4 of RAM)
   uint64_t host_memory = 0;      // pinned host budget in bytes; 0 = no limit beyond the plan
   int64_t optimizer_threads = 0; // CPU Adam threads; 0 = chosen by zinf
+  GradientHome gradients = GradientHome::kAuto;  // "gradients": "auto" | "host" | "nvme"
   bool checksums = false;        // XXH3 per swapped extent, verified on read
   ZinfAioConfig aio;
 };

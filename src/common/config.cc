@@ -581,6 +581,8 @@ void ReadZinf(ObjectReader& r, ZinfConfig& z) {
   r.Size("device_memory", &z.device_memory);
   r.Size("host_memory", &z.host_memory);
   r.Int("optimizer_threads", &z.optimizer_threads, 0, 4096);
+  r.Enum("gradients", &z.gradients,
+         {{"auto", GradientHome::kAuto}, {"host", GradientHome::kHost}, {"nvme", GradientHome::kNvme}});
   r.Bool("checksums", &z.checksums);
   r.Object("aio", [&](ObjectReader& a) {
     a.Int("rings", &z.aio.rings, 0, 256);
@@ -905,6 +907,9 @@ std::string Config::ToJson(int indent) const {
                {"device_memory", zinf.device_memory},
                {"host_memory", zinf.host_memory},
                {"optimizer_threads", zinf.optimizer_threads},
+               {"gradients", zinf.gradients == GradientHome::kAuto   ? "auto"
+                             : zinf.gradients == GradientHome::kHost ? "host"
+                                                                     : "nvme"},
                {"checksums", zinf.checksums},
                {"aio",
                 {{"rings", zinf.aio.rings},

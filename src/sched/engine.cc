@@ -92,6 +92,11 @@ struct Unit {
   float* exp_avg_sq = nullptr;
   // offload_optimizer cpu: the owned range's fp32 state in pinned host memory.
   PinnedBuffer h_master, h_exp_avg, h_exp_avg_sq, h_accum;
+  // offload_optimizer nvme: the initial owned master until the store exists
+  // (Finalize); whether the accumulated gradient lives in the swap store
+  // (host memory short) rather than in h_accum.
+  std::vector<float> init_master;
+  bool grad_on_nvme = false;
   std::vector<void*> param_ptrs, grad_ptrs;
   std::unique_ptr<Event> params_ready;  // engine stream: the unit's last update is done
   std::unique_ptr<Event> grads_free;    // engine stream: its gradients have been consumed
@@ -162,6 +167,18 @@ class EngineImpl final : public Engine {
       (void)stream_->Synchronize();
       (void)copy_stream_->Synchronize();
       (void)gather_stream_->Synchronize();
+      // Nothing in flight into or out of buffers about to go back.
+      for (auto* requests : {&group_read_, &group_write_}) {
+        for (const nvme::IoRequest& r : *requests) {
+          if (r.valid()) (void)r.Wait();
+        }
+      }
+      for (const auto& reads : group_grad_read_) {
+        for (const nvme::IoRequest& r : reads) (void)r.Wait();
+      }
+      for (const nvme::IoRequest& w : grad_stage_write_) {
+        if (w.valid()) (void)w.Wait();
+      }
       for (Unit& u : units_) FreeUnit(u);
       if (partials_) (void)device_.Free(partials_, *stream_);
       if (bucket_) (void)device_.Free(bucket_, *stream_);
@@ -307,17 +324,29 @@ class EngineImpl final : public Engine {
   // Unit i's norm partials: at its last micro-step of the window (or `now`;
   // zeros when it has no gradient this window).
   Status EnqueuePartials(size_t i, bool now = false);
-  Status DevicePartials(size_t i, int region, bool zero);
+  Status DevicePartials(size_t i, int region, bool zero, const void* host_accum);
   // Unit u's update by the device's kernels (optimizer state in device
   // memory, not host-addressable), with the boundary's decision made.
   Status EnqueueDeviceUpdate(Unit& u, bool home, bool has_grad);
-  Status ReadGroup(size_t g);
+  Status ReadGroup(size_t g, const std::vector<char>& has_grad);
   // Engine stream: issues the reads of groups g .. g + buffers - 2 not yet
-  // issued; the step's first ones go out as its last backward starts.
-  Status IssueReads(size_t g);
-  // An I/O failure of a step's writes: the state on disk is mixed, the
-  // engine refuses further steps (broken_).
-  Status SwapFailure(Status s, bool params = false);
+  // issued; the step's first ones go out as its last backward starts (the
+  // state alone: `has_grad` null), the swapped gradients at the boundary.
+  Status IssueReads(size_t g, const std::vector<char>* has_grad);
+  // An I/O failure of a step's swap transfers: the state on disk is mixed
+  // (or the window's gradients lost), the engine refuses further steps
+  // (broken_).
+  enum class SwapKind { kState, kParams, kGradients };
+  Status SwapFailure(Status s, SwapKind kind = SwapKind::kState);
+  Result<uint64_t> PlaceGradients(int64_t buffers, int64_t max_group);
+  // A swapped gradient's accumulation: into a staging buffer (after the
+  // stored one is read back, unless `first`), then written to the store.
+  Status SwapAccumulate(size_t i, const float* reduced, bool first);
+  // Enqueue order: the next staging buffer for unit i, free once its last
+  // write finished; and unit i's stored gradient read into it.
+  Result<int> AcquireGradStage(size_t i);
+  Status ReadSwappedGrads(size_t i, int stage);
+  Status WaitGradWrites();
   Status SetUpParamSwap();
   // A task on `stream` (default: the engine stream) whose time adds to `field`.
   Status Timed(double Window::*field, StreamTask task, Stream* stream = nullptr);
@@ -396,6 +425,17 @@ class EngineImpl final : public Engine {
   static constexpr size_t kGatherBuffer = 0, kUpdateBuffer = 1;
   int64_t cpu_shard_elems_ = 0;  // offload_param nvme: shard elements kept in host memory (max_in_cpu)
   std::vector<nvme::IoRequest> group_read_, group_write_;  // this boundary's requests (engine stream only)
+  // Gradients swapped to the store (PlaceGradients): tensor kGradTensor + unit
+  // index; read back into grad_bufs_[g % buffers] at grad_offset_ (bytes).
+  static constexpr nvme::TensorId kGradTensor = nvme::TensorId{1} << 32;
+  int64_t swapped_grad_units_ = 0;
+  std::vector<PinnedBuffer> grad_bufs_;
+  std::vector<int64_t> grad_offset_;
+  std::vector<std::vector<nvme::IoRequest>> group_grad_read_;  // this boundary's (engine stream only)
+  PinnedBuffer grad_stage_[2];            // accumulations on their way to the store
+  nvme::IoRequest grad_stage_write_[2];   // their writes (engine stream only)
+  int next_grad_stage_ = 0;               // enqueue order
+  std::vector<int> grad_stage_of_;        // enqueue order: the staging buffer still holding unit i's gradient, or -1
   bool early_reads_ = false;  // this window's first sub-group reads were issued during backward
   Status broken_;  // an I/O failure mid-step: the state on disk is mixed, no further steps
   bool broken_by_load_ = false;  // broken_ is a failed Load's (the streams are fine: another Load may fix it)
@@ -533,7 +573,8 @@ Result<int> EngineImpl::AddUnit(const std::string& name, const std::vector<Param
     u.grads = static_cast<float*>(g);
   }
   if (nvme_) {
-    ZINF_ASSIGN_OR_RETURN(u.h_accum, Pinned(owned * 4, what + " gradient accumulator"));
+    // The accumulator is allocated at Finalize, in host memory or the swap
+    // store as the host budget allows.
   } else if (offload_) {
     ZINF_ASSIGN_OR_RETURN(u.h_master, Pinned(owned * 4, what + " fp32 master"));
     ZINF_ASSIGN_OR_RETURN(u.h_exp_avg, Pinned(owned * 4, what + " Adam m"));
@@ -568,10 +609,9 @@ Result<int> EngineImpl::AddUnit(const std::string& name, const std::vector<Param
   }
   ZINF_RETURN_IF_ERROR(WriteComputeCopy(u, master.data()));
   const int64_t begin = owned_begin(u), valid = owned_valid(u);
-  if (nvme_) {
-    // The initial master waits in the unit's gradient accumulator (the same
-    // owned size, unused until the first backward) until the store exists.
-    if (valid > 0) std::memcpy(u.h_accum.data(), master.data() + begin, valid * 4);
+  if (nvme_) {  // written to the store at Finalize, when the sub-groups are known
+    u.init_master.assign(owned, 0.0f);
+    if (valid > 0) std::memcpy(u.init_master.data(), master.data() + begin, valid * 4);
   } else if (valid > 0 && offload_) {
     std::memcpy(u.h_master.data(), master.data() + begin, valid * 4);
   } else if (valid > 0) {
@@ -647,8 +687,10 @@ Status EngineImpl::Finalize() {
                                                   "parameter update scratch (offload_param)"));
     }
   }
-  if (nvme_) ZINF_RETURN_IF_ERROR(SetUpSwap());
+  // The optimizer's swap last: what host memory is left decides where the
+  // gradients accumulate.
   if (param_nvme_) ZINF_RETURN_IF_ERROR(SetUpParamSwap());
+  if (nvme_) ZINF_RETURN_IF_ERROR(SetUpSwap());
   {  // the initial state written above is not a step's I/O
     std::lock_guard lock(mu_);
     io_base_ = IoTotals();
@@ -708,27 +750,33 @@ Status EngineImpl::SetUpSwap() {
     total += static_cast<uint64_t>(g.elems) * 12;
   }
   const OffloadOptimizerConfig& oc = config_.zero.offload_optimizer;
+  // No more buffers than sub-groups: with one sub-group, one buffer (read,
+  // update, write back in place).
+  const int64_t buffers = std::min<int64_t>(std::clamp<int64_t>(oc.buffer_count, 1, 64),
+                                            static_cast<int64_t>(groups_.size()));
+  ZINF_ASSIGN_OR_RETURN(const uint64_t grad_bytes, PlaceGradients(buffers, max_group));
   nvme::SwapStoreOptions so;
   so.dirs = oc.nvme_path;
   // Each tensor rounds up to whole extents on each of its files.
-  so.capacity_bytes = total + groups_.size() * so.extent_bytes * (so.dirs.size() + 1);
+  const uint64_t tensors = groups_.size() + static_cast<uint64_t>(swapped_grad_units_);
+  so.capacity_bytes = total + grad_bytes + tensors * so.extent_bytes * (so.dirs.size() + 1);
   so.checksums = config_.zinf.checksums;
   so.direct = !config_.zinf.aio.buffered;
   so.open_file = [this](const std::string& path, const nvme::FileOptions& fo) {
     return ckpt::OpenWithHook(*io_, path, fo);
   };
   ZINF_ASSIGN_OR_RETURN(store_, nvme::SwapStore::Create(*io_, so));
-  ZINF_LOG_INFO("engine: optimizer state on NVMe: {} in {} sub-groups, {} reserved per path ({})",
-                FormatBytes(total), groups_.size(), FormatBytes(store_->bytes_reserved() / so.dirs.size()),
-                [&] {
+  ZINF_LOG_INFO("engine: optimizer state on NVMe: {} in {} sub-groups{}, {} reserved per path ({})",
+                FormatBytes(total), groups_.size(),
+                swapped_grad_units_ == 0
+                    ? std::string()
+                    : ", gradients of " + std::to_string(swapped_grad_units_) + " of " +
+                          std::to_string(units_.size()) + " units swapped too (" + FormatBytes(grad_bytes) + ")",
+                FormatBytes(store_->bytes_reserved() / so.dirs.size()), [&] {
                   std::string d;
                   for (const std::string& p : so.dirs) d += (d.empty() ? "" : ", ") + p;
                   return d;
                 }());
-  // No more buffers than sub-groups: with one sub-group, one buffer (read,
-  // update, write back in place).
-  const int64_t buffers = std::min<int64_t>(std::clamp<int64_t>(oc.buffer_count, 1, 64),
-                                            static_cast<int64_t>(groups_.size()));
   for (int64_t i = 0; i < buffers; ++i) {
     ZINF_ASSIGN_OR_RETURN(PinnedBuffer b, Pinned(static_cast<uint64_t>(max_group) * 12, "NVMe swap buffer"));
     nvme_bufs_.push_back(std::move(b));
@@ -739,31 +787,115 @@ Status EngineImpl::SetUpSwap() {
     std::memset(buf, 0, static_cast<uint64_t>(groups_[g].elems) * 12);
     for (int u : groups_[g].units) {
       Unit& unit = units_[u];
-      const int64_t valid = owned_valid(unit);
-      if (valid > 0) std::memcpy(buf + offset_in_group_[u], unit.h_accum.data(), valid * 4);
+      if (!unit.init_master.empty()) {
+        std::memcpy(buf + offset_in_group_[u], unit.init_master.data(), unit.init_master.size() * 4);
+      }
+      std::vector<float>().swap(unit.init_master);
     }
     ZINF_RETURN_IF_ERROR(store_->Write(g, buf).Wait());
-    for (int u : groups_[g].units) std::memset(units_[u].h_accum.data(), 0, units_[u].h_accum.size_bytes());
+  }
+  for (size_t i = 0; i < units_.size(); ++i) {
+    Unit& u = units_[i];
+    const std::string what = "unit '" + u.name + "' gradient accumulator";
+    if (!u.grad_on_nvme) {
+      ZINF_ASSIGN_OR_RETURN(u.h_accum, Pinned(owned_elems(u) * 4, what));
+    } else {
+      ZINF_RETURN_IF_ERROR(store_->Allocate(kGradTensor + i, owned_elems(u) * 4));
+    }
   }
   group_read_.assign(groups_.size(), {});
   group_write_.assign(groups_.size(), {});
+  group_grad_read_.assign(groups_.size(), {});
   return Status::Ok();
+}
+
+// Where each unit's accumulated gradient lives: in pinned host memory while
+// the host budget allows (the first units first: the last to arrive in
+// backward and the first updated), the others in the swap store, written
+// as they arrive through two staging buffers and read back with their
+// sub-group's state into a gradient buffer beside its swap buffer. Host
+// gradient memory is then these buffers, whatever the model size. Returns
+// the bytes the swapped gradients take on disk.
+Result<uint64_t> EngineImpl::PlaceGradients(int64_t buffers, int64_t max_group) {
+  const PinnedPoolStats ps = pool_->stats();
+  const uint64_t avail = ps.budget_bytes > ps.in_use_bytes ? ps.budget_bytes - ps.in_use_bytes : 0;
+  const uint64_t state_bufs = buffers * PinnedPool::SizeClassBytes(static_cast<uint64_t>(max_group) * 12);
+  uint64_t resident = 0;
+  for (const Unit& u : units_) resident += PinnedPool::SizeClassBytes(owned_elems(u) * 4);
+  grad_stage_of_.assign(units_.size(), -1);
+  grad_offset_.assign(units_.size(), 0);
+  const GradientHome home = config_.zinf.gradients;
+  if (home == GradientHome::kHost || (home == GradientHome::kAuto && state_bufs + resident <= avail)) {
+    return uint64_t{0};
+  }
+  // Each sub-group's swapped gradients at 4 KiB-aligned places (O_DIRECT).
+  auto padded = [](int64_t elems) { return (static_cast<uint64_t>(elems) * 4 + 4095) / 4096 * 4096; };
+  uint64_t region = 0, stage = 0;
+  for (const Group& g : groups_) {
+    uint64_t r = 0;
+    for (int i : g.units) {
+      grad_offset_[i] = static_cast<int64_t>(r);
+      r += padded(owned_elems(units_[i]));
+      stage = std::max(stage, padded(owned_elems(units_[i])));
+    }
+    region = std::max(region, r);
+  }
+  const uint64_t swap_bufs = buffers * PinnedPool::SizeClassBytes(region) + 2 * PinnedPool::SizeClassBytes(stage);
+  if (state_bufs + swap_bufs > avail) {
+    return OutOfMemory("host memory: " + FormatBytes(avail) + " of the pinned budget (" + FormatBytes(ps.budget_bytes) +
+                       ", zinf.host_memory) is left for the optimizer's NVMe buffers, which need " +
+                       FormatBytes(state_bufs + swap_bufs) + " (" + std::to_string(buffers) +
+                       " swap buffers of a sub-group's state and gradients, two gradient staging buffers): raise "
+                       "zinf.host_memory, or lower zero_optimization.sub_group_size or offload_optimizer.buffer_count");
+  }
+  uint64_t left = home == GradientHome::kNvme ? 0 : avail - state_bufs - swap_bufs, bytes = 0;
+  bool full = false;
+  for (Unit& u : units_) {
+    const uint64_t c = PinnedPool::SizeClassBytes(owned_elems(u) * 4);
+    if (!full && c <= left) {
+      left -= c;
+      continue;
+    }
+    full = true;
+    u.grad_on_nvme = true;
+    ++swapped_grad_units_;
+    bytes += padded(owned_elems(u));
+  }
+  for (int64_t i = 0; i < buffers; ++i) {
+    ZINF_ASSIGN_OR_RETURN(PinnedBuffer b, Pinned(region, "NVMe gradient buffer"));
+    grad_bufs_.push_back(std::move(b));
+  }
+  for (PinnedBuffer& b : grad_stage_) {
+    ZINF_ASSIGN_OR_RETURN(b, Pinned(stage, "gradient staging (to NVMe)"));
+  }
+  return bytes;
 }
 
 // Issues the reads of groups g .. g + buffers - 2 not yet issued (a buffer
 // is reused once the write of the group before it there has finished), then
 // waits for g's.
-Status EngineImpl::ReadGroup(size_t g) {
-  ZINF_RETURN_IF_ERROR(IssueReads(g));
-  return SwapFailure(group_read_[g].Wait());
+Status EngineImpl::ReadGroup(size_t g, const std::vector<char>& has_grad) {
+  ZINF_RETURN_IF_ERROR(IssueReads(g, &has_grad));
+  ZINF_RETURN_IF_ERROR(SwapFailure(group_read_[g].Wait()));
+  for (const nvme::IoRequest& r : group_grad_read_[g]) ZINF_RETURN_IF_ERROR(SwapFailure(r.Wait(), SwapKind::kGradients));
+  return Status::Ok();
 }
 
-Status EngineImpl::IssueReads(size_t g) {
+Status EngineImpl::IssueReads(size_t g, const std::vector<char>* has_grad) {
   const size_t nbuf = nvme_bufs_.size();
   for (size_t h = g; h < std::min(groups_.size(), g + std::max<size_t>(1, nbuf - 1)); ++h) {
-    if (group_read_[h].valid()) continue;
-    if (h >= nbuf && group_write_[h - nbuf].valid()) ZINF_RETURN_IF_ERROR(SwapFailure(group_write_[h - nbuf].Wait()));
-    group_read_[h] = store_->Read(h, nvme_bufs_[h % nbuf].data());
+    if (!group_read_[h].valid()) {
+      if (h >= nbuf && group_write_[h - nbuf].valid()) ZINF_RETURN_IF_ERROR(SwapFailure(group_write_[h - nbuf].Wait()));
+      group_read_[h] = store_->Read(h, nvme_bufs_[h % nbuf].data());
+    }
+    // Swapped gradients are final only once backward is over: read at the
+    // boundary, those of units that have one this window.
+    if (!has_grad || swapped_grad_units_ == 0 || !group_grad_read_[h].empty()) continue;
+    for (int i : groups_[h].units) {
+      if (!units_[i].grad_on_nvme || !(*has_grad)[i]) continue;
+      char* dst = static_cast<char*>(grad_bufs_[h % nbuf].data()) + grad_offset_[i];
+      group_grad_read_[h].push_back(store_->Read(kGradTensor + i, dst));
+    }
   }
   return Status::Ok();
 }
@@ -848,13 +980,19 @@ Status EngineImpl::SetUpParamSwap() {
 
 // An I/O failure during a step leaves some sub-groups updated and others
 // not: the engine refuses further steps.
-Status EngineImpl::SwapFailure(Status s, bool params) {
+Status EngineImpl::SwapFailure(Status s, SwapKind kind) {
   if (s.ok()) return s;
   std::lock_guard lock(mu_);
   if (broken_.ok()) {
-    broken_ = DataLoss(std::string(params ? "parameter shards" : "optimizer state") + " on NVMe: " + s.ToString() +
-                       "; " + (params ? "units" : "sub-groups") +
-                       " on disk are now at different steps: no further steps; resume from the last "
+    const char* what = kind == SwapKind::kParams      ? "parameter shards on NVMe: "
+                       : kind == SwapKind::kGradients ? "gradients swapped to NVMe: "
+                                                      : "optimizer state on NVMe: ";
+    const char* consequence = kind == SwapKind::kParams ? "; units on disk are now at different steps"
+                              : kind == SwapKind::kGradients
+                                  ? "; this window's gradients are lost and sub-groups on disk may be at different steps"
+                                  : "; sub-groups on disk are now at different steps";
+    broken_ = DataLoss(std::string(what) + s.ToString() + consequence +
+                       ": no further steps; resume from the last "
                        "complete checkpoint" +
                        (last_checkpoint_.empty() ? std::string(" (this engine has saved or loaded none)")
                                                  : " (" + last_checkpoint_ + ")"));
@@ -870,8 +1008,19 @@ Status EngineImpl::EnqueuePartials(size_t i, bool now) {
   const int region = stage_ == 0 ? 0 : rank_;
   const bool zero = !units_[i].accumulated;
   units_[i].partials_taken = true;
-  if (!host_memory_) return DevicePartials(i, region, zero);
-  return stream_->Enqueue([this, region, i, zero](const StreamContext& ctx) -> Status {
+  // offload: the accumulated gradient in host memory (a swapped one in the
+  // staging buffer it went out from, or read back into one).
+  const void* host_accum = units_[i].h_accum.data();
+  if (units_[i].grad_on_nvme && !zero) {
+    int stage = grad_stage_of_[i];
+    if (stage < 0) {
+      ZINF_ASSIGN_OR_RETURN(stage, AcquireGradStage(i));
+      ZINF_RETURN_IF_ERROR(ReadSwappedGrads(i, stage));
+    }
+    host_accum = grad_stage_[stage].data();
+  }
+  if (!host_memory_) return DevicePartials(i, region, zero, host_accum);
+  return stream_->Enqueue([this, region, i, zero, host_accum](const StreamContext& ctx) -> Status {
     double* out = static_cast<double*>(ctx.Host(partials_)) + region * blocks_per_rank_;
     const Unit& u = units_[i];
     const int64_t n = owned_elems(u);
@@ -879,7 +1028,7 @@ Status EngineImpl::EnqueuePartials(size_t i, bool now) {
       std::fill_n(out + unit_block_offset_[i], NumNormBlocks(n), 0.0);
       return Status::Ok();
     }
-    const void* accum = offload_ ? u.h_accum.data() : ctx.Host(owned_accum(u));
+    const void* accum = offload_ ? host_accum : ctx.Host(owned_accum(u));
     return SumSquaresBlocks(arena_, accum, DType::kFloat32, n,
                             std::span<double>(out + unit_block_offset_[i], NumNormBlocks(n)))
         .status();
@@ -889,7 +1038,7 @@ Status EngineImpl::EnqueuePartials(size_t i, bool now) {
 // EnqueuePartials on a device whose memory the host cannot address: the
 // kernel over a device-resident accumulation; with offload, the host's
 // partials of the pinned accumulation, copied down into their place.
-Status EngineImpl::DevicePartials(size_t i, int region, bool zero) {
+Status EngineImpl::DevicePartials(size_t i, int region, bool zero, const void* host_accum) {
   const Unit& u = units_[i];
   const int64_t n = owned_elems(u);
   const int64_t blocks = n / kNormBlock;
@@ -897,8 +1046,8 @@ Status EngineImpl::DevicePartials(size_t i, int region, bool zero) {
   if (zero) return device_.Memset(out, 0, blocks * sizeof(double), *stream_);  // +0.0 is all zero bits
   if (!offload_) return sched::DeviceSumSquaresBlocks(owned_accum(u), n, out, *stream_);
   double* host = static_cast<double*>(h_partials_.data()) + unit_block_offset_[i];
-  ZINF_RETURN_IF_ERROR(stream_->Enqueue([this, &u, n, host, blocks](const StreamContext&) {
-    return SumSquaresBlocks(arena_, u.h_accum.data(), DType::kFloat32, n, std::span<double>(host, blocks)).status();
+  ZINF_RETURN_IF_ERROR(stream_->Enqueue([this, host_accum, n, host, blocks](const StreamContext&) {
+    return SumSquaresBlocks(arena_, host_accum, DType::kFloat32, n, std::span<double>(host, blocks)).status();
   }));
   return device_.CopyToDevice(out, host, blocks * sizeof(double), *stream_);
 }
@@ -1198,6 +1347,7 @@ Status EngineImpl::TimedCopies(Stream& stream, uint64_t bytes, const std::functi
 }
 
 Status EngineImpl::HostAccumulate(Unit& u, const float* reduced, bool first) {
+  if (u.grad_on_nvme) return SwapAccumulate(static_cast<size_t>(&u - units_.data()), reduced, first);
   const int64_t n = owned_elems(u);
   float* dst = static_cast<float*>(first ? u.h_accum.data() : h_grad_stage_.data());
   ZINF_RETURN_IF_ERROR(TimedCopies(*stream_, n * 4, [&] { return device_.CopyToHost(dst, reduced, n * 4, *stream_); }));
@@ -1210,6 +1360,61 @@ Status EngineImpl::HostAccumulate(Unit& u, const float* reduced, bool first) {
     });
     return Status::Ok();
   });
+}
+
+Status EngineImpl::SwapAccumulate(size_t i, const float* reduced, bool first) {
+  const int64_t n = owned_elems(units_[i]);
+  ZINF_ASSIGN_OR_RETURN(const int stage, AcquireGradStage(i));
+  float* acc = static_cast<float*>(grad_stage_[stage].data());
+  if (!first) ZINF_RETURN_IF_ERROR(ReadSwappedGrads(i, stage));
+  float* dst = first ? acc : static_cast<float*>(h_grad_stage_.data());
+  ZINF_RETURN_IF_ERROR(TimedCopies(*stream_, n * 4, [&] { return device_.CopyToHost(dst, reduced, n * 4, *stream_); }));
+  if (!first) {
+    ZINF_RETURN_IF_ERROR(stream_->Enqueue([this, acc, r = dst, n](const StreamContext&) {
+      arena_.execute([&] {
+        tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, int64_t{1} << 16),
+                          [&](const tbb::blocked_range<int64_t>& range) {
+                            for (int64_t k = range.begin(); k < range.end(); ++k) acc[k] = acc[k] + r[k];
+                          });
+      });
+      return Status::Ok();
+    }));
+  }
+  // Out to the store while the norm partials read the same buffer; the
+  // buffer is reused only after this write finished.
+  return stream_->Enqueue([this, i, stage, acc](const StreamContext&) {
+    grad_stage_write_[stage] = store_->Write(kGradTensor + i, acc);
+    return Status::Ok();
+  });
+}
+
+Result<int> EngineImpl::AcquireGradStage(size_t i) {
+  const int stage = next_grad_stage_;
+  next_grad_stage_ ^= 1;
+  for (int& s : grad_stage_of_) {
+    if (s == stage) s = -1;
+  }
+  grad_stage_of_[i] = stage;
+  ZINF_RETURN_IF_ERROR(stream_->Enqueue([this, stage](const StreamContext&) -> Status {
+    nvme::IoRequest w = std::exchange(grad_stage_write_[stage], {});
+    return w.valid() ? SwapFailure(w.Wait(), SwapKind::kGradients) : Status::Ok();
+  }));
+  return stage;
+}
+
+Status EngineImpl::ReadSwappedGrads(size_t i, int stage) {
+  return Timed(&Window::io, [this, i, stage](const StreamContext&) -> Status {
+    ZINF_RETURN_IF_ERROR(WaitGradWrites());  // its last write may still be in flight
+    return SwapFailure(store_->Read(kGradTensor + i, grad_stage_[stage].data()).Wait(), SwapKind::kGradients);
+  });
+}
+
+Status EngineImpl::WaitGradWrites() {
+  for (nvme::IoRequest& w : grad_stage_write_) {
+    nvme::IoRequest pending = std::exchange(w, {});
+    if (pending.valid()) ZINF_RETURN_IF_ERROR(SwapFailure(pending.Wait(), SwapKind::kGradients));
+  }
+  return Status::Ok();
 }
 
 Status EngineImpl::Collective(Stream& stream, const char* kind, uint64_t bytes,
@@ -1273,7 +1478,7 @@ Status EngineImpl::GradsReady(int unit, Stream& stream) {
     // The optimizer state does not depend on the gradients: its first
     // sub-groups are read while backward still runs.
     early_reads_ = true;
-    ZINF_RETURN_IF_ERROR(stream_->Enqueue([this](const StreamContext&) { return IssueReads(0); }));
+    ZINF_RETURN_IF_ERROR(stream_->Enqueue([this](const StreamContext&) { return IssueReads(0, nullptr); }));
   }
   if (u.partitioned && !u.grads) ZINF_RETURN_IF_ERROR(AllocateGrads(u, stream, /*zero=*/true));
   ZINF_RETURN_IF_ERROR(u.grads_ready->Record(stream));
@@ -1489,6 +1694,11 @@ Status EngineImpl::EnqueueBoundary() {
     has_grad[i] = units_[i].accumulated;
     units_[i].accumulated = units_[i].partials_taken = false;
   }
+  // Every swapped gradient is on disk before the boundary reads them back.
+  if (swapped_grad_units_ > 0) {
+    ZINF_RETURN_IF_ERROR(Timed(&Window::io, [this](const StreamContext&) { return WaitGradWrites(); }));
+  }
+  const auto has_grad_shared = std::make_shared<const std::vector<char>>(has_grad);
   if (sharded()) {
     double* mine = partials_ + rank_ * blocks_per_rank_;
     ZINF_RETURN_IF_ERROR(Collective("all_gather", blocks_per_rank_ * world_ * sizeof(double), [&] {
@@ -1536,14 +1746,18 @@ Status EngineImpl::EnqueueBoundary() {
     void* home_buf = to_store ? param_bufs_[kUpdateBuffer].data() : u.h_shard.data();
     void* staging = use_slot ? h_param_slots_[slot].data() : home && offload_ ? home_buf : nullptr;
     float* swap = nullptr;  // NVMe: the unit's [master | m | v] in its group's buffer
+    const void* grad = u.h_accum.data();  // offload: the accumulated gradient, or its place in the gradient buffer
     if (nvme_) {
       const size_t g = group_of_unit_[i];
       swap = static_cast<float*>(nvme_bufs_[g % nvme_bufs_.size()].data()) + offset_in_group_[i];
+      if (u.grad_on_nvme) grad = static_cast<char*>(grad_bufs_[g % grad_bufs_.size()].data()) + grad_offset_[i];
       if (groups_[g].units.front() == static_cast<int>(i)) {
-        ZINF_RETURN_IF_ERROR(Timed(&Window::io, [this, g](const StreamContext&) { return ReadGroup(g); }));
+        ZINF_RETURN_IF_ERROR(Timed(&Window::io, [this, g, has = has_grad_shared](const StreamContext&) {
+          return ReadGroup(g, *has);
+        }));
       }
     }
-    auto update = [this, &u, staging, swap, home, use_slot, to_store, esize,
+    auto update = [this, &u, staging, swap, grad, home, use_slot, to_store, esize,
                    has = has_grad[i] != 0](const StreamContext& ctx) -> Status {
       Decision d;
       {
@@ -1566,7 +1780,7 @@ Status EngineImpl::EnqueueBoundary() {
         b.exp_avg = static_cast<float*>(offload_ ? u.h_exp_avg.data() : ctx.Host(u.exp_avg));
         b.exp_avg_sq = static_cast<float*>(offload_ ? u.h_exp_avg_sq.data() : ctx.Host(u.exp_avg_sq));
       }
-      b.grads = offload_ ? u.h_accum.data() : ctx.Host(owned_accum(u));
+      b.grads = offload_ ? grad : ctx.Host(owned_accum(u));
       b.grad_dtype = DType::kFloat32;
       b.num_elems = static_cast<size_t>(valid);
       void* param_dst = offload_ ? staging : ctx.Host(home ? param_scratch_ : param_home(u));
@@ -1620,7 +1834,7 @@ Status EngineImpl::EnqueueBoundary() {
         const Unit& w = units_[i];
         const uint64_t valid = std::max<int64_t>(0, owned_valid(w)) * esize;
         std::memset(static_cast<char*>(home_buf) + valid, 0, w.part.shard_elems * esize - valid);
-        return SwapFailure(param_store_->Write(i, home_buf).Wait(), /*params=*/true);
+        return SwapFailure(param_store_->Write(i, home_buf).Wait(), SwapKind::kParams);
       }));
     }
     if (use_slot) {
@@ -1654,6 +1868,7 @@ Status EngineImpl::EnqueueBoundary() {
       }
       group_read_.assign(groups_.size(), {});
       group_write_.assign(groups_.size(), {});
+      group_grad_read_.assign(groups_.size(), {});
       return first;
     }));
   }
@@ -1824,7 +2039,7 @@ Status EngineImpl::WriteComputeCopy(Unit& u, const float* master, int64_t first)
     std::memset(buf, 0, param_bufs_[kUpdateBuffer].size_bytes());
     ZINF_RETURN_IF_ERROR(Cast(arena_, master + (begin - first), DType::kFloat32, buf, compute_dtype_, count));
     const int index = static_cast<int>(&u - units_.data());
-    return SwapFailure(param_store_->Write(index, buf).Wait(), /*params=*/true);
+    return SwapFailure(param_store_->Write(index, buf).Wait(), SwapKind::kParams);
   }
   if (host_home(u)) return Cast(arena_, master + (begin - first), DType::kFloat32, u.h_shard.data(), compute_dtype_, count);
   std::vector<uint8_t> compute(count * esize);

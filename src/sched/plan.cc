@@ -333,6 +333,7 @@ PlanRow PlanCombination(const PlanInput& in, int stage, OffloadDevice optimizer,
   // offload_param nvme, as the engine: shards in host memory up to
   // max_in_cpu elements, the rest in the parameter store.
   int64_t cpu_shard_elems = 0, max_nvme_shard = 0, nvme_units = 0;
+  uint64_t grad_swap_bytes = 0;  // offload_optimizer nvme: gradients in the swap store
   std::vector<char> shard_on_nvme(parts.size(), 0);
   for (size_t u = 0; u < parts.size(); ++u) {
     const UnitPartition& p = parts[u];
@@ -367,7 +368,7 @@ PlanRow PlanCombination(const PlanInput& in, int stage, OffloadDevice optimizer,
       dev.Add("fp32 gradient accumulator", Dev(static_cast<uint64_t>(stage >= 2 ? p.shard_elems : p.padded_elems) * 4));
       dev.Add("fp32 master, m, v", 3 * Dev(static_cast<uint64_t>(o) * 4));
     } else if (nvme) {
-      host.Add("fp32 gradient accumulator", Pin(static_cast<uint64_t>(o) * 4));
+      // Host memory or the swap store: decided below, with what else is pinned.
     } else {
       host.Add("fp32 master, m, v", 3 * Pin(static_cast<uint64_t>(o) * 4));
       host.Add("fp32 gradient accumulator", Pin(static_cast<uint64_t>(o) * 4));
@@ -434,6 +435,57 @@ PlanRow PlanCombination(const PlanInput& in, int stage, OffloadDevice optimizer,
     for (int64_t g : groups) {
       disk.Add("fp32 master, m, v", (static_cast<uint64_t>(g) * 12 + kExtentBytes - 1) / kExtentBytes * kExtentBytes);
     }
+    // Gradients, as the engine places them: pinned host memory while the
+    // host budget allows (the first units first), else the swap store
+    // through a gradient buffer per swap buffer and two staging buffers.
+    const uint64_t state_bufs = buffers * Pin(static_cast<uint64_t>(max_group) * 12);
+    uint64_t others = 0;  // what the engine has pinned when it decides
+    for (const PlanItem& i : host.items) others += i.bytes;
+    others -= state_bufs;
+    if (nvme_units > 0) {
+      others += 2 * Pin((static_cast<uint64_t>(max_nvme_shard) * esize + 4095) / 4096 * 4096);
+    }
+    const uint64_t budget = in.host_memory;
+    const uint64_t avail = budget == 0 ? UINT64_MAX : budget > others ? budget - others : 0;
+    uint64_t resident = 0;
+    for (const UnitPartition& p : parts) resident += Pin(static_cast<uint64_t>(owned(p)) * 4);
+    const GradientHome home = in.config.zinf.gradients;
+    if (home == GradientHome::kHost || (home == GradientHome::kAuto && (budget == 0 || state_bufs + resident <= avail))) {
+      host.Add("fp32 gradient accumulator", resident);
+    } else {
+      auto padded = [](int64_t elems) { return (static_cast<uint64_t>(elems) * 4 + 4095) / 4096 * 4096; };
+      uint64_t region = 0, stage_buf = 0, r = 0;
+      int64_t in_group = 0;
+      for (const UnitPartition& p : parts) {
+        const int64_t o = owned(p);
+        if (in_group > 0 && in_group + o > limit) region = std::max(region, r), r = 0, in_group = 0;
+        in_group += o;
+        r += padded(o);
+        stage_buf = std::max(stage_buf, padded(o));
+      }
+      region = std::max(region, r);
+      const uint64_t swap_bufs = buffers * Pin(region) + 2 * Pin(stage_buf);
+      host.Add("NVMe gradient buffers (" + std::to_string(buffers) + " x a sub-group's gradients, 2 staging)",
+               swap_bufs);
+      // Short even of these: every gradient swapped, and the row does not fit.
+      uint64_t left = home == GradientHome::kNvme || state_bufs + swap_bufs > avail ? 0
+                                                                                     : avail - state_bufs - swap_bufs;
+      uint64_t kept = 0, swapped = 0;
+      bool full = false;
+      for (const UnitPartition& p : parts) {
+        const uint64_t c = Pin(static_cast<uint64_t>(owned(p)) * 4);
+        if (!full && c <= left) {
+          left -= c;
+          kept += c;
+        } else {
+          full = true;
+          swapped += padded(owned(p));
+          grad_swap_bytes += padded(owned(p));
+        }
+      }
+      if (kept > 0) host.Add("fp32 gradient accumulator (the units host memory holds)", kept);
+      disk.Add("fp32 gradients (swapped: host memory short)", swapped);
+    }
   }
   if (param != OffloadDevice::kNone && !offload && max_host_shard > 0) {
     dev.Add("parameter update scratch (offload_param, one shard)", Dev(static_cast<uint64_t>(max_host_shard) * esize));
@@ -498,6 +550,10 @@ PlanRow PlanCombination(const PlanInput& in, int stage, OffloadDevice optimizer,
   if (nvme) {
     const double state = static_cast<double>(owned_total) * 12;
     row.nvme_s = state / (r.nvme_read_gbps.value * 1e9) + state / (r.nvme_write_gbps.value * 1e9);
+    // Swapped gradients: written each micro-step, read back for each later
+    // micro-step's accumulation and once for the update.
+    const double grads = static_cast<double>(k) * static_cast<double>(grad_swap_bytes);
+    row.nvme_s += grads / (r.nvme_read_gbps.value * 1e9) + grads / (r.nvme_write_gbps.value * 1e9);
   }
   row.nvme_s += shard_write_bytes / (r.nvme_write_gbps.value * 1e9);
   row.param_read_s = shard_read_bytes / (r.nvme_read_gbps.value * 1e9);

@@ -178,11 +178,14 @@ TEST(ConfigTest, NvmePathMayBeAListForStriping) {
 
 TEST(ConfigTest, ZinfBlock) {
   Config c = MustParse(R"({"zinf": {"device": "cuda:1", "device_memory": "2G", "host_memory": 1073741824,
-                           "optimizer_threads": 2, "checksums": true, "aio": {"rings": 2, "sqpoll": true}}})");
+                           "optimizer_threads": 2, "gradients": "nvme", "checksums": true,
+                           "aio": {"rings": 2, "sqpoll": true}}})");
   EXPECT_EQ(c.zinf.device, "cuda:1");
   EXPECT_EQ(c.zinf.device_memory, 2ull << 30);
   EXPECT_EQ(c.zinf.host_memory, 1ull << 30);
   EXPECT_EQ(c.zinf.optimizer_threads, 2);
+  EXPECT_EQ(c.zinf.gradients, GradientHome::kNvme);
+  EXPECT_EQ(MustParse("{}").zinf.gradients, GradientHome::kAuto);
   EXPECT_TRUE(c.zinf.checksums);
   EXPECT_EQ(c.zinf.aio.rings, 2);
   EXPECT_TRUE(c.zinf.aio.sqpoll);
@@ -280,6 +283,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{R"({"train_micro_batch_size_per_gpu": 0})", "train_micro_batch_size_per_gpu: 0 is out of range; accepted: an integer >= 1"},
         BadCase{R"({"zinf": {"device": "tpu"}})", "zinf.device: expected \"auto\", \"cpu\", \"cuda\" or \"cuda:N\", found the string \"tpu\""},
         BadCase{R"({"zinf": {"device_memory": "4Q"}})", "zinf.device_memory: invalid size '4Q'"},
+        BadCase{R"({"zinf": {"gradients": "disk"}})", "zinf.gradients: expected one of \"auto\", \"host\", \"nvme\", found the string \"disk\""},
         BadCase{R"({"zinf": {"frobnicate": 1}})", "zinf.frobnicate: unknown key; accepted keys here: aio, checksums, device"},
         BadCase{R"({"zero_optimization": {"stage": 1, "stage": 2}})", "zero_optimization.stage: key appears more than once"},
         BadCase{R"([1, 2])", "the top level must be a JSON object, found the array [1,2]"},

@@ -19,6 +19,7 @@
 #include <fstream>
 #include <cstring>
 #include <memory>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -291,6 +292,7 @@ class EngineTest : public ::testing::Test {
       }
     }
   }
+  void NvmeFaultMidStep(const Config& c, const std::string& name, const std::string& what);
   std::string CheckpointDir(const std::string& name) {
     const std::string dir = test::TestDir() + "/" + name + "-np" + std::to_string(world()) +
                             (StartedByMpiLauncher() ? "-mpi" : "-local");
@@ -437,6 +439,14 @@ TEST_F(EngineTest, StagesAreBitIdentical) {
     c.zero.sub_group_size = 2 * 65536 * std::max(2, world());
     variants.emplace_back("stage " + std::to_string(stage) + ", offload nvme", c);
   }
+  // The accumulated gradients swapped to NVMe too (host memory short):
+  // through the bucket-less path and stage 3's buckets.
+  c = NvmeConfig(1);
+  c.zinf.gradients = GradientHome::kNvme;
+  variants.emplace_back("stage 1, offload nvme, gradients nvme", c);
+  c = ParamNvmeConfig(OffloadDevice::kNvme);
+  c.zinf.gradients = GradientHome::kNvme;
+  variants.emplace_back("stage 3, offload_param nvme, offload_optimizer nvme, gradients nvme", c);
   // Stage 3 with the parameter shards in pinned host memory
   // (offload_param cpu), with the optimizer on the device, the host and NVMe.
   for (OffloadDevice opt : {OffloadDevice::kNone, OffloadDevice::kCpu, OffloadDevice::kNvme}) {
@@ -962,11 +972,22 @@ TEST_F(EngineTest, CheckpointResumesBitExactlyAcrossStagesAndTiers) {
 // the checkpoint to resume from; the engine refuses steps, saves and loads;
 // a new engine loads the checkpoint and the run goes on bit-identical to one
 // without the fault. Save and load stream from and into NVMe-resident state.
+// With the gradients swapped too, the first write to fail is a gradient's,
+// during backward.
 TEST_F(EngineTest, NvmeFaultMidStepStopsTheEngineUntilACheckpointLoads) {
+  for (GradientHome gradients : {GradientHome::kHost, GradientHome::kNvme}) {
+    SCOPED_TRACE(gradients == GradientHome::kHost ? "gradients in host memory" : "gradients swapped");
+    Config c = NvmeConfig(2);
+    c.zinf.gradients = gradients;
+    NvmeFaultMidStep(c, gradients == GradientHome::kHost ? "nvme-fault" : "nvme-fault-grads",
+                     gradients == GradientHome::kHost ? "optimizer state on NVMe" : "gradients swapped to NVMe");
+  }
+}
+
+void EngineTest::NvmeFaultMidStep(const Config& c, const std::string& name, const std::string& what) {
   constexpr int kSteps = 6, kSave = 3, kPoison = 2;
-  const Config c = NvmeConfig(2);
   const Snapshot straight = RunDense(c, kSteps, kPoison);
-  const std::string dir = CheckpointDir("nvme-fault");
+  const std::string dir = CheckpointDir(name);
   auto armed = std::make_shared<std::atomic<bool>>(false);
   const auto restore = FailSwapFilesOnceArmed(armed);  // the second block attempt on a swap file once armed
   auto e = Must(Engine::Create(c, *device_, comm_.get()));
@@ -988,6 +1009,7 @@ TEST_F(EngineTest, NvmeFaultMidStepStopsTheEngineUntilACheckpointLoads) {
   const std::string m = failure.message();
   EXPECT_NE(m.find(test::TestDir()), std::string::npos) << "names the swap file: " << m;
   EXPECT_NE(m.find("errno"), std::string::npos) << m;
+  EXPECT_NE(m.find(what), std::string::npos) << m;
   EXPECT_NE(m.find("different steps"), std::string::npos) << m;
   EXPECT_NE(m.find(saved), std::string::npos) << "names the checkpoint to resume from: " << m;
   EXPECT_EQ(e->Step().status().code(), StatusCode::kDataLoss);
@@ -1212,6 +1234,8 @@ TEST_F(EngineTest, UnitsNotFetchedAreNotUpdated) {
   c.zero.offload_param.nvme_path = {test::TestDir()};
   c.zero.offload_param.max_in_cpu = 0;
   variants.emplace_back("stage 3, offload_param nvme, offload_optimizer nvme", c);
+  c.zinf.gradients = GradientHome::kNvme;  // a unit's last gradient in micro-step 0 is read back for its norm
+  variants.emplace_back("stage 3, offload_param nvme, offload_optimizer nvme, gradients nvme", c);
   c = base;
   c.zero.stage = 1;
   c.zero.offload_optimizer.device = OffloadDevice::kCpu;
@@ -1222,6 +1246,71 @@ TEST_F(EngineTest, UnitsNotFetchedAreNotUpdated) {
     ExpectSameState(s, ref, name);
     for (int i = 0; i < kSteps; ++i) EXPECT_EQ(s.stats[i].grad_norm, ref.stats[i].grad_norm) << "step " << i;
   }
+}
+
+// offload_optimizer nvme with little host memory: the gradients of the
+// first units stay in pinned host memory as far as zinf.host_memory allows,
+// the others go out to the swap store as they arrive and come back with
+// their sub-group's state. The bits do not change; the step's NVMe bytes
+// grow by the swapped gradients' round trips (a write per micro-step, a
+// read for the second micro-step's accumulation and one for the update).
+TEST_F(EngineTest, GradientsSwapToNvmeWhereHostMemoryIsShort) {
+  IndependentUnits net;
+  net.sizes.assign(16, 65536);  // 65 536 owned elements per unit on every rank
+  constexpr int kSteps = 3;
+  std::vector<int> all(net.sizes.size());
+  std::iota(all.begin(), all.end(), 0);
+  auto run = [&](const Config& c) {
+    auto e = Must(Engine::Create(c, *device_, comm_.get()));
+    net.Register(*e);
+    Snapshot s;
+    for (int step = 0; step < kSteps; ++step) {
+      for (int k = 0; k < 2; ++k) {
+        MustOk(net.MicroStep(*e, *stream_, (static_cast<uint64_t>(step) * 2 + k) * world() + rank(), all));
+        EXPECT_EQ(Must(e->Step()), k == 1);
+      }
+      s.stats.push_back(Must(e->Stats()));
+    }
+    Snapshot last = Take(*e);
+    last.stats = std::move(s.stats);
+    return last;
+  };
+  Config c = NvmeConfig(1);
+  c.fp16.enabled = false;
+  c.zero.sub_group_size = 2 * 65536;
+  c.zinf.gradients = GradientHome::kHost;
+  const Snapshot host = run(c);
+  c.zinf.gradients = GradientHome::kNvme;
+  const Snapshot nvme = run(c);
+  // 6 MiB: the swap buffers (two of a sub-group's state, 3 MiB, and of its
+  // gradients, 1 MiB, two staging buffers, 0.5 MiB) and the engine's other
+  // pinned buffers leave room for a few units' 256 KiB gradients, not 16.
+  c.zinf.gradients = GradientHome::kAuto;
+  c.zinf.host_memory = 6 << 20;
+  const Snapshot some = run(c);
+  ExpectSameState(nvme, host, "gradients nvme");
+  ExpectSameState(some, host, "gradients auto, 6 MiB of host memory");
+  for (int i = 0; i < kSteps; ++i) {
+    EXPECT_EQ(nvme.stats[i].grad_norm, host.stats[i].grad_norm) << "step " << i;
+    EXPECT_EQ(some.stats[i].grad_norm, host.stats[i].grad_norm) << "step " << i;
+  }
+  const StepStats& h = host.stats.back();
+  const StepStats& n = nvme.stats.back();
+  const StepStats& a = some.stats.back();
+  const uint64_t grads = 16 * 65536 * 4;  // every unit's owned gradient, this rank
+  EXPECT_EQ(n.nvme_bytes_written - h.nvme_bytes_written, 2 * grads);
+  EXPECT_EQ(n.nvme_bytes_read - h.nvme_bytes_read, 2 * grads);
+  EXPECT_GT(a.nvme_bytes_written, h.nvme_bytes_written) << "some gradients were swapped";
+  EXPECT_LT(a.nvme_bytes_written, n.nvme_bytes_written) << "some stayed in host memory";
+  EXPECT_LE(a.host_peak_pinned_bytes, c.zinf.host_memory);
+  EXPECT_LT(n.host_peak_pinned_bytes, h.host_peak_pinned_bytes);
+  // Less than the swap buffers need: a plan error before the first step.
+  c.zinf.host_memory = 4 << 20;
+  auto e = Must(Engine::Create(c, *device_, comm_.get()));
+  net.Register(*e);
+  const Status s = e->Fetch(0, *stream_).status();
+  EXPECT_EQ(s.code(), StatusCode::kOutOfMemory) << s.ToString();
+  EXPECT_NE(s.message().find("zinf.host_memory"), std::string::npos) << s.ToString();
 }
 
 // One rank, fp32, no clipping: a unit fetched in steps 1 and 3 only gets

@@ -95,6 +95,36 @@ TEST(PlanTest, OptimizerOffloadMatchesHandCount) {
   EXPECT_FALSE(PlanCombination(small, 2, OffloadDevice::kNvme, OffloadDevice::kNone).runnable);
 }
 
+// offload_optimizer nvme: the gradient accumulator in host memory while the
+// host budget allows, else in the swap store with a gradient buffer per
+// swap buffer and two staging buffers in host memory, as the engine places it.
+TEST(PlanTest, NvmeGradientsSwapWhenHostMemoryIsShort) {
+  PlanInput in = SmallInput();  // stage 2 at two ranks: 131 072 + 65 536 owned elements, one sub-group
+  const PlanRow roomy = PlanCombination(in, 2, OffloadDevice::kNvme, OffloadDevice::kNone);
+  EXPECT_EQ(Find(roomy.host_items, "fp32 gradient accumulator")->bytes, (131072u + 65536u) * 4);
+  EXPECT_EQ(Find(roomy.nvme_items, "fp32 gradients"), nullptr);
+  in.config.zinf.gradients = GradientHome::kNvme;
+  const PlanRow swapped = PlanCombination(in, 2, OffloadDevice::kNvme, OffloadDevice::kNone);
+  EXPECT_EQ(Find(swapped.host_items, "fp32 gradient accumulator"), nullptr);
+  // One buffer of the sub-group's gradients (192 pages, a class boundary)
+  // and two of the largest unit's (128 pages).
+  EXPECT_EQ(Find(swapped.host_items, "NVMe gradient buffers")->bytes, 786432u + 2 * 524288u);
+  EXPECT_EQ(Find(swapped.nvme_items, "fp32 gradients (swapped")->bytes, (131072u + 65536u) * 4);
+  EXPECT_GT(swapped.nvme_s, roomy.nvme_s);
+  // "auto" with less host memory than the accumulator needs swaps too; with
+  // less than even the swap buffers need, the row does not fit the host.
+  in.config.zinf.gradients = GradientHome::kAuto;
+  in.host_memory = roomy.host_bytes - 1;
+  const PlanRow tight = PlanCombination(in, 2, OffloadDevice::kNvme, OffloadDevice::kNone);
+  EXPECT_EQ(tight.nvme_bytes, swapped.nvme_bytes);
+  EXPECT_EQ(tight.host_bytes, swapped.host_bytes);
+  EXPECT_FALSE(tight.fits_host);
+  in.host_memory = roomy.host_bytes;
+  const PlanRow enough = PlanCombination(in, 2, OffloadDevice::kNvme, OffloadDevice::kNone);
+  EXPECT_EQ(enough.host_bytes, roomy.host_bytes);
+  EXPECT_TRUE(enough.fits_host);
+}
+
 TEST(PlanTest, EveryCombinationAndFits) {
   PlanInput in = SmallInput();
   in.device_memory = 16 << 20;
