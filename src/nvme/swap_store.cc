@@ -72,41 +72,17 @@ Result<std::unique_ptr<SwapStore>> SwapStore::Create(IoEngine& engine, const Swa
   if (options.extent_bytes == 0 || options.extent_bytes % kDirectAlignment)
     return InvalidArgument("swap store: extent size " + std::to_string(options.extent_bytes) +
                            " is not a positive multiple of 4096");
-  const uint64_t ndirs = options.dirs.size();
-  // Each directory gets an equal share, in whole extents.
-  const uint64_t per_dir = RoundUp((options.capacity_bytes + ndirs - 1) / ndirs, options.extent_bytes);
-
-  // Check every path before touching any: directories exist and the
-  // filesystems have the space (directories on one filesystem add up).
-  std::map<dev_t, std::pair<uint64_t, uint64_t>> per_fs;  // dev -> (needed, available)
-  std::vector<dev_t> devs;
+  // Check every path before touching any: directories exist, are writable,
+  // and have the space (Reserve's check, before any file is created).
   for (const auto& dir : options.dirs) {
     struct stat st {};
     if (::stat(dir.c_str(), &st) != 0)
       return (errno == ENOENT ? NotFound("") : IoError("")).WithContext("swap directory " + dir + ": " + Errno(errno));
     if (!S_ISDIR(st.st_mode)) return InvalidArgument("swap directory " + dir + " is not a directory");
     if (::access(dir.c_str(), W_OK) != 0) return IoError("swap directory " + dir + " is not writable: " + Errno(errno));
-    struct statvfs vfs {};
-    if (::statvfs(dir.c_str(), &vfs) != 0) return IoError("statvfs " + dir + ": " + Errno(errno));
-    auto& fs = per_fs[st.st_dev];
-    fs.first += per_dir;
-    fs.second = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
-    devs.push_back(st.st_dev);
   }
-  bool short_of_space = false;
-  for (const auto& [dev, fs] : per_fs) short_of_space |= fs.first > fs.second;
-  if (short_of_space) {
-    std::string msg = "not enough space for the swap store (" + FormatBytes(per_dir * ndirs) + " in all):";
-    for (size_t i = 0; i < options.dirs.size(); ++i) {
-      const auto& fs = per_fs[devs[i]];
-      msg += " " + options.dirs[i] + " needs " + FormatBytes(per_dir) + ", " + FormatBytes(fs.second) + " available" +
-             (fs.first > per_dir ? " (shared with other paths on this filesystem)" : "") + ";";
-    }
-    msg.pop_back();
-    return IoError(msg);
-  }
-
   std::unique_ptr<SwapStore> store(new SwapStore(engine, options));
+  ZINF_RETURN_IF_ERROR(store->CheckSpace(store->PerDir(options.capacity_bytes)));
   store->stale_ = FindStale(options.dirs);
   for (const auto& s : store->stale_)
     WarnOnce("swap file " + s.path + " (" + FormatBytes(s.bytes) + ") was left by process " + std::to_string(s.pid) +
@@ -127,20 +103,72 @@ Result<std::unique_ptr<SwapStore>> SwapStore::Create(IoEngine& engine, const Swa
     if (!file.ok()) return std::move(file).status().WithContext("swap store");
     store->paths_.push_back(path);  // from here on the destructor removes it
     store->files_.push_back(*file);
-    if (per_dir > 0 && ::fallocate((*file)->fd(), 0, 0, static_cast<off_t>(per_dir)) != 0) {
-      int err = errno;
-      if (err == EOPNOTSUPP) {
-        int rc = ::posix_fallocate((*file)->fd(), 0, static_cast<off_t>(per_dir));
-        if (rc != 0) return IoError("posix_fallocate " + path + " len=" + std::to_string(per_dir) + ": " + Errno(rc));
-      } else {
-        return IoError("fallocate " + path + " len=" + std::to_string(per_dir) + ": " + Errno(err) +
-                       (err == ENOSPC ? "; free space on this filesystem or lower the swap capacity" : ""));
-      }
-    }
   }
-  store->reserved_per_dir_ = per_dir;
   store->next_offset_.assign(store->files_.size(), 0);
+  ZINF_RETURN_IF_ERROR(store->Reserve(options.capacity_bytes));
   return store;
+}
+
+// Each directory gets an equal share, in whole extents.
+uint64_t SwapStore::PerDir(uint64_t capacity_bytes) const {
+  const uint64_t ndirs = options_.dirs.size();
+  return RoundUp((capacity_bytes + ndirs - 1) / ndirs, options_.extent_bytes);
+}
+
+// Whether the filesystems have room to grow every directory's file to
+// `per_dir` bytes (directories on one filesystem add up).
+Status SwapStore::CheckSpace(uint64_t per_dir) const {
+  if (per_dir <= reserved_per_dir_) return Status::Ok();
+  const uint64_t more = per_dir - reserved_per_dir_;
+  std::map<dev_t, std::pair<uint64_t, uint64_t>> per_fs;  // dev -> (needed, available)
+  std::vector<dev_t> devs;
+  for (const auto& dir : options_.dirs) {
+    struct stat st {};
+    if (::stat(dir.c_str(), &st) != 0) return IoError("swap directory " + dir + ": " + Errno(errno));
+    struct statvfs vfs {};
+    if (::statvfs(dir.c_str(), &vfs) != 0) return IoError("statvfs " + dir + ": " + Errno(errno));
+    auto& fs = per_fs[st.st_dev];
+    fs.first += more;
+    fs.second = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+    devs.push_back(st.st_dev);
+  }
+  bool short_of_space = false;
+  for (const auto& [dev, fs] : per_fs) short_of_space |= fs.first > fs.second;
+  if (!short_of_space) return Status::Ok();
+  std::string msg = "not enough space for the swap store (" + FormatBytes(per_dir * options_.dirs.size()) +
+                    " in all" + (reserved_per_dir_ > 0 ? ", " + FormatBytes(more * options_.dirs.size()) + " more" : "") +
+                    "):";
+  for (size_t i = 0; i < options_.dirs.size(); ++i) {
+    const auto& fs = per_fs[devs[i]];
+    msg += " " + options_.dirs[i] + " needs " + FormatBytes(more) + (reserved_per_dir_ > 0 ? " more, " : ", ") +
+           FormatBytes(fs.second) +
+           " available" + (fs.first > more ? " (shared with other paths on this filesystem)" : "") + ";";
+  }
+  msg.pop_back();
+  return IoError(msg);
+}
+
+Status SwapStore::Reserve(uint64_t capacity_bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const uint64_t per_dir = PerDir(capacity_bytes);
+  if (per_dir <= reserved_per_dir_) return Status::Ok();
+  ZINF_RETURN_IF_ERROR(CheckSpace(per_dir));
+  const uint64_t from = reserved_per_dir_, len = per_dir - from;
+  for (size_t i = 0; i < files_.size(); ++i) {
+    const std::string& path = paths_[i];
+    const int fd = files_[i]->fd();
+    if (::fallocate(fd, 0, static_cast<off_t>(from), static_cast<off_t>(len)) == 0) continue;
+    const int err = errno;
+    const std::string what = " " + path + " offset=" + std::to_string(from) + " len=" + std::to_string(len) + ": ";
+    if (err != EOPNOTSUPP) {
+      return IoError("fallocate" + what + Errno(err) +
+                     (err == ENOSPC ? "; free space on this filesystem or lower the swap capacity" : ""));
+    }
+    const int rc = ::posix_fallocate(fd, static_cast<off_t>(from), static_cast<off_t>(len));
+    if (rc != 0) return IoError("posix_fallocate" + what + Errno(rc));
+  }
+  reserved_per_dir_ = per_dir;
+  return Status::Ok();
 }
 
 SwapStore::~SwapStore() {

@@ -54,6 +54,10 @@ class SwapStore {
   SwapStore(const SwapStore&) = delete;
   SwapStore& operator=(const SwapStore&) = delete;
 
+  // Raises the space reserved to `capacity_bytes` in all (split evenly
+  // across the directories, whole extents), checking free space first, for
+  // a store whose tensors are known one by one; never shrinks.
+  Status Reserve(uint64_t capacity_bytes);
   // Reserves extents for a tensor of `bytes` (kept at 4 KiB granularity).
   Status Allocate(TensorId id, uint64_t bytes);
   // The tensor's size rounded up to 4 KiB: what a buffer must hold.
@@ -92,6 +96,8 @@ class SwapStore {
 
   SwapStore(IoEngine& engine, const SwapStoreOptions& options) : engine_(engine), options_(options) {}
   IoRequest Failed(Status st, IoCallback callback);
+  uint64_t PerDir(uint64_t capacity_bytes) const;
+  Status CheckSpace(uint64_t per_dir) const;
 
   IoEngine& engine_;
   SwapStoreOptions options_;

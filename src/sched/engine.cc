@@ -72,7 +72,6 @@ struct Unit {
   void* shard_params = nullptr;  // stage 3: the shard (shard_elems), on the device
   PinnedBuffer h_shard;          // stage 3 with offload_param: the shard's home in pinned host memory instead
   bool shard_on_nvme = false;    // offload_param nvme past max_in_cpu: the shard's home is the parameter store
-  std::vector<uint8_t> init_shard;  // ... and its initial value until the store exists (Finalize)
   void* gathered = nullptr;      // stage 3: the gathered unit between Fetch and Release
   std::unique_ptr<Event> gathered_ready;
   // Stage 3: the tensor pointers of each address a gathered copy has had, so
@@ -92,11 +91,10 @@ struct Unit {
   float* exp_avg_sq = nullptr;
   // offload_optimizer cpu: the owned range's fp32 state in pinned host memory.
   PinnedBuffer h_master, h_exp_avg, h_exp_avg_sq, h_accum;
-  // offload_optimizer nvme: the initial owned master until the store exists
-  // (Finalize); whether the accumulated gradient lives in the swap store
-  // (host memory short) rather than in h_accum.
-  std::vector<float> init_master;
+  // offload_optimizer nvme: whether the accumulated gradient lives in the
+  // swap store (host memory short) rather than in h_accum.
   bool grad_on_nvme = false;
+  int index = -1;  // in units_
   std::vector<void*> param_ptrs, grad_ptrs;
   std::unique_ptr<Event> params_ready;  // engine stream: the unit's last update is done
   std::unique_ptr<Event> grads_free;    // engine stream: its gradients have been consumed
@@ -309,6 +307,16 @@ class EngineImpl final : public Engine {
   Status HostAccumulate(Unit& u, const float* reduced, bool first);
   Result<PinnedBuffer> Pinned(uint64_t bytes, const std::string& what);
   Status SetUpSwap();
+  // offload_optimizer nvme, at registration: the unit joins the open
+  // sub-group (a new one when it would exceed sub_group_size) with its
+  // initial [master | 0 | 0]; a sub-group is written to the store, grown for
+  // it, when the next one opens (the last at Finalize). Host memory: one
+  // sub-group, whatever the model size.
+  Status StageInitialState(const Unit& u, const float* master, int64_t valid);
+  Status FlushInitialGroup();
+  // offload_param nvme, at registration: the store grown for the unit's
+  // shard, which is written there.
+  Status AddShardToStore(const Unit& u, const float* master);
   // Sets this rank's owned range of a unit's master, m and v from whole-unit
   // host arrays, and rebuilds the compute copy (the master's rounding).
   Status WriteComputeCopy(Unit& u, const float* master, int64_t first = 0);
@@ -416,6 +424,11 @@ class EngineImpl final : public Engine {
   std::vector<int64_t> offset_in_group_;  // elements: the unit's master; m and v follow, owned_elems apart
   std::unique_ptr<nvme::SwapStore> store_;
   std::vector<PinnedBuffer> nvme_bufs_;
+  int64_t group_limit_ = 0;        // elements: sub_group_size, capped at one swap buffer
+  uint64_t store_capacity_ = 0;    // bytes asked of the store so far (it grows as tensors come)
+  uint64_t param_capacity_ = 0;    // the same for the parameter store
+  size_t groups_written_ = 0;      // sub-groups whose initial state is in the store
+  std::unique_ptr<float, decltype(&std::free)> init_group_{nullptr, &std::free};  // the open sub-group's initial state
   // offload_param nvme: the shards past max_in_cpu in their own store
   // (tensor id = unit index), and two staging buffers of the largest shard:
   // gathers read into one (gather stream), updates write from the other
@@ -521,6 +534,7 @@ Result<int> EngineImpl::AddUnit(const std::string& name, const std::vector<Param
     if (u.name == name) return InvalidArgument("a unit named '" + name + "' is already registered");
   }
   Unit u;
+  u.index = num_units();
   u.name = name;
   int64_t total = 0;
   for (const ParamSpec& p : params) {
@@ -609,9 +623,8 @@ Result<int> EngineImpl::AddUnit(const std::string& name, const std::vector<Param
   }
   ZINF_RETURN_IF_ERROR(WriteComputeCopy(u, master.data()));
   const int64_t begin = owned_begin(u), valid = owned_valid(u);
-  if (nvme_) {  // written to the store at Finalize, when the sub-groups are known
-    u.init_master.assign(owned, 0.0f);
-    if (valid > 0) std::memcpy(u.init_master.data(), master.data() + begin, valid * 4);
+  if (nvme_) {
+    // Into the open sub-group below, once nothing else can fail.
   } else if (valid > 0 && offload_) {
     std::memcpy(u.h_master.data(), master.data() + begin, valid * 4);
   } else if (valid > 0) {
@@ -620,6 +633,8 @@ Result<int> EngineImpl::AddUnit(const std::string& name, const std::vector<Param
   ZINF_RETURN_IF_ERROR(u.params_ready->Record(*stream_));
   ZINF_RETURN_IF_ERROR(u.grads_free->Record(*stream_));
   ZINF_RETURN_IF_ERROR(stream_->Synchronize());  // the host vectors die here
+  if (u.shard_on_nvme) ZINF_RETURN_IF_ERROR(AddShardToStore(u, master.data()));
+  if (nvme_) ZINF_RETURN_IF_ERROR(StageInitialState(u, master.data() + begin, std::max<int64_t>(valid, 0)));
   cleanup.u = nullptr;
   if (stage_ == 3 && !u.partitioned) persistent_elems_ += total;
   if (host_home(u) && !u.shard_on_nvme) cpu_shard_elems_ += u.part.shard_elems;
@@ -705,44 +720,85 @@ Status EngineImpl::Finalize() {
   return Status::Ok();
 }
 
-// Sub-groups of whole units up to sub_group_size elements (this rank's owned
-// elements), the swap store sized for them (space reserved and checked
-// now), the pipeline buffers, and the initial state written out, so every
-// read of a step touches written extents.
-Status EngineImpl::SetUpSwap() {
+Status EngineImpl::StageInitialState(const Unit& u, const float* master, int64_t valid) {
   // A sub-group's swap buffer is one registered pinned buffer: at most
   // kMaxBufferBytes of [master | m | v], whatever sub_group_size asks.
   const int64_t buffer_cap = static_cast<int64_t>(PinnedPool::kMaxBufferBytes / 12);
-  const int64_t limit = std::min<int64_t>(config_.zero.sub_group_size, buffer_cap);
-  if (limit < config_.zero.sub_group_size) {
-    ZINF_LOG_INFO("engine: sub-groups of at most {} elements (sub_group_size {} capped: a sub-group's 12 B/element "
-                  "swap buffer is one pinned buffer of at most {})",
-                  limit, config_.zero.sub_group_size, FormatBytes(PinnedPool::kMaxBufferBytes));
+  const int64_t n = owned_elems(u);
+  if (n > buffer_cap) {
+    return InvalidArgument("unit '" + u.name + "' has " + std::to_string(n) +
+                           " elements on this rank: its optimizer state (12 B/element) exceeds the " +
+                           FormatBytes(PinnedPool::kMaxBufferBytes) +
+                           " a sub-group's swap buffer can be; split the unit, or shard it over more ranks "
+                           "(stage 1-3)");
   }
-  group_of_unit_.assign(units_.size(), 0);
-  offset_in_group_.assign(units_.size(), 0);
-  for (size_t i = 0; i < units_.size(); ++i) {
-    const int64_t n = owned_elems(units_[i]);
-    if (n > buffer_cap) {
-      return InvalidArgument("unit '" + units_[i].name + "' has " + std::to_string(n) +
-                             " elements on this rank: its optimizer state (12 B/element) exceeds the " +
-                             FormatBytes(PinnedPool::kMaxBufferBytes) +
-                             " a sub-group's swap buffer can be; split the unit, or shard it over more ranks "
-                             "(stage 1-3)");
+  if (!store_) {
+    group_limit_ = std::min<int64_t>(config_.zero.sub_group_size, buffer_cap);
+    if (group_limit_ < config_.zero.sub_group_size) {
+      ZINF_LOG_INFO("engine: sub-groups of at most {} elements (sub_group_size {} capped: a sub-group's 12 B/element "
+                    "swap buffer is one pinned buffer of at most {})",
+                    group_limit_, config_.zero.sub_group_size, FormatBytes(PinnedPool::kMaxBufferBytes));
     }
-    if (n > limit) {
-      return InvalidArgument("zero_optimization.sub_group_size = " + std::to_string(limit) + " is smaller than unit '" +
-                             units_[i].name + "' (" + std::to_string(n) +
-                             " elements on this rank): sub-groups are whole units; raise sub_group_size to at least " +
-                             std::to_string(n));
-    }
-    if (groups_.empty() || groups_.back().elems + n > limit) groups_.emplace_back();
-    Group& g = groups_.back();
-    group_of_unit_[i] = static_cast<int>(groups_.size()) - 1;
-    offset_in_group_[i] = 3 * g.elems;
-    g.units.push_back(static_cast<int>(i));
-    g.elems += n;
   }
+  if (n > group_limit_) {
+    return InvalidArgument("zero_optimization.sub_group_size = " + std::to_string(group_limit_) +
+                           " is smaller than unit '" + u.name + "' (" + std::to_string(n) +
+                           " elements on this rank): sub-groups are whole units; raise sub_group_size to at least " +
+                           std::to_string(n));
+  }
+  if (!store_) {
+    nvme::SwapStoreOptions so;
+    so.dirs = config_.zero.offload_optimizer.nvme_path;
+    so.checksums = config_.zinf.checksums;
+    so.direct = !config_.zinf.aio.buffered;
+    so.open_file = [this](const std::string& path, const nvme::FileOptions& fo) {
+      return ckpt::OpenWithHook(*io_, path, fo);
+    };
+    ZINF_ASSIGN_OR_RETURN(store_, nvme::SwapStore::Create(*io_, so));  // grown as sub-groups close
+  }
+  if (!init_group_) {
+    const uint64_t bytes = (static_cast<uint64_t>(group_limit_) * 12 + 4095) / 4096 * 4096;
+    // Virtual until touched: what the largest sub-group uses is resident.
+    init_group_.reset(static_cast<float*>(std::aligned_alloc(4096, bytes)));
+    if (!init_group_) return OutOfMemory("the initial state of a sub-group (" + FormatBytes(bytes) + ")");
+  }
+  if (groups_.empty() || groups_.back().elems + n > group_limit_) {
+    ZINF_RETURN_IF_ERROR(FlushInitialGroup());
+    groups_.emplace_back();
+  }
+  Group& g = groups_.back();
+  float* dst = init_group_.get() + 3 * g.elems;
+  std::memset(dst, 0, static_cast<uint64_t>(n) * 12);
+  if (valid > 0) std::memcpy(dst, master, valid * 4);
+  group_of_unit_.push_back(static_cast<int>(groups_.size()) - 1);
+  offset_in_group_.push_back(3 * g.elems);
+  g.units.push_back(u.index);
+  g.elems += n;
+  return Status::Ok();
+}
+
+// The open sub-group's initial state into the store, grown for it (space
+// checked first).
+Status EngineImpl::FlushInitialGroup() {
+  if (groups_written_ == groups_.size()) return Status::Ok();
+  const size_t g = groups_.size() - 1;
+  const uint64_t bytes = static_cast<uint64_t>(groups_[g].elems) * 12;
+  const uint64_t extent = nvme::SwapStoreOptions{}.extent_bytes;
+  // A tensor rounds up to whole extents on each of its files.
+  store_capacity_ += bytes + extent * (config_.zero.offload_optimizer.nvme_path.size() + 1);
+  ZINF_RETURN_IF_ERROR(store_->Reserve(store_capacity_).WithContext("optimizer state on NVMe"));
+  ZINF_RETURN_IF_ERROR(store_->Allocate(g, bytes));
+  ZINF_RETURN_IF_ERROR(store_->Write(g, init_group_.get()).Wait().WithContext("initial optimizer state"));
+  ++groups_written_;
+  return Status::Ok();
+}
+
+// At Finalize: the last sub-group written, the space for swapped gradients
+// reserved (checked now, before step 1), the pipeline buffers, and where
+// each unit's gradients accumulate.
+Status EngineImpl::SetUpSwap() {
+  ZINF_RETURN_IF_ERROR(FlushInitialGroup());
+  init_group_.reset();
   int64_t max_group = 0;
   uint64_t total = 0;
   for (const Group& g : groups_) {
@@ -755,44 +811,23 @@ Status EngineImpl::SetUpSwap() {
   const int64_t buffers = std::min<int64_t>(std::clamp<int64_t>(oc.buffer_count, 1, 64),
                                             static_cast<int64_t>(groups_.size()));
   ZINF_ASSIGN_OR_RETURN(const uint64_t grad_bytes, PlaceGradients(buffers, max_group));
-  nvme::SwapStoreOptions so;
-  so.dirs = oc.nvme_path;
-  // Each tensor rounds up to whole extents on each of its files.
-  const uint64_t tensors = groups_.size() + static_cast<uint64_t>(swapped_grad_units_);
-  so.capacity_bytes = total + grad_bytes + tensors * so.extent_bytes * (so.dirs.size() + 1);
-  so.checksums = config_.zinf.checksums;
-  so.direct = !config_.zinf.aio.buffered;
-  so.open_file = [this](const std::string& path, const nvme::FileOptions& fo) {
-    return ckpt::OpenWithHook(*io_, path, fo);
-  };
-  ZINF_ASSIGN_OR_RETURN(store_, nvme::SwapStore::Create(*io_, so));
+  const uint64_t extent = nvme::SwapStoreOptions{}.extent_bytes;
+  store_capacity_ += grad_bytes + static_cast<uint64_t>(swapped_grad_units_) * extent * (oc.nvme_path.size() + 1);
+  ZINF_RETURN_IF_ERROR(store_->Reserve(store_capacity_).WithContext("gradients swapped to NVMe"));
   ZINF_LOG_INFO("engine: optimizer state on NVMe: {} in {} sub-groups{}, {} reserved per path ({})",
                 FormatBytes(total), groups_.size(),
                 swapped_grad_units_ == 0
                     ? std::string()
                     : ", gradients of " + std::to_string(swapped_grad_units_) + " of " +
                           std::to_string(units_.size()) + " units swapped too (" + FormatBytes(grad_bytes) + ")",
-                FormatBytes(store_->bytes_reserved() / so.dirs.size()), [&] {
+                FormatBytes(store_->bytes_reserved() / oc.nvme_path.size()), [&] {
                   std::string d;
-                  for (const std::string& p : so.dirs) d += (d.empty() ? "" : ", ") + p;
+                  for (const std::string& p : oc.nvme_path) d += (d.empty() ? "" : ", ") + p;
                   return d;
                 }());
   for (int64_t i = 0; i < buffers; ++i) {
     ZINF_ASSIGN_OR_RETURN(PinnedBuffer b, Pinned(static_cast<uint64_t>(max_group) * 12, "NVMe swap buffer"));
     nvme_bufs_.push_back(std::move(b));
-  }
-  for (size_t g = 0; g < groups_.size(); ++g) {
-    ZINF_RETURN_IF_ERROR(store_->Allocate(g, static_cast<uint64_t>(groups_[g].elems) * 12));
-    float* buf = static_cast<float*>(nvme_bufs_[0].data());
-    std::memset(buf, 0, static_cast<uint64_t>(groups_[g].elems) * 12);
-    for (int u : groups_[g].units) {
-      Unit& unit = units_[u];
-      if (!unit.init_master.empty()) {
-        std::memcpy(buf + offset_in_group_[u], unit.init_master.data(), unit.init_master.size() * 4);
-      }
-      std::vector<float>().swap(unit.init_master);
-    }
-    ZINF_RETURN_IF_ERROR(store_->Write(g, buf).Wait());
   }
   for (size_t i = 0; i < units_.size(); ++i) {
     Unit& u = units_[i];
@@ -907,15 +942,11 @@ Status EngineImpl::SetUpParamSwap() {
   const OffloadParamConfig& pc = config_.zero.offload_param;
   const uint64_t esize = DTypeSizeBytes(compute_dtype_);
   int64_t max_shard = 0, on_nvme = 0, on_nvme_elems = 0;
-  const Unit* largest = nullptr;
   for (const Unit& u : units_) {
     if (!u.shard_on_nvme) continue;
     ++on_nvme;
     on_nvme_elems += u.part.shard_elems;
-    if (u.part.shard_elems > max_shard) {
-      max_shard = u.part.shard_elems;
-      largest = &u;
-    }
+    max_shard = std::max(max_shard, u.part.shard_elems);
   }
   if (on_nvme == 0) {
     ZINF_LOG_INFO("engine: offload_param nvme: every parameter shard ({} elements) fits within "
@@ -923,38 +954,14 @@ Status EngineImpl::SetUpParamSwap() {
                   cpu_shard_elems_, pc.max_in_cpu);
     return Status::Ok();
   }
-  if (max_shard > pc.buffer_size) {
-    return InvalidArgument("zero_optimization.offload_param.buffer_size = " + std::to_string(pc.buffer_size) +
-                           " elements is smaller than the shard of unit '" + largest->name + "' (" +
-                           std::to_string(max_shard) + " elements on this rank): raise buffer_size to at least " +
-                           std::to_string(max_shard));
-  }
   const uint64_t padded = (static_cast<uint64_t>(max_shard) * esize + 4095) / 4096 * 4096;
-  if (padded > PinnedPool::kMaxBufferBytes) {
-    return InvalidArgument("unit '" + largest->name + "' has a parameter shard of " + FormatBytes(padded) +
-                           " on this rank, more than one staging buffer can be (" +
-                           FormatBytes(PinnedPool::kMaxBufferBytes) + "): split the unit or shard it over more ranks");
-  }
-  nvme::SwapStoreOptions so;
-  so.dirs = pc.nvme_path;
-  uint64_t total = 0;
-  for (const Unit& u : units_) {
-    if (u.shard_on_nvme) total += (static_cast<uint64_t>(u.part.shard_elems) * esize + 4095) / 4096 * 4096;
-  }
-  // Each tensor rounds up to whole extents on each of its files.
-  so.capacity_bytes = total + static_cast<uint64_t>(on_nvme) * so.extent_bytes * (so.dirs.size() + 1);
-  so.checksums = config_.zinf.checksums;
-  so.direct = !config_.zinf.aio.buffered;
-  so.open_file = [this](const std::string& path, const nvme::FileOptions& fo) {
-    return ckpt::OpenWithHook(*param_io_, path, fo);
-  };
-  ZINF_ASSIGN_OR_RETURN(param_store_, nvme::SwapStore::Create(*param_io_, so));
   ZINF_LOG_INFO("engine: parameter shards on NVMe: {} units, {} elements ({}), {} reserved per path ({}); {} elements "
                 "in host memory (max_in_cpu {}); 2 staging buffers of {} (gathers, updates)",
-                on_nvme, on_nvme_elems, FormatBytes(total), FormatBytes(param_store_->bytes_reserved() / so.dirs.size()),
+                on_nvme, on_nvme_elems, FormatBytes(static_cast<uint64_t>(on_nvme_elems) * esize),
+                FormatBytes(param_store_->bytes_reserved() / pc.nvme_path.size()),
                 [&] {
                   std::string d;
-                  for (const std::string& p : so.dirs) d += (d.empty() ? "" : ", ") + p;
+                  for (const std::string& p : pc.nvme_path) d += (d.empty() ? "" : ", ") + p;
                   return d;
                 }(),
                 cpu_shard_elems_, pc.max_in_cpu, FormatBytes(padded));
@@ -962,20 +969,53 @@ Status EngineImpl::SetUpParamSwap() {
     ZINF_ASSIGN_OR_RETURN(PinnedBuffer b, Pinned(padded, "parameter staging buffer (offload_param nvme)"));
     param_bufs_.push_back(std::move(b));
   }
-  for (size_t i = 0; i < units_.size(); ++i) {
-    Unit& u = units_[i];
-    if (!u.shard_on_nvme) continue;
-    const uint64_t bytes = static_cast<uint64_t>(u.part.shard_elems) * esize;
-    ZINF_RETURN_IF_ERROR(param_store_->Allocate(i, bytes));
-    char* buf = static_cast<char*>(param_bufs_[kUpdateBuffer].data());
-    // A shard of padding only was never written by WriteComputeCopy: zeros.
-    const uint64_t init = std::min<uint64_t>(u.init_shard.size(), bytes);
-    if (init > 0) std::memcpy(buf, u.init_shard.data(), init);
-    std::memset(buf + init, 0, padded - init);
-    ZINF_RETURN_IF_ERROR(param_store_->Write(i, buf).Wait().WithContext("initial parameter shard of unit '" + u.name + "'"));
-    std::vector<uint8_t>().swap(u.init_shard);
-  }
   return Status::Ok();
+}
+
+// The parameter store (created with the first shard past max_in_cpu) grown
+// for this shard, checked against the staging buffers' limits, and the
+// initial shard (the master's rounding; zeros past the valid elements)
+// written through a buffer of its own size.
+Status EngineImpl::AddShardToStore(const Unit& u, const float* master) {
+  const OffloadParamConfig& pc = config_.zero.offload_param;
+  const uint64_t esize = DTypeSizeBytes(compute_dtype_);
+  const int64_t shard = u.part.shard_elems;
+  if (shard > pc.buffer_size) {
+    return InvalidArgument("zero_optimization.offload_param.buffer_size = " + std::to_string(pc.buffer_size) +
+                           " elements is smaller than the shard of unit '" + u.name + "' (" + std::to_string(shard) +
+                           " elements on this rank): raise buffer_size to at least " + std::to_string(shard));
+  }
+  const uint64_t bytes = static_cast<uint64_t>(shard) * esize;
+  const uint64_t padded = (bytes + 4095) / 4096 * 4096;
+  if (padded > PinnedPool::kMaxBufferBytes) {
+    return InvalidArgument("unit '" + u.name + "' has a parameter shard of " + FormatBytes(padded) +
+                           " on this rank, more than one staging buffer can be (" +
+                           FormatBytes(PinnedPool::kMaxBufferBytes) + "): split the unit or shard it over more ranks");
+  }
+  if (!param_store_) {
+    nvme::SwapStoreOptions so;
+    so.dirs = pc.nvme_path;
+    so.checksums = config_.zinf.checksums;
+    so.direct = !config_.zinf.aio.buffered;
+    so.open_file = [this](const std::string& path, const nvme::FileOptions& fo) {
+      return ckpt::OpenWithHook(*param_io_, path, fo);
+    };
+    ZINF_ASSIGN_OR_RETURN(param_store_, nvme::SwapStore::Create(*param_io_, so));  // grown shard by shard
+  }
+  // Each tensor rounds up to whole extents on each of its files.
+  const uint64_t extent = nvme::SwapStoreOptions{}.extent_bytes;
+  param_capacity_ += padded + extent * (pc.nvme_path.size() + 1);
+  ZINF_RETURN_IF_ERROR(param_store_->Reserve(param_capacity_).WithContext("parameter shards on NVMe"));
+  ZINF_RETURN_IF_ERROR(param_store_->Allocate(u.index, bytes));
+  std::unique_ptr<char, decltype(&std::free)> buf(static_cast<char*>(std::aligned_alloc(4096, padded)), &std::free);
+  if (!buf) return OutOfMemory("unit '" + u.name + "': " + FormatBytes(padded) + " for its initial parameter shard");
+  std::memset(buf.get(), 0, padded);
+  const int64_t count = u.part.valid_in_shard(rank_);
+  if (count > 0) {
+    ZINF_RETURN_IF_ERROR(
+        Cast(arena_, master + u.part.shard_begin(rank_), DType::kFloat32, buf.get(), compute_dtype_, count));
+  }
+  return param_store_->Write(u.index, buf.get()).Wait().WithContext("initial parameter shard of unit '" + u.name + "'");
 }
 
 // An I/O failure during a step leaves some sub-groups updated and others
@@ -2028,18 +2068,13 @@ Status EngineImpl::WriteComputeCopy(Unit& u, const float* master, int64_t first)
   if (count <= 0) return Status::Ok();
   if (begin < first) return Internal("WriteComputeCopy: the master given starts after the range to write");
   if (u.shard_on_nvme) {
-    const uint64_t bytes = static_cast<uint64_t>(u.part.shard_elems) * esize;
-    if (!param_store_) {  // before Finalize: kept until the store exists
-      u.init_shard.assign(bytes, 0);
-      return Cast(arena_, master + (begin - first), DType::kFloat32, u.init_shard.data(), compute_dtype_, count);
-    }
+    if (!finalized_) return Status::Ok();  // registration: AddShardToStore writes it
     // Through the updates' staging buffer, once nothing else uses it.
     ZINF_RETURN_IF_ERROR(Synchronize());
     void* buf = param_bufs_[kUpdateBuffer].data();
     std::memset(buf, 0, param_bufs_[kUpdateBuffer].size_bytes());
     ZINF_RETURN_IF_ERROR(Cast(arena_, master + (begin - first), DType::kFloat32, buf, compute_dtype_, count));
-    const int index = static_cast<int>(&u - units_.data());
-    return SwapFailure(param_store_->Write(index, buf).Wait(), SwapKind::kParams);
+    return SwapFailure(param_store_->Write(u.index, buf).Wait(), SwapKind::kParams);
   }
   if (host_home(u)) return Cast(arena_, master + (begin - first), DType::kFloat32, u.h_shard.data(), compute_dtype_, count);
   std::vector<uint8_t> compute(count * esize);

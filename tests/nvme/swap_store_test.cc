@@ -170,6 +170,41 @@ TEST_P(SwapStoreTest, AllocationBeyondTheReservationIsRefused) {
   EXPECT_NE(st.message().find("swap store full: tensor 2 needs 512.00 KiB"), std::string::npos) << st.message();
 }
 
+// A store whose tensors come one by one grows its reservation: the earlier
+// tensors keep their bytes, the space is checked before each growth.
+TEST_P(SwapStoreTest, ReserveGrowsTheStoreAndKeepsWhatIsThere) {
+  SwapStoreOptions o;
+  o.dirs = {Dir("a"), Dir("b")};
+  auto store = MakeStore(o);  // nothing reserved yet
+  EXPECT_EQ(store->bytes_reserved(), 0u);
+  EXPECT_EQ(store->Allocate(1, 4096).code(), StatusCode::kOutOfMemory);
+  ASSERT_TRUE(store->Reserve(3 << 20).ok());
+  EXPECT_EQ(store->bytes_reserved(), 4u << 20);  // whole 1 MiB extents in each of the two files
+  auto first = Aligned(3 << 20);
+  FillRandom(first.get(), 3 << 20, 77);
+  ASSERT_TRUE(store->Allocate(1, 3 << 20).ok());
+  ASSERT_TRUE(store->Write(1, first.get()).Wait().ok());
+  ASSERT_TRUE(store->Reserve(2 << 20).ok());  // never shrinks
+  EXPECT_EQ(store->bytes_reserved(), 4u << 20);
+  EXPECT_EQ(store->Allocate(2, 2 << 20).code(), StatusCode::kOutOfMemory);
+  ASSERT_TRUE(store->Reserve(6 << 20).ok());
+  EXPECT_EQ(store->bytes_reserved(), 6u << 20);
+  auto second = Aligned(2 << 20);
+  FillRandom(second.get(), 2 << 20, 78);
+  ASSERT_TRUE(store->Allocate(2, 2 << 20).ok());
+  ASSERT_TRUE(store->Write(2, second.get()).Wait().ok());
+  auto back = Aligned(3 << 20);
+  ASSERT_TRUE(store->Read(1, back.get()).Wait().ok());
+  EXPECT_EQ(std::memcmp(back.get(), first.get(), 3 << 20), 0);
+  ASSERT_TRUE(store->Read(2, back.get()).Wait().ok());
+  EXPECT_EQ(std::memcmp(back.get(), second.get(), 2 << 20), 0);
+  const Status st = store->Reserve(1ull << 60);
+  EXPECT_EQ(st.code(), StatusCode::kIoError);
+  EXPECT_NE(st.message().find("not enough space for the swap store"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find(" more"), std::string::npos) << st.message();
+  EXPECT_EQ(store->bytes_reserved(), 6u << 20);
+}
+
 TEST_P(SwapStoreTest, FilesAreRemovedOnCleanShutdownAndCrashLeftoversReported) {
   std::string dir = Dir("a");
   // A leftover from a process that is gone: fork a child, let it exit, reuse its pid in a name.

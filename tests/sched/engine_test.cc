@@ -1079,11 +1079,9 @@ TEST_F(EngineTest, ParamNvmeConfigErrorsSayWhatToChange) {
   EXPECT_EQ(no_path.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(no_path.message().find("offload_param.nvme_path"), std::string::npos) << no_path.ToString();
   c = ParamNvmeConfig(OffloadDevice::kNone);
-  c.zero.offload_param.buffer_size = 1000;  // smaller than every unit's shard
+  c.zero.offload_param.buffer_size = 1000;  // smaller than every unit's shard: refused as it registers
   auto e = Must(Engine::Create(c, *device_, comm_.get()));
-  DenseNet net;
-  net.Register(*e, 11);
-  const Status small = e->Fetch(0, *stream_).status();
+  const Status small = e->AddUnit("dense0", {{"w", {32, 300}, DType::kFloat32, nullptr}}).status();
   EXPECT_EQ(small.code(), StatusCode::kInvalidArgument) << small.ToString();
   EXPECT_NE(small.message().find("raise buffer_size to at least"), std::string::npos) << small.ToString();
 }
@@ -1439,14 +1437,13 @@ TEST_F(EngineTest, BadInputFailsBeforeTheFirstStep) {
   s = error_of(c);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("needs offload_optimizer.nvme_path"), std::string::npos) << s.ToString();
-  // A sub-group cannot split a unit: refused at the first Fetch, before step 1.
+  // A sub-group cannot split a unit: refused as the unit registers.
   c.zero.offload_optimizer.nvme_path = {test::TestDir()};
   c.zero.sub_group_size = 65536;
   {
     auto e = Must(Engine::Create(c, *device_, nullptr));
-    DenseNet n;
-    n.Register(*e, 1);
-    s = e->Fetch(0, *stream_).status();
+    EXPECT_EQ(Must(e->AddUnit("small", {{"w", {9'000}, DType::kFloat32, nullptr}})), 0);
+    s = e->AddUnit("big", {{"w", {300, 250}, DType::kFloat32, nullptr}}).status();  // two norm blocks
     EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
     EXPECT_NE(s.message().find("raise sub_group_size to at least 131072"), std::string::npos) << s.ToString();
   }
