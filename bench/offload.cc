@@ -41,6 +41,7 @@ struct Options : EngineBenchRun {
   std::string offload = "cpu";
   std::string path;                   // nvme: the directory of the swap store
   std::string sub_group_size = "50M";  // nvme: elements per sub-group
+  std::string host_memory;             // zinf.host_memory (empty: the machine's RAM)
 };
 
 template <class T>
@@ -88,6 +89,11 @@ int Run(const Options& opt) {
   auto sub_group = ParseCount(opt.sub_group_size);
   if (!sub_group.ok() || *sub_group == 0) {
     std::fprintf(stderr, "zinf bench offload: --sub-group-size must be a positive count, e.g. 50M\n");
+    return 2;
+  }
+  auto host_memory = opt.host_memory.empty() ? Result<uint64_t>(uint64_t{0}) : ParseSize(opt.host_memory);
+  if (!host_memory.ok() || (!opt.host_memory.empty() && *host_memory == 0)) {
+    std::fprintf(stderr, "zinf bench offload: --host-memory must be a size, e.g. 4G\n");
     return 2;
   }
   const bool nvme = opt.offload == "nvme";
@@ -189,6 +195,7 @@ int Run(const Options& opt) {
   }
   c.zero.offload_optimizer.pin_memory = true;
   c.zinf.optimizer_threads = opt.threads;
+  c.zinf.host_memory = *host_memory;
   auto engine = Check(Engine::Create(c, *device, nullptr), "engine");
   {
     std::vector<float> fill;
@@ -271,8 +278,9 @@ int Run(const Options& opt) {
   std::printf("# peak RSS %s%s\n", FormatBytes(PeakRssBytes()).c_str(),
               host_device ? " (includes HostDevice's device memory: 6 B/param of bf16 parameters and fp32 gradients)" : "");
   if (nvme) {
-    std::printf("# host pinned peak %s = 4 B/param of fp32 gradient accumulator + %lld swap buffers of one sub-group "
-                "(12 B/element) + staging (one unit's fp32 gradient, bf16 parameter slots)\n",
+    std::printf("# host pinned peak %s = the fp32 gradient accumulator (4 B/param, or as much as --host-memory "
+                "allows, the rest swapped to NVMe) + %lld swap buffers of one sub-group (12 B/element, and 4 B/element "
+                "of swapped gradients) + staging (one unit's fp32 gradient, bf16 parameter slots)\n",
                 FormatBytes(last.host_peak_pinned_bytes).c_str(),
                 static_cast<long long>(c.zero.offload_optimizer.buffer_count));
   } else {
@@ -294,6 +302,8 @@ void RegisterOffload(CLI::App& bench, int* exit_code) {
   cmd->add_option("--path", opt->path, "nvme: directory for the optimizer state (on the NVMe to measure)");
   cmd->add_option("--sub-group-size", opt->sub_group_size, "nvme: elements per sub-group (whole units)")
       ->capture_default_str();
+  cmd->add_option("--host-memory", opt->host_memory,
+                  "Pinned host budget (zinf.host_memory), e.g. 4G; nvme: gradients go to NVMe when it is short");
   AddEngineBenchRunOptions(cmd, *opt);
   SetEngineBenchAction(cmd, [opt] { return Run(*opt); }, exit_code);
 }

@@ -15,6 +15,8 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -46,6 +48,7 @@ struct Options : EngineBenchRun {
   std::string offload_optimizer = "nvme";
   std::string path;                    // the directory of the swap stores (nvme)
   std::string sub_group_size = "50M";  // optimizer nvme: elements per sub-group
+  std::string host_memory;             // zinf.host_memory: the pinned budget (empty: the machine's RAM)
 };
 
 template <class T>
@@ -130,6 +133,7 @@ int Run(const Options& opt) {
   auto count = ParseCount(opt.params);
   auto memory = ParseSize(opt.device_memory);
   auto sub_group = ParseCount(opt.sub_group_size);
+  auto host_budget = opt.host_memory.empty() ? Result<uint64_t>(uint64_t{0}) : ParseSize(opt.host_memory);
   auto param_tier = Tier(opt.offload_param, "--offload-param");
   auto opt_tier = Tier(opt.offload_optimizer, "--offload-optimizer");
   std::string bad;
@@ -140,6 +144,8 @@ int Run(const Options& opt) {
   else if (!param_tier.ok()) bad = param_tier.status().message();
   else if (!opt_tier.ok()) bad = opt_tier.status().message();
   else if (opt.compute_ms < 0) bad = "--compute-ms-per-unit must be >= 0";
+  else if (!host_budget.ok() || (!opt.host_memory.empty() && *host_budget == 0))
+    bad = "--host-memory must be a size, e.g. 4G";
   else if ((*param_tier == OffloadDevice::kNvme || *opt_tier == OffloadDevice::kNvme) && opt.path.empty())
     bad = "NVMe offload needs --path DIR (a directory on the NVMe to measure)";
   else if (opt.device != "cpu" && opt.device != "cuda" && opt.device.rfind("cuda:", 0) != 0)
@@ -150,6 +156,7 @@ int Run(const Options& opt) {
   }
   const int64_t per_unit = static_cast<int64_t>(*count) / opt.units;
   const int64_t P = per_unit * opt.units;
+  const uint64_t host_memory = *host_budget;
 
   // The engine's configuration: every unit partitioned; shards on NVMe keep
   // nothing in host memory (max_in_cpu 0); each unit's gradients reduced as
@@ -179,16 +186,21 @@ int Run(const Options& opt) {
   }
   c.zero.sub_group_size = static_cast<int64_t>(*sub_group);
   c.zinf.optimizer_threads = opt.threads;
+  c.zinf.host_memory = host_memory;
 
   PlanInput in;
   in.config = c;
   in.model = Check(PlanParamsModel(P, opt.units), "plan");
   in.device_memory = *memory;
+  // The engine's pinned budget: zinf.host_memory, else the machine's RAM.
+  in.host_memory = host_memory > 0 ? host_memory
+                                   : static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
   const PlanRow plan = PlanCombination(in, 3, *opt_tier, *param_tier);
-  if (!plan.runnable || !plan.fits_device) {
-    std::fprintf(stderr, "zinf bench stage3: the plan does not fit: %s (device %s of %s)\n",
-                 plan.runnable ? "device memory" : plan.note.c_str(), FormatBytes(plan.device_bytes).c_str(),
-                 FormatBytes(*memory).c_str());
+  if (!plan.runnable || !plan.fits_device || !plan.fits_host) {
+    std::fprintf(stderr, "zinf bench stage3: the plan does not fit: %s (device %s of %s, host pinned %s of %s)\n",
+                 !plan.runnable ? plan.note.c_str() : !plan.fits_device ? "device memory" : "host memory",
+                 FormatBytes(plan.device_bytes).c_str(), FormatBytes(*memory).c_str(),
+                 FormatBytes(plan.host_bytes).c_str(), FormatBytes(in.host_memory).c_str());
     return 2;
   }
   if (!opt.json) {
@@ -308,6 +320,12 @@ int Run(const Options& opt) {
   if (!opt.json) std::fprintf(stderr, "\n");
   const StepStats last = Check(engine->Stats(), "stats");
   const DeviceMemoryStats dm = device->memory_stats();
+  // HostDevice's device memory is this process's memory: the host's own
+  // share of the peak RSS is what is left (the device budget is reserved up
+  // front, so it counts whole).
+  const bool host_device = device->kind() == DeviceKind::kHost;
+  const uint64_t rss = PeakRssBytes();
+  const uint64_t rss_outside_device = host_device && rss > dm.budget_bytes ? rss - dm.budget_bytes : rss;
   // Per timed step, from the totals (a step's first shard reads overlap the
   // previous step's updates, so one step's own figures are not exact).
   const uint64_t nvme_read = (last.nvme_bytes_read_total - warm.nvme_bytes_read_total) / opt.steps;
@@ -364,7 +382,9 @@ int Run(const Options& opt) {
                         {"plan_device_bytes", plan.device_bytes},
                         {"host_peak_pinned_bytes", last.host_peak_pinned_bytes},
                         {"plan_host_bytes", plan.host_bytes},
-                        {"peak_rss_bytes", PeakRssBytes()}};
+                        {"host_memory_budget_bytes", in.host_memory},
+                        {"peak_rss_bytes", PeakRssBytes()},
+                        {"peak_rss_outside_device_bytes", rss_outside_device}};
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
@@ -390,11 +410,26 @@ int Run(const Options& opt) {
               FormatBytes(last.copy_bytes).c_str(), static_cast<double>(last.copy_bytes) / step / 1e9, last.io_seconds,
               last.optimizer_seconds, static_cast<long long>(last.prefetch_hits),
               static_cast<long long>(last.fetches));
-  std::printf("# device peak %s (plan %s); host pinned peak %s (plan %s); peak RSS %s%s\n",
+  std::printf("# device peak %s (plan %s); host pinned peak %s (plan %s, budget %s); peak RSS %s",
               FormatBytes(dm.peak_in_use_bytes).c_str(), FormatBytes(plan.device_bytes).c_str(),
               FormatBytes(last.host_peak_pinned_bytes).c_str(), FormatBytes(plan.host_bytes).c_str(),
-              FormatBytes(PeakRssBytes()).c_str(),
-              device->kind() == DeviceKind::kHost ? " (includes HostDevice's device memory)" : "");
+              FormatBytes(in.host_memory).c_str(), FormatBytes(rss).c_str());
+  if (host_device) {
+    std::printf(", %s of it outside HostDevice's %s of device memory", FormatBytes(rss_outside_device).c_str(),
+                FormatBytes(dm.budget_bytes).c_str());
+  }
+  std::printf("\n");
+  for (const PlanItem& item : plan.nvme_items) {
+    if (item.what.find("gradients") != std::string::npos) {
+      std::printf("# gradients: swapped to NVMe (%s; the host budget decides), %s of host gradient buffers\n",
+                  FormatBytes(item.bytes).c_str(), [&] {
+                    for (const PlanItem& h : plan.host_items) {
+                      if (h.what.find("gradient buffers") != std::string::npos) return FormatBytes(h.bytes);
+                    }
+                    return std::string("none");
+                  }().c_str());
+    }
+  }
   return 0;
 }
 
@@ -411,6 +446,8 @@ void RegisterStage3(CLI::App& bench, int* exit_code) {
   cmd->add_option("--path", opt->path, "nvme: directory for the swap stores (on the NVMe to measure)");
   cmd->add_option("--sub-group-size", opt->sub_group_size, "optimizer nvme: elements per sub-group")
       ->capture_default_str();
+  cmd->add_option("--host-memory", opt->host_memory,
+                  "Pinned host budget (zinf.host_memory), e.g. 4G; gradients go to NVMe when it is short");
   AddEngineBenchRunOptions(cmd, *opt);
   SetEngineBenchAction(cmd, [opt] { return Run(*opt); }, exit_code);
 }
