@@ -3,7 +3,6 @@
 #include <chrono>
 #include <thread>
 
-#include <sys/resource.h>
 
 #include "common/build_config.h"
 
@@ -29,12 +28,6 @@ Status SyntheticCompute(Device& device, Stream& stream, double ms) {
     std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(ms));
     return Status::Ok();
   });
-}
-
-uint64_t PeakRssBytes() {
-  struct rusage ru {};
-  getrusage(RUSAGE_SELF, &ru);
-  return static_cast<uint64_t>(ru.ru_maxrss) * 1024;
 }
 
 void AddEngineBenchRunOptions(CLI::App* cmd, EngineBenchRun& run) {

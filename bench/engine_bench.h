@@ -10,6 +10,7 @@
 #include <string>
 #include <utility>
 
+#include "common/runtime_info.h"  // PeakRssBytes
 #include "zinf/device.h"
 #include "zinf/status.h"
 
@@ -32,8 +33,6 @@ T EngineCheck(Result<T> r, const char* bench, const char* what) {
 // that holds the stream (no host CPU, no host-function thread); on the host
 // device a sleeping task. Nothing for ms <= 0.
 Status SyntheticCompute(Device& device, Stream& stream, double ms);
-
-uint64_t PeakRssBytes();
 
 // The options every engine benchmark takes, registered on `cmd`.
 struct EngineBenchRun {

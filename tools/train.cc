@@ -13,6 +13,7 @@
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -27,6 +28,7 @@
 
 #include "common/communicator.h"
 #include "common/logging.h"
+#include "common/runtime_info.h"
 #include "common/units.h"
 #include "cpu/mpi_comm.h"
 #include "data/embedded_corpus.h"
@@ -37,6 +39,7 @@
 #include "model/gpt.h"
 #include "model/gpt_config.h"
 #include "model/gpt_device.h"
+#include "sched/plan.h"
 #include "sched/state_bytes.h"
 #include "zinf/config.h"
 #include "zinf/device.h"
@@ -254,6 +257,42 @@ int Run(const TrainOptions& opt) {
     if (!e.ok()) throw Usage{e.status().message()};
     return std::move(*e);
   }();
+  // ---- This run's row of `zinf plan`: a configuration the engine cannot
+  // honour, or a model the tiers cannot hold, stops here, before
+  // registration writes the initial state to its tiers.
+  const PlanRow plan_row = [&] {
+    PlanInput pin;
+    pin.config = config;
+    pin.world_size = world;
+    pin.gradient_accumulation_steps = batch.gradient_accumulation_steps;
+    auto m = PlanGptModel(mc, B, T, /*checkpointing=*/false, engine->compute_dtype());
+    if (!m.ok()) throw Usage{m.status().message()};
+    pin.model = std::move(*m);
+    pin.device_memory = device->memory_stats().budget_bytes;
+    pin.host_memory = config.zinf.host_memory > 0 ? config.zinf.host_memory
+                                                  : static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
+    const auto& z = config.zero;
+    const std::vector<std::string>& paths =
+        z.offload_optimizer.device == OffloadDevice::kNvme ? z.offload_optimizer.nvme_path : z.offload_param.nvme_path;
+    struct statvfs st;
+    if (!paths.empty() && statvfs(paths.front().c_str(), &st) == 0) {
+      pin.nvme_free = static_cast<uint64_t>(st.f_bavail) * st.f_frsize;
+    }
+    const PlanRow row = PlanCombination(pin, z.stage, z.offload_optimizer.device, z.offload_param.device);
+    if (!row.runnable) throw Usage{"the plan: " + row.note};
+    auto short_of = [](const char* tier, uint64_t need, uint64_t have, const char* what) {
+      return std::string(tier) + " needs " + FormatBytes(need) + " of " + FormatBytes(have) + " (" +
+             FormatBytes(need - have) + " short; " + what + ")";
+    };
+    std::string problems;
+    auto add = [&](const std::string& p) { problems += (problems.empty() ? "" : "; ") + p; };
+    if (!row.fits_device) add(short_of("device", row.device_bytes, pin.device_memory, "--device-memory, or offload more"));
+    if (!row.fits_host) add(short_of("pinned host memory", row.host_bytes, pin.host_memory, "zinf.host_memory"));
+    if (!row.fits_nvme) add(short_of("NVMe", row.nvme_bytes, pin.nvme_free, "free space at nvme_path"));
+    if (!problems.empty()) throw Usage{"the model does not fit (zinf plan's row for this configuration): " + problems};
+    return row;
+  }();
+
   model::GptRunOptions ro;
   ro.batch_size = B;
   ro.seq_len = T;
@@ -305,6 +344,10 @@ int Run(const TrainOptions& opt) {
                 FormatBytes(static_cast<uint64_t>(sb.device)).c_str(), FormatBytes(static_cast<uint64_t>(sb.host)).c_str(),
                 FormatBytes(static_cast<uint64_t>(sb.nvme)).c_str(), FormatBytes(gpt->activation_bytes()).c_str(),
                 FormatCount(static_cast<double>(split.train.size())).c_str(), FormatCount(static_cast<double>(split.valid.size())).c_str());
+    std::printf("  plan of this configuration (zinf plan's row, buffers included): device %s, pinned host %s, nvme %s; "
+                "predicted step %.1f s at default rates\n",
+                FormatBytes(plan_row.device_bytes).c_str(), FormatBytes(plan_row.host_bytes).c_str(),
+                FormatBytes(plan_row.nvme_bytes).c_str(), plan_row.step_s);
     std::fflush(stdout);
   }
 
@@ -546,6 +589,17 @@ int Run(const TrainOptions& opt) {
               FormatBytes(nvme_read / std::max<int64_t>(1, steps - first_step)).c_str(),
               FormatBytes(nvme_written / std::max<int64_t>(1, steps - first_step)).c_str(),
               FormatBytes(copied / std::max<int64_t>(1, steps - first_step)).c_str());
+  {
+    const StepStats st = Must(engine->Stats(), "stats");
+    const DeviceMemoryStats dm = device->memory_stats();
+    const bool host_device = device->kind() == DeviceKind::kHost;
+    std::printf("  memory: device peak %s, pinned host peak %s (plan %s and %s); peak RSS %s%s\n",
+                FormatBytes(dm.peak_in_use_bytes).c_str(), FormatBytes(st.host_peak_pinned_bytes).c_str(),
+                FormatBytes(plan_row.device_bytes).c_str(), FormatBytes(plan_row.host_bytes).c_str(),
+                FormatBytes(PeakRssBytes()).c_str(),
+                host_device ? (" (HostDevice's " + FormatBytes(dm.budget_bytes) + " of device memory included)").c_str()
+                            : "");
+  }
   std::printf("  sample: %s\n", sample.c_str());
   if (!opt.export_path.empty()) std::printf("  exported to %s\n", opt.export_path.c_str());
   if (!opt.plot.empty()) {

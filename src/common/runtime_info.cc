@@ -1,6 +1,8 @@
 // The registry: the one place that asks which backends this build contains.
 #include "common/runtime_info.h"
 
+#include <sys/resource.h>
+
 #include <algorithm>
 
 #include "common/build_config.h"
@@ -43,6 +45,12 @@ std::string FormatRuntimeInfo(const RuntimeInfo& info) {
     out += "  " + std::string(mark) + " " + b.name + std::string(width - b.name.size() + 2, ' ') + b.detail + "\n";
   }
   return out;
+}
+
+uint64_t PeakRssBytes() {
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<uint64_t>(ru.ru_maxrss) * 1024;
 }
 
 }  // namespace zinf

@@ -5,6 +5,7 @@
 // built (the #if ZINF_HAVE_* live in runtime_info.cc). Thread-safe.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -27,5 +28,8 @@ RuntimeInfo ProbeRuntime();
 
 // The report, one backend per line.
 std::string FormatRuntimeInfo(const RuntimeInfo& info);
+
+// This process's peak resident set so far (getrusage's ru_maxrss), bytes.
+uint64_t PeakRssBytes();
 
 }  // namespace zinf

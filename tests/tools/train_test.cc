@@ -147,6 +147,8 @@ TEST(TrainTest, BadInputIsOneLineAndExitCodeTwo) {
       {"train --model gpt-99b", "gpt-99b"},
       {"train --sample-tokens -1", "--sample-tokens must be >= 0"},
       {"train --device tpu", "expected auto, cpu, cuda or cuda:N"},
+      // The plan's row decides before the initial state is written anywhere.
+      {"train --device cpu --device-memory 1M", "the model does not fit (zinf plan's row for this configuration): device needs"},
   };
   for (const Case& c : cases) {
     auto r = RunZinf(c.args);
