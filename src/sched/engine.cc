@@ -575,7 +575,7 @@ Result<int> EngineImpl::AddUnit(const std::string& name, const std::vector<Param
     ZINF_ASSIGN_OR_RETURN(u.h_shard, Pinned(u.part.shard_elems * DTypeSizeBytes(compute_dtype_),
                                             what + " parameter shard (offload_param)"));
   } else if (host_home(u)) {
-    // Written to the store at Finalize, when every unit's size is known.
+    // Its home is the parameter store: AddShardToStore below.
   } else if (u.partitioned) {
     ZINF_ASSIGN_OR_RETURN(u.shard_params, Alloc(u.part.shard_elems * DTypeSizeBytes(compute_dtype_),
                                                 what + " parameter shard"));
@@ -935,9 +935,9 @@ Status EngineImpl::IssueReads(size_t g, const std::vector<char>* has_grad) {
   return Status::Ok();
 }
 
-// offload_param nvme: the parameter store sized for the shards past
-// max_in_cpu (space reserved and checked now), the staging buffers, and the
-// initial shards written out, so every gather reads written extents.
+// offload_param nvme, at Finalize: the two staging buffers of the largest
+// shard in the store (every shard there was written as its unit registered,
+// so every gather reads written extents).
 Status EngineImpl::SetUpParamSwap() {
   const OffloadParamConfig& pc = config_.zero.offload_param;
   const uint64_t esize = DTypeSizeBytes(compute_dtype_);
