@@ -581,15 +581,21 @@ int Run(const TrainOptions& opt) {
                 data::EmbeddedCorpus::EntropyRateNats() + 0.3,
                 vloss <= data::EmbeddedCorpus::EntropyRateNats() + 0.3 ? "met" : "NOT met");
   }
-  std::printf("\n  %s tokens in %.1f s: %s tokens/s; time in optimizer %.0f%%, collectives %.0f%%, copies %.0f%%, nvme waits %.0f%%, compute stalled %.0f%%\n",
-              FormatCount(tokens).c_str(), train_s, FormatCount(tokens / train_s).c_str(), 100 * optimizer_s / train_s,
-              100 * comm_s / train_s, 100 * copy_s / train_s, 100 * io_s / train_s, 100 * stall_s / train_s);
-  std::printf("  bytes moved: nvme read %s, written %s; host<->device copies %s (per step %s, %s, %s)\n",
-              FormatBytes(nvme_read).c_str(), FormatBytes(nvme_written).c_str(), FormatBytes(copied).c_str(),
-              FormatBytes(nvme_read / std::max<int64_t>(1, steps - first_step)).c_str(),
-              FormatBytes(nvme_written / std::max<int64_t>(1, steps - first_step)).c_str(),
-              FormatBytes(copied / std::max<int64_t>(1, steps - first_step)).c_str());
-  {
+  std::printf("\n");
+  if (steps <= first_step) {
+    // Resumed from the run's last checkpoint (or past it): nothing was
+    // trained, so there is no rate, traffic or memory peak to report.
+    std::printf("  no steps left: resumed at step %lld of %lld\n", static_cast<long long>(first_step),
+                static_cast<long long>(steps));
+  } else {
+    std::printf("  %s tokens in %.1f s: %s tokens/s; time in optimizer %.0f%%, collectives %.0f%%, copies %.0f%%, nvme waits %.0f%%, compute stalled %.0f%%\n",
+                FormatCount(tokens).c_str(), train_s, FormatCount(tokens / train_s).c_str(), 100 * optimizer_s / train_s,
+                100 * comm_s / train_s, 100 * copy_s / train_s, 100 * io_s / train_s, 100 * stall_s / train_s);
+    std::printf("  bytes moved: nvme read %s, written %s; host<->device copies %s (per step %s, %s, %s)\n",
+                FormatBytes(nvme_read).c_str(), FormatBytes(nvme_written).c_str(), FormatBytes(copied).c_str(),
+                FormatBytes(nvme_read / std::max<int64_t>(1, steps - first_step)).c_str(),
+                FormatBytes(nvme_written / std::max<int64_t>(1, steps - first_step)).c_str(),
+                FormatBytes(copied / std::max<int64_t>(1, steps - first_step)).c_str());
     const StepStats st = Must(engine->Stats(), "stats");
     const DeviceMemoryStats dm = device->memory_stats();
     const bool host_device = device->kind() == DeviceKind::kHost;

@@ -125,6 +125,13 @@ TEST(TrainTest, ResumeContinuesBitExactly) {
     EXPECT_EQ(resumed[i].at("loss").get<double>(), straight[6 + i].at("loss").get<double>()) << "step " << 7 + i;
     EXPECT_EQ(resumed[i].at("grad_norm").get<double>(), straight[6 + i].at("grad_norm").get<double>());
   }
+  // Resuming from the run's last checkpoint has no step left to take: it
+  // loads, validates and reports that, and succeeds (a run killed right after
+  // its final save is resumed this way).
+  r = RunZinf("train" + shape + " --resume " + ck + "/step-12");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("no steps left"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("nan"), std::string::npos) << r.output;
 }
 
 TEST(TrainTest, BadInputIsOneLineAndExitCodeTwo) {
