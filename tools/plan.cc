@@ -6,8 +6,6 @@
 #include "tools/train.h"
 
 #include <CLI/CLI.hpp>
-#include <sys/statvfs.h>
-#include <unistd.h>
 
 #include <cstdio>
 #include <fstream>
@@ -16,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "common/runtime_info.h"
 #include "common/units.h"
 #include "model/gpt_config.h"
 #include "sched/plan.h"
@@ -62,10 +61,6 @@ uint64_t Size(const std::string& text, const char* flag) {
 
 void Check(const Status& s) {
   if (!s.ok()) throw Usage{s.message()};
-}
-
-uint64_t PhysicalMemory() {
-  return static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
 }
 
 std::string Seconds(double s) {
@@ -164,7 +159,7 @@ int Run(const PlanOptions& opt) {
     in.device_memory = in.config.zinf.device_memory;
     device_from = "zinf.device_memory";
   } else {
-    in.device_memory = PhysicalMemory() / 4;
+    in.device_memory = PhysicalMemoryBytes() / 4;
     device_from = "default: HostDevice's 1/4 of RAM";
   }
   if (!opt.host_memory.empty()) {
@@ -174,17 +169,15 @@ int Run(const PlanOptions& opt) {
     in.host_memory = in.config.zinf.host_memory;
     host_from = "zinf.host_memory";
   } else {
-    in.host_memory = PhysicalMemory();
+    in.host_memory = PinnedBudgetBytes(in.config);
     host_from = "default: physical memory, the engine's pinned budget";
   }
   if (!opt.nvme_free.empty()) {
     in.nvme_free = Size(opt.nvme_free, "--nvme-free");
     nvme_from = "--nvme-free";
-  } else if (!in.config.zero.offload_optimizer.nvme_path.empty()) {
-    const std::string& path = in.config.zero.offload_optimizer.nvme_path.front();
-    struct statvfs st;
-    if (statvfs(path.c_str(), &st) == 0) {
-      in.nvme_free = static_cast<uint64_t>(st.f_bavail) * st.f_frsize;
+  } else if (const std::string path = PlanNvmePath(in.config); !path.empty()) {
+    if (auto free = FreeBytesAt(path); free.ok()) {
+      in.nvme_free = *free;
       nvme_from = "free space at " + path;
     } else {
       nvme_from = "not checked: " + path + " not found; give --nvme-free";

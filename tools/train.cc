@@ -13,7 +13,6 @@
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
-#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -269,14 +268,10 @@ int Run(const TrainOptions& opt) {
     if (!m.ok()) throw Usage{m.status().message()};
     pin.model = std::move(*m);
     pin.device_memory = device->memory_stats().budget_bytes;
-    pin.host_memory = config.zinf.host_memory > 0 ? config.zinf.host_memory
-                                                  : static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
+    pin.host_memory = PinnedBudgetBytes(config);
     const auto& z = config.zero;
-    const std::vector<std::string>& paths =
-        z.offload_optimizer.device == OffloadDevice::kNvme ? z.offload_optimizer.nvme_path : z.offload_param.nvme_path;
-    struct statvfs st;
-    if (!paths.empty() && statvfs(paths.front().c_str(), &st) == 0) {
-      pin.nvme_free = static_cast<uint64_t>(st.f_bavail) * st.f_frsize;
+    if (const std::string path = PlanNvmePath(config); !path.empty()) {
+      if (auto free = FreeBytesAt(path); free.ok()) pin.nvme_free = *free;
     }
     const PlanRow row = PlanCombination(pin, z.stage, z.offload_optimizer.device, z.offload_param.device);
     if (!row.runnable) throw Usage{"the plan: " + row.note};

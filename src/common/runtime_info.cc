@@ -2,6 +2,7 @@
 #include "common/runtime_info.h"
 
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
 
@@ -51,6 +52,10 @@ uint64_t PeakRssBytes() {
   struct rusage ru {};
   getrusage(RUSAGE_SELF, &ru);
   return static_cast<uint64_t>(ru.ru_maxrss) * 1024;
+}
+
+uint64_t PhysicalMemoryBytes() {
+  return static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
 }
 
 }  // namespace zinf

@@ -32,4 +32,7 @@ std::string FormatRuntimeInfo(const RuntimeInfo& info);
 // This process's peak resident set so far (getrusage's ru_maxrss), bytes.
 uint64_t PeakRssBytes();
 
+// The machine's physical memory (sysconf), bytes.
+uint64_t PhysicalMemoryBytes();
+
 }  // namespace zinf

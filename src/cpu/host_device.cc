@@ -3,7 +3,6 @@
 #include "cpu/host_device.h"
 
 #include <sys/mman.h>
-#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -16,6 +15,7 @@
 
 #include "common/check.h"
 #include "common/device_allocator.h"
+#include "common/runtime_info.h"
 #include "common/units.h"
 
 namespace zinf {
@@ -383,7 +383,7 @@ bool IsTaggedDevicePointer(const void* p) {
 
 Result<std::unique_ptr<Device>> CreateHostDevice(const DeviceOptions& options) {
   uint64_t budget = options.memory_budget;
-  if (budget == 0) budget = static_cast<uint64_t>(::sysconf(_SC_PHYS_PAGES)) * ::sysconf(_SC_PAGESIZE) / 4;
+  if (budget == 0) budget = PhysicalMemoryBytes() / 4;
   budget = (budget + 4095) / 4096 * 4096;
   // Reserved, not committed: pages are backed as they are touched.
   void* base = ::mmap(nullptr, budget, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);

@@ -34,7 +34,6 @@
 #include <utility>
 
 #include <fcntl.h>
-#include <unistd.h>
 
 #include "common/communicator.h"
 #include "common/logging.h"
@@ -49,9 +48,11 @@
 #include "nvme/swap_store.h"
 #include "sched/checkpoint_io.h"
 #include "sched/device_kernels.h"
+#include "sched/gradient_placement.h"
 #include "sched/loss_scaler.h"
 #include "sched/lr_schedule.h"
 #include "sched/partition.h"
+#include "sched/plan.h"
 
 namespace zinf {
 namespace {
@@ -205,10 +206,7 @@ class EngineImpl final : public Engine {
     ZINF_ASSIGN_OR_RETURN(updates_done_, device_.CreateEvent());
     if (offload_ || param_offload_ || !host_memory_) {
       PinnedPoolOptions o;
-      o.budget_bytes = config_.zinf.host_memory;
-      if (o.budget_bytes == 0) {  // no limit beyond the machine's memory
-        o.budget_bytes = static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
-      }
+      o.budget_bytes = PinnedBudgetBytes(config_);  // no limit beyond the machine's memory unless set
       // DeepSpeed's switches for page-locking.
       o.lock = (offload_ && config_.zero.offload_optimizer.pin_memory) || nvme_ || param_nvme_ ||
                (param_offload_ && config_.zero.offload_param.pin_memory);
@@ -853,49 +851,31 @@ Status EngineImpl::SetUpSwap() {
 // the bytes the swapped gradients take on disk.
 Result<uint64_t> EngineImpl::PlaceGradients(int64_t buffers, int64_t max_group) {
   const PinnedPoolStats ps = pool_->stats();
-  const uint64_t avail = ps.budget_bytes > ps.in_use_bytes ? ps.budget_bytes - ps.in_use_bytes : 0;
-  const uint64_t state_bufs = buffers * PinnedPool::SizeClassBytes(static_cast<uint64_t>(max_group) * 12);
-  uint64_t resident = 0;
-  for (const Unit& u : units_) resident += PinnedPool::SizeClassBytes(owned_elems(u) * 4);
+  GradientPlacementInput in;
+  in.home = config_.zinf.gradients;
+  for (const Unit& u : units_) in.owned.push_back(owned_elems(u));
+  in.group_of_unit = group_of_unit_;
+  in.buffers = buffers;
+  in.state_buffer_bytes = buffers * PinnedPool::SizeClassBytes(static_cast<uint64_t>(max_group) * 12);
+  in.available = ps.budget_bytes > ps.in_use_bytes ? ps.budget_bytes - ps.in_use_bytes : 0;
+  const GradientPlacement place = zinf::PlaceGradients(in);
   grad_stage_of_.assign(units_.size(), -1);
   grad_offset_.assign(units_.size(), 0);
-  const GradientHome home = config_.zinf.gradients;
-  if (home == GradientHome::kHost || (home == GradientHome::kAuto && state_bufs + resident <= avail)) {
-    return uint64_t{0};
-  }
-  // Each sub-group's swapped gradients at 4 KiB-aligned places (O_DIRECT).
-  auto padded = [](int64_t elems) { return (static_cast<uint64_t>(elems) * 4 + 4095) / 4096 * 4096; };
-  uint64_t region = 0, stage = 0;
-  for (const Group& g : groups_) {
-    uint64_t r = 0;
-    for (int i : g.units) {
-      grad_offset_[i] = static_cast<int64_t>(r);
-      r += padded(owned_elems(units_[i]));
-      stage = std::max(stage, padded(owned_elems(units_[i])));
-    }
-    region = std::max(region, r);
-  }
-  const uint64_t swap_bufs = buffers * PinnedPool::SizeClassBytes(region) + 2 * PinnedPool::SizeClassBytes(stage);
-  if (state_bufs + swap_bufs > avail) {
-    return OutOfMemory("host memory: " + FormatBytes(avail) + " of the pinned budget (" + FormatBytes(ps.budget_bytes) +
-                       ", zinf.host_memory) is left for the optimizer's NVMe buffers, which need " +
-                       FormatBytes(state_bufs + swap_bufs) + " (" + std::to_string(buffers) +
+  if (!place.swap) return uint64_t{0};
+  if (!place.buffers_fit) {
+    return OutOfMemory("host memory: " + FormatBytes(in.available) + " of the pinned budget (" +
+                       FormatBytes(ps.budget_bytes) + ", zinf.host_memory) is left for the optimizer's NVMe buffers, "
+                       "which need " + FormatBytes(in.state_buffer_bytes + place.buffer_bytes) + " (" +
+                       std::to_string(buffers) +
                        " swap buffers of a sub-group's state and gradients, two gradient staging buffers): raise "
                        "zinf.host_memory, or lower zero_optimization.sub_group_size or offload_optimizer.buffer_count");
   }
-  uint64_t left = home == GradientHome::kNvme ? 0 : avail - state_bufs - swap_bufs, bytes = 0;
-  bool full = false;
-  for (Unit& u : units_) {
-    const uint64_t c = PinnedPool::SizeClassBytes(owned_elems(u) * 4);
-    if (!full && c <= left) {
-      left -= c;
-      continue;
-    }
-    full = true;
-    u.grad_on_nvme = true;
-    ++swapped_grad_units_;
-    bytes += padded(owned_elems(u));
+  for (size_t i = 0; i < units_.size(); ++i) {
+    grad_offset_[i] = static_cast<int64_t>(place.offset[i]);
+    units_[i].grad_on_nvme = place.on_nvme[i] != 0;
   }
+  swapped_grad_units_ = place.swapped_units;
+  const uint64_t region = place.region_bytes, stage = place.stage_bytes, bytes = place.nvme_bytes;
   for (int64_t i = 0; i < buffers; ++i) {
     ZINF_ASSIGN_OR_RETURN(PinnedBuffer b, Pinned(region, "NVMe gradient buffer"));
     grad_bufs_.push_back(std::move(b));

@@ -4,13 +4,19 @@
 
 #include <nlohmann/json.hpp>
 
+#include <sys/statvfs.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <numeric>
 
 #include "common/device_allocator.h"
+#include "common/runtime_info.h"
 #include "common/units.h"
 #include "cpu/pinned_pool.h"
 #include "model/gpt.h"
+#include "sched/gradient_placement.h"
 #include "sched/partition.h"
 
 namespace zinf {
@@ -308,6 +314,29 @@ Status ApplyModelJson(const std::string& json_text, const std::string& source, P
   return InvalidArgument(source + ": no \"step\" phase");
 }
 
+uint64_t PinnedBudgetBytes(const Config& config) {
+  return config.zinf.host_memory > 0 ? config.zinf.host_memory : PhysicalMemoryBytes();
+}
+
+std::string PlanNvmePath(const Config& config) {
+  const OffloadOptimizerConfig& o = config.zero.offload_optimizer;
+  const OffloadParamConfig& p = config.zero.offload_param;
+  if (o.device == OffloadDevice::kNvme && !o.nvme_path.empty()) return o.nvme_path.front();
+  if (p.device == OffloadDevice::kNvme && !p.nvme_path.empty()) return p.nvme_path.front();
+  if (!o.nvme_path.empty()) return o.nvme_path.front();
+  if (!p.nvme_path.empty()) return p.nvme_path.front();
+  return "";
+}
+
+Result<uint64_t> FreeBytesAt(const std::string& path) {
+  struct statvfs st;
+  if (statvfs(path.c_str(), &st) != 0) {
+    const int err = errno;
+    return IoError("statvfs " + path + ": " + std::strerror(err) + " (errno " + std::to_string(err) + ")");
+  }
+  return static_cast<uint64_t>(st.f_bavail) * st.f_frsize;
+}
+
 PlanRow PlanCombination(const PlanInput& in, int stage, OffloadDevice optimizer, OffloadDevice param) {
   const ZeroConfig& z = in.config.zero;
   const int N = std::max(1, in.world_size);
@@ -411,6 +440,7 @@ PlanRow PlanCombination(const PlanInput& in, int stage, OffloadDevice optimizer,
     const int64_t cap = static_cast<int64_t>(PinnedPool::kMaxBufferBytes / 12);
     const int64_t limit = std::min<int64_t>(z.sub_group_size, cap);
     std::vector<int64_t> groups;
+    GradientPlacementInput gin;  // each unit's owned elements and sub-group, for the gradients below
     for (const UnitPartition& p : parts) {
       const int64_t o = owned(p);
       if (o > cap) {
@@ -424,6 +454,8 @@ PlanRow PlanCombination(const PlanInput& in, int stage, OffloadDevice optimizer,
       }
       if (groups.empty() || groups.back() + o > limit) groups.push_back(0);
       groups.back() += o;
+      gin.owned.push_back(o);
+      gin.group_of_unit.push_back(static_cast<int>(groups.size()) - 1);
     }
     const int64_t max_group = groups.empty() ? 0 : *std::max_element(groups.begin(), groups.end());
     // As the engine: no more buffers than sub-groups.
@@ -447,44 +479,21 @@ PlanRow PlanCombination(const PlanInput& in, int stage, OffloadDevice optimizer,
     }
     const uint64_t budget = in.host_memory;
     const uint64_t avail = budget == 0 ? UINT64_MAX : budget > others ? budget - others : 0;
-    uint64_t resident = 0;
-    for (const UnitPartition& p : parts) resident += Pin(static_cast<uint64_t>(owned(p)) * 4);
-    const GradientHome home = in.config.zinf.gradients;
-    if (home == GradientHome::kHost || (home == GradientHome::kAuto && (budget == 0 || state_bufs + resident <= avail))) {
-      host.Add("fp32 gradient accumulator", resident);
+    gin.home = in.config.zinf.gradients;
+    gin.buffers = buffers;
+    gin.state_buffer_bytes = state_bufs;
+    gin.available = avail;
+    const GradientPlacement place = PlaceGradients(gin);
+    if (!place.swap) {
+      host.Add("fp32 gradient accumulator", place.host_bytes);
     } else {
-      auto padded = [](int64_t elems) { return (static_cast<uint64_t>(elems) * 4 + 4095) / 4096 * 4096; };
-      uint64_t region = 0, stage_buf = 0, r = 0;
-      int64_t in_group = 0;
-      for (const UnitPartition& p : parts) {
-        const int64_t o = owned(p);
-        if (in_group > 0 && in_group + o > limit) region = std::max(region, r), r = 0, in_group = 0;
-        in_group += o;
-        r += padded(o);
-        stage_buf = std::max(stage_buf, padded(o));
-      }
-      region = std::max(region, r);
-      const uint64_t swap_bufs = buffers * Pin(region) + 2 * Pin(stage_buf);
       host.Add("NVMe gradient buffers (" + std::to_string(buffers) + " x a sub-group's gradients, 2 staging)",
-               swap_bufs);
-      // Short even of these: every gradient swapped, and the row does not fit.
-      uint64_t left = home == GradientHome::kNvme || state_bufs + swap_bufs > avail ? 0
-                                                                                     : avail - state_bufs - swap_bufs;
-      uint64_t kept = 0, swapped = 0;
-      bool full = false;
-      for (const UnitPartition& p : parts) {
-        const uint64_t c = Pin(static_cast<uint64_t>(owned(p)) * 4);
-        if (!full && c <= left) {
-          left -= c;
-          kept += c;
-        } else {
-          full = true;
-          swapped += padded(owned(p));
-          grad_swap_bytes += padded(owned(p));
-        }
-      }
-      if (kept > 0) host.Add("fp32 gradient accumulator (the units host memory holds)", kept);
-      disk.Add("fp32 gradients (swapped: host memory short)", swapped);
+               place.buffer_bytes);
+      // Short even of these buffers, every gradient is swapped (and the row
+      // does not fit).
+      if (place.host_bytes > 0) host.Add("fp32 gradient accumulator (the units host memory holds)", place.host_bytes);
+      disk.Add("fp32 gradients (swapped: host memory short)", place.nvme_bytes);
+      grad_swap_bytes += place.nvme_bytes;
     }
   }
   if (param != OffloadDevice::kNone && !offload && max_host_shard > 0) {

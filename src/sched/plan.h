@@ -138,6 +138,16 @@ struct PlanRow {
   double compute_s = 0, copy_s = 0, comm_s = 0, optimizer_s = 0, nvme_s = 0, param_read_s = 0, step_s = 0;
 };
 
+// The engine's pinned host budget: zinf.host_memory, else the machine's
+// physical memory.
+uint64_t PinnedBudgetBytes(const Config& config);
+// The directory whose free space bounds the NVMe tier: the first nvme_path
+// of offload_optimizer when it goes to NVMe, else of offload_param when it
+// does, else whichever is set ("" when none is).
+std::string PlanNvmePath(const Config& config);
+// Free bytes for an unprivileged writer at `path` (statvfs).
+Result<uint64_t> FreeBytesAt(const std::string& path);
+
 // One combination, with input.config's other settings.
 PlanRow PlanCombination(const PlanInput& input, int stage, OffloadDevice optimizer, OffloadDevice param);
 // Every stage 0..3 × optimizer none/cpu/nvme (× param none/cpu/nvme at stage 3).
