@@ -15,7 +15,6 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -49,6 +48,7 @@ struct Options : EngineBenchRun {
   std::string path;                    // the directory of the swap stores (nvme)
   std::string sub_group_size = "50M";  // optimizer nvme: elements per sub-group
   std::string host_memory;             // zinf.host_memory: the pinned budget (empty: the machine's RAM)
+  int buffer_count = 4;                // offload_optimizer.buffer_count: swap buffers (sub-groups in flight)
 };
 
 template <class T>
@@ -144,6 +144,7 @@ int Run(const Options& opt) {
   else if (!param_tier.ok()) bad = param_tier.status().message();
   else if (!opt_tier.ok()) bad = opt_tier.status().message();
   else if (opt.compute_ms < 0) bad = "--compute-ms-per-unit must be >= 0";
+  else if (opt.buffer_count < 1 || opt.buffer_count > 64) bad = "--buffer-count must be 1 to 64";
   else if (!host_budget.ok() || (!opt.host_memory.empty() && *host_budget == 0))
     bad = "--host-memory must be a size, e.g. 4G";
   else if ((*param_tier == OffloadDevice::kNvme || *opt_tier == OffloadDevice::kNvme) && opt.path.empty())
@@ -185,6 +186,7 @@ int Run(const Options& opt) {
     c.zero.offload_optimizer.nvme_path = {opt.path};
   }
   c.zero.sub_group_size = static_cast<int64_t>(*sub_group);
+  c.zero.offload_optimizer.buffer_count = opt.buffer_count;
   c.zinf.optimizer_threads = opt.threads;
   c.zinf.host_memory = host_memory;
 
@@ -192,9 +194,7 @@ int Run(const Options& opt) {
   in.config = c;
   in.model = Check(PlanParamsModel(P, opt.units), "plan");
   in.device_memory = *memory;
-  // The engine's pinned budget: zinf.host_memory, else the machine's RAM.
-  in.host_memory = host_memory > 0 ? host_memory
-                                   : static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
+  in.host_memory = PinnedBudgetBytes(c);
   const PlanRow plan = PlanCombination(in, 3, *opt_tier, *param_tier);
   if (!plan.runnable || !plan.fits_device || !plan.fits_host) {
     std::fprintf(stderr, "zinf bench stage3: the plan does not fit: %s (device %s of %s, host pinned %s of %s)\n",
@@ -205,10 +205,10 @@ int Run(const Options& opt) {
   }
   if (!opt.json) {
     std::printf("# zinf bench stage3: %s parameters in %d units, bf16, ZeRO stage 3, offload_param %s, "
-                "offload_optimizer %s, device %s of %s, %d optimizer threads (%u cores), compute %.1f ms per unit and "
-                "pass\n",
+                "offload_optimizer %s (%d swap buffers), device %s of %s, %d optimizer threads (%u cores), compute %.1f ms "
+                "per unit and pass\n",
                 FormatCount(static_cast<double>(P)).c_str(), opt.units, opt.offload_param.c_str(),
-                opt.offload_optimizer.c_str(), opt.device.c_str(), FormatBytes(*memory).c_str(), opt.threads,
+                opt.offload_optimizer.c_str(), opt.buffer_count, opt.device.c_str(), FormatBytes(*memory).c_str(), opt.threads,
                 std::thread::hardware_concurrency(), opt.compute_ms);
     std::printf("# plan: device %s, host pinned %s, nvme %s\n", FormatBytes(plan.device_bytes).c_str(),
                 FormatBytes(plan.host_bytes).c_str(), FormatBytes(plan.nvme_bytes).c_str());
@@ -269,29 +269,30 @@ int Run(const Options& opt) {
   for (int u = 0; u < opt.units; ++u) {
     Check(engine->AddUnit("unit" + std::to_string(u), {{"w", {per_unit}, DType::kFloat32, nullptr}}), "register");
   }
-  // When the client stream finishes each step's backward (a task on it):
-  // the steady-state step time is the interval between these, as in a long
-  // run where every step's update overlaps the next forward. The run's last
-  // update, which nothing follows, is reported apart.
+  // When the client stream finishes each timed step's backward (a task on
+  // it): the steady-state step time is the interval between these, as in a
+  // long run where every step's update overlaps the next forward. The
+  // warm-up step is drained before the timed ones start, so the first timed
+  // step's forward overlaps no update and only the intervals after it
+  // count. The run's last update, which nothing follows, is reported apart.
   std::mutex marks_mu;
   std::vector<double> marks;
-  const int total_steps = opt.steps + 1;
+  double timed_start = 0;
   auto mark = [&](int s) {
     Check(stream->Enqueue([&, s](const StreamContext&) {
       const double now = NowSeconds();
       std::lock_guard lock(marks_mu);
       marks.push_back(now);
-      if (!opt.json && marks.size() > 1) {
-        const double each = (now - marks.front()) / static_cast<double>(marks.size() - 1);
-        std::fprintf(stderr, "\r  step %d/%d: %.2f s/step, ETA %.0f s   ", s, total_steps - 1, each,
-                     each * static_cast<double>(total_steps - static_cast<int>(marks.size())));
+      if (!opt.json) {
+        const double each = (now - timed_start) / static_cast<double>(marks.size());
+        std::fprintf(stderr, "\r  step %d/%d: %.2f s/step, ETA %.0f s   ", s, opt.steps, each,
+                     each * static_cast<double>(opt.steps - static_cast<int>(marks.size())));
       }
       return Status::Ok();
     }),
           "mark");
   };
-  int step_index = 0;
-  auto one_step = [&] {
+  auto one_step = [&](int s) {
     for (int u = 0; u < opt.units; ++u) {
       Check(engine->Fetch(u, *stream), "fetch");
       Check(SyntheticCompute(*device, *stream, opt.compute_ms), "compute");
@@ -303,20 +304,23 @@ int Run(const Options& opt) {
       Check(engine->GradsReady(u, *stream), "grads ready");
       Check(engine->Release(u, *stream), "release");
     }
-    mark(step_index++);
+    if (s > 0) mark(s);
     Check(engine->Step(), "step");
   };
-  one_step();  // warm-up: records the trace, first touches
+  one_step(0);  // warm-up: records the trace, first touches
   Check(stream->Synchronize(), "sync");
   Check(engine->Synchronize(), "sync");
   const StepStats warm = Check(engine->Stats(), "stats");
   // Steps back to back: each step's update overlaps the next forward.
-  for (int s = 0; s < opt.steps; ++s) one_step();
+  timed_start = NowSeconds();
+  for (int s = 1; s <= opt.steps; ++s) one_step(s);
   Check(stream->Synchronize(), "sync");
   const double last_backward = NowSeconds();
   Check(engine->Synchronize(), "sync");
   const double drain = NowSeconds() - last_backward;  // the last update, overlapping nothing
-  const double step = (marks.back() - marks.front()) / opt.steps;
+  // One timed step has no steady-state interval: its forward, backward and
+  // update, nothing overlapping them.
+  const double step = opt.steps >= 2 ? (marks.back() - marks.front()) / (opt.steps - 1) : NowSeconds() - timed_start;
   if (!opt.json) std::fprintf(stderr, "\n");
   const StepStats last = Check(engine->Stats(), "stats");
   const DeviceMemoryStats dm = device->memory_stats();
@@ -356,6 +360,7 @@ int Run(const Options& opt) {
                         {"device", device->name()},
                         {"device_memory_bytes", *memory},
                         {"threads", opt.threads},
+                        {"buffer_count", opt.buffer_count},
                         {"compute_ms_per_unit", opt.compute_ms},
                         {"step_seconds", step},
                         {"last_update_seconds", drain},
@@ -383,7 +388,7 @@ int Run(const Options& opt) {
                         {"host_peak_pinned_bytes", last.host_peak_pinned_bytes},
                         {"plan_host_bytes", plan.host_bytes},
                         {"host_memory_budget_bytes", in.host_memory},
-                        {"peak_rss_bytes", PeakRssBytes()},
+                        {"peak_rss_bytes", rss},
                         {"peak_rss_outside_device_bytes", rss_outside_device}};
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
@@ -402,9 +407,15 @@ int Run(const Options& opt) {
                 bound_read / bound_after.read / 1e9, bound_written / bound_before.write / 1e9,
                 bound_written / bound_after.write / 1e9);
   }
-  std::printf("# step: between the ends of consecutive backwards (the steady state); the run's last update, which "
-              "no forward follows, took %.3f s more\n",
-              drain);
+  if (opt.steps >= 2) {
+    std::printf("# step: the mean of the %d intervals between the ends of consecutive timed backwards (the steady "
+                "state: each holds the previous update overlapped with a forward); the run's last update, which no "
+                "forward follows, took %.3f s more\n",
+                opt.steps - 1, drain);
+  } else {
+    std::printf("# step: one step's forward, backward and update with nothing overlapping (--steps 2 or more for the "
+                "steady state)\n");
+  }
   std::printf("# last step: host<->device copies %s (%.2f GB/s), nvme waits %.3f s, optimizer %.3f s, %lld/%lld gathers "
               "prefetched\n",
               FormatBytes(last.copy_bytes).c_str(), static_cast<double>(last.copy_bytes) / step / 1e9, last.io_seconds,
@@ -448,6 +459,10 @@ void RegisterStage3(CLI::App& bench, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--host-memory", opt->host_memory,
                   "Pinned host budget (zinf.host_memory), e.g. 4G; gradients go to NVMe when it is short");
+  cmd->add_option("--buffer-count", opt->buffer_count,
+                  "optimizer nvme: swap buffers (offload_optimizer.buffer_count); all but one fill with the next "
+                  "step's optimizer state during backward")
+      ->capture_default_str();
   AddEngineBenchRunOptions(cmd, *opt);
   SetEngineBenchAction(cmd, [opt] { return Run(*opt); }, exit_code);
 }

@@ -69,6 +69,7 @@ TEST(ZinfCliTest, BadUsageExitsTwo) {
   EXPECT_EQ(RunZinf("bench stage3 --params 1M --offload-param nvme").exit_code, 2);  // no --path
   EXPECT_EQ(RunZinf("bench stage3 --params 1M --offload-param disk --path /tmp").exit_code, 2);
   EXPECT_EQ(RunZinf("bench stage3 --params 1M --device-memory 0 --path /tmp").exit_code, 2);
+  EXPECT_EQ(RunZinf("bench stage3 --params 1M --buffer-count 0 --path /tmp").exit_code, 2);
   EXPECT_EQ(RunZinf("--log-level loud config check " + Data("ds_zero3_nvme.json")).exit_code, 2);
 }
 
@@ -98,7 +99,7 @@ TEST(ZinfCliTest, Stage3BenchReportsBytesAndTheBound) {
   const std::string dir = zinf::test::TestDir() + "/bench_stage3";
   std::filesystem::create_directories(dir);
   auto r = zinf::test::RunCommand(zinf::test::BinaryDir() + "/zinf bench stage3 --params 4M --units 4 "
-                                  "--device-memory 64M --sub-group-size 2M --steps 2 --compute-ms-per-unit 1 --json "
+                                  "--device-memory 64M --sub-group-size 2M --buffer-count 3 --steps 2 --compute-ms-per-unit 1 --json "
                                   "--path " + dir + " 2>/dev/null");
   std::filesystem::remove_all(dir);
   ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -114,6 +115,9 @@ TEST(ZinfCliTest, Stage3BenchReportsBytesAndTheBound) {
   EXPECT_EQ(j["device_peak_bytes"], j["plan_device_bytes"]) << r.output;
   EXPECT_EQ(j["host_peak_pinned_bytes"], j["plan_host_bytes"]) << r.output;
   EXPECT_EQ(j["fetches"].get<int>(), 8) << r.output;
+  EXPECT_EQ(j["buffer_count"].get<int>(), 3) << r.output;
+  // The steady-state step holds a forward and a backward of compute.
+  EXPECT_GE(j["step_seconds"].get<double>(), j["compute_alone_seconds"].get<double>()) << r.output;
 }
 
 }  // namespace
