@@ -24,6 +24,7 @@
 
 #include "bench/bench_util.h"
 #include "common/units.h"
+#include "cpu/io_memory.h"
 #include "nvme/io_engine.h"
 
 namespace zinf::bench {
@@ -61,10 +62,6 @@ double Percentile(std::vector<double>& v, double p) {
   return v[k];
 }
 
-struct AlignedFree {
-  void operator()(void* p) const { std::free(p); }
-};
-
 // One timed pass over every block.
 class Pass {
  public:
@@ -81,7 +78,7 @@ class Pass {
       jobs_[j].end = (j + 1) * per_job;
     }
     const unsigned nslots = o_.queue_depth * o_.threads;
-    pool_.reset(static_cast<char*>(std::aligned_alloc(4096, nslots * o_.block_size)));
+    pool_ = AllocateIoMemory(uint64_t{nslots} * o_.block_size);  // huge pages: see cpu/io_memory.h
     if (!pool_) return OutOfMemory("cannot allocate " + FormatBytes(nslots * o_.block_size) + " of I/O buffers");
     // Without --verify the buffers' contents do not matter: they are not
     // touched here (fio does not touch its buffers either).
@@ -195,7 +192,7 @@ class Pass {
   bool fill_, check_;
   std::vector<Job> jobs_;
   std::vector<Slot> slots_;
-  std::unique_ptr<char, AlignedFree> pool_;
+  IoMemory pool_;
   std::mutex mu_;
   std::condition_variable cv_;
   unsigned active_ = 0;

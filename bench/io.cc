@@ -30,6 +30,7 @@
 #include "bench/bench.h"
 #include "bench/bench_util.h"
 #include "common/units.h"
+#include "cpu/io_memory.h"
 #include "nvme/io_engine.h"
 
 namespace zinf::bench {
@@ -65,10 +66,6 @@ struct Measurement {
   double cpu_s_per_gb = 0;
 };
 
-struct AlignedFree {
-  void operator()(void* p) const { std::free(p); }
-};
-
 // Streams `bytes` sequentially through the engine, keeping queue_depth x
 // rings blocks in flight, one block per request, like fio's jobs.
 Result<Measurement> RunZinf(const Case& c, IoKind kind, const std::string& path, uint64_t bytes) {
@@ -81,7 +78,8 @@ Result<Measurement> RunZinf(const Case& c, IoKind kind, const std::string& path,
   nvme::FileOptions fo;
   ZINF_ASSIGN_OR_RETURN(auto file, engine->Open(path, fo));
   const unsigned slots = c.queue_depth * c.rings;
-  std::unique_ptr<char, AlignedFree> pool(static_cast<char*>(std::aligned_alloc(4096, slots * c.block_size)));
+  IoMemory pool = AllocateIoMemory(uint64_t{slots} * c.block_size);  // huge pages: see cpu/io_memory.h
+  if (!pool) return OutOfMemory("cannot allocate " + FormatBytes(uint64_t{slots} * c.block_size) + " of I/O buffers");
   std::mt19937_64 rng(1);
   for (uint64_t i = 0; i < slots * c.block_size / 8; ++i) reinterpret_cast<uint64_t*>(pool.get())[i] = rng();
   for (unsigned s = 0; s < slots; ++s) {

@@ -1,4 +1,4 @@
-// PinnedPool: mmap + hwloc_set_area_membind (before the first touch, so the
+// PinnedPool: mmap (2 MiB-aligned, huge pages advised) + hwloc_set_area_membind (before the first touch, so the
 // pages are allocated on the chosen node) + mlock (which faults them in) +
 // registrars. MADV_DONTFORK keeps a fork()ed child (a data-loader worker)
 // from sharing, and copy-on-write-splitting, pages a device may be DMAing.
@@ -19,6 +19,7 @@
 #include "common/check.h"
 #include "common/logging.h"
 #include "common/units.h"
+#include "cpu/io_memory.h"
 
 namespace zinf {
 namespace {
@@ -169,8 +170,10 @@ void PinnedPool::EvictLocked(uint64_t needed) {
 }
 
 Result<void*> PinnedPool::CreateBuffer(uint64_t capacity) {
-  void* data = mmap(nullptr, capacity, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (data == MAP_FAILED) return OutOfMemory("mmap " + FormatBytes(capacity) + ": " + ErrnoText(errno));
+  // In huge pages where the kernel gives them: these buffers are the
+  // engine's O_DIRECT and DMA buffers (io_memory.h says why that matters).
+  void* data = MapIoMemory(capacity);
+  if (data == nullptr) return OutOfMemory("mmap " + FormatBytes(capacity) + ": " + ErrnoText(errno));
   if (topology_.is_this_system() &&
       hwloc_set_area_membind(topology_.get(), data, capacity, nodeset_, HWLOC_MEMBIND_BIND,
                              HWLOC_MEMBIND_BYNODESET) != 0) {

@@ -1,0 +1,39 @@
+// Anonymous memory for I/O buffers: 2 MiB-aligned and advised as transparent
+// huge pages, so that an O_DIRECT block is one physical segment.
+//
+// Why: the kernel builds a direct I/O request from the buffer's physical
+// segments. In 4 KiB pages a 1 MiB block is 256 segments, more than a
+// virtio disk takes in one request (254 here), so the block layer splits
+// every block and cannot merge neighbours. In a huge page a block is one
+// segment and sequential blocks merge up to the device's largest request:
+// 1 MiB O_DIRECT reads at queue depth 16 reached this machine's disk as 8221
+// requests of 510 KiB in 4 KiB pages and as 1024 requests of 4 MiB in huge
+// pages (/proc/diskstats), at 1.1–2× the throughput.
+//
+// Huge pages are advice: where the kernel has none to give (THP disabled,
+// memory fragmented) the memory is ordinary pages and works the same.
+// Thread-safe (plain functions).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+namespace zinf {
+
+// `bytes` (rounded up to whole pages) of zeroed anonymous memory at a 2 MiB
+// boundary when it is at least 2 MiB, advised MADV_HUGEPAGE; nullptr (errno
+// set) when mmap fails. Release with UnmapIoMemory(p, bytes) — munmap of the
+// same range is equivalent.
+void* MapIoMemory(uint64_t bytes);
+void UnmapIoMemory(void* p, uint64_t bytes);
+
+struct IoMemoryDeleter {
+  uint64_t bytes = 0;
+  void operator()(char* p) const { UnmapIoMemory(p, bytes); }
+};
+using IoMemory = std::unique_ptr<char, IoMemoryDeleter>;
+
+// The owning form; empty when mmap fails (errno set).
+IoMemory AllocateIoMemory(uint64_t bytes);
+
+}  // namespace zinf
