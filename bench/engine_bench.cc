@@ -3,7 +3,6 @@
 #include <chrono>
 #include <thread>
 
-
 #include "common/build_config.h"
 
 #if ZINF_HAVE_CUDA
@@ -28,6 +27,11 @@ Status SyntheticCompute(Device& device, Stream& stream, double ms) {
     std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(ms));
     return Status::Ok();
   });
+}
+
+uint64_t RssOutsideDevice(const Device& device, uint64_t rss) {
+  const uint64_t budget = device.memory_stats().budget_bytes;
+  return device.kind() == DeviceKind::kHost && rss > budget ? rss - budget : rss;
 }
 
 void AddEngineBenchRunOptions(CLI::App* cmd, EngineBenchRun& run) {

@@ -1,6 +1,6 @@
 // What the engine benchmarks (`zinf bench offload`, `zinf bench stage3`)
 // share: failing out of a run with one line, synthetic device compute, and
-// the process's peak RSS.
+// the process's peak RSS and the host's share of it.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -33,6 +33,11 @@ T EngineCheck(Result<T> r, const char* bench, const char* what) {
 // that holds the stream (no host CPU, no host-function thread); on the host
 // device a sleeping task. Nothing for ms <= 0.
 Status SyntheticCompute(Device& device, Stream& stream, double ms);
+
+// The host's own share of a peak RSS: HostDevice's device memory is this
+// process's memory, reserved up front, so on it the budget is taken out
+// whole; on another device the RSS is the host's.
+uint64_t RssOutsideDevice(const Device& device, uint64_t rss);
 
 // The options every engine benchmark takes, registered on `cmd`.
 struct EngineBenchRun {

@@ -69,6 +69,9 @@ double AdamBound(int64_t n, int threads) {
   return Median(t);
 }
 
+// Above this many parameters the bounds are timed on this many and scaled.
+constexpr int64_t kBoundParams = 500'000'000;
+
 void Wait(Device& device, Stream& stream, double ms) { Check(SyntheticCompute(device, stream, ms), "compute"); }
 
 int Run(const Options& opt) {
@@ -111,22 +114,27 @@ int Run(const Options& opt) {
   // 4 B/param of gradient to the host and 2 B/param of parameters back, and
   // read the gradient once for the norm (HostDevice copies are CPU memcpys
   // on the same cores; a GPU's copy engines move them without the CPU).
-  const double bound = AdamBound(P, opt.threads);
+  // Both stream through memory at a constant rate, so above kBoundParams
+  // they are timed over kBoundParams and scaled (their 30 B/param of arrays
+  // would not fit beside a large model).
+  const int64_t bound_n = std::min<int64_t>(P, kBoundParams);
+  const double bound_scale = static_cast<double>(P) / static_cast<double>(bound_n);
+  const double bound = AdamBound(bound_n, opt.threads) * bound_scale;
   double copies_and_norm = 0;
   {
-    std::vector<float> dev(P, 1e-3f), host(P);
-    std::vector<uint16_t> dev16(P), host16(P, 1);
-    std::vector<double> partials(NumNormBlocks(P));
+    std::vector<float> dev(bound_n, 1e-3f), host(bound_n);
+    std::vector<uint16_t> dev16(bound_n), host16(bound_n, 1);
+    std::vector<double> partials(NumNormBlocks(bound_n));
     tbb::task_arena arena(opt.threads);
     std::vector<double> t;
     for (int pass = 0; pass < 3; ++pass) {
       const double t0 = NowSeconds();
-      std::memcpy(host.data(), dev.data(), P * 4);
-      Check(SumSquaresBlocks(arena, host.data(), DType::kFloat32, P, partials), "norm");
-      std::memcpy(dev16.data(), host16.data(), P * 2);
+      std::memcpy(host.data(), dev.data(), bound_n * 4);
+      Check(SumSquaresBlocks(arena, host.data(), DType::kFloat32, bound_n, partials), "norm");
+      std::memcpy(dev16.data(), host16.data(), bound_n * 2);
       t.push_back(NowSeconds() - t0);
     }
-    copies_and_norm = Median(t);
+    copies_and_norm = Median(t) * bound_scale;
   }
 
   // NVMe: the I/O bound — the same engine and store reading, then writing,
@@ -168,6 +176,8 @@ int Run(const Options& opt) {
     io_bound = NowSeconds() - t0;
   }
 
+  // From here on the peak RSS is the engine's (the bounds' arrays are gone).
+  const bool peak_reset = ResetPeakRss();
   DeviceOptions dopt;
   dopt.spec = opt.device;
   dopt.memory_budget = static_cast<uint64_t>(P) * (offload ? 6 : 22) + (uint64_t{512} << 20);
@@ -198,14 +208,17 @@ int Run(const Options& opt) {
   c.zinf.host_memory = *host_memory;
   auto engine = Check(Engine::Create(c, *device, nullptr), "engine");
   {
-    std::vector<float> fill;
+    // Synthetic gradients, written once (backward leaves them in place),
+    // from a small host buffer so that the host holds no unit-sized array.
+    const std::vector<float> fill(int64_t{4} << 20, 1e-3f);
     for (int u = 0; u < opt.units; ++u) {
       Check(engine->AddUnit("unit" + std::to_string(u), {{"w", {per_unit}, DType::kFloat32, nullptr}}), "register");
-      // Synthetic gradients, written once: backward leaves them in place.
       UnitPointers g = Check(engine->GradBuffers(u), "grads");
-      fill.assign(g.num_elems, 1e-3f);
-      Check(device->CopyToDevice(g.data, fill.data(), fill.size() * 4, *stream), "fill");
-      Check(stream->Synchronize(), "fill");
+      for (int64_t at = 0; at < g.num_elems; at += static_cast<int64_t>(fill.size())) {
+        const int64_t n = std::min<int64_t>(static_cast<int64_t>(fill.size()), g.num_elems - at);
+        Check(device->CopyToDevice(static_cast<char*>(g.data) + at * 4, fill.data(), n * 4, *stream), "fill");
+        Check(stream->Synchronize(), "fill");
+      }
     }
   }
   auto one_step = [&] {
@@ -238,6 +251,8 @@ int Run(const Options& opt) {
   const double busy = step - compute_alone;
   const double hidden = opt.compute_ms > 0 ? std::clamp(1.0 - std::max(0.0, busy) / bound, 0.0, 1.0) : 0.0;
   const double peak_per_param = static_cast<double>(last.host_peak_pinned_bytes) / static_cast<double>(P);
+  const uint64_t rss = PeakRssBytes();
+  const uint64_t rss_outside_device = RssOutsideDevice(*device, rss);
   if (opt.json) {
     nlohmann::json j = {{"params", P},
                         {"units", opt.units},
@@ -251,7 +266,10 @@ int Run(const Options& opt) {
                         {"copies_and_norm_seconds", copies_and_norm},
                         {"io_bound_seconds", io_bound},
                         {"step_over_io_bound", io_bound > 0 ? step / io_bound : 0.0},
-                        {"peak_rss_bytes", PeakRssBytes()},
+                        {"peak_rss_bytes", rss},
+                        {"peak_rss_outside_device_bytes", rss_outside_device},
+                        {"peak_rss_engine_only", peak_reset},
+                        {"bound_measured_params", bound_n},
                         {"step_over_bound_with_copies", step / (bound + copies_and_norm)},
                         {"optimizer_seconds", optimizer},
                         {"compute_alone_seconds", compute_alone},
@@ -275,8 +293,17 @@ int Run(const Options& opt) {
                 "%.2f; nvme waits in the step %.3f s\n",
                 FormatBytes(static_cast<uint64_t>(P) * 12).c_str(), io_bound, step / io_bound, last.io_seconds);
   }
-  std::printf("# peak RSS %s%s\n", FormatBytes(PeakRssBytes()).c_str(),
-              host_device ? " (includes HostDevice's device memory: 6 B/param of bf16 parameters and fp32 gradients)" : "");
+  if (bound_n < P) {
+    std::printf("# bound and +copies timed over %s parameters and scaled by %.2f (memory-bound streams)\n",
+                FormatCount(static_cast<double>(bound_n)).c_str(), bound_scale);
+  }
+  std::printf("# peak RSS %s while the engine ran%s", FormatBytes(rss).c_str(),
+              peak_reset ? "" : " (the whole process's: the kernel refused to reset the peak)");
+  if (host_device) {
+    std::printf(", %s of it outside HostDevice's %s of device memory (bf16 parameters and fp32 gradients)",
+                FormatBytes(rss_outside_device).c_str(), FormatBytes(device->memory_stats().budget_bytes).c_str());
+  }
+  std::printf("\n");
   if (nvme) {
     std::printf("# host pinned peak %s = the fp32 gradient accumulator (4 B/param, or as much as --host-memory "
                 "allows, the rest swapped to NVMe) + %lld swap buffers of one sub-group (12 B/element, and 4 B/element "

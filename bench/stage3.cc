@@ -29,6 +29,7 @@
 #include "bench/bench.h"
 #include "bench/bench_util.h"
 #include "bench/engine_bench.h"
+#include "common/logging.h"
 #include "common/units.h"
 #include "cpu/host_device.h"
 #include "cpu/pinned_pool.h"
@@ -246,6 +247,8 @@ int Run(const Options& opt) {
     return IoBound(opt.path, shards, groups);
   };
   const BoundTimes bound_before = measure_bound();
+  // From here on the peak RSS is the engine's (the bound's buffers are gone).
+  if (!ResetPeakRss()) ZINF_LOG_WARN("bench stage3: the kernel refused to reset the peak RSS: it is the process's");
 
   DeviceOptions dopt;
   dopt.spec = opt.device;
@@ -324,12 +327,9 @@ int Run(const Options& opt) {
   if (!opt.json) std::fprintf(stderr, "\n");
   const StepStats last = Check(engine->Stats(), "stats");
   const DeviceMemoryStats dm = device->memory_stats();
-  // HostDevice's device memory is this process's memory: the host's own
-  // share of the peak RSS is what is left (the device budget is reserved up
-  // front, so it counts whole).
   const bool host_device = device->kind() == DeviceKind::kHost;
   const uint64_t rss = PeakRssBytes();
-  const uint64_t rss_outside_device = host_device && rss > dm.budget_bytes ? rss - dm.budget_bytes : rss;
+  const uint64_t rss_outside_device = RssOutsideDevice(*device, rss);
   // Per timed step, from the totals (a step's first shard reads overlap the
   // previous step's updates, so one step's own figures are not exact).
   const uint64_t nvme_read = (last.nvme_bytes_read_total - warm.nvme_bytes_read_total) / opt.steps;

@@ -29,8 +29,16 @@ RuntimeInfo ProbeRuntime();
 // The report, one backend per line.
 std::string FormatRuntimeInfo(const RuntimeInfo& info);
 
-// This process's peak resident set so far (getrusage's ru_maxrss), bytes.
+// This process's peak resident set (VmHWM of /proc/self/status; getrusage's
+// ru_maxrss where that cannot be read) since it started or since the last
+// ResetPeakRss(), bytes.
 uint64_t PeakRssBytes();
+
+// Starts a new peak at the current resident set (writes 5 to
+// /proc/self/clear_refs), so that a benchmark measures one phase's peak and
+// not an earlier phase's. False where the kernel refuses it; the peak then
+// stays the whole process's.
+bool ResetPeakRss();
 
 // The machine's physical memory (sysconf), bytes.
 uint64_t PhysicalMemoryBytes();
