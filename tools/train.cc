@@ -22,6 +22,7 @@
 #include <fstream>
 #include <memory>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -62,6 +63,9 @@ struct TrainOptions {
   std::string metrics_json, plot;
   std::string save_dir, resume;
   int64_t save_every = 0, keep = 2;
+  // Measured rates for the plan's step time (zinf plan's flags).
+  std::string adam_json, model_json;
+  std::vector<std::string> aio_json;
 };
 
 // A bad input: one line, exit code 2.
@@ -259,6 +263,7 @@ int Run(const TrainOptions& opt) {
   // ---- This run's row of `zinf plan`: a configuration the engine cannot
   // honour, or a model the tiers cannot hold, stops here, before
   // registration writes the initial state to its tiers.
+  bool rates_measured = false;  // any rate from a file, not the stated defaults
   const PlanRow plan_row = [&] {
     PlanInput pin;
     pin.config = config;
@@ -267,6 +272,17 @@ int Run(const TrainOptions& opt) {
     auto m = PlanGptModel(mc, B, T, /*checkpointing=*/false, engine->compute_dtype());
     if (!m.ok()) throw Usage{m.status().message()};
     pin.model = std::move(*m);
+    auto rates = [&](const std::string& path, const char* flag, Status (*apply)(const std::string&, const std::string&, PlanRates&)) {
+      std::ifstream in(path);
+      if (!in) throw Usage{std::string(flag) + ": cannot read " + path};
+      std::stringstream text;
+      text << in.rdbuf();
+      if (Status s = apply(text.str(), path, pin.rates); !s.ok()) throw Usage{std::string(flag) + ": " + s.message()};
+    };
+    if (!opt.adam_json.empty()) rates(opt.adam_json, "--adam-json", ApplyAdamJson);
+    for (const std::string& f : opt.aio_json) rates(f, "--aio-json", ApplyAioJson);
+    if (!opt.model_json.empty()) rates(opt.model_json, "--model-json", ApplyModelJson);
+    rates_measured = !opt.adam_json.empty() || !opt.aio_json.empty() || !opt.model_json.empty();
     pin.device_memory = device->memory_stats().budget_bytes;
     pin.host_memory = PinnedBudgetBytes(config);
     const auto& z = config.zero;
@@ -340,9 +356,9 @@ int Run(const TrainOptions& opt) {
                 FormatBytes(static_cast<uint64_t>(sb.nvme)).c_str(), FormatBytes(gpt->activation_bytes()).c_str(),
                 FormatCount(static_cast<double>(split.train.size())).c_str(), FormatCount(static_cast<double>(split.valid.size())).c_str());
     std::printf("  plan of this configuration (zinf plan's row, buffers included): device %s, pinned host %s, nvme %s; "
-                "predicted step %.1f s at default rates\n",
+                "predicted step %.3g s at %s rates\n",
                 FormatBytes(plan_row.device_bytes).c_str(), FormatBytes(plan_row.host_bytes).c_str(),
-                FormatBytes(plan_row.nvme_bytes).c_str(), plan_row.step_s);
+                FormatBytes(plan_row.nvme_bytes).c_str(), plan_row.step_s, rates_measured ? "measured" : "default");
     std::fflush(stdout);
   }
 
@@ -396,7 +412,7 @@ int Run(const TrainOptions& opt) {
     if (!metrics) throw Usage{"--metrics-json: cannot write " + opt.metrics_json};
   }
   const int L = static_cast<int>(mc.num_layers);
-  std::vector<double> losses, tps_hist;
+  std::vector<double> losses, tps_hist, step_secs;
   double optimizer_s = 0, comm_s = 0, copy_s = 0, io_s = 0, stall_s = 0, train_s = 0;
   uint64_t nvme_read = 0, nvme_written = 0, copied = 0;  // bytes moved per tier, all steps
   // Copies the batch in tok/tgt to the device and enqueues the forward, each
@@ -448,6 +464,7 @@ int Run(const TrainOptions& opt) {
     const StepStats st = Must(engine->Stats(), "stats");
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     train_s += secs;
+    step_secs.push_back(secs);
     const double loss = loss_sum / batch.gradient_accumulation_steps;
     const double tps = static_cast<double>(batch.train_batch_size * T) / secs;
     losses.push_back(loss);
@@ -594,6 +611,14 @@ int Run(const TrainOptions& opt) {
     const StepStats st = Must(engine->Stats(), "stats");
     const DeviceMemoryStats dm = device->memory_stats();
     const bool host_device = device->kind() == DeviceKind::kHost;
+    // The plan's step time against this run's: the median step after the
+    // first (which also records the stage-3 trace and warms the tiers).
+    std::vector<double> steady(step_secs.size() > 1 ? step_secs.begin() + 1 : step_secs.begin(), step_secs.end());
+    std::nth_element(steady.begin(), steady.begin() + steady.size() / 2, steady.end());
+    const double median_step = steady[steady.size() / 2];
+    std::printf("  step time: median %.3g s over %zu steps, plan %.3g s at %s rates (plan/measured %.2f)\n",
+                median_step, steady.size(), plan_row.step_s, rates_measured ? "measured" : "default",
+                plan_row.step_s / median_step);
     std::printf("  memory: device peak %s, pinned host peak %s (plan %s and %s); peak RSS %s%s\n",
                 FormatBytes(dm.peak_in_use_bytes).c_str(), FormatBytes(st.host_peak_pinned_bytes).c_str(),
                 FormatBytes(plan_row.device_bytes).c_str(), FormatBytes(plan_row.host_bytes).c_str(),
@@ -655,6 +680,10 @@ void RegisterTrain(CLI::App& app, int* exit_code) {
   cmd->add_option("--save-dir", opt->save_dir, "Checkpoint directory (step-N/ and a latest pointer)");
   cmd->add_option("--save-every", opt->save_every, "Save every N steps (and after the last)");
   cmd->add_option("--keep", opt->keep, "Checkpoints kept under --save-dir")->capture_default_str();
+  cmd->add_option("--adam-json", opt->adam_json, "The plan's Adam rate from `zinf bench adam --json` output");
+  cmd->add_option("--aio-json", opt->aio_json, "The plan's NVMe rates from `zinf aio sweep|read|write --json` output "
+                  "(repeatable)");
+  cmd->add_option("--model-json", opt->model_json, "The plan's GFLOP/s from `zinf bench model --json` output");
   cmd->add_option("--resume", opt->resume, "A step-N directory, a checkpoint directory, or latest (in --save-dir)");
   cmd->callback([opt, exit_code] {
     try {

@@ -43,6 +43,8 @@ TEST(TrainTest, ShortEmbeddedRunLearnsAndWritesItsFiles) {
   EXPECT_NE(r.output.find("plan per rank"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("summary: validation loss"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("sample: "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("step time: median"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("at default rates (plan/measured"), std::string::npos) << r.output;
   // The optimizer state went to a directory under the working directory, removed afterwards.
   for (const auto& e : std::filesystem::directory_iterator(cwd)) {
     EXPECT_EQ(e.path().filename().string().rfind("zinf-train-", 0), std::string::npos) << e.path();
@@ -65,6 +67,27 @@ TEST(TrainTest, ShortEmbeddedRunLearnsAndWritesItsFiles) {
   r = RunZinf("train --steps 1 --layers 1 --d-model 32 --seq-len 32 --micro-batch 4 --sample-tokens 0 --init " + weights);
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("sample: (none: --sample-tokens 0)"), std::string::npos) << r.output;
+}
+
+// A rate file reaches the plan's step time: at an Adam rate of 1000
+// parameters per second the optimizer alone takes minutes.
+TEST(TrainTest, MeasuredRatesDriveThePlansStepTime) {
+  const std::string adam = Scratch("train_slow_adam.json");
+  std::ofstream(adam) << R"({"bench": "adam", "bytes_per_param": 28, "rows": [{"threads": 2, "params_per_s": 1000}]})";
+  auto r = RunZinf("train --steps 2 --layers 1 --d-model 32 --seq-len 32 --micro-batch 4 --sample-tokens 0 --adam-json " +
+                   adam);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const size_t at = r.output.find("step time: median");
+  ASSERT_NE(at, std::string::npos) << r.output;
+  double median = 0, plan = 0;
+  size_t steps = 0;
+  ASSERT_EQ(std::sscanf(r.output.c_str() + at, "step time: median %lf s over %zu steps, plan %lf s at measured rates",
+                        &median, &steps, &plan),
+            3)
+      << r.output.substr(at);
+  EXPECT_EQ(steps, 1u);
+  EXPECT_GT(plan, 10.0) << r.output.substr(at);
+  EXPECT_GT(plan, 100 * median) << r.output.substr(at);
 }
 
 // The embedded default (no arguments) reaches the corpus's entropy rate +
@@ -154,6 +177,8 @@ TEST(TrainTest, BadInputIsOneLineAndExitCodeTwo) {
       {"train --model gpt-99b", "gpt-99b"},
       {"train --sample-tokens -1", "--sample-tokens must be >= 0"},
       {"train --device tpu", "expected auto, cpu, cuda or cuda:N"},
+      {"train --adam-json /nonexistent/adam.json", "--adam-json: cannot read /nonexistent/adam.json"},
+      {"train --aio-json " + tiny, "--aio-json: "},
       // The plan's row decides before the initial state is written anywhere.
       {"train --device cpu --device-memory 1M", "the model does not fit (zinf plan's row for this configuration): device needs"},
   };
