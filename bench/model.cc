@@ -41,6 +41,7 @@ using model::GptRunOptions;
 
 struct Options {
   std::string preset = "gpt2";
+  int64_t layers = 0, d_model = 0, heads = 0, vocab = 0;  // override the preset's shape (0: keep)
   int64_t seq_len = 256;
   int64_t micro_batch = 4;
   int threads = 0;  // 0: hardware concurrency
@@ -93,7 +94,17 @@ int Fail(const Status& st) {
 int Run(const Options& opt) {
   auto preset = model::GptPreset(opt.preset);
   if (!preset.ok()) return Fail(preset.status());
-  const GptConfig& c = *preset;
+  GptConfig shaped = *preset;
+  if (opt.layers > 0 || opt.d_model > 0 || opt.heads > 0 || opt.vocab > 0) {
+    shaped.name = "custom";  // as zinf train shapes it: the context is the sequence length
+    shaped.max_seq_len = opt.seq_len;
+  }
+  if (opt.layers > 0) shaped.num_layers = opt.layers;
+  if (opt.d_model > 0) shaped.embed_dim = opt.d_model;
+  if (opt.heads > 0) shaped.num_heads = opt.heads;
+  if (opt.vocab > 0) shaped.vocab_size = opt.vocab;
+  if (Status st = shaped.Validate(); !st.ok()) return Fail(st);
+  const GptConfig& c = shaped;
   auto dtype = ParseDType(opt.dtype);
   auto grad_dtype = ParseDType(opt.grad_dtype);
   if (!dtype.ok()) return Fail(dtype.status());
@@ -305,6 +316,10 @@ void RegisterModel(CLI::App& bench, int* exit_code) {
   auto opt = std::make_shared<Options>();
   CLI::App* cmd = bench.add_subcommand("model", "GPT reference model: forward/backward time and GFLOP/s vs sgemm");
   cmd->add_option("--preset", opt->preset, "Model preset (tiny, gpt2, gpt2-medium, ...)")->capture_default_str();
+  cmd->add_option("--layers", opt->layers, "Transformer blocks (default: the preset's)");
+  cmd->add_option("--d-model", opt->d_model, "Embedding width (default: the preset's)");
+  cmd->add_option("--heads", opt->heads, "Attention heads (default: the preset's)");
+  cmd->add_option("--vocab", opt->vocab, "Vocabulary size (default: the preset's)");
   cmd->add_option("--seq-len", opt->seq_len, "Tokens per sequence")->capture_default_str();
   cmd->add_option("--micro-batch", opt->micro_batch, "Sequences per step")->capture_default_str();
   cmd->add_option("--threads", opt->threads, "Kernel threads (0: all cores)")->capture_default_str();

@@ -66,6 +66,7 @@ struct TrainOptions {
   // Measured rates for the plan's step time (zinf plan's flags).
   std::string adam_json, model_json;
   std::vector<std::string> aio_json;
+  double copy_gbps = 0, comm_gbps = 0;
 };
 
 // A bad input: one line, exit code 2.
@@ -282,7 +283,11 @@ int Run(const TrainOptions& opt) {
     if (!opt.adam_json.empty()) rates(opt.adam_json, "--adam-json", ApplyAdamJson);
     for (const std::string& f : opt.aio_json) rates(f, "--aio-json", ApplyAioJson);
     if (!opt.model_json.empty()) rates(opt.model_json, "--model-json", ApplyModelJson);
-    rates_measured = !opt.adam_json.empty() || !opt.aio_json.empty() || !opt.model_json.empty();
+    if (opt.copy_gbps < 0 || opt.comm_gbps < 0) throw Usage{"--copy-gbps and --comm-gbps must be > 0"};
+    if (opt.copy_gbps > 0) pin.rates.copy_gbps = {opt.copy_gbps, "--copy-gbps"};
+    if (opt.comm_gbps > 0) pin.rates.comm_gbps = {opt.comm_gbps, "--comm-gbps"};
+    rates_measured = !opt.adam_json.empty() || !opt.aio_json.empty() || !opt.model_json.empty() ||
+                     opt.copy_gbps > 0 || opt.comm_gbps > 0;
     pin.device_memory = device->memory_stats().budget_bytes;
     pin.host_memory = PinnedBudgetBytes(config);
     const auto& z = config.zero;
@@ -684,6 +689,8 @@ void RegisterTrain(CLI::App& app, int* exit_code) {
   cmd->add_option("--aio-json", opt->aio_json, "The plan's NVMe rates from `zinf aio sweep|read|write --json` output "
                   "(repeatable)");
   cmd->add_option("--model-json", opt->model_json, "The plan's GFLOP/s from `zinf bench model --json` output");
+  cmd->add_option("--copy-gbps", opt->copy_gbps, "The plan's device copy bandwidth, GB/s (default 10)");
+  cmd->add_option("--comm-gbps", opt->comm_gbps, "The plan's collective bus bandwidth, GB/s (default 5)");
   cmd->add_option("--resume", opt->resume, "A step-N directory, a checkpoint directory, or latest (in --save-dir)");
   cmd->callback([opt, exit_code] {
     try {

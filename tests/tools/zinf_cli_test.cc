@@ -93,6 +93,28 @@ TEST(ZinfCliTest, MembwBenchPrintsRatioJson) {
   EXPECT_NE(r.output.find("\"kernel\": \"update\""), std::string::npos) << r.output;
 }
 
+// bench model measures a reshaped preset (the very model zinf train would
+// build), and its JSON is a rate file zinf plan takes.
+TEST(ZinfCliTest, ModelBenchTakesAShapeAndFeedsThePlan) {
+  const std::string json = zinf::test::TestDir() + "/model_bench_custom.json";
+  auto r = zinf::test::RunCommand(zinf::test::BinaryDir() +
+                                  "/zinf bench model --preset tiny --layers 1 --d-model 32 --heads 4 --vocab 64 "
+                                  "--seq-len 24 --micro-batch 2 --steps 1 --json > " + json + " 2>/dev/null");
+  ASSERT_EQ(r.exit_code, 0);
+  std::ifstream in(json);
+  const nlohmann::json j = nlohmann::json::parse(in);
+  EXPECT_EQ(j.at("preset"), "custom");
+  bool step = false;
+  for (const auto& p : j.at("phases")) step = step || (p.at("phase") == "step" && p.at("gflop_per_s").get<double>() > 0);
+  EXPECT_TRUE(step) << j.dump();
+  r = RunZinf("plan --params 1M --model-json " + json);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("model_bench_custom.json (custom, step phase)"), std::string::npos) << r.output;
+  // A shape the model cannot take: one line, exit 2.
+  r = RunZinf("bench model --preset tiny --d-model 30 --heads 4 --steps 1");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+}
+
 // A small stage-3 run with parameters and optimizer on NVMe: the engine's
 // bytes, the bound, the plan's peaks against the measured ones.
 TEST(ZinfCliTest, Stage3BenchReportsBytesAndTheBound) {
