@@ -29,6 +29,7 @@
 #include "cpu/adam.h"
 #include "cpu/norm.h"
 #include "cpu/host_device.h"
+#include "cpu/io_memory.h"
 #include "nvme/io_engine.h"
 #include "nvme/swap_store.h"
 #include "zinf/engine.h"
@@ -138,8 +139,11 @@ int Run(const Options& opt) {
   }
 
   // NVMe: the I/O bound — the same engine and store reading, then writing,
-  // the same bytes (written first) with nothing else running.
-  double io_bound = 0;
+  // the optimizer state's bytes (written first) with nothing else running;
+  // its read and write rates then give the time of the bytes the engine
+  // moved per step (which include swapped gradients when the host budget
+  // is short).
+  double io_bound = 0, io_read_gbps = 0, io_write_gbps = 0;
   if (nvme) {
     Config io_config;
     io_config.zero.offload_optimizer.nvme_path = {opt.path};
@@ -152,9 +156,12 @@ int Run(const Options& opt) {
     so.capacity_bytes = groups * (bytes + 4 * so.extent_bytes);
     auto store = Check(nvme::SwapStore::Create(*io, so), "swap store");
     const int nbuf = 4;
-    std::vector<std::unique_ptr<char, decltype(&std::free)>> bufs;
+    // The engine's kind of buffer (huge pages, cpu/io_memory.h), so that the
+    // bound moves bytes as the engine can.
+    std::vector<IoMemory> bufs;
     for (int b = 0; b < nbuf; ++b) {
-      bufs.emplace_back(static_cast<char*>(std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096)), &std::free);
+      bufs.push_back(AllocateIoMemory((bytes + 4095) / 4096 * 4096));
+      if (!bufs.back()) Check(OutOfMemory("I/O bound buffers"), "buffers");
       std::memset(bufs.back().get(), 1, bytes);
     }
     for (int64_t g = 0; g < groups; ++g) {
@@ -168,12 +175,16 @@ int Run(const Options& opt) {
       reqs[g] = store->Read(g, bufs[g % nbuf].get());
     }
     for (auto& r : reqs) Check(r.Wait(), "read");
+    const double t1 = NowSeconds();
     for (int64_t g = 0; g < groups; ++g) {
       if (g >= nbuf) Check(reqs[g - nbuf].Wait(), "write");
       reqs[g] = store->Write(g, bufs[g % nbuf].get());
     }
     for (auto& r : reqs) Check(r.Wait(), "write");
-    io_bound = NowSeconds() - t0;
+    const double t2 = NowSeconds();
+    const double state_bytes = static_cast<double>(groups) * static_cast<double>(bytes);
+    io_read_gbps = state_bytes / (t1 - t0) / 1e9;
+    io_write_gbps = state_bytes / (t2 - t1) / 1e9;
   }
 
   // From here on the peak RSS is the engine's (the bounds' arrays are gone).
@@ -238,6 +249,7 @@ int Run(const Options& opt) {
   one_step();  // warm-up: first touches, pinned buffers
   Check(stream->Synchronize(), "sync");
   Check(engine->Synchronize(), "sync");
+  const StepStats warm = Check(engine->Stats(), "stats");
   // Steps back to back, as a trainer runs them: each step's update overlaps
   // the next step's forward; the step time is the steady-state average.
   if (!opt.json) std::fprintf(stderr, "  running %d steps...\n", opt.steps);
@@ -248,6 +260,10 @@ int Run(const Options& opt) {
   const double step = (NowSeconds() - t0) / opt.steps;
   const StepStats last = Check(engine->Stats(), "stats");
   const double optimizer = last.optimizer_seconds;
+  const double nvme_read = static_cast<double>(last.nvme_bytes_read_total - warm.nvme_bytes_read_total) / opt.steps;
+  const double nvme_written =
+      static_cast<double>(last.nvme_bytes_written_total - warm.nvme_bytes_written_total) / opt.steps;
+  if (nvme) io_bound = nvme_read / (io_read_gbps * 1e9) + nvme_written / (io_write_gbps * 1e9);
   const double busy = step - compute_alone;
   const double hidden = opt.compute_ms > 0 ? std::clamp(1.0 - std::max(0.0, busy) / bound, 0.0, 1.0) : 0.0;
   const double peak_per_param = static_cast<double>(last.host_peak_pinned_bytes) / static_cast<double>(P);
@@ -266,6 +282,10 @@ int Run(const Options& opt) {
                         {"copies_and_norm_seconds", copies_and_norm},
                         {"io_bound_seconds", io_bound},
                         {"step_over_io_bound", io_bound > 0 ? step / io_bound : 0.0},
+                        {"nvme_bytes_read_per_step", nvme_read},
+                        {"nvme_bytes_written_per_step", nvme_written},
+                        {"io_bound_read_gb_per_s", io_read_gbps},
+                        {"io_bound_write_gb_per_s", io_write_gbps},
                         {"peak_rss_bytes", rss},
                         {"peak_rss_outside_device_bytes", rss_outside_device},
                         {"peak_rss_engine_only", peak_reset},
@@ -289,9 +309,13 @@ int Run(const Options& opt) {
               copies_and_norm, step / (bound + copies_and_norm), optimizer, compute_alone,
               compute_alone > 0 ? step / compute_alone : 0.0, 100 * hidden, peak_per_param);
   if (nvme) {
-    std::printf("# nvme: the same store reading then writing the %s of optimizer state alone: %.3f s; step/io bound "
-                "%.2f; nvme waits in the step %.3f s\n",
-                FormatBytes(static_cast<uint64_t>(P) * 12).c_str(), io_bound, step / io_bound, last.io_seconds);
+    std::printf("# nvme: per step the engine read %s and wrote %s (optimizer state %s each way, and swapped "
+                "gradients); at the rates the same store reached alone reading then writing the state (%.2f GB/s read, "
+                "%.2f GB/s write) that is %.3f s: step/io bound %.2f; nvme waits in the step %.3f s\n",
+                FormatBytes(static_cast<uint64_t>(nvme_read)).c_str(),
+                FormatBytes(static_cast<uint64_t>(nvme_written)).c_str(),
+                FormatBytes(static_cast<uint64_t>(P) * 12).c_str(), io_read_gbps, io_write_gbps, io_bound,
+                step / io_bound, last.io_seconds);
   }
   if (bound_n < P) {
     std::printf("# bound and +copies timed over %s parameters and scaled by %.2f (memory-bound streams)\n",

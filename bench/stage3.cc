@@ -32,6 +32,7 @@
 #include "common/logging.h"
 #include "common/units.h"
 #include "cpu/host_device.h"
+#include "cpu/io_memory.h"
 #include "cpu/pinned_pool.h"
 #include "nvme/io_engine.h"
 #include "nvme/swap_store.h"
@@ -89,9 +90,11 @@ BoundTimes IoBound(const std::string& path, const std::vector<uint64_t>& shard_b
   auto store = Check(nvme::SwapStore::Create(*io, so), "swap store");
   constexpr int kDepth = 4;
   const uint64_t padded = (largest + 4095) / 4096 * 4096;
-  std::vector<std::unique_ptr<char, decltype(&std::free)>> bufs;
+  // The engine's kind of buffer (huge pages, cpu/io_memory.h), so that the
+  // bound moves bytes as the engine can.
+  std::vector<IoMemory> bufs;
   for (int b = 0; b < kDepth; ++b) {
-    bufs.emplace_back(static_cast<char*>(std::aligned_alloc(4096, padded)), &std::free);
+    bufs.push_back(AllocateIoMemory(padded));
     if (!bufs.back()) Check(OutOfMemory("I/O bound buffers"), "buffers");
     std::memset(bufs.back().get(), 1, padded);
   }

@@ -115,6 +115,36 @@ TEST(ZinfCliTest, ModelBenchTakesAShapeAndFeedsThePlan) {
   EXPECT_EQ(r.exit_code, 2) << r.output;
 }
 
+// bench offload with the optimizer on NVMe: the bytes per step it reports are
+// the state's (and, under a short host budget, swapped gradients too), and
+// the bound is timed for those bytes.
+TEST(ZinfCliTest, OffloadBenchBoundsTheBytesTheEngineMoved) {
+  const std::string dir = zinf::test::TestDir() + "/bench_offload";
+  std::filesystem::create_directories(dir);
+  const double padded = 8.0 * 1048576, state = padded * 12;
+  auto run = [&](const std::string& extra) {
+    auto r = zinf::test::RunCommand(zinf::test::BinaryDir() + "/zinf bench offload --params 8M --units 8 --offload nvme "
+                                    "--sub-group-size 1100000 --steps 2 --json --path " + dir + " " + extra + " 2>/dev/null");
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return r.exit_code == 0 ? nlohmann::json::parse(r.output) : nlohmann::json::object();
+  };
+  auto j = run("");
+  ASSERT_FALSE(j.empty());
+  EXPECT_EQ(j["nvme_bytes_read_per_step"].get<double>(), state) << j.dump();
+  EXPECT_EQ(j["nvme_bytes_written_per_step"].get<double>(), state) << j.dump();
+  EXPECT_GT(j["io_bound_seconds"].get<double>(), 0) << j.dump();
+  EXPECT_TRUE(j["peak_rss_engine_only"].get<bool>()) << j.dump();
+  EXPECT_LE(j["peak_rss_outside_device_bytes"].get<double>(), j["peak_rss_bytes"].get<double>()) << j.dump();
+  // A budget that holds the swap buffers but not every unit's gradients:
+  // the swapped gradients are written and read back each step, on top.
+  j = run("--host-memory 88M");
+  std::filesystem::remove_all(dir);
+  ASSERT_FALSE(j.empty());
+  EXPECT_GT(j["nvme_bytes_read_per_step"].get<double>(), state) << j.dump();
+  EXPECT_GT(j["nvme_bytes_written_per_step"].get<double>(), state) << j.dump();
+  EXPECT_LE(j["host_peak_pinned_bytes"].get<double>(), 88.0 * 1048576) << j.dump();
+}
+
 // A small stage-3 run with parameters and optimizer on NVMe: the engine's
 // bytes, the bound, the plan's peaks against the measured ones.
 TEST(ZinfCliTest, Stage3BenchReportsBytesAndTheBound) {
