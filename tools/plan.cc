@@ -34,23 +34,13 @@ struct PlanOptions {
   std::string dtype;
   int64_t ranks = 1;
   std::string device_memory, host_memory, nvme_free;
-  std::string adam_json, model_json;
-  std::vector<std::string> aio_json;
-  double copy_gbps = 0, comm_gbps = 0;
+  PlanRateFlags rates;
   bool json = false;
 };
 
 struct Usage {
   std::string message;
 };
-
-std::string ReadFile(const std::string& path, const char* flag) {
-  std::ifstream in(path);
-  if (!in) throw Usage{std::string(flag) + ": cannot read " + path};
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 uint64_t Size(const std::string& text, const char* flag) {
   auto v = ParseSize(text);
@@ -143,12 +133,7 @@ int Run(const PlanOptions& opt) {
   }
 
   // ---- Rates.
-  if (!opt.adam_json.empty()) Check(ApplyAdamJson(ReadFile(opt.adam_json, "--adam-json"), opt.adam_json, in.rates));
-  for (const std::string& f : opt.aio_json) Check(ApplyAioJson(ReadFile(f, "--aio-json"), f, in.rates));
-  if (!opt.model_json.empty()) Check(ApplyModelJson(ReadFile(opt.model_json, "--model-json"), opt.model_json, in.rates));
-  if (opt.copy_gbps < 0 || opt.comm_gbps < 0) throw Usage{"--copy-gbps and --comm-gbps must be > 0"};
-  if (opt.copy_gbps > 0) in.rates.copy_gbps = {opt.copy_gbps, "--copy-gbps"};
-  if (opt.comm_gbps > 0) in.rates.comm_gbps = {opt.comm_gbps, "--comm-gbps"};
+  Check(ApplyPlanRateFlags(opt.rates, in.rates));
 
   // ---- Capacities.
   std::string device_from, host_from, nvme_from;
@@ -242,6 +227,33 @@ int Run(const PlanOptions& opt) {
 
 }  // namespace
 
+void AddPlanRateOptions(CLI::App* cmd, PlanRateFlags& flags) {
+  cmd->add_option("--adam-json", flags.adam_json, "Adam rate from `zinf bench adam --json` output");
+  cmd->add_option("--aio-json", flags.aio_json, "NVMe rates from `zinf aio sweep --json` (or aio read/write --json) "
+                                                "output; may repeat");
+  cmd->add_option("--model-json", flags.model_json, "GFLOP/s from `zinf bench model --json` output");
+  cmd->add_option("--copy-gbps", flags.copy_gbps, "Device copy bandwidth, GB/s (default 10)");
+  cmd->add_option("--comm-gbps", flags.comm_gbps, "Collective bus bandwidth, GB/s (default 5)");
+}
+
+Status ApplyPlanRateFlags(const PlanRateFlags& flags, PlanRates& rates) {
+  using Apply = Status (*)(const std::string&, const std::string&, PlanRates&);
+  auto apply = [&](const std::string& path, const char* flag, Apply fn) -> Status {
+    std::ifstream in(path);
+    if (!in) return InvalidArgument(std::string(flag) + ": cannot read " + path);
+    std::stringstream text;
+    text << in.rdbuf();
+    return fn(text.str(), path, rates).WithContext(flag);
+  };
+  if (!flags.adam_json.empty()) ZINF_RETURN_IF_ERROR(apply(flags.adam_json, "--adam-json", ApplyAdamJson));
+  for (const std::string& f : flags.aio_json) ZINF_RETURN_IF_ERROR(apply(f, "--aio-json", ApplyAioJson));
+  if (!flags.model_json.empty()) ZINF_RETURN_IF_ERROR(apply(flags.model_json, "--model-json", ApplyModelJson));
+  if (flags.copy_gbps < 0 || flags.comm_gbps < 0) return InvalidArgument("--copy-gbps and --comm-gbps must be > 0");
+  if (flags.copy_gbps > 0) rates.copy_gbps = {flags.copy_gbps, "--copy-gbps"};
+  if (flags.comm_gbps > 0) rates.comm_gbps = {flags.comm_gbps, "--comm-gbps"};
+  return Status::Ok();
+}
+
 void RegisterPlan(CLI::App& app, int* exit_code) {
   auto opt = std::make_shared<PlanOptions>();
   CLI::App* cmd = app.add_subcommand(
@@ -266,12 +278,7 @@ void RegisterPlan(CLI::App& app, int* exit_code) {
   cmd->add_option("--host-memory", opt->host_memory, "Pinned host memory per rank (default: zinf.host_memory, "
                                                      "else physical memory)");
   cmd->add_option("--nvme-free", opt->nvme_free, "Free NVMe space per rank (default: free space at nvme_path)");
-  cmd->add_option("--adam-json", opt->adam_json, "Adam rate from `zinf bench adam --json` output");
-  cmd->add_option("--aio-json", opt->aio_json, "NVMe rates from `zinf aio sweep --json` (or aio read/write --json) "
-                                               "output; may repeat");
-  cmd->add_option("--model-json", opt->model_json, "GFLOP/s from `zinf bench model --json` output");
-  cmd->add_option("--copy-gbps", opt->copy_gbps, "Device copy bandwidth, GB/s (default 10)");
-  cmd->add_option("--comm-gbps", opt->comm_gbps, "Collective bus bandwidth, GB/s (default 5)");
+  AddPlanRateOptions(cmd, opt->rates);
   cmd->add_flag("--json", opt->json, "Print one JSON object");
   cmd->callback([opt, exit_code] {
     try {

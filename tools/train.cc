@@ -41,6 +41,7 @@
 #include "model/gpt_device.h"
 #include "sched/plan.h"
 #include "sched/state_bytes.h"
+#include "tools/plan.h"
 #include "zinf/config.h"
 #include "zinf/device.h"
 #include "zinf/engine.h"
@@ -63,10 +64,7 @@ struct TrainOptions {
   std::string metrics_json, plot;
   std::string save_dir, resume;
   int64_t save_every = 0, keep = 2;
-  // Measured rates for the plan's step time (zinf plan's flags).
-  std::string adam_json, model_json;
-  std::vector<std::string> aio_json;
-  double copy_gbps = 0, comm_gbps = 0;
+  PlanRateFlags rates;  // measured rates for the plan's step time (zinf plan's flags)
 };
 
 // A bad input: one line, exit code 2.
@@ -273,21 +271,8 @@ int Run(const TrainOptions& opt) {
     auto m = PlanGptModel(mc, B, T, /*checkpointing=*/false, engine->compute_dtype());
     if (!m.ok()) throw Usage{m.status().message()};
     pin.model = std::move(*m);
-    auto rates = [&](const std::string& path, const char* flag, Status (*apply)(const std::string&, const std::string&, PlanRates&)) {
-      std::ifstream in(path);
-      if (!in) throw Usage{std::string(flag) + ": cannot read " + path};
-      std::stringstream text;
-      text << in.rdbuf();
-      if (Status s = apply(text.str(), path, pin.rates); !s.ok()) throw Usage{std::string(flag) + ": " + s.message()};
-    };
-    if (!opt.adam_json.empty()) rates(opt.adam_json, "--adam-json", ApplyAdamJson);
-    for (const std::string& f : opt.aio_json) rates(f, "--aio-json", ApplyAioJson);
-    if (!opt.model_json.empty()) rates(opt.model_json, "--model-json", ApplyModelJson);
-    if (opt.copy_gbps < 0 || opt.comm_gbps < 0) throw Usage{"--copy-gbps and --comm-gbps must be > 0"};
-    if (opt.copy_gbps > 0) pin.rates.copy_gbps = {opt.copy_gbps, "--copy-gbps"};
-    if (opt.comm_gbps > 0) pin.rates.comm_gbps = {opt.comm_gbps, "--comm-gbps"};
-    rates_measured = !opt.adam_json.empty() || !opt.aio_json.empty() || !opt.model_json.empty() ||
-                     opt.copy_gbps > 0 || opt.comm_gbps > 0;
+    if (Status s = ApplyPlanRateFlags(opt.rates, pin.rates); !s.ok()) throw Usage{s.message()};
+    rates_measured = opt.rates.any();
     pin.device_memory = device->memory_stats().budget_bytes;
     pin.host_memory = PinnedBudgetBytes(config);
     const auto& z = config.zero;
@@ -685,12 +670,7 @@ void RegisterTrain(CLI::App& app, int* exit_code) {
   cmd->add_option("--save-dir", opt->save_dir, "Checkpoint directory (step-N/ and a latest pointer)");
   cmd->add_option("--save-every", opt->save_every, "Save every N steps (and after the last)");
   cmd->add_option("--keep", opt->keep, "Checkpoints kept under --save-dir")->capture_default_str();
-  cmd->add_option("--adam-json", opt->adam_json, "The plan's Adam rate from `zinf bench adam --json` output");
-  cmd->add_option("--aio-json", opt->aio_json, "The plan's NVMe rates from `zinf aio sweep|read|write --json` output "
-                  "(repeatable)");
-  cmd->add_option("--model-json", opt->model_json, "The plan's GFLOP/s from `zinf bench model --json` output");
-  cmd->add_option("--copy-gbps", opt->copy_gbps, "The plan's device copy bandwidth, GB/s (default 10)");
-  cmd->add_option("--comm-gbps", opt->comm_gbps, "The plan's collective bus bandwidth, GB/s (default 5)");
+  AddPlanRateOptions(cmd, opt->rates);
   cmd->add_option("--resume", opt->resume, "A step-N directory, a checkpoint directory, or latest (in --save-dir)");
   cmd->callback([opt, exit_code] {
     try {
