@@ -135,6 +135,10 @@ struct ZinfAioConfig {
   bool fixed_buffers = true;   // register pinned buffers with the ring
   bool sqpoll = false;         // kernel submission-queue polling thread (costs a core)
   bool buffered = false;       // page-cache I/O instead of O_DIRECT
+  // offload_optimizer nvme: sub-group swaps in phases — a batch of
+  // buffer_count reads, then their writes — instead of reads and writes in
+  // flight together (a disk serves a pure stream faster than a mix).
+  bool phased_swaps = true;
 };
 
 // offload_optimizer nvme: where each unit's accumulated fp32 gradient

@@ -589,6 +589,7 @@ void ReadZinf(ObjectReader& r, ZinfConfig& z) {
     a.Bool("fixed_buffers", &z.aio.fixed_buffers);
     a.Bool("sqpoll", &z.aio.sqpoll);
     a.Bool("buffered", &z.aio.buffered);
+    a.Bool("phased_swaps", &z.aio.phased_swaps);
   });
 }
 
@@ -915,7 +916,8 @@ std::string Config::ToJson(int indent) const {
                 {{"rings", zinf.aio.rings},
                  {"fixed_buffers", zinf.aio.fixed_buffers},
                  {"sqpoll", zinf.aio.sqpoll},
-                 {"buffered", zinf.aio.buffered}}}};
+                 {"buffered", zinf.aio.buffered},
+                 {"phased_swaps", zinf.aio.phased_swaps}}}};
   // Unresolved "auto" values are written back as "auto".
   for (const auto& path : auto_keys) {
     std::string pointer = "/" + path;

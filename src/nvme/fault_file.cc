@@ -19,6 +19,11 @@ Result<std::shared_ptr<FaultInjectingFile>> FaultInjectingFile::Open(const std::
 }
 
 std::optional<int> FaultInjectingFile::InjectError(IoKind kind, uint64_t offset, uint64_t len) {
+  if (plan_.overlap) {  // an attempt starts (an injected error completes it at once, through the hook below)
+    const int k = kind == IoKind::kRead ? 0 : 1;
+    plan_.overlap->in_flight[k].fetch_add(1);
+    if (plan_.overlap->in_flight[1 - k].load() > 0) plan_.overlap->mixed.fetch_add(1);
+  }
   if (plan_.armed && !plan_.armed->load()) return std::nullopt;
   uint64_t n = attempts_.fetch_add(1);
   std::optional<int> err;
@@ -29,6 +34,14 @@ std::optional<int> FaultInjectingFile::InjectError(IoKind kind, uint64_t offset,
   if (kind == IoKind::kWrite && plan_.enospc_at && offset >= *plan_.enospc_at) err = ENOSPC;
   if (err) injected_.fetch_add(1);
   return err;
+}
+
+uint32_t FaultInjectingFile::CompletionDelayMicros(IoKind kind) {
+  if (!plan_.overlap) return plan_.delay_us;
+  // Held here, so that the attempt counts as in flight until it is handled.
+  if (plan_.delay_us > 0) ::usleep(plan_.delay_us);
+  plan_.overlap->in_flight[kind == IoKind::kRead ? 0 : 1].fetch_sub(1);
+  return 0;
 }
 
 uint64_t FaultInjectingFile::LimitTransfer(IoKind kind, uint64_t offset, uint64_t len) {

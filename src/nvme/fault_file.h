@@ -32,6 +32,16 @@ struct FaultPlan {
   // When set, the faults above apply, and attempts count, only while it is
   // true: a test arms a file once it is past the I/O it wants to succeed.
   std::shared_ptr<std::atomic<bool>> armed;
+  // When set, every attempt (armed or not) is counted in it, across the
+  // files that share it.
+  std::shared_ptr<struct KindOverlap> overlap;
+};
+
+// Attempts in flight per kind, and how many attempts went out while one of
+// the other kind was in flight (a read beside a write, or the reverse).
+struct KindOverlap {
+  std::atomic<int64_t> in_flight[2] = {0, 0};  // IoKind::kRead, IoKind::kWrite
+  std::atomic<uint64_t> mixed{0};
 };
 
 class FaultInjectingFile : public File {
@@ -41,7 +51,7 @@ class FaultInjectingFile : public File {
 
   std::optional<int> InjectError(IoKind kind, uint64_t offset, uint64_t len) override;
   uint64_t LimitTransfer(IoKind kind, uint64_t offset, uint64_t len) override;
-  uint32_t CompletionDelayMicros() override { return plan_.delay_us; }
+  uint32_t CompletionDelayMicros(IoKind kind) override;
 
   uint64_t attempts() const { return attempts_.load(); }
   uint64_t injected_failures() const { return injected_.load(); }

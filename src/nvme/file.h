@@ -57,8 +57,9 @@ class File {
   virtual std::optional<int> InjectError(IoKind kind, uint64_t offset, uint64_t len) { return std::nullopt; }
   // How many of `len` bytes this attempt may transfer (forces short ops); 0 < result <= len.
   virtual uint64_t LimitTransfer(IoKind kind, uint64_t offset, uint64_t len) { return len; }
-  // Microseconds to hold this attempt's completion before handling it.
-  virtual uint32_t CompletionDelayMicros() { return 0; }
+  // Called as an attempt of `kind` completes: microseconds to hold the
+  // completion before handling it.
+  virtual uint32_t CompletionDelayMicros(IoKind kind) { return 0; }
 
  protected:
   File(std::string path, int fd, bool direct);

@@ -117,7 +117,7 @@ class IoEngine::Impl {
   // After an attempt returned `res` (bytes, or -errno). Returns true when the
   // block must be issued again (remainder of a short transfer, or a retry).
   bool OnAttemptDone(Block* b, int64_t res) {
-    if (uint32_t delay = b->file->CompletionDelayMicros()) ::usleep(delay);
+    if (uint32_t delay = b->file->CompletionDelayMicros(b->kind)) ::usleep(delay);
     if (res < 0) {
       int err = static_cast<int>(-res);
       if ((err == EAGAIN || err == EINTR) && b->retries++ < kMaxRetries) {

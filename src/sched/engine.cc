@@ -339,6 +339,7 @@ class EngineImpl final : public Engine {
   // issued; the step's first ones go out as its last backward starts (the
   // state alone: `has_grad` null), the swapped gradients at the boundary.
   Status IssueReads(size_t g, const std::vector<char>* has_grad);
+  void IssueWrites(size_t g);
   // An I/O failure of a step's swap transfers: the state on disk is mixed
   // (or the window's gradients lost), the engine refuses further steps
   // (broken_).
@@ -898,7 +899,20 @@ Status EngineImpl::ReadGroup(size_t g, const std::vector<char>& has_grad) {
 
 Status EngineImpl::IssueReads(size_t g, const std::vector<char>* has_grad) {
   const size_t nbuf = nvme_bufs_.size();
-  for (size_t h = g; h < std::min(groups_.size(), g + std::max<size_t>(1, nbuf - 1)); ++h) {
+  size_t end = std::min(groups_.size(), g + std::max<size_t>(1, nbuf - 1));
+  if (config_.zinf.aio.phased_swaps) {
+    // Phases: g's batch (nbuf groups, one per buffer) is read only once
+    // every write of the batch before it has finished, and its own writes
+    // go out after its last update (IssueWrites).
+    const size_t first = g / nbuf * nbuf;
+    end = std::min(groups_.size(), first + nbuf);
+    if (!group_read_[g].valid() && first >= nbuf) {
+      for (size_t h = first - nbuf; h < first; ++h) {
+        if (group_write_[h].valid()) ZINF_RETURN_IF_ERROR(SwapFailure(group_write_[h].Wait()));
+      }
+    }
+  }
+  for (size_t h = g; h < end; ++h) {
     if (!group_read_[h].valid()) {
       if (h >= nbuf && group_write_[h - nbuf].valid()) ZINF_RETURN_IF_ERROR(SwapFailure(group_write_[h - nbuf].Wait()));
       group_read_[h] = store_->Read(h, nvme_bufs_[h % nbuf].data());
@@ -913,6 +927,19 @@ Status EngineImpl::IssueReads(size_t g, const std::vector<char>* has_grad) {
     }
   }
   return Status::Ok();
+}
+
+// Sub-group g updated: its write goes out now, or (phased swaps) with the
+// rest of its batch once the batch's last group is updated, when none of
+// the batch's reads is still in flight.
+void EngineImpl::IssueWrites(size_t g) {
+  const size_t nbuf = nvme_bufs_.size();
+  size_t first = g;
+  if (config_.zinf.aio.phased_swaps) {
+    if ((g + 1) % nbuf != 0 && g + 1 != groups_.size()) return;
+    first = g / nbuf * nbuf;
+  }
+  for (size_t h = first; h <= g; ++h) group_write_[h] = store_->Write(h, nvme_bufs_[h % nbuf].data());
 }
 
 // offload_param nvme, at Finalize: the two staging buffers of the largest
@@ -1835,7 +1862,7 @@ Status EngineImpl::EnqueueBoundary() {
     if (nvme_ && groups_[group_of_unit_[i]].units.back() == static_cast<int>(i)) {
       const size_t g = group_of_unit_[i];
       ZINF_RETURN_IF_ERROR(stream_->Enqueue([this, g](const StreamContext&) {
-        group_write_[g] = store_->Write(g, nvme_bufs_[g % nvme_bufs_.size()].data());
+        IssueWrites(g);
         return Status::Ok();
       }));
     }

@@ -179,7 +179,7 @@ TEST(ConfigTest, NvmePathMayBeAListForStriping) {
 TEST(ConfigTest, ZinfBlock) {
   Config c = MustParse(R"({"zinf": {"device": "cuda:1", "device_memory": "2G", "host_memory": 1073741824,
                            "optimizer_threads": 2, "gradients": "nvme", "checksums": true,
-                           "aio": {"rings": 2, "sqpoll": true}}})");
+                           "aio": {"rings": 2, "sqpoll": true, "phased_swaps": false}}})");
   EXPECT_EQ(c.zinf.device, "cuda:1");
   EXPECT_EQ(c.zinf.device_memory, 2ull << 30);
   EXPECT_EQ(c.zinf.host_memory, 1ull << 30);
@@ -189,6 +189,9 @@ TEST(ConfigTest, ZinfBlock) {
   EXPECT_TRUE(c.zinf.checksums);
   EXPECT_EQ(c.zinf.aio.rings, 2);
   EXPECT_TRUE(c.zinf.aio.sqpoll);
+  EXPECT_FALSE(c.zinf.aio.phased_swaps);
+  EXPECT_TRUE(MustParse("{}").zinf.aio.phased_swaps);
+  EXPECT_NE(c.ToJson().find("\"phased_swaps\": false"), std::string::npos) << c.ToJson();
 }
 
 TEST(ConfigTest, HarmlessValuesOfUnimplementedKeysAreAccepted) {
