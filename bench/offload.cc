@@ -7,6 +7,12 @@
 // of X ms on the device stream (no CPU used), standing in for device compute;
 // the report then gives forward+backward alone (measured on its own in the
 // same run) and how much of the optimizer the step hid behind it.
+//
+// With --offload nvme the step is also set against the I/O bound: the time
+// the disk takes for the bytes the engine moved per step at the rates the
+// same I/O engine and store reach reading, then writing, alone. Its passes
+// alternate with the timed steps (each step synchronized), and medians are
+// compared.
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -43,6 +49,7 @@ struct Options : EngineBenchRun {
   std::string path;                   // nvme: the directory of the swap store
   std::string sub_group_size = "50M";  // nvme: elements per sub-group
   std::string host_memory;             // zinf.host_memory (empty: the machine's RAM)
+  bool phased_swaps = true;            // zinf.aio.phased_swaps
 };
 
 template <class T>
@@ -74,6 +81,76 @@ double AdamBound(int64_t n, int threads) {
 constexpr int64_t kBoundParams = 500'000'000;
 
 void Wait(Device& device, Stream& stream, double ms) { Check(SyntheticCompute(device, stream, ms), "compute"); }
+
+// NVMe: the I/O bound — the engine's I/O engine and swap store (default aio
+// settings, as the engine uses them) reading, then writing, written bytes
+// with nothing else running. Passes are timed between the engine's steps, so
+// that the disk's rates and the step are measured minutes apart at most
+// (this VM's disk drifts by 20% and more from one minute to the next); the
+// rates then give the time of the bytes the engine moved per step. The bytes
+// are min(state, kBoundParams' state): the rate of a sequential stream does
+// not depend on its length past a few GB, and a 3B model's state could not
+// be written twice on most disks. Requests are of one sub-group, up to
+// 64 MiB: the store cuts them into aio blocks at the engine's queue depth,
+// so the disk sees the same stream, and the buffers stay small beside the
+// engine's memory.
+class IoBound {
+ public:
+  IoBound(const std::string& dir, int64_t state_bytes, int64_t sub_group_bytes) {
+    Config io_config;
+    io_config.zero.offload_optimizer.nvme_path = {dir};
+    io_ = Check(nvme::IoEngine::Create(nvme::IoEngineOptionsFromConfig(io_config)), "io engine");
+    bytes_ = std::min<int64_t>(sub_group_bytes, int64_t{64} << 20) / 4096 * 4096;
+    groups_ = std::max<int64_t>(kBuffers, (state_bytes + bytes_ - 1) / bytes_);
+    nvme::SwapStoreOptions so;
+    so.dirs = {dir};
+    so.capacity_bytes = groups_ * (bytes_ + 4 * so.extent_bytes);
+    store_ = Check(nvme::SwapStore::Create(*io_, so), "swap store");
+    IoMemory fill = AllocateIoMemory(bytes_);
+    if (!fill) Check(OutOfMemory("I/O bound buffer"), "buffers");
+    std::memset(fill.get(), 1, bytes_);
+    for (int64_t g = 0; g < groups_; ++g) {
+      Check(store_->Allocate(g, bytes_), "allocate");
+      Check(store_->Write(g, fill.get()).Wait(), "pre-write");  // no pass reads an unwritten extent
+    }
+  }
+  double bytes() const { return static_cast<double>(groups_) * static_cast<double>(bytes_); }
+
+  struct Rates {
+    double read_gbps = 0, write_gbps = 0;
+  };
+  // One pass: every group read, then every group written, kBuffers requests
+  // in flight. The buffers (the engine's kind: huge pages) live for the pass
+  // only, so the engine's peak RSS does not count them.
+  Rates Pass() {
+    std::vector<IoMemory> bufs;
+    for (int b = 0; b < kBuffers; ++b) {
+      bufs.push_back(AllocateIoMemory(bytes_));
+      if (!bufs.back()) Check(OutOfMemory("I/O bound buffers"), "buffers");
+      std::memset(bufs.back().get(), 1, bytes_);  // first touches before the clock
+    }
+    std::vector<nvme::IoRequest> reqs(groups_);
+    auto stream = [&](bool write) {
+      const double t0 = NowSeconds();
+      for (int64_t g = 0; g < groups_; ++g) {
+        if (g >= kBuffers) Check(reqs[g - kBuffers].Wait(), write ? "write" : "read");
+        reqs[g] = write ? store_->Write(g, bufs[g % kBuffers].get()) : store_->Read(g, bufs[g % kBuffers].get());
+      }
+      for (auto& r : reqs) Check(r.Wait(), write ? "write" : "read");
+      return bytes() / (NowSeconds() - t0) / 1e9;
+    };
+    Rates r;
+    r.read_gbps = stream(false);
+    r.write_gbps = stream(true);
+    return r;
+  }
+
+ private:
+  static constexpr int kBuffers = 4;
+  std::unique_ptr<nvme::IoEngine> io_;
+  std::unique_ptr<nvme::SwapStore> store_;
+  int64_t bytes_ = 0, groups_ = 0;
+};
 
 int Run(const Options& opt) {
   auto count = ParseCount(opt.params);
@@ -138,57 +215,17 @@ int Run(const Options& opt) {
     copies_and_norm = Median(t) * bound_scale;
   }
 
-  // NVMe: the I/O bound — the same engine and store reading, then writing,
-  // the optimizer state's bytes (written first) with nothing else running;
-  // its read and write rates then give the time of the bytes the engine
-  // moved per step (which include swapped gradients when the host budget
-  // is short).
+  // NVMe: the I/O bound's store, written before the engine starts; its
+  // passes run between the engine's steps.
+  std::unique_ptr<IoBound> io_bound_store;
   double io_bound = 0, io_read_gbps = 0, io_write_gbps = 0;
   if (nvme) {
-    Config io_config;
-    io_config.zero.offload_optimizer.nvme_path = {opt.path};
-    auto io = Check(nvme::IoEngine::Create(nvme::IoEngineOptionsFromConfig(io_config)), "io engine");
     const int64_t per_group = std::max<int64_t>(per_unit, static_cast<int64_t>(*sub_group) / per_unit * per_unit);
-    const int64_t groups = (P + per_group - 1) / per_group;
-    const uint64_t bytes = static_cast<uint64_t>(per_group) * 12;
-    nvme::SwapStoreOptions so;
-    so.dirs = {opt.path};
-    so.capacity_bytes = groups * (bytes + 4 * so.extent_bytes);
-    auto store = Check(nvme::SwapStore::Create(*io, so), "swap store");
-    const int nbuf = 4;
-    // The engine's kind of buffer (huge pages, cpu/io_memory.h), so that the
-    // bound moves bytes as the engine can.
-    std::vector<IoMemory> bufs;
-    for (int b = 0; b < nbuf; ++b) {
-      bufs.push_back(AllocateIoMemory((bytes + 4095) / 4096 * 4096));
-      if (!bufs.back()) Check(OutOfMemory("I/O bound buffers"), "buffers");
-      std::memset(bufs.back().get(), 1, bytes);
-    }
-    for (int64_t g = 0; g < groups; ++g) {
-      Check(store->Allocate(g, bytes), "allocate");
-      Check(store->Write(g, bufs[0].get()).Wait(), "pre-write");
-    }
-    const double t0 = NowSeconds();
-    std::vector<nvme::IoRequest> reqs(groups);
-    for (int64_t g = 0; g < groups; ++g) {
-      if (g >= nbuf) Check(reqs[g - nbuf].Wait(), "read");
-      reqs[g] = store->Read(g, bufs[g % nbuf].get());
-    }
-    for (auto& r : reqs) Check(r.Wait(), "read");
-    const double t1 = NowSeconds();
-    for (int64_t g = 0; g < groups; ++g) {
-      if (g >= nbuf) Check(reqs[g - nbuf].Wait(), "write");
-      reqs[g] = store->Write(g, bufs[g % nbuf].get());
-    }
-    for (auto& r : reqs) Check(r.Wait(), "write");
-    const double t2 = NowSeconds();
-    const double state_bytes = static_cast<double>(groups) * static_cast<double>(bytes);
-    io_read_gbps = state_bytes / (t1 - t0) / 1e9;
-    io_write_gbps = state_bytes / (t2 - t1) / 1e9;
+    io_bound_store = std::make_unique<IoBound>(opt.path, bound_n * 12, per_group * 12);
   }
 
   // From here on the peak RSS is the engine's (the bounds' arrays are gone).
-  const bool peak_reset = ResetPeakRss();
+  bool peak_reset = ResetPeakRss();
   DeviceOptions dopt;
   dopt.spec = opt.device;
   dopt.memory_budget = static_cast<uint64_t>(P) * (offload ? 6 : 22) + (uint64_t{512} << 20);
@@ -217,6 +254,7 @@ int Run(const Options& opt) {
   c.zero.offload_optimizer.pin_memory = true;
   c.zinf.optimizer_threads = opt.threads;
   c.zinf.host_memory = *host_memory;
+  c.zinf.aio.phased_swaps = opt.phased_swaps;
   auto engine = Check(Engine::Create(c, *device, nullptr), "engine");
   {
     // Synthetic gradients, written once (backward leaves them in place),
@@ -253,25 +291,60 @@ int Run(const Options& opt) {
   // Steps back to back, as a trainer runs them: each step's update overlaps
   // the next step's forward; the step time is the steady-state average.
   if (!opt.json) std::fprintf(stderr, "  running %d steps...\n", opt.steps);
-  const double t0 = NowSeconds();
-  for (int s = 0; s < opt.steps; ++s) one_step();
-  Check(stream->Synchronize(), "sync");
-  Check(engine->Synchronize(), "sync");
-  const double step = (NowSeconds() - t0) / opt.steps;
+  double step = 0;
+  uint64_t rss = PeakRssBytes();  // the warm-up's, first touches included
+  // NVMe: each step alone (synchronized), after an I/O bound pass; the
+  // step's peak RSS is taken without the pass's buffers.
+  std::vector<double> step_times, read_rates, write_rates;
+  if (nvme) {
+    for (int s = 0; s < opt.steps; ++s) {
+      const IoBound::Rates r = io_bound_store->Pass();
+      read_rates.push_back(r.read_gbps);
+      write_rates.push_back(r.write_gbps);
+      peak_reset = ResetPeakRss() && peak_reset;
+      const double t0 = NowSeconds();
+      one_step();
+      Check(stream->Synchronize(), "sync");
+      Check(engine->Synchronize(), "sync");
+      step_times.push_back(NowSeconds() - t0);
+      rss = std::max(rss, PeakRssBytes());
+      if (!opt.json) {
+        std::fprintf(stderr, "  step %d/%d: %.3f s; the I/O bound's pass before it: %.2f GB/s read, %.2f GB/s write\n",
+                     s + 1, opt.steps, step_times.back(), r.read_gbps, r.write_gbps);
+      }
+    }
+    step = Median(step_times);
+    io_read_gbps = Median(read_rates);
+    io_write_gbps = Median(write_rates);
+  } else {
+    const double t0 = NowSeconds();
+    for (int s = 0; s < opt.steps; ++s) one_step();
+    Check(stream->Synchronize(), "sync");
+    Check(engine->Synchronize(), "sync");
+    step = (NowSeconds() - t0) / opt.steps;
+    rss = PeakRssBytes();
+  }
   const StepStats last = Check(engine->Stats(), "stats");
   const double optimizer = last.optimizer_seconds;
   const double nvme_read = static_cast<double>(last.nvme_bytes_read_total - warm.nvme_bytes_read_total) / opt.steps;
   const double nvme_written =
       static_cast<double>(last.nvme_bytes_written_total - warm.nvme_bytes_written_total) / opt.steps;
-  if (nvme) io_bound = nvme_read / (io_read_gbps * 1e9) + nvme_written / (io_write_gbps * 1e9);
+  // Each step against the pass before it, and the medians against each other.
+  std::vector<double> pair_ratios;
+  if (nvme) {
+    io_bound = nvme_read / (io_read_gbps * 1e9) + nvme_written / (io_write_gbps * 1e9);
+    for (size_t s = 0; s < step_times.size(); ++s) {
+      pair_ratios.push_back(step_times[s] / (nvme_read / (read_rates[s] * 1e9) + nvme_written / (write_rates[s] * 1e9)));
+    }
+  }
   const double busy = step - compute_alone;
   const double hidden = opt.compute_ms > 0 ? std::clamp(1.0 - std::max(0.0, busy) / bound, 0.0, 1.0) : 0.0;
   const double peak_per_param = static_cast<double>(last.host_peak_pinned_bytes) / static_cast<double>(P);
-  const uint64_t rss = PeakRssBytes();
   const uint64_t rss_outside_device = RssOutsideDevice(*device, rss);
   if (opt.json) {
     nlohmann::json j = {{"params", P},
                         {"units", opt.units},
+                        {"phased_swaps", opt.phased_swaps},
                         {"offload", opt.offload},
                         {"threads", opt.threads},
                         {"device", device->name()},
@@ -286,6 +359,9 @@ int Run(const Options& opt) {
                         {"nvme_bytes_written_per_step", nvme_written},
                         {"io_bound_read_gb_per_s", io_read_gbps},
                         {"io_bound_write_gb_per_s", io_write_gbps},
+                        {"io_bound_measured_bytes", nvme ? io_bound_store->bytes() : 0.0},
+                        {"step_seconds_each", step_times},
+                        {"step_over_io_bound_each", pair_ratios},
                         {"peak_rss_bytes", rss},
                         {"peak_rss_outside_device_bytes", rss_outside_device},
                         {"peak_rss_engine_only", peak_reset},
@@ -310,12 +386,17 @@ int Run(const Options& opt) {
               compute_alone > 0 ? step / compute_alone : 0.0, 100 * hidden, peak_per_param);
   if (nvme) {
     std::printf("# nvme: per step the engine read %s and wrote %s (optimizer state %s each way, and swapped "
-                "gradients); at the rates the same store reached alone reading then writing the state (%.2f GB/s read, "
-                "%.2f GB/s write) that is %.3f s: step/io bound %.2f; nvme waits in the step %.3f s\n",
+                "gradients); at the median rates of the same I/O engine and store reading, then writing, %s alone "
+                "between the steps (%.2f GB/s read, %.2f GB/s write) that is %.3f s: median step/io bound %.2f; "
+                "nvme waits in the last step %.3f s\n",
                 FormatBytes(static_cast<uint64_t>(nvme_read)).c_str(),
                 FormatBytes(static_cast<uint64_t>(nvme_written)).c_str(),
-                FormatBytes(static_cast<uint64_t>(P) * 12).c_str(), io_read_gbps, io_write_gbps, io_bound,
-                step / io_bound, last.io_seconds);
+                FormatBytes(static_cast<uint64_t>(P) * 12).c_str(),
+                FormatBytes(static_cast<uint64_t>(io_bound_store->bytes())).c_str(), io_read_gbps, io_write_gbps,
+                io_bound, step / io_bound, last.io_seconds);
+    std::printf("# nvme: each step (synchronized, after its bound pass) over the bound of the pass before it:");
+    for (double r : pair_ratios) std::printf(" %.2f", r);
+    std::printf("\n");
   }
   if (bound_n < P) {
     std::printf("# bound and +copies timed over %s parameters and scaled by %.2f (memory-bound streams)\n",
@@ -355,6 +436,9 @@ void RegisterOffload(CLI::App& bench, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--host-memory", opt->host_memory,
                   "Pinned host budget (zinf.host_memory), e.g. 4G; nvme: gradients go to NVMe when it is short");
+  cmd->add_option("--phased-swaps", opt->phased_swaps,
+                  "nvme: sub-group reads and writes in phases (zinf.aio.phased_swaps), or together")
+      ->capture_default_str();
   AddEngineBenchRunOptions(cmd, *opt);
   SetEngineBenchAction(cmd, [opt] { return Run(*opt); }, exit_code);
 }
