@@ -290,6 +290,7 @@ int Run(const Options& opt) {
   const StepStats warm = Check(engine->Stats(), "stats");
   // Steps back to back, as a trainer runs them: each step's update overlaps
   // the next step's forward; the step time is the steady-state average.
+  // NVMe: each step alone, after an I/O bound pass (below).
   if (!opt.json) std::fprintf(stderr, "  running %d steps...\n", opt.steps);
   double step = 0;
   uint64_t rss = PeakRssBytes();  // the warm-up's, first touches included

@@ -13,6 +13,13 @@
 
 namespace zinf::nvme {
 
+// Attempts in flight per kind, and how many attempts went out while one of
+// the other kind was in flight (a read beside a write, or the reverse).
+struct KindOverlap {
+  std::atomic<int64_t> in_flight[2] = {0, 0};  // IoKind::kRead, IoKind::kWrite
+  std::atomic<uint64_t> mixed{0};
+};
+
 struct FaultPlan {
   // Fail the Nth attempt (0-based, reads and writes counted together, every
   // resubmission counting as an attempt) with fail_errno.
@@ -34,14 +41,7 @@ struct FaultPlan {
   std::shared_ptr<std::atomic<bool>> armed;
   // When set, every attempt (armed or not) is counted in it, across the
   // files that share it.
-  std::shared_ptr<struct KindOverlap> overlap;
-};
-
-// Attempts in flight per kind, and how many attempts went out while one of
-// the other kind was in flight (a read beside a write, or the reverse).
-struct KindOverlap {
-  std::atomic<int64_t> in_flight[2] = {0, 0};  // IoKind::kRead, IoKind::kWrite
-  std::atomic<uint64_t> mixed{0};
+  std::shared_ptr<KindOverlap> overlap;
 };
 
 class FaultInjectingFile : public File {
