@@ -9,6 +9,7 @@
 
 #include "common/build_config.h"
 #include "common/units.h"
+#include "gpu/cublas_lib.h"
 #include "gpu/cuda_check.h"
 
 namespace zinf::gpu {
@@ -78,6 +79,9 @@ BackendInfo ProbeCuda() {
   info.detail = versions + devices +
                 (kernel.ok() ? "; kernels load" : "; kernels do NOT load on device 0: " + kernel.message() +
                                                       " (rebuild with CMAKE_CUDA_ARCHITECTURES set for this GPU)");
+  // Offload needs no cuBLAS; the GPT model on CUDA does, so say whether it opens.
+  Result<const CublasLib*> blas = Cublas();
+  info.detail += blas.ok() ? "; cuBLAS opens" : "; " + blas.status().message();
   return info;
 }
 

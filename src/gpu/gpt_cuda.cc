@@ -4,13 +4,13 @@
 // each call passes B before A with the transposes as given.
 #include "gpu/gpt_cuda.h"
 
-#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <cmath>
 #include <string>
 #include <utility>
 
+#include "gpu/cublas_lib.h"
 #include "gpu/cuda_check.h"
 #include "gpu/kernels.h"
 
@@ -22,14 +22,13 @@ using model::BlockLayout;
 using model::EmbeddingLayout;
 using model::FinalNormLayout;
 
-Status CublasError(cublasStatus_t st, const char* what) {
-  return Internal(std::string("cuBLAS ") + what + ": " + cublasGetStatusName(st) + " (" + cublasGetStatusString(st) +
-                  ")");
+Status CublasError(const CublasLib& lib, cublasStatus_t st, const char* what) {
+  return Internal(std::string("cuBLAS ") + what + ": " + lib.status_name(st) + " (" + lib.status_string(st) + ")");
 }
 #define ZINF_CUBLAS_RETURN_IF_ERROR(stmt, what)                        \
   do {                                                                 \
     const cublasStatus_t zinf_cublas_st_ = (stmt);                     \
-    if (zinf_cublas_st_ != CUBLAS_STATUS_SUCCESS) return CublasError(zinf_cublas_st_, what); \
+    if (zinf_cublas_st_ != CUBLAS_STATUS_SUCCESS) return CublasError(*blas_, zinf_cublas_st_, what); \
   } while (0)
 
 class CudaStages final : public model::GptStages {
@@ -44,16 +43,17 @@ class CudaStages final : public model::GptStages {
         layout_(layout),
         arena_(static_cast<char*>(arena)) {}
   ~CudaStages() override {
-    if (handle_) cublasDestroy(handle_);
+    if (handle_) blas_->destroy(handle_);
     if (count_) device_.Free(count_, stream_).IgnoreError();
   }
 
   Status Init() {
     if (!s_) return InvalidArgument("gpt model on CUDA: the stream has no CUDA stream");
-    ZINF_CUBLAS_RETURN_IF_ERROR(cublasCreate(&handle_), "cublasCreate");
-    ZINF_CUBLAS_RETURN_IF_ERROR(cublasSetStream(handle_, static_cast<cudaStream_t>(s_)), "cublasSetStream");
+    ZINF_ASSIGN_OR_RETURN(blas_, Cublas());
+    ZINF_CUBLAS_RETURN_IF_ERROR(blas_->create(&handle_), "cublasCreate");
+    ZINF_CUBLAS_RETURN_IF_ERROR(blas_->set_stream(handle_, static_cast<cudaStream_t>(s_)), "cublasSetStream");
     // Plain fp32 products: no TF32 (the CPU path computes in fp32).
-    ZINF_CUBLAS_RETURN_IF_ERROR(cublasSetMathMode(handle_, CUBLAS_PEDANTIC_MATH), "cublasSetMathMode");
+    ZINF_CUBLAS_RETURN_IF_ERROR(blas_->set_math_mode(handle_, CUBLAS_PEDANTIC_MATH), "cublasSetMathMode");
     ZINF_ASSIGN_OR_RETURN(void* c, device_.Allocate(sizeof(float), stream_));
     count_ = static_cast<float*>(c);
     return Status::Ok();
@@ -215,7 +215,7 @@ class CudaStages final : public model::GptStages {
   Status Gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
               const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
     ZINF_CUBLAS_RETURN_IF_ERROR(
-        cublasSgemm(handle_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(n),
+        blas_->sgemm(handle_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(n),
                     static_cast<int>(m), static_cast<int>(k), &alpha, b, static_cast<int>(ldb), a,
                     static_cast<int>(lda), &beta, c, static_cast<int>(ldc)),
         "cublasSgemm");
@@ -226,7 +226,7 @@ class CudaStages final : public model::GptStages {
                      int64_t sa, const float* b, int64_t ldb, int64_t sb, float beta, float* c, int64_t ldc,
                      int64_t sc, int64_t count) {
     ZINF_CUBLAS_RETURN_IF_ERROR(
-        cublasSgemmStridedBatched(handle_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
+        blas_->sgemm_strided_batched(handle_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
                                   static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, b,
                                   static_cast<int>(ldb), sb, a, static_cast<int>(lda), sa, &beta, c,
                                   static_cast<int>(ldc), sc, static_cast<int>(count)),
@@ -320,6 +320,7 @@ class CudaStages final : public model::GptStages {
   model::GptRunOptions options_;
   ActivationLayout layout_;
   char* arena_;
+  const CublasLib* blas_ = nullptr;  // set by Init()
   cublasHandle_t handle_ = nullptr;
   float* count_ = nullptr;  // device: the last HeadForward's number of targets
 

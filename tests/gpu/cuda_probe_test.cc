@@ -1,6 +1,10 @@
 // GPU tests: skipped (not passed) where no CUDA device is present.
 #include "gpu/cuda_probe.h"
 
+#include <string>
+
+#include "gpu/cublas_lib.h"
+
 #include <gtest/gtest.h>
 
 namespace zinf::gpu {
@@ -20,6 +24,27 @@ TEST(CudaProbeTest, KernelsLoadOnDevice0) {
   BackendInfo info = ProbeCuda();
   EXPECT_TRUE(info.usable) << info.detail;
   EXPECT_NE(info.detail.find("kernels load"), std::string::npos) << info.detail;
+}
+
+// cuBLAS is opened on first use, not linked; opening it needs no GPU.
+TEST(CublasLibTest, OpensAndResolvesEveryEntryPoint) {
+  Result<const CublasLib*> lib = Cublas();
+  ASSERT_TRUE(lib.ok()) << lib.status().ToString();
+  const CublasLib& b = **lib;
+  EXPECT_NE(b.create, nullptr);
+  EXPECT_NE(b.destroy, nullptr);
+  EXPECT_NE(b.set_stream, nullptr);
+  EXPECT_NE(b.set_math_mode, nullptr);
+  EXPECT_NE(b.sgemm, nullptr);
+  EXPECT_NE(b.sgemm_strided_batched, nullptr);
+  // The resolved functions are cuBLAS's own: they name its status codes.
+  EXPECT_EQ(std::string(b.status_name(CUBLAS_STATUS_NOT_INITIALIZED)), "CUBLAS_STATUS_NOT_INITIALIZED");
+  EXPECT_EQ(std::string(b.status_name(CUBLAS_STATUS_INVALID_VALUE)), "CUBLAS_STATUS_INVALID_VALUE");
+  EXPECT_NE(std::string(b.status_string(CUBLAS_STATUS_INVALID_VALUE)), "");
+  // Opened once: the same table every time.
+  Result<const CublasLib*> again = Cublas();
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(*again, *lib);
 }
 
 TEST(NcclProbeTest, ReportsAVersion) {
