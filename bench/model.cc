@@ -48,6 +48,7 @@ struct Options {
   int steps = 5;
   std::string dtype = "fp32";
   std::string grad_dtype = "fp32";
+  std::string matmul = "fp32";
   bool checkpointing = false;
   bool json = false;
 };
@@ -109,6 +110,8 @@ int Run(const Options& opt) {
   auto grad_dtype = ParseDType(opt.grad_dtype);
   if (!dtype.ok()) return Fail(dtype.status());
   if (!grad_dtype.ok()) return Fail(grad_dtype.status());
+  auto matmul = ParseDType(opt.matmul);
+  if (!matmul.ok()) return Fail(matmul.status());
   if (opt.steps < 1) return Fail(InvalidArgument("--steps must be >= 1"));
   const int threads = opt.threads > 0 ? opt.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   GptRunOptions o;
@@ -118,6 +121,7 @@ int Run(const Options& opt) {
   o.activation_checkpointing = opt.checkpointing;
   o.param_dtype = *dtype;
   o.grad_dtype = *grad_dtype;
+  o.matmul_dtype = *matmul;
   auto probe = model::GptModel::Create(c, o);  // validates the options
   if (!probe.ok()) return Fail(probe.status());
   const uint64_t activation_bytes = (*probe)->activation_bytes();
@@ -203,10 +207,10 @@ int Run(const Options& opt) {
   const double gemm_flops = 2.0 * M * N * K;
   if (!opt.json) {
     std::printf("# zinf bench model: %s\n", c.ToString().c_str());
-    std::printf("# micro-batch %lld x seq %lld = %lld tokens; params %s, grads %s; %d thread(s); checkpointing %s; "
-                "median of %d steps after 1 warm-up\n",
+    std::printf("# micro-batch %lld x seq %lld = %lld tokens; params %s, grads %s, matmul operands %s; %d thread(s); "
+                "checkpointing %s; median of %d steps after 1 warm-up\n",
                 static_cast<long long>(opt.micro_batch), static_cast<long long>(opt.seq_len),
-                static_cast<long long>(BT), opt.dtype.c_str(), opt.grad_dtype.c_str(), threads,
+                static_cast<long long>(BT), opt.dtype.c_str(), opt.grad_dtype.c_str(), opt.matmul.c_str(), threads,
                 opt.checkpointing ? "on" : "off", opt.steps);
     std::printf("# FLOPs/step = 6*N*tokens + 12*L*C*T*tokens (attention) = %.4g + %.4g = %.4g (forward 1/3)\n",
                 6.0 * n_params * BT, flops - 6.0 * n_params * BT, flops);
@@ -274,6 +278,7 @@ int Run(const Options& opt) {
                         {"threads", threads},
                         {"param_dtype", opt.dtype},
                         {"grad_dtype", opt.grad_dtype},
+                        {"matmul", opt.matmul},
                         {"checkpointing", opt.checkpointing},
                         {"steps", opt.steps},
                         {"flops_per_step", flops},
@@ -326,6 +331,7 @@ void RegisterModel(CLI::App& bench, int* exit_code) {
   cmd->add_option("--steps", opt->steps, "Timed steps (median reported)")->capture_default_str();
   cmd->add_option("--dtype", opt->dtype, "Parameter dtype: fp32, bf16, fp16")->capture_default_str();
   cmd->add_option("--grad-dtype", opt->grad_dtype, "Gradient dtype: fp32, bf16, fp16")->capture_default_str();
+  cmd->add_option("--matmul", opt->matmul, "Matrix product operands: fp32, or bf16 (fp32 sums)")->capture_default_str();
   cmd->add_flag("--checkpointing", opt->checkpointing, "Recompute each block's forward in its backward");
   cmd->add_flag("--json", opt->json, "Print one JSON object instead of the table");
   cmd->callback([opt, exit_code] { *exit_code = Run(*opt); });

@@ -57,6 +57,7 @@ struct TrainOptions {
   double lr = 0;
   std::string device;  // empty: the config's zinf.device (auto by default)
   std::string device_memory;
+  std::string matmul;  // empty: the config's zinf.matmul (fp32 by default)
   uint64_t seed = 1;
   int threads = 0;
   int sample_tokens = 120;
@@ -299,6 +300,9 @@ int Run(const TrainOptions& opt) {
   ro.num_threads = threads;
   ro.param_dtype = engine->compute_dtype();
   ro.grad_dtype = DType::kFloat32;
+  ro.matmul_dtype = opt.matmul.empty() ? config.zinf.matmul
+                    : opt.matmul == "bf16" ? DType::kBFloat16
+                                           : DType::kFloat32;
   auto gpt = Must(model::GptDevice::Create(*device, *stream, mc, ro), "model");
 
   const int units = model::NumUnits(mc);
@@ -657,6 +661,10 @@ void RegisterTrain(CLI::App& app, int* exit_code) {
   cmd->add_option("--lr", opt->lr, "Peak learning rate");
   cmd->add_option("--device", opt->device, "auto (CUDA device 0 if there is one, else cpu), cpu, cuda or cuda:N; default: the config's zinf.device, auto");
   cmd->add_option("--device-memory", opt->device_memory, "Device memory budget, e.g. 2G");
+  cmd->add_option("--matmul", opt->matmul,
+                  "Matrix products: fp32, or bf16 operands with fp32 sums (tensor cores on CUDA); default: the "
+                  "config's zinf.matmul, fp32")
+      ->check(CLI::IsMember({"fp32", "bf16"}));
   cmd->add_option("--seed", opt->seed, "Initialisation, data order and sampling")->capture_default_str();
   cmd->add_option("--threads", opt->threads, "CPU threads per rank for kernels and the optimizer (0: cores / ranks)");
   cmd->add_option("--sample-tokens", opt->sample_tokens, "Tokens to sample after training (CPU model; 0: none)")

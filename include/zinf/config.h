@@ -18,6 +18,7 @@
 #include <string_view>
 #include <vector>
 
+#include "zinf/dtype.h"
 #include "zinf/status.h"
 
 namespace zinf {
@@ -154,6 +155,9 @@ struct ZinfConfig {
   int64_t optimizer_threads = 0; // CPU Adam threads; 0 = chosen by zinf
   GradientHome gradients = GradientHome::kAuto;  // "gradients": "auto" | "host" | "nvme"
   bool checksums = false;        // XXH3 per swapped extent, verified on read
+  // The model's matrix products: kFloat32, or kBFloat16 operands with fp32
+  // accumulation (tensor cores on CUDA). "matmul": "fp32" | "bf16".
+  DType matmul = DType::kFloat32;
   ZinfAioConfig aio;
 };
 

@@ -584,6 +584,7 @@ void ReadZinf(ObjectReader& r, ZinfConfig& z) {
   r.Enum("gradients", &z.gradients,
          {{"auto", GradientHome::kAuto}, {"host", GradientHome::kHost}, {"nvme", GradientHome::kNvme}});
   r.Bool("checksums", &z.checksums);
+  r.Enum("matmul", &z.matmul, {{"fp32", DType::kFloat32}, {"bf16", DType::kBFloat16}});
   r.Object("aio", [&](ObjectReader& a) {
     a.Int("rings", &z.aio.rings, 0, 256);
     a.Bool("fixed_buffers", &z.aio.fixed_buffers);
@@ -912,6 +913,7 @@ std::string Config::ToJson(int indent) const {
                              : zinf.gradients == GradientHome::kHost ? "host"
                                                                      : "nvme"},
                {"checksums", zinf.checksums},
+               {"matmul", zinf.matmul == DType::kBFloat16 ? "bf16" : "fp32"},
                {"aio",
                 {{"rings", zinf.aio.rings},
                  {"fixed_buffers", zinf.aio.fixed_buffers},

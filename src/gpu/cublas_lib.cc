@@ -10,6 +10,10 @@ namespace {
 #define ZINF_CUBLAS_STR2(x) #x
 #define ZINF_CUBLAS_STR(x) ZINF_CUBLAS_STR2(x)  // expands cublasCreate to "cublasCreate_v2"
 
+// The declared signatures match the library's (sizeof: unevaluated, no link).
+static_assert(sizeof(static_cast<CublasLib::GemmExFn>(&::cublasGemmEx)) > 0);
+static_assert(sizeof(static_cast<CublasLib::GemmStridedBatchedExFn>(&::cublasGemmStridedBatchedEx)) > 0);
+
 template <typename Fn>
 Status Resolve(void* handle, const char* library, const char* symbol, Fn& fn) {
   dlerror();
@@ -48,6 +52,8 @@ Result<CublasLib> Open() {
   ZINF_RETURN_IF_ERROR(Resolve(handle, name, ZINF_CUBLAS_STR(cublasSetMathMode), lib.set_math_mode));
   ZINF_RETURN_IF_ERROR(Resolve(handle, name, ZINF_CUBLAS_STR(cublasSgemm), lib.sgemm));
   ZINF_RETURN_IF_ERROR(Resolve(handle, name, ZINF_CUBLAS_STR(cublasSgemmStridedBatched), lib.sgemm_strided_batched));
+  ZINF_RETURN_IF_ERROR(Resolve(handle, name, ZINF_CUBLAS_STR(cublasGemmEx), lib.gemm_ex));
+  ZINF_RETURN_IF_ERROR(Resolve(handle, name, ZINF_CUBLAS_STR(cublasGemmStridedBatchedEx), lib.gemm_strided_batched_ex));
   ZINF_RETURN_IF_ERROR(Resolve(handle, name, ZINF_CUBLAS_STR(cublasGetStatusName), lib.status_name));
   ZINF_RETURN_IF_ERROR(Resolve(handle, name, ZINF_CUBLAS_STR(cublasGetStatusString), lib.status_string));
   return lib;

@@ -52,8 +52,10 @@ class CudaStages final : public model::GptStages {
     ZINF_ASSIGN_OR_RETURN(blas_, Cublas());
     ZINF_CUBLAS_RETURN_IF_ERROR(blas_->create(&handle_), "cublasCreate");
     ZINF_CUBLAS_RETURN_IF_ERROR(blas_->set_stream(handle_, static_cast<cudaStream_t>(s_)), "cublasSetStream");
-    // Plain fp32 products: no TF32 (the CPU path computes in fp32).
-    ZINF_CUBLAS_RETURN_IF_ERROR(blas_->set_math_mode(handle_, CUBLAS_PEDANTIC_MATH), "cublasSetMathMode");
+    // fp32 products: no TF32 (the CPU path computes in fp32). bf16 operands:
+    // the products name their compute type themselves (Gemm below).
+    ZINF_CUBLAS_RETURN_IF_ERROR(
+        blas_->set_math_mode(handle_, bf16_ ? CUBLAS_DEFAULT_MATH : CUBLAS_PEDANTIC_MATH), "cublasSetMathMode");
     ZINF_ASSIGN_OR_RETURN(void* c, device_.Allocate(sizeof(float), stream_));
     count_ = static_cast<float*>(c);
     return Status::Ok();
@@ -211,9 +213,21 @@ class CudaStages final : public model::GptStages {
     return Cast(acc, DType::kFloat32, grad, options_.grad_dtype, static_cast<size_t>(n), s_);
   }
 
-  // model::Gemm's contract, row-major.
+  // model::Gemm's contract, row-major. With bf16 operands (matmul_dtype)
+  // cuBLAS rounds the fp32 operands to bf16 and runs tensor cores with fp32
+  // accumulation (CUBLAS_COMPUTE_32F_FAST_16BF): the CPU model's bf16 mode
+  // rounds the operands the same way before its fp32 product (gemm.h).
   Status Gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
               const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+    if (bf16_) {
+      ZINF_CUBLAS_RETURN_IF_ERROR(
+          blas_->gemm_ex(handle_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(n),
+                         static_cast<int>(m), static_cast<int>(k), &alpha, b, CUDA_R_32F, static_cast<int>(ldb), a,
+                         CUDA_R_32F, static_cast<int>(lda), &beta, c, CUDA_R_32F, static_cast<int>(ldc),
+                         CUBLAS_COMPUTE_32F_FAST_16BF, CUBLAS_GEMM_DEFAULT),
+          "cublasGemmEx (bf16 operands, fp32 accumulation)");
+      return Status::Ok();
+    }
     ZINF_CUBLAS_RETURN_IF_ERROR(
         blas_->sgemm(handle_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(n),
                     static_cast<int>(m), static_cast<int>(k), &alpha, b, static_cast<int>(ldb), a,
@@ -225,6 +239,16 @@ class CudaStages final : public model::GptStages {
   Status GemmBatched(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
                      int64_t sa, const float* b, int64_t ldb, int64_t sb, float beta, float* c, int64_t ldc,
                      int64_t sc, int64_t count) {
+    if (bf16_) {
+      ZINF_CUBLAS_RETURN_IF_ERROR(
+          blas_->gemm_strided_batched_ex(
+              handle_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(n),
+              static_cast<int>(m), static_cast<int>(k), &alpha, b, CUDA_R_32F, static_cast<int>(ldb), sb, a, CUDA_R_32F,
+              static_cast<int>(lda), sa, &beta, c, CUDA_R_32F, static_cast<int>(ldc), sc, static_cast<int>(count),
+              CUBLAS_COMPUTE_32F_FAST_16BF, CUBLAS_GEMM_DEFAULT),
+          "cublasGemmStridedBatchedEx (bf16 operands, fp32 accumulation)");
+      return Status::Ok();
+    }
     ZINF_CUBLAS_RETURN_IF_ERROR(
         blas_->sgemm_strided_batched(handle_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
                                   static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, b,
@@ -320,6 +344,7 @@ class CudaStages final : public model::GptStages {
   model::GptRunOptions options_;
   ActivationLayout layout_;
   char* arena_;
+  const bool bf16_ = options_.matmul_dtype == DType::kBFloat16;  // bf16 operands on tensor cores
   const CublasLib* blas_ = nullptr;  // set by Init()
   cublasHandle_t handle_ = nullptr;
   float* count_ = nullptr;  // device: the last HeadForward's number of targets

@@ -5,8 +5,11 @@
 
 #include <algorithm>
 #include <limits>
+#include <type_traits>
+#include <vector>
 
 #include "common/check.h"
+#include "cpu/float16.h"
 
 namespace zinf::model {
 namespace {
@@ -30,7 +33,38 @@ void BlasGemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, c
               Dim(ldc));
 }
 
+// An operand stored rows × cols with leading dimension ld, copied densely
+// (leading dimension cols) with each element rounded to bf16, by row chunks
+// on `threads` (or the calling thread when null).
+const float* RoundedCopy(const ModelThreads* threads, const float* x, int64_t rows, int64_t cols, int64_t ld,
+                         std::vector<float>& out) {
+  if (out.size() < static_cast<size_t>(rows * cols)) out.resize(static_cast<size_t>(rows * cols));
+  float* dst = out.data();
+  auto round_rows = [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      for (int64_t c = 0; c < cols; ++c) dst[r * cols + c] = RoundToBf16(x[r * ld + c]);
+    }
+  };
+  if (threads) {
+    threads->ForChunks(rows, std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(cols, 1)), round_rows);
+  } else {
+    round_rows(0, rows);
+  }
+  return dst;
+}
+
+// Per-thread copies of A and B for bf16 operands.
+struct OperandCopies {
+  std::vector<float> a, b;
+};
+OperandCopies& ThreadOperandCopies() {
+  thread_local OperandCopies copies;
+  return copies;
+}
+
 }  // namespace
+
+float RoundToBf16(float x) { return Bf16BitsToFloat(FloatToBf16Bits(x)); }
 
 template <class F>
 void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, F alpha, const F* a, int64_t lda, const F* b,
@@ -68,10 +102,12 @@ GemmTiles GemmTilesFor(int64_t m, int64_t n, int64_t k) {
   return t;
 }
 
+namespace {
+
+// ParallelGemm's tiles over the operands as given.
 template <class F>
-void ParallelGemm(const ModelThreads& threads, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, F alpha,
-                  const F* a, int64_t lda, const F* b, int64_t ldb, F beta, F* c, int64_t ldc) {
-  if (m == 0 || n == 0) return;
+void TiledGemm(const ModelThreads& threads, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, F alpha,
+               const F* a, int64_t lda, const F* b, int64_t ldb, F beta, F* c, int64_t ldc) {
   const GemmTiles t = GemmTilesFor(m, n, k);
   const int64_t tiles_m = (m + t.tile_m - 1) / t.tile_m, tiles_n = (n + t.tile_n - 1) / t.tile_n;
   threads.ForChunks(tiles_m * tiles_n, 1, [&](int64_t tile, int64_t) {
@@ -84,6 +120,46 @@ void ParallelGemm(const ModelThreads& threads, bool trans_a, bool trans_b, int64
   });
 }
 
+}  // namespace
+
+template <class F>
+void ParallelGemm(const ModelThreads& threads, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, F alpha,
+                  const F* a, int64_t lda, const F* b, int64_t ldb, F beta, F* c, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  if constexpr (std::is_same_v<F, float>) {
+    if (threads.matmul_dtype() == DType::kBFloat16 && k > 0) {
+      OperandCopies& copies = ThreadOperandCopies();
+      // Stored shapes: A is m × k (k × m transposed), B is k × n (n × k).
+      const float* ra = RoundedCopy(&threads, a, trans_a ? k : m, trans_a ? m : k, lda, copies.a);
+      const float* rb = RoundedCopy(&threads, b, trans_b ? n : k, trans_b ? k : n, ldb, copies.b);
+      TiledGemm<float>(threads, trans_a, trans_b, m, n, k, alpha, ra, trans_a ? m : k, rb, trans_b ? k : n, beta, c,
+                       ldc);
+      return;
+    }
+  } else {
+    ZINF_CHECK(threads.matmul_dtype() == DType::kFloat32);
+  }
+  TiledGemm<F>(threads, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+template <class F>
+void OperandGemm(DType operands, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, F alpha, const F* a,
+                 int64_t lda, const F* b, int64_t ldb, F beta, F* c, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  if constexpr (std::is_same_v<F, float>) {
+    if (operands == DType::kBFloat16 && k > 0) {
+      OperandCopies& copies = ThreadOperandCopies();
+      const float* ra = RoundedCopy(nullptr, a, trans_a ? k : m, trans_a ? m : k, lda, copies.a);
+      const float* rb = RoundedCopy(nullptr, b, trans_b ? n : k, trans_b ? k : n, ldb, copies.b);
+      BlasGemm(trans_a, trans_b, m, n, k, alpha, ra, trans_a ? m : k, rb, trans_b ? k : n, beta, c, ldc);
+      return;
+    }
+  } else {
+    ZINF_CHECK(operands == DType::kFloat32);
+  }
+  BlasGemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
 template void Gemm<float>(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*, int64_t,
                           float, float*, int64_t);
 template void Gemm<double>(bool, bool, int64_t, int64_t, int64_t, double, const double*, int64_t, const double*,
@@ -92,6 +168,10 @@ template void ParallelGemm<float>(const ModelThreads&, bool, bool, int64_t, int6
                                   int64_t, const float*, int64_t, float, float*, int64_t);
 template void ParallelGemm<double>(const ModelThreads&, bool, bool, int64_t, int64_t, int64_t, double, const double*,
                                    int64_t, const double*, int64_t, double, double*, int64_t);
+template void OperandGemm<float>(DType, bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t,
+                                 const float*, int64_t, float, float*, int64_t);
+template void OperandGemm<double>(DType, bool, bool, int64_t, int64_t, int64_t, double, const double*, int64_t,
+                                  const double*, int64_t, double, double*, int64_t);
 
 void UseSingleThreadedBlas() { SetBlasThreads(1); }
 

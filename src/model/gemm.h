@@ -17,7 +17,15 @@
 // GptModel calls it when created; the bench's sgemm reference sets it to
 // the thread count for its own measurement and back.
 //
-// Thread-safety: Gemm and ParallelGemm may run concurrently on disjoint
+// Precision: ParallelGemm and OperandGemm follow ModelThreads::matmul_dtype().
+// kBFloat16 rounds every element of A and B to bf16 (to nearest even, the
+// rounding of every 16-bit store in zinf: cpu/float16.h) into a copy, then
+// runs the same fp32 product on the copies: bf16 × bf16 products are exact
+// in fp32, so this is what tensor cores compute with fp32 accumulation, up
+// to the order of the sums. The copies live in per-thread buffers that grow
+// to the largest operand seen. Only F = float takes kBFloat16.
+//
+// Thread-safety: Gemm, ParallelGemm and OperandGemm may run concurrently on disjoint
 // outputs. SetBlasThreads/UseSingleThreadedBlas change process state: call
 // them when no BLAS call is running.
 #pragma once
@@ -39,6 +47,16 @@ void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, F alpha, 
 template <class F>
 void ParallelGemm(const ModelThreads& threads, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, F alpha,
                   const F* a, int64_t lda, const F* b, int64_t ldb, F beta, F* c, int64_t ldc);
+
+// Gemm on the calling thread with the operands at `operands` precision
+// (kFloat32: Gemm itself; kBFloat16: see above).
+template <class F>
+void OperandGemm(DType operands, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, F alpha, const F* a,
+                 int64_t lda, const F* b, int64_t ldb, F beta, F* c, int64_t ldc);
+
+// x rounded to bf16 (to nearest even) and widened back: the value a bf16
+// operand carries.
+float RoundToBf16(float x);
 
 // The tile shape ParallelGemm uses for an (m, n, k) product.
 struct GemmTiles {

@@ -97,9 +97,18 @@ std::string ActivationLayout::ToString() const {
          FormatBytes(scratch_bytes) + ", dtype conversion " + FormatBytes(conversion_bytes) + ")";
 }
 
+namespace {
+
+Status CheckMatmulDtype(DType d) {
+  if (d == DType::kFloat32 || d == DType::kBFloat16) return Status::Ok();
+  return InvalidArgument(std::string("gpt model: matrix products take fp32 or bf16 operands, not ") + std::string(DTypeName(d)));
+}
+
+}  // namespace
+
 GptModel::GptModel(const GptConfig& config, const GptRunOptions& options)
     : config_(config), options_(options), layout_(ActivationLayout::For(config, options)),
-      threads_(options.num_threads) {}
+      threads_(options.num_threads, options.matmul_dtype) {}
 
 Result<std::unique_ptr<GptModel>> GptModel::Create(const GptConfig& config, const GptRunOptions& options) {
   ZINF_RETURN_IF_ERROR(config.Validate());
@@ -111,6 +120,7 @@ Result<std::unique_ptr<GptModel>> GptModel::Create(const GptConfig& config, cons
                            config.name + " context length), got " + std::to_string(o.seq_len));
   }
   if (o.num_threads < 1) return InvalidArgument("gpt model: num_threads must be >= 1");
+  ZINF_RETURN_IF_ERROR(CheckMatmulDtype(o.matmul_dtype));
   // The LM head's [B·T, V] product and the attention scores are addressed
   // with 32-bit BLAS dimensions.
   if (o.batch_size * o.seq_len > std::numeric_limits<int32_t>::max() / 4) {

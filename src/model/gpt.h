@@ -54,6 +54,10 @@ struct GptRunOptions {
   // false: backward overwrites the gradient buffers; true: adds to them
   // (for a 16-bit grad dtype the sum is formed in fp32 and rounded once).
   bool accumulate_grads = false;
+  // The matrix products' operands: kFloat32, or kBFloat16 — each operand
+  // rounded to bf16, the sums in fp32 (tensor cores on CUDA; the same
+  // rounding before OpenBLAS's fp32 product on the CPU: gemm.h).
+  DType matmul_dtype = DType::kFloat32;
 };
 
 // Where each buffer lives in the activation arena (byte offsets, each

@@ -212,13 +212,13 @@ void AttentionForward(const ModelThreads& th, F* out, F* att, const F* qkv, int6
     const F* k = q + C;
     const F* v = q + 2 * C;
     F* a = att + bh * T * T;
-    Gemm<F>(false, true, T, T, D, scale, q, C3, k, C3, F(0), a, T);
+    OperandGemm<F>(th.matmul_dtype(), false, true, T, T, D, scale, q, C3, k, C3, F(0), a, T);
     for (int64_t i = 0; i < T; ++i) {
       F* row = a + i * T;
       SoftmaxInPlace(row, i + 1);
       for (int64_t j = i + 1; j < T; ++j) row[j] = 0;
     }
-    Gemm<F>(false, false, T, D, T, F(1), a, T, v, C3, F(0), out + b * T * C + h * D, C);
+    OperandGemm<F>(th.matmul_dtype(), false, false, T, D, T, F(1), a, T, v, C3, F(0), out + b * T * C + h * D, C);
   });
 }
 
@@ -238,8 +238,8 @@ void AttentionBackward(const ModelThreads& th, F* dqkv, F* datt, const F* dout, 
     const F* a = att + bh * T * T;
     const F* dy = dout + b * T * C + h * D;
     F* da = datt + bh * T * T;
-    Gemm<F>(false, true, T, T, D, F(1), dy, C, v, C3, F(0), da, T);  // datt = dy · vᵀ
-    Gemm<F>(true, false, T, D, T, F(1), a, T, dy, C, F(0), dv, C3);  // dv = attᵀ · dy
+    OperandGemm<F>(th.matmul_dtype(), false, true, T, T, D, F(1), dy, C, v, C3, F(0), da, T);  // datt = dy · vᵀ
+    OperandGemm<F>(th.matmul_dtype(), true, false, T, D, T, F(1), a, T, dy, C, F(0), dv, C3);  // dv = attᵀ · dy
     // Through the softmax (causal prefix only), with the 1/sqrt(D) of the
     // scores folded in: da becomes d(q kᵀ).
     for (int64_t i = 0; i < T; ++i) {
@@ -249,8 +249,8 @@ void AttentionBackward(const ModelThreads& th, F* dqkv, F* datt, const F* dout, 
       for (int64_t j = 0; j <= i; ++j) d[j] = scale * SoftmaxInputGrad(p[j], d[j], dot);
       for (int64_t j = i + 1; j < T; ++j) d[j] = 0;
     }
-    Gemm<F>(false, false, T, D, T, F(1), da, T, k, C3, F(0), dq, C3);  // dq = d(q kᵀ) · k
-    Gemm<F>(true, false, T, D, T, F(1), da, T, q, C3, F(0), dk, C3);   // dk = d(q kᵀ)ᵀ · q
+    OperandGemm<F>(th.matmul_dtype(), false, false, T, D, T, F(1), da, T, k, C3, F(0), dq, C3);  // dq = d(q kᵀ) · k
+    OperandGemm<F>(th.matmul_dtype(), true, false, T, D, T, F(1), da, T, q, C3, F(0), dk, C3);   // dk = d(q kᵀ)ᵀ · q
   });
 }
 

@@ -8,6 +8,10 @@
 // a fixed order, so results are bit-identical for any number of threads.
 // Each chunk runs in the default FP environment (no FTZ/DAZ).
 //
+// It also carries the precision of the model's matrix products (gemm.h):
+// fp32, or bf16 operands with fp32 accumulation, so every product a kernel
+// makes on this pool follows one setting.
+//
 // Thread-safety: ForChunks may be called from several threads at once (the
 // arena serves them all); the object itself is immutable after construction.
 #pragma once
@@ -23,17 +27,22 @@
 
 #include "common/check.h"
 #include "cpu/kernels.h"
+#include "zinf/dtype.h"
 
 namespace zinf::model {
 
 class ModelThreads {
  public:
-  // num_threads >= 1; 1 runs everything on the calling thread.
-  explicit ModelThreads(int num_threads) : num_threads_(num_threads) {
+  // num_threads >= 1; 1 runs everything on the calling thread. matmul:
+  // kFloat32 or kBFloat16 (see gemm.h).
+  explicit ModelThreads(int num_threads, DType matmul = DType::kFloat32)
+      : num_threads_(num_threads), matmul_(matmul) {
     ZINF_CHECK(num_threads >= 1);
+    ZINF_CHECK(matmul == DType::kFloat32 || matmul == DType::kBFloat16);
     if (num_threads > 1) arena_ = std::make_unique<tbb::task_arena>(num_threads);
   }
   int num_threads() const { return num_threads_; }
+  DType matmul_dtype() const { return matmul_; }
 
   // Calls fn(begin, end) for the chunks [i·grain, min(n, (i+1)·grain)) of
   // [0, n), in parallel; blocks until all have run.
@@ -59,6 +68,7 @@ class ModelThreads {
 
  private:
   int num_threads_;
+  DType matmul_;
   std::unique_ptr<tbb::task_arena> arena_;
 };
 

@@ -37,6 +37,8 @@ TEST(CublasLibTest, OpensAndResolvesEveryEntryPoint) {
   EXPECT_NE(b.set_math_mode, nullptr);
   EXPECT_NE(b.sgemm, nullptr);
   EXPECT_NE(b.sgemm_strided_batched, nullptr);
+  EXPECT_NE(b.gemm_ex, nullptr);
+  EXPECT_NE(b.gemm_strided_batched_ex, nullptr);
   // The resolved functions are cuBLAS's own: they name its status codes.
   EXPECT_EQ(std::string(b.status_name(CUBLAS_STATUS_NOT_INITIALIZED)), "CUBLAS_STATUS_NOT_INITIALIZED");
   EXPECT_EQ(std::string(b.status_name(CUBLAS_STATUS_INVALID_VALUE)), "CUBLAS_STATUS_INVALID_VALUE");

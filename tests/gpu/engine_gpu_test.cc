@@ -197,9 +197,22 @@ TEST_F(EngineOnCudaTest, EveryTierMatchesHostDeviceBitForBit) {
     c.zero.offload_optimizer.buffer_count = 2;
     c.zero.sub_group_size = 3 * 65536;  // sub-groups of one or two units
     cases.push_back({"stage 2 offload_optimizer nvme", c});
+    c.zinf.gradients = GradientHome::kNvme;  // the accumulated gradients swapped out and read back
+    cases.push_back({"stage 2 offload_optimizer nvme, gradients nvme", c});
+    c.zinf.aio.phased_swaps = false;
+    cases.push_back({"stage 2 offload_optimizer nvme, gradients nvme, reads ahead beside writes", c});
+    c.zinf.gradients = GradientHome::kAuto;
+    c.zinf.aio.phased_swaps = true;
     c.zero.stage = 3;
     c.zero.offload_param.device = OffloadDevice::kCpu;
     cases.push_back({"stage 3 offload_param cpu + offload_optimizer nvme", c});
+    c.zero.offload_param.device = OffloadDevice::kNvme;  // every shard in the parameter store
+    c.zero.offload_param.nvme_path = {test::TestDir()};
+    c.zero.offload_param.buffer_count = 2;
+    c.zero.offload_param.max_in_cpu = 0;
+    cases.push_back({"stage 3 offload_param nvme + offload_optimizer nvme", c});
+    c.zinf.gradients = GradientHome::kNvme;
+    cases.push_back({"stage 3 offload_param nvme + offload_optimizer nvme, gradients nvme", c});
   }
   for (const Case& k : cases) {
     SCOPED_TRACE(k.name);

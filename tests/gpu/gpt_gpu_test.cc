@@ -8,6 +8,13 @@
 //   each unit's gradient with fp32 gradients: ‖gpu - cpu‖ / ‖cpu‖ <= 1e-4;
 //   with bf16 parameters and gradients (rounded once at the end, so a few
 //   elements land one bf16 step apart): ‖gpu - cpu‖ / ‖cpu‖ <= 1e-2.
+// With bf16 matmul operands (tensor cores, CUBLAS_COMPUTE_32F_FAST_16BF)
+// against the CPU model's bf16 mode, which rounds each operand to nearest
+// even before OpenBLAS's fp32 product: the bf16 × bf16 products are exact in
+// fp32 on both, so where cuBLAS rounds the operands the same way only the
+// order of the sums differs, as in fp32 — loss within 1e-4 · max(1, |cpu|),
+// fp32 gradients within 1e-3 (a rounding that differed, e.g. truncation,
+// would put whole activations one bf16 step apart: errors near 1e-2).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -34,6 +41,7 @@ struct Case {
   bool checkpointing;
   bool bf16;
   float loss_scale = 1.0f;  // backpropagates loss_scale · loss (fp16 loss scaling)
+  DType matmul = DType::kFloat32;  // the products' operands (GptRunOptions::matmul_dtype)
 };
 
 // One forward + backward on host buffers (test::Step with a loss scale).
@@ -85,6 +93,7 @@ TEST_P(GptOnCudaTest, LossAndGradientsMatchTheCpuModel) {
   o.activation_checkpointing = k.checkpointing;
   o.param_dtype = o.grad_dtype = k.bf16 ? DType::kBFloat16 : DType::kFloat32;
   o.accumulate_grads = k.bf16;  // accumulate onto a non-zero start: exercises the fp32 accumulator's load
+  o.matmul_dtype = k.matmul;
   const int64_t BT = o.batch_size * c.max_seq_len;
   auto params = MakeParams(c, 21);
   auto tokens = RandomTokens(BT, c.vocab_size, 22), targets = RandomTokens(BT, c.vocab_size, 23);
@@ -157,8 +166,9 @@ TEST_P(GptOnCudaTest, LossAndGradientsMatchTheCpuModel) {
   const Status st = stream->Synchronize();
   ASSERT_TRUE(st.ok()) << st.ToString();
 
-  EXPECT_NEAR(loss, want_loss, 1e-5 * std::max(1.0f, std::fabs(want_loss))) << k.name;
-  const double tolerance = k.bf16 ? 1e-2 : 1e-4;
+  const bool bf16_matmul = k.matmul == DType::kBFloat16;
+  EXPECT_NEAR(loss, want_loss, (bf16_matmul ? 1e-4 : 1e-5) * std::max(1.0f, std::fabs(want_loss))) << k.name;
+  const double tolerance = k.bf16 ? 1e-2 : bf16_matmul ? 1e-3 : 1e-4;
   for (int u = 0; u < NumUnits(c); ++u) {
     const double err = RelativeError(got[u], want[u]);
     std::printf("  %s: unit %d gradient relative error %.3g\n", k.name, u, err);
@@ -184,7 +194,11 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GptOnCudaTest,
                                            Case{"tiny_checkpointing", test::Tiny(), true, false},
                                            Case{"odd_vocab_long_rows", Shape(97, 67, 48, 3, 6), false, false},
                                            Case{"bf16_accumulate", Shape(97, 40, 64, 2, 4), true, true},
-                                           Case{"loss_scale_1024", Shape(97, 40, 64, 2, 4), false, false, 1024.0f}),
+                                           Case{"loss_scale_1024", Shape(97, 40, 64, 2, 4), false, false, 1024.0f},
+                                           Case{"bf16_matmul", Shape(97, 40, 64, 2, 4), false, false, 1.0f,
+                                                DType::kBFloat16},
+                                           Case{"bf16_matmul_bf16_params", Shape(97, 67, 48, 3, 6), true, true, 1.0f,
+                                                DType::kBFloat16}),
                          [](const ::testing::TestParamInfo<Case>& i) { return std::string(i.param.name); });
 
 }  // namespace

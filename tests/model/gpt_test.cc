@@ -156,6 +156,36 @@ TEST(GptModelTest, ResultsDoNotDependOnTheThreadCount) {
   }
 }
 
+// bf16 matmul operands: still independent of the thread count, close to
+// the fp32 model (bf16 keeps 8 significant bits: relative errors near
+// 2^-9 per operand, averaging out over the sums) and not equal to it.
+TEST(GptModelTest, Bf16MatmulIsThreadCountInvariantAndNearFp32) {
+  GptRunOptions o;
+  o.batch_size = 8;
+  o.num_threads = 2;
+  const StepResult fp32 = RunStep(Chunky(), o);
+  o.matmul_dtype = DType::kBFloat16;
+  const StepResult two = RunStep(Chunky(), o);
+  o.num_threads = 1;
+  ExpectBitIdentical(two, RunStep(Chunky(), o));
+  o.num_threads = 3;
+  ExpectBitIdentical(two, RunStep(Chunky(), o));
+  EXPECT_NE(two.loss, fp32.loss);
+  EXPECT_NEAR(two.loss, fp32.loss, 1e-2 * std::fabs(fp32.loss));
+  for (size_t u = 0; u < fp32.grads.size(); ++u) {
+    double diff = 0, norm = 0;
+    for (size_t i = 0; i < fp32.grads[u].size(); ++i) {
+      const double d = static_cast<double>(two.grads[u][i]) - fp32.grads[u][i];
+      diff += d * d;
+      norm += static_cast<double>(fp32.grads[u][i]) * fp32.grads[u][i];
+    }
+    const double rel = std::sqrt(diff / norm);
+    std::printf("  unit %zu: bf16-matmul gradient relative difference %.3g\n", u, rel);
+    EXPECT_GT(rel, 0.0) << "unit " << u;
+    EXPECT_LT(rel, 5e-2) << "unit " << u;
+  }
+}
+
 TEST(GptModelTest, CheckpointingGivesTheSameBitsAndSavesMemory) {
   GptRunOptions o;
   o.batch_size = 2;
@@ -325,6 +355,11 @@ TEST(GptModelTest, BadInputsAreInvalidArguments) {
   o.batch_size = 0;
   EXPECT_EQ(GptModel::Create(c, o).status().code(), StatusCode::kInvalidArgument);
   o.batch_size = 1;
+  o.matmul_dtype = DType::kFloat16;
+  auto fp16 = GptModel::Create(c, o);
+  EXPECT_EQ(fp16.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(fp16.status().message().find("fp32 or bf16"), std::string::npos) << fp16.status().message();
+  o.matmul_dtype = DType::kFloat32;
   auto model = MakeModel(c, o);
   test::Arena arena = test::MakeArena(model->activation_bytes());
   model->BindActivations(arena.get());

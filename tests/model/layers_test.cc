@@ -12,10 +12,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <random>
 #include <vector>
 
+#include "cpu/float16.h"
 #include "model/gemm.h"
 #include "model/gpt_math.h"
 
@@ -221,6 +223,44 @@ TEST(LayerGradTest, ParallelGemmMatchesPlainLoops) {
         }
         EXPECT_LT(max_err, 1e-5);  // |terms| <= 1, k = 21: a few fp32 ulps of ~4
       }
+    }
+  }
+}
+
+// bf16 operands: bit for bit the fp32 product of the operands rounded to
+// bf16 (to nearest even, as every 16-bit store in zinf), for every
+// transposition and leading dimensions wider than the operands, through
+// ParallelGemm and OperandGemm; and not the fp32 product of the originals.
+TEST(LayerGradTest, Bf16OperandsGiveTheFp32ProductOfRoundedOperands) {
+  std::mt19937_64 rng(11);
+  const int64_t m = 600, n = 900, k = 37;
+  auto round = [](std::vector<float> v) {
+    for (float& x : v) x = Bf16BitsToFloat(FloatToBf16Bits(x));
+    return v;
+  };
+  const ModelThreads bf16(2, DType::kBFloat16), fp32(2);
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "ta=" << ta << " tb=" << tb);
+      const int64_t lda = (ta ? m : k) + 3, ldb = (tb ? k : n) + 5;
+      const Vec a64 = Random((ta ? k : m) * lda, rng), b64 = Random((tb ? n : k) * ldb, rng);
+      const std::vector<float> a(a64.begin(), a64.end()), b(b64.begin(), b64.end());
+      const std::vector<float> ra = round(a), rb = round(b);
+      ASSERT_NE(ra, a);  // the rounding changes the operands
+      const Vec c64 = Random(m * n, rng);
+      const std::vector<float> c0(c64.begin(), c64.end());
+      std::vector<float> got = c0, want = c0, plain = c0;
+      ParallelGemm<float>(bf16, ta, tb, m, n, k, 0.5f, a.data(), lda, b.data(), ldb, 1.0f, got.data(), n);
+      ParallelGemm<float>(fp32, ta, tb, m, n, k, 0.5f, ra.data(), lda, rb.data(), ldb, 1.0f, want.data(), n);
+      ParallelGemm<float>(fp32, ta, tb, m, n, k, 0.5f, a.data(), lda, b.data(), ldb, 1.0f, plain.data(), n);
+      EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0);
+      EXPECT_NE(got, plain);
+      // One (row-tile-sized) product on the calling thread.
+      const int64_t mt = 64;
+      std::vector<float> got1(mt * n, 0.0f), want1(mt * n, 0.0f);
+      OperandGemm<float>(DType::kBFloat16, ta, tb, mt, n, k, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, got1.data(), n);
+      Gemm<float>(ta, tb, mt, n, k, 1.0f, ra.data(), lda, rb.data(), ldb, 0.0f, want1.data(), n);
+      EXPECT_EQ(std::memcmp(got1.data(), want1.data(), got1.size() * sizeof(float)), 0);
     }
   }
 }
