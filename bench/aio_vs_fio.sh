@@ -12,6 +12,13 @@
 # virtual disks may cache on the host and favour whichever runs second. fio's numjobs=THREADS jobs each get their own region
 # (offset_increment), as zinf aio's threads do. Installs fio with apt-get if
 # it is missing. ZINF points at the zinf binary (default: build/zinf).
+#
+# HUGEPAGES=N (root) adds N 2 MiB pages to the hugetlb pool for the run and
+# gives them back afterwards; both tools then take their buffers from it
+# (zinf by itself, fio with --iomem=shmhuge). 300 covers 8M x qd 32 x 2
+# threads. On a VM whose balloon reports free memory to the host, a fresh
+# transparent huge page is faulted on the host too (1.2 s of system time per
+# 512 MiB here); pool pages are not (0.08 s): cpu/io_memory.h.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 DIR=${1:-.}
@@ -33,15 +40,32 @@ fi
 [[ -d "$DIR" ]] || { echo "aio_vs_fio: $DIR is not a directory" >&2; exit 2; }
 
 FILE="$DIR/zinf_aio_vs_fio.dat"
-trap 'rm -f "$FILE"' EXIT
+HUGEPAGES=${HUGEPAGES:-0}
+POOL=/proc/sys/vm/nr_hugepages
+OLD_POOL=$(cat "$POOL")
+FIO_IOMEM=""
+cleanup() {
+  rm -f "$FILE"
+  if [[ $HUGEPAGES -gt 0 ]]; then echo "$OLD_POOL" > "$POOL"; fi
+}
+trap cleanup EXIT
+if [[ $HUGEPAGES -gt 0 ]]; then
+  [[ $(id -u) -eq 0 ]] || { echo "aio_vs_fio: HUGEPAGES needs root (it writes $POOL)" >&2; exit 1; }
+  echo $((OLD_POOL + HUGEPAGES)) > "$POOL"
+  got=$(cat "$POOL")
+  [[ $got -ge $((OLD_POOL + HUGEPAGES)) ]] || { echo "aio_vs_fio: the kernel gave $got of $((OLD_POOL + HUGEPAGES)) huge pages" >&2; exit 1; }
+  FIO_IOMEM="--iomem=shmhuge"
+  echo "# hugetlb pool: $OLD_POOL + $HUGEPAGES pages of 2 MiB for this run (fio $FIO_IOMEM)"
+fi
 echo "# aio_vs_fio: $FILE, $SIZE, $ROUNDS rounds per case, $(fio --version), $("$ZINF" --version | head -1)"
 echo "# pre-writing the file once (every extent written: no read touches an unwritten extent)"
 "$ZINF" aio write --path "$FILE" --size "$SIZE" --block-size 8M --queue-depth 32 --threads 2 --loops 1 >/dev/null
 
-python3 - "$ZINF" "$FILE" "$SIZE" "$ROUNDS" "$CASES" <<'PY'
+python3 - "$ZINF" "$FILE" "$SIZE" "$ROUNDS" "$CASES" "$FIO_IOMEM" <<'PY'
 import json, resource, statistics, subprocess, sys
 
 zinf, path, size_text, rounds, cases = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5].split()
+fio_extra = sys.argv[6].split()
 units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 def parse(t):
     return int(float(t[:-1]) * units[t[-1].upper()]) if t[-1].upper() in units else int(t)
@@ -65,7 +89,7 @@ def run_fio(op, bs, qd, threads):
     out = subprocess.run(["fio", "--name=ref", "--filename=" + path, "--rw=" + op, "--bs=" + str(parse(bs)),
                           "--iodepth=" + str(qd), "--numjobs=" + str(threads), "--size=" + str(per_job),
                           "--offset_increment=" + str(per_job), "--ioengine=io_uring", "--direct=1",
-                          "--group_reporting", "--output-format=json"],
+                          "--group_reporting", "--output-format=json"] + fio_extra,
                          capture_output=True, text=True, check=True)
     cpu = child_cpu() - c0
     side = json.loads(out.stdout)["jobs"][0][op]

@@ -3,6 +3,9 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <cstdlib>
+#include <string_view>
+
 namespace zinf {
 namespace {
 
@@ -13,6 +16,17 @@ uint64_t RoundToPages(uint64_t bytes) {
   return (bytes + page - 1) / page * page;
 }
 
+uint64_t RoundToHugePages(uint64_t bytes) { return (bytes + kHugePage - 1) / kHugePage * kHugePage; }
+
+// ZINF_IO_HUGETLB=0 keeps zinf's buffers out of the hugetlb pool.
+bool UseHugetlbPool() {
+  static const bool use = [] {
+    const char* v = std::getenv("ZINF_IO_HUGETLB");
+    return v == nullptr || std::string_view(v) != "0";
+  }();
+  return use;
+}
+
 }  // namespace
 
 void* MapIoMemory(uint64_t bytes) {
@@ -21,21 +35,32 @@ void* MapIoMemory(uint64_t bytes) {
     void* p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     return p == MAP_FAILED ? nullptr : p;
   }
+  // Whole huge pages from here on: both kinds of mapping cover hlen.
+  const uint64_t hlen = RoundToHugePages(len);
+  if (UseHugetlbPool()) {
+    // Reserved at mmap time: fails at once (ENOMEM) when the pool is short.
+    constexpr int kTwoMiBPages = 21 << MAP_HUGE_SHIFT;  // log2 of the page size
+    void* p = mmap(nullptr, hlen, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB | kTwoMiBPages, -1,
+                   0);
+    if (p != MAP_FAILED) return p;
+  }
   // Map a huge page more than asked, keep the 2 MiB-aligned middle.
-  void* raw = mmap(nullptr, len + kHugePage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  void* raw = mmap(nullptr, hlen + kHugePage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (raw == MAP_FAILED) return nullptr;
   const auto base = reinterpret_cast<uintptr_t>(raw);
   const uintptr_t start = (base + kHugePage - 1) & ~(kHugePage - 1);
   if (start > base) munmap(raw, start - base);
-  const uintptr_t end = base + len + kHugePage;
-  if (end > start + len) munmap(reinterpret_cast<void*>(start + len), end - (start + len));
+  const uintptr_t end = base + hlen + kHugePage;
+  if (end > start + hlen) munmap(reinterpret_cast<void*>(start + hlen), end - (start + hlen));
   void* p = reinterpret_cast<void*>(start);
-  madvise(p, len, MADV_HUGEPAGE);  // advice: ordinary pages where it is not taken
+  madvise(p, hlen, MADV_HUGEPAGE);  // advice: ordinary pages where it is not taken
   return p;
 }
 
-void UnmapIoMemory(void* p, uint64_t bytes) {
-  if (p != nullptr) munmap(p, RoundToPages(bytes == 0 ? 1 : bytes));
+int UnmapIoMemory(void* p, uint64_t bytes) {
+  if (p == nullptr) return 0;
+  const uint64_t len = RoundToPages(bytes == 0 ? 1 : bytes);
+  return munmap(p, len < kHugePage ? len : RoundToHugePages(len));
 }
 
 IoMemory AllocateIoMemory(uint64_t bytes) {

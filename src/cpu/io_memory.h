@@ -12,6 +12,13 @@
 //
 // Huge pages are advice: where the kernel has none to give (THP disabled,
 // memory fragmented) the memory is ordinary pages and works the same.
+//
+// Where the machine keeps a pool of 2 MiB hugetlb pages (vm.nr_hugepages)
+// with enough free, buffers of 2 MiB or more come from it instead
+// (MAP_HUGETLB; ZINF_IO_HUGETLB=0 turns this off). Pool pages stay with the
+// guest: on a VM whose balloon reports free memory to the host, a freshly
+// faulted transparent huge page is faulted on the host as well — touching
+// 512 MiB of them took 1.2–1.4 s of system time here, of pool pages 0.08 s.
 // Thread-safe (plain functions).
 #pragma once
 
@@ -20,12 +27,13 @@
 
 namespace zinf {
 
-// `bytes` (rounded up to whole pages) of zeroed anonymous memory at a 2 MiB
-// boundary when it is at least 2 MiB, advised MADV_HUGEPAGE; nullptr (errno
-// set) when mmap fails. Release with UnmapIoMemory(p, bytes) — munmap of the
-// same range is equivalent.
+// `bytes` of zeroed anonymous memory: below 2 MiB, whole pages; from 2 MiB,
+// whole 2 MiB pages at a 2 MiB boundary, from the hugetlb pool when it has
+// them, else advised MADV_HUGEPAGE. nullptr (errno set) when mmap fails.
+// Release with UnmapIoMemory(p, bytes) (the same `bytes`), never plain
+// munmap(p, bytes): the mapping may be longer.
 void* MapIoMemory(uint64_t bytes);
-void UnmapIoMemory(void* p, uint64_t bytes);
+int UnmapIoMemory(void* p, uint64_t bytes);  // munmap's result (0, or -1 with errno)
 
 struct IoMemoryDeleter {
   uint64_t bytes = 0;

@@ -185,14 +185,14 @@ Result<void*> PinnedPool::CreateBuffer(uint64_t capacity) {
   madvise(data, capacity, MADV_DONTFORK);  // best effort, see the file comment
   if (options_.lock && mlock(data, capacity) != 0) {
     const int err = errno;
-    munmap(data, capacity);
+    UnmapIoMemory(data, capacity);
     return MlockError(capacity, err);
   }
   for (size_t i = 0; i < options_.registrars.size(); ++i) {
     Status s = options_.registrars[i]->Register(data, capacity);
     if (!s.ok()) {
       for (size_t j = i; j-- > 0;) options_.registrars[j]->Unregister(data, capacity);
-      munmap(data, capacity);  // also unlocks
+      UnmapIoMemory(data, capacity);  // also unlocks
       return s.WithContext(std::string(options_.registrars[i]->name()) + " " + FormatBytes(capacity));
     }
   }
@@ -201,7 +201,7 @@ Result<void*> PinnedPool::CreateBuffer(uint64_t capacity) {
 
 void PinnedPool::DestroyBuffer(void* data, uint64_t capacity) {
   for (size_t j = options_.registrars.size(); j-- > 0;) options_.registrars[j]->Unregister(data, capacity);
-  if (munmap(data, capacity) != 0) {
+  if (UnmapIoMemory(data, capacity) != 0) {
     ZINF_LOG_ERROR("pinned host memory: munmap {} bytes at {}: {}", capacity, data, ErrnoText(errno));
   }
 }
