@@ -11,10 +11,9 @@
 
 #include "common/build_config.h"
 #include "common/units.h"
+#include "cpu/openblas_lib.h"
 #include "cpu/simd_level.h"
 
-extern "C" char* openblas_get_config(void);
-extern "C" int openblas_get_num_threads(void);
 
 namespace zinf {
 
@@ -59,7 +58,9 @@ BackendInfo ProbeMpi() {
 }
 
 BackendInfo ProbeOpenBlas() {
-  std::string cfg = openblas_get_config();
+  Result<const OpenBlasLib*> blas = OpenBlas();  // opened here: zinf does not link it
+  if (!blas.ok()) return {"openblas", true, false, blas.status().message()};
+  std::string cfg = (*blas)->get_config();
   while (!cfg.empty() && cfg.back() == ' ') cfg.pop_back();
   return {"openblas", true, true, cfg};
 }

@@ -1,8 +1,6 @@
 // Gemm: OpenBLAS behind a template, and its fixed tiling over ModelThreads.
 #include "model/gemm.h"
 
-#include <cblas.h>
-
 #include <algorithm>
 #include <limits>
 #include <type_traits>
@@ -10,6 +8,7 @@
 
 #include "common/check.h"
 #include "cpu/float16.h"
+#include "cpu/openblas_lib.h"
 
 namespace zinf::model {
 namespace {
@@ -23,14 +22,14 @@ CBLAS_TRANSPOSE Trans(bool t) { return t ? CblasTrans : CblasNoTrans; }
 
 void BlasGemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
               const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  cblas_sgemm(CblasRowMajor, Trans(ta), Trans(tb), Dim(m), Dim(n), Dim(k), alpha, a, Dim(lda), b, Dim(ldb), beta, c,
-              Dim(ldc));
+  OpenBlasOrDie().sgemm(CblasRowMajor, Trans(ta), Trans(tb), Dim(m), Dim(n), Dim(k), alpha, a, Dim(lda), b, Dim(ldb),
+                        beta, c, Dim(ldc));
 }
 
 void BlasGemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const double* a, int64_t lda,
               const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
-  cblas_dgemm(CblasRowMajor, Trans(ta), Trans(tb), Dim(m), Dim(n), Dim(k), alpha, a, Dim(lda), b, Dim(ldb), beta, c,
-              Dim(ldc));
+  OpenBlasOrDie().dgemm(CblasRowMajor, Trans(ta), Trans(tb), Dim(m), Dim(n), Dim(k), alpha, a, Dim(lda), b, Dim(ldb),
+                        beta, c, Dim(ldc));
 }
 
 // An operand stored rows × cols with leading dimension ld, copied densely
@@ -177,13 +176,14 @@ void UseSingleThreadedBlas() { SetBlasThreads(1); }
 
 void SetBlasThreads(int num_threads) {
   ZINF_CHECK(num_threads >= 1);
-  if (openblas_get_num_threads() != num_threads) openblas_set_num_threads(num_threads);
+  const OpenBlasLib& blas = OpenBlasOrDie();
+  if (blas.get_num_threads() != num_threads) blas.set_num_threads(num_threads);
 }
 
-int BlasThreads() { return openblas_get_num_threads(); }
+int BlasThreads() { return OpenBlasOrDie().get_num_threads(); }
 
 std::string BlasConfig() {
-  std::string cfg = openblas_get_config();
+  std::string cfg = OpenBlasOrDie().get_config();
   while (!cfg.empty() && cfg.back() == ' ') cfg.pop_back();
   return cfg;
 }

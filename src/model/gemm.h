@@ -1,7 +1,7 @@
 // Matrix products for the model: row-major C = alpha · op(A) · op(B) + beta · C
 // (op = identity or transpose; m × k times k × n), through OpenBLAS
 // (cblas_sgemm for float, cblas_dgemm for double, so the double-precision
-// tests run the same code). The BLAS header stays in gemm.cc.
+// tests run the same code), opened on first use (cpu/openblas_lib.h).
 //
 // Threading: the model drives OpenBLAS single-threaded and parallelises on
 // its own pool. ParallelGemm cuts C into tiles whose shape depends only on

@@ -4,6 +4,8 @@
 // LayerNorm backward adds into.
 #include "model/gpt.h"
 
+#include "cpu/openblas_lib.h"
+
 #include <algorithm>
 #include <cstring>
 #include <limits>
@@ -121,6 +123,7 @@ Result<std::unique_ptr<GptModel>> GptModel::Create(const GptConfig& config, cons
   }
   if (o.num_threads < 1) return InvalidArgument("gpt model: num_threads must be >= 1");
   ZINF_RETURN_IF_ERROR(CheckMatmulDtype(o.matmul_dtype));
+  ZINF_RETURN_IF_ERROR(OpenBlas().status());  // the CPU products (gemm.cc) need it
   // The LM head's [B·T, V] product and the attention scores are addressed
   // with 32-bit BLAS dimensions.
   if (o.batch_size * o.seq_len > std::numeric_limits<int32_t>::max() / 4) {

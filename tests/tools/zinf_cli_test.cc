@@ -73,14 +73,21 @@ TEST(ZinfCliTest, BadUsageExitsTwo) {
   EXPECT_EQ(RunZinf("--log-level loud config check " + Data("ds_zero3_nvme.json")).exit_code, 2);
 }
 
-// cuBLAS (and the cuBLASLt it pulls in, 0.13 s of CPU and 210 MB at load) is
-// opened only when a CUDA model needs it: a command that runs no model on a
-// GPU never loads it. The loader's own trace lists every library it maps.
-TEST(ZinfCliTest, CommandsWithoutAGpuModelNeverLoadCublas) {
+// cuBLAS (and the cuBLASLt it pulls in, 0.13 s of CPU and 210 MB at load)
+// and OpenBLAS (whose threads start, and spin, at load) are opened only when
+// a model needs them: a command that runs no model never loads them, one
+// that does loads OpenBLAS. The loader's own trace lists every library it maps.
+TEST(ZinfCliTest, LibrariesOnlyAModelNeedsAreOpenedWhenItRuns) {
   auto r = zinf::test::RunCommand("LD_DEBUG=files " + zinf::test::BinaryDir() + "/zinf config check " +
                                   Data("ds_zero3_nvme.json") + " --world-size 2 --params 1.5G 2>&1");
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("file=libtbb"), std::string::npos) << "the trace lists no libraries:\n" << r.output;
+  EXPECT_EQ(r.output.find("libcublas"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("libopenblas"), std::string::npos) << r.output;
+  r = zinf::test::RunCommand("LD_DEBUG=files " + zinf::test::BinaryDir() +
+                             "/zinf bench model --preset tiny --seq-len 16 --micro-batch 1 --steps 1 --threads 1 2>&1");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("libopenblas"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("libcublas"), std::string::npos) << r.output;
 }
 
