@@ -261,6 +261,7 @@ Result<AioResult> RunAio(const AioOptions& o, const std::function<void(double)>&
   eo.rings = o.threads;
   eo.fixed_buffers = o.fixed_buffers;
   eo.sqpoll = o.sqpoll;
+  eo.single_submit = o.single_submit;
   ZINF_ASSIGN_OR_RETURN(auto engine, IoEngine::Create(eo));
 
   AioResult result;
@@ -362,6 +363,9 @@ void AddCommonOptions(CLI::App* cmd, CliAio& c, bool sweep) {
   cmd->add_option("--loops", c.o.loops, "Timed passes (medians reported)")->capture_default_str();
   cmd->add_flag("--buffered", c.o.buffered, "Page-cache I/O instead of O_DIRECT");
   cmd->add_flag("--sqpoll", c.o.sqpoll, "Kernel submission polling thread per ring (takes a core each)");
+  if (!sweep)
+    cmd->add_flag("--single-submit", c.o.single_submit,
+                  "Submit each block on its own (the kernel then does not merge neighbouring blocks)");
   cmd->add_flag("--json", c.json, "Print one JSON object");
 }
 
@@ -409,10 +413,10 @@ int RunReadWrite(CliAio& c, IoKind kind) {
   for (const auto& p : c.o.paths) paths += (paths.empty() ? "" : ", ") + p;
   if (!c.json)
     std::printf("# zinf aio %s: %s; %s in %s blocks; queue depth %u per thread; %u thread(s); %s; fixed buffers %s; "
-                "sqpoll %s; %d loop(s); verify %s\n",
+                "sqpoll %s; single submit %s; %d loop(s); verify %s\n",
                 op, paths.c_str(), FormatBytes(c.o.size).c_str(), FormatBytes(c.o.block_size).c_str(), c.o.queue_depth,
                 c.o.threads, c.o.buffered ? "buffered" : "O_DIRECT", c.o.fixed_buffers ? "on" : "off",
-                c.o.sqpoll ? "on" : "off", c.o.loops, c.o.verify ? "on" : "off");
+                c.o.sqpoll ? "on" : "off", c.o.single_submit ? "on" : "off", c.o.loops, c.o.verify ? "on" : "off");
   std::fflush(stdout);
   auto r = RunAio(c.o, ProgressLine(op));
   if (!r.ok()) return Fail(r.status());
@@ -423,7 +427,8 @@ int RunReadWrite(CliAio& c, IoKind kind) {
                         {"config",
                          {{"paths", c.o.paths}, {"size_bytes", c.o.size}, {"block_size", c.o.block_size},
                           {"queue_depth", c.o.queue_depth}, {"threads", c.o.threads}, {"buffered", c.o.buffered},
-                          {"fixed_buffers", c.o.fixed_buffers}, {"sqpoll", c.o.sqpoll}, {"loops", c.o.loops},
+                          {"fixed_buffers", c.o.fixed_buffers}, {"sqpoll", c.o.sqpoll},
+                          {"single_submit", c.o.single_submit}, {"loops", c.o.loops},
                           {"verify", c.o.verify}, {"backend", r->backend}}},
                         {"laid_out", r->laid_out},
                         {"loops", nlohmann::json::array()},
@@ -532,7 +537,8 @@ int RunSweep(CliSweep& s) {
   if (st.ok()) st = ValidateAio(c.o);
   if (!st.ok()) return Fail(st);
   if (c.o.loops == 3) c.o.loops = 1;  // the read/write default; one pass per point unless asked
-  const size_t total = std::size(kSweepThreads) * std::size(kSweepBlocks) * std::size(kSweepDepths) * 2;
+  // The grid, then the recommended point batched and single-submitted.
+  const size_t total = std::size(kSweepThreads) * std::size(kSweepBlocks) * std::size(kSweepDepths) * 2 + 4;
   if (!c.json)
     std::printf("# zinf aio sweep: %s, %s per point, %zu points (block 128K-8M x queue depth 1-64 x threads 1-2 x "
                 "write, read), %d loop(s) each\n",
@@ -540,32 +546,38 @@ int RunSweep(CliSweep& s) {
   std::vector<SweepPoint> points;
   size_t done = 0;
   double t0 = NowSeconds();
+  // Both ops at one point: write first, so the read finds the file laid out.
+  auto measure = [&](SweepPoint& p, bool single_submit) -> Status {
+    for (IoKind kind : {IoKind::kWrite, IoKind::kRead}) {
+      AioOptions o = c.o;
+      o.kind = kind;
+      o.block_size = p.block_size;
+      o.queue_depth = p.queue_depth;
+      o.threads = p.threads;
+      o.single_submit = single_submit;
+      o.verify = false;
+      auto r = RunAio(o);
+      if (!r.ok()) return r.status();
+      (kind == IoKind::kRead ? p.read_gbps : p.write_gbps) = r->median.gb_per_s;
+      ++done;
+      double elapsed = NowSeconds() - t0;
+      std::fprintf(stderr, "%s[%3zu/%zu] %-5s %6s qd %2u t%u%s %7.3f GB/s   elapsed %4.0fs  ETA %4.0fs%s",
+                   ::isatty(STDERR_FILENO) ? "\r" : "", done, total, kind == IoKind::kRead ? "read" : "write",
+                   FormatBytes(p.block_size).c_str(), p.queue_depth, p.threads, single_submit ? " single" : "",
+                   r->median.gb_per_s, elapsed, elapsed / done * (total - done), ::isatty(STDERR_FILENO) ? "   " : "\n");
+    }
+    return Status::Ok();
+  };
+  auto time_per_byte = [](const SweepPoint& p) { return 1 / p.read_gbps + 1 / p.write_gbps; };
   for (unsigned threads : kSweepThreads) {
     for (uint64_t bs : kSweepBlocks) {
       for (unsigned qd : kSweepDepths) {
         SweepPoint p{threads, bs, qd};
-        for (IoKind kind : {IoKind::kWrite, IoKind::kRead}) {
-          AioOptions o = c.o;
-          o.kind = kind;
-          o.block_size = bs;
-          o.queue_depth = qd;
-          o.threads = threads;
-          o.verify = false;
-          auto r = RunAio(o);
-          if (!r.ok()) return Fail(r.status());
-          (kind == IoKind::kRead ? p.read_gbps : p.write_gbps) = r->median.gb_per_s;
-          ++done;
-          double elapsed = NowSeconds() - t0;
-          std::fprintf(stderr, "%s[%3zu/%zu] %-5s %6s qd %2u t%u %7.3f GB/s   elapsed %4.0fs  ETA %4.0fs%s",
-                       ::isatty(STDERR_FILENO) ? "\r" : "", done, total, kind == IoKind::kRead ? "read" : "write",
-                       FormatBytes(bs).c_str(), qd, threads, r->median.gb_per_s, elapsed,
-                       elapsed / done * (total - done), ::isatty(STDERR_FILENO) ? "   " : "\n");
-        }
+        if (Status m = measure(p, false); !m.ok()) return Fail(m);
         points.push_back(p);
       }
     }
   }
-  if (::isatty(STDERR_FILENO)) std::fprintf(stderr, "\n");
   // The optimizer moves the same bytes in and out, so the best setting for
   // it minimises read time + write time: 1/read + 1/write.
   const SweepPoint* best_read = &points[0];
@@ -574,14 +586,23 @@ int RunSweep(CliSweep& s) {
   for (const auto& p : points) {
     if (p.read_gbps > best_read->read_gbps) best_read = &p;
     if (p.write_gbps > best_write->write_gbps) best_write = &p;
-    if (1 / p.read_gbps + 1 / p.write_gbps < 1 / best_both->read_gbps + 1 / best_both->write_gbps) best_both = &p;
+    if (time_per_byte(p) < time_per_byte(*best_both)) best_both = &p;
   }
+  // Batched submissions are plugged and the kernel merges neighbouring
+  // blocks into larger device requests; some devices serve the blocks alone
+  // faster (DeepSpeed's single_submit). The recommended point both ways,
+  // back to back, decides.
+  SweepPoint batched = *best_both, single = *best_both;
+  if (Status m = measure(batched, false); !m.ok()) return Fail(m);
+  if (Status m = measure(single, true); !m.ok()) return Fail(m);
+  if (::isatty(STDERR_FILENO)) std::fprintf(stderr, "\n");
+  const bool single_submit = time_per_byte(single) < time_per_byte(batched);
   nlohmann::json config = {
       {"aio",
        {{"block_size", best_both->block_size},
         {"queue_depth", best_both->queue_depth},
         {"intra_op_parallelism", best_both->threads},
-        {"single_submit", false},
+        {"single_submit", single_submit},
         {"overlap_events", true}}},
       {"zinf", {{"aio", {{"rings", best_both->threads}, {"fixed_buffers", c.o.fixed_buffers}, {"sqpoll", c.o.sqpoll},
                          {"buffered", c.o.buffered}}}}}};
@@ -598,8 +619,14 @@ int RunSweep(CliSweep& s) {
     return FormatBytes(p.block_size) + " qd " + std::to_string(p.queue_depth) + " threads " + std::to_string(p.threads);
   };
   if (c.json) {
-    nlohmann::json j = {{"command", "aio sweep"}, {"path", c.o.paths[0]}, {"size_bytes", c.o.size},
-                        {"points", nlohmann::json::array()}, {"recommended", config}};
+    nlohmann::json j = {{"command", "aio sweep"},
+                        {"path", c.o.paths[0]},
+                        {"size_bytes", c.o.size},
+                        {"points", nlohmann::json::array()},
+                        {"submission",
+                         {{"batched", {{"read_gb_per_s", batched.read_gbps}, {"write_gb_per_s", batched.write_gbps}}},
+                          {"single", {{"read_gb_per_s", single.read_gbps}, {"write_gb_per_s", single.write_gbps}}}}},
+                        {"recommended", config}};
     for (const auto& p : points)
       j["points"].push_back({{"threads", p.threads}, {"block_size", p.block_size}, {"queue_depth", p.queue_depth},
                              {"read_gb_per_s", p.read_gbps}, {"write_gb_per_s", p.write_gbps}});
@@ -612,6 +639,10 @@ int RunSweep(CliSweep& s) {
                 p.read_gbps, p.write_gbps);
   std::printf("best read:  %.3f GB/s at %s\n", best_read->read_gbps, describe(*best_read).c_str());
   std::printf("best write: %.3f GB/s at %s\n", best_write->write_gbps, describe(*best_write).c_str());
+  std::printf("at %s once more: batched read %.3f, write %.3f GB/s; single submit read %.3f, write %.3f GB/s -> "
+              "single_submit %s\n",
+              describe(*best_both).c_str(), batched.read_gbps, batched.write_gbps, single.read_gbps,
+              single.write_gbps, single_submit ? "true" : "false");
   std::printf("recommended (least read + write time): %s, read %.3f, write %.3f GB/s -> %s%s%s\n",
               describe(*best_both).c_str(), best_both->read_gbps, best_both->write_gbps, s.output.c_str(),
               s.svg.empty() ? "" : ", heatmap ", s.svg.c_str());

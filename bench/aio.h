@@ -34,6 +34,7 @@ struct AioOptions {
   bool buffered = false;
   bool fixed_buffers = false;
   bool sqpoll = false;
+  bool single_submit = false;  // one io_uring_submit per block (no plugging, no merging)
   bool verify = false;
   int loops = 3;
 };

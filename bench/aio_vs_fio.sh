@@ -13,6 +13,10 @@
 # (offset_increment), as zinf aio's threads do. Installs fio with apt-get if
 # it is missing. ZINF points at the zinf binary (default: build/zinf).
 #
+# ZINF_ARGS adds options to every `zinf aio` run (e.g. "--single-submit",
+# which submits each block on its own as fio does by default, so the kernel
+# does not merge neighbouring blocks).
+#
 # HUGEPAGES=N (root) adds N 2 MiB pages to the hugetlb pool for the run and
 # gives them back afterwards; both tools then take their buffers from it
 # (zinf by itself, fio with --iomem=shmhuge). 300 covers 8M x qd 32 x 2
@@ -57,15 +61,16 @@ if [[ $HUGEPAGES -gt 0 ]]; then
   FIO_IOMEM="--iomem=shmhuge"
   echo "# hugetlb pool: $OLD_POOL + $HUGEPAGES pages of 2 MiB for this run (fio $FIO_IOMEM)"
 fi
-echo "# aio_vs_fio: $FILE, $SIZE, $ROUNDS rounds per case, $(fio --version), $("$ZINF" --version | head -1)"
+echo "# aio_vs_fio: $FILE, $SIZE, $ROUNDS rounds per case, $(fio --version), $("$ZINF" --version | head -1)${ZINF_ARGS:+, zinf aio $ZINF_ARGS}"
 echo "# pre-writing the file once (every extent written: no read touches an unwritten extent)"
 "$ZINF" aio write --path "$FILE" --size "$SIZE" --block-size 8M --queue-depth 32 --threads 2 --loops 1 >/dev/null
 
-python3 - "$ZINF" "$FILE" "$SIZE" "$ROUNDS" "$CASES" "$FIO_IOMEM" <<'PY'
+python3 - "$ZINF" "$FILE" "$SIZE" "$ROUNDS" "$CASES" "$FIO_IOMEM" "${ZINF_ARGS:-}" <<'PY'
 import json, resource, statistics, subprocess, sys
 
 zinf, path, size_text, rounds, cases = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5].split()
 fio_extra = sys.argv[6].split()
+zinf_extra = sys.argv[7].split()
 units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 def parse(t):
     return int(float(t[:-1]) * units[t[-1].upper()]) if t[-1].upper() in units else int(t)
@@ -78,7 +83,7 @@ def child_cpu():
 def run_zinf(op, bs, qd, threads):
     c0 = child_cpu()
     out = subprocess.run([zinf, "aio", op, "--path", path, "--size", str(size), "--block-size", bs,
-                          "--queue-depth", str(qd), "--threads", str(threads), "--loops", "1", "--json"],
+                          "--queue-depth", str(qd), "--threads", str(threads), "--loops", "1", "--json"] + zinf_extra,
                          capture_output=True, text=True, check=True)
     cpu = child_cpu() - c0
     return json.loads(out.stdout)["median"]["gb_per_s"], cpu / (size / 1e9)

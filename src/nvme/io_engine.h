@@ -46,7 +46,8 @@ struct IoEngineOptions {
   bool fixed_files = true;        // register files opened through IoEngine::Open
   bool sqpoll = false;            // kernel SQ polling thread per ring (costs a core each)
   unsigned sqpoll_idle_ms = 50;
-  bool single_submit = false;     // one io_uring_submit per block instead of one per batch
+  bool single_submit = false;     // one io_uring_submit per block instead of one per batch (the
+                                  // kernel then neither plugs nor merges neighbouring blocks)
 };
 
 // The engine settings of a config: aio.block_size, aio.queue_depth,
@@ -96,6 +97,10 @@ struct IoEngineStats {
   uint64_t short_resubmits = 0;    // short transfers resubmitted for the remainder
   uint64_t retries = 0;            // EAGAIN/EINTR retries
   uint64_t failed_requests = 0;
+  // io_uring: submissions that carried blocks (one per block with
+  // single_submit; a batch of up to queue_depth otherwise, which the kernel
+  // plugs and may merge into larger device requests). 0 on posix.
+  uint64_t submit_batches = 0;
 };
 
 class IoEngine {

@@ -290,6 +290,23 @@ TEST_P(IoEngineTest, SingleSubmitRoundTrips) {
   ASSERT_TRUE(engine->WriteSync(file, 0, data.get(), 256 << 10).ok());
   ASSERT_TRUE(engine->ReadSync(file, 0, back.get(), 256 << 10).ok());
   EXPECT_EQ(std::memcmp(data.get(), back.get(), 256 << 10), 0);
+  const IoEngineStats s = engine->stats();
+  EXPECT_EQ(s.blocks, 32u);
+  // One submission per block on io_uring, where the same requests batched
+  // go out in one submission each (16 blocks, queue depth 32).
+  if (GetParam() == IoBackend::kUring) {
+    EXPECT_EQ(s.submit_batches, s.blocks);
+    o.single_submit = false;
+    auto batched = std::move(IoEngine::Create(o)).value();
+    auto file2 = NewFile(*batched, "batched");
+    ASSERT_TRUE(batched->WriteSync(file2, 0, data.get(), 256 << 10).ok());
+    ASSERT_TRUE(batched->ReadSync(file2, 0, back.get(), 256 << 10).ok());
+    EXPECT_EQ(batched->stats().blocks, 32u);
+    EXPECT_LE(batched->stats().submit_batches, 4u);
+    EXPECT_GE(batched->stats().submit_batches, 2u);
+  } else {
+    EXPECT_EQ(s.submit_batches, 0u);
+  }
 }
 
 TEST(IoEngineOptionsTest, ComeFromTheConfigsAioBlock) {

@@ -170,8 +170,13 @@ TEST(AioCliTest, JsonCarriesEveryPrintedFigure) {
   auto j = nlohmann::json::parse(js.out);
   EXPECT_EQ(j["op"], "read");
   for (const char* k : {"paths", "size_bytes", "block_size", "queue_depth", "threads", "buffered", "fixed_buffers",
-                        "sqpoll", "loops", "verify", "backend"})
+                        "sqpoll", "single_submit", "loops", "verify", "backend"})
     EXPECT_TRUE(j["config"].contains(k)) << k;
+  EXPECT_EQ(j["config"]["single_submit"], false);
+  EXPECT_NE(text.out.find("single submit off"), std::string::npos) << text.out;
+  CliRun single = Zinf({"read", "--path", file, "--size", "16M", "--loops", "1", "--single-submit", "--json"});
+  ASSERT_EQ(single.exit_code, 0) << single.err;
+  EXPECT_EQ(nlohmann::json::parse(single.out)["config"]["single_submit"], true);
   ASSERT_EQ(j["loops"].size(), 2u);
   for (const auto& loop : j["loops"]) {
     for (const char* k : {"seconds", "gb_per_s", "iops", "p50_us", "p99_us", "cpu_seconds"}) ASSERT_TRUE(loop.contains(k)) << k;
@@ -189,11 +194,18 @@ TEST(AioCliTest, SweepWritesAConfigZinfAcceptsAndAHeatmap) {
   CliRun r = Zinf({"sweep", "--path", dir + "/s.dat", "--size", "16M", "--output", out, "--svg", svg});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("recommended (least read + write time)"), std::string::npos) << r.out;
-  EXPECT_NE(r.err.find("[196/196]"), std::string::npos);  // the progress lines
+  EXPECT_NE(r.err.find("[200/200]"), std::string::npos);  // the progress lines: the grid, then the submission A/B
+  EXPECT_NE(r.err.find(" single "), std::string::npos) << r.err;
+  EXPECT_NE(r.out.find("once more: batched read"), std::string::npos) << r.out;
   std::ifstream in(out);
   auto cfg = nlohmann::json::parse(in);
   EXPECT_TRUE(cfg["aio"].contains("block_size"));
   EXPECT_TRUE(cfg["aio"].contains("intra_op_parallelism"));
+  ASSERT_TRUE(cfg["aio"]["single_submit"].is_boolean());
+  // The printed decision is the one written.
+  EXPECT_NE(r.out.find(std::string("-> single_submit ") + (cfg["aio"]["single_submit"].get<bool>() ? "true" : "false")),
+            std::string::npos)
+      << r.out;
   auto loaded = LoadConfigFile(out);
   EXPECT_TRUE(loaded.ok()) << loaded.status().ToString();
   std::ifstream s(svg);
