@@ -461,6 +461,7 @@ struct SweepPoint {
 const uint64_t kSweepBlocks[] = {128 << 10, 256 << 10, 512 << 10, 1 << 20, 2 << 20, 4 << 20, 8 << 20};
 const unsigned kSweepDepths[] = {1, 2, 4, 8, 16, 32, 64};
 const unsigned kSweepThreads[] = {1, 2};
+constexpr size_t kConfirm = 3;  // grid points measured again
 
 // A colour from dark blue to yellow for t in [0, 1] (a viridis-like ramp).
 std::string Color(double t) {
@@ -537,8 +538,9 @@ int RunSweep(CliSweep& s) {
   if (st.ok()) st = ValidateAio(c.o);
   if (!st.ok()) return Fail(st);
   if (c.o.loops == 3) c.o.loops = 1;  // the read/write default; one pass per point unless asked
-  // The grid, then the recommended point batched and single-submitted.
-  const size_t total = std::size(kSweepThreads) * std::size(kSweepBlocks) * std::size(kSweepDepths) * 2 + 4;
+  // The grid, then the best kConfirm points again, batched and single-submitted.
+  const size_t total =
+      std::size(kSweepThreads) * std::size(kSweepBlocks) * std::size(kSweepDepths) * 2 + kConfirm * 2 * 2;
   if (!c.json)
     std::printf("# zinf aio sweep: %s, %s per point, %zu points (block 128K-8M x queue depth 1-64 x threads 1-2 x "
                 "write, read), %d loop(s) each\n",
@@ -568,6 +570,8 @@ int RunSweep(CliSweep& s) {
     }
     return Status::Ok();
   };
+  // The optimizer moves the same bytes in and out, so the best setting for
+  // it minimises read time + write time: 1/read + 1/write.
   auto time_per_byte = [](const SweepPoint& p) { return 1 / p.read_gbps + 1 / p.write_gbps; };
   for (unsigned threads : kSweepThreads) {
     for (uint64_t bs : kSweepBlocks) {
@@ -578,33 +582,47 @@ int RunSweep(CliSweep& s) {
       }
     }
   }
-  // The optimizer moves the same bytes in and out, so the best setting for
-  // it minimises read time + write time: 1/read + 1/write.
   const SweepPoint* best_read = &points[0];
   const SweepPoint* best_write = &points[0];
-  const SweepPoint* best_both = &points[0];
   for (const auto& p : points) {
     if (p.read_gbps > best_read->read_gbps) best_read = &p;
     if (p.write_gbps > best_write->write_gbps) best_write = &p;
-    if (time_per_byte(p) < time_per_byte(*best_both)) best_both = &p;
   }
-  // Batched submissions are plugged and the kernel merges neighbouring
-  // blocks into larger device requests; some devices serve the blocks alone
-  // faster (DeepSpeed's single_submit). The recommended point both ways,
-  // back to back, decides.
-  SweepPoint batched = *best_both, single = *best_both;
-  if (Status m = measure(batched, false); !m.ok()) return Fail(m);
-  if (Status m = measure(single, true); !m.ok()) return Fail(m);
+  // One pass per point picks the best of 196 noisy figures, which favours a
+  // lucky one. The kConfirm points with the least read + write time are
+  // measured again, each batched and with every block submitted on its own
+  // (a batch is plugged and the kernel merges neighbouring blocks into larger
+  // device requests, which some devices serve more slowly: DeepSpeed's
+  // single_submit). The least time among these runs is the recommendation.
+  std::vector<const SweepPoint*> ranked;
+  for (const auto& p : points) ranked.push_back(&p);
+  std::stable_sort(ranked.begin(), ranked.end(),
+                   [&](const SweepPoint* a, const SweepPoint* b) { return time_per_byte(*a) < time_per_byte(*b); });
+  ranked.resize(std::min<size_t>(kConfirm, ranked.size()));
+  struct Confirmed {
+    SweepPoint p;
+    bool single_submit;
+  };
+  std::vector<Confirmed> confirmed;
+  for (const SweepPoint* p : ranked) {
+    for (bool single : {false, true}) {
+      Confirmed again{*p, single};
+      if (Status m = measure(again.p, single); !m.ok()) return Fail(m);
+      confirmed.push_back(again);
+    }
+  }
   if (::isatty(STDERR_FILENO)) std::fprintf(stderr, "\n");
-  const bool single_submit = time_per_byte(single) < time_per_byte(batched);
+  const Confirmed& rec = *std::min_element(confirmed.begin(), confirmed.end(), [&](const auto& a, const auto& b) {
+    return time_per_byte(a.p) < time_per_byte(b.p);
+  });
   nlohmann::json config = {
       {"aio",
-       {{"block_size", best_both->block_size},
-        {"queue_depth", best_both->queue_depth},
-        {"intra_op_parallelism", best_both->threads},
-        {"single_submit", single_submit},
+       {{"block_size", rec.p.block_size},
+        {"queue_depth", rec.p.queue_depth},
+        {"intra_op_parallelism", rec.p.threads},
+        {"single_submit", rec.single_submit},
         {"overlap_events", true}}},
-      {"zinf", {{"aio", {{"rings", best_both->threads}, {"fixed_buffers", c.o.fixed_buffers}, {"sqpoll", c.o.sqpoll},
+      {"zinf", {{"aio", {{"rings", rec.p.threads}, {"fixed_buffers", c.o.fixed_buffers}, {"sqpoll", c.o.sqpoll},
                          {"buffered", c.o.buffered}}}}}};
   {
     std::ofstream out(s.output);
@@ -623,13 +641,15 @@ int RunSweep(CliSweep& s) {
                         {"path", c.o.paths[0]},
                         {"size_bytes", c.o.size},
                         {"points", nlohmann::json::array()},
-                        {"submission",
-                         {{"batched", {{"read_gb_per_s", batched.read_gbps}, {"write_gb_per_s", batched.write_gbps}}},
-                          {"single", {{"read_gb_per_s", single.read_gbps}, {"write_gb_per_s", single.write_gbps}}}}},
+                        {"confirmed", nlohmann::json::array()},
                         {"recommended", config}};
     for (const auto& p : points)
       j["points"].push_back({{"threads", p.threads}, {"block_size", p.block_size}, {"queue_depth", p.queue_depth},
                              {"read_gb_per_s", p.read_gbps}, {"write_gb_per_s", p.write_gbps}});
+    for (const auto& c2 : confirmed)
+      j["confirmed"].push_back({{"threads", c2.p.threads}, {"block_size", c2.p.block_size},
+                                {"queue_depth", c2.p.queue_depth}, {"single_submit", c2.single_submit},
+                                {"read_gb_per_s", c2.p.read_gbps}, {"write_gb_per_s", c2.p.write_gbps}});
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
@@ -639,13 +659,15 @@ int RunSweep(CliSweep& s) {
                 p.read_gbps, p.write_gbps);
   std::printf("best read:  %.3f GB/s at %s\n", best_read->read_gbps, describe(*best_read).c_str());
   std::printf("best write: %.3f GB/s at %s\n", best_write->write_gbps, describe(*best_write).c_str());
-  std::printf("at %s once more: batched read %.3f, write %.3f GB/s; single submit read %.3f, write %.3f GB/s -> "
-              "single_submit %s\n",
-              describe(*best_both).c_str(), batched.read_gbps, batched.write_gbps, single.read_gbps,
-              single.write_gbps, single_submit ? "true" : "false");
-  std::printf("recommended (least read + write time): %s, read %.3f, write %.3f GB/s -> %s%s%s\n",
-              describe(*best_both).c_str(), best_both->read_gbps, best_both->write_gbps, s.output.c_str(),
-              s.svg.empty() ? "" : ", heatmap ", s.svg.c_str());
+  std::printf("measured again (the %zu points with the least read + write time, batched and single-submitted):\n",
+              ranked.size());
+  for (const auto& c2 : confirmed)
+    std::printf("  %-36s single submit %-3s read %7.3f write %7.3f GB/s\n", describe(c2.p).c_str(),
+                c2.single_submit ? "on" : "off", c2.p.read_gbps, c2.p.write_gbps);
+  std::printf("recommended (least read + write time measured again): %s, single submit %s, read %.3f, write %.3f "
+              "GB/s -> %s%s%s\n",
+              describe(rec.p).c_str(), rec.single_submit ? "on" : "off", rec.p.read_gbps, rec.p.write_gbps,
+              s.output.c_str(), s.svg.empty() ? "" : ", heatmap ", s.svg.c_str());
   return 0;
 }
 

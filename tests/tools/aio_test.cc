@@ -193,17 +193,19 @@ TEST(AioCliTest, SweepWritesAConfigZinfAcceptsAndAHeatmap) {
   std::string out = dir + "/aio.json", svg = dir + "/aio.svg";
   CliRun r = Zinf({"sweep", "--path", dir + "/s.dat", "--size", "16M", "--output", out, "--svg", svg});
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_NE(r.out.find("recommended (least read + write time)"), std::string::npos) << r.out;
-  EXPECT_NE(r.err.find("[200/200]"), std::string::npos);  // the progress lines: the grid, then the submission A/B
+  EXPECT_NE(r.out.find("recommended (least read + write time measured again): "), std::string::npos) << r.out;
+  // The progress lines: 196 runs of the grid, then 3 points x 2 submission modes x 2 ops.
+  EXPECT_NE(r.err.find("[208/208]"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find(" single "), std::string::npos) << r.err;
-  EXPECT_NE(r.out.find("once more: batched read"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("measured again (the 3 points"), std::string::npos) << r.out;
   std::ifstream in(out);
   auto cfg = nlohmann::json::parse(in);
   EXPECT_TRUE(cfg["aio"].contains("block_size"));
   EXPECT_TRUE(cfg["aio"].contains("intra_op_parallelism"));
   ASSERT_TRUE(cfg["aio"]["single_submit"].is_boolean());
-  // The printed decision is the one written.
-  EXPECT_NE(r.out.find(std::string("-> single_submit ") + (cfg["aio"]["single_submit"].get<bool>() ? "true" : "false")),
+  // The printed recommendation is the one written.
+  EXPECT_NE(r.out.find(std::string(", single submit ") + (cfg["aio"]["single_submit"].get<bool>() ? "on" : "off") +
+                       ", read"),
             std::string::npos)
       << r.out;
   auto loaded = LoadConfigFile(out);
@@ -212,6 +214,38 @@ TEST(AioCliTest, SweepWritesAConfigZinfAcceptsAndAHeatmap) {
   std::string content((std::istreambuf_iterator<char>(s)), {});
   EXPECT_EQ(content.rfind("<svg", 0), 0u);
   EXPECT_EQ(std::count(content.begin(), content.end(), '\n') > 4 * 49, true);  // 4 panels of 7x7 cells
+}
+
+TEST(AioCliTest, SweepRecommendsTheFastestOfThePointsItMeasuredAgain) {
+  std::string dir = Fresh("sweep_json");
+  std::string out = dir + "/aio.json";
+  CliRun r = Zinf({"sweep", "--path", dir + "/s.dat", "--size", "16M", "--output", out, "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["points"].size(), 98u);
+  auto time_per_byte = [](const nlohmann::json& p) {
+    return 1 / p["read_gb_per_s"].get<double>() + 1 / p["write_gb_per_s"].get<double>();
+  };
+  // The three grid points with the least read + write time, each batched and single-submitted.
+  std::vector<nlohmann::json> grid(j["points"].begin(), j["points"].end());
+  std::stable_sort(grid.begin(), grid.end(), [&](const auto& a, const auto& b) { return time_per_byte(a) < time_per_byte(b); });
+  const auto& again = j["confirmed"];
+  ASSERT_EQ(again.size(), 6u);
+  for (size_t i = 0; i < again.size(); ++i) {
+    for (const char* k : {"threads", "block_size", "queue_depth"}) EXPECT_EQ(again[i][k], grid[i / 2][k]) << i << k;
+    EXPECT_EQ(again[i]["single_submit"], i % 2 == 1);
+  }
+  // The recommendation is the fastest of those runs, as written to the file.
+  size_t best = 0;
+  for (size_t i = 1; i < again.size(); ++i)
+    if (time_per_byte(again[i]) < time_per_byte(again[best])) best = i;
+  const auto& rec = j["recommended"]["aio"];
+  EXPECT_EQ(rec["block_size"], again[best]["block_size"]);
+  EXPECT_EQ(rec["queue_depth"], again[best]["queue_depth"]);
+  EXPECT_EQ(rec["intra_op_parallelism"], again[best]["threads"]);
+  EXPECT_EQ(rec["single_submit"], again[best]["single_submit"]);
+  std::ifstream in(out);
+  EXPECT_EQ(nlohmann::json::parse(in), j["recommended"]);
 }
 
 }  // namespace
