@@ -17,6 +17,12 @@
 # which submits each block on its own as fio does by default, so the kernel
 # does not merge neighbouring blocks).
 #
+# LOOPS=N (default 1) makes every run of both tools pass over the file N
+# times (zinf --loops N, fio --loops=N): a run's fixed costs, above all the
+# first touch of its fresh buffers (512 MiB at 8M x qd 32 x 2 threads), are
+# then spread over N times the bytes, so CPU s/GB approaches the rate of the
+# I/O path itself. GB/s is then bytes over the time of all passes, for both.
+#
 # HUGEPAGES=N (root) adds N 2 MiB pages to the hugetlb pool for the run and
 # gives them back afterwards; both tools then take their buffers from it
 # (zinf by itself, fio with --iomem=shmhuge). 300 covers 8M x qd 32 x 2
@@ -30,6 +36,8 @@ ZINF=${ZINF:-$here/../build/zinf}
 ROUNDS=${ROUNDS:-5}
 SIZE=${SIZE:-4G}
 CASES=${CASES:-"1M:16:1 8M:32:2"}
+LOOPS=${LOOPS:-1}
+[[ $LOOPS =~ ^[1-9][0-9]*$ ]] || { echo "aio_vs_fio: LOOPS must be a positive integer (got '$LOOPS')" >&2; exit 2; }
 
 if ! command -v fio >/dev/null; then
   if [[ $(id -u) -eq 0 ]]; then
@@ -61,16 +69,17 @@ if [[ $HUGEPAGES -gt 0 ]]; then
   FIO_IOMEM="--iomem=shmhuge"
   echo "# hugetlb pool: $OLD_POOL + $HUGEPAGES pages of 2 MiB for this run (fio $FIO_IOMEM)"
 fi
-echo "# aio_vs_fio: $FILE, $SIZE, $ROUNDS rounds per case, $(fio --version), $("$ZINF" --version | head -1)${ZINF_ARGS:+, zinf aio $ZINF_ARGS}"
+echo "# aio_vs_fio: $FILE, $SIZE x $LOOPS pass(es) per run, $ROUNDS rounds per case, $(fio --version), $("$ZINF" --version | head -1)${ZINF_ARGS:+, zinf aio $ZINF_ARGS}"
 echo "# pre-writing the file once (every extent written: no read touches an unwritten extent)"
 "$ZINF" aio write --path "$FILE" --size "$SIZE" --block-size 8M --queue-depth 32 --threads 2 --loops 1 >/dev/null
 
-python3 - "$ZINF" "$FILE" "$SIZE" "$ROUNDS" "$CASES" "$FIO_IOMEM" "${ZINF_ARGS:-}" <<'PY'
+python3 - "$ZINF" "$FILE" "$SIZE" "$ROUNDS" "$CASES" "$FIO_IOMEM" "${ZINF_ARGS:-}" "$LOOPS" <<'PY'
 import json, resource, statistics, subprocess, sys
 
 zinf, path, size_text, rounds, cases = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5].split()
 fio_extra = sys.argv[6].split()
 zinf_extra = sys.argv[7].split()
+loops = int(sys.argv[8])
 units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 def parse(t):
     return int(float(t[:-1]) * units[t[-1].upper()]) if t[-1].upper() in units else int(t)
@@ -83,17 +92,18 @@ def child_cpu():
 def run_zinf(op, bs, qd, threads):
     c0 = child_cpu()
     out = subprocess.run([zinf, "aio", op, "--path", path, "--size", str(size), "--block-size", bs,
-                          "--queue-depth", str(qd), "--threads", str(threads), "--loops", "1", "--json"] + zinf_extra,
+                          "--queue-depth", str(qd), "--threads", str(threads), "--loops", str(loops), "--json"] + zinf_extra,
                          capture_output=True, text=True, check=True)
     cpu = child_cpu() - c0
-    return json.loads(out.stdout)["median"]["gb_per_s"], cpu / (size / 1e9)
+    seconds = sum(l["seconds"] for l in json.loads(out.stdout)["loops"])
+    return size * loops / seconds / 1e9, cpu / (size * loops / 1e9)
 
 def run_fio(op, bs, qd, threads):
     per_job = size // threads
     c0 = child_cpu()
     out = subprocess.run(["fio", "--name=ref", "--filename=" + path, "--rw=" + op, "--bs=" + str(parse(bs)),
                           "--iodepth=" + str(qd), "--numjobs=" + str(threads), "--size=" + str(per_job),
-                          "--offset_increment=" + str(per_job), "--ioengine=io_uring", "--direct=1",
+                          "--offset_increment=" + str(per_job), "--loops=" + str(loops), "--ioengine=io_uring", "--direct=1",
                           "--group_reporting", "--output-format=json"] + fio_extra,
                          capture_output=True, text=True, check=True)
     cpu = child_cpu() - c0
