@@ -3,6 +3,14 @@
 // flight; each completion callback submits that slot's next block, so the
 // ring never waits for this thread. Files are laid out with a known pattern
 // first (as fio lays its file out), which is also what --verify checks.
+//
+// The buffers are allocated once per run and serve the lay-out and every
+// loop, so memory is faulted in once, not per loop. What a write sends:
+// with --verify, each block's pattern; otherwise, as fio by default, data
+// that neither compresses nor deduplicates: the buffers are filled once
+// with pseudo-random words, and before each submission one word in every
+// 4 KiB takes the block's number (fio's scramble_buffers), so that storage
+// which special-cases zeros or repeated blocks is measured on real data.
 #include "bench/aio.h"
 
 #include <CLI/CLI.hpp>
@@ -49,6 +57,18 @@ void FillPattern(char* buf, uint64_t logical_offset, uint64_t bytes) {
   for (uint64_t i = 0; i < bytes / 8; ++i) w[i] = PatternWord(logical_offset + 8 * i);
 }
 
+// Plain writes: the buffers' words come from PatternWord far past any file
+// offset (kPlainStream), so no block a plain write sends passes --verify.
+constexpr uint64_t kPlainStream = uint64_t{1} << 62;
+constexpr uint64_t kScrambleStride = 4096;
+
+// One word in every 4 KiB of a plain write's buffer becomes a function of
+// the block number: no two blocks of a pass are the same 4 KiB pages.
+void ScrambleBlock(char* buf, uint64_t block, uint64_t bytes) {
+  const uint64_t tag = PatternWord(kPlainStream ^ (block << 3)) | 1;  // never 0
+  for (uint64_t o = 0; o < bytes; o += kScrambleStride) *reinterpret_cast<uint64_t*>(buf + o) = tag + o;
+}
+
 double CpuSeconds() {
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
@@ -62,12 +82,16 @@ double Percentile(std::vector<double>& v, double p) {
   return v[k];
 }
 
-// One timed pass over every block.
+// What a pass writes into a buffer before submitting a block.
+enum class WriteData { kNone, kPattern, kScramble };
+
+// One timed pass over every block, through the run's buffers: queue_depth
+// × threads slots of block_size bytes at `pool`.
 class Pass {
  public:
   Pass(IoEngine& engine, const std::vector<std::shared_ptr<nvme::File>>& files, const AioOptions& o, IoKind kind,
-       bool fill, bool check)
-      : engine_(engine), files_(files), o_(o), kind_(kind), fill_(fill), check_(check) {}
+       char* pool, WriteData data, bool check)
+      : engine_(engine), files_(files), o_(o), kind_(kind), pool_(pool), data_(data), check_(check) {}
 
   Result<AioLoop> Run(const std::function<void(uint64_t)>& on_blocks) {
     const uint64_t nblocks = o_.size / o_.block_size;
@@ -78,15 +102,8 @@ class Pass {
       jobs_[j].end = (j + 1) * per_job;
     }
     const unsigned nslots = o_.queue_depth * o_.threads;
-    pool_ = AllocateIoMemory(uint64_t{nslots} * o_.block_size);  // huge pages: see cpu/io_memory.h
-    if (!pool_) return OutOfMemory("cannot allocate " + FormatBytes(nslots * o_.block_size) + " of I/O buffers");
-    // Without --verify the buffers' contents do not matter: they are not
-    // touched here (fio does not touch its buffers either).
     slots_.resize(nslots);
-    for (unsigned s = 0; s < nslots; ++s) {
-      slots_[s] = {this, s / o_.queue_depth, pool_.get() + s * o_.block_size, 0, 0};
-      if (o_.fixed_buffers) ZINF_RETURN_IF_ERROR(engine_.RegisterBuffer(slots_[s].buf, o_.block_size));
-    }
+    for (unsigned s = 0; s < nslots; ++s) slots_[s] = {this, s / o_.queue_depth, pool_ + s * o_.block_size, 0, 0};
     latencies_.reserve(nblocks);
     active_ = nslots;
     double cpu0 = CpuSeconds(), t0 = NowSeconds();
@@ -103,8 +120,6 @@ class Pass {
       }
     }
     double seconds = NowSeconds() - t0, cpu = CpuSeconds() - cpu0;
-    if (o_.fixed_buffers)
-      for (auto& s : slots_) engine_.UnregisterBuffer(s.buf).IgnoreError();
     if (!first_error_.ok()) return first_error_;
     AioLoop loop;
     loop.seconds = seconds;
@@ -145,7 +160,8 @@ class Pass {
     }
     s->block = b;
     const uint64_t nf = files_.size();
-    if (fill_) FillPattern(s->buf, b * o_.block_size, o_.block_size);
+    if (data_ == WriteData::kPattern) FillPattern(s->buf, b * o_.block_size, o_.block_size);
+    if (data_ == WriteData::kScramble) ScrambleBlock(s->buf, b, o_.block_size);
     s->t_submit = NowSeconds();
     engine_.Submit({nvme::IoOp{kind_, files_[b % nf], (b / nf) * o_.block_size, s->buf, o_.block_size}},
                    [s](const Status& st) { s->pass->OnDone(s, st); }, nullptr, static_cast<int>(s->job));
@@ -189,10 +205,11 @@ class Pass {
   const std::vector<std::shared_ptr<nvme::File>>& files_;
   const AioOptions& o_;
   IoKind kind_;
-  bool fill_, check_;
+  char* pool_;
+  WriteData data_;
+  bool check_;
   std::vector<Job> jobs_;
   std::vector<Slot> slots_;
-  IoMemory pool_;
   std::mutex mu_;
   std::condition_variable cv_;
   unsigned active_ = 0;
@@ -300,29 +317,58 @@ Result<AioResult> RunAio(const AioOptions& o, const std::function<void(double)>&
   auto report = [&](uint64_t blocks) {
     if (progress) progress((base + static_cast<double>(blocks)) / total);
   };
+  // The buffers, for the lay-out and every loop (huge pages: cpu/io_memory.h).
+  const uint64_t pool_bytes = uint64_t{o.queue_depth} * o.threads * o.block_size;
+  IoMemory pool = AllocateIoMemory(pool_bytes);
+  if (!pool) {
+    cleanup();
+    return OutOfMemory("cannot allocate " + FormatBytes(pool_bytes) + " of I/O buffers");
+  }
+  std::vector<char*> registered;
+  auto unregister = [&] {
+    for (char* b : registered) engine->UnregisterBuffer(b).IgnoreError();
+    registered.clear();
+  };
+  if (o.fixed_buffers) {
+    for (uint64_t off = 0; off < pool_bytes; off += o.block_size) {
+      Status st = engine->RegisterBuffer(pool.get() + off, o.block_size);
+      if (!st.ok()) {
+        unregister();
+        cleanup();
+        return st;
+      }
+      registered.push_back(pool.get() + off);
+    }
+  }
   if (layout) {
     // Lay out with the pattern. A pass that fails here leaves no new file behind.
-    AioOptions lo = o;
-    lo.fixed_buffers = false;
-    Pass pass(*engine, files, lo, IoKind::kWrite, /*fill=*/true, /*check=*/false);
+    Pass pass(*engine, files, o, IoKind::kWrite, pool.get(), WriteData::kPattern, /*check=*/false);
     auto r = pass.Run(report);
     if (!r.ok()) {
+      unregister();
       cleanup();
       return std::move(r).status().WithContext("laying out the test file");
     }
     result.laid_out = true;
     base += static_cast<double>(nblocks);
   }
+  if (o.kind == IoKind::kWrite && !o.verify) FillPattern(pool.get(), kPlainStream, pool_bytes);
   for (int l = 0; l < o.loops; ++l) {
     // Only --verify pays for generating the pattern per block; a plain write
-    // leaves other bytes, which a later `read --verify` reports as a mismatch.
-    Pass pass(*engine, files, o, o.kind, /*fill=*/o.kind == IoKind::kWrite && o.verify,
-              /*check=*/o.kind == IoKind::kRead && o.verify);
+    // sends other bytes, which a later `read --verify` reports as a mismatch.
+    const WriteData data = o.kind == IoKind::kRead ? WriteData::kNone
+                           : o.verify             ? WriteData::kPattern
+                                                  : WriteData::kScramble;
+    Pass pass(*engine, files, o, o.kind, pool.get(), data, /*check=*/o.kind == IoKind::kRead && o.verify);
     auto r = pass.Run(report);
-    if (!r.ok()) return r.status();
+    if (!r.ok()) {
+      unregister();
+      return r.status();
+    }
     result.loops.push_back(*r);
     base += static_cast<double>(nblocks);
   }
+  unregister();
   auto med = [&](double AioLoop::*field) {
     std::vector<double> v;
     for (const auto& l : result.loops) v.push_back(l.*field);

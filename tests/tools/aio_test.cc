@@ -14,6 +14,7 @@
 #include <cerrno>
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 #include "test_util.h"
 #include "zinf/config.h"
@@ -154,6 +155,41 @@ TEST(AioCliTest, VerifyCatchesOneFlippedByte) {
   CliRun bad = Zinf(r);
   EXPECT_EQ(bad.exit_code, 1);
   EXPECT_NE(bad.err.find("verify: " + file + " offset=9999999"), std::string::npos) << bad.err;
+}
+
+// A plain write (no --verify) sends data that storage cannot compress or
+// deduplicate, as fio does by default: no 4 KiB page of the file is zeros,
+// no two are the same, and none holds --verify's pattern. With
+// --fixed-buffers the buffers are registered once for the lay-out and every
+// loop.
+TEST(AioCliTest, PlainWriteSendsNeitherZerosNorRepeatedPages) {
+  std::string dir = Fresh("plain");
+  std::string file = dir + "/t.dat";
+  constexpr uint64_t kSize = 8 << 20;
+  // A 1 MiB file first, so the write below lays out the rest and then loops.
+  ASSERT_EQ(Zinf({"write", "--path", file, "--size", "1M", "--block-size", "256K", "--threads", "1", "--loops", "1"})
+                .exit_code,
+            0);
+  CliRun w = Zinf({"write", "--path", file, "--size", "8M", "--block-size", "256K", "--threads", "2", "--queue-depth",
+                   "4", "--loops", "2", "--fixed-buffers"});
+  ASSERT_EQ(w.exit_code, 0) << w.err;
+  EXPECT_NE(w.out.find("laid out"), std::string::npos) << w.out;
+  std::ifstream in(file, std::ios::binary);
+  std::string bytes(kSize, '\0');
+  ASSERT_TRUE(in.read(bytes.data(), kSize));
+  std::set<std::string> pages;
+  const std::string zeros(4096, '\0');
+  for (uint64_t o = 0; o < kSize; o += 4096) {
+    std::string page = bytes.substr(o, 4096);
+    EXPECT_NE(page, zeros) << "offset " << o;
+    EXPECT_TRUE(pages.insert(page).second) << "the page at offset " << o << " repeats an earlier one";
+  }
+  // 32 blocks written from 8 buffers: a buffer's content is resent, so only
+  // the per-block words keep pages apart. --verify finds no pattern there.
+  CliRun r = Zinf({"read", "--path", file, "--size", "8M", "--block-size", "256K", "--threads", "2", "--loops", "1",
+                   "--verify"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("verify: " + file + " offset="), std::string::npos) << r.err;
 }
 
 TEST(AioCliTest, JsonCarriesEveryPrintedFigure) {
