@@ -10,6 +10,13 @@ target_compile_options(zinf_options INTERFACE
      # discards nothing; gcc and clang do not.
      --diag-suppress=2810>)
 
+# CI builds with ZINF_WERROR=ON, so a new warning fails it. Host code only:
+# nvcc's own diagnostics vary with the toolkit's version.
+option(ZINF_WERROR "Treat compiler warnings in C and C++ as errors" OFF)
+if(ZINF_WERROR)
+  target_compile_options(zinf_options INTERFACE $<$<COMPILE_LANGUAGE:CXX,C>:-Werror>)
+endif()
+
 if(ZINF_SANITIZE)
   string(REPLACE ";" "," _zinf_san "${ZINF_SANITIZE}")
   target_compile_options(zinf_options INTERFACE

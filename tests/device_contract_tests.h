@@ -255,7 +255,9 @@ TEST_P(DeviceContractTest, ThousandsOfSmallOpsChainedAcrossStreams) {
   int counter = 0, mismatches = 0;
   for (int i = 0; i < n; ++i) {
     Stream& s = *streams[i % 3];
-    if (i > 0) ASSERT_TRUE(s.Wait(*events.back()).ok());
+    if (i > 0) {
+      ASSERT_TRUE(s.Wait(*events.back()).ok());
+    }
     ASSERT_TRUE(s.Enqueue([&counter, &mismatches, i](const StreamContext&) {
                    if (counter != i) ++mismatches;
                    counter = i + 1;

@@ -276,7 +276,7 @@ TEST_P(IoEngineTest, EmptyRequestCompletesAtOnce) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, IoEngineTest, ::testing::Values(IoBackend::kUring, IoBackend::kPosix),
-                         [](const auto& info) { return info.param == IoBackend::kUring ? "io_uring" : "posix"; });
+                         [](const auto& test_info) { return test_info.param == IoBackend::kUring ? "io_uring" : "posix"; });
 
 TEST_P(IoEngineTest, SingleSubmitRoundTrips) {
   IoEngineOptions o;
