@@ -4,6 +4,7 @@
 #include "bench/aio.h"
 
 #include <fcntl.h>
+#include <grp.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 #include <sys/stat.h>
@@ -15,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <sstream>
 
 #include "test_util.h"
 #include "zinf/config.h"
@@ -29,24 +31,32 @@ struct CliRun {
   std::string out, err;
 };
 
-// Runs build/zinf with `args`; as user `uid` when >= 0 (the caller must be root).
-CliRun Zinf(const std::vector<std::string>& args, int uid = -1) {
+// Runs `exe` (default build/zinf) with `aio` and `args`; as user `uid` when
+// >= 0 (the caller must be root), with `env` added to the environment.
+CliRun Zinf(const std::vector<std::string>& args, int uid = -1, std::string exe = "",
+            const std::vector<std::string>& env = {}) {
+  if (exe.empty()) exe = zinf::test::BinaryDir() + "/zinf";
   // Per-process names: ctest runs several of these tests at once.
   const std::string tag = std::to_string(::getpid());
   std::string out_path = zinf::test::TestDir() + "/aio_stdout." + tag, err_path = zinf::test::TestDir() + "/aio_stderr." + tag;
+  std::vector<std::string> argv_s = {exe, "aio"};
+  argv_s.insert(argv_s.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& a : argv_s) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  std::vector<std::string> env_s(env);
+  for (char** e = environ; *e; ++e) env_s.emplace_back(*e);
+  std::vector<char*> envp;
+  for (auto& e : env_s) envp.push_back(e.data());
+  envp.push_back(nullptr);
   pid_t pid = ::fork();
   if (pid == 0) {
     int o = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0666);
     int e = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0666);
     ::dup2(o, 1);
     ::dup2(e, 2);
-    if (uid >= 0 && (::setgid(uid) != 0 || ::setuid(uid) != 0)) ::_exit(99);
-    std::vector<std::string> argv_s = {zinf::test::BinaryDir() + "/zinf", "aio"};
-    argv_s.insert(argv_s.end(), args.begin(), args.end());
-    std::vector<char*> argv;
-    for (auto& a : argv_s) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    ::execv(argv[0], argv.data());
+    if (uid >= 0 && (::setgroups(0, nullptr) != 0 || ::setgid(uid) != 0 || ::setuid(uid) != 0)) ::_exit(99);
+    ::execve(argv[0], argv.data(), envp.data());
     ::_exit(98);
   }
   int status = 0;
@@ -58,6 +68,63 @@ CliRun Zinf(const std::vector<std::string>& args, int uid = -1) {
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(out_path), slurp(err_path)};
 }
 
+// True when user `uid` can search (enter) `dir` and every directory above it.
+bool UserCanEnter(const std::string& dir, int uid) {
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    if (::setgroups(0, nullptr) != 0 || ::setgid(uid) != 0 || ::setuid(uid) != 0) ::_exit(2);
+    ::_exit(::access(dir.c_str(), X_OK) == 0 ? 0 : 1);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
+// A root-owned 0755 directory that user `uid` can enter, holding a copy of
+// build/zinf and of the build tree's libraries it loads: the tree may sit in
+// a directory only its owner may enter (mktemp -d, root's home), where `uid`
+// could not start the binary at all. Empty, with `why` set, when no such
+// place exists. The caller removes the directory.
+std::string ZinfWhereUserCanRunIt(int uid, std::string* why) {
+  std::vector<std::string> parents;
+  if (const char* t = std::getenv("TMPDIR"); t && *t) parents.emplace_back(t);
+  for (const char* p : {"/tmp", "/var/tmp", "/dev/shm"}) parents.emplace_back(p);
+  const std::string zinf_bin = zinf::test::BinaryDir() + "/zinf";
+  for (const std::string& parent : parents) {
+    std::string templ = parent + "/zinf-aio-test-XXXXXX";
+    if (!::mkdtemp(templ.data())) continue;
+    const std::string dir = templ;
+    ::chmod(dir.c_str(), 0755);
+    if (!UserCanEnter(dir, uid)) {
+      fs::remove_all(dir);
+      continue;
+    }
+    std::error_code ec;
+    fs::copy_file(zinf_bin, dir + "/zinf", ec);
+    // The shared libraries that resolve into the build tree (libzinf.so and
+    // the like) come along; LD_LIBRARY_PATH points the loader at them.
+    auto ldd = zinf::test::RunCommand("ldd " + zinf_bin + " 2>/dev/null");
+    std::istringstream lines(ldd.output);
+    for (std::string line; !ec && std::getline(lines, line);) {
+      auto arrow = line.find("=> ");
+      if (arrow == std::string::npos) continue;
+      std::string lib = line.substr(arrow + 3);
+      lib = lib.substr(0, lib.find(" ("));
+      if (lib.rfind(zinf::test::BinaryDir() + "/", 0) == 0) {
+        fs::copy_file(lib, dir + "/" + fs::path(lib).filename().string(), fs::copy_options::overwrite_existing, ec);
+      }
+    }
+    if (ec) {
+      *why = "copying zinf to " + dir + ": " + ec.message();
+      fs::remove_all(dir);
+      return "";
+    }
+    return dir;
+  }
+  *why = "no directory that user " + std::to_string(uid) + " can enter among $TMPDIR, /tmp, /var/tmp, /dev/shm";
+  return "";
+}
+
 std::string Fresh(const std::string& name) {
   std::string d = zinf::test::TestDir() + "/aio/" + name;
   fs::remove_all(d);
@@ -67,9 +134,9 @@ std::string Fresh(const std::string& name) {
 
 // One line on stderr, exit code 2, and the directory left as it was.
 void ExpectUsageError(const std::string& dir, const std::vector<std::string>& args, const std::string& says,
-                      int uid = -1) {
+                      int uid = -1, const std::string& exe = "", const std::vector<std::string>& env = {}) {
   auto before = std::distance(fs::directory_iterator(dir), fs::directory_iterator{});
-  CliRun r = Zinf(args, uid);
+  CliRun r = Zinf(args, uid, exe, env);
   EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_NE(r.err.find(says), std::string::npos) << r.err;
   EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
@@ -90,16 +157,25 @@ TEST(AioCliTest, BadArgumentsAreOneLineAndExitTwo) {
 }
 
 TEST(AioCliTest, UnwritablePathIsAUsageError) {
-  std::string dir = Fresh("unwritable");
-  int uid = -1;
-  if (::geteuid() == 0) {
-    uid = 65534;  // root may write anywhere: run as nobody, the directory stays root's 0755
-    ::chmod(dir.c_str(), 0755);
-  } else {
+  if (::geteuid() != 0) {
+    std::string dir = Fresh("unwritable");
     ::chmod(dir.c_str(), 0555);
+    ExpectUsageError(dir, {"write", "--path", dir + "/t.dat", "--size", "8M"}, "is not writable");
+    ::chmod(dir.c_str(), 0755);
+    return;
   }
-  ExpectUsageError(dir, {"write", "--path", dir + "/t.dat", "--size", "8M"}, "is not writable", uid);
+  // Root may write anywhere: run as nobody, in a directory that stays root's
+  // 0755, with a copy of zinf that nobody can reach.
+  constexpr int kNobody = 65534;
+  std::string why;
+  const std::string place = ZinfWhereUserCanRunIt(kNobody, &why);
+  if (place.empty()) GTEST_SKIP() << why;
+  const std::string dir = place + "/unwritable";
+  fs::create_directory(dir);
   ::chmod(dir.c_str(), 0755);
+  ExpectUsageError(dir, {"write", "--path", dir + "/t.dat", "--size", "8M"}, "is not writable", kNobody,
+                   place + "/zinf", {"LD_LIBRARY_PATH=" + place});
+  fs::remove_all(place);
 }
 
 int RefuseDirect(const char* path, int flags, unsigned mode) {
