@@ -17,6 +17,7 @@
 #include "common/runtime_info.h"
 #include "common/units.h"
 #include "model/gpt_config.h"
+#include "sched/partition.h"
 #include "sched/plan.h"
 #include "zinf/config.h"
 
@@ -29,6 +30,7 @@ struct PlanOptions {
   std::string params;
   int64_t layers = 0, d_model = 0, heads = 0, vocab = 0, seq_len = 0;
   int64_t micro_batch = 0, grad_accum = 0;
+  int64_t steps = 0;  // for "auto" total_num_steps
   int units = 24;
   bool checkpointing = false;
   std::string dtype;
@@ -69,11 +71,50 @@ int Run(const PlanOptions& opt) {
   }
   if (opt.ranks < 1 || opt.ranks > (1 << 20)) throw Usage{"--ranks must be >= 1"};
   in.world_size = static_cast<int>(opt.ranks);
+  // ---- Which model: a preset, a shape, or a bare parameter count.
+  const bool shape_flags = opt.layers > 0 || opt.d_model > 0 || opt.heads > 0 || opt.vocab > 0;
+  if (!opt.model.empty() && !opt.params.empty()) throw Usage{"give --model or --params, not both"};
+  if (!opt.params.empty() && shape_flags) throw Usage{"--params takes no --layers/--d-model/--heads/--vocab"};
+  if (opt.params.empty() && opt.model.empty() && !shape_flags) {
+    throw Usage{"give --model PRESET (" + [] {
+      std::string s;
+      for (const auto& n : model::GptPresetNames()) s += (s.empty() ? "" : ", ") + n;
+      return s;
+    }() + "), a shape (--layers, --d-model, --heads, --vocab, --seq-len) or --params N"};
+  }
+  if (opt.steps < 0) throw Usage{"--steps must be >= 1"};
+
+  // ---- The model.
+  model::GptConfig mc;
+  if (!opt.model.empty()) {
+    auto p = model::GptPreset(opt.model);
+    if (!p.ok()) throw Usage{"--model: " + p.status().message()};
+    mc = *p;
+  } else {
+    mc = DefaultTrainModel();  // zinf train's default shape
+  }
+  if (opt.layers > 0) mc.num_layers = opt.layers;
+  if (opt.d_model > 0) mc.embed_dim = opt.d_model;
+  if (opt.heads > 0) mc.num_heads = opt.heads;
+  if (opt.vocab > 0) mc.vocab_size = opt.vocab;
+  if (opt.seq_len > 0 && opt.model.empty()) mc.max_seq_len = opt.seq_len;
+
+  std::vector<std::string> auto_lines;
+  // ---- "auto" values, from the model's shape and --steps, as zinf train
+  // resolves them (DeepSpeed's Hugging Face integration does the same).
   if (!in.config.auto_keys.empty()) {
     AutoContext ctx;
     ctx.world_size = in.world_size;
+    ctx.min_reduce_bucket_elems = kNormBlock;
+    if (opt.params.empty()) ctx.hidden_size = mc.embed_dim;
+    if (opt.steps > 0) ctx.total_num_steps = opt.steps;
     auto r = ResolveAuto(in.config, ctx);
-    if (!r.ok()) throw Usage{r.status().message() + " (plan resolves \"auto\" without a hidden size)"};
+    if (!r.ok()) {
+      const std::string& m = r.status().message();
+      throw Usage{m + (m.find("hidden size") != std::string::npos ? " (--params gives none: use --model or --d-model)" : "") +
+                  (m.find("total_num_steps") != std::string::npos ? " (give --steps)" : "")};
+    }
+    auto_lines = std::move(*r);
   }
   if (!opt.dtype.empty()) {
     if (opt.dtype != "bf16" && opt.dtype != "fp16" && opt.dtype != "fp32") {
@@ -95,10 +136,6 @@ int Run(const PlanOptions& opt) {
   in.gradient_accumulation_steps = batch->gradient_accumulation_steps;
   const int64_t B = batch->micro_batch_size;
 
-  // ---- The model.
-  const bool shape_flags = opt.layers > 0 || opt.d_model > 0 || opt.heads > 0 || opt.vocab > 0;
-  if (!opt.model.empty() && !opt.params.empty()) throw Usage{"give --model or --params, not both"};
-  if (!opt.params.empty() && shape_flags) throw Usage{"--params takes no --layers/--d-model/--heads/--vocab"};
   if (!opt.params.empty()) {
     auto n = ParseCount(opt.params);
     if (!n.ok()) throw Usage{"--params: " + n.status().message()};
@@ -107,29 +144,10 @@ int Run(const PlanOptions& opt) {
     auto m = PlanParamsModel(static_cast<int64_t>(*n), opt.units, opt.seq_len > 0 ? B * opt.seq_len : 0);
     if (!m.ok()) throw Usage{m.status().message()};
     in.model = std::move(*m);
-  } else if (!opt.model.empty() || shape_flags) {
-    model::GptConfig mc;
-    if (!opt.model.empty()) {
-      auto p = model::GptPreset(opt.model);
-      if (!p.ok()) throw Usage{"--model: " + p.status().message()};
-      mc = *p;
-    } else {
-      mc = DefaultTrainModel();  // zinf train's default shape
-    }
-    if (opt.layers > 0) mc.num_layers = opt.layers;
-    if (opt.d_model > 0) mc.embed_dim = opt.d_model;
-    if (opt.heads > 0) mc.num_heads = opt.heads;
-    if (opt.vocab > 0) mc.vocab_size = opt.vocab;
-    if (opt.seq_len > 0 && opt.model.empty()) mc.max_seq_len = opt.seq_len;
+  } else {
     auto m = PlanGptModel(mc, B, opt.seq_len, opt.checkpointing, compute);
     if (!m.ok()) throw Usage{m.status().message()};
     in.model = std::move(*m);
-  } else {
-    throw Usage{"give --model PRESET (" + [] {
-      std::string s;
-      for (const auto& n : model::GptPresetNames()) s += (s.empty() ? "" : ", ") + n;
-      return s;
-    }() + "), a shape (--layers, --d-model, --heads, --vocab, --seq-len) or --params N"};
   }
 
   // ---- Rates.
@@ -180,6 +198,7 @@ int Run(const PlanOptions& opt) {
               in.world_size, std::string(DTypeName(compute)).c_str(),
               static_cast<long long>(in.gradient_accumulation_steps));
   std::printf("  activations: %s\n", in.model.activation_note.c_str());
+  for (const std::string& line : auto_lines) std::printf("  auto: %s\n", line.c_str());
   std::printf("  capacity per rank: device %s (%s), host %s (%s), nvme %s (%s)\n",
               FormatBytes(in.device_memory).c_str(), device_from.c_str(), FormatBytes(in.host_memory).c_str(),
               host_from.c_str(), in.nvme_free ? FormatBytes(in.nvme_free).c_str() : "?", nvme_from.c_str());
@@ -270,6 +289,7 @@ void RegisterPlan(CLI::App& app, int* exit_code) {
   cmd->add_option("--seq-len", opt->seq_len, "Tokens per sequence (default: the model's context)");
   cmd->add_option("--micro-batch", opt->micro_batch, "Sequences per micro-step per rank (default: the config's, or 1)");
   cmd->add_option("--grad-accum", opt->grad_accum, "Micro-steps per optimizer step (default: the config's, or 1)");
+  cmd->add_option("--steps", opt->steps, "Optimizer steps of the run: resolves a scheduler's \"auto\" total_num_steps");
   cmd->add_flag("--checkpointing", opt->checkpointing, "Activation checkpointing");
   cmd->add_option("--dtype", opt->dtype, "Compute precision bf16, fp16 or fp32 (default: the config's)");
   cmd->add_option("--ranks", opt->ranks, "Number of ranks")->capture_default_str();

@@ -38,6 +38,7 @@
 #include "model/gpt.h"
 #include "model/gpt_config.h"
 #include "model/gpt_device.h"
+#include "sched/partition.h"
 #include "sched/plan.h"
 #include "sched/state_bytes.h"
 #include "tools/plan.h"
@@ -226,6 +227,22 @@ int Run(const TrainOptions& opt) {
   if (opt.seq_len > 0) mc.max_seq_len = opt.seq_len;
   if (opt.vocab > 0) mc.vocab_size = opt.vocab;
   if (Status s = mc.Validate(); !s.ok()) throw Usage{s.message()};
+  // "auto" values from the model's shape and the run, as DeepSpeed's Hugging
+  // Face integration resolves them (zinf plan does the same).
+  if (!config.auto_keys.empty()) {
+    AutoContext ctx;
+    ctx.hidden_size = mc.embed_dim;
+    ctx.world_size = world;
+    ctx.min_reduce_bucket_elems = kNormBlock;
+    ctx.micro_batch_size = batch.micro_batch_size;
+    ctx.gradient_accumulation_steps = batch.gradient_accumulation_steps;
+    if (opt.lr > 0) ctx.lr = opt.lr;
+    ctx.total_num_steps = config.scheduler.total_num_steps > 0 ? config.scheduler.total_num_steps : steps;
+    auto r = ResolveAuto(config, ctx);
+    if (!r.ok()) throw Usage{r.status().message()};
+    for (const std::string& line : *r) Log().info("auto: {}", line);
+    config.train_batch_size = batch.train_batch_size;
+  }
   if (mc.vocab_size < tokenizer->VocabSize()) {
     throw Usage{"the model's vocabulary (" + std::to_string(mc.vocab_size) + ") is smaller than the tokenizer's (" +
                 std::to_string(tokenizer->VocabSize()) + "): raise --vocab"};

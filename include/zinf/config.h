@@ -204,12 +204,17 @@ struct AutoContext {
   std::optional<int64_t> total_num_steps;
   std::optional<int64_t> warmup_num_steps;
   std::optional<int64_t> world_size;
+  // The smallest reduce bucket the engine takes (one norm block, 65536
+  // elements): an "auto" reduce_bucket_size below it is raised to it, since
+  // hidden_size^2 is smaller for small models.
+  int64_t min_reduce_bucket_elems = 0;
 };
 
 // Replaces every "auto" with its value; returns "path = value" lines for
 // printing. Model-dependent keys: reduce_bucket_size = h*h,
 // stage3_prefetch_bucket_size = 0.9*h*h, stage3_param_persistence_threshold =
-// 10*h. Without hidden_size those are an error naming the key.
+// 10*h (reduce_bucket_size no smaller than min_reduce_bucket_elems). Without
+// hidden_size those are an error naming the key.
 Result<std::vector<std::string>> ResolveAuto(Config& config, const AutoContext& context);
 
 // The DeepSpeed batch triangle: train_batch_size = micro * accumulation *

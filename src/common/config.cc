@@ -946,8 +946,9 @@ Result<std::vector<std::string>> ResolveAuto(Config& c, const AutoContext& ctx) 
       }
       int64_t v;
       if (path == "zero_optimization.reduce_bucket_size") {
-        v = c.zero.reduce_bucket_size = *h * *h;
-        note(path, std::to_string(v), "hidden_size^2");
+        v = c.zero.reduce_bucket_size = std::max(*h * *h, ctx.min_reduce_bucket_elems);
+        note(path, std::to_string(v),
+             v > *h * *h ? "hidden_size^2, raised to the engine's smallest bucket" : "hidden_size^2");
       } else if (path == "zero_optimization.stage3_prefetch_bucket_size") {
         // Integer arithmetic for 0.9*h*h, so the value is exact for any h.
         v = c.zero.stage3_prefetch_bucket_size = (*h * *h * 9) / 10;

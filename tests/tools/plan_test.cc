@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "test_util.h"
 
@@ -98,6 +99,54 @@ TEST(PlanCliTest, BadInputIsOneLineExitTwo) {
   auto r = RunZinf("plan --params 1M --aio-json " + cfg);
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("--json"), std::string::npos) << r.err;
+}
+
+// The config Hugging Face's DeepSpeed integration documents for ZeRO-3,
+// "auto" nearly everywhere: plan resolves the model-dependent values from the
+// preset's hidden size and total_num_steps from --steps.
+TEST(PlanCliTest, ResolvesHuggingFaceAutoValuesFromTheModel) {
+  const std::string cfg = zinf::test::SourceDir() + "/tests/data/ds_zero3_hf_auto.json";
+  auto r = RunZinf("plan --config " + cfg + " --model gpt2 --steps 1000 --device-memory 8G --host-memory 16G --nvme-free 100G");
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  // gpt2: hidden size 768.
+  EXPECT_NE(r.out.find("auto: zero_optimization.reduce_bucket_size = 589824 "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("auto: zero_optimization.stage3_prefetch_bucket_size = 530841 "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("auto: zero_optimization.stage3_param_persistence_threshold = 7680 "), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("auto: scheduler.params.total_num_steps = 1000 "), std::string::npos) << r.out;
+  // A shape instead of a preset: the hidden size is --d-model's.
+  r = RunZinf("plan --config " + cfg + " --layers 2 --d-model 512 --heads 8 --vocab 256 --seq-len 64 --steps 10");
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("auto: zero_optimization.reduce_bucket_size = 262144 "), std::string::npos) << r.out;
+  // Below one norm block (64 Ki elements) the bucket is raised to it: the
+  // engine takes no smaller bucket.
+  r = RunZinf("plan --config " + cfg + " --layers 2 --d-model 128 --heads 4 --vocab 256 --seq-len 64 --steps 10");
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("auto: zero_optimization.reduce_bucket_size = 65536 (\"auto\": hidden_size^2, raised"),
+            std::string::npos)
+      << r.out;
+
+  // What plan cannot know is one error line naming the key and the flag that
+  // gives it (the config's own warnings, e.g. steps_per_print ignored, are
+  // log lines before it).
+  auto error_line = [](const std::string& err) {
+    std::vector<std::string> lines;
+    for (size_t pos = 0, next; (next = err.find('\n', pos)) != std::string::npos; pos = next + 1) {
+      if (err.compare(pos, 11, "zinf plan: ") == 0) lines.push_back(err.substr(pos, next - pos));
+    }
+    EXPECT_EQ(lines.size(), 1u) << err;
+    return lines.empty() ? std::string() : lines.back();
+  };
+  r = RunZinf("plan --config " + cfg + " --model gpt2");
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  std::string line = error_line(r.err);
+  EXPECT_NE(line.find("scheduler.params.total_num_steps"), std::string::npos) << r.err;
+  EXPECT_NE(line.find("--steps"), std::string::npos) << r.err;
+  r = RunZinf("plan --config " + cfg + " --params 1B --steps 10");
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  line = error_line(r.err);
+  EXPECT_NE(line.find("zero_optimization.reduce_bucket_size"), std::string::npos) << r.err;
+  EXPECT_NE(line.find("--d-model"), std::string::npos) << r.err;
 }
 
 }  // namespace

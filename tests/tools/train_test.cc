@@ -90,6 +90,21 @@ TEST(TrainTest, MeasuredRatesDriveThePlansStepTime) {
   EXPECT_GT(plan, 100 * median) << r.output.substr(at);
 }
 
+// Hugging Face's ZeRO-3 config, "auto" nearly everywhere, trains: the bucket
+// sizes come from the model's hidden size (raised to one norm block for a
+// model this small), total_num_steps from --steps.
+TEST(TrainTest, HuggingFaceAutoConfigResolvesFromTheModel) {
+  const std::string cfg = zinf::test::SourceDir() + "/tests/data/ds_zero3_hf_auto.json";
+  auto r = zinf::test::RunCommand("cd " + zinf::test::TestDir() + " && ZINF_LOG_LEVEL=info " +
+                                  zinf::test::BinaryDir() + "/zinf train --config " + cfg +
+                                  " --steps 3 --layers 1 --d-model 32 --seq-len 32 --micro-batch 4 --sample-tokens 0 2>&1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("auto: zero_optimization.reduce_bucket_size = 65536 "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("auto: zero_optimization.stage3_param_persistence_threshold = 320 "), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("auto: scheduler.params.total_num_steps = 1002 "), std::string::npos) << r.output;
+}
+
 // The embedded default (no arguments) reaches the corpus's entropy rate +
 // 0.3 nats on validation, with stage 3 and the optimizer state on NVMe.
 TEST(TrainTest, EmbeddedDefaultReachesTheEntropyBound) {
