@@ -12,6 +12,12 @@
 // counts 10^9 bytes of payload per second. CPU seconds per GB come from
 // getrusage (zinf: this process; fio: the child), so kernel time spent on
 // the caller's behalf is counted for both.
+//
+// Buffer memory decides the figure on some machines (a VM's O_DIRECT
+// requests from 4 KiB pages are split per page): zinf's buffers are huge
+// pages, fio's are 4 KiB pages unless --fio-iomem shmhuge gives it huge pages
+// from the hugetlb pool. The header says which pairing ran; the like-for-like
+// one is --fio-iomem shmhuge (bench/aio_vs_fio.sh runs both).
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 #include <sys/resource.h>
@@ -51,6 +57,7 @@ struct Options {
   int rounds = 3;
   std::vector<std::string> cases = {"1M:16:1", "8M:32:2"};
   bool no_fio = false;
+  std::string fio_iomem;  // fio --iomem; empty: fio's default (malloc, 4 KiB pages)
   bool keep = false;
   bool json = false;
 };
@@ -110,7 +117,8 @@ Result<Measurement> RunZinf(const Case& c, IoKind kind, const std::string& path,
   return Measurement{gb / seconds, cpu / gb};
 }
 
-Result<Measurement> RunFio(const Case& c, IoKind kind, const std::string& path, uint64_t bytes) {
+Result<Measurement> RunFio(const Case& c, IoKind kind, const std::string& path, uint64_t bytes,
+                           const std::string& iomem) {
   const uint64_t per_job = bytes / c.rings;
   std::string out_path = path + ".fio.json";
   std::string cmd = "fio --name=zinf-ref --filename=" + path + " --rw=" + (kind == IoKind::kRead ? "read" : "write") +
@@ -118,7 +126,7 @@ Result<Measurement> RunFio(const Case& c, IoKind kind, const std::string& path, 
                     " --numjobs=" + std::to_string(c.rings) + " --size=" + std::to_string(per_job) +
                     " --offset_increment=" + std::to_string(per_job) +
                     " --ioengine=io_uring --direct=1 --thread=0 --group_reporting --output-format=json --output=" +
-                    out_path + " > /dev/null 2>&1";
+                    out_path + (iomem.empty() ? "" : " --iomem=" + iomem) + " > /dev/null 2>&1";
   double cpu0 = CpuSeconds(RUSAGE_CHILDREN);
   int rc = std::system(cmd.c_str());
   double cpu = CpuSeconds(RUSAGE_CHILDREN) - cpu0;
@@ -185,9 +193,17 @@ int Run(const Options& opt) {
 
   // Lay the file out once with real data, so no read ever touches an
   // unwritten extent (those read back at memory speed).
-  if (!opt.json)
+  if (!opt.json) {
     std::printf("# zinf bench io: %s file %s, %d rounds, reference fio %s\n", FormatBytes(*size).c_str(),
                 path.c_str(), opt.rounds, fio ? "(io_uring, direct=1, same bs/iodepth/numjobs)" : "off");
+    if (fio) {
+      std::printf("# buffers: zinf huge pages; fio %s\n",
+                  opt.fio_iomem.empty()
+                      ? "its default, 4 KiB pages (not like for like: buffer memory can decide the figure; "
+                        "--fio-iomem shmhuge with a hugetlb pool, or bench/aio_vs_fio.sh, gives the like-for-like pairing)"
+                      : ("--iomem=" + opt.fio_iomem).c_str());
+    }
+  }
   {
     std::FILE* f = std::fopen(path.c_str(), "w");
     if (!f) {
@@ -204,7 +220,9 @@ int Run(const Options& opt) {
     ::sync();
   }
 
-  nlohmann::json out = {{"bench", "io"}, {"file", path}, {"bytes", *size}, {"rounds", opt.rounds}, {"cases", nlohmann::json::array()}};
+  nlohmann::json out = {{"bench", "io"}, {"file", path}, {"bytes", *size}, {"rounds", opt.rounds},
+                        {"fio_iomem", opt.fio_iomem.empty() ? "default" : opt.fio_iomem},
+                        {"cases", nlohmann::json::array()}};
   if (!opt.json)
     std::printf("%-8s %4s %5s %-5s %10s %10s %7s %12s %12s\n", "block", "qd", "rings", "op", "zinf GB/s", "fio GB/s",
                 "ratio", "zinf cpu s/GB", "fio cpu s/GB");
@@ -218,7 +236,7 @@ int Run(const Options& opt) {
         for (int turn = 0; turn < 2; ++turn) {
           bool zinf_turn = (turn == 0) == (r % 2 == 0);
           if (!zinf_turn && !fio) continue;
-          auto m = zinf_turn ? RunZinf(c, kind, path, *size) : RunFio(c, kind, path, *size);
+          auto m = zinf_turn ? RunZinf(c, kind, path, *size) : RunFio(c, kind, path, *size, opt.fio_iomem);
           if (!m.ok()) {
             std::fprintf(stderr, "zinf bench io: %s\n", m.status().message().c_str());
             return 1;
@@ -265,6 +283,8 @@ void RegisterIo(CLI::App& bench, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--case", opt->cases, "BLOCK:QUEUE_DEPTH:RINGS, repeatable (default 1M:16:1 and 8M:32:2)");
   cmd->add_flag("--no-fio", opt->no_fio, "Skip the fio reference");
+  cmd->add_option("--fio-iomem", opt->fio_iomem, "fio's --iomem for its buffers, e.g. shmhuge (huge pages from the "
+                                                 "hugetlb pool, as zinf's: like for like); default: fio's, 4 KiB pages");
   cmd->add_flag("--keep", opt->keep, "Keep the test file");
   cmd->add_flag("--json", opt->json, "Print one JSON object");
   cmd->callback([opt, exit_code] { *exit_code = Run(*opt); });
