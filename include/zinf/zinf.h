@@ -185,10 +185,9 @@ typedef struct zinf_stream zinf_stream;
  * and must outlive the engine. The caller owns *out.
  * Errors: ZINF_ERR_INVALID_ARGUMENT for a config error (the message names the
  * JSON key path, what was found and what is accepted); ZINF_ERR_NOT_FOUND /
- * ZINF_ERR_IO for an unreadable file; ZINF_ERR_UNIMPLEMENTED for a stage,
- * option or device the engine cannot honour yet (including an NCCL
- * communicator: the engine does not run on CUDA yet); ZINF_ERR_OUT_OF_MEMORY
- * when the device budget cannot be reserved. */
+ * ZINF_ERR_IO for an unreadable file; ZINF_ERR_UNIMPLEMENTED for an option
+ * or device the engine cannot honour; ZINF_ERR_OUT_OF_MEMORY when the device
+ * budget cannot be reserved. */
 ZINF_API int zinf_engine_create(const char* config_json, zinf_comm* comm, zinf_engine** out);
 ZINF_API int zinf_engine_create_from_file(const char* config_path, zinf_comm* comm, zinf_engine** out);
 
