@@ -35,6 +35,7 @@ Result<std::unique_ptr<Device>> CreateDevice(const DeviceOptions& options) {
   }
   ZINF_LOG_INFO("no CUDA device: using host");
 #else
+  (void)ordinal;  // parsed, so a malformed cuda:N is the same error in every build
   if (cuda_named) return Unavailable("device '" + spec + "': this build of zinf has no CUDA (ZINF_WITH_CUDA=OFF)");
   ZINF_LOG_INFO("built without CUDA: using host");
 #endif
