@@ -253,7 +253,11 @@ int Run(const TrainOptions& opt) {
                 std::to_string(T) + " (train and validation each need at least " + std::to_string(T + 1) +
                 "); use more data or a shorter --seq-len"};
   }
-  const int threads = opt.threads > 0 ? opt.threads : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / world);
+  // The machine's threads shared among the ranks on it (not the world: other
+  // machines' ranks have their own cores).
+  const int threads =
+      opt.threads > 0 ? opt.threads
+                      : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / comm->local_size());
   config.zinf.optimizer_threads = threads;
 
   // ---- Device, engine, model.

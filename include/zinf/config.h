@@ -152,7 +152,7 @@ struct ZinfConfig {
   std::string device = "auto";   // auto | cpu | cuda | cuda:N
   uint64_t device_memory = 0;    // bytes; 0 = all of the device (HostDevice: 1/4 of RAM)
   uint64_t host_memory = 0;      // pinned host budget in bytes; 0 = no limit beyond the plan
-  int64_t optimizer_threads = 0; // CPU Adam threads; 0 = chosen by zinf
+  int64_t optimizer_threads = 0; // CPU Adam threads; 0 = hardware threads / ranks on this machine
   GradientHome gradients = GradientHome::kAuto;  // "gradients": "auto" | "host" | "nvme"
   bool checksums = false;        // XXH3 per swapped extent, verified on read
   // The model's matrix products: kFloat32, or kBFloat16 operands with fp32

@@ -156,6 +156,9 @@ class Engine {
   virtual int zero_stage() const = 0;
   virtual DType compute_dtype() const = 0;
   virtual int64_t gradient_accumulation_steps() const = 0;
+  // Threads of the CPU optimizer's arena: zinf.optimizer_threads, or by
+  // default the machine's hardware threads divided by the ranks on it.
+  virtual int optimizer_threads() const = 0;
 
   virtual Result<UnitPointers> Fetch(int unit, Stream& stream) = 0;
   virtual Result<UnitPointers> GradBuffers(int unit) = 0;

@@ -4,10 +4,25 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 
 #include "common/check.h"
 
 namespace zinf {
+
+int LocalRanksFromEnvironment() {
+  for (const char* var : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"}) {
+    const char* v = std::getenv(var);
+    if (!v || !*v) continue;
+    char* end = nullptr;
+    const long n = std::strtol(v, &end, 10);
+    if (*end == '\0' && n > 0 && n <= (1 << 20)) return static_cast<int>(n);
+  }
+  return 0;
+}
+
+int Communicator::local_size() const { return std::max(1, LocalRanksFromEnvironment()); }
+
 namespace {
 
 // Blocks keep the fp32 accumulators in L1 and let the compiler vectorize the

@@ -64,11 +64,21 @@ struct CommOptions {
   bool checking = false;
 };
 
+// Ranks on this machine as the launcher states it: Open MPI's
+// OMPI_COMM_WORLD_LOCAL_SIZE, MPICH's MPI_LOCALNRANKS, torchrun's
+// LOCAL_WORLD_SIZE, Slurm's SLURM_NTASKS_PER_NODE (a single count) — the
+// first that is a positive integer; 0 when none is.
+int LocalRanksFromEnvironment();
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
+  // How many of this communicator's ranks run on this machine (>= 1): what
+  // per-rank defaults divide the machine's threads by. By default the
+  // launcher's word for it (LocalRanksFromEnvironment), else 1.
+  virtual int local_size() const;
 
   // All of these enqueue on `stream` and return at once (an error returned
   // here means nothing was enqueued: invalid arguments, or a broken

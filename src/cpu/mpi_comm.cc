@@ -270,8 +270,15 @@ void* HostAddress(const StreamContext& ctx, const void* device_ptr) {
 class MpiComm final : public Communicator {
  public:
   // `runtime` null: the 1-rank communicator that never calls MPI.
-  MpiComm(MpiRuntime* runtime, MPI_Comm comm, int rank, int size, int tag_ub, const CommOptions& options)
-      : runtime_(runtime), comm_(comm), rank_(rank), size_(size), tag_ub_(tag_ub), options_(options) {}
+  MpiComm(MpiRuntime* runtime, MPI_Comm comm, int rank, int size, int tag_ub, const CommOptions& options,
+          int local_size = 1)
+      : runtime_(runtime),
+        comm_(comm),
+        rank_(rank),
+        size_(size),
+        local_size_(local_size),
+        tag_ub_(tag_ub),
+        options_(options) {}
 
   ~MpiComm() override {
     // Once broken, abandoned requests may still reference comm_: leave it.
@@ -283,6 +290,7 @@ class MpiComm final : public Communicator {
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
+  int local_size() const override { return local_size_; }
 
   Status AllGather(const void* send, void* recv, size_t count, DType dtype, Stream& stream) override {
     CallInfo info;
@@ -714,6 +722,7 @@ class MpiComm final : public Communicator {
   MPI_Comm comm_;
   const int rank_;
   const int size_;
+  const int local_size_;  // ranks on this machine (MPI_COMM_TYPE_SHARED)
   const int tag_ub_;
   const CommOptions options_;
   std::atomic<uint64_t> next_seq_{0};
@@ -762,8 +771,17 @@ Result<std::unique_ptr<Communicator>> CreateMpiCommunicator(const CommOptions& o
   if (int rc = MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &tag_ub_attr, &flag); rc != MPI_SUCCESS)
     return fail("MPI_Comm_get_attr(MPI_TAG_UB)", rc);
   const int tag_ub = flag ? *static_cast<int*>(tag_ub_attr) : 32767;  // the standard's minimum
-  ZINF_LOG_DEBUG("MPI communicator: rank {} of {}, tags up to {}", rank, size, tag_ub);
-  return std::unique_ptr<Communicator>(new MpiComm(runtime, comm, rank, size, tag_ub, options));
+  // The ranks that share this machine's memory: what per-rank thread
+  // defaults divide the machine by.
+  MPI_Comm node = MPI_COMM_NULL;
+  int local_size = 1;
+  if (int rc = MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node); rc != MPI_SUCCESS)
+    return fail("MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)", rc);
+  const int size_rc = MPI_Comm_size(node, &local_size);
+  MPI_Comm_free(&node);
+  if (size_rc != MPI_SUCCESS) return fail("MPI_Comm_size(node)", size_rc);
+  ZINF_LOG_DEBUG("MPI communicator: rank {} of {} ({} on this machine), tags up to {}", rank, size, local_size, tag_ub);
+  return std::unique_ptr<Communicator>(new MpiComm(runtime, comm, rank, size, tag_ub, options, local_size));
 }
 
 }  // namespace zinf

@@ -1,13 +1,17 @@
-// The engine for ZeRO stages 0-2 with the optimizer where the parameters are
-// (the device's memory, updated by host tasks on the engine's stream).
+// The engine for ZeRO stages 0-3, with the optimizer state on the device, in
+// pinned host memory or on NVMe (offload_optimizer), and at stage 3 the
+// parameter shards on the device, in pinned host memory or on NVMe
+// (offload_param).
 //
 // Per unit, on the device (P = padded elements, S = shard = P / N):
-//   params      compute dtype, P   — every rank holds the whole unit
+//   params      compute dtype, P   — every rank holds the whole unit (stage 3:
+//                                    only while gathered, and persistent units)
 //   grads       fp32, P            — backward writes it each micro-step; for a
 //                                    stage-3 partitioned unit only from its
 //                                    GradBuffers call to its reduction
-//   accum       fp32, P (stage 0/1) or S (stage 2) — the sum over micro-steps
-//   master/m/v  fp32, P (stage 0) or S (stages 1/2)  — the owned range
+//   accum       fp32, P (stage 0/1) or S (stages 2/3) — the sum over micro-steps
+//   master/m/v  fp32, P (stage 0) or S (stages 1-3)  — the owned range, where
+//                                    offload_optimizer is none
 // One engine stream runs, in enqueue order: the waits on the client's
 // events, the collectives, the accumulation, the norm, the decision (skip,
 // clip, loss scale) and the per-unit updates, each unit's end marked by an
@@ -237,6 +241,7 @@ class EngineImpl final : public Engine {
   int zero_stage() const override { return stage_; }
   DType compute_dtype() const override { return compute_dtype_; }
   int64_t gradient_accumulation_steps() const override { return accumulation_; }
+  int optimizer_threads() const override { return arena_.max_concurrency(); }
   Result<int64_t> unit_elems(int unit) const override {
     ZINF_RETURN_IF_ERROR(CheckUnit(unit, "unit_elems"));
     return units_[unit].part.num_elems;
@@ -2572,7 +2577,12 @@ Result<std::unique_ptr<Engine>> Engine::Create(const Config& config, Device& dev
                         : config.fp16.enabled ? DType::kFloat16
                                               : DType::kFloat32;
   int threads = static_cast<int>(config.zinf.optimizer_threads);
-  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (threads <= 0) {
+    // The machine's threads shared among the ranks on it: N ranks with an
+    // arena of every thread each would oversubscribe the cores N times.
+    const int local = comm ? comm->local_size() : 1;
+    threads = std::max(1, static_cast<int>(std::max(1u, std::thread::hardware_concurrency())) / std::max(1, local));
+  }
   auto engine = std::make_unique<EngineImpl>(config, device, comm, batch.gradient_accumulation_steps,
                                              std::move(schedule), std::move(scaler), adam, compute, threads);
   ZINF_RETURN_IF_ERROR(engine->Init());

@@ -299,6 +299,10 @@ class MpiCommTest : public ::testing::Test {
   int n_ = 0, rank_ = 0;
 };
 
+// mpirun -np N here starts every rank on this machine; without a launcher
+// the one rank is alone.
+TEST_F(MpiCommTest, LocalSizeCountsTheRanksOnThisMachine) { EXPECT_EQ(comm_->local_size(), n_); }
+
 TEST_F(MpiCommTest, WithoutALauncherOneRankNeedsNoMpi) {
   if (StartedByMpiLauncher()) GTEST_SKIP() << "started by mpirun";
   EXPECT_EQ(n_, 1);

@@ -21,6 +21,7 @@
 #include <memory>
 #include <numeric>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/communicator.h"
@@ -487,6 +488,20 @@ TEST_F(EngineTest, StagesAreBitIdentical) {
 // The engine's step equals the CPU Adam applied by hand to the mean of the
 // micro-steps' gradients (one rank, fp32, no clipping): the fold of 1/K into
 // the gradient scale and the accumulation order are what the header says.
+// Every rank of an mpirun on this machine shares its cores: by default each
+// rank's optimizer arena gets the hardware threads divided by the ranks here,
+// not all of them (N ranks would oversubscribe the cores N times).
+TEST_F(EngineTest, OptimizerArenaDefaultsToThreadsPerRankOnThisMachine) {
+  EXPECT_EQ(comm_->local_size(), world());  // mpirun -np N on one machine
+  Config c;
+  c.train_micro_batch_size_per_gpu = 1;
+  auto engine = Must(Engine::Create(c, *device_, comm_.get()));
+  const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  EXPECT_EQ(engine->optimizer_threads(), std::max(1, hw / world()));
+  c.zinf.optimizer_threads = 3;  // an explicit count stands
+  EXPECT_EQ(Must(Engine::Create(c, *device_, comm_.get()))->optimizer_threads(), 3);
+}
+
 TEST_F(EngineTest, OneRankStepIsAdamOnTheMeanGradient) {
   Config c;
   c.gradient_accumulation_steps = 3;
