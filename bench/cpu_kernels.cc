@@ -339,20 +339,12 @@ int RunAdam(const AdamBenchOptions& opt) {
     buffers.param_copy = copy;
     buffers.param_copy_dtype = copy_dtype;
     buffers.num_elems = n;
-    StreamArrays stream;
-    stream.params = params;
-    stream.exp_avg = exp_avg;
-    stream.exp_avg_sq = exp_avg_sq;
-    stream.grads = grads;
-    stream.grad_dtype = *grad_dtype;
-    stream.param_copy = copy;
-    stream.num_elems = n;
     const std::vector<StreamVariant> variants = StreamVariants(level);
     std::vector<std::vector<double>> variant_s(variants.size());
     std::vector<double> adam_s;
     for (int l = 0; l < opt.common.loops + 1; ++l) {  // the first loop warms up
       for (size_t k = 0; k < variants.size(); ++k) {
-        const double tv = variants[k].time(arena, stream);
+        const double tv = variants[k].time(arena, buffers);
         if (l > 0) variant_s[k].push_back(tv);
       }
       const double t0 = NowSeconds();
@@ -371,9 +363,9 @@ int RunAdam(const AdamBenchOptions& opt) {
     for (size_t k = 0; k < variants.size(); ++k) {
       if (Median(variant_s[k]) < Median(variant_s[best])) best = k;
       variant_rows.push_back({{"variant", variants[k].name},
-                              {"gb_per_s", StreamBytes(stream) / Median(variant_s[k]) / 1e9}});
+                              {"gb_per_s", StreamBytes(buffers) / Median(variant_s[k]) / 1e9}});
     }
-    const double bound_gbs = StreamBytes(stream) / Median(variant_s[best]) / 1e9;
+    const double bound_gbs = StreamBytes(buffers) / Median(variant_s[best]) / 1e9;
     if (first_rate == 0) first_rate = rate;
     if (opt.common.json) {
       out["rows"].push_back({{"threads", threads}, {"params_per_s", rate}, {"gb_per_s", gbs},

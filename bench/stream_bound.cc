@@ -20,7 +20,7 @@ std::vector<StreamVariant> StreamVariants(SimdLevel level) {
   return all;
 }
 
-double StreamBytes(const StreamArrays& a) {
+double StreamBytes(const AdamBuffers& a) {
   const double per_elem = 24.0 + static_cast<double>(DTypeSizeBytes(a.grad_dtype)) + (a.param_copy ? 2.0 : 0.0);
   return per_elem * static_cast<double>(a.num_elems);
 }

@@ -16,31 +16,24 @@
 #include <string>
 #include <vector>
 
+#include "cpu/adam.h"
 #include "cpu/simd_level.h"
 #include "zinf/dtype.h"
 
 namespace zinf::bench {
 
-struct StreamArrays {
-  float* params = nullptr;
-  float* exp_avg = nullptr;
-  float* exp_avg_sq = nullptr;
-  const void* grads = nullptr;
-  DType grad_dtype = DType::kFloat32;
-  void* param_copy = nullptr;  // 16-bit, or null
-  size_t num_elems = 0;
-};
-
+// The kernels take Adam's own buffers (cpu/adam.h): the copy, when present,
+// is 16-bit whatever its dtype, so only its size matters.
 // One variant of the streaming kernel.
 struct StreamVariant {
   std::string name;  // e.g. "avx512 x4 static"
-  double (*time)(tbb::task_arena& arena, const StreamArrays& a) = nullptr;  // seconds for one pass
+  double (*time)(tbb::task_arena& arena, const AdamBuffers& a) = nullptr;  // seconds for one pass
 };
 
 // The variants usable at `level` (which caps the vector width).
 std::vector<StreamVariant> StreamVariants(SimdLevel level);
 
 // Bytes one pass moves: 24 + gradient bytes (+ 2 for the copy) per element.
-double StreamBytes(const StreamArrays& a);
+double StreamBytes(const AdamBuffers& a);
 
 }  // namespace zinf::bench

@@ -67,7 +67,7 @@ void StoreWriteOnly(uint16_t* p, const V& v) {
 }
 
 template <int W, int U, bool k16BitGrad, bool kCopy>
-void StreamChunk(const StreamArrays& a, size_t lo, size_t hi) {
+void StreamChunk(const AdamBuffers& a, size_t lo, size_t hi) {
   using F = typename Vec<W>::F;
   using U32 = typename Vec<W>::U32;
   using U16 = typename Vec<W>::U16;
@@ -136,7 +136,7 @@ void StreamChunk(const StreamArrays& a, size_t lo, size_t hi) {
 }
 
 template <int W, int U, bool k16BitGrad, bool kCopy, bool kStatic>
-double TimeStream(tbb::task_arena& arena, const StreamArrays& a) {
+double TimeStream(tbb::task_arena& arena, const AdamBuffers& a) {
   const size_t n = a.num_elems;
   const auto t0 = std::chrono::steady_clock::now();
   arena.execute([&] {
@@ -161,7 +161,7 @@ double TimeStream(tbb::task_arena& arena, const StreamArrays& a) {
 
 // Dispatches on the arrays' gradient type and copy at run time.
 template <int W, int U, bool kStatic>
-double TimeStreamAny(tbb::task_arena& arena, const StreamArrays& a) {
+double TimeStreamAny(tbb::task_arena& arena, const AdamBuffers& a) {
   const bool g16 = a.grad_dtype != DType::kFloat32, copy = a.param_copy != nullptr;
   if (g16) {
     return copy ? TimeStream<W, U, true, true, kStatic>(arena, a) : TimeStream<W, U, true, false, kStatic>(arena, a);

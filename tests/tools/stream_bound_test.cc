@@ -48,7 +48,7 @@ TEST(StreamBoundTest, EveryVariantUpdatesEveryElementAndWritesTheCopy) {
             ga[i] = 1000.0f * static_cast<float>(i % 5 + 1);
             ha[i] = static_cast<uint16_t>(0x4480 + i % 5);  // bf16 1024 .. 1152
           }
-          StreamArrays a;
+          AdamBuffers a;
           a.params = pa;
           a.exp_avg = ma;
           a.exp_avg_sq = va;
