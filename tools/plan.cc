@@ -145,7 +145,7 @@ int Run(const PlanOptions& opt) {
     if (!m.ok()) throw Usage{m.status().message()};
     in.model = std::move(*m);
   } else {
-    auto m = PlanGptModel(mc, B, opt.seq_len, opt.checkpointing, compute);
+    auto m = PlanGptModel(mc, B, opt.seq_len, opt.checkpointing, compute, in.config.zinf.matmul);
     if (!m.ok()) throw Usage{m.status().message()};
     in.model = std::move(*m);
   }

@@ -284,12 +284,15 @@ int Run(const TrainOptions& opt) {
   // honour, or a model the tiers cannot hold, stops here, before
   // registration writes the initial state to its tiers.
   bool rates_measured = false;  // any rate from a file, not the stated defaults
+  const DType matmul_dtype = opt.matmul.empty()      ? config.zinf.matmul
+                             : opt.matmul == "bf16" ? DType::kBFloat16
+                                                    : DType::kFloat32;
   const PlanRow plan_row = [&] {
     PlanInput pin;
     pin.config = config;
     pin.world_size = world;
     pin.gradient_accumulation_steps = batch.gradient_accumulation_steps;
-    auto m = PlanGptModel(mc, B, T, /*checkpointing=*/false, engine->compute_dtype());
+    auto m = PlanGptModel(mc, B, T, /*checkpointing=*/false, engine->compute_dtype(), matmul_dtype);
     if (!m.ok()) throw Usage{m.status().message()};
     pin.model = std::move(*m);
     if (Status s = ApplyPlanRateFlags(opt.rates, pin.rates); !s.ok()) throw Usage{s.message()};
@@ -321,9 +324,7 @@ int Run(const TrainOptions& opt) {
   ro.num_threads = threads;
   ro.param_dtype = engine->compute_dtype();
   ro.grad_dtype = DType::kFloat32;
-  ro.matmul_dtype = opt.matmul.empty() ? config.zinf.matmul
-                    : opt.matmul == "bf16" ? DType::kBFloat16
-                                           : DType::kFloat32;
+  ro.matmul_dtype = matmul_dtype;
   auto gpt = Must(model::GptDevice::Create(*device, *stream, mc, ro), "model");
 
   const int units = model::NumUnits(mc);

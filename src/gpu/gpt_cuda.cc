@@ -214,48 +214,62 @@ class CudaStages final : public model::GptStages {
   }
 
   // model::Gemm's contract, row-major. With bf16 operands (matmul_dtype)
-  // cuBLAS rounds the fp32 operands to bf16 and runs tensor cores with fp32
-  // accumulation (CUBLAS_COMPUTE_32F_FAST_16BF): the CPU model's bf16 mode
-  // rounds the operands the same way before its fp32 product (gemm.h).
+  // each fp32 operand is rounded to nearest even by the cast kernel (the
+  // CPU's RoundToBf16, gemm.h) into the layout's bf16 copies, and cuBLAS
+  // multiplies those on tensor cores with fp32 accumulation and output
+  // (CUBLAS_COMPUTE_32F). cuBLAS's own down-conversion of fp32 operands
+  // (CUBLAS_COMPUTE_32F_FAST_16BF) does not round as the CPU does: on an H100
+  // it put the gradients 5e-3 apart from the CPU model's, where rounding to
+  // nearest even leaves only the order of the sums.
   Status Gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
               const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-    if (bf16_) {
-      ZINF_CUBLAS_RETURN_IF_ERROR(
-          blas_->gemm_ex(handle_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(n),
-                         static_cast<int>(m), static_cast<int>(k), &alpha, b, CUDA_R_32F, static_cast<int>(ldb), a,
-                         CUDA_R_32F, static_cast<int>(lda), &beta, c, CUDA_R_32F, static_cast<int>(ldc),
-                         CUBLAS_COMPUTE_32F_FAST_16BF, CUBLAS_GEMM_DEFAULT),
-          "cublasGemmEx (bf16 operands, fp32 accumulation)");
-      return Status::Ok();
-    }
-    ZINF_CUBLAS_RETURN_IF_ERROR(
-        blas_->sgemm(handle_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(n),
-                    static_cast<int>(m), static_cast<int>(k), &alpha, b, static_cast<int>(ldb), a,
-                    static_cast<int>(lda), &beta, c, static_cast<int>(ldc)),
-        "cublasSgemm");
-    return Status::Ok();
+    return GemmBatched(ta, tb, m, n, k, alpha, a, lda, 0, b, ldb, 0, beta, c, ldc, 0, 1);
   }
   // `count` row-major products, operand i at a + i·sa, b + i·sb, c + i·sc.
   Status GemmBatched(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
                      int64_t sa, const float* b, int64_t ldb, int64_t sb, float beta, float* c, int64_t ldc,
                      int64_t sc, int64_t count) {
+    const cublasOperation_t op_a = ta ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
     if (bf16_) {
+      ZINF_ASSIGN_OR_RETURN(const void* a16, Bf16Operand(a, ta ? k : m, ta ? m : k, lda, sa, count, layout_.bf16_a));
+      ZINF_ASSIGN_OR_RETURN(const void* b16, Bf16Operand(b, tb ? n : k, tb ? k : n, ldb, sb, count, layout_.bf16_b));
       ZINF_CUBLAS_RETURN_IF_ERROR(
-          blas_->gemm_strided_batched_ex(
-              handle_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(n),
-              static_cast<int>(m), static_cast<int>(k), &alpha, b, CUDA_R_32F, static_cast<int>(ldb), sb, a, CUDA_R_32F,
-              static_cast<int>(lda), sa, &beta, c, CUDA_R_32F, static_cast<int>(ldc), sc, static_cast<int>(count),
-              CUBLAS_COMPUTE_32F_FAST_16BF, CUBLAS_GEMM_DEFAULT),
+          blas_->gemm_strided_batched_ex(handle_, op_b, op_a, static_cast<int>(n), static_cast<int>(m),
+                                         static_cast<int>(k), &alpha, b16, CUDA_R_16BF, static_cast<int>(ldb), sb, a16,
+                                         CUDA_R_16BF, static_cast<int>(lda), sa, &beta, c, CUDA_R_32F,
+                                         static_cast<int>(ldc), sc, static_cast<int>(count), CUBLAS_COMPUTE_32F,
+                                         CUBLAS_GEMM_DEFAULT),
           "cublasGemmStridedBatchedEx (bf16 operands, fp32 accumulation)");
       return Status::Ok();
     }
+    if (count == 1) {
+      ZINF_CUBLAS_RETURN_IF_ERROR(blas_->sgemm(handle_, op_b, op_a, static_cast<int>(n), static_cast<int>(m),
+                                               static_cast<int>(k), &alpha, b, static_cast<int>(ldb), a,
+                                               static_cast<int>(lda), &beta, c, static_cast<int>(ldc)),
+                                  "cublasSgemm");
+      return Status::Ok();
+    }
     ZINF_CUBLAS_RETURN_IF_ERROR(
-        blas_->sgemm_strided_batched(handle_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                  static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, b,
-                                  static_cast<int>(ldb), sb, a, static_cast<int>(lda), sa, &beta, c,
-                                  static_cast<int>(ldc), sc, static_cast<int>(count)),
+        blas_->sgemm_strided_batched(handle_, op_b, op_a, static_cast<int>(n), static_cast<int>(m),
+                                     static_cast<int>(k), &alpha, b, static_cast<int>(ldb), sb, a,
+                                     static_cast<int>(lda), sa, &beta, c, static_cast<int>(ldc), sc,
+                                     static_cast<int>(count)),
         "cublasSgemmStridedBatched");
     return Status::Ok();
+  }
+  // The bf16 copy of `count` row-major [rows, cols] matrices with leading
+  // dimension ld, `stride` elements apart: every element of their span
+  // (those between the rows too) rounded, so the copy keeps ld and stride.
+  Result<const void*> Bf16Operand(const float* x, int64_t rows, int64_t cols, int64_t ld, int64_t stride,
+                                  int64_t count, uint64_t slot) {
+    const int64_t span = (count - 1) * stride + (rows - 1) * ld + cols;
+    if (span > layout_.bf16_operand_elems) {
+      return Internal("gpt model on CUDA: a bf16 operand of " + std::to_string(span) +
+                      " elements exceeds the layout's copies of " + std::to_string(layout_.bf16_operand_elems));
+    }
+    void* dst = arena_ + slot;
+    ZINF_RETURN_IF_ERROR(Cast(x, DType::kFloat32, dst, DType::kBFloat16, static_cast<size_t>(span), s_));
+    return static_cast<const void*>(dst);
   }
 
   // model::LinearForward / LinearBackward (dinp overwritten).

@@ -89,6 +89,14 @@ ActivationLayout ActivationLayout::For(const GptConfig& c, const GptRunOptions& 
     l.grad_embedding = p.Take(F32Bytes(EmbeddingLayout::For(c).num_elems));
     l.grad_unit = p.Take(F32Bytes(other_units));
   }
+  if (o.matmul_dtype == DType::kBFloat16) {
+    // Linear layers (activations [B·T, 4C] at most, weights [C, 4C]), the LM
+    // head (logits' gradient [B·T, V], wte [V, C]) and one batch row's
+    // attention (scores H × T × T, the row's qkv T × 3C).
+    l.bf16_operand_elems = std::max({BT * 4 * C, 4 * C * C, BT * V, V * C, H * T * T, T * 3 * C});
+    l.bf16_a = p.Take(static_cast<uint64_t>(l.bf16_operand_elems) * 2);
+    l.bf16_b = p.Take(static_cast<uint64_t>(l.bf16_operand_elems) * 2);
+  }
   l.conversion_bytes = p.at() - l.saved_bytes - l.scratch_bytes;
   l.total_bytes = p.at();
   return l;

@@ -69,8 +69,9 @@ struct ActivationLayout {
   uint64_t saved_bytes = 0;
   // Backward work buffers, reused by every block.
   uint64_t scratch_bytes = 0;
-  // fp32 copies of 16-bit parameters (unit 0 and the largest other unit)
-  // and fp32 gradient accumulators for a 16-bit grad dtype; 0 for fp32.
+  // fp32 copies of 16-bit parameters (unit 0 and the largest other unit),
+  // fp32 gradient accumulators for a 16-bit grad dtype, and the bf16
+  // operand copies of bf16 matmul; 0 for fp32 throughout.
   uint64_t conversion_bytes = 0;
   uint64_t total_bytes = 0;
 
@@ -86,6 +87,12 @@ struct ActivationLayout {
   uint64_t lnf = 0, lnf_mean = 0, lnf_rstd = 0, probs = 0, losses = 0;
   uint64_t dres = 0, dbuf = 0, dqkv = 0, datt = 0, dfch = 0;
   uint64_t wide_embedding = 0, wide_unit = 0, grad_embedding = 0, grad_unit = 0;  // conversion, when used
+  // With bf16 matmul operands: two bf16 copies (a product's A and B, each
+  // rounded to nearest even) of bf16_operand_elems elements, the span of the
+  // largest operand any product takes. The CUDA stages round into them; the
+  // CPU model rounds into per-thread copies of its own (gemm.h).
+  uint64_t bf16_a = 0, bf16_b = 0;
+  int64_t bf16_operand_elems = 0;
 
   static ActivationLayout For(const GptConfig& c, const GptRunOptions& o);
   // Block `layer`'s saved tensors: the offsets of its block set (the one set

@@ -187,7 +187,7 @@ int64_t PlanModel::num_params() const {
 }
 
 Result<PlanModel> PlanGptModel(const model::GptConfig& config, int64_t micro_batch, int64_t seq_len,
-                               bool checkpointing, DType compute_dtype) {
+                               bool checkpointing, DType compute_dtype, DType matmul_dtype) {
   ZINF_RETURN_IF_ERROR(config.Validate());
   if (micro_batch < 1) return InvalidArgument("micro-batch must be >= 1");
   if (seq_len == 0) seq_len = config.max_seq_len;
@@ -205,6 +205,7 @@ Result<PlanModel> PlanGptModel(const model::GptConfig& config, int64_t micro_bat
   o.activation_checkpointing = checkpointing;
   o.param_dtype = compute_dtype;
   o.grad_dtype = DType::kFloat32;
+  o.matmul_dtype = matmul_dtype;
   const model::ActivationLayout layout = model::ActivationLayout::For(config, o);
   m.activation_bytes = Dev(layout.total_bytes);
   const uint64_t tokens = static_cast<uint64_t>(micro_batch * seq_len);

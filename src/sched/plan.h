@@ -69,9 +69,10 @@ struct PlanModel {
 };
 
 // A GPT (gpt_config.h) trained on micro_batch × seq_len tokens per rank and
-// micro-step, with activations for the given compute dtype.
+// micro-step, with activations for the given compute dtype and matrix
+// products' operands (bf16 operands add their rounded copies).
 Result<PlanModel> PlanGptModel(const model::GptConfig& config, int64_t micro_batch, int64_t seq_len,
-                               bool checkpointing, DType compute_dtype);
+                               bool checkpointing, DType compute_dtype, DType matmul_dtype = DType::kFloat32);
 // N parameters with no model shape: `units` equal units (the last one takes
 // the remainder), no activations; with tokens > 0 the compute is 6 N tokens.
 Result<PlanModel> PlanParamsModel(int64_t num_params, int units = 24, int64_t tokens_per_micro_step = 0);

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "cpu/host_device.h"
+#include "model/gpt.h"
 #include "model/gpt_device.h"
 #include "test_util.h"
 #include "zinf/engine.h"
@@ -225,6 +226,32 @@ TEST(PlanTest, GptModel) {
   EXPECT_DOUBLE_EQ(m->flops_per_micro_step, model::TrainingFlops(*c, 2, c->max_seq_len));
   EXPECT_FALSE(PlanGptModel(*c, 2, c->max_seq_len + 1, false, DType::kBFloat16).ok());
   EXPECT_FALSE(PlanParamsModel(0).ok());
+}
+
+// bf16 matrix-product operands add their two rounded copies, each the span of
+// the largest operand: for gpt2 at 2 × 1024 tokens the logits' gradient,
+// [B·T, V]; the plan counts them.
+TEST(PlanTest, Bf16MatmulCountsTheOperandCopies) {
+  auto c = model::GptPreset("gpt2");
+  ASSERT_TRUE(c.ok());
+  model::GptRunOptions o;
+  o.batch_size = 2;
+  o.seq_len = 1024;
+  o.param_dtype = DType::kBFloat16;
+  const model::ActivationLayout fp32_layout = model::ActivationLayout::For(*c, o);
+  o.matmul_dtype = DType::kBFloat16;
+  const model::ActivationLayout bf16_layout = model::ActivationLayout::For(*c, o);
+  const uint64_t copy = 2ull * 1024 * c->vocab_size * 2;  // B·T·V bf16 elements
+  EXPECT_EQ(bf16_layout.bf16_operand_elems, 2 * 1024 * c->vocab_size);
+  EXPECT_GE(bf16_layout.total_bytes - fp32_layout.total_bytes, 2 * copy);
+  EXPECT_LE(bf16_layout.total_bytes - fp32_layout.total_bytes, 2 * copy + 128);  // alignment
+
+  auto fp32 = PlanGptModel(*c, 2, 1024, false, DType::kBFloat16);
+  auto bf16 = PlanGptModel(*c, 2, 1024, false, DType::kBFloat16, DType::kBFloat16);
+  ASSERT_TRUE(fp32.ok() && bf16.ok());
+  EXPECT_GE(fp32->activation_bytes, fp32_layout.total_bytes);
+  EXPECT_GE(bf16->activation_bytes, bf16_layout.total_bytes);
+  EXPECT_GT(bf16->activation_bytes, fp32->activation_bytes + copy);
 }
 
 // ---- Against the engine.
