@@ -4,8 +4,9 @@
 // --use_fast_math), so each element rounds the same operations in the same
 // order as the CPU twin.
 //
-// Row kernels (LayerNorm, softmax + cross-entropy) run one block per row
-// (grid-stride over rows). Their row sums and maxima reproduce the 16-lane
+// Row kernels (LayerNorm, softmax + cross-entropy) run one warp-sized block
+// per row (grid-stride over rows), so an SM holds as many rows as it holds
+// blocks. Their row sums and maxima reproduce the 16-lane
 // order of model/layers.cc (LaneSum, LaneMax, LaneExpSum) exactly: with
 // full = n - n % 16,
 //   thread j < 16 accumulates lane j: acc_j = ((0 + t[j]) + t[j+16]) + ...
@@ -17,8 +18,9 @@
 //   lanes 0..15, each step `a > m ? a : m`).
 // That is the CPU's sequence of additions, so the sums, and everything
 // computed from them, are bit-identical to the CPU layers. It limits a row
-// reduction to 17 threads; the elementwise passes of a row use the whole
-// block. Column sums (LayerNorm's dw, db) use one thread per column adding
+// reduction to 17 threads (a lane thread loads its elements a batch ahead
+// where nothing else reads them); the elementwise passes of a row use the
+// whole block. Column sums (LayerNorm's dw, db) use one thread per column adding
 // the rows in order, as the CPU does.
 #include "gpu/kernels.h"
 
@@ -47,6 +49,13 @@ unsigned BlocksFor(size_t n) {
   return static_cast<unsigned>(std::min<size_t>((n + kThreads - 1) / kThreads, kMaxBlocks));
 }
 unsigned BlocksForRows(int64_t rows) { return static_cast<unsigned>(std::min<int64_t>(rows, 65535)); }
+constexpr unsigned kRowThreads = 32;  // a row kernel's block: the 17 reduction threads and 15 more
+// Column kernels: warp-sized blocks, one thread per column.
+constexpr unsigned kColumnThreads = 32;
+unsigned ColumnBlocks(int64_t cols) {
+  return static_cast<unsigned>(
+      std::min<int64_t>((cols + kColumnThreads - 1) / kColumnThreads, static_cast<int64_t>(kMaxBlocks)));
+}
 
 // The launch error of `kernel`, if any, as a Status naming it.
 Status CheckLaunch(const char* kernel, const char* file, int line) {
@@ -159,6 +168,10 @@ __global__ void GeluBackwardKernel(const float* x, const float* dy, float* dx, s
 
 // ---- row reductions in the CPU's lane order (see the top of this file) ----
 
+// A lane thread's elements loaded ahead of their use, in LaneMax and
+// LaneExpSum: the loads of a batch are in flight together.
+constexpr int kLaneBatch = 8;
+
 // Σ term(i) for i in [0, n) in the lane order; every thread of the block
 // gets the sum. `scratch` is shared memory of kLanes + 1 floats. Must be
 // called by all threads of the block (it synchronises). term(i) is called
@@ -183,13 +196,63 @@ __device__ float LaneSum(const Term& term, int64_t n, float* scratch) {
   return s;
 }
 
+// out[i] = exp(x[i] - row_max), returning Σ out[i] in the lane order (as
+// LaneSum over that term), a lane's elements loaded a batch before they are
+// written: out may be x, each element being read and written by one thread.
+__device__ float LaneExpSum(const float* x, float* out, float row_max, int64_t n, float* scratch) {
+  const int64_t full = n - n % kLanes;
+  if (threadIdx.x < kLanes) {
+    float acc = 0.0f;
+    int64_t i = threadIdx.x;
+    for (; i + (kLaneBatch - 1) * kLanes < full; i += kLaneBatch * kLanes) {
+      float v[kLaneBatch];
+#pragma unroll
+      for (int k = 0; k < kLaneBatch; ++k) v[k] = x[i + k * kLanes];
+#pragma unroll
+      for (int k = 0; k < kLaneBatch; ++k) {
+        const float e = model::SoftmaxExp(v[k], row_max);
+        out[i + k * kLanes] = e;
+        acc += e;
+      }
+    }
+    for (; i < full; i += kLanes) {
+      const float e = model::SoftmaxExp(x[i], row_max);
+      out[i] = e;
+      acc += e;
+    }
+    scratch[threadIdx.x] = acc;
+  } else if (threadIdx.x == kLanes) {
+    float tail = 0.0f;
+    for (int64_t i = full; i < n; ++i) {
+      const float e = model::SoftmaxExp(x[i], row_max);
+      out[i] = e;
+      tail += e;
+    }
+    scratch[kLanes] = tail;
+  }
+  __syncthreads();
+  float s = 0.0f;
+  for (int j = 0; j < kLanes; ++j) s += scratch[j];
+  s = s + scratch[kLanes];
+  __syncthreads();
+  return s;
+}
+
 // max_i x[i] in the lane order of layers.cc's LaneMax (tail first, then the
 // lanes 0..15); every thread gets it.
 __device__ float LaneMax(const float* x, int64_t n, float* scratch) {
   const int64_t full = n - n % kLanes;
   if (threadIdx.x < kLanes) {
     float acc = -INFINITY;
-    for (int64_t i = threadIdx.x; i < full; i += kLanes) acc = x[i] > acc ? x[i] : acc;
+    int64_t i = threadIdx.x;
+    for (; i + (kLaneBatch - 1) * kLanes < full; i += kLaneBatch * kLanes) {
+      float v[kLaneBatch];
+#pragma unroll
+      for (int k = 0; k < kLaneBatch; ++k) v[k] = x[i + k * kLanes];
+#pragma unroll
+      for (int k = 0; k < kLaneBatch; ++k) acc = v[k] > acc ? v[k] : acc;
+    }
+    for (; i < full; i += kLanes) acc = x[i] > acc ? x[i] : acc;
     scratch[threadIdx.x] = acc;
   } else if (threadIdx.x == kLanes) {
     float m = -INFINITY;
@@ -253,13 +316,34 @@ __global__ void LayerNormBackwardRowsKernel(const float* __restrict__ dy, const 
 }
 
 // One thread per column: dw[c] += Σ_r dy·x̂, db[c] += Σ_r dy, rows in order.
+// One thread per column, summing the rows in order as the CPU's column loop
+// does. A column's sum is one chain of dependent adds, so the rows are loaded
+// kColumnBatch at a time ahead of their adds: the loads of a batch are in
+// flight together instead of one memory latency per row. Warp-sized blocks
+// spread the columns over as many multiprocessors as there are warps.
+constexpr int kColumnBatch = 32;
+
 __global__ void LayerNormBackwardColumnsKernel(const float* __restrict__ dy, const float* __restrict__ x,
                                                const float* __restrict__ mean, const float* __restrict__ rstd,
                                                float* __restrict__ dw, float* __restrict__ db, int64_t rows,
                                                int64_t cols) {
   for (size_t c = GlobalThread(); c < static_cast<size_t>(cols); c += GridStride()) {
     float acc_w = 0.0f, acc_b = 0.0f;
-    for (int64_t r = 0; r < rows; ++r) {
+    int64_t r = 0;
+    for (; r + kColumnBatch <= rows; r += kColumnBatch) {
+      float d[kColumnBatch], xn[kColumnBatch];
+#pragma unroll
+      for (int k = 0; k < kColumnBatch; ++k) {
+        d[k] = dy[(r + k) * cols + c];
+        xn[k] = x[(r + k) * cols + c];
+      }
+#pragma unroll
+      for (int k = 0; k < kColumnBatch; ++k) {
+        acc_w += d[k] * model::LayerNormNormalize(xn[k], mean[r + k], rstd[r + k]);
+        acc_b += d[k];
+      }
+    }
+    for (; r < rows; ++r) {
       const float d = dy[r * cols + c];
       acc_w += d * model::LayerNormNormalize(x[r * cols + c], mean[r], rstd[r]);
       acc_b += d;
@@ -284,13 +368,7 @@ __global__ void SoftmaxCrossEntropyForwardKernel(const float* logits, const int3
     const float target_logit = t >= 0 ? xr[t] : 0.0f;
     const float row_max = LaneMax(xr, vocab, scratch);
     // Each element is read and written by the same thread, so in place is safe.
-    const float sum = LaneSum(
-        [&](int64_t i) {
-          const float e = model::SoftmaxExp(xr[i], row_max);
-          pr[i] = e;
-          return e;
-        },
-        vocab, scratch);
+    const float sum = LaneExpSum(xr, pr, row_max, vocab, scratch);
     const float inv_sum = 1.0f / sum;
     for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) pr[j] *= inv_sum;
     if (threadIdx.x == 0) losses[r] = t >= 0 ? model::CrossEntropyLoss(row_max, sum, target_logit) : 0.0f;
@@ -347,34 +425,99 @@ __global__ void BroadcastRowKernel(const float* __restrict__ row, float* __restr
 
 // One thread per column: the rows in order from zero, then added to out (the
 // CPU's ColumnSumAccumulate).
+// As LayerNormBackwardColumnsKernel: rows in order, loaded a batch ahead.
+constexpr int kColumnSumBatch = 64;
+
 __global__ void ColumnSumKernel(const float* __restrict__ x, float* __restrict__ out, int64_t rows, int64_t cols) {
   for (int64_t c = GlobalThread(); c < cols; c += GridStride()) {
     float acc = 0.0f;
-    for (int64_t r = 0; r < rows; ++r) acc += x[r * cols + c];
+    int64_t r = 0;
+    for (; r + kColumnSumBatch <= rows; r += kColumnSumBatch) {
+      float v[kColumnSumBatch];
+#pragma unroll
+      for (int k = 0; k < kColumnSumBatch; ++k) v[k] = x[(r + k) * cols + c];
+#pragma unroll
+      for (int k = 0; k < kColumnSumBatch; ++k) acc += v[k];
+    }
+    for (; r < rows; ++r) acc += x[r * cols + c];
     out[c] += acc;
   }
 }
 
-// One thread per attention row (row i of a T × T matrix): the softmax of its
-// causal prefix in the lanes of model/lane_math.h, the rest zeroed.
+// ---- causal softmax: 16 threads per attention row ----
+//
+// model/lane_math.h's lanes, one per thread: thread j of a row's half-warp
+// holds lane j (elements j, j + 16, ... of the full groups of 16, read by the
+// half-warp 64 contiguous bytes at a time) and thread k < n % 16 tail element
+// k. Every thread then combines the lanes and the tail it gathers by shuffles
+// in the CPU's order, so each row gets the CPU's bits (row i of a T × T
+// matrix: the softmax of its causal prefix, the rest zeroed).
+__device__ inline unsigned HalfWarpMask() { return 0xffffu << (threadIdx.x & 16u); }
+__device__ inline float LaneOf(unsigned mask, float v, int lane) { return __shfl_sync(mask, v, lane, kLanes); }
+// Σ over the 16 lanes in order, then + Σ over the `tail` tail values in order.
+__device__ inline float LaneSumThenTail(unsigned mask, float lane_acc, float tail_value, int64_t tail) {
+  float s = 0.0f;
+  for (int j = 0; j < kLanes; ++j) s += LaneOf(mask, lane_acc, j);
+  float t = 0.0f;
+  for (int k = 0; k < tail; ++k) t += LaneOf(mask, tail_value, k);
+  return s + t;
+}
+constexpr unsigned kRowsPerSoftmaxBlock = kThreads / kLanes;
+
+unsigned BlocksForLaneRows(int64_t rows) {
+  return static_cast<unsigned>(std::min<int64_t>((rows + kRowsPerSoftmaxBlock - 1) / kRowsPerSoftmaxBlock, kMaxBlocks));
+}
+
 __global__ void CausalSoftmaxKernel(float* att, int64_t rows, int64_t T) {
-  for (int64_t r = GlobalThread(); r < rows; r += GridStride()) {
-    const int64_t i = r % T;
+  const unsigned mask = HalfWarpMask();
+  const int lane = static_cast<int>(threadIdx.x % kLanes);
+  for (int64_t r = static_cast<int64_t>(GlobalThread() / kLanes); r < rows;
+       r += static_cast<int64_t>(GridStride() / kLanes)) {
+    const int64_t n = r % T + 1, full = n / kLanes * kLanes, tail = n - full;
     float* row = att + r * T;
-    model::SoftmaxInPlace(row, i + 1);
-    for (int64_t j = i + 1; j < T; ++j) row[j] = 0.0f;
+    // LaneMax: the tail first, then the lanes in order.
+    float acc = -INFINITY;
+    for (int64_t c = lane; c < full; c += kLanes) acc = row[c] > acc ? row[c] : acc;
+    const float tail_x = lane < tail ? row[full + lane] : 0.0f;
+    float m = -INFINITY;
+    for (int k = 0; k < tail; ++k) {
+      const float t = LaneOf(mask, tail_x, k);
+      m = t > m ? t : m;
+    }
+    for (int j = 0; j < kLanes; ++j) {
+      const float a = LaneOf(mask, acc, j);
+      m = a > m ? a : m;
+    }
+    // LaneExpSum, then the scaling: every element stays with its thread.
+    float sum = 0.0f;
+    for (int64_t c = lane; c < full; c += kLanes) {
+      const float e = model::SoftmaxExp(row[c], m);
+      row[c] = e;
+      sum += e;
+    }
+    float tail_e = 0.0f;
+    if (lane < tail) row[full + lane] = tail_e = model::SoftmaxExp(tail_x, m);
+    const float inv_sum = 1.0f / LaneSumThenTail(mask, sum, tail_e, tail);
+    for (int64_t c = lane; c < n; c += kLanes) row[c] *= inv_sum;
+    for (int64_t c = n + lane; c < T; c += kLanes) row[c] = 0.0f;
   }
 }
 
 __global__ void CausalSoftmaxBackwardKernel(const float* __restrict__ att, float* __restrict__ datt, int64_t rows,
                                             int64_t T, float scale) {
-  for (int64_t r = GlobalThread(); r < rows; r += GridStride()) {
-    const int64_t i = r % T;
+  const unsigned mask = HalfWarpMask();
+  const int lane = static_cast<int>(threadIdx.x % kLanes);
+  for (int64_t r = static_cast<int64_t>(GlobalThread() / kLanes); r < rows;
+       r += static_cast<int64_t>(GridStride() / kLanes)) {
+    const int64_t n = r % T + 1, full = n / kLanes * kLanes, tail = n - full;
     const float* p = att + r * T;
     float* d = datt + r * T;
-    const float dot = model::LaneDot(p, d, i + 1);
-    for (int64_t j = 0; j <= i; ++j) d[j] = scale * model::SoftmaxInputGrad(p[j], d[j], dot);
-    for (int64_t j = i + 1; j < T; ++j) d[j] = 0.0f;
+    float acc = 0.0f;  // LaneDot
+    for (int64_t c = lane; c < full; c += kLanes) acc += p[c] * d[c];
+    const float tail_pd = lane < tail ? p[full + lane] * d[full + lane] : 0.0f;
+    const float dot = LaneSumThenTail(mask, acc, tail_pd, tail);
+    for (int64_t c = lane; c < n; c += kLanes) d[c] = scale * model::SoftmaxInputGrad(p[c], d[c], dot);
+    for (int64_t c = n + lane; c < T; c += kLanes) d[c] = 0.0f;
   }
 }
 
@@ -499,7 +642,7 @@ Status LayerNormForward(const float* x, const float* w, const float* b, float* y
   if (rows == 0) return Status::Ok();
   if (!x || !w || !b || !y || !mean || !rstd)
     return InvalidArgument("gpu::LayerNormForward: null x, w, b, y, mean or rstd");
-  LayerNormForwardKernel<<<BlocksForRows(rows), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(x, w, b, y, mean,
+  LayerNormForwardKernel<<<BlocksForRows(rows), kRowThreads, 0, static_cast<cudaStream_t>(stream)>>>(x, w, b, y, mean,
                                                                                                   rstd, rows, cols);
   return ZINF_CHECK_LAUNCH("LayerNormForwardKernel");
 }
@@ -511,10 +654,10 @@ Status LayerNormBackward(const float* dy, const float* x, const float* w, const 
   if (!dy || !x || !w || !mean || !rstd || !dx || !dw || !db)
     return InvalidArgument("gpu::LayerNormBackward: null dy, x, w, mean, rstd, dx, dw or db");
   auto s = static_cast<cudaStream_t>(stream);
-  LayerNormBackwardRowsKernel<<<BlocksForRows(rows), kThreads, 0, s>>>(dy, x, w, mean, rstd, dx, rows, cols);
+  LayerNormBackwardRowsKernel<<<BlocksForRows(rows), kRowThreads, 0, s>>>(dy, x, w, mean, rstd, dx, rows, cols);
   ZINF_RETURN_IF_ERROR(ZINF_CHECK_LAUNCH("LayerNormBackwardRowsKernel"));
-  LayerNormBackwardColumnsKernel<<<BlocksFor(static_cast<size_t>(cols)), kThreads, 0, s>>>(dy, x, mean, rstd, dw, db,
-                                                                                            rows, cols);
+  LayerNormBackwardColumnsKernel<<<ColumnBlocks(cols), kColumnThreads, 0, s>>>(dy, x, mean, rstd, dw, db, rows,
+                                                                              cols);
   return ZINF_CHECK_LAUNCH("LayerNormBackwardColumnsKernel");
 }
 
@@ -524,7 +667,7 @@ Status SoftmaxCrossEntropyForward(const float* logits, const int32_t* targets, f
   if (rows == 0) return Status::Ok();
   if (!logits || !targets || !probs || !losses)
     return InvalidArgument("gpu::SoftmaxCrossEntropyForward: null logits, targets, probs or losses");
-  SoftmaxCrossEntropyForwardKernel<<<BlocksForRows(rows), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+  SoftmaxCrossEntropyForwardKernel<<<BlocksForRows(rows), kRowThreads, 0, static_cast<cudaStream_t>(stream)>>>(
       logits, targets, probs, losses, rows, vocab);
   return ZINF_CHECK_LAUNCH("SoftmaxCrossEntropyForwardKernel");
 }
@@ -584,8 +727,8 @@ Status BroadcastRow(const float* row, float* out, int64_t rows, int64_t cols, vo
 Status ColumnSumAccumulate(const float* x, float* out, int64_t rows, int64_t cols, void* stream) {
   ZINF_RETURN_IF_ERROR(CheckRows("gpu::ColumnSumAccumulate", rows, cols, "cols"));
   if (!x || !out) return InvalidArgument("gpu::ColumnSumAccumulate: null x or out");
-  ColumnSumKernel<<<BlocksFor(static_cast<size_t>(cols)), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-      x, out, rows, cols);
+  ColumnSumKernel<<<ColumnBlocks(cols), kColumnThreads, 0, static_cast<cudaStream_t>(stream)>>>(x, out, rows,
+                                                                                               cols);
   return ZINF_CHECK_LAUNCH("ColumnSumKernel");
 }
 
@@ -594,8 +737,7 @@ Status CausalSoftmaxForward(float* att, int64_t matrices, int64_t T, void* strea
   if (matrices == 0) return Status::Ok();
   if (!att) return InvalidArgument("gpu::CausalSoftmaxForward: null att");
   const int64_t rows = matrices * T;
-  CausalSoftmaxKernel<<<BlocksFor(static_cast<size_t>(rows)), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-      att, rows, T);
+  CausalSoftmaxKernel<<<BlocksForLaneRows(rows), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(att, rows, T);
   return ZINF_CHECK_LAUNCH("CausalSoftmaxKernel");
 }
 
@@ -604,8 +746,8 @@ Status CausalSoftmaxBackward(const float* att, float* datt, int64_t matrices, in
   if (matrices == 0) return Status::Ok();
   if (!att || !datt) return InvalidArgument("gpu::CausalSoftmaxBackward: null att or datt");
   const int64_t rows = matrices * T;
-  CausalSoftmaxBackwardKernel<<<BlocksFor(static_cast<size_t>(rows)), kThreads, 0,
-                                static_cast<cudaStream_t>(stream)>>>(att, datt, rows, T, scale);
+  CausalSoftmaxBackwardKernel<<<BlocksForLaneRows(rows), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      att, datt, rows, T, scale);
   return ZINF_CHECK_LAUNCH("CausalSoftmaxBackwardKernel");
 }
 

@@ -75,4 +75,21 @@ ZINF_HOST_DEVICE inline void SoftmaxInPlace(F* row, int64_t n) {
   for (int64_t j = 0; j < n; ++j) row[j] *= inv_sum;
 }
 
+// Row i of a T × T causal attention matrix: the softmax of its first i + 1
+// entries, the rest zeroed (AttentionForward's row loop).
+template <class F>
+ZINF_HOST_DEVICE inline void CausalSoftmaxRow(F* row, int64_t i, int64_t T) {
+  SoftmaxInPlace(row, i + 1);
+  for (int64_t j = i + 1; j < T; ++j) row[j] = 0;
+}
+
+// Through CausalSoftmaxRow: d (d row on entry) becomes scale · d(scores) on
+// the causal prefix, 0 after it (AttentionBackward's row loop).
+template <class F>
+ZINF_HOST_DEVICE inline void CausalSoftmaxBackwardRow(const F* p, F* d, int64_t i, int64_t T, F scale) {
+  const F dot = LaneDot(p, d, i + 1);
+  for (int64_t j = 0; j <= i; ++j) d[j] = scale * SoftmaxInputGrad(p[j], d[j], dot);
+  for (int64_t j = i + 1; j < T; ++j) d[j] = 0;
+}
+
 }  // namespace zinf::model

@@ -213,11 +213,7 @@ void AttentionForward(const ModelThreads& th, F* out, F* att, const F* qkv, int6
     const F* v = q + 2 * C;
     F* a = att + bh * T * T;
     OperandGemm<F>(th.matmul_dtype(), false, true, T, T, D, scale, q, C3, k, C3, F(0), a, T);
-    for (int64_t i = 0; i < T; ++i) {
-      F* row = a + i * T;
-      SoftmaxInPlace(row, i + 1);
-      for (int64_t j = i + 1; j < T; ++j) row[j] = 0;
-    }
+    for (int64_t i = 0; i < T; ++i) CausalSoftmaxRow(a + i * T, i, T);
     OperandGemm<F>(th.matmul_dtype(), false, false, T, D, T, F(1), a, T, v, C3, F(0), out + b * T * C + h * D, C);
   });
 }
@@ -242,13 +238,7 @@ void AttentionBackward(const ModelThreads& th, F* dqkv, F* datt, const F* dout, 
     OperandGemm<F>(th.matmul_dtype(), true, false, T, D, T, F(1), a, T, dy, C, F(0), dv, C3);  // dv = attᵀ · dy
     // Through the softmax (causal prefix only), with the 1/sqrt(D) of the
     // scores folded in: da becomes d(q kᵀ).
-    for (int64_t i = 0; i < T; ++i) {
-      const F* p = a + i * T;
-      F* d = da + i * T;
-      const F dot = LaneDot(p, d, i + 1);
-      for (int64_t j = 0; j <= i; ++j) d[j] = scale * SoftmaxInputGrad(p[j], d[j], dot);
-      for (int64_t j = i + 1; j < T; ++j) d[j] = 0;
-    }
+    for (int64_t i = 0; i < T; ++i) CausalSoftmaxBackwardRow(a + i * T, da + i * T, i, T, scale);
     OperandGemm<F>(th.matmul_dtype(), false, false, T, D, T, F(1), da, T, k, C3, F(0), dq, C3);  // dq = d(q kᵀ) · k
     OperandGemm<F>(th.matmul_dtype(), true, false, T, D, T, F(1), da, T, q, C3, F(0), dk, C3);   // dk = d(q kᵀ)ᵀ · q
   });

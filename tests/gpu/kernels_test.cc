@@ -4,8 +4,9 @@
 // Tests that only check arguments (GpuKernelArgsTest) run everywhere.
 //
 // Tolerances:
-//   Adam, casts, GELU, LayerNorm (forward and backward), softmax
-//   probabilities, the cross-entropy gradient, embedding forward: 0 ulp
+//   Adam, casts, GELU, LayerNorm (forward and backward), column sums, the
+//   causal attention softmax (forward and backward), softmax probabilities,
+//   the cross-entropy gradient, embedding forward: 0 ulp
 //   (bits equal; a NaN matches any NaN, as NaN payloads are not specified).
 //   The kernels evaluate the same per-element functions with contraction
 //   off, and the row and column sums add in the CPU layers' order.
@@ -32,6 +33,7 @@
 #include "cpu/kernels.h"
 #include "cpu/norm.h"
 #include "gpu/cuda_probe.h"
+#include "model/lane_math.h"
 #include "model/layers.h"
 #include "model/parallel.h"
 #include "test_util.h"
@@ -313,6 +315,44 @@ TEST_F(GpuKernelTest, LayerNormMatchesTheCpuLayersBitForBit) {
     ExpectSameFloats(gdx.ToHost(), dx, "dx");
     ExpectSameFloats(gdw.ToHost(), dw, "dw");
     ExpectSameFloats(gdb.ToHost(), db, "db");
+  }
+}
+
+// Rows that are not a multiple of the kernels' batch of rows loaded ahead
+// (16 and 32), and columns that are not a multiple of a warp.
+TEST_F(GpuKernelTest, ColumnSumMatchesTheCpuLayersBitForBit) {
+  for (int64_t rows : {int64_t{1}, int64_t{31}, int64_t{32}, int64_t{100}, int64_t{4099}}) {
+    for (int64_t cols : {int64_t{1}, int64_t{33}, int64_t{768}}) {
+      SCOPED_TRACE(::testing::Message() << "rows " << rows << ", cols " << cols);
+      const std::vector<float> x = RandomFloats(40 + rows + cols, static_cast<size_t>(rows * cols), -1.0f, 1.0f);
+      std::vector<float> out = RandomFloats(41 + cols, static_cast<size_t>(cols), -0.1f, 0.1f);  // accumulates
+      DeviceArray<float> gx(x), gout(out);
+      model::ColumnSumAccumulate(threads_, out.data(), x.data(), rows, cols);
+      ASSERT_TRUE(ColumnSumAccumulate(gx.get(), gout.get(), rows, cols, nullptr).ok());
+      ExpectSameFloats(gout.ToHost(), out, "column sums");
+    }
+  }
+}
+
+// The CPU twin is model/lane_math.h's row functions; T covers rows shorter
+// than the 16 lanes, tails of every length and several matrices.
+TEST_F(GpuKernelTest, CausalSoftmaxMatchesTheCpuRowsBitForBit) {
+  for (int64_t T : {int64_t{1}, int64_t{5}, int64_t{16}, int64_t{37}, int64_t{130}}) {
+    SCOPED_TRACE(::testing::Message() << "T " << T);
+    const int64_t kMatrices = 3;
+    const size_t n = static_cast<size_t>(kMatrices * T * T);
+    std::vector<float> att = RandomFloats(50 + T, n, -6.0f, 6.0f);
+    std::vector<float> datt = RandomFloats(51 + T, n, -1.0f, 1.0f);
+    const float scale = 0.125f;
+    DeviceArray<float> gatt(att), gdatt(datt);
+    for (int64_t r = 0; r < kMatrices * T; ++r) model::CausalSoftmaxRow(att.data() + r * T, r % T, T);
+    for (int64_t r = 0; r < kMatrices * T; ++r) {
+      model::CausalSoftmaxBackwardRow(att.data() + r * T, datt.data() + r * T, r % T, T, scale);
+    }
+    ASSERT_TRUE(CausalSoftmaxForward(gatt.get(), kMatrices, T, nullptr).ok());
+    ASSERT_TRUE(CausalSoftmaxBackward(gatt.get(), gdatt.get(), kMatrices, T, scale, nullptr).ok());
+    ExpectSameFloats(gatt.ToHost(), att, "softmax");
+    ExpectSameFloats(gdatt.ToHost(), datt, "softmax gradient");
   }
 }
 
