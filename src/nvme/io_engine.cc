@@ -89,6 +89,11 @@ enum class Next { kIssue, kHandled, kAgain };
 
 std::string Errno(int err) { return std::string(std::strerror(err)) + " (errno " + std::to_string(err) + ")"; }
 
+// testing::FailUringSubmit's fault: the error (0: none) and the submissions
+// carrying blocks to let through before it.
+std::atomic<int> g_submit_fault_err{0};
+std::atomic<int> g_submit_fault_after{0};
+
 }  // namespace
 
 class IoEngine::Impl {
@@ -243,6 +248,18 @@ class IoEngine::Impl {
 
 // One io_uring per worker thread. An eventfd read is kept armed in the ring
 // so Enqueue can wake a worker that is blocked waiting for completions.
+//
+// A submission that fails for good (any error but EINTR, EAGAIN and EBUSY)
+// leaves the ring unusable, and no request may wait forever for it:
+//   - the blocks whose entries the kernel never consumed fail at once, with
+//     the error and their path, offset and length; nothing submits again, so
+//     the kernel never touches their buffers (with SQPOLL the kernel's thread
+//     could still consume them, so there they are waited for instead);
+//   - blocks the kernel consumed complete as usual (their buffers are the
+//     kernel's until then), but a remainder or retry of one is not issued;
+//   - blocks not yet issued, and every block enqueued later, fail.
+// The worker keeps running, on a condition variable instead of the ring,
+// until Stop.
 class IoEngine::Impl::UringWorker : public IoEngine::Impl::Worker {
  public:
   UringWorker(Impl* engine) : engine_(engine) {}
@@ -277,11 +294,16 @@ class IoEngine::Impl::UringWorker : public IoEngine::Impl::Worker {
       std::lock_guard<std::mutex> lock(mu_);
       queue_.insert(queue_.end(), blocks.begin(), blocks.end());
     }
+    cv_.notify_one();  // a worker whose ring failed waits here
     Wake();
   }
 
   void Stop() override {
-    stop_.store(true);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_.store(true);
+    }
+    cv_.notify_one();
     Wake();
     thread_.join();
   }
@@ -325,14 +347,70 @@ class IoEngine::Impl::UringWorker : public IoEngine::Impl::Worker {
     io_uring_sqe_set_data(sqe, b);
     ++inflight_;
     ++unsubmitted_;
-    if (engine_->options.single_submit) Submit();
+    if (engine_->options.single_submit) {
+      if (const int rc = Submit(); HardSubmitError(rc)) issue_error_ = rc;  // Loop fails the ring
+    }
   }
 
   // io_uring_submit, counting the calls that carry blocks (IoEngineStats::submit_batches).
   int Submit(unsigned wait_for = 0) {
-    if (unsubmitted_ > 0) engine_->submit_batches.fetch_add(1, std::memory_order_relaxed);
+    if (unsubmitted_ > 0) {
+      if (g_submit_fault_err.load() != 0 && g_submit_fault_after.fetch_sub(1) <= 0) {
+        return -g_submit_fault_err.exchange(0);  // testing::FailUringSubmit: the entries stay unconsumed
+      }
+      engine_->submit_batches.fetch_add(1, std::memory_order_relaxed);
+    }
     unsubmitted_ = 0;
     return wait_for == 0 ? io_uring_submit(&ring_) : io_uring_submit_and_wait(&ring_, wait_for);
+  }
+
+  static bool HardSubmitError(int rc) { return rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY; }
+
+  // A block the failed ring will not transfer: the submission's error, with
+  // the block's path, offset and length.
+  void FailBlock(Block* b) {
+    engine_->FinishBlock(b, IoError(DescribeIoFailure(b->kind, b->file->path(), b->offset, b->remaining, ring_error_) +
+                                    " (io_uring submission; the ring takes no more requests)"));
+  }
+
+  // The submission failed with -rc for good: fail what the kernel never saw
+  // (see the class comment), then serve the worker's remaining life.
+  void FailRing(int rc, std::deque<Block*>& local) {
+    ZINF_LOG_ERROR("io_uring_submit_and_wait: {}: the ring takes no more requests", Errno(-rc));
+    ring_error_ = -rc;
+    if (!(ring_.flags & IORING_SETUP_SQPOLL)) {
+      // Entries from the kernel's head to our tail were never consumed; the
+      // SQ array maps slot i to entry i (io_uring_queue_init sets it so).
+      const unsigned head = *ring_.sq.khead;
+      const unsigned unconsumed = io_uring_sq_ready(&ring_);
+      for (unsigned i = 0; i < unconsumed; ++i) {
+        auto* b = reinterpret_cast<Block*>(ring_.sq.sqes[(head + i) & ring_.sq.ring_mask].user_data);
+        if (b == nullptr) continue;  // the eventfd read
+        --inflight_;
+        FailBlock(b);
+      }
+    }
+    for (Block* b : local) FailBlock(b);
+    local.clear();
+    for (;;) {
+      std::deque<Block*> queued;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        if (inflight_ == 0) cv_.wait(lock, [&] { return stop_.load() || !queue_.empty(); });
+        queued.swap(queue_);
+        if (queued.empty() && inflight_ == 0 && stop_.load()) return;
+      }
+      for (Block* b : queued) FailBlock(b);
+      if (inflight_ > 0) {
+        // Consumed blocks complete into the CQ without a submission; a
+        // short sleep lets the kernel deliver them (no io_uring_enter: it
+        // could carry the failed entries to the kernel).
+        Reap(local);
+        for (Block* b : local) FailBlock(b);  // remainders and retries
+        local.clear();
+        if (inflight_ > 0) ::usleep(200);
+      }
+    }
   }
 
   void Loop() {
@@ -347,7 +425,7 @@ class IoEngine::Impl::UringWorker : public IoEngine::Impl::Worker {
           queue_.pop_front();
         }
       }
-      while (!local.empty() && inflight_ < depth) {
+      while (!local.empty() && inflight_ < depth && issue_error_ == 0) {
         Block* b = local.front();
         local.pop_front();
         switch (engine_->Prepare(b)) {
@@ -356,6 +434,7 @@ class IoEngine::Impl::UringWorker : public IoEngine::Impl::Worker {
           case Next::kHandled: break;
         }
       }
+      if (issue_error_ != 0) return FailRing(issue_error_, local);
       if (stop_.load() && local.empty() && inflight_ == 0) {
         std::lock_guard<std::mutex> lock(mu_);
         if (queue_.empty()) break;
@@ -371,15 +450,12 @@ class IoEngine::Impl::UringWorker : public IoEngine::Impl::Worker {
       }
       if (more && inflight_ < depth) {
         waiting_.store(false);
-        Submit();
+        if (const int rc = Submit(); HardSubmitError(rc)) return FailRing(rc, local);
         continue;
       }
-      int rc = Submit(1);
+      const int rc = Submit(1);
       waiting_.store(false);
-      if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY) {
-        // The ring itself failed: nothing in flight can complete normally.
-        ZINF_LOG_ERROR("io_uring_submit_and_wait: {}", Errno(-rc));
-      }
+      if (HardSubmitError(rc)) return FailRing(rc, local);
       Reap(local);
     }
   }
@@ -392,7 +468,7 @@ class IoEngine::Impl::UringWorker : public IoEngine::Impl::Worker {
       ++seen;
       auto* b = static_cast<Block*>(io_uring_cqe_get_data(cqe));
       if (b == nullptr) {
-        ArmEventfd();  // a wake-up; re-arm for the next one
+        if (ring_error_ == 0) ArmEventfd();  // a wake-up; re-arm for the next one
         continue;
       }
       --inflight_;
@@ -412,9 +488,12 @@ class IoEngine::Impl::UringWorker : public IoEngine::Impl::Worker {
   std::thread thread_;
   std::mutex mu_;
   std::deque<Block*> queue_;
+  std::condition_variable cv_;  // Enqueue and Stop, for a worker whose ring failed
   std::atomic<bool> waiting_{false};
   std::atomic<bool> stop_{false};
   unsigned inflight_ = 0;
+  int ring_error_ = 0;  // the errno of the submission that failed for good; the worker thread's
+  int issue_error_ = 0;  // a single-block submission's hard failure (-errno), for Loop to handle
 };
 
 // The fallback: queue_depth threads per ring issuing pread/pwrite.
@@ -743,5 +822,12 @@ IoEngineStats IoEngine::stats() const {
   s.submit_batches = impl_->submit_batches.load();
   return s;
 }
+
+namespace testing {
+void FailUringSubmit(int err, int after) {
+  g_submit_fault_after.store(after);
+  g_submit_fault_err.store(err);
+}
+}  // namespace testing
 
 }  // namespace zinf::nvme

@@ -149,4 +149,12 @@ class IoEngine {
   std::unique_ptr<Impl> impl_;
 };
 
+namespace testing {
+// Fault injection for tests: on whichever io_uring ring of this process next
+// submits blocks, the submission after `after` successful ones fails with
+// -err before it reaches the kernel, as a ring that broke would. That ring
+// then takes no more requests (see the io_uring worker in io_engine.cc).
+void FailUringSubmit(int err, int after = 0);
+}  // namespace testing
+
 }  // namespace zinf::nvme

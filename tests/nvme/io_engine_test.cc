@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <thread>
 
@@ -352,6 +353,68 @@ TEST(IoEngineFallbackTest, DisabledUringFallsBackToThreadsAndSaysWhy) {
   ASSERT_TRUE(uring.ok());
   EXPECT_EQ((*uring)->backend_name(), "io_uring");
   EXPECT_EQ((*uring)->fallback_reason(), "");
+}
+
+// A submission that fails for good (testing::FailUringSubmit stands in for
+// a ring that broke): no request waits forever, blocks the kernel took still
+// complete with their data, and the ring takes no more requests.
+class IoEngineRingFailureTest : public ::testing::Test {
+ protected:
+  static constexpr uint64_t kBlock = 16 << 10;
+  void SetUp() override {
+    IoEngineOptions o;
+    o.backend = IoBackend::kUring;
+    o.block_size = kBlock;
+    o.queue_depth = 8;
+    o.rings = 1;
+    auto e = IoEngine::Create(o);
+    if (!e.ok()) GTEST_SKIP() << "no io_uring here: " << e.status().ToString();
+    engine_ = std::move(e).value();
+    FileOptions fo;
+    fo.create = true;
+    fo.truncate = true;
+    fo.direct = true;
+    auto f = engine_->Open(FreshDir() + "/ring-failure", fo);
+    ASSERT_TRUE(f.ok()) << f.status().ToString();
+    file_ = *f;
+  }
+  std::unique_ptr<IoEngine> engine_;
+  std::shared_ptr<File> file_;
+};
+
+TEST_F(IoEngineRingFailureTest, BlocksTheKernelNeverSawFailAndSoDoesEveryLaterRequest) {
+  constexpr uint64_t kBytes = 32 * kBlock;
+  auto data = Aligned(kBytes), back = Aligned(kBytes);
+  FillRandom(data.get(), kBytes, 31);
+  ASSERT_TRUE(engine_->WriteSync(file_, 0, data.get(), kBytes).ok());
+  testing::FailUringSubmit(EFAULT);
+  const Status st = engine_->ReadSync(file_, 0, back.get(), kBytes);
+  ASSERT_EQ(st.code(), StatusCode::kIoError) << st.ToString();
+  EXPECT_NE(st.message().find("pread " + file_->path() + " offset="), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("Bad address (errno 14)"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("the ring takes no more requests"), std::string::npos) << st.message();
+  // Later requests fail at once with the same error instead of waiting.
+  const Status later = engine_->WriteSync(file_, 0, data.get(), kBlock);
+  EXPECT_EQ(later.code(), StatusCode::kIoError);
+  EXPECT_NE(later.message().find("pwrite " + file_->path()), std::string::npos) << later.message();
+  EXPECT_NE(later.message().find("Bad address (errno 14)"), std::string::npos) << later.message();
+  EXPECT_EQ(engine_->stats().failed_requests, 2u);
+}
+
+TEST_F(IoEngineRingFailureTest, BlocksTheKernelTookCompleteWithTheirData) {
+  constexpr uint64_t kBytes = 32 * kBlock;
+  auto data = Aligned(kBytes), back = Aligned(kBytes);
+  FillRandom(data.get(), kBytes, 32);
+  ASSERT_TRUE(engine_->WriteSync(file_, 0, data.get(), kBytes).ok());
+  std::memset(back.get(), 0, kBytes);
+  const uint64_t read_before = engine_->stats().bytes_read;
+  // The read's first submission (a full queue, 8 blocks) reaches the kernel;
+  // the next one, after the first completion, fails.
+  testing::FailUringSubmit(EFAULT, /*after=*/1);
+  const Status st = engine_->ReadSync(file_, 0, back.get(), kBytes);
+  ASSERT_EQ(st.code(), StatusCode::kIoError) << st.ToString();
+  EXPECT_EQ(engine_->stats().bytes_read - read_before, 8 * kBlock);
+  EXPECT_EQ(std::memcmp(back.get(), data.get(), 8 * kBlock), 0);
 }
 
 TEST(FileTest, OpenErrorsNameThePath) {
