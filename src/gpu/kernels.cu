@@ -196,6 +196,22 @@ __device__ float LaneSum(const Term& term, int64_t n, float* scratch) {
   return s;
 }
 
+// f(i, x[i]) for the calling lane thread's elements i = lane, lane + 16, ...
+// below `full`, in increasing order; the loads of kLaneBatch of them are
+// issued before their calls, so a call may store to its own element.
+template <class F>
+__device__ void ForLaneElements(const float* x, int64_t full, const F& f) {
+  int64_t i = threadIdx.x;
+  for (; i + (kLaneBatch - 1) * kLanes < full; i += kLaneBatch * kLanes) {
+    float v[kLaneBatch];
+#pragma unroll
+    for (int k = 0; k < kLaneBatch; ++k) v[k] = x[i + k * kLanes];
+#pragma unroll
+    for (int k = 0; k < kLaneBatch; ++k) f(i + k * kLanes, v[k]);
+  }
+  for (; i < full; i += kLanes) f(i, x[i]);
+}
+
 // out[i] = exp(x[i] - row_max), returning Σ out[i] in the lane order (as
 // LaneSum over that term), a lane's elements loaded a batch before they are
 // written: out may be x, each element being read and written by one thread.
@@ -203,23 +219,11 @@ __device__ float LaneExpSum(const float* x, float* out, float row_max, int64_t n
   const int64_t full = n - n % kLanes;
   if (threadIdx.x < kLanes) {
     float acc = 0.0f;
-    int64_t i = threadIdx.x;
-    for (; i + (kLaneBatch - 1) * kLanes < full; i += kLaneBatch * kLanes) {
-      float v[kLaneBatch];
-#pragma unroll
-      for (int k = 0; k < kLaneBatch; ++k) v[k] = x[i + k * kLanes];
-#pragma unroll
-      for (int k = 0; k < kLaneBatch; ++k) {
-        const float e = model::SoftmaxExp(v[k], row_max);
-        out[i + k * kLanes] = e;
-        acc += e;
-      }
-    }
-    for (; i < full; i += kLanes) {
-      const float e = model::SoftmaxExp(x[i], row_max);
+    ForLaneElements(x, full, [&](int64_t i, float v) {
+      const float e = model::SoftmaxExp(v, row_max);
       out[i] = e;
       acc += e;
-    }
+    });
     scratch[threadIdx.x] = acc;
   } else if (threadIdx.x == kLanes) {
     float tail = 0.0f;
@@ -244,15 +248,7 @@ __device__ float LaneMax(const float* x, int64_t n, float* scratch) {
   const int64_t full = n - n % kLanes;
   if (threadIdx.x < kLanes) {
     float acc = -INFINITY;
-    int64_t i = threadIdx.x;
-    for (; i + (kLaneBatch - 1) * kLanes < full; i += kLaneBatch * kLanes) {
-      float v[kLaneBatch];
-#pragma unroll
-      for (int k = 0; k < kLaneBatch; ++k) v[k] = x[i + k * kLanes];
-#pragma unroll
-      for (int k = 0; k < kLaneBatch; ++k) acc = v[k] > acc ? v[k] : acc;
-    }
-    for (; i < full; i += kLanes) acc = x[i] > acc ? x[i] : acc;
+    ForLaneElements(x, full, [&](int64_t, float v) { acc = v > acc ? v : acc; });
     scratch[threadIdx.x] = acc;
   } else if (threadIdx.x == kLanes) {
     float m = -INFINITY;
