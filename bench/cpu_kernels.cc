@@ -45,7 +45,7 @@
 #include "common/units.h"
 #include "cpu/adam.h"
 #include "cpu/cast.h"
-#include "cpu/float16.h"
+#include "common/float16.h"
 #include "cpu/norm.h"
 #include "cpu/simd_level.h"
 #include "zinf/dtype.h"

@@ -27,10 +27,10 @@
 #include "bench/bench.h"
 #include "bench/bench_util.h"
 #include "common/units.h"
-#include "cpu/float16.h"
+#include "common/float16.h"
 #include "cpu/host_device.h"
 #include "model/gemm.h"
-#include "model/gpt_device.h"
+#include "exec/gpt_device.h"
 
 namespace zinf::bench {
 namespace {

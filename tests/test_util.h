@@ -14,7 +14,7 @@
 #include <cstring>
 #include <string>
 
-#include "cpu/float16.h"
+#include "common/float16.h"
 #include "zinf/dtype.h"
 
 namespace zinf::test {

@@ -18,6 +18,7 @@
 #include "common/units.h"
 #include "model/gpt_config.h"
 #include "sched/partition.h"
+#include "model/gpt_plan.h"
 #include "sched/plan.h"
 #include "zinf/config.h"
 

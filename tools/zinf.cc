@@ -19,6 +19,7 @@
 #include "tools/train.h"
 #include "common/logging.h"
 #include "common/runtime_info.h"
+#include "sched/backends.h"
 #include "common/units.h"
 #include "sched/state_bytes.h"
 #include "zinf/config.h"

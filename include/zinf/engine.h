@@ -39,7 +39,7 @@
 // partials taken in global block order (unit by unit), so the same partials
 // come out however the units are sharded. Clipping, 1/loss_scale and the mean
 // over ranks × accumulation steps fold into one gradient scale applied by the
-// one documented Adam sequence (cpu/adam_math.h). A step whose gradients hold
+// one documented Adam sequence (math/adam_math.h). A step whose gradients hold
 // an inf or NaN on any rank is skipped on every rank.
 //
 // Thread-safety: one client thread drives an engine; its streams may be any.

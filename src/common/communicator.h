@@ -41,7 +41,7 @@
 #include <string_view>
 
 #include "common/host_device.h"
-#include "cpu/float16.h"
+#include "common/float16.h"
 #include "zinf/device.h"
 #include "zinf/dtype.h"
 #include "zinf/status.h"
@@ -140,7 +140,7 @@ class InlineHostStream final : public Stream {
 
 // The per-element math, shared by the host reduction and the CUDA kernel.
 // A codec widens a stored element to fp32 (exactly) and narrows the fp32
-// accumulator back (round to nearest even; see cpu/float16.h).
+// accumulator back (round to nearest even; see common/float16.h).
 namespace reduce {
 
 struct Fp32Codec {

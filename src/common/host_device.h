@@ -1,7 +1,7 @@
 // ZINF_HOST_DEVICE marks a function that compiles both for the host and, under
 // nvcc, for the GPU (`__host__ __device__`); elsewhere it expands to nothing.
 // It is how the CPU kernels and the CUDA kernels share one per-element
-// definition of their math (src/cpu/adam_math.h, src/cpu/float16.h). Header
+// definition of their math (src/math/adam_math.h, src/common/float16.h). Header
 // only; no state, so thread-safety does not arise.
 #pragma once
 

@@ -1,4 +1,5 @@
-// The registry: the one place that asks which backends this build contains.
+// The runtime report's format and the process's memory figures (the probes
+// themselves are in sched/backends.cc, where the backends are known).
 #include "common/runtime_info.h"
 
 #include <sys/resource.h>
@@ -7,36 +8,8 @@
 #include <algorithm>
 #include <cstdio>
 
-#include "common/build_config.h"
-#include "cpu/host_info.h"
-#include "nvme/uring_probe.h"
-#if ZINF_HAVE_CUDA
-#include "gpu/cuda_probe.h"
-#endif
 
 namespace zinf {
-
-RuntimeInfo ProbeRuntime() {
-  RuntimeInfo info;
-  info.version = ZINF_VERSION_STRING;
-#if ZINF_HAVE_CUDA
-  info.backends.push_back(gpu::ProbeCuda());
-#else
-  info.backends.push_back({"cuda", false, false, "not built (configure with -DZINF_WITH_CUDA=ON)"});
-#endif
-#if ZINF_HAVE_NCCL
-  info.backends.push_back(gpu::ProbeNccl());
-#else
-  info.backends.push_back({"nccl", false, false, "not built (configure with -DZINF_WITH_NCCL=ON)"});
-#endif
-  info.backends.push_back(ProbeIoUring());
-  info.backends.push_back(ProbeTbb());
-  info.backends.push_back(ProbeHwloc());
-  info.backends.push_back(ProbeSimd());
-  info.backends.push_back(ProbeMpi());
-  info.backends.push_back(ProbeOpenBlas());
-  return info;
-}
 
 std::string FormatRuntimeInfo(const RuntimeInfo& info) {
   std::string out = "zinf " + info.version + "\n";

@@ -1,8 +1,7 @@
 // What this build of zinf contains and what it finds on the machine at run
-// time: CUDA (and whether a device is present), NCCL, io_uring, oneTBB,
-// hwloc's topology, the SIMD level, MPI and OpenBLAS. `zinf --version`
-// prints it. This is the one registry file that asks which backends were
-// built (the #if ZINF_HAVE_* live in runtime_info.cc). Thread-safe.
+// time (BackendInfo, filled by each backend's probe and gathered by
+// sched/backends.h's ProbeRuntime), its report, and the process's memory
+// figures. Knows no backend. Thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -22,9 +21,6 @@ struct RuntimeInfo {
   std::string version;  // zinf's own
   std::vector<BackendInfo> backends;
 };
-
-// Probes each backend; never fails (an unusable backend says why in detail).
-RuntimeInfo ProbeRuntime();
 
 // The report, one backend per line.
 std::string FormatRuntimeInfo(const RuntimeInfo& info);

@@ -17,7 +17,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "cpu/adam_math.h"
+#include "math/adam_math.h"
 #include "cpu/simd_level.h"
 #include "zinf/dtype.h"
 #include "zinf/status.h"

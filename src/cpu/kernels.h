@@ -22,8 +22,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "cpu/adam_math.h"
-#include "cpu/norm_math.h"  // kNormBlockElems, kNormLanes, CombineNormLanes
+#include "math/adam_math.h"
+#include "math/norm_math.h"  // kNormBlockElems, kNormLanes, CombineNormLanes
 #include "cpu/simd_level.h"
 #include "zinf/dtype.h"
 

@@ -4,8 +4,8 @@
 // Compiled with the baseline flags only.
 #include <cstring>
 
-#include "cpu/dtype_access.h"
-#include "cpu/float16.h"
+#include "math/dtype_access.h"
+#include "common/float16.h"
 #include "cpu/kernels.h"
 
 namespace zinf::cpu {

@@ -24,7 +24,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "cpu/adam_math.h"
+#include "math/adam_math.h"
 #include "cpu/kernels.h"
 
 namespace zinf::cpu {

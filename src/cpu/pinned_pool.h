@@ -30,7 +30,7 @@
 #include <string>
 #include <vector>
 
-#include "cpu/memory_registrar.h"
+#include "common/memory_registrar.h"
 #include "cpu/numa.h"
 #include "zinf/status.h"
 

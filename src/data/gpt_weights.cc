@@ -4,7 +4,7 @@
 #include <map>
 #include <set>
 
-#include "cpu/float16.h"
+#include "common/float16.h"
 
 namespace zinf::data {
 namespace {

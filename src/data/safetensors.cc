@@ -5,7 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
-#include "cpu/float16.h"
+#include "common/float16.h"
 
 namespace zinf::data {
 namespace {

@@ -13,7 +13,7 @@
 #include <string_view>
 #include <utility>
 
-#include "cpu/memory_registrar.h"
+#include "common/memory_registrar.h"
 #include "zinf/status.h"
 
 namespace zinf::gpu {

@@ -31,12 +31,12 @@
 #include <cstdint>
 #include <string>
 
-#include "cpu/dtype_access.h"
-#include "cpu/float16.h"
-#include "cpu/norm_math.h"
+#include "math/dtype_access.h"
+#include "common/float16.h"
+#include "math/norm_math.h"
 #include "gpu/cuda_check.h"
-#include "model/gpt_math.h"
-#include "model/lane_math.h"
+#include "math/gpt_math.h"
+#include "math/lane_math.h"
 
 namespace zinf::gpu {
 namespace {
@@ -442,7 +442,7 @@ __global__ void ColumnSumKernel(const float* __restrict__ x, float* __restrict__
 
 // ---- causal softmax: 16 threads per attention row ----
 //
-// model/lane_math.h's lanes, one per thread: thread j of a row's half-warp
+// math/lane_math.h's lanes, one per thread: thread j of a row's half-warp
 // holds lane j (elements j, j + 16, ... of the full groups of 16, read by the
 // half-warp 64 contiguous bytes at a time) and thread k < n % 16 tail element
 // k. Every thread then combines the lanes and the tail it gathers by shuffles

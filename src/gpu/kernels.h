@@ -1,8 +1,8 @@
 // The CUDA kernels of the GPU path: the Adam/AdamW step, dtype casts, and the
 // GPT layers that are not matrix products (GELU, LayerNorm, softmax +
 // cross-entropy, token/position embedding). Each kernel evaluates the same
-// ZINF_HOST_DEVICE per-element functions as the CPU code (cpu/adam_math.h,
-// cpu/float16.h, model/gpt_math.h), and the row reductions add in the same
+// ZINF_HOST_DEVICE per-element functions as the CPU code (math/adam_math.h,
+// common/float16.h, math/gpt_math.h), and the row reductions add in the same
 // order as the CPU layers (model/layers.cc), so a kernel and its CPU twin
 // agree bit for bit except where noted (the log of the cross-entropy loss
 // and the atomic scatter-add of EmbeddingBackward).
@@ -20,7 +20,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "cpu/adam_math.h"
+#include "math/adam_math.h"
 #include "zinf/dtype.h"
 #include "zinf/status.h"
 
@@ -43,7 +43,7 @@ Status Cast(const void* src, DType src_dtype, void* dst, DType dst_dtype, size_t
 // The gradient norm's per-block partials of n fp32 values: block_partials[b]
 // (NumNormBlocks(n) doubles, device memory) = the sum of squares of elements
 // [b * 65536, (b + 1) * 65536), squared in double and added in the 16 lanes
-// and the lane order of cpu/norm_math.h: bit-identical to the CPU's
+// and the lane order of math/norm_math.h: bit-identical to the CPU's
 // SumSquaresBlocks at every SIMD level. A block holding an inf or NaN gives a
 // non-finite partial, as on the CPU.
 Status SumSquaresBlocks(const float* data, size_t n, double* block_partials, void* stream);
@@ -95,7 +95,7 @@ Status EmbeddingBackward(const float* dout, const int32_t* tokens, float* dwte, 
                          int64_t seq_len, int64_t channels, void* stream);
 
 // ---- the rest of the GPT layers (model/layers.h), for the model on CUDA.
-// The matrix products are cuBLAS's (gpu/gpt_cuda.cc); these are the pieces
+// The matrix products are cuBLAS's (exec/gpt_cuda.cc); these are the pieces
 // between them, each the same per-element math and order as its CPU twin.
 
 // out = a + b elementwise; out may be a or b.
@@ -106,7 +106,7 @@ Status BroadcastRow(const float* row, float* out, int64_t rows, int64_t cols, vo
 // added: bit-identical to model::ColumnSumAccumulate.
 Status ColumnSumAccumulate(const float* x, float* out, int64_t rows, int64_t cols, void* stream);
 // `matrices` T × T attention-score matrices: row i becomes the softmax of its
-// first i + 1 entries (model/lane_math.h's SoftmaxInPlace), the rest 0.
+// first i + 1 entries (math/lane_math.h's SoftmaxInPlace), the rest 0.
 Status CausalSoftmaxForward(float* att, int64_t matrices, int64_t T, void* stream);
 // Through that softmax: datt (d att on entry) becomes scale · d(scores) on
 // the causal prefix, 0 after it; as model::AttentionBackward's row loop.

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "common/check.h"
-#include "cpu/float16.h"
+#include "common/float16.h"
 #include "cpu/openblas_lib.h"
 
 namespace zinf::model {

@@ -19,7 +19,7 @@
 //
 // Precision: ParallelGemm and OperandGemm follow ModelThreads::matmul_dtype().
 // kBFloat16 rounds every element of A and B to bf16 (to nearest even, the
-// rounding of every 16-bit store in zinf: cpu/float16.h) into a copy, then
+// rounding of every 16-bit store in zinf: common/float16.h) into a copy, then
 // runs the same fp32 product on the copies: bf16 × bf16 products are exact
 // in fp32, so this is what tensor cores compute with fp32 accumulation, up
 // to the order of the sums. The copies live in per-thread buffers that grow

@@ -12,7 +12,7 @@
 
 #include "common/check.h"
 #include "common/units.h"
-#include "cpu/float16.h"
+#include "common/float16.h"
 #include "model/gemm.h"
 #include "model/layers.h"
 

@@ -10,8 +10,8 @@
 
 #include "common/check.h"
 #include "model/gemm.h"
-#include "model/gpt_math.h"
-#include "model/lane_math.h"
+#include "math/gpt_math.h"
+#include "math/lane_math.h"
 
 namespace zinf::model {
 namespace {

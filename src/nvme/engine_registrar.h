@@ -4,7 +4,7 @@
 // without per-I/O page pinning. Thread-safe (the engine's registration is).
 #pragma once
 
-#include "cpu/memory_registrar.h"
+#include "common/memory_registrar.h"
 #include "nvme/io_engine.h"
 
 namespace zinf::nvme {

@@ -12,8 +12,8 @@
 #include <cstddef>
 #include <memory>
 
-#include "cpu/adam_math.h"
-#include "cpu/memory_registrar.h"
+#include "math/adam_math.h"
+#include "common/memory_registrar.h"
 #include "zinf/device.h"
 #include "zinf/dtype.h"
 #include "zinf/status.h"

@@ -44,7 +44,7 @@
 #include <string>
 #include <vector>
 
-#include "model/gpt_config.h"
+#include "common/plan_model.h"
 #include "sched/state_bytes.h"
 #include "zinf/config.h"
 #include "zinf/dtype.h"
@@ -52,27 +52,6 @@
 
 namespace zinf {
 
-// The model as the engine sees it: units of elements, in registration
-// (= forward) order, and what its run needs besides model state.
-struct PlanModel {
-  std::string description;
-  std::vector<int64_t> unit_elems;
-  // Units the client keeps fetched through the whole micro-step (the GPT's
-  // embeddings, used again by the tied LM head); the others are fetched one
-  // at a time.
-  std::vector<int> held_units;
-  uint64_t activation_bytes = 0;    // device, per rank (0: not counted)
-  uint64_t io_buffer_bytes = 0;     // device: tokens, targets, loss (already rounded)
-  std::string activation_note;      // how activations were counted
-  double flops_per_micro_step = 0;  // per rank; 0: unknown (no compute term)
-  int64_t num_params() const;
-};
-
-// A GPT (gpt_config.h) trained on micro_batch × seq_len tokens per rank and
-// micro-step, with activations for the given compute dtype and matrix
-// products' operands (bf16 operands add their rounded copies).
-Result<PlanModel> PlanGptModel(const model::GptConfig& config, int64_t micro_batch, int64_t seq_len,
-                               bool checkpointing, DType compute_dtype, DType matmul_dtype = DType::kFloat32);
 // N parameters with no model shape: `units` equal units (the last one takes
 // the remainder), no activations; with tokens > 0 the compute is 6 N tokens.
 Result<PlanModel> PlanParamsModel(int64_t num_params, int units = 24, int64_t tokens_per_micro_step = 0);

@@ -3,7 +3,7 @@
 would use it: the aio handle writes and reads numpy arrays (buffered, O_DIRECT
 where the filesystem allows it, from several requests at once) and the CPU
 Adam updates numpy arrays in place, checked bit for bit against the
-documented operation sequence (src/cpu/adam_math.h) computed with numpy in
+documented operation sequence (src/math/adam_math.h) computed with numpy in
 float32, including the bf16 and fp16 parameter copies.
 
 usage: test_capi.py <path of libzinf.so> <scratch directory>

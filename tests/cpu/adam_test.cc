@@ -15,7 +15,7 @@
 #include <cstring>
 #include <vector>
 
-#include "cpu/float16.h"
+#include "common/float16.h"
 #include "cpu/kernels.h"
 #include "cpu_test_util.h"
 

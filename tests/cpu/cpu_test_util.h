@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "cpu/float16.h"
+#include "common/float16.h"
 #include "cpu/simd_level.h"
 #include "zinf/dtype.h"
 

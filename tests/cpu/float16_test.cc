@@ -1,7 +1,7 @@
 // The scalar conversions against independent oracles: GCC's _Float16 (x86
 // soft/hard float, round to nearest even) for fp16, a nearest-neighbour search
 // in double for bf16, and exact decoding with ldexp for widening.
-#include "cpu/float16.h"
+#include "common/float16.h"
 
 #include <gtest/gtest.h>
 

@@ -27,7 +27,7 @@
 #include <vector>
 
 #include "common/communicator.h"
-#include "cpu/float16.h"
+#include "common/float16.h"
 #include "cpu/host_device.h"
 #include "test_util.h"
 

@@ -9,7 +9,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "cpu/float16.h"
+#include "common/float16.h"
 #include "data_test_util.h"
 #include "model/gpt.h"
 #include "model/model_test_util.h"

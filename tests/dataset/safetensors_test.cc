@@ -10,7 +10,7 @@
 #include <filesystem>
 #include <random>
 
-#include "cpu/float16.h"
+#include "common/float16.h"
 #include "data_test_util.h"
 
 namespace zinf::data {

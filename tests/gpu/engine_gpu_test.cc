@@ -16,7 +16,7 @@
 
 #include "common/build_config.h"
 #include "common/communicator.h"
-#include "cpu/float16.h"
+#include "common/float16.h"
 #include "cpu/host_device.h"
 #include "cpu/mpi_comm.h"
 #include "gpu/cuda_device.h"

@@ -21,10 +21,10 @@
 #include <cstdio>
 #include <vector>
 
-#include "cpu/float16.h"
+#include "common/float16.h"
 #include "gpu/cuda_device.h"
 #include "gpu/cuda_probe.h"
-#include "model/gpt_device.h"
+#include "exec/gpt_device.h"
 #include "model/model_test_util.h"
 
 namespace zinf::model {

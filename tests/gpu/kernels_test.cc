@@ -33,7 +33,7 @@
 #include "cpu/kernels.h"
 #include "cpu/norm.h"
 #include "gpu/cuda_probe.h"
-#include "model/lane_math.h"
+#include "math/lane_math.h"
 #include "model/layers.h"
 #include "model/parallel.h"
 #include "test_util.h"
@@ -334,7 +334,7 @@ TEST_F(GpuKernelTest, ColumnSumMatchesTheCpuLayersBitForBit) {
   }
 }
 
-// The CPU twin is model/lane_math.h's row functions; T covers rows shorter
+// The CPU twin is math/lane_math.h's row functions; T covers rows shorter
 // than the 16 lanes, tails of every length and several matrices.
 TEST_F(GpuKernelTest, CausalSoftmaxMatchesTheCpuRowsBitForBit) {
   for (int64_t T : {int64_t{1}, int64_t{5}, int64_t{16}, int64_t{37}, int64_t{130}}) {

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "common/communicator.h"
-#include "cpu/float16.h"
+#include "common/float16.h"
 #include "gpu/cuda_probe.h"
 #include "gpu/reduce_kernels.h"
 #include "zinf/device.h"

@@ -3,7 +3,7 @@
 // touches them outside a stream task), the activation arena counted by the
 // device's memory statistics, and results bit-identical to GptModel on host
 // buffers.
-#include "model/gpt_device.h"
+#include "exec/gpt_device.h"
 
 #include <gtest/gtest.h>
 

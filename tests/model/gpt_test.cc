@@ -9,7 +9,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "cpu/float16.h"
+#include "common/float16.h"
 #include "gpt_reference.h"
 #include "model_test_util.h"
 

@@ -17,9 +17,9 @@
 #include <random>
 #include <vector>
 
-#include "cpu/float16.h"
+#include "common/float16.h"
 #include "model/gemm.h"
-#include "model/gpt_math.h"
+#include "math/gpt_math.h"
 
 namespace zinf::model {
 namespace {

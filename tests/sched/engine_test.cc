@@ -26,13 +26,14 @@
 
 #include "common/communicator.h"
 #include "cpu/adam.h"
-#include "cpu/float16.h"
+#include "common/float16.h"
 #include "cpu/host_device.h"
 #include "cpu/mpi_comm.h"
-#include "model/gpt_device.h"
+#include "exec/gpt_device.h"
 #include "nvme/fault_file.h"
 #include "sched/checkpoint_io.h"
 #include "sched/partition.h"
+#include "model/gpt_plan.h"
 #include "sched/plan.h"
 #include "test_util.h"
 

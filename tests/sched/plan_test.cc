@@ -3,6 +3,7 @@
 // allocates on HostDevice (device peak and peak pinned host bytes within
 // 10%) for stage 0 / offload none, stage 2 / cpu, stage 3 / nvme, and a GPT
 // with its activation arena.
+#include "model/gpt_plan.h"
 #include "sched/plan.h"
 
 #include <gtest/gtest.h>
@@ -17,7 +18,7 @@
 
 #include "cpu/host_device.h"
 #include "model/gpt.h"
-#include "model/gpt_device.h"
+#include "exec/gpt_device.h"
 #include "test_util.h"
 #include "zinf/engine.h"
 

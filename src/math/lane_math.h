@@ -10,7 +10,7 @@
 #include <cstdint>
 
 #include "common/host_device.h"
-#include "model/gpt_math.h"
+#include "math/gpt_math.h"
 
 namespace zinf::model {
 

@@ -1,11 +1,11 @@
 // GptDevice: stream tasks around GptModel's stages.
-#include "model/gpt_device.h"
+#include "exec/gpt_device.h"
 
 #include <utility>
 
 #include "common/build_config.h"
 #if ZINF_HAVE_CUDA
-#include "gpu/gpt_cuda.h"
+#include "exec/gpt_cuda.h"
 #endif
 
 namespace zinf::model {

@@ -9,8 +9,8 @@
 // On HostDevice a task translates its device pointers with
 // StreamContext::Host and runs GptModel's CPU kernels. On a CUDA device the
 // stages launch CUDA kernels and cuBLAS products on the stream instead
-// (gpu/gpt_cuda.h): the elementwise and row math is the CPU's
-// (model/gpt_math.h, model/lane_math.h), the fp32 matrix products are
+// (exec/gpt_cuda.h): the elementwise and row math is the CPU's
+// (math/gpt_math.h, math/lane_math.h), the fp32 matrix products are
 // cuBLAS's, so results agree with the CPU within GEMM rounding. On CUDA,
 // tokens and targets are not range-checked (the CPU path checks them).
 //

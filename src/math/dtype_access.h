@@ -1,5 +1,5 @@
 // One element of an fp32, bf16 or fp16 array, widened to fp32 on load and
-// rounded to nearest even on store (through cpu/float16.h). Shared by the
+// rounded to nearest even on store (through common/float16.h). Shared by the
 // scalar CPU kernels and the CUDA kernels (ZINF_HOST_DEVICE), so both read
 // and write 16-bit data the same way. Header only; pure, thread-safe.
 #pragma once
@@ -8,7 +8,7 @@
 #include <cstdint>
 
 #include "common/host_device.h"
-#include "cpu/float16.h"
+#include "common/float16.h"
 #include "zinf/dtype.h"
 
 namespace zinf {

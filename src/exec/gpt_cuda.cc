@@ -2,7 +2,7 @@
 // the same layout, the same products in the same row-major shapes. A row-major
 // product C = op(A) op(B) is cuBLAS's column-major Cᵀ = op(B)ᵀ op(A)ᵀ, so
 // each call passes B before A with the transposes as given.
-#include "gpu/gpt_cuda.h"
+#include "exec/gpt_cuda.h"
 
 #include <cuda_runtime.h>
 

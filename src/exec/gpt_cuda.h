@@ -11,7 +11,7 @@
 #include <memory>
 
 #include "model/gpt.h"
-#include "model/gpt_device.h"
+#include "exec/gpt_device.h"
 #include "zinf/device.h"
 
 namespace zinf::gpu {

@@ -1,10 +1,14 @@
-// CreateDevice: the registry of device backends. This file holds the only
-// #if ZINF_HAVE_CUDA of the device layer.
+// The registry of built backends: CreateDevice and ProbeRuntime, the only
+// place that asks which backends this build contains.
+#include "sched/backends.h"
+
 #include <string>
 
 #include "common/build_config.h"
 #include "common/logging.h"
 #include "cpu/host_device.h"
+#include "cpu/host_info.h"
+#include "nvme/uring_probe.h"
 #include "zinf/device.h"
 #if ZINF_HAVE_CUDA
 #include "gpu/cuda_device.h"
@@ -40,6 +44,28 @@ Result<std::unique_ptr<Device>> CreateDevice(const DeviceOptions& options) {
   ZINF_LOG_INFO("built without CUDA: using host");
 #endif
   return CreateHostDevice(options);
+}
+
+RuntimeInfo ProbeRuntime() {
+  RuntimeInfo info;
+  info.version = ZINF_VERSION_STRING;
+#if ZINF_HAVE_CUDA
+  info.backends.push_back(gpu::ProbeCuda());
+#else
+  info.backends.push_back({"cuda", false, false, "not built (configure with -DZINF_WITH_CUDA=ON)"});
+#endif
+#if ZINF_HAVE_NCCL
+  info.backends.push_back(gpu::ProbeNccl());
+#else
+  info.backends.push_back({"nccl", false, false, "not built (configure with -DZINF_WITH_NCCL=ON)"});
+#endif
+  info.backends.push_back(ProbeIoUring());
+  info.backends.push_back(ProbeTbb());
+  info.backends.push_back(ProbeHwloc());
+  info.backends.push_back(ProbeSimd());
+  info.backends.push_back(ProbeMpi());
+  info.backends.push_back(ProbeOpenBlas());
+  return info;
 }
 
 }  // namespace zinf
