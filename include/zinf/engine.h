@@ -1,5 +1,5 @@
 // The zinf engine: owns a model's parameters, gradients and optimizer state,
-// partitions them across ranks (ZeRO stages 0, 1 and 2) and runs mixed-
+// partitions them across ranks (ZeRO stages 0 to 3) and runs mixed-
 // precision Adam/AdamW at each gradient-accumulation boundary.
 //
 // A client registers its parameters grouped into units (a layer, like an

@@ -1,0 +1,459 @@
+// Engine checkpoints and ReadState.
+//
+// Save writes this rank's slices of every unit's master, m and v into one
+// file per rank, streamed from wherever they live (device, pinned host,
+// NVMe), plus a manifest; Load reads the slices of any world size that
+// overlap what this rank keeps. Both run on the calling thread after the
+// engine's streams are synchronized; ranks agree on the outcome
+// (AgreeOk) so that all of them succeed or fail together. Their I/O is left
+// out of the steps' NVMe bytes (ExcludeIo).
+#include "sched/engine_impl.h"
+
+namespace zinf {
+namespace sched {
+
+Status EngineImpl::ReadState(int unit, StateKind kind, float* host_dst) {
+  ExcludeIo exclude(this);
+  ZINF_RETURN_IF_ERROR(CheckUnit(unit, "ReadState"));
+  ZINF_RETURN_IF_ERROR(Finalize());
+  ZINF_RETURN_IF_ERROR(Synchronize());
+  Unit& u = units_[unit];
+  const int64_t n = u.part.num_elems;
+  if (kind == StateKind::kComputeParams) {
+    std::vector<uint8_t> raw(n * DTypeSizeBytes(compute_dtype_));
+    const bool gather = u.partitioned && !u.gathered;
+    if (gather) ZINF_RETURN_IF_ERROR(Gather(u, /*prefetch=*/false));
+    if (u.partitioned) ZINF_RETURN_IF_ERROR(stream_->Wait(*u.gathered_ready));
+    ZINF_RETURN_IF_ERROR(device_.CopyToHost(raw.data(), u.partitioned ? u.gathered : u.params, raw.size(), *stream_));
+    if (gather) ZINF_RETURN_IF_ERROR(u.released->Record(*stream_));  // DropGathered frees after this copy
+    if (gather) ZINF_RETURN_IF_ERROR(DropGathered(u));
+    ZINF_RETURN_IF_ERROR(stream_->Synchronize());
+    return Cast(arena_, raw.data(), compute_dtype_, host_dst, DType::kFloat32, n);
+  }
+  const PinnedBuffer& host_buf = kind == StateKind::kMaster   ? u.h_master
+                                 : kind == StateKind::kExpAvg ? u.h_exp_avg
+                                                              : u.h_exp_avg_sq;
+  const void* host_state = host_buf.data();
+  std::unique_ptr<float, decltype(&std::free)> swapped(nullptr, &std::free);
+  if (nvme_) {  // read the unit's sub-group back from the store
+    const size_t g = group_of_unit_[unit];
+    ZINF_ASSIGN_OR_RETURN(uint64_t padded, store_->PaddedBytes(g));
+    swapped.reset(static_cast<float*>(std::aligned_alloc(4096, padded)));
+    if (!swapped) return OutOfMemory("ReadState: " + FormatBytes(padded) + " for a sub-group");
+    ZINF_RETURN_IF_ERROR(store_->Read(g, swapped.get()).Wait());
+    const int k = kind == StateKind::kMaster ? 0 : kind == StateKind::kExpAvg ? 1 : 2;
+    host_state = swapped.get() + offset_in_group_[unit] + k * owned_elems(u);
+  }
+  float* state = kind == StateKind::kMaster ? u.master : kind == StateKind::kExpAvg ? u.exp_avg : u.exp_avg_sq;
+  if (!sharded()) {
+    if (offload_) {
+      std::memcpy(host_dst, host_state, n * 4);
+      return Status::Ok();
+    }
+    ZINF_RETURN_IF_ERROR(device_.CopyToHost(host_dst, state, n * 4, *stream_));
+    return stream_->Synchronize();
+  }
+  // Sharded: gather every rank's shard on the device (collective).
+  const int64_t S = u.part.shard_elems;
+  ZINF_ASSIGN_OR_RETURN(void* tmp, Alloc(u.part.padded_elems * 4, "ReadState gather buffer"));
+  float* mine = static_cast<float*>(tmp) + u.part.shard_begin(rank_);
+  Status s = offload_ ? device_.CopyToDevice(mine, host_state, S * 4, *stream_)
+                      : device_.CopyOnDevice(mine, state, S * 4, *stream_);
+  if (s.ok()) s = comm_->AllGather(mine, tmp, S, DType::kFloat32, *stream_);
+  if (s.ok()) s = device_.CopyToHost(host_dst, tmp, n * 4, *stream_);
+  Status sync = stream_->Synchronize();
+  Status f = device_.Free(tmp, *stream_);
+  if (!s.ok()) return s;
+  if (!sync.ok()) return sync;
+  return f;
+}
+
+namespace {
+constexpr int kCheckpointFormat = ckpt::CheckpointReader::kFormat;  // 2: slices 4 KiB-aligned, tensor shapes
+constexpr const char* const* kKindNames = ckpt::CheckpointReader::kKindNames;
+}  // namespace
+
+// Waits for every request still in flight when it goes out of scope.
+struct DrainRequests {
+  std::vector<nvme::IoRequest>& requests;
+  ~DrainRequests() {
+    for (auto& r : requests) {
+      if (r.valid()) (void)r.Wait();
+    }
+  }
+};
+
+Result<nvme::IoEngine*> EngineImpl::CheckpointIo() {
+  if (io_) return io_.get();
+  if (!ckpt_io_) {
+    ZINF_ASSIGN_OR_RETURN(ckpt_io_, nvme::IoEngine::Create(nvme::IoEngineOptionsFromConfig(config_)));
+  }
+  return ckpt_io_.get();
+}
+
+Status EngineImpl::AgreeOk(const Status& mine) {
+  if (!distributed()) return mine;
+  // Each rank contributes 1 + its rank when it failed; the max names one.
+  float flag = mine.ok() ? 0.0f : static_cast<float>(rank_ + 1);
+  ZINF_ASSIGN_OR_RETURN(void* buf, Alloc(2 * sizeof(float), "checkpoint agreement"));
+  float* d = static_cast<float*>(buf);
+  Status s = device_.CopyToDevice(d, &flag, sizeof flag, *stream_);
+  if (s.ok()) s = comm_->AllReduce(d, d + 1, 1, DType::kFloat32, ReduceOp::kMax, *stream_);
+  float worst = 0;
+  if (s.ok()) s = device_.CopyToHost(&worst, d + 1, sizeof worst, *stream_);
+  Status sync = stream_->Synchronize();
+  Status f = device_.Free(buf, *stream_);
+  if (!mine.ok()) return mine;
+  if (!s.ok()) return s;
+  if (!sync.ok()) return sync;
+  if (!f.ok()) return f;
+  if (worst > 0) {
+    return Unavailable("rank " + std::to_string(static_cast<int>(worst) - 1) + " failed (its own error says why)");
+  }
+  return Status::Ok();
+}
+
+Status EngineImpl::WriteShards(const std::string& path, nlohmann::json* table) {
+  ZINF_ASSIGN_OR_RETURN(nvme::IoEngine * io, CheckpointIo());
+  ZINF_ASSIGN_OR_RETURN(std::shared_ptr<nvme::File> file, ckpt::OpenDataFile(*io, path, /*write=*/true));
+  ZINF_ASSIGN_OR_RETURN(std::unique_ptr<ckpt::SliceWriter> w, ckpt::SliceWriter::Create(*io, file));
+  // NVMe: each sub-group is read once, the next one read ahead in the
+  // engine's swap buffers (idle between steps).
+  const size_t nb = nvme_bufs_.size();
+  std::vector<nvme::IoRequest> reads(nvme_ ? groups_.size() : 0);
+  auto read_group = [&](size_t g) {
+    if (g < reads.size() && !reads[g].valid()) reads[g] = store_->Read(g, nvme_bufs_[g % nb].data());
+  };
+  DrainRequests drain{reads};  // never leave a read in flight into the engine's buffers
+  std::vector<float> staged;  // offload none: one slice copied off the device
+  int64_t current_group = -1;
+  uint64_t bytes_out = 0;
+  for (size_t i = 0; i < units_.size(); ++i) {
+    const Unit& u = units_[i];
+    const int64_t begin = u.part.shard_begin(rank_), count = u.part.valid_in_shard(rank_);
+    const int64_t at = begin - owned_begin(u);  // the slice's place in the owned range
+    const float* src[3] = {nullptr, nullptr, nullptr};
+    if (nvme_) {
+      const size_t g = group_of_unit_[i];
+      if (static_cast<int64_t>(g) != current_group) {
+        read_group(g);
+        Status r = reads[g].Wait();
+        reads[g] = {};
+        if (!r.ok()) return r;
+        current_group = static_cast<int64_t>(g);
+        if (nb > 1) read_group(g + 1);
+      }
+      const float* base = static_cast<const float*>(nvme_bufs_[g % nb].data()) + offset_in_group_[i];
+      for (int k = 0; k < 3; ++k) src[k] = base + k * owned_elems(u) + at;
+    } else if (offload_) {
+      const PinnedBuffer* h[3] = {&u.h_master, &u.h_exp_avg, &u.h_exp_avg_sq};
+      for (int k = 0; k < 3; ++k) src[k] = static_cast<const float*>(h[k]->data()) + at;
+    } else {
+      const float* d[3] = {u.master, u.exp_avg, u.exp_avg_sq};
+      for (int k = 0; k < 3; ++k) src[k] = d[k] + at;
+    }
+    if (count <= 0) continue;
+    const uint64_t bytes = static_cast<uint64_t>(count) * 4;
+    for (int k = 0; k < 3; ++k) {
+      const float* p = src[k];
+      if (!offload_) {  // device memory: through a host copy
+        staged.resize(count);
+        ZINF_RETURN_IF_ERROR(device_.CopyToHost(staged.data(), p, bytes, *stream_));
+        ZINF_RETURN_IF_ERROR(stream_->Synchronize());
+        p = staged.data();
+      }
+      const uint64_t offset = w->BeginSlice();
+      ZINF_RETURN_IF_ERROR(w->Append(p, bytes));
+      ZINF_ASSIGN_OR_RETURN(uint64_t xxh3, w->EndSlice());
+      table->push_back({{"unit", u.name}, {"kind", kKindNames[k]}, {"begin", begin}, {"count", count},
+                        {"offset", offset}, {"xxh3", xxh3}});
+      bytes_out += bytes;
+    }
+  }
+  ZINF_RETURN_IF_ERROR(w->Finish());
+  ZINF_LOG_DEBUG("checkpoint: rank {} wrote {} to {}", rank_, FormatBytes(bytes_out), path);
+  return Status::Ok();
+}
+
+Result<std::string> EngineImpl::Save(const std::string& dir, const std::string& client_state) {
+  ExcludeIo exclude(this);
+  // Every check that can fail on one rank alone is agreed on before any
+  // rank goes further: no rank is left waiting in a collective.
+  auto client = nlohmann::json::parse(client_state, nullptr, false);
+  Status prepared = Finalize();
+  if (prepared.ok() && micro_in_window_ != 0) {
+    prepared = FailedPrecondition("Save between optimizer steps only: " + std::to_string(micro_in_window_) + " of " +
+                                  std::to_string(accumulation_) + " micro-steps of this step are done");
+  }
+  if (prepared.ok()) {
+    std::lock_guard lock(mu_);
+    prepared = broken_;
+  }
+  if (prepared.ok() && client.is_discarded()) prepared = InvalidArgument("Save: client_state is not valid JSON");
+  if (prepared.ok()) prepared = Synchronize();
+  namespace fs = std::filesystem;
+  const std::string name = "step-" + std::to_string(boundaries_);
+  const std::string tmp = (fs::path(dir) / (name + ".tmp")).string();
+  const std::string final_dir = (fs::path(dir) / name).string();
+  if (rank_ == 0 && prepared.ok()) {
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    fs::remove_all(tmp, ec);  // left by a save that crashed
+    if (!fs::create_directories(tmp, ec) && ec) prepared = IoError("cannot create " + tmp + ": " + ec.message());
+  }
+  ZINF_RETURN_IF_ERROR(AgreeOk(prepared));
+  // A failure from here on removes step-N.tmp: the previous checkpoint and
+  // `latest` are untouched.
+  auto abandon = [&](const Status& s) -> Status {
+    if (rank_ == 0) {
+      std::error_code ec;
+      fs::remove_all(tmp, ec);
+    }
+    return s;
+  };
+  // This rank's file: its shard range of every unit, whatever the stage.
+  const std::string bin = "rank-" + std::to_string(rank_) + ".bin";
+  nlohmann::json table = nlohmann::json::array();
+  Status written = WriteShards((fs::path(tmp) / bin).string(), &table);
+  if (written.ok()) {
+    written = ckpt::WriteFileAtomic((fs::path(tmp) / ("rank-" + std::to_string(rank_) + ".json")).string(),
+                                    nlohmann::json{{"file", bin}, {"align", ckpt::kSliceAlign}, {"tensors", table}}.dump(1));
+  }
+  if (Status all = AgreeOk(written); !all.ok()) return abandon(all);
+  Status committed;
+  if (rank_ == 0) {
+    nlohmann::json units = nlohmann::json::array();
+    for (const Unit& u : units_) {
+      nlohmann::json params = nlohmann::json::array();
+      for (size_t t = 0; t < u.tensor_names.size(); ++t) {
+        params.push_back({{"name", u.tensor_names[t]}, {"shape", u.tensor_shapes[t]}, {"offset", u.tensor_offsets[t]}});
+      }
+      // steps: the updates this unit has had (fewer than steps_applied when
+      // some steps did not fetch it).
+      units.push_back({{"name", u.name}, {"elements", u.part.num_elems}, {"params", params}, {"steps", u.steps}});
+    }
+    LossScaler::State ls;
+    int64_t steps_applied;
+    {
+      std::lock_guard lock(mu_);
+      ls = decider_.scaler().state();
+      steps_applied = decider_.steps_applied();
+    }
+    nlohmann::json manifest = {
+        {"format", kCheckpointFormat},        {"world_size", world_},
+        {"stage", stage_},                    {"compute_dtype", std::string(DTypeName(compute_dtype_))},
+        {"boundaries", boundaries_},          {"steps_applied", steps_applied},
+        {"loss_scale", {{"scale", ls.scale}, {"cur_hysteresis", ls.cur_hysteresis}, {"iter", ls.iter},
+                        {"last_overflow_iter", ls.last_overflow_iter}, {"overflows", ls.overflows}}},
+        {"units", units},                     {"config", nlohmann::json::parse(config_.ToJson(0), nullptr, false)},
+        {"client_state", client}};
+    committed = ckpt::WriteFileAtomic((fs::path(tmp) / "manifest.json").string(), manifest.dump(1));
+    if (committed.ok()) committed = ckpt::FsyncDir(tmp);
+    if (committed.ok()) {
+      // Saved at this step before (a save right after a load): the new
+      // directory and the old one swap places atomically, so `latest` never
+      // names a missing directory; the old one is removed afterwards.
+      if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) == 0) {
+        std::error_code ec;
+        fs::remove_all(tmp, ec);
+      } else if (errno != ENOENT || ::rename(tmp.c_str(), final_dir.c_str()) != 0) {
+        committed = IoError("rename " + tmp + " -> " + final_dir + ": " + std::strerror(errno));
+      }
+    }
+    if (!committed.ok()) committed = abandon(committed);
+    // From here step-N is complete; a failure below leaves `latest` at the
+    // previous checkpoint, which is intact.
+    if (committed.ok()) committed = ckpt::FsyncDir(dir);
+    if (committed.ok()) committed = ckpt::WriteFileAtomic((fs::path(dir) / "latest").string(), name + "\n");
+  }
+  ZINF_RETURN_IF_ERROR(AgreeOk(committed));
+  {
+    std::lock_guard lock(mu_);
+    last_checkpoint_ = final_dir;
+  }
+  return final_dir;
+}
+
+Status EngineImpl::ReadShards(ckpt::CheckpointReader& reader) {
+  using Range = ckpt::CheckpointReader::Range;
+  if (nvme_) {
+    // A sub-group's [master | m | v] is read straight into a swap buffer
+    // (every slice of the sub-group in one read-ahead stream) and written to
+    // the store while the next sub-group is read into the next buffer.
+    const size_t nb = nvme_bufs_.size();
+    std::vector<nvme::IoRequest> writes(nb);
+    DrainRequests drain{writes};  // never leave a write in flight from the engine's buffers
+    // The compute copies of a sub-group's units run on a helper thread while
+    // the next sub-group is read (the disk stays busy); joined before the
+    // engine stream is used again here or its buffer is refilled.
+    std::thread copier;
+    Status copied;
+    auto join_copier = [&]() -> Status {
+      if (copier.joinable()) copier.join();
+      return copied;
+    };
+    struct JoinCopier {  // on every return path
+      std::thread& t;
+      ~JoinCopier() {
+        if (t.joinable()) t.join();
+      }
+    } join_on_exit{copier};
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      if (nb == 1) ZINF_RETURN_IF_ERROR(join_copier());  // the copier reads the buffer about to be refilled
+      nvme::IoRequest& previous = writes[g % nb];
+      if (previous.valid()) {
+        Status s = previous.Wait();
+        previous = {};
+        ZINF_RETURN_IF_ERROR(s);
+      }
+      float* buf = static_cast<float*>(nvme_bufs_[g % nb].data());
+      std::vector<Range> ranges;
+      std::vector<char> whole(groups_[g].units.size(), 0);  // the compute copy is whole here, the master sharded
+      for (size_t j = 0; j < groups_[g].units.size(); ++j) {
+        const int i = groups_[g].units[j];
+        const Unit& u = units_[i];
+        const int64_t ob = owned_begin(u), ov = std::max<int64_t>(owned_valid(u), 0), oe = owned_elems(u);
+        float* base = buf + offset_in_group_[i];
+        for (int k = 0; k < 3; ++k) std::fill(base + k * oe + ov, base + (k + 1) * oe, 0.0f);
+        whole[j] = !(u.partitioned || (ob == 0 && ov == u.part.num_elems));
+        for (int k = whole[j] ? 1 : 0; k < 3; ++k) ranges.push_back({u.name, k, u.part.num_elems, ob, ov, base + k * oe});
+      }
+      ZINF_RETURN_IF_ERROR(reader.ReadRanges(ranges));
+      ZINF_RETURN_IF_ERROR(join_copier());
+      // Units whose whole master is needed: one at a time (memory: one unit).
+      for (size_t j = 0; j < groups_[g].units.size(); ++j) {
+        if (!whole[j]) continue;
+        const int i = groups_[g].units[j];
+        Unit& u = units_[i];
+        std::vector<float> master(u.part.num_elems);
+        ZINF_RETURN_IF_ERROR(reader.ReadRange(u.name, 0, u.part.num_elems, 0, u.part.num_elems, master.data()));
+        const int64_t ov = owned_valid(u);
+        if (ov > 0) std::memcpy(buf + offset_in_group_[i], master.data() + owned_begin(u), ov * 4);
+        ZINF_RETURN_IF_ERROR(WriteComputeCopy(u, master.data(), 0));
+      }
+      writes[g % nb] = store_->Write(g, buf);
+      copier = std::thread([this, g, buf, whole = std::move(whole), &copied] {
+        for (size_t j = 0; j < groups_[g].units.size() && copied.ok(); ++j) {
+          if (whole[j]) continue;
+          const int i = groups_[g].units[j];
+          copied = WriteComputeCopy(units_[i], buf + offset_in_group_[i], owned_begin(units_[i]));
+        }
+      });
+    }
+    ZINF_RETURN_IF_ERROR(join_copier());
+    for (auto& w : writes) {
+      if (!w.valid()) continue;
+      Status s = w.Wait();
+      w = {};
+      ZINF_RETURN_IF_ERROR(s);
+    }
+    return Status::Ok();
+  }
+  std::vector<float> state[3];
+  for (size_t i = 0; i < units_.size(); ++i) {
+    Unit& u = units_[i];
+    const int64_t ob = owned_begin(u), ov = owned_valid(u);
+    // The master covers the whole unit where its compute copy is whole here.
+    const int64_t first[3] = {u.partitioned ? ob : 0, ob, ob};
+    const int64_t len[3] = {u.partitioned ? ov : u.part.num_elems, ov, ov};
+    std::vector<Range> ranges;
+    for (int k = 0; k < 3; ++k) {
+      state[k].assign(std::max<int64_t>(len[k], 0), 0.0f);
+      ranges.push_back({u.name, k, u.part.num_elems, first[k], std::max<int64_t>(len[k], 0), state[k].data()});
+    }
+    ZINF_RETURN_IF_ERROR(reader.ReadRanges(ranges));
+    // Place the owned range where the state lives.
+    const float* owned[3] = {state[0].data() + (ob - first[0]), state[1].data(), state[2].data()};
+    if (ov > 0) {
+      if (offload_) {
+        PinnedBuffer* dst[3] = {&u.h_master, &u.h_exp_avg, &u.h_exp_avg_sq};
+        for (int k = 0; k < 3; ++k) std::memcpy(dst[k]->data(), owned[k], ov * 4);
+      } else {
+        float* dst[3] = {u.master, u.exp_avg, u.exp_avg_sq};
+        for (int k = 0; k < 3; ++k) ZINF_RETURN_IF_ERROR(device_.CopyToDevice(dst[k], owned[k], ov * 4, *stream_));
+      }
+    }
+    ZINF_RETURN_IF_ERROR(WriteComputeCopy(u, state[0].data(), first[0]));
+  }
+  return Status::Ok();
+}
+
+Result<std::string> EngineImpl::Load(const std::string& path) {
+  ExcludeIo exclude(this);
+  // Every check that can fail on one rank alone (a path only some ranks
+  // see, a damaged table) is agreed on before any rank reads state.
+  std::unique_ptr<ckpt::CheckpointReader> reader;
+  auto prepare = [&]() -> Status {
+    {
+      std::lock_guard lock(mu_);
+      if (!broken_.ok() && !broken_by_load_) {
+        return FailedPrecondition("this engine stopped after an I/O failure during a step (" + broken_.message() +
+                                  "): create a new engine and load the checkpoint there");
+      }
+    }
+    ZINF_RETURN_IF_ERROR(Finalize());
+    ZINF_RETURN_IF_ERROR(Synchronize());
+    ZINF_ASSIGN_OR_RETURN(nvme::IoEngine * io, CheckpointIo());
+    ZINF_ASSIGN_OR_RETURN(reader, ckpt::CheckpointReader::Open(*io, path));
+    try {
+      // The units must be the same (names and sizes); list every difference.
+      std::string diffs;
+      const auto& saved = reader->manifest().at("units");
+      if (saved.size() != units_.size()) {
+        diffs += " the checkpoint has " + std::to_string(saved.size()) + " units, this engine " +
+                 std::to_string(units_.size()) + ";";
+      }
+      for (size_t i = 0; i < std::min<size_t>(saved.size(), units_.size()); ++i) {
+        const std::string sname = saved[i].at("name");
+        const int64_t selems = saved[i].at("elements");
+        if (sname != units_[i].name || selems != units_[i].part.num_elems) {
+          diffs += " unit " + std::to_string(i) + " is '" + sname + "' (" + std::to_string(selems) +
+                   " elements) there, '" + units_[i].name + "' (" + std::to_string(units_[i].part.num_elems) +
+                   ") here;";
+        }
+      }
+      if (!diffs.empty()) {
+        return InvalidArgument("checkpoint " + reader->dir() + " does not match the registered units:" + diffs);
+      }
+    } catch (const nlohmann::json::exception& e) {
+      return DataLoss(reader->dir() + "/manifest.json: malformed (" + std::string(e.what()) + ")");
+    }
+    return Status::Ok();
+  };
+  ZINF_RETURN_IF_ERROR(AgreeOk(prepare()));
+  const std::string& ckpt_dir = reader->dir();
+  const nlohmann::json& manifest = reader->manifest();
+  const std::string manifest_path = ckpt_dir + "/manifest.json";
+  try {
+    // A failure part-way leaves this rank's state mixed: no steps until a
+    // Load succeeds.
+    if (Status s = AgreeOk(ReadShards(*reader)); !s.ok()) {
+      std::lock_guard lock(mu_);
+      broken_ = Status(s.code(), "Load from " + ckpt_dir + " failed part-way, the engine's state is mixed (load a "
+                                 "checkpoint again): " + s.message());
+      broken_by_load_ = true;
+      return s;
+    }
+    const auto& ls = manifest.at("loss_scale");
+    std::lock_guard lock(mu_);
+    broken_ = Status::Ok();
+    broken_by_load_ = false;
+    decider_.scaler().Restore({ls.at("scale").get<double>(), ls.at("cur_hysteresis").get<int64_t>(), ls.at("iter").get<int64_t>(),
+                     ls.at("last_overflow_iter").get<int64_t>(), ls.at("overflows").get<int64_t>()});
+    decider_.set_steps_applied(manifest.at("steps_applied").get<int64_t>());
+    const auto& saved_units = manifest.at("units");
+    for (size_t i = 0; i < units_.size(); ++i) {
+      units_[i].steps = saved_units[i].value("steps", decider_.steps_applied());
+    }
+    boundaries_ = manifest.at("boundaries").get<int64_t>();
+    decision_pending_ = false;
+    micro_in_window_ = 0;
+    last_checkpoint_ = ckpt_dir;
+    return manifest.at("client_state").dump();
+  } catch (const nlohmann::json::exception& e) {
+    return DataLoss(manifest_path + " or a rank table: malformed (" + std::string(e.what()) + ")");
+  }
+}
+
+}  // namespace sched
+}  // namespace zinf

@@ -1,0 +1,240 @@
+// Gradient accumulation and reduction.
+//
+// Owns: the reduce buckets (stage 2/3: units in the order their gradients
+// became ready, each reduced once per micro-step, ranks' shards rank-major
+// in the staging bucket), the accumulators on the device or in pinned host
+// memory, and the norm partials of each unit's accumulated gradient. Runs
+// on the engine stream, after the client's grads_ready event; frees each
+// unit's gradients (grads_free) once reduced.
+#include "sched/engine_impl.h"
+
+namespace zinf {
+namespace sched {
+
+Status EngineImpl::GradsReady(int unit, Stream& stream) {
+  ZINF_RETURN_IF_ERROR(CheckUnit(unit, "GradsReady"));
+  ZINF_RETURN_IF_ERROR(Finalize());
+  Unit& u = units_[unit];
+  if (u.grads_ready_this_micro) {
+    return FailedPrecondition("GradsReady(unit '" + u.name + "') twice in one micro-step; call Step() between");
+  }
+  u.grads_ready_this_micro = true;
+  if (nvme_ && !early_reads_ && micro_in_window_ == accumulation_ - 1) {
+    // The optimizer state does not depend on the gradients: its first
+    // sub-groups are read while backward still runs.
+    early_reads_ = true;
+    ZINF_RETURN_IF_ERROR(stream_->Enqueue([this](const StreamContext&) { return IssueReads(0, nullptr); }));
+  }
+  if (u.partitioned && !u.grads) ZINF_RETURN_IF_ERROR(AllocateGrads(u, stream, /*zero=*/true));
+  ZINF_RETURN_IF_ERROR(u.grads_ready->Record(stream));
+  const int64_t P = u.part.padded_elems;
+  if (stage_ < 2) {
+    const bool first = !u.accumulated;
+    u.accumulated = true;
+    ZINF_RETURN_IF_ERROR(stream_->Wait(*u.grads_ready));
+    if (distributed()) {
+      ZINF_RETURN_IF_ERROR(Collective("all_reduce", P * 4, [&] {
+        return comm_->AllReduce(u.grads, u.grads, P, DType::kFloat32, ReduceOp::kSum, *stream_);
+      }));
+    }
+    if (offload_) {
+      ZINF_RETURN_IF_ERROR(HostAccumulate(u, u.grads + owned_begin(u), first));
+    } else {
+      ZINF_RETURN_IF_ERROR(EnqueueAccumulate(u.accum, u.grads, P, first));
+    }
+    ZINF_RETURN_IF_ERROR(u.grads_free->Record(*stream_));
+    return EnqueuePartials(unit);
+  }
+  // Stage 2: into the open bucket; closed buckets go out now (overlap_comm)
+  // or when the micro-step's last unit is ready.
+  const int64_t cap = config_.zero.reduce_bucket_size;
+  if (!open_bucket_.empty() && open_bucket_elems_ + P > cap) {
+    closed_buckets_.push_back(std::move(open_bucket_));
+    open_bucket_.clear();
+    open_bucket_elems_ = 0;
+  }
+  open_bucket_.push_back(unit);
+  open_bucket_elems_ += P;
+  const bool last = std::all_of(units_.begin(), units_.end(), [](const Unit& x) { return x.grads_ready_this_micro; });
+  if (last) {  // else Step() closes it (units not fetched this micro-step have no gradients)
+    closed_buckets_.push_back(std::move(open_bucket_));
+    open_bucket_.clear();
+    open_bucket_elems_ = 0;
+  }
+  if (config_.zero.overlap_comm || last) return FlushPendingBuckets();
+  return Status::Ok();
+}
+
+Status EngineImpl::FlushPendingBuckets() {
+  for (const std::vector<int>& b : closed_buckets_) ZINF_RETURN_IF_ERROR(FlushBucket(b));
+  closed_buckets_.clear();
+  return Status::Ok();
+}
+
+Status EngineImpl::FlushBucket(const std::vector<int>& bucket) {
+  // The unit's first accumulation of the window copies, the later ones add.
+  auto first_of = [this](int i) {
+    const bool first = !units_[i].accumulated;
+    units_[i].accumulated = true;
+    return first;
+  };
+  for (int i : bucket) ZINF_RETURN_IF_ERROR(stream_->Wait(*units_[i].grads_ready));
+  const bool pack = bucket.size() > 1 && config_.zero.contiguous_gradients && distributed();
+  if (!pack) {
+    // One reduce-scatter per unit, in place: this rank's shard of the sum
+    // lands at its own offset of the gradient buffer.
+    for (int i : bucket) {
+      Unit& u = units_[i];
+      float* shard = u.grads + u.part.shard_begin(rank_);
+      if (distributed()) {
+        ZINF_RETURN_IF_ERROR(Collective("reduce_scatter", u.part.padded_elems * 4, [&] {
+          return comm_->ReduceScatter(u.grads, shard, u.part.shard_elems, DType::kFloat32, ReduceOp::kSum, *stream_);
+        }));
+      }
+      const bool first = first_of(i);
+      ZINF_RETURN_IF_ERROR(offload_ ? HostAccumulate(u, shard, first)
+                                    : EnqueueAccumulate(u.accum, shard, u.part.shard_elems, first));
+      ZINF_RETURN_IF_ERROR(u.grads_free->Record(*stream_));
+      ZINF_RETURN_IF_ERROR(FreeGradsIfTransient(u));
+      ZINF_RETURN_IF_ERROR(EnqueuePartials(i));
+    }
+    return Status::Ok();
+  }
+  // Contiguous: pack rank-major (every rank's shards of every unit in the
+  // bucket), one reduce-scatter, then accumulate this rank's slices.
+  int64_t count = 0;
+  for (int i : bucket) count += units_[i].part.shard_elems;
+  const int64_t needed = count * world_;
+  if (needed > bucket_capacity_) {
+    if (bucket_) ZINF_RETURN_IF_ERROR(device_.Free(bucket_, *stream_));
+    bucket_ = nullptr;
+    ZINF_ASSIGN_OR_RETURN(void* b, Alloc(needed * 4, "the reduce bucket"));
+    bucket_ = static_cast<float*>(b);
+    bucket_capacity_ = needed;
+  }
+  const auto copy_start = std::make_shared<Clock::time_point>();
+  ZINF_RETURN_IF_ERROR(stream_->Enqueue([copy_start](const StreamContext&) {
+    *copy_start = Clock::now();
+    return Status::Ok();
+  }));
+  for (int r = 0; r < world_; ++r) {
+    int64_t off = r * count;
+    for (int i : bucket) {
+      const Unit& u = units_[i];
+      ZINF_RETURN_IF_ERROR(device_.CopyOnDevice(bucket_ + off, u.grads + u.part.shard_begin(r),
+                                                u.part.shard_elems * 4, *stream_));
+      off += u.part.shard_elems;
+    }
+  }
+  for (int i : bucket) ZINF_RETURN_IF_ERROR(FreeGradsIfTransient(units_[i]));  // packed: the bucket holds them now
+  ZINF_RETURN_IF_ERROR(stream_->Enqueue([this, copy_start](const StreamContext&) {
+    const double s = Seconds(*copy_start, Clock::now());
+    std::lock_guard lock(mu_);
+    window_.copy += s;
+    return Status::Ok();
+  }));
+  float* mine = bucket_ + rank_ * count;
+  ZINF_RETURN_IF_ERROR(Collective("reduce_scatter", needed * 4, [&] {
+    return comm_->ReduceScatter(bucket_, mine, count, DType::kFloat32, ReduceOp::kSum, *stream_);
+  }));
+  int64_t off = 0;
+  for (int i : bucket) {
+    Unit& u = units_[i];
+    const bool first = first_of(i);
+    ZINF_RETURN_IF_ERROR(offload_ ? HostAccumulate(u, mine + off, first)
+                                  : EnqueueAccumulate(u.accum, mine + off, u.part.shard_elems, first));
+    ZINF_RETURN_IF_ERROR(u.grads_free->Record(*stream_));
+    ZINF_RETURN_IF_ERROR(EnqueuePartials(i));
+    off += u.part.shard_elems;
+  }
+  return Status::Ok();
+}
+
+Status EngineImpl::HostAccumulate(Unit& u, const float* reduced, bool first) {
+  if (u.grad_on_nvme) return SwapAccumulate(static_cast<size_t>(&u - units_.data()), reduced, first);
+  const int64_t n = owned_elems(u);
+  float* dst = static_cast<float*>(first ? u.h_accum.data() : h_grad_stage_.data());
+  ZINF_RETURN_IF_ERROR(TimedCopies(*stream_, n * 4, [&] { return device_.CopyToHost(dst, reduced, n * 4, *stream_); }));
+  if (first) return Status::Ok();
+  return stream_->Enqueue([this, a = static_cast<float*>(u.h_accum.data()), r = dst, n](const StreamContext&) {
+    arena_.execute([&] {
+      tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, int64_t{1} << 16), [&](const tbb::blocked_range<int64_t>& range) {
+        for (int64_t i = range.begin(); i < range.end(); ++i) a[i] = a[i] + r[i];
+      });
+    });
+    return Status::Ok();
+  });
+}
+
+// accum = reduced (first micro-step of the window) or accum + reduced: the
+// same fp32 additions in the same order in every stage.
+Status EngineImpl::EnqueueAccumulate(float* accum, const float* reduced, int64_t elems, bool first) {
+  if (first) return device_.CopyOnDevice(accum, reduced, elems * 4, *stream_);
+  if (!host_memory_) return sched::DeviceAddInPlace(accum, reduced, elems, *stream_);
+  return stream_->Enqueue([this, accum, reduced, elems](const StreamContext& ctx) {
+    float* a = static_cast<float*>(ctx.Host(accum));
+    const float* r = static_cast<const float*>(ctx.Host(reduced));
+    arena_.execute([&] {
+      tbb::parallel_for(tbb::blocked_range<int64_t>(0, elems, int64_t{1} << 16),
+                        [&](const tbb::blocked_range<int64_t>& range) {
+                          for (int64_t i = range.begin(); i < range.end(); ++i) a[i] = a[i] + r[i];
+                        });
+    });
+    return Status::Ok();
+  });
+}
+
+// The per-block partials of unit i's owned accumulated gradient, once its
+// last micro-step of the window is accumulated: during backward, off the
+// boundary's critical path.
+Status EngineImpl::EnqueuePartials(size_t i, bool now) {
+  if (!now && micro_in_window_ != accumulation_ - 1) return Status::Ok();
+  const int region = stage_ == 0 ? 0 : rank_;
+  const bool zero = !units_[i].accumulated;
+  units_[i].partials_taken = true;
+  // offload: the accumulated gradient in host memory (a swapped one in the
+  // staging buffer it went out from, or read back into one).
+  const void* host_accum = units_[i].h_accum.data();
+  if (units_[i].grad_on_nvme && !zero) {
+    int stage = grad_stage_of_[i];
+    if (stage < 0) {
+      ZINF_ASSIGN_OR_RETURN(stage, AcquireGradStage(i));
+      ZINF_RETURN_IF_ERROR(ReadSwappedGrads(i, stage));
+    }
+    host_accum = grad_stage_[stage].data();
+  }
+  if (!host_memory_) return DevicePartials(i, region, zero, host_accum);
+  return stream_->Enqueue([this, region, i, zero, host_accum](const StreamContext& ctx) -> Status {
+    double* out = static_cast<double*>(ctx.Host(partials_)) + region * norm_layout_.blocks_per_rank;
+    const Unit& u = units_[i];
+    const int64_t n = owned_elems(u);
+    if (zero) {  // no gradient this window: nothing in the norm
+      std::fill_n(out + norm_layout_.unit_block_offset[i], NumNormBlocks(n), 0.0);
+      return Status::Ok();
+    }
+    const void* accum = offload_ ? host_accum : ctx.Host(owned_accum(u));
+    return SumSquaresBlocks(arena_, accum, DType::kFloat32, n,
+                            std::span<double>(out + norm_layout_.unit_block_offset[i], NumNormBlocks(n)))
+        .status();
+  });
+}
+
+// EnqueuePartials on a device whose memory the host cannot address: the
+// kernel over a device-resident accumulation; with offload, the host's
+// partials of the pinned accumulation, copied down into their place.
+Status EngineImpl::DevicePartials(size_t i, int region, bool zero, const void* host_accum) {
+  const Unit& u = units_[i];
+  const int64_t n = owned_elems(u);
+  const int64_t blocks = n / kNormBlock;
+  double* out = partials_ + region * norm_layout_.blocks_per_rank + norm_layout_.unit_block_offset[i];
+  if (zero) return device_.Memset(out, 0, blocks * sizeof(double), *stream_);  // +0.0 is all zero bits
+  if (!offload_) return sched::DeviceSumSquaresBlocks(owned_accum(u), n, out, *stream_);
+  double* host = static_cast<double*>(h_partials_.data()) + norm_layout_.unit_block_offset[i];
+  ZINF_RETURN_IF_ERROR(stream_->Enqueue([this, host_accum, n, host, blocks](const StreamContext&) {
+    return SumSquaresBlocks(arena_, host_accum, DType::kFloat32, n, std::span<double>(host, blocks)).status();
+  }));
+  return device_.CopyToDevice(out, host, blocks * sizeof(double), *stream_);
+}
+
+}  // namespace sched
+}  // namespace zinf

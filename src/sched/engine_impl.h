@@ -1,0 +1,512 @@
+// EngineImpl: the engine's state and the declarations its files share.
+// Internal to src/sched (engine*.cc); clients use zinf/engine.h.
+//
+// The engine's work is split by responsibility, one file each:
+//   engine.cc             the facade: registration and placement (AddUnit,
+//                         Finalize), the micro-step's end (Step), Create
+//   engine_params.cc      the stage-3 parameter coordinator: fetch, gather,
+//                         trace, prefetch, reuse and release; gradient
+//                         buffers of partitioned units
+//   engine_grads.cc       gradient accumulation and reduction: GradsReady,
+//                         reduce buckets in a deterministic order, the
+//                         accumulators, the norm partials
+//   engine_swap.cc        the optimizer state's NVMe home and its pipelined
+//                         swapper (sub-groups through buffer_count buffers),
+//                         swapped gradients, the parameter store
+//   engine_update.cc      the boundary: the step decision (step_decision.h)
+//                         and the update pipeline over every tier
+//   engine_checkpoint.cc  engine checkpoints (Save, Load) and ReadState
+//   engine_metrics.cc     timed stream tasks, collectives and StepStats
+#pragma once
+
+#include "zinf/engine.h"
+
+#include <oneapi/tbb/blocked_range.h>
+#include <oneapi/tbb/parallel_for.h>
+#include <oneapi/tbb/task_arena.h>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <numeric>
+#include <optional>
+#include <thread>
+#include <utility>
+
+#include <fcntl.h>
+
+#include "common/communicator.h"
+#include "common/logging.h"
+#include "common/units.h"
+#include "cpu/adam.h"
+#include "cpu/cast.h"
+#include "cpu/kernels.h"
+#include "cpu/norm.h"
+#include "cpu/pinned_pool.h"
+#include "nvme/engine_registrar.h"
+#include "nvme/io_engine.h"
+#include "nvme/swap_store.h"
+#include "sched/checkpoint_io.h"
+#include "sched/device_kernels.h"
+#include "sched/fetch_trace.h"
+#include "sched/gradient_placement.h"
+#include "sched/loss_scaler.h"
+#include "sched/lr_schedule.h"
+#include "sched/partition.h"
+#include "sched/plan.h"
+#include "sched/step_decision.h"
+
+namespace zinf {
+namespace sched {
+
+using Clock = std::chrono::steady_clock;
+
+inline double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+
+struct Unit {
+  std::string name;
+  std::vector<std::string> tensor_names;
+  std::vector<int64_t> tensor_offsets;  // elements from the unit's start
+  std::vector<std::vector<int64_t>> tensor_shapes;
+  UnitPartition part;
+  // Device buffers.
+  void* params = nullptr;        // the whole compute copy (stages 0-2, stage-3 persistent units)
+  bool partitioned = false;      // stage 3: only this rank's shard lives here, gathered on Fetch
+  void* shard_params = nullptr;  // stage 3: the shard (shard_elems), on the device
+  PinnedBuffer h_shard;          // stage 3 with offload_param: the shard's home in pinned host memory instead
+  bool shard_on_nvme = false;    // offload_param nvme past max_in_cpu: the shard's home is the parameter store
+  void* gathered = nullptr;      // stage 3: the gathered unit between Fetch and Release
+  std::unique_ptr<Event> gathered_ready;
+  // Stage 3: the tensor pointers of each address a gathered copy has had, so
+  // the span a Fetch returned stays valid (tasks may read it later).
+  std::map<void*, std::vector<void*>> gathered_ptrs;
+  // Stage 3 (partitioned): allocated on the client's stream at GradBuffers
+  // (or GradsReady) and freed once the reduction has consumed it, so only
+  // the gradients between backward and their reduce bucket take device
+  // memory; grad_ptrs_at keeps the tensor pointers of each address, so a
+  // span GradBuffers returned stays valid.
+  float* grads = nullptr;
+  Stream* fetch_stream = nullptr;  // stage 3: the stream of the client's current Fetch
+  std::map<void*, std::vector<void*>> grad_ptrs_at;
+  float* accum = nullptr;
+  float* master = nullptr;
+  float* exp_avg = nullptr;
+  float* exp_avg_sq = nullptr;
+  // offload_optimizer cpu: the owned range's fp32 state in pinned host memory.
+  PinnedBuffer h_master, h_exp_avg, h_exp_avg_sq, h_accum;
+  // offload_optimizer nvme: whether the accumulated gradient lives in the
+  // swap store (host memory short) rather than in h_accum.
+  bool grad_on_nvme = false;
+  int index = -1;  // in units_
+  std::vector<void*> param_ptrs, grad_ptrs;
+  std::unique_ptr<Event> params_ready;  // engine stream: the unit's last update is done
+  std::unique_ptr<Event> grads_free;    // engine stream: its gradients have been consumed
+  std::unique_ptr<Event> grads_ready;   // client stream: backward wrote the gradients
+  std::unique_ptr<Event> released;      // client stream: done with the parameters
+  bool grads_ready_this_micro = false;
+  bool fetched_this_micro = false;
+  bool client_holds = false;  // stage 3: between the client's Fetch and Release
+  bool prefetched = false;    // stage 3: gathered ahead of its Fetch (or kept for reuse), not yet fetched
+  // This window: whether any micro-step's gradients were accumulated (a
+  // unit with none is not updated: its master, m and v stay as they are) and
+  // whether its norm partials were taken.
+  bool accumulated = false;
+  bool partials_taken = false;
+  int64_t steps = 0;  // updates applied to this unit (its Adam bias-correction step)
+};
+
+struct Window {  // metrics accumulated since the last boundary
+  double optimizer = 0, comm = 0, copy = 0, io = 0, stall = 0, longest_stall = 0;
+  uint64_t copy_bytes = 0;
+  std::string longest_stall_what;
+  std::map<std::pair<std::string, std::string>, StepStats::Stall> stalls;  // by (unit, cause)
+  std::map<std::string, StepStats::Collective> collectives;
+};
+
+// What engine-stream tasks count between two boundaries: handed from the
+// boundary's last engine-stream task to its window's close (which, with
+// offload, runs later on the copy stream, after the next step's first
+// engine-stream tasks may have run).
+struct StreamCounts {
+  int64_t fetches = 0, prefetch_hits = 0;
+  uint64_t nvme_read = 0, nvme_written = 0;
+};
+
+class EngineImpl final : public Engine {
+ public:
+  EngineImpl(const Config& config, Device& device, Communicator* comm, int64_t accumulation, LrSchedule schedule,
+             LossScaler scaler, AdamOptions adam, DType compute_dtype, int threads)
+      : config_(config),
+        device_(device),
+        comm_(comm),
+        rank_(comm ? comm->rank() : 0),
+        world_(comm ? comm->size() : 1),
+        stage_(config.zero.stage),
+        accumulation_(accumulation),
+        compute_dtype_(compute_dtype),
+        arena_(threads),
+        offload_(config.zero.offload_optimizer.device != OffloadDevice::kNone),
+        nvme_(config.zero.offload_optimizer.device == OffloadDevice::kNvme),
+        param_offload_(config.zero.stage == 3 && config.zero.offload_param.device != OffloadDevice::kNone),
+        param_nvme_(config.zero.stage == 3 && config.zero.offload_param.device == OffloadDevice::kNvme),
+        host_memory_(device.kind() == DeviceKind::kHost),
+        decider_(std::move(schedule), std::move(scaler), adam, config.gradient_clipping, world_, accumulation) {}
+
+  ~EngineImpl() override {
+    if (stream_) {
+      (void)stream_->Synchronize();
+      (void)copy_stream_->Synchronize();
+      (void)gather_stream_->Synchronize();
+      // Nothing in flight into or out of buffers about to go back.
+      for (auto* requests : {&group_read_, &group_write_}) {
+        for (const nvme::IoRequest& r : *requests) {
+          if (r.valid()) (void)r.Wait();
+        }
+      }
+      for (const auto& reads : group_grad_read_) {
+        for (const nvme::IoRequest& r : reads) (void)r.Wait();
+      }
+      for (const nvme::IoRequest& w : grad_stage_write_) {
+        if (w.valid()) (void)w.Wait();
+      }
+      for (Unit& u : units_) FreeUnit(u);
+      if (partials_) (void)device_.Free(partials_, *stream_);
+      if (bucket_) (void)device_.Free(bucket_, *stream_);
+      if (param_scratch_) (void)device_.Free(param_scratch_, *stream_);
+      (void)stream_->Synchronize();
+    }
+  }
+
+  void FreeUnit(Unit& u) {
+    for (void* p : {u.params, u.shard_params, u.gathered, static_cast<void*>(u.grads), static_cast<void*>(u.accum),
+                    static_cast<void*>(u.master),
+                    static_cast<void*>(u.exp_avg), static_cast<void*>(u.exp_avg_sq)}) {
+      if (p) (void)device_.Free(p, *stream_);
+    }
+    u.params = u.shard_params = u.gathered = nullptr;
+    u.grads = u.accum = u.master = u.exp_avg = u.exp_avg_sq = nullptr;
+    for (PinnedBuffer* b : {&u.h_master, &u.h_exp_avg, &u.h_exp_avg_sq, &u.h_accum, &u.h_shard}) b->Release();
+  }
+
+  Status Init() {
+    ZINF_ASSIGN_OR_RETURN(stream_, device_.CreateStream());
+    ZINF_ASSIGN_OR_RETURN(copy_stream_, device_.CreateStream());
+    ZINF_ASSIGN_OR_RETURN(gather_stream_, device_.CreateStream());
+    ZINF_ASSIGN_OR_RETURN(gathers_done_, device_.CreateEvent());
+    ZINF_ASSIGN_OR_RETURN(decided_, device_.CreateEvent());
+    ZINF_ASSIGN_OR_RETURN(updates_done_, device_.CreateEvent());
+    if (offload_ || param_offload_ || !host_memory_) {
+      PinnedPoolOptions o;
+      o.budget_bytes = PinnedBudgetBytes(config_);  // no limit beyond the machine's memory unless set
+      // DeepSpeed's switches for page-locking.
+      o.lock = (offload_ && config_.zero.offload_optimizer.pin_memory) || nvme_ || param_nvme_ ||
+               (param_offload_ && config_.zero.offload_param.pin_memory);
+      if (nvme_) {
+        ZINF_ASSIGN_OR_RETURN(io_, nvme::IoEngine::Create(nvme::IoEngineOptionsFromConfig(config_)));
+        registrar_ = std::make_unique<nvme::EngineRegistrar>(*io_);
+        o.registrars.push_back(registrar_.get());
+      }
+      if (param_nvme_) {
+        // Its own rings: a gather's shard read does not queue behind the
+        // optimizer state's bulk reads and writes.
+        ZINF_ASSIGN_OR_RETURN(param_io_, nvme::IoEngine::Create(nvme::IoEngineOptionsFromConfig(config_)));
+        param_registrar_ = std::make_unique<nvme::EngineRegistrar>(*param_io_);
+        o.registrars.push_back(param_registrar_.get());
+      }
+      if (!host_memory_) {  // copies to and from the device stay asynchronous and in stream order
+        ZINF_ASSIGN_OR_RETURN(device_registrar_, sched::CreateHostRegistrarFor(device_));
+        o.registrars.push_back(device_registrar_.get());
+      }
+      ZINF_ASSIGN_OR_RETURN(pool_, PinnedPool::Create(std::move(o)));
+    }
+    return Status::Ok();
+  }
+
+  int num_units() const override { return static_cast<int>(units_.size()); }
+  int rank() const override { return rank_; }
+  int world_size() const override { return world_; }
+  int zero_stage() const override { return stage_; }
+  DType compute_dtype() const override { return compute_dtype_; }
+  int64_t gradient_accumulation_steps() const override { return accumulation_; }
+  int optimizer_threads() const override { return arena_.max_concurrency(); }
+  Result<int64_t> unit_elems(int unit) const override {
+    ZINF_RETURN_IF_ERROR(CheckUnit(unit, "unit_elems"));
+    return units_[unit].part.num_elems;
+  }
+
+  Result<int> AddUnit(const std::string& name, const std::vector<ParamSpec>& params) override;
+  Result<UnitPointers> Fetch(int unit, Stream& stream) override;
+  Result<UnitPointers> GradBuffers(int unit) override;
+  Status GradsReady(int unit, Stream& stream) override;
+  Status Release(int unit, Stream& stream) override;
+  Result<bool> Step() override;
+  Result<float> loss_scale() override;
+  Status Synchronize() override {
+    Status a = stream_->Synchronize();
+    Status b = copy_stream_->Synchronize();
+    Status c = gather_stream_->Synchronize();
+    return !a.ok() ? a : !b.ok() ? b : c;
+  }
+  Result<StepStats> Stats() override;
+  Result<std::string> Save(const std::string& dir, const std::string& client_state) override;
+  Result<std::string> Load(const std::string& path) override;
+  Status ReadState(int unit, StateKind kind, float* host_dst) override;
+
+ private:
+  bool sharded() const { return stage_ >= 1 && world_ > 1; }
+  bool distributed() const { return world_ > 1; }
+  // The owned range of the optimizer state: the whole unit in stage 0.
+  int64_t owned_begin(const Unit& u) const { return stage_ == 0 ? 0 : u.part.shard_begin(rank_); }
+  int64_t owned_elems(const Unit& u) const { return stage_ == 0 ? u.part.padded_elems : u.part.shard_elems; }
+  int64_t owned_valid(const Unit& u) const {
+    return stage_ == 0 ? u.part.num_elems : u.part.valid_in_shard(rank_);
+  }
+  // The accumulated gradient of the owned range.
+  float* owned_accum(const Unit& u) const { return stage_ >= 2 ? u.accum : u.accum + owned_begin(u); }
+  // Where the owned range of the compute copy lives on the device.
+  // Stage 3 with offload_param: a partitioned unit's shard lives in pinned
+  // host memory (cpu; nvme within max_in_cpu elements) or in the parameter
+  // store (nvme), and reaches the device only to be gathered.
+  bool host_home(const Unit& u) const { return u.partitioned && param_offload_; }
+  char* param_home(const Unit& u) const {
+    return u.partitioned ? static_cast<char*>(u.shard_params)
+                         : static_cast<char*>(u.params) + owned_begin(u) * DTypeSizeBytes(compute_dtype_);
+  }
+
+  Status CheckUnit(int unit, const char* what) const {
+    if (unit < 0 || unit >= num_units()) {
+      return InvalidArgument(std::string(what) + ": no unit " + std::to_string(unit) + " (" +
+                             std::to_string(num_units()) + " registered)");
+    }
+    return Status::Ok();
+  }
+  Status Finalize();
+  struct ExcludeIo;
+  Result<void*> Alloc(uint64_t bytes, const std::string& what);
+  Status AllocateGrads(Unit& u, Stream& stream, bool zero);
+  Status FreeGradsIfTransient(Unit& u);
+
+  // Engine-stream helpers.
+  Status Collective(const char* kind, uint64_t bytes, const std::function<Status()>& enqueue) {
+    return Collective(*stream_, kind, bytes, enqueue);
+  }
+  Status Collective(Stream& stream, const char* kind, uint64_t bytes, const std::function<Status()>& enqueue);
+  // Device copies bracketed by timestamps, counted as copy time.
+  Status TimedCopies(Stream& stream, uint64_t bytes, const std::function<Status()>& enqueue);
+  // Adds the reduced owned range (device, owned_elems) into the host accumulator.
+  Status HostAccumulate(Unit& u, const float* reduced, bool first);
+  Result<PinnedBuffer> Pinned(uint64_t bytes, const std::string& what);
+  Status SetUpSwap();
+  // offload_optimizer nvme, at registration: the unit joins the open
+  // sub-group (a new one when it would exceed sub_group_size) with its
+  // initial [master | 0 | 0]; a sub-group is written to the store, grown for
+  // it, when the next one opens (the last at Finalize). Host memory: one
+  // sub-group, whatever the model size.
+  Status StageInitialState(const Unit& u, const float* master, int64_t valid);
+  Status FlushInitialGroup();
+  // offload_param nvme, at registration: the store grown for the unit's
+  // shard, which is written there.
+  Status AddShardToStore(const Unit& u, const float* master);
+  // Sets this rank's owned range of a unit's master, m and v from whole-unit
+  // host arrays, and rebuilds the compute copy (the master's rounding).
+  Status WriteComputeCopy(Unit& u, const float* master, int64_t first = 0);
+  // Checkpoints: this rank's slices of every unit's master, m, v into one
+  // file, streamed from where they live; and back, from the slices of any
+  // world size that overlap what this rank keeps.
+  Status WriteShards(const std::string& path, nlohmann::json* table);
+  Status ReadShards(ckpt::CheckpointReader& reader);
+  Result<nvme::IoEngine*> CheckpointIo();
+  // Whether every rank's `mine` is OK (collective): the first failure here,
+  // or kAborted-like kUnavailable naming a failed rank.
+  Status AgreeOk(const Status& mine);
+  // Unit i's norm partials: at its last micro-step of the window (or `now`;
+  // zeros when it has no gradient this window).
+  Status EnqueuePartials(size_t i, bool now = false);
+  Status DevicePartials(size_t i, int region, bool zero, const void* host_accum);
+  // Unit u's update by the device's kernels (optimizer state in device
+  // memory, not host-addressable), with the boundary's decision made.
+  Status EnqueueDeviceUpdate(Unit& u, bool home, bool has_grad);
+  Status ReadGroup(size_t g, const std::vector<char>& has_grad);
+  // Engine stream: issues the reads of groups g .. g + buffers - 2 not yet
+  // issued; the step's first ones go out as its last backward starts (the
+  // state alone: `has_grad` null), the swapped gradients at the boundary.
+  Status IssueReads(size_t g, const std::vector<char>* has_grad);
+  void IssueWrites(size_t g);
+  // An I/O failure of a step's swap transfers: the state on disk is mixed
+  // (or the window's gradients lost), the engine refuses further steps
+  // (broken_).
+  enum class SwapKind { kState, kParams, kGradients };
+  Status SwapFailure(Status s, SwapKind kind = SwapKind::kState);
+  Result<uint64_t> PlaceGradients(int64_t buffers, int64_t max_group);
+  // A swapped gradient's accumulation: into a staging buffer (after the
+  // stored one is read back, unless `first`), then written to the store.
+  Status SwapAccumulate(size_t i, const float* reduced, bool first);
+  // Enqueue order: the next staging buffer for unit i, free once its last
+  // write finished; and unit i's stored gradient read into it.
+  Result<int> AcquireGradStage(size_t i);
+  Status ReadSwappedGrads(size_t i, int stage);
+  Status WaitGradWrites();
+  Status SetUpParamSwap();
+  // A task on `stream` (default: the engine stream) whose time adds to `field`.
+  Status Timed(double Window::*field, StreamTask task, Stream* stream = nullptr);
+  Status EnqueueAccumulate(float* accum, const float* reduced, int64_t elems, bool first);
+  Status FlushBucket(const std::vector<int>& bucket);
+  Status FlushPendingBuckets();
+  Status EnqueueBoundary();
+  Status WaitTimed(Stream& stream, Event& event, const Unit& u, const char* cause, const std::string& what);
+  // Stage 3 prefetch: follows the client's Fetch calls against the trace,
+  // gathers ahead along it, keeps a released unit gathered when the trace
+  // uses it again soon, and drops what the engine holds.
+  void NoteFetch(int unit);
+  Status Prefetch();
+  bool KeepForReuse(int unit) const;
+  Status DropGathered(Unit& u);
+  Status DropEngineHeld();
+  Status Gather(Unit& u, bool prefetch);
+  void Decide(const double* partials_host);
+
+  const Config config_;
+  Device& device_;
+  Communicator* comm_;
+  const int rank_, world_, stage_;
+  const int64_t accumulation_;
+  const DType compute_dtype_;
+  tbb::task_arena arena_;
+
+  const bool offload_;  // offload_optimizer cpu or nvme: the optimizer runs on the host
+  const bool nvme_;     // offload_optimizer nvme: master, m, v in the swap store
+  const bool param_offload_;  // stage 3, offload_param cpu or nvme: partitioned units' shards off the device
+  const bool param_nvme_;     // stage 3, offload_param nvme: shards past max_in_cpu in the parameter store
+  // HostDevice: device memory is host memory and the engine's arithmetic on
+  // it runs as host tasks (ctx.Host). Otherwise (CUDA) it runs as the
+  // kernels of sched/device_kernels.h, and the boundary's decision is read
+  // back to the host before the updates are enqueued.
+  const bool host_memory_;
+  std::unique_ptr<MemoryRegistrar> device_registrar_;  // CUDA: page-locks the pool's buffers for async copies
+  void* param_scratch_ = nullptr;  // offload_param without offload_optimizer: the new shard on its way home
+  std::unique_ptr<nvme::IoEngine> io_;
+  std::unique_ptr<nvme::EngineRegistrar> registrar_;
+  std::unique_ptr<nvme::IoEngine> param_io_;  // offload_param nvme: the parameter store's I/O
+  std::unique_ptr<nvme::EngineRegistrar> param_registrar_;
+  // Bytes both engines moved so far.
+  nvme::IoEngineStats IoTotals() const {
+    nvme::IoEngineStats t;
+    for (const nvme::IoEngine* e : {io_.get(), param_io_.get()}) {
+      if (!e) continue;
+      const nvme::IoEngineStats s = e->stats();
+      t.bytes_read += s.bytes_read;
+      t.bytes_written += s.bytes_written;
+    }
+    return t;
+  }
+  std::unique_ptr<PinnedPool> pool_;
+  // NVMe: sub-groups of whole units (forward order), one swap tensor each
+  // holding [master | m | v] of every unit's owned range, and buffer_count
+  // pinned buffers the pipeline cycles through.
+  struct Group {
+    std::vector<int> units;
+    int64_t elems = 0;  // sum of the units' owned elements
+  };
+  std::vector<Group> groups_;
+  std::vector<int> group_of_unit_;
+  std::vector<int64_t> offset_in_group_;  // elements: the unit's master; m and v follow, owned_elems apart
+  std::unique_ptr<nvme::SwapStore> store_;
+  std::vector<PinnedBuffer> nvme_bufs_;
+  int64_t group_limit_ = 0;        // elements: sub_group_size, capped at one swap buffer
+  uint64_t store_capacity_ = 0;    // bytes asked of the store so far (it grows as tensors come)
+  uint64_t param_capacity_ = 0;    // the same for the parameter store
+  size_t groups_written_ = 0;      // sub-groups whose initial state is in the store
+  std::unique_ptr<float, decltype(&std::free)> init_group_{nullptr, &std::free};  // the open sub-group's initial state
+  // offload_param nvme: the shards past max_in_cpu in their own store
+  // (tensor id = unit index), and two staging buffers of the largest shard:
+  // gathers read into one (gather stream), updates write from the other
+  // (engine stream), each transfer complete before the buffer is reused.
+  std::unique_ptr<nvme::SwapStore> param_store_;
+  std::vector<PinnedBuffer> param_bufs_;
+  static constexpr size_t kGatherBuffer = 0, kUpdateBuffer = 1;
+  int64_t cpu_shard_elems_ = 0;  // offload_param nvme: shard elements kept in host memory (max_in_cpu)
+  std::vector<nvme::IoRequest> group_read_, group_write_;  // this boundary's requests (engine stream only)
+  // Gradients swapped to the store (PlaceGradients): tensor kGradTensor + unit
+  // index; read back into grad_bufs_[g % buffers] at grad_offset_ (bytes).
+  static constexpr nvme::TensorId kGradTensor = nvme::TensorId{1} << 32;
+  int64_t swapped_grad_units_ = 0;
+  std::vector<PinnedBuffer> grad_bufs_;
+  std::vector<int64_t> grad_offset_;
+  std::vector<std::vector<nvme::IoRequest>> group_grad_read_;  // this boundary's (engine stream only)
+  PinnedBuffer grad_stage_[2];            // accumulations on their way to the store
+  nvme::IoRequest grad_stage_write_[2];   // their writes (engine stream only)
+  int next_grad_stage_ = 0;               // enqueue order
+  std::vector<int> grad_stage_of_;        // enqueue order: the staging buffer still holding unit i's gradient, or -1
+  bool early_reads_ = false;  // this window's first sub-group reads were issued during backward
+  Status broken_;  // an I/O failure mid-step: the state on disk is mixed, no further steps
+  bool broken_by_load_ = false;  // broken_ is a failed Load's (the streams are fine: another Load may fix it)
+  std::string last_checkpoint_;  // the last one saved or loaded, for the message of broken_ (mu_)
+  std::unique_ptr<nvme::IoEngine> ckpt_io_;  // checkpoint I/O when the optimizer is not on NVMe
+  PinnedBuffer h_grad_stage_;               // one unit's reduced gradient on its way to the accumulator
+  std::vector<PinnedBuffer> h_param_slots_;  // new compute-copy shards on their way to the device
+  std::vector<std::unique_ptr<Event>> slot_filled_, slot_free_;
+  std::unique_ptr<Stream> stream_;
+  std::unique_ptr<Stream> copy_stream_;  // offload: host-to-device copies of updated shards and their gathers
+  // Stage 3: the gathers (shard read from NVMe, copied up, all-gathered),
+  // each after its unit's update, so the next forward's first units arrive
+  // while the engine stream still updates the later ones.
+  std::unique_ptr<Stream> gather_stream_;
+  std::unique_ptr<Event> gathers_done_;  // the boundary's updates wait for every gather still reading a shard
+  std::unique_ptr<Event> decided_;  // recorded after each boundary's decision
+  std::unique_ptr<Event> updates_done_;  // offload: the engine stream's last task of a boundary
+  std::vector<Unit> units_;
+  // Stage 3 prefetch: the order of one micro-step's Fetch calls, and the
+  // gathered elements the engine holds ahead of use.
+  FetchTrace fetch_trace_;
+  bool order_change_logged_ = false;
+  int64_t live_elems_ = 0;        // gathered elements of every unit (client's and prefetched)
+  int64_t persistent_elems_ = 0;  // stage 3: elements of the units kept whole
+  bool finalized_ = false;
+  int64_t micro_in_window_ = 0;  // micro-steps since the last boundary
+  int64_t boundaries_ = 0;
+  // Stage 2 buckets: the open one (units whose gradients are ready) and, when
+  // overlap_comm is off, those closed but held until the micro-step ends.
+  std::vector<int> open_bucket_;
+  int64_t open_bucket_elems_ = 0;
+  std::vector<std::vector<int>> closed_buckets_;
+  float* bucket_ = nullptr;  // rank-major staging of a multi-unit bucket
+  int64_t bucket_capacity_ = 0;
+  // Norm partials: rank-major [rank][unit][shard block], doubles.
+  double* partials_ = nullptr;
+  PinnedBuffer h_partials_;  // CUDA: all ranks' partials read back for the decision (and offload's, on their way down)
+  NormPartialsLayout norm_layout_;  // blocks_per_rank: sum over units of owned blocks (stage 0: all blocks)
+
+  std::mutex mu_;  // guards everything below and the Window
+  nvme::IoEngineStats io_base_;  // IoTotals() at the last boundary, less checkpoint I/O since
+  StreamCounts stream_counts_;   // since the last boundary, in the engine stream's order
+  std::map<int64_t, StreamCounts> closing_;  // per boundary, until its window closes
+  uint64_t nvme_total_read_ = 0, nvme_total_written_ = 0;  // over every closed window
+  StepDecision decider_;  // the loss scaler and the applied steps
+  Decision decision_;
+  Window window_;
+  std::optional<StepStats> last_stats_;
+  bool decision_pending_ = false;  // a boundary was enqueued whose decision the host has not waited for
+};
+
+// Checkpoint and ReadState I/O through the engine's I/O engines is left out
+// of the steps' NVMe bytes.
+struct EngineImpl::ExcludeIo {
+  EngineImpl* e;
+  nvme::IoEngineStats before;
+  explicit ExcludeIo(EngineImpl* engine) : e(engine), before(engine->IoTotals()) {}
+  ~ExcludeIo() {
+    const nvme::IoEngineStats after = e->IoTotals();
+    std::lock_guard lock(e->mu_);
+    e->io_base_.bytes_read += after.bytes_read - before.bytes_read;
+    e->io_base_.bytes_written += after.bytes_written - before.bytes_written;
+  }
+};
+
+}  // namespace sched
+}  // namespace zinf

@@ -1,0 +1,342 @@
+// The boundary: the step decision and the update pipeline.
+//
+// After the window's last micro-step, on the engine stream: the norm
+// partials are all-gathered and summed in the global block order, the
+// decision (step_decision.h) is made by a task there (HostDevice) or on the
+// host after the partials are read back (CUDA), and every unit's update
+// follows in forward order on its tier (device kernels; host Adam with the
+// optimizer offloaded; sub-group by sub-group through the NVMe swapper),
+// each unit's end recorded in params_ready for its next Fetch. With the
+// optimizer offloaded, the new compute copies go up on the copy stream.
+#include "sched/engine_impl.h"
+
+namespace zinf {
+namespace sched {
+
+void EngineImpl::Decide(const double* partials) {
+  const double total = SumNormPartials(partials, norm_layout_);
+  std::lock_guard lock(mu_);
+  decision_ = decider_.Decide(total);
+}
+
+Status EngineImpl::EnqueueBoundary() {
+  ++boundaries_;
+  early_reads_ = false;
+  const int64_t boundary = boundaries_;
+  for (Unit& u : units_) ZINF_RETURN_IF_ERROR(stream_->Wait(*u.released));
+  // No update overwrites a shard a gather still reads (one gathered ahead
+  // and never fetched).
+  ZINF_RETURN_IF_ERROR(gathers_done_->Record(*gather_stream_));
+  ZINF_RETURN_IF_ERROR(stream_->Wait(*gathers_done_));
+  // Most units' norm partials were taken as their last accumulation finished
+  // (EnqueuePartials), during backward; those of units without gradients in
+  // the last micro-step are taken now.
+  std::vector<char> has_grad(units_.size());
+  for (size_t i = 0; i < units_.size(); ++i) {
+    if (!units_[i].partials_taken) ZINF_RETURN_IF_ERROR(EnqueuePartials(i, /*now=*/true));
+    has_grad[i] = units_[i].accumulated;
+    units_[i].accumulated = units_[i].partials_taken = false;
+  }
+  // Every swapped gradient is on disk before the boundary reads them back.
+  if (swapped_grad_units_ > 0) {
+    ZINF_RETURN_IF_ERROR(Timed(&Window::io, [this](const StreamContext&) { return WaitGradWrites(); }));
+  }
+  const auto has_grad_shared = std::make_shared<const std::vector<char>>(has_grad);
+  if (sharded()) {
+    double* mine = partials_ + rank_ * norm_layout_.blocks_per_rank;
+    ZINF_RETURN_IF_ERROR(Collective("all_gather", norm_layout_.blocks_per_rank * world_ * sizeof(double), [&] {
+      // Doubles travel as pairs of fp32 words: all-gather only moves bytes.
+      return comm_->AllGather(mine, partials_, 2 * norm_layout_.blocks_per_rank, DType::kFloat32, *stream_);
+    }));
+  }
+  if (host_memory_) {
+    ZINF_RETURN_IF_ERROR(stream_->Enqueue([this](const StreamContext& ctx) {
+      Decide(static_cast<const double*>(ctx.Host(partials_)));
+      return Status::Ok();
+    }));
+  } else {
+    // The kernels below take the decision as launch arguments: read the
+    // partials back (this waits for the step's last reduction) and decide here.
+    const int regions = stage_ == 0 ? 1 : world_;
+    ZINF_RETURN_IF_ERROR(device_.CopyToHost(h_partials_.data(), partials_, norm_layout_.blocks_per_rank * regions * sizeof(double),
+                                            *stream_));
+    ZINF_RETURN_IF_ERROR(stream_->Synchronize());
+    Decide(static_cast<const double*>(h_partials_.data()));
+  }
+  ZINF_RETURN_IF_ERROR(decided_->Record(*stream_));
+  {
+    std::lock_guard lock(mu_);
+    decision_pending_ = true;
+  }
+  // Per unit, in forward order: Adam over the owned range, the new compute
+  // copy written in the same pass, then (sharded) every rank's new shard
+  // gathered; the unit's event then releases its next Fetch. With offload,
+  // Adam runs on the host into a pinned staging slot while the copy stream
+  // moves the previous slots to the device, so later units are still being
+  // updated when the first ones are back.
+  const size_t esize = DTypeSizeBytes(compute_dtype_);
+  for (size_t i = 0; i < units_.size(); ++i) {
+    Unit& u = units_[i];
+    // Where the new compute copy goes: a staging slot on its way to the
+    // device (offload), the shard's pinned home itself (offload_param with
+    // offload), the scratch on its way home (offload_param alone), or its
+    // place on the device.
+    const bool home = host_home(u);
+    const bool use_slot = offload_ && !home;
+    const size_t slot = use_slot ? i % h_param_slots_.size() : 0;
+    // offload_param nvme: the new shard goes home through a staging buffer.
+    const bool to_store = u.shard_on_nvme;
+    void* home_buf = to_store ? param_bufs_[kUpdateBuffer].data() : u.h_shard.data();
+    void* staging = use_slot ? h_param_slots_[slot].data() : home && offload_ ? home_buf : nullptr;
+    float* swap = nullptr;  // NVMe: the unit's [master | m | v] in its group's buffer
+    const void* grad = u.h_accum.data();  // offload: the accumulated gradient, or its place in the gradient buffer
+    if (nvme_) {
+      const size_t g = group_of_unit_[i];
+      swap = static_cast<float*>(nvme_bufs_[g % nvme_bufs_.size()].data()) + offset_in_group_[i];
+      if (u.grad_on_nvme) grad = static_cast<char*>(grad_bufs_[g % grad_bufs_.size()].data()) + grad_offset_[i];
+      if (groups_[g].units.front() == static_cast<int>(i)) {
+        ZINF_RETURN_IF_ERROR(Timed(&Window::io, [this, g, has = has_grad_shared](const StreamContext&) {
+          return ReadGroup(g, *has);
+        }));
+      }
+    }
+    auto update = [this, &u, staging, swap, grad, home, use_slot, to_store, esize,
+                   has = has_grad[i] != 0](const StreamContext& ctx) -> Status {
+      Decision d;
+      {
+        std::lock_guard lock(mu_);
+        d = decision_;
+      }
+      const int64_t valid = owned_valid(u);
+      if (valid == 0) {  // only padding on this rank: nothing to update, but the unit took a step
+        if (!d.skip && has) ++u.steps;
+        return Status::Ok();
+      }
+      AdamBuffers b;
+      if (swap) {
+        const int64_t owned = owned_elems(u);
+        b.params = swap;
+        b.exp_avg = swap + owned;
+        b.exp_avg_sq = swap + 2 * owned;
+      } else {
+        b.params = static_cast<float*>(offload_ ? u.h_master.data() : ctx.Host(u.master));
+        b.exp_avg = static_cast<float*>(offload_ ? u.h_exp_avg.data() : ctx.Host(u.exp_avg));
+        b.exp_avg_sq = static_cast<float*>(offload_ ? u.h_exp_avg_sq.data() : ctx.Host(u.exp_avg_sq));
+      }
+      b.grads = offload_ ? grad : ctx.Host(owned_accum(u));
+      b.grad_dtype = DType::kFloat32;
+      b.num_elems = static_cast<size_t>(valid);
+      void* param_dst = offload_ ? staging : ctx.Host(home ? param_scratch_ : param_home(u));
+      if (d.skip || !has) {
+        // Skipped (an overflow, or no gradient for this unit this window).
+        // A staging slot, the scratch or a parameter staging buffer is
+        // copied on regardless: refill it with the unchanged compute copy
+        // (always the rounding of the master).
+        if (use_slot || (home && !offload_) || to_store) {
+          return Cast(arena_, b.params, DType::kFloat32, param_dst, compute_dtype_, valid);
+        }
+        return Status::Ok();
+      }
+      if (compute_dtype_ != DType::kFloat32) {
+        b.param_copy = param_dst;
+        b.param_copy_dtype = compute_dtype_;
+      }
+      // The unit's own step count, as an optimizer keeps one per parameter.
+      ZINF_ASSIGN_OR_RETURN(AdamStepConstants constants, MakeAdamStepConstants(d.adam, u.steps + 1, d.grad_scale));
+      ZINF_RETURN_IF_ERROR(AdamStep(arena_, constants, b).WithContext("unit '" + u.name + "'"));
+      ++u.steps;
+      if (compute_dtype_ == DType::kFloat32) std::memcpy(param_dst, b.params, valid * 4);
+      return Status::Ok();
+    };
+    Stream& gather_stream = use_slot ? *copy_stream_ : *stream_;
+    if (use_slot) ZINF_RETURN_IF_ERROR(stream_->Wait(*slot_free_[slot]));
+    if (!host_memory_ && !offload_) {
+      ZINF_RETURN_IF_ERROR(EnqueueDeviceUpdate(u, home, has_grad[i] != 0));
+    } else {
+      ZINF_RETURN_IF_ERROR(Timed(&Window::optimizer, std::move(update)));
+    }
+    if (nvme_ && groups_[group_of_unit_[i]].units.back() == static_cast<int>(i)) {
+      const size_t g = group_of_unit_[i];
+      ZINF_RETURN_IF_ERROR(stream_->Enqueue([this, g](const StreamContext&) {
+        IssueWrites(g);
+        return Status::Ok();
+      }));
+    }
+    if (home && !offload_ && owned_valid(u) > 0) {
+      const uint64_t bytes = owned_valid(u) * esize;
+      ZINF_RETURN_IF_ERROR(TimedCopies(*stream_, bytes, [&] {
+        return device_.CopyToHost(home_buf, param_scratch_, bytes, *stream_);
+      }));
+    }
+    if (to_store) {
+      // Written before the unit's update counts as done (a gather reads it
+      // next); the padding past the valid elements is zeros, as in a shard
+      // kept in host memory. Meanwhile the disk still works on the
+      // sub-group reads issued ahead.
+      ZINF_RETURN_IF_ERROR(Timed(&Window::io, [this, i, home_buf, esize](const StreamContext&) {
+        const Unit& w = units_[i];
+        const uint64_t valid = std::max<int64_t>(0, owned_valid(w)) * esize;
+        std::memset(static_cast<char*>(home_buf) + valid, 0, w.part.shard_elems * esize - valid);
+        return SwapFailure(param_store_->Write(i, home_buf).Wait(), SwapKind::kParams);
+      }));
+    }
+    if (use_slot) {
+      ZINF_RETURN_IF_ERROR(slot_filled_[slot]->Record(*stream_));
+      ZINF_RETURN_IF_ERROR(copy_stream_->Wait(*slot_filled_[slot]));
+      const int64_t valid = owned_valid(u);
+      if (valid > 0) {
+        void* dst = param_home(u);
+        ZINF_RETURN_IF_ERROR(TimedCopies(*copy_stream_, valid * esize, [&] {
+          return device_.CopyToDevice(dst, staging, valid * esize, *copy_stream_);
+        }));
+      }
+    }
+    if (sharded() && !u.partitioned) {
+      void* mine = static_cast<char*>(u.params) + u.part.shard_begin(rank_) * esize;
+      ZINF_RETURN_IF_ERROR(Collective(gather_stream, "all_gather", u.part.padded_elems * esize, [&] {
+        return comm_->AllGather(mine, u.params, u.part.shard_elems, compute_dtype_, gather_stream);
+      }));
+    }
+    ZINF_RETURN_IF_ERROR(u.params_ready->Record(gather_stream));
+    if (use_slot) ZINF_RETURN_IF_ERROR(slot_free_[slot]->Record(*copy_stream_));
+  }
+  if (nvme_) {  // the step ends when every sub-group is back on disk
+    ZINF_RETURN_IF_ERROR(Timed(&Window::io, [this](const StreamContext&) -> Status {
+      Status first;
+      for (nvme::IoRequest& w : group_write_) {
+        if (w.valid()) {
+          Status st = SwapFailure(w.Wait());
+          if (first.ok()) first = st;
+        }
+      }
+      group_read_.assign(groups_.size(), {});
+      group_write_.assign(groups_.size(), {});
+      group_grad_read_.assign(groups_.size(), {});
+      return first;
+    }));
+  }
+  // The step's counts in the engine stream's order: every read and write of
+  // the step has completed here.
+  ZINF_RETURN_IF_ERROR(stream_->Enqueue([this, boundary](const StreamContext&) {
+    std::lock_guard lock(mu_);
+    StreamCounts c = stream_counts_;
+    stream_counts_ = StreamCounts{};
+    const nvme::IoEngineStats now = IoTotals();
+    c.nvme_read = now.bytes_read - io_base_.bytes_read;
+    c.nvme_written = now.bytes_written - io_base_.bytes_written;
+    io_base_ = now;
+    closing_[boundary] = c;
+    return Status::Ok();
+  }));
+  // Close the window: the step's metrics, logged in one line (with offload,
+  // after the last copy back and the engine stream's last task).
+  if (offload_) {
+    ZINF_RETURN_IF_ERROR(updates_done_->Record(*stream_));
+    ZINF_RETURN_IF_ERROR(copy_stream_->Wait(*updates_done_));
+  }
+  return (offload_ ? *copy_stream_ : *stream_).Enqueue([this, boundary](const StreamContext&) {
+    StepStats s;
+    {
+      std::lock_guard lock(mu_);
+      const Decision& d = decision_;
+      s.step = decider_.steps_applied();
+      s.boundary = boundary;
+      s.skipped = d.skip;
+      s.loss_scale = d.loss_scale;
+      s.next_loss_scale = d.next_loss_scale;
+      s.lr = d.lr;
+      s.grad_norm = d.grad_norm;
+      s.clip_coef = d.clip_coef;
+      s.optimizer_seconds = window_.optimizer;
+      s.comm_seconds = window_.comm;
+      s.copy_seconds = window_.copy;
+      s.io_seconds = window_.io;
+      s.copy_bytes = window_.copy_bytes;
+      if (auto it = closing_.find(boundary); it != closing_.end()) {
+        s.fetches = it->second.fetches;
+        s.prefetch_hits = it->second.prefetch_hits;
+        s.nvme_bytes_read = it->second.nvme_read;
+        s.nvme_bytes_written = it->second.nvme_written;
+        closing_.erase(it);
+      }
+      nvme_total_read_ += s.nvme_bytes_read;
+      nvme_total_written_ += s.nvme_bytes_written;
+      s.nvme_bytes_read_total = nvme_total_read_;
+      s.nvme_bytes_written_total = nvme_total_written_;
+      s.stall_seconds = window_.stall;
+      s.longest_stall = window_.longest_stall_what;
+      for (auto& [key, st] : window_.stalls) s.stalls.push_back(st);
+      for (auto& [kind, c] : window_.collectives) s.collectives.push_back(c);
+      window_ = Window{};
+    }
+    s.device_bytes_in_use = device_.memory_stats().in_use_bytes;
+    if (pool_) {
+      const PinnedPoolStats ps = pool_->stats();
+      s.host_pinned_bytes = ps.pinned_bytes;
+      s.host_peak_pinned_bytes = ps.peak_pinned_bytes;
+    }
+    ZINF_LOG_INFO("{}", s.ToString());
+    std::lock_guard lock(mu_);
+    last_stats_ = std::move(s);
+    return Status::Ok();
+  });
+}
+
+Status EngineImpl::EnqueueDeviceUpdate(Unit& u, bool home, bool has_grad) {
+  Decision d;
+  {
+    std::lock_guard lock(mu_);
+    d = decision_;
+  }
+  const int64_t valid = owned_valid(u);
+  if (valid == 0) {  // only padding here: nothing to update, but the unit took a step
+    if (!d.skip && has_grad) ++u.steps;
+    return Status::Ok();
+  }
+  float* master = static_cast<float*>(u.master);
+  void* param_dst = home ? param_scratch_ : param_home(u);
+  if (d.skip || !has_grad) {  // the scratch is copied home regardless: refill it with the unchanged copy
+    if (home) return sched::DeviceCast(master, DType::kFloat32, param_dst, compute_dtype_, valid, *stream_);
+    return Status::Ok();
+  }
+  ZINF_ASSIGN_OR_RETURN(AdamStepConstants constants, MakeAdamStepConstants(d.adam, u.steps + 1, d.grad_scale));
+  const bool copy = compute_dtype_ != DType::kFloat32;
+  ZINF_RETURN_IF_ERROR(sched::DeviceAdamStep(constants, master, static_cast<float*>(u.exp_avg),
+                                             static_cast<float*>(u.exp_avg_sq),
+                                             static_cast<const float*>(owned_accum(u)), copy ? param_dst : nullptr,
+                                             compute_dtype_, valid, *stream_)
+                           .WithContext("unit '" + u.name + "'"));
+  ++u.steps;
+  if (!copy) return device_.CopyOnDevice(param_dst, master, valid * 4, *stream_);
+  return Status::Ok();
+}
+
+// The compute copy of a unit from its fp32 master (host; master[0] is element
+// `first`, and it covers what this rank keeps: its shard when the unit is
+// partitioned, else the whole unit): the master's rounding, written where
+// this rank keeps it. Synchronizes (the staging vector dies here).
+Status EngineImpl::WriteComputeCopy(Unit& u, const float* master, int64_t first) {
+  const size_t esize = DTypeSizeBytes(compute_dtype_);
+  const int64_t begin = u.partitioned ? u.part.shard_begin(rank_) : 0;
+  const int64_t count = u.partitioned ? u.part.valid_in_shard(rank_) : u.part.num_elems;
+  if (count <= 0) return Status::Ok();
+  if (begin < first) return Internal("WriteComputeCopy: the master given starts after the range to write");
+  if (u.shard_on_nvme) {
+    if (!finalized_) return Status::Ok();  // registration: AddShardToStore writes it
+    // Through the updates' staging buffer, once nothing else uses it.
+    ZINF_RETURN_IF_ERROR(Synchronize());
+    void* buf = param_bufs_[kUpdateBuffer].data();
+    std::memset(buf, 0, param_bufs_[kUpdateBuffer].size_bytes());
+    ZINF_RETURN_IF_ERROR(Cast(arena_, master + (begin - first), DType::kFloat32, buf, compute_dtype_, count));
+    return SwapFailure(param_store_->Write(u.index, buf).Wait(), SwapKind::kParams);
+  }
+  if (host_home(u)) return Cast(arena_, master + (begin - first), DType::kFloat32, u.h_shard.data(), compute_dtype_, count);
+  std::vector<uint8_t> compute(count * esize);
+  ZINF_RETURN_IF_ERROR(Cast(arena_, master + (begin - first), DType::kFloat32, compute.data(), compute_dtype_, count));
+  ZINF_RETURN_IF_ERROR(
+      device_.CopyToDevice(u.partitioned ? u.shard_params : u.params, compute.data(), compute.size(), *stream_));
+  return stream_->Synchronize();
+}
+
+}  // namespace sched
+}  // namespace zinf
