@@ -359,6 +359,18 @@ class EngineImpl final : public Engine {
   Status FlushBucket(const std::vector<int>& bucket);
   Status FlushPendingBuckets();
   Status EnqueueBoundary();
+  // Where a unit's host update at the boundary reads and writes.
+  struct UpdateTarget {
+    void* staging = nullptr;      // the new compute copy's staging (a slot, or the shard's pinned home), or null
+    float* swap = nullptr;        // NVMe: the unit's [master | m | v] in its sub-group's buffer
+    const void* grad = nullptr;   // offload: the accumulated gradient
+    bool home = false;            // the shard's home is on the host (offload_param)
+    bool use_slot = false;        // the new compute copy goes up through a staging slot
+    bool to_store = false;        // the new shard goes to the parameter store
+  };
+  StreamTask HostUpdateTask(Unit& u, const UpdateTarget& t, bool has_grad);
+  Status EnqueueSwapDrain();
+  Status EnqueueWindowClose(int64_t boundary);
   Status WaitTimed(Stream& stream, Event& event, const Unit& u, const char* cause, const std::string& what);
   // Stage 3 prefetch: follows the client's Fetch calls against the trace,
   // gathers ahead along it, keeps a released unit gathered when the trace

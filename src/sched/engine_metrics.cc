@@ -86,6 +86,77 @@ Result<StepStats> EngineImpl::Stats() {
   return *last_stats_;
 }
 
+
+// The window's close: the step's counts in the engine stream's order (every
+// read and write of the step has completed there), then its StepStats,
+// logged in one line (with the optimizer offloaded, after the last copy
+// back and the engine stream's last task).
+Status EngineImpl::EnqueueWindowClose(int64_t boundary) {
+  ZINF_RETURN_IF_ERROR(stream_->Enqueue([this, boundary](const StreamContext&) {
+    std::lock_guard lock(mu_);
+    StreamCounts c = stream_counts_;
+    stream_counts_ = StreamCounts{};
+    const nvme::IoEngineStats now = IoTotals();
+    c.nvme_read = now.bytes_read - io_base_.bytes_read;
+    c.nvme_written = now.bytes_written - io_base_.bytes_written;
+    io_base_ = now;
+    closing_[boundary] = c;
+    return Status::Ok();
+  }));
+  // Close the window: the step's metrics, logged in one line (with offload,
+  // after the last copy back and the engine stream's last task).
+  if (offload_) {
+    ZINF_RETURN_IF_ERROR(updates_done_->Record(*stream_));
+    ZINF_RETURN_IF_ERROR(copy_stream_->Wait(*updates_done_));
+  }
+  return (offload_ ? *copy_stream_ : *stream_).Enqueue([this, boundary](const StreamContext&) {
+    StepStats s;
+    {
+      std::lock_guard lock(mu_);
+      const Decision& d = decision_;
+      s.step = decider_.steps_applied();
+      s.boundary = boundary;
+      s.skipped = d.skip;
+      s.loss_scale = d.loss_scale;
+      s.next_loss_scale = d.next_loss_scale;
+      s.lr = d.lr;
+      s.grad_norm = d.grad_norm;
+      s.clip_coef = d.clip_coef;
+      s.optimizer_seconds = window_.optimizer;
+      s.comm_seconds = window_.comm;
+      s.copy_seconds = window_.copy;
+      s.io_seconds = window_.io;
+      s.copy_bytes = window_.copy_bytes;
+      if (auto it = closing_.find(boundary); it != closing_.end()) {
+        s.fetches = it->second.fetches;
+        s.prefetch_hits = it->second.prefetch_hits;
+        s.nvme_bytes_read = it->second.nvme_read;
+        s.nvme_bytes_written = it->second.nvme_written;
+        closing_.erase(it);
+      }
+      nvme_total_read_ += s.nvme_bytes_read;
+      nvme_total_written_ += s.nvme_bytes_written;
+      s.nvme_bytes_read_total = nvme_total_read_;
+      s.nvme_bytes_written_total = nvme_total_written_;
+      s.stall_seconds = window_.stall;
+      s.longest_stall = window_.longest_stall_what;
+      for (auto& [key, st] : window_.stalls) s.stalls.push_back(st);
+      for (auto& [kind, c] : window_.collectives) s.collectives.push_back(c);
+      window_ = Window{};
+    }
+    s.device_bytes_in_use = device_.memory_stats().in_use_bytes;
+    if (pool_) {
+      const PinnedPoolStats ps = pool_->stats();
+      s.host_pinned_bytes = ps.pinned_bytes;
+      s.host_peak_pinned_bytes = ps.peak_pinned_bytes;
+    }
+    ZINF_LOG_INFO("{}", s.ToString());
+    std::lock_guard lock(mu_);
+    last_stats_ = std::move(s);
+    return Status::Ok();
+  });
+}
+
 }  // namespace sched
 
 std::string StepStats::ToString() const {

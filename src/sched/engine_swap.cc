@@ -399,5 +399,24 @@ Status EngineImpl::WaitGradWrites() {
   return Status::Ok();
 }
 
+
+// NVMe, the boundary's last engine-stream task: waits for every sub-group's
+// write (a failure breaks the engine) and clears the boundary's requests.
+Status EngineImpl::EnqueueSwapDrain() {
+  return Timed(&Window::io, [this](const StreamContext&) -> Status {
+    Status first;
+    for (nvme::IoRequest& w : group_write_) {
+      if (w.valid()) {
+        Status st = SwapFailure(w.Wait());
+        if (first.ok()) first = st;
+      }
+    }
+    group_read_.assign(groups_.size(), {});
+    group_write_.assign(groups_.size(), {});
+    group_grad_read_.assign(groups_.size(), {});
+    return first;
+  });
+}
+
 }  // namespace sched
 }  // namespace zinf

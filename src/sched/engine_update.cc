@@ -100,60 +100,13 @@ Status EngineImpl::EnqueueBoundary() {
         }));
       }
     }
-    auto update = [this, &u, staging, swap, grad, home, use_slot, to_store, esize,
-                   has = has_grad[i] != 0](const StreamContext& ctx) -> Status {
-      Decision d;
-      {
-        std::lock_guard lock(mu_);
-        d = decision_;
-      }
-      const int64_t valid = owned_valid(u);
-      if (valid == 0) {  // only padding on this rank: nothing to update, but the unit took a step
-        if (!d.skip && has) ++u.steps;
-        return Status::Ok();
-      }
-      AdamBuffers b;
-      if (swap) {
-        const int64_t owned = owned_elems(u);
-        b.params = swap;
-        b.exp_avg = swap + owned;
-        b.exp_avg_sq = swap + 2 * owned;
-      } else {
-        b.params = static_cast<float*>(offload_ ? u.h_master.data() : ctx.Host(u.master));
-        b.exp_avg = static_cast<float*>(offload_ ? u.h_exp_avg.data() : ctx.Host(u.exp_avg));
-        b.exp_avg_sq = static_cast<float*>(offload_ ? u.h_exp_avg_sq.data() : ctx.Host(u.exp_avg_sq));
-      }
-      b.grads = offload_ ? grad : ctx.Host(owned_accum(u));
-      b.grad_dtype = DType::kFloat32;
-      b.num_elems = static_cast<size_t>(valid);
-      void* param_dst = offload_ ? staging : ctx.Host(home ? param_scratch_ : param_home(u));
-      if (d.skip || !has) {
-        // Skipped (an overflow, or no gradient for this unit this window).
-        // A staging slot, the scratch or a parameter staging buffer is
-        // copied on regardless: refill it with the unchanged compute copy
-        // (always the rounding of the master).
-        if (use_slot || (home && !offload_) || to_store) {
-          return Cast(arena_, b.params, DType::kFloat32, param_dst, compute_dtype_, valid);
-        }
-        return Status::Ok();
-      }
-      if (compute_dtype_ != DType::kFloat32) {
-        b.param_copy = param_dst;
-        b.param_copy_dtype = compute_dtype_;
-      }
-      // The unit's own step count, as an optimizer keeps one per parameter.
-      ZINF_ASSIGN_OR_RETURN(AdamStepConstants constants, MakeAdamStepConstants(d.adam, u.steps + 1, d.grad_scale));
-      ZINF_RETURN_IF_ERROR(AdamStep(arena_, constants, b).WithContext("unit '" + u.name + "'"));
-      ++u.steps;
-      if (compute_dtype_ == DType::kFloat32) std::memcpy(param_dst, b.params, valid * 4);
-      return Status::Ok();
-    };
+    const UpdateTarget target{staging, swap, grad, home, use_slot, to_store};
     Stream& gather_stream = use_slot ? *copy_stream_ : *stream_;
     if (use_slot) ZINF_RETURN_IF_ERROR(stream_->Wait(*slot_free_[slot]));
     if (!host_memory_ && !offload_) {
       ZINF_RETURN_IF_ERROR(EnqueueDeviceUpdate(u, home, has_grad[i] != 0));
     } else {
-      ZINF_RETURN_IF_ERROR(Timed(&Window::optimizer, std::move(update)));
+      ZINF_RETURN_IF_ERROR(Timed(&Window::optimizer, HostUpdateTask(u, target, has_grad[i] != 0)));
     }
     if (nvme_ && groups_[group_of_unit_[i]].units.back() == static_cast<int>(i)) {
       const size_t g = group_of_unit_[i];
@@ -200,86 +153,8 @@ Status EngineImpl::EnqueueBoundary() {
     ZINF_RETURN_IF_ERROR(u.params_ready->Record(gather_stream));
     if (use_slot) ZINF_RETURN_IF_ERROR(slot_free_[slot]->Record(*copy_stream_));
   }
-  if (nvme_) {  // the step ends when every sub-group is back on disk
-    ZINF_RETURN_IF_ERROR(Timed(&Window::io, [this](const StreamContext&) -> Status {
-      Status first;
-      for (nvme::IoRequest& w : group_write_) {
-        if (w.valid()) {
-          Status st = SwapFailure(w.Wait());
-          if (first.ok()) first = st;
-        }
-      }
-      group_read_.assign(groups_.size(), {});
-      group_write_.assign(groups_.size(), {});
-      group_grad_read_.assign(groups_.size(), {});
-      return first;
-    }));
-  }
-  // The step's counts in the engine stream's order: every read and write of
-  // the step has completed here.
-  ZINF_RETURN_IF_ERROR(stream_->Enqueue([this, boundary](const StreamContext&) {
-    std::lock_guard lock(mu_);
-    StreamCounts c = stream_counts_;
-    stream_counts_ = StreamCounts{};
-    const nvme::IoEngineStats now = IoTotals();
-    c.nvme_read = now.bytes_read - io_base_.bytes_read;
-    c.nvme_written = now.bytes_written - io_base_.bytes_written;
-    io_base_ = now;
-    closing_[boundary] = c;
-    return Status::Ok();
-  }));
-  // Close the window: the step's metrics, logged in one line (with offload,
-  // after the last copy back and the engine stream's last task).
-  if (offload_) {
-    ZINF_RETURN_IF_ERROR(updates_done_->Record(*stream_));
-    ZINF_RETURN_IF_ERROR(copy_stream_->Wait(*updates_done_));
-  }
-  return (offload_ ? *copy_stream_ : *stream_).Enqueue([this, boundary](const StreamContext&) {
-    StepStats s;
-    {
-      std::lock_guard lock(mu_);
-      const Decision& d = decision_;
-      s.step = decider_.steps_applied();
-      s.boundary = boundary;
-      s.skipped = d.skip;
-      s.loss_scale = d.loss_scale;
-      s.next_loss_scale = d.next_loss_scale;
-      s.lr = d.lr;
-      s.grad_norm = d.grad_norm;
-      s.clip_coef = d.clip_coef;
-      s.optimizer_seconds = window_.optimizer;
-      s.comm_seconds = window_.comm;
-      s.copy_seconds = window_.copy;
-      s.io_seconds = window_.io;
-      s.copy_bytes = window_.copy_bytes;
-      if (auto it = closing_.find(boundary); it != closing_.end()) {
-        s.fetches = it->second.fetches;
-        s.prefetch_hits = it->second.prefetch_hits;
-        s.nvme_bytes_read = it->second.nvme_read;
-        s.nvme_bytes_written = it->second.nvme_written;
-        closing_.erase(it);
-      }
-      nvme_total_read_ += s.nvme_bytes_read;
-      nvme_total_written_ += s.nvme_bytes_written;
-      s.nvme_bytes_read_total = nvme_total_read_;
-      s.nvme_bytes_written_total = nvme_total_written_;
-      s.stall_seconds = window_.stall;
-      s.longest_stall = window_.longest_stall_what;
-      for (auto& [key, st] : window_.stalls) s.stalls.push_back(st);
-      for (auto& [kind, c] : window_.collectives) s.collectives.push_back(c);
-      window_ = Window{};
-    }
-    s.device_bytes_in_use = device_.memory_stats().in_use_bytes;
-    if (pool_) {
-      const PinnedPoolStats ps = pool_->stats();
-      s.host_pinned_bytes = ps.pinned_bytes;
-      s.host_peak_pinned_bytes = ps.peak_pinned_bytes;
-    }
-    ZINF_LOG_INFO("{}", s.ToString());
-    std::lock_guard lock(mu_);
-    last_stats_ = std::move(s);
-    return Status::Ok();
-  });
+  if (nvme_) ZINF_RETURN_IF_ERROR(EnqueueSwapDrain());  // the step ends when every sub-group is back on disk
+  return EnqueueWindowClose(boundary);
 }
 
 Status EngineImpl::EnqueueDeviceUpdate(Unit& u, bool home, bool has_grad) {
@@ -336,6 +211,62 @@ Status EngineImpl::WriteComputeCopy(Unit& u, const float* master, int64_t first)
   ZINF_RETURN_IF_ERROR(
       device_.CopyToDevice(u.partitioned ? u.shard_params : u.params, compute.data(), compute.size(), *stream_));
   return stream_->Synchronize();
+}
+
+
+// Unit u's host update at the boundary (HostDevice, or the optimizer
+// offloaded): Adam over the owned range with the boundary's decision, the new
+// compute copy written where `t` says; a skipped or gradient-less unit keeps
+// its state and refills a staging copy that goes on regardless.
+StreamTask EngineImpl::HostUpdateTask(Unit& u, const UpdateTarget& t, bool has) {
+  return [this, &u, staging = t.staging, swap = t.swap, grad = t.grad, home = t.home, use_slot = t.use_slot,
+          to_store = t.to_store, has](const StreamContext& ctx) -> Status {
+    Decision d;
+    {
+      std::lock_guard lock(mu_);
+      d = decision_;
+    }
+    const int64_t valid = owned_valid(u);
+    if (valid == 0) {  // only padding on this rank: nothing to update, but the unit took a step
+      if (!d.skip && has) ++u.steps;
+      return Status::Ok();
+    }
+    AdamBuffers b;
+    if (swap) {
+      const int64_t owned = owned_elems(u);
+      b.params = swap;
+      b.exp_avg = swap + owned;
+      b.exp_avg_sq = swap + 2 * owned;
+    } else {
+      b.params = static_cast<float*>(offload_ ? u.h_master.data() : ctx.Host(u.master));
+      b.exp_avg = static_cast<float*>(offload_ ? u.h_exp_avg.data() : ctx.Host(u.exp_avg));
+      b.exp_avg_sq = static_cast<float*>(offload_ ? u.h_exp_avg_sq.data() : ctx.Host(u.exp_avg_sq));
+    }
+    b.grads = offload_ ? grad : ctx.Host(owned_accum(u));
+    b.grad_dtype = DType::kFloat32;
+    b.num_elems = static_cast<size_t>(valid);
+    void* param_dst = offload_ ? staging : ctx.Host(home ? param_scratch_ : param_home(u));
+    if (d.skip || !has) {
+      // Skipped (an overflow, or no gradient for this unit this window).
+      // A staging slot, the scratch or a parameter staging buffer is
+      // copied on regardless: refill it with the unchanged compute copy
+      // (always the rounding of the master).
+      if (use_slot || (home && !offload_) || to_store) {
+        return Cast(arena_, b.params, DType::kFloat32, param_dst, compute_dtype_, valid);
+      }
+      return Status::Ok();
+    }
+    if (compute_dtype_ != DType::kFloat32) {
+      b.param_copy = param_dst;
+      b.param_copy_dtype = compute_dtype_;
+    }
+    // The unit's own step count, as an optimizer keeps one per parameter.
+    ZINF_ASSIGN_OR_RETURN(AdamStepConstants constants, MakeAdamStepConstants(d.adam, u.steps + 1, d.grad_scale));
+    ZINF_RETURN_IF_ERROR(AdamStep(arena_, constants, b).WithContext("unit '" + u.name + "'"));
+    ++u.steps;
+    if (compute_dtype_ == DType::kFloat32) std::memcpy(param_dst, b.params, valid * 4);
+    return Status::Ok();
+  };
 }
 
 }  // namespace sched
