@@ -78,7 +78,10 @@ struct UnitPointers {
   void* data = nullptr;  // the first tensor
   DType dtype = DType::kFloat32;
   int64_t num_elems = 0;             // sum of the tensors' elements
-  std::span<void* const> tensors;    // one pointer per tensor, into `data`
+  // One pointer per tensor, into `data`. The array is the engine's and stays
+  // as returned until the engine is destroyed: a later call that returns
+  // another address (a stage-3 unit gathered elsewhere) returns another array.
+  std::span<void* const> tensors;
 };
 
 // What the optimizer state readers return (each widened to fp32).

@@ -231,7 +231,9 @@ ZINF_API int zinf_engine_add_unit(zinf_engine* engine, const char* name, const z
 
 /* A unit's buffers on the device: its tensors packed back to back in
  * registration order, then zero padding. `tensors` (num_tensors pointers into
- * `data`) is owned by the engine and valid until it is destroyed. */
+ * `data`) is owned by the engine and stays as returned until the engine is
+ * destroyed: a later fetch that gathers the unit at another address returns
+ * another array. */
 typedef struct zinf_unit_pointers {
   void* data;
   zinf_dtype dtype;

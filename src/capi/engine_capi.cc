@@ -36,9 +36,6 @@ struct zinf_engine {
   std::shared_ptr<zinf::Device> device;
   std::unique_ptr<zinf::Engine> engine;
   zinf::Config config;
-  // Per unit, the tensor pointers of its compute copy and of its gradients,
-  // copied out of the engine so that their addresses are the wrapper's.
-  std::vector<std::unique_ptr<std::vector<void*>>> param_ptrs, grad_ptrs;
 };
 
 struct zinf_stream {
@@ -91,28 +88,21 @@ Status CheckStream(const zinf_engine* engine, const zinf_stream* stream) {
   return Status::Ok();
 }
 
-// Fills `out` from `p`, keeping a copy of the tensor pointers in `slot`.
-void ExportPointers(const UnitPointers& p, std::unique_ptr<std::vector<void*>>& slot, zinf_unit_pointers* out) {
-  if (!slot) slot = std::make_unique<std::vector<void*>>();
-  if (slot->size() != p.tensors.size() ||
-      !std::equal(slot->begin(), slot->end(), p.tensors.begin())) {
-    slot->assign(p.tensors.begin(), p.tensors.end());
-  }
+// Fills `out` from `p`. The tensor array is the engine's own: it stays as
+// returned until the engine is destroyed (zinf/engine.h), so an array an
+// earlier fetch returned is not rewritten by a later one.
+void ExportPointers(const UnitPointers& p, zinf_unit_pointers* out) {
   out->data = p.data;
   out->dtype = static_cast<zinf_dtype>(p.dtype);
   out->num_elems = p.num_elems;
-  out->tensors = slot->data();
-  out->num_tensors = slot->size();
+  out->tensors = p.tensors.data();
+  out->num_tensors = p.tensors.size();
 }
 
 Status CheckUnitIndex(zinf_engine* engine, int unit) {
   if (unit < 0 || unit >= engine->engine->num_units()) {
     return InvalidArgument("no unit " + std::to_string(unit) + " (" + std::to_string(engine->engine->num_units()) +
                            " registered)");
-  }
-  if (engine->param_ptrs.size() < static_cast<size_t>(engine->engine->num_units())) {
-    engine->param_ptrs.resize(engine->engine->num_units());
-    engine->grad_ptrs.resize(engine->engine->num_units());
   }
   return Status::Ok();
 }
@@ -304,7 +294,7 @@ ZINF_API int zinf_engine_fetch(zinf_engine* engine, int unit, zinf_stream* strea
     ZINF_RETURN_IF_ERROR(NotNull(out, "out"));
     ZINF_RETURN_IF_ERROR(zinf::capi::CheckUnitIndex(engine, unit));
     ZINF_ASSIGN_OR_RETURN(zinf::UnitPointers p, engine->engine->Fetch(unit, *stream->stream));
-    zinf::capi::ExportPointers(p, engine->param_ptrs[unit], out);
+    zinf::capi::ExportPointers(p, out);
     return Status::Ok();
   });
 }
@@ -315,7 +305,7 @@ ZINF_API int zinf_engine_grad_buffers(zinf_engine* engine, int unit, zinf_unit_p
     ZINF_RETURN_IF_ERROR(NotNull(out, "out"));
     ZINF_RETURN_IF_ERROR(zinf::capi::CheckUnitIndex(engine, unit));
     ZINF_ASSIGN_OR_RETURN(zinf::UnitPointers p, engine->engine->GradBuffers(unit));
-    zinf::capi::ExportPointers(p, engine->grad_ptrs[unit], out);
+    zinf::capi::ExportPointers(p, out);
     return Status::Ok();
   });
 }

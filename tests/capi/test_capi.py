@@ -34,6 +34,16 @@ class AdamOptions(ctypes.Structure):
                 ("weight_decay", c_double), ("adamw_mode", c_int), ("bias_correction", c_int)]
 
 
+class ParamSpec(ctypes.Structure):
+    _fields_ = [("name", c_char_p), ("shape", ctypes.POINTER(c_i64)), ("ndim", c_size), ("dtype", c_int),
+                ("init", c_void_p)]
+
+
+class UnitPointers(ctypes.Structure):
+    _fields_ = [("data", c_void_p), ("dtype", c_int), ("num_elems", c_i64), ("tensors", ctypes.POINTER(c_void_p)),
+                ("num_tensors", c_size)]
+
+
 class ZinfError(RuntimeError):
     def __init__(self, code, message):
         super().__init__("%s: %s" % (code, message))
@@ -64,6 +74,17 @@ def load(path):
         "zinf_adam_destroy": (None, [c_void_p]),
         "zinf_adam_step": (c_int, [c_void_p, ctypes.POINTER(AdamOptions), c_i64, c_double, c_void_p, c_void_p,
                                    c_void_p, c_void_p, c_int, c_void_p, c_int, c_size]),
+        "zinf_engine_create": (c_int, [c_char_p, c_void_p, ctypes.POINTER(c_void_p)]),
+        "zinf_engine_destroy": (None, [c_void_p]),
+        "zinf_engine_add_unit": (c_int, [c_void_p, c_char_p, ctypes.POINTER(ParamSpec), c_size, ctypes.POINTER(c_int)]),
+        "zinf_engine_fetch": (c_int, [c_void_p, c_int, c_void_p, ctypes.POINTER(UnitPointers)]),
+        "zinf_engine_grad_buffers": (c_int, [c_void_p, c_int, ctypes.POINTER(UnitPointers)]),
+        "zinf_engine_grads_ready": (c_int, [c_void_p, c_int, c_void_p]),
+        "zinf_engine_release": (c_int, [c_void_p, c_int, c_void_p]),
+        "zinf_engine_step": (c_int, [c_void_p, ctypes.POINTER(c_int)]),
+        "zinf_stream_create": (c_int, [c_void_p, ctypes.POINTER(c_void_p)]),
+        "zinf_stream_destroy": (None, [c_void_p]),
+        "zinf_stream_synchronize": (c_int, [c_void_p]),
     }
     for name, (restype, argtypes) in sig.items():
         fn = getattr(lib, name)
@@ -236,6 +257,59 @@ def test_adam():
     LIB.zinf_adam_destroy(adam)
 
 
+# ---- the engine's pointer arrays ----------------------------------------------
+
+STAGE3_CONFIG = b"""{
+  "train_micro_batch_size_per_gpu": 1,
+  "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0,
+                        "stage3_prefetch_bucket_size": 0, "stage3_max_reuse_distance": 0},
+  "zinf": {"device": "cpu", "device_memory": 67108864}
+}"""
+
+
+def test_engine_tensor_arrays():
+    """A unit's `tensors` array stays what it was when returned, as zinf.h
+    promises, even after a later fetch gathers the unit at another address:
+    a task enqueued with the first fetch's pointers may still read them."""
+    engine, stream = c_void_p(), c_void_p()
+    check(LIB.zinf_engine_create(STAGE3_CONFIG, None, ctypes.byref(engine)))
+    shapes = [(c_i64 * 1)(70000), (c_i64 * 1)(1000)]  # two tensors per unit
+    for u in range(2):
+        specs = (ParamSpec * 2)(*[ParamSpec(b"w%d" % i, shapes[i], 1, ZINF_DTYPE_FP32, None) for i in range(2)])
+        check(LIB.zinf_engine_add_unit(engine, b"unit%d" % u, specs, 2, None))
+    check(LIB.zinf_stream_create(engine, ctypes.byref(stream)))
+
+    def micro_step(order):
+        got = {}
+        for u in order:  # each unit fetched, and held until the micro-step's end
+            p = UnitPointers()
+            check(LIB.zinf_engine_fetch(engine, u, stream, ctypes.byref(p)))
+            got[u] = p
+        for u in order:
+            g = UnitPointers()
+            check(LIB.zinf_engine_grad_buffers(engine, u, ctypes.byref(g)))
+            check(LIB.zinf_engine_grads_ready(engine, u, stream))
+            check(LIB.zinf_engine_release(engine, u, stream))
+        boundary = c_int()
+        check(LIB.zinf_engine_step(engine, ctypes.byref(boundary)))
+        check(LIB.zinf_stream_synchronize(stream))
+        return got
+
+    first = micro_step([0])[0]
+    first_data = first.data
+    first_tensors = [first.tensors[i] for i in range(first.num_tensors)]
+    assert first_tensors[0] == first_data, (first_tensors, first_data)
+    # Unit 1 gathered first takes the memory unit 0 had; unit 0 lands elsewhere.
+    second = micro_step([1, 0])[0]
+    assert second.data != first_data, "unit 0 was gathered at the same address again: the test proves nothing"
+    now = [first.tensors[i] for i in range(first.num_tensors)]
+    assert now == first_tensors, "the array the first fetch returned changed: %s, was %s" % (now, first_tensors)
+    assert [second.tensors[i] for i in range(second.num_tensors)][0] == second.data
+    LIB.zinf_stream_destroy(stream)
+    LIB.zinf_engine_destroy(engine)
+    print("ok: stage-3 fetch pointer arrays stay as returned")
+
+
 def main():
     global LIB
     if len(sys.argv) != 3:
@@ -251,6 +325,7 @@ def main():
         aio_round_trip(scratch, ZINF_AIO_POSIX, ZINF_FILE_READ, "posix")
         aio_round_trip(scratch, 0, ZINF_FILE_DIRECT, "o_direct")
     test_adam()
+    test_engine_tensor_arrays()
     print("PASS: python ctypes + numpy")
     return 0
 
