@@ -261,7 +261,12 @@ Result<bool> EngineImpl::Step() {
     open_bucket_elems_ = 0;
   }
   ZINF_RETURN_IF_ERROR(FlushPendingBuckets());
-  for (Unit& u : units_) u.grads_ready_this_micro = u.fetched_this_micro = false;
+  for (Unit& u : units_) {
+    u.grads_ready_this_micro = u.fetched_this_micro = false;
+    // The client may destroy its streams between micro-steps: a GradBuffers
+    // before the unit's next Fetch allocates on the engine stream.
+    u.fetch_stream = nullptr;
+  }
   // Stage 3: what was gathered ahead and not used goes (an update may
   // follow); this micro-step's order becomes the trace when it differs.
   ZINF_RETURN_IF_ERROR(DropEngineHeld());

@@ -92,7 +92,7 @@ struct Unit {
   // memory; grad_ptrs_at keeps the tensor pointers of each address, so a
   // span GradBuffers returned stays valid.
   float* grads = nullptr;
-  Stream* fetch_stream = nullptr;  // stage 3: the stream of the client's current Fetch
+  Stream* fetch_stream = nullptr;  // stage 3: the stream of the client's Fetch this micro-step (null before it)
   std::map<void*, std::vector<void*>> grad_ptrs_at;
   float* accum = nullptr;
   float* master = nullptr;

@@ -50,9 +50,10 @@ Result<UnitPointers> EngineImpl::GradBuffers(int unit) {
   Unit& u = units_[unit];
   if (!u.partitioned) return UnitPointers{u.grads, DType::kFloat32, u.part.num_elems, u.grad_ptrs};
   if (!u.grads) {
-    // On the stream of the unit's Fetch (backward's, usually, or the
-    // forward's when this comes first); a later Fetch on another stream
-    // waits for the allocation through grads_free.
+    // On the stream of the unit's Fetch this micro-step (backward's,
+    // usually, or the forward's when this comes first), else on the
+    // engine's; a later Fetch on another stream waits for the allocation
+    // through grads_free.
     Stream& s = u.fetch_stream ? *u.fetch_stream : *stream_;
     ZINF_RETURN_IF_ERROR(AllocateGrads(u, s, /*zero=*/false));
     if (!u.client_holds) ZINF_RETURN_IF_ERROR(u.grads_free->Record(s));

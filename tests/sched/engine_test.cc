@@ -1485,6 +1485,47 @@ TEST_F(EngineTest, Stage3PrefetchFollowsTheRecordedOrder) {
   MustOk(stream_->Synchronize());
 }
 
+// Stage 3: GradBuffers before this micro-step's Fetch of the unit allocates
+// on the engine's own stream, never on the stream of the previous
+// micro-step's Fetch, which the client may have destroyed since (under
+// AddressSanitizer a use after free; on HostDevice a task on a stream whose
+// worker is gone).
+TEST_F(EngineTest, GradBuffersBeforeFetchNeedsNoStreamOfAnEarlierMicroStep) {
+  Config c = HardConfig(3);
+  c.fp16.enabled = false;
+  c.gradient_accumulation_steps = 2;
+  c.zero.stage3_param_persistence_threshold = 0;
+  const IndependentUnits net;
+  auto e = Must(Engine::Create(c, *device_, comm_.get()));
+  net.Register(*e);
+  {
+    auto first = Must(device_->CreateStream());
+    MustOk(net.MicroStep(*e, *first, rank(), {0, 1, 2, 3}));
+    EXPECT_FALSE(Must(e->Step()));
+    MustOk(first->Synchronize());
+  }  // the first micro-step's stream is gone
+  // Gradient buffers first, then the units' fetches on another stream.
+  std::vector<UnitPointers> grads;
+  for (int u = 0; u < net.num_units(); ++u) grads.push_back(Must(e->GradBuffers(u)));
+  for (int u = 0; u < net.num_units(); ++u) {
+    MustOk(e->Fetch(u, *stream_).status());
+    const UnitPointers gp = grads[u];
+    MustOk(stream_->Enqueue([gp, u, g = world() + rank()](const StreamContext& ctx) {
+      float* p = static_cast<float*>(ctx.Host(gp.data));
+      for (int64_t i = 0; i < gp.num_elems; ++i) p[i] = IndependentUnits::Grad(g, u, i);
+      return Status::Ok();
+    }));
+    MustOk(e->GradsReady(u, *stream_));
+    MustOk(e->Release(u, *stream_));
+  }
+  EXPECT_TRUE(Must(e->Step()));
+  MustOk(e->Synchronize());
+  MustOk(stream_->Synchronize());
+  const StepStats st = Must(e->Stats());
+  EXPECT_FALSE(st.skipped);
+  EXPECT_GT(st.grad_norm, 0);
+}
+
 TEST_F(EngineTest, BadInputFailsBeforeTheFirstStep) {
   auto error_of = [&](const Config& c) { return Engine::Create(c, *device_, comm_.get()).status(); };
   Config c;
