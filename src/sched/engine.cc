@@ -255,11 +255,7 @@ Result<bool> EngineImpl::Step() {
                                 "micro-step ends (a unit not fetched has none)");
     }
   }
-  if (!open_bucket_.empty()) {  // some units were not fetched: the last bucket closes here
-    closed_buckets_.push_back(std::move(open_bucket_));
-    open_bucket_.clear();
-    open_bucket_elems_ = 0;
-  }
+  buckets_.CloseOpen();  // some units were not fetched: the last bucket closes here
   ZINF_RETURN_IF_ERROR(FlushPendingBuckets());
   for (Unit& u : units_) {
     u.grads_ready_this_micro = u.fetched_this_micro = false;

@@ -45,29 +45,17 @@ Status EngineImpl::GradsReady(int unit, Stream& stream) {
     ZINF_RETURN_IF_ERROR(u.grads_free->Record(*stream_));
     return EnqueuePartials(unit);
   }
-  // Stage 2: into the open bucket; closed buckets go out now (overlap_comm)
-  // or when the micro-step's last unit is ready.
-  const int64_t cap = config_.zero.reduce_bucket_size;
-  if (!open_bucket_.empty() && open_bucket_elems_ + P > cap) {
-    closed_buckets_.push_back(std::move(open_bucket_));
-    open_bucket_.clear();
-    open_bucket_elems_ = 0;
-  }
-  open_bucket_.push_back(unit);
-  open_bucket_elems_ += P;
+  // Stages 2 and 3: into the open bucket; closed buckets go out now
+  // (overlap_comm) or when the micro-step's last unit is ready (else Step()
+  // closes it: units not fetched this micro-step have no gradients).
   const bool last = std::all_of(units_.begin(), units_.end(), [](const Unit& x) { return x.grads_ready_this_micro; });
-  if (last) {  // else Step() closes it (units not fetched this micro-step have no gradients)
-    closed_buckets_.push_back(std::move(open_bucket_));
-    open_bucket_.clear();
-    open_bucket_elems_ = 0;
-  }
-  if (config_.zero.overlap_comm || last) return FlushPendingBuckets();
+  if (buckets_.Add(unit, P, last)) return FlushPendingBuckets();
   return Status::Ok();
 }
 
 Status EngineImpl::FlushPendingBuckets() {
-  for (const std::vector<int>& b : closed_buckets_) ZINF_RETURN_IF_ERROR(FlushBucket(b));
-  closed_buckets_.clear();
+  for (const std::vector<int>& b : buckets_.closed()) ZINF_RETURN_IF_ERROR(FlushBucket(b));
+  buckets_.ClearClosed();
   return Status::Ok();
 }
 

@@ -60,6 +60,7 @@
 #include "sched/lr_schedule.h"
 #include "sched/partition.h"
 #include "sched/plan.h"
+#include "sched/reduce_buckets.h"
 #include "sched/step_decision.h"
 
 namespace zinf {
@@ -156,6 +157,7 @@ class EngineImpl final : public Engine {
         param_offload_(config.zero.stage == 3 && config.zero.offload_param.device != OffloadDevice::kNone),
         param_nvme_(config.zero.stage == 3 && config.zero.offload_param.device == OffloadDevice::kNvme),
         host_memory_(device.kind() == DeviceKind::kHost),
+        buckets_(config.zero.reduce_bucket_size, config.zero.overlap_comm),
         decider_(std::move(schedule), std::move(scaler), adam, config.gradient_clipping, world_, accumulation) {}
 
   ~EngineImpl() override {
@@ -482,11 +484,9 @@ class EngineImpl final : public Engine {
   bool finalized_ = false;
   int64_t micro_in_window_ = 0;  // micro-steps since the last boundary
   int64_t boundaries_ = 0;
-  // Stage 2 buckets: the open one (units whose gradients are ready) and, when
-  // overlap_comm is off, those closed but held until the micro-step ends.
-  std::vector<int> open_bucket_;
-  int64_t open_bucket_elems_ = 0;
-  std::vector<std::vector<int>> closed_buckets_;
+  // Stages 2 and 3: the reduce buckets (the open one, and those closed but
+  // held until the micro-step ends when overlap_comm is off).
+  ReduceBuckets buckets_;
   float* bucket_ = nullptr;  // rank-major staging of a multi-unit bucket
   int64_t bucket_capacity_ = 0;
   // Norm partials: rank-major [rank][unit][shard block], doubles.
