@@ -62,6 +62,7 @@
 #include "sched/plan.h"
 #include "sched/reduce_buckets.h"
 #include "sched/step_decision.h"
+#include "sched/swap_schedule.h"
 
 namespace zinf {
 namespace sched {
@@ -428,6 +429,7 @@ class EngineImpl final : public Engine {
     int64_t elems = 0;  // sum of the units' owned elements
   };
   std::vector<Group> groups_;
+  std::optional<SwapSchedule> swap_schedule_;  // set at Finalize: the order of the sub-groups' transfers
   std::vector<int> group_of_unit_;
   std::vector<int64_t> offset_in_group_;  // elements: the unit's master; m and v follow, owned_elems apart
   std::unique_ptr<nvme::SwapStore> store_;

@@ -134,6 +134,7 @@ Status EngineImpl::SetUpSwap() {
       ZINF_RETURN_IF_ERROR(store_->Allocate(kGradTensor + i, owned_elems(u) * 4));
     }
   }
+  swap_schedule_.emplace(groups_.size(), nvme_bufs_.size(), config_.zinf.aio.phased_swaps);
   group_read_.assign(groups_.size(), {});
   group_write_.assign(groups_.size(), {});
   group_grad_read_.assign(groups_.size(), {});
@@ -195,31 +196,27 @@ Status EngineImpl::ReadGroup(size_t g, const std::vector<char>& has_grad) {
 }
 
 Status EngineImpl::IssueReads(size_t g, const std::vector<char>* has_grad) {
-  const size_t nbuf = nvme_bufs_.size();
-  size_t end = std::min(groups_.size(), g + std::max<size_t>(1, nbuf - 1));
-  if (config_.zinf.aio.phased_swaps) {
-    // Phases: g's batch (nbuf groups, one per buffer) is read only once
-    // every write of the batch before it has finished, and its own writes
-    // go out after its last update (IssueWrites).
-    const size_t first = g / nbuf * nbuf;
-    end = std::min(groups_.size(), first + nbuf);
-    if (!group_read_[g].valid() && first >= nbuf) {
-      for (size_t h = first - nbuf; h < first; ++h) {
-        if (group_write_[h].valid()) ZINF_RETURN_IF_ERROR(SwapFailure(group_write_[h].Wait()));
-      }
+  const SwapSchedule& sched = *swap_schedule_;
+  if (auto prev = sched.PreviousBatch(g); prev && !group_read_[g].valid()) {
+    // Phases: g's batch is read only once every write of the batch before
+    // it has finished.
+    for (size_t h = prev->first; h < prev->second; ++h) {
+      if (group_write_[h].valid()) ZINF_RETURN_IF_ERROR(SwapFailure(group_write_[h].Wait()));
     }
   }
-  for (size_t h = g; h < end; ++h) {
+  for (size_t h = g; h < sched.ReadEnd(g); ++h) {
     if (!group_read_[h].valid()) {
-      if (h >= nbuf && group_write_[h - nbuf].valid()) ZINF_RETURN_IF_ERROR(SwapFailure(group_write_[h - nbuf].Wait()));
-      group_read_[h] = store_->Read(h, nvme_bufs_[h % nbuf].data());
+      if (auto before = sched.BufferPredecessor(h); before && group_write_[*before].valid()) {
+        ZINF_RETURN_IF_ERROR(SwapFailure(group_write_[*before].Wait()));
+      }
+      group_read_[h] = store_->Read(h, nvme_bufs_[sched.BufferOf(h)].data());
     }
     // Swapped gradients are final only once backward is over: read at the
     // boundary, those of units that have one this window.
     if (!has_grad || swapped_grad_units_ == 0 || !group_grad_read_[h].empty()) continue;
     for (int i : groups_[h].units) {
       if (!units_[i].grad_on_nvme || !(*has_grad)[i]) continue;
-      char* dst = static_cast<char*>(grad_bufs_[h % nbuf].data()) + grad_offset_[i];
+      char* dst = static_cast<char*>(grad_bufs_[sched.BufferOf(h)].data()) + grad_offset_[i];
       group_grad_read_[h].push_back(store_->Read(kGradTensor + i, dst));
     }
   }
@@ -230,13 +227,11 @@ Status EngineImpl::IssueReads(size_t g, const std::vector<char>* has_grad) {
 // rest of its batch once the batch's last group is updated, when none of
 // the batch's reads is still in flight.
 void EngineImpl::IssueWrites(size_t g) {
-  const size_t nbuf = nvme_bufs_.size();
-  size_t first = g;
-  if (config_.zinf.aio.phased_swaps) {
-    if ((g + 1) % nbuf != 0 && g + 1 != groups_.size()) return;
-    first = g / nbuf * nbuf;
+  const auto writes = swap_schedule_->WritesAfterUpdate(g);
+  if (!writes) return;
+  for (size_t h = writes->first; h <= writes->second; ++h) {
+    group_write_[h] = store_->Write(h, nvme_bufs_[swap_schedule_->BufferOf(h)].data());
   }
-  for (size_t h = first; h <= g; ++h) group_write_[h] = store_->Write(h, nvme_bufs_[h % nbuf].data());
 }
 
 // offload_param nvme, at Finalize: the two staging buffers of the largest

@@ -1,0 +1,24 @@
+#include "sched/swap_schedule.h"
+
+#include <algorithm>
+
+namespace zinf {
+
+size_t SwapSchedule::ReadEnd(size_t g) const {
+  if (phased_) return std::min(groups_, BatchStart(g) + buffers_);
+  return std::min(groups_, g + std::max<size_t>(1, buffers_ - 1));
+}
+
+std::optional<std::pair<size_t, size_t>> SwapSchedule::PreviousBatch(size_t g) const {
+  const size_t first = BatchStart(g);
+  if (!phased_ || first < buffers_) return std::nullopt;
+  return std::make_pair(first - buffers_, first);
+}
+
+std::optional<std::pair<size_t, size_t>> SwapSchedule::WritesAfterUpdate(size_t g) const {
+  if (!phased_) return std::make_pair(g, g);
+  if ((g + 1) % buffers_ != 0 && g + 1 != groups_) return std::nullopt;
+  return std::make_pair(BatchStart(g), g);
+}
+
+}  // namespace zinf
