@@ -17,6 +17,12 @@
 //                         and the update pipeline over every tier
 //   engine_checkpoint.cc  engine checkpoints (Save, Load) and ReadState
 //   engine_metrics.cc     timed stream tasks, collectives and StepStats
+//
+// Components with state of their own and unit tests of their own:
+//   step_decision.h   norm, clip, skip, loss scale, lr (StepDecision)
+//   fetch_trace.h     the stage-3 Fetch trace: prefetch and reuse (FetchTrace)
+//   reduce_buckets.h  which gradients are reduced together, and when
+//   swap_schedule.h   the order of the NVMe swapper's reads and writes
 #pragma once
 
 #include "zinf/engine.h"
