@@ -21,6 +21,7 @@
 #include <cstdint>
 
 #include "math/adam_math.h"
+#include "math/attention_math.h"
 #include "zinf/dtype.h"
 #include "zinf/status.h"
 
@@ -121,5 +122,17 @@ Status ScaleByCount(float* x, size_t n, float scale, const float* count, void* s
 // global timer, sleeping between polls; no host CPU): synthetic compute for
 // benchmarks.
 Status BusyWait(double seconds, void* stream);
+
+// Causal flash attention (math/attention_math.h) on tensor cores: bf16
+// operands rounded to nearest even as they are loaded, fp32 sums, head_dim
+// 64 or 128, grouped-query heads. Forward writes tensors.out and
+// tensors.lse; backward fills tensors.delta and overwrites dq, dk and dv.
+// Matches the CPU twin (model/flash_attention.h, bf16 operands) up to the
+// order of the sums; deterministic (no atomics). kInvalidArgument for a bad
+// shape (CheckAttentionShape) or another head_dim.
+Status FlashAttentionForward(const model::AttentionShape& shape, const model::AttentionTensors& tensors,
+                             void* stream);
+Status FlashAttentionBackward(const model::AttentionShape& shape, const model::AttentionTensors& tensors,
+                              void* stream);
 
 }  // namespace zinf::gpu

@@ -1,0 +1,117 @@
+// Blocked causal attention with an online softmax (flash attention; Dao et
+// al. 2022, "FlashAttention", Algorithm 1, and Dao 2023, "FlashAttention-2",
+// Algorithms 1 and 2): the shapes, the tensors' addressing and the
+// per-element steps, written once for the CPU twin (model/flash_attention.cc)
+// and the CUDA kernels (gpu/flash_attention.cu). Header only; pure
+// functions, thread-safe.
+//
+// The algorithm, per (batch row, head) and per block of kFlashBlock queries,
+// with s = scale · q·k over the keys j <= i (causal):
+//   forward, over the key blocks in order: m' = max(m, max_j s_j),
+//     α = exp(m - m'), p_j = exp(s_j - m'), l = α l + Σ_j p_j,
+//     o = α o + Σ_j p_j v_j; at the end o /= l and lse = m + log l.
+//   backward, with δ_i = Σ_d dO_i,d · O_i,d and p_ij = exp(s_ij - lse_i):
+//     dV_j = Σ_i p_ij dO_i;  dp_ij = dO_i · v_j;  ds_ij = p_ij (dp_ij - δ_i);
+//     dQ_i = scale Σ_j ds_ij k_j;  dK_j = scale Σ_i ds_ij q_i.
+// Only O(T) is kept from forward to backward (lse), never the T × T scores.
+//
+// With bf16 operands (the tensor-core form) the inputs q, k, v, dO and the
+// intermediate p and ds are rounded to bf16 (to nearest even) where they
+// enter a product; every sum is fp32. With fp32 operands nothing is rounded.
+// Grouped-query attention: head h reads key/value head h / (heads /
+// kv_heads).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "common/float16.h"
+#include "common/host_device.h"
+#include "math/gpt_math.h"
+#include "zinf/status.h"
+
+namespace zinf::model {
+
+// Queries per block and keys per block, on the CPU and on CUDA alike.
+inline constexpr int kFlashBlock = 64;
+
+struct AttentionShape {
+  int64_t batch = 0;     // B
+  int64_t seq_len = 0;   // T
+  int64_t heads = 0;     // H, the query heads
+  int64_t kv_heads = 0;  // H_kv, dividing H (H for multi-head attention)
+  int64_t head_dim = 0;  // D
+  float scale = 0.0f;    // usually 1 / sqrt(D)
+};
+
+// Token t of batch row b, head h, is the D elements at
+//   base + (b · T + t) · stride + h · D
+// of each tensor: q and dq with q_stride; k, v, dk and dv (the key/value
+// heads) with kv_stride; out and dout with out_stride. So the GPT's fused
+// [B·T, 3C] qkv is q = qkv, k = qkv + C, v = qkv + 2C with stride 3C, and
+// its gradient has the same layout. lse and delta are [B, H, T].
+struct AttentionTensors {
+  const float* q = nullptr;
+  const float* k = nullptr;
+  const float* v = nullptr;
+  int64_t q_stride = 0, kv_stride = 0;
+  float* out = nullptr;  // forward writes; backward reads O
+  int64_t out_stride = 0;
+  float* lse = nullptr;  // forward writes; backward reads
+  // Backward only. dq, dk, dv are overwritten (strides q_stride and
+  // kv_stride); delta is scratch the backward fills first.
+  const float* dout = nullptr;
+  float* delta = nullptr;
+  float* dq = nullptr;
+  float* dk = nullptr;
+  float* dv = nullptr;
+};
+
+// The value a product's operand carries: x itself, or x rounded to bf16.
+ZINF_HOST_DEVICE inline float FlashOperand(float x, bool bf16) {
+  return bf16 ? Bf16BitsToFloat(FloatToBf16Bits(x)) : x;
+}
+
+// Whether query i sees key j (both positions inside [0, T)).
+ZINF_HOST_DEVICE inline bool FlashVisible(int64_t i, int64_t j, int64_t seq_len) {
+  return j <= i && i < seq_len;
+}
+
+// exp(m_old - m_new): the factor that rescales a row's running sum and
+// output when its maximum rises; 0 when the row had no score yet.
+ZINF_HOST_DEVICE inline float FlashRescale(float m_old, float m_new) {
+  return m_old == -INFINITY ? 0.0f : Exp(m_old - m_new);
+}
+
+// p = exp(s - m) for a visible score.
+ZINF_HOST_DEVICE inline float FlashProb(float s, float m) { return Exp(s - m); }
+
+// The log-sum-exp kept for backward.
+ZINF_HOST_DEVICE inline float FlashLse(float m, float l) { return m + std::log(l); }
+
+// d(score) from the probability, its gradient and the row's δ.
+ZINF_HOST_DEVICE inline float FlashScoreGrad(float p, float dp, float delta) { return p * (dp - delta); }
+
+// kInvalidArgument (naming the field) for a shape the algorithm cannot take:
+// a non-positive size, kv_heads not dividing heads, a stride shorter than
+// the heads it holds, or a missing tensor.
+inline Status CheckAttentionShape(const AttentionShape& s, const AttentionTensors& t, bool backward) {
+  auto bad = [](const std::string& what) { return InvalidArgument("flash attention: " + what); };
+  if (s.batch <= 0 || s.seq_len <= 0 || s.heads <= 0 || s.kv_heads <= 0 || s.head_dim <= 0) {
+    return bad("batch, seq_len, heads, kv_heads and head_dim must be positive");
+  }
+  if (s.heads % s.kv_heads != 0) {
+    return bad("kv_heads " + std::to_string(s.kv_heads) + " does not divide heads " + std::to_string(s.heads));
+  }
+  if (!(s.scale > 0.0f)) return bad("scale must be positive");
+  if (!t.q || !t.k || !t.v || !t.out || !t.lse) return bad("null q, k, v, out or lse");
+  if (t.q_stride < s.heads * s.head_dim || t.out_stride < s.heads * s.head_dim) {
+    return bad("q or out stride shorter than heads · head_dim");
+  }
+  if (t.kv_stride < s.kv_heads * s.head_dim) return bad("kv stride shorter than kv_heads · head_dim");
+  if (backward && (!t.dout || !t.delta || !t.dq || !t.dk || !t.dv)) return bad("null dout, delta, dq, dk or dv");
+  return Status::Ok();
+}
+
+}  // namespace zinf::model
