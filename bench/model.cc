@@ -49,6 +49,7 @@ struct Options {
   std::string dtype = "fp32";
   std::string grad_dtype = "fp32";
   std::string matmul = "fp32";
+  std::string attention = "auto";
   bool checkpointing = false;
   bool json = false;
 };
@@ -122,6 +123,10 @@ int Run(const Options& opt) {
   o.param_dtype = *dtype;
   o.grad_dtype = *grad_dtype;
   o.matmul_dtype = *matmul;
+  o.attention = opt.attention == "flash"   ? model::AttentionKernel::kFlash
+                : opt.attention == "plain" ? model::AttentionKernel::kPlain
+                                           : model::AttentionKernel::kAuto;
+  const std::string_view attention = model::AttentionKernelName(model::ResolveAttention(c, o));
   auto probe = model::GptModel::Create(c, o);  // validates the options
   if (!probe.ok()) return Fail(probe.status());
   const uint64_t activation_bytes = (*probe)->activation_bytes();
@@ -207,11 +212,11 @@ int Run(const Options& opt) {
   const double gemm_flops = 2.0 * M * N * K;
   if (!opt.json) {
     std::printf("# zinf bench model: %s\n", c.ToString().c_str());
-    std::printf("# micro-batch %lld x seq %lld = %lld tokens; params %s, grads %s, matmul operands %s; %d thread(s); "
-                "checkpointing %s; median of %d steps after 1 warm-up\n",
+    std::printf("# micro-batch %lld x seq %lld = %lld tokens; params %s, grads %s, matmul operands %s; %.*s attention; "
+                "%d thread(s); checkpointing %s; median of %d steps after 1 warm-up\n",
                 static_cast<long long>(opt.micro_batch), static_cast<long long>(opt.seq_len),
-                static_cast<long long>(BT), opt.dtype.c_str(), opt.grad_dtype.c_str(), opt.matmul.c_str(), threads,
-                opt.checkpointing ? "on" : "off", opt.steps);
+                static_cast<long long>(BT), opt.dtype.c_str(), opt.grad_dtype.c_str(), opt.matmul.c_str(),
+                static_cast<int>(attention.size()), attention.data(), threads, opt.checkpointing ? "on" : "off", opt.steps);
     std::printf("# FLOPs/step = 6*N*tokens + 12*L*C*T*tokens (attention) = %.4g + %.4g = %.4g (forward 1/3)\n",
                 6.0 * n_params * BT, flops - 6.0 * n_params * BT, flops);
     std::printf("# activations: %s\n", activation_text.c_str());
@@ -279,6 +284,7 @@ int Run(const Options& opt) {
                         {"param_dtype", opt.dtype},
                         {"grad_dtype", opt.grad_dtype},
                         {"matmul", opt.matmul},
+                        {"attention", std::string(attention)},
                         {"checkpointing", opt.checkpointing},
                         {"steps", opt.steps},
                         {"flops_per_step", flops},
@@ -332,6 +338,9 @@ void RegisterModel(CLI::App& bench, int* exit_code) {
   cmd->add_option("--dtype", opt->dtype, "Parameter dtype: fp32, bf16, fp16")->capture_default_str();
   cmd->add_option("--grad-dtype", opt->grad_dtype, "Gradient dtype: fp32, bf16, fp16")->capture_default_str();
   cmd->add_option("--matmul", opt->matmul, "Matrix product operands: fp32, or bf16 (fp32 sums)")->capture_default_str();
+  cmd->add_option("--attention", opt->attention, "auto, plain or flash (zinf.attention)")
+      ->check(CLI::IsMember({"auto", "plain", "flash"}))
+      ->capture_default_str();
   cmd->add_flag("--checkpointing", opt->checkpointing, "Recompute each block's forward in its backward");
   cmd->add_flag("--json", opt->json, "Print one JSON object instead of the table");
   cmd->callback([opt, exit_code] { *exit_code = Run(*opt); });

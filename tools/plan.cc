@@ -146,7 +146,8 @@ int Run(const PlanOptions& opt) {
     if (!m.ok()) throw Usage{m.status().message()};
     in.model = std::move(*m);
   } else {
-    auto m = PlanGptModel(mc, B, opt.seq_len, opt.checkpointing, compute, in.config.zinf.matmul);
+    auto m = PlanGptModel(mc, B, opt.seq_len, opt.checkpointing, compute, in.config.zinf.matmul,
+                          model::ToAttentionKernel(in.config.zinf.attention));
     if (!m.ok()) throw Usage{m.status().message()};
     in.model = std::move(*m);
   }

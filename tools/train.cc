@@ -60,6 +60,7 @@ struct TrainOptions {
   std::string device;  // empty: the config's zinf.device (auto by default)
   std::string device_memory;
   std::string matmul;  // empty: the config's zinf.matmul (fp32 by default)
+  std::string attention;  // empty: the config's zinf.attention (auto by default)
   uint64_t seed = 1;
   int threads = 0;
   int sample_tokens = 120;
@@ -288,12 +289,16 @@ int Run(const TrainOptions& opt) {
   const DType matmul_dtype = opt.matmul.empty()      ? config.zinf.matmul
                              : opt.matmul == "bf16" ? DType::kBFloat16
                                                     : DType::kFloat32;
+  const model::AttentionKernel attention = opt.attention.empty()    ? model::ToAttentionKernel(config.zinf.attention)
+                                           : opt.attention == "flash" ? model::AttentionKernel::kFlash
+                                           : opt.attention == "plain" ? model::AttentionKernel::kPlain
+                                                                      : model::AttentionKernel::kAuto;
   const PlanRow plan_row = [&] {
     PlanInput pin;
     pin.config = config;
     pin.world_size = world;
     pin.gradient_accumulation_steps = batch.gradient_accumulation_steps;
-    auto m = PlanGptModel(mc, B, T, /*checkpointing=*/false, engine->compute_dtype(), matmul_dtype);
+    auto m = PlanGptModel(mc, B, T, /*checkpointing=*/false, engine->compute_dtype(), matmul_dtype, attention);
     if (!m.ok()) throw Usage{m.status().message()};
     pin.model = std::move(*m);
     if (Status s = ApplyPlanRateFlags(opt.rates, pin.rates); !s.ok()) throw Usage{s.message()};
@@ -326,6 +331,7 @@ int Run(const TrainOptions& opt) {
   ro.param_dtype = engine->compute_dtype();
   ro.grad_dtype = DType::kFloat32;
   ro.matmul_dtype = matmul_dtype;
+  ro.attention = attention;
   auto gpt = Must(model::GptDevice::Create(*device, *stream, mc, ro), "model");
 
   const int units = model::NumUnits(mc);
@@ -688,6 +694,10 @@ void RegisterTrain(CLI::App& app, int* exit_code) {
                   "Matrix products: fp32, or bf16 operands with fp32 sums (tensor cores on CUDA); default: the "
                   "config's zinf.matmul, fp32")
       ->check(CLI::IsMember({"fp32", "bf16"}));
+  cmd->add_option("--attention", opt->attention,
+                  "auto, plain (T x T probabilities kept for backward) or flash (one value per row); default: the "
+                  "config's zinf.attention, auto: flash with bf16 products and heads of 64 or 128")
+      ->check(CLI::IsMember({"auto", "plain", "flash"}));
   cmd->add_option("--seed", opt->seed, "Initialisation, data order and sampling")->capture_default_str();
   cmd->add_option("--threads", opt->threads, "CPU threads per rank for kernels and the optimizer (0: cores / ranks)");
   cmd->add_option("--sample-tokens", opt->sample_tokens, "Tokens to sample after training (CPU model; 0: none)")

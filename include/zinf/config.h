@@ -148,6 +148,11 @@ struct ZinfAioConfig {
 // rest; kNvme: every unit's in the swap store; kHost: every unit's in host memory.
 enum class GradientHome { kAuto, kHost, kNvme };
 
+// The model's attention: kPlain keeps the T × T probabilities for backward,
+// kFlash (blocked, online softmax) keeps one value per row; kAuto is flash
+// when the products take bf16 operands and the head size is 64 or 128.
+enum class AttentionChoice { kAuto, kPlain, kFlash };
+
 struct ZinfConfig {
   std::string device = "auto";   // auto | cpu | cuda | cuda:N
   uint64_t device_memory = 0;    // bytes; 0 = all of the device (HostDevice: 1/4 of RAM)
@@ -158,6 +163,7 @@ struct ZinfConfig {
   // The model's matrix products: kFloat32, or kBFloat16 operands with fp32
   // accumulation (tensor cores on CUDA). "matmul": "fp32" | "bf16".
   DType matmul = DType::kFloat32;
+  AttentionChoice attention = AttentionChoice::kAuto;  // "attention": "auto" | "plain" | "flash"
   ZinfAioConfig aio;
 };
 

@@ -289,6 +289,8 @@ void ReadZinf(ObjectReader& r, ZinfConfig& z) {
          {{"auto", GradientHome::kAuto}, {"host", GradientHome::kHost}, {"nvme", GradientHome::kNvme}});
   r.Bool("checksums", &z.checksums);
   r.Enum("matmul", &z.matmul, {{"fp32", DType::kFloat32}, {"bf16", DType::kBFloat16}});
+  r.Enum("attention", &z.attention,
+         {{"auto", AttentionChoice::kAuto}, {"plain", AttentionChoice::kPlain}, {"flash", AttentionChoice::kFlash}});
   r.Object("aio", [&](ObjectReader& a) {
     a.Int("rings", &z.aio.rings, 0, 256);
     a.Bool("fixed_buffers", &z.aio.fixed_buffers);
@@ -618,6 +620,9 @@ std::string Config::ToJson(int indent) const {
                                                                      : "nvme"},
                {"checksums", zinf.checksums},
                {"matmul", zinf.matmul == DType::kBFloat16 ? "bf16" : "fp32"},
+               {"attention", zinf.attention == AttentionChoice::kFlash   ? "flash"
+                             : zinf.attention == AttentionChoice::kPlain ? "plain"
+                                                                         : "auto"},
                {"aio",
                 {{"rings", zinf.aio.rings},
                  {"fixed_buffers", zinf.aio.fixed_buffers},

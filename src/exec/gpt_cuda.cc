@@ -49,6 +49,17 @@ class CudaStages final : public model::GptStages {
 
   Status Init() {
     if (!s_) return InvalidArgument("gpt model on CUDA: the stream has no CUDA stream");
+    if (flash_) {
+      const int64_t D = config_.embed_dim / config_.num_heads;
+      if (!bf16_) {
+        return InvalidArgument("gpt model on CUDA: flash attention runs on tensor cores and takes bf16 operands "
+                               "(zinf.matmul bf16, zinf train --matmul bf16)");
+      }
+      if (D != 64 && D != 128) {
+        return InvalidArgument("gpt model on CUDA: flash attention takes head sizes 64 and 128, " + config_.name +
+                               " has " + std::to_string(D));
+      }
+    }
     ZINF_ASSIGN_OR_RETURN(blas_, Cublas());
     ZINF_CUBLAS_RETURN_IF_ERROR(blas_->create(&handle_), "cublasCreate");
     ZINF_CUBLAS_RETURN_IF_ERROR(blas_->set_stream(handle_, static_cast<cudaStream_t>(s_)), "cublasSetStream");
@@ -163,7 +174,7 @@ class CudaStages final : public model::GptStages {
                                            g + w.ln2_w, g + w.ln2_b, BT, C, s_));
     ZINF_RETURN_IF_ERROR(LinearBackward(dbuf, g + w.attn_proj_w, g + w.attn_proj_b, dres, F32(a.atty),
                                         p + w.attn_proj_w, BT, C, C));
-    ZINF_RETURN_IF_ERROR(AttentionBackward(dqkv, F32(layout_.datt), dbuf, F32(a.qkv), F32(a.att)));
+    ZINF_RETURN_IF_ERROR(AttentionBackward(a));
     ZINF_RETURN_IF_ERROR(LinearBackward(dbuf, g + w.qkv_w, g + w.qkv_b, dqkv, F32(a.ln1), p + w.qkv_w, BT, C, 3 * C));
     ZINF_RETURN_IF_ERROR(LayerNormBackward(dbuf, in, p + w.ln1_w, F32(a.ln1_mean), F32(a.ln1_rstd), dres, g + w.ln1_w,
                                            g + w.ln1_b, BT, C, s_));
@@ -288,7 +299,16 @@ class CudaStages final : public model::GptStages {
 
   // model::AttentionForward / AttentionBackward: per batch row, the heads as
   // one strided batch (head h at column h·D of q, k, v and out).
-  Status AttentionForward(float* out, float* att, const float* qkv) {
+  // The attention of block set `a`: flash (gpu/kernels.h), or the plain
+  // products and softmax over the saved T × T probabilities.
+  Status AttentionForward(const ActivationLayout::Block& a) {
+    if (flash_) {
+      return FlashAttentionForward(model::FlashAttentionShape(config_, options_),
+                                   model::FlashAttentionTensors(config_, layout_, a, arena_, false), s_);
+    }
+    float* out = F32(a.atty);
+    float* att = F32(a.att);
+    const float* qkv = F32(a.qkv);
     const int64_t B = options_.batch_size, T = options_.seq_len, C = config_.embed_dim, H = config_.num_heads;
     const int64_t D = C / H, C3 = 3 * C;
     const float scale = 1.0f / std::sqrt(static_cast<float>(D));
@@ -305,7 +325,17 @@ class CudaStages final : public model::GptStages {
     }
     return Status::Ok();
   }
-  Status AttentionBackward(float* dqkv, float* datt, const float* dout, const float* qkv, const float* att) {
+  // d(qkv) into dqkv from d(atty) in dbuf.
+  Status AttentionBackward(const ActivationLayout::Block& a_set) {
+    if (flash_) {
+      return FlashAttentionBackward(model::FlashAttentionShape(config_, options_),
+                                    model::FlashAttentionTensors(config_, layout_, a_set, arena_, true), s_);
+    }
+    float* dqkv = F32(layout_.dqkv);
+    float* datt = F32(layout_.datt);
+    const float* dout = F32(layout_.dbuf);
+    const float* qkv = F32(a_set.qkv);
+    const float* att = F32(a_set.att);
     const int64_t B = options_.batch_size, T = options_.seq_len, C = config_.embed_dim, H = config_.num_heads;
     const int64_t D = C / H, C3 = 3 * C;
     const float scale = 1.0f / std::sqrt(static_cast<float>(D));
@@ -338,7 +368,7 @@ class CudaStages final : public model::GptStages {
     ZINF_RETURN_IF_ERROR(
         LayerNormForward(in, p + w.ln1_w, p + w.ln1_b, F32(a.ln1), F32(a.ln1_mean), F32(a.ln1_rstd), BT, C, s_));
     ZINF_RETURN_IF_ERROR(LinearForward(F32(a.qkv), F32(a.ln1), p + w.qkv_w, p + w.qkv_b, BT, C, 3 * C));
-    ZINF_RETURN_IF_ERROR(AttentionForward(F32(a.atty), F32(a.att), F32(a.qkv)));
+    ZINF_RETURN_IF_ERROR(AttentionForward(a));
     ZINF_RETURN_IF_ERROR(LinearForward(res_mid, F32(a.atty), p + w.attn_proj_w, p + w.attn_proj_b, BT, C, C));
     ZINF_RETURN_IF_ERROR(ResidualForward(res_mid, in, res_mid, n, s_));
     ZINF_RETURN_IF_ERROR(
@@ -359,6 +389,7 @@ class CudaStages final : public model::GptStages {
   ActivationLayout layout_;
   char* arena_;
   const bool bf16_ = options_.matmul_dtype == DType::kBFloat16;  // bf16 operands on tensor cores
+  const bool flash_ = options_.attention == model::AttentionKernel::kFlash;
   const CublasLib* blas_ = nullptr;  // set by Init()
   cublasHandle_t handle_ = nullptr;
   float* count_ = nullptr;  // device: the last HeadForward's number of targets

@@ -13,8 +13,10 @@
 //   backward: δ by one warp per row; dK and dV by one (batch row, kv head,
 //     key block) over the group's heads and the query blocks from the
 //     diagonal on, accumulated in registers; dQ by one (batch row, head,
-//     query block), recomputing p and ds. No atomics: every gradient is
-//     written once by one block, so the results repeat bit for bit.
+//     query block), recomputing p and ds. The backward scores come 16
+//     columns at a time (small fp32 scratch: two thread blocks per SM). No
+//     atomics: every gradient is written once by one block, so the results
+//     repeat bit for bit.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <mma.h>
@@ -61,7 +63,6 @@ struct Pitch {
   static constexpr int kScoreBytes = kWarpRows * kScore * 4;
   static constexpr int kProbBytes = kWarpRows * kProb * 2;
   static constexpr int kOutBytes = kWarpRows * kOut * 4;
-  static_assert(kOutBytes <= 2 * kScoreBytes, "the output staging fits a warp's two score buffers");
 };
 
 __device__ inline int64_t Min64(int64_t a, int64_t b) { return a < b ? a : b; }
@@ -70,9 +71,23 @@ __device__ inline bf16 ToBf16(float x) { return __ushort_as_bfloat16(FloatToBf16
 
 // Rows [first, first + count) of one head (count <= 64), D values each at
 // base + row · stride, rounded into a [64][D + 8] bf16 tile; rows past
-// count are zero.
+// count are zero. Four values per load where base and stride allow it.
 template <int D>
 __device__ void LoadTile(bf16* tile, const float* base, int64_t stride, int64_t first, int count) {
+  if (((reinterpret_cast<uintptr_t>(base) | static_cast<uintptr_t>(stride * 4)) & 15) == 0) {
+    constexpr int kQuads = D / 4;
+#pragma unroll 4
+    for (int e = threadIdx.x; e < kB * kQuads; e += kThreadsFa) {
+      const int r = e / kQuads, d = e % kQuads * 4;
+      const float4 x = r < count ? *reinterpret_cast<const float4*>(base + (first + r) * stride + d)
+                                 : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      uint2 packed;  // element d at the lower address
+      packed.x = FloatToBf16Bits(x.x) | static_cast<uint32_t>(FloatToBf16Bits(x.y)) << 16;
+      packed.y = FloatToBf16Bits(x.z) | static_cast<uint32_t>(FloatToBf16Bits(x.w)) << 16;
+      *reinterpret_cast<uint2*>(tile + r * Pitch<D>::kTile + d) = packed;
+    }
+    return;
+  }
   for (int e = threadIdx.x; e < kB * D; e += kThreadsFa) {
     const int r = e / D, d = e % D;
     const float x = r < count ? base[(first + r) * stride + d] : 0.0f;
@@ -231,6 +246,34 @@ __device__ void LoadStats(float* lse_s, float* delta_s, const AttentionTensors& 
   }
 }
 
+// Backward scores come 16 columns at a time: a warp's [16][16] tile of
+// q·k and of dO·v (fp32, pitch kSub), turned into p and ds at once, so the
+// fp32 scratch stays small and two thread blocks fit an SM.
+constexpr int kSub = 16 + 4;
+constexpr int kSubBytes = kWarpRows * kSub * 4;
+
+// The [16][16] products a_rows · b_tileᵀ of the warp's rows of two pairs
+// of tiles, for the 16 b rows from b_row: (a1, b1) into s1, (a2, b2) into s2.
+template <int D>
+__device__ void TwoProductsT(const bf16* a1, const bf16* b1, float* s1, const bf16* a2, const bf16* b2, float* s2) {
+  FragC c1, c2;
+  wmma::fill_fragment(c1, 0.0f);
+  wmma::fill_fragment(c2, 0.0f);
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    FragA fa;
+    FragBCol fb;
+    wmma::load_matrix_sync(fa, a1 + kk * 16, Pitch<D>::kTile);
+    wmma::load_matrix_sync(fb, b1 + kk * 16, Pitch<D>::kTile);
+    wmma::mma_sync(c1, fa, fb, c1);
+    wmma::load_matrix_sync(fa, a2 + kk * 16, Pitch<D>::kTile);
+    wmma::load_matrix_sync(fb, b2 + kk * 16, Pitch<D>::kTile);
+    wmma::mma_sync(c2, fa, fb, c2);
+  }
+  wmma::store_matrix_sync(s1, c1, kSub, wmma::mem_row_major);
+  wmma::store_matrix_sync(s2, c2, kSub, wmma::mem_row_major);
+}
+
 template <int D>
 __global__ void __launch_bounds__(kThreadsFa) FlashBackwardKvKernel(AttentionShape s, AttentionTensors t) {
   using P = Pitch<D>;
@@ -241,9 +284,9 @@ __global__ void __launch_bounds__(kThreadsFa) FlashBackwardKvKernel(AttentionSha
   bf16* dos = reinterpret_cast<bf16*>(smem + 3 * P::kTileBytes);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   unsigned char* wbase = smem + 4 * P::kTileBytes;
-  float* st = reinterpret_cast<float*>(wbase + warp * 2 * P::kScoreBytes);  // scoresᵀ, then the staging
-  float* dpt = st + kWarpRows * P::kScore;
-  wbase += kWarps * 2 * P::kScoreBytes;
+  float* st = reinterpret_cast<float*>(wbase + warp * 2 * kSubBytes);  // (q kᵀ)ᵀ, 16 query columns
+  float* dpt = st + kWarpRows * kSub;                                  // (dO vᵀ)ᵀ
+  wbase += kWarps * 2 * kSubBytes;
   bf16* pt = reinterpret_cast<bf16*>(wbase + warp * 2 * P::kProbBytes);
   bf16* dst = pt + kWarpRows * P::kProb;
   wbase += kWarps * 2 * P::kProbBytes;
@@ -265,8 +308,8 @@ __global__ void __launch_bounds__(kThreadsFa) FlashBackwardKvKernel(AttentionSha
     wmma::fill_fragment(dk[n], 0.0f);
     wmma::fill_fragment(dv[n], 0.0f);
   }
-  // Lane pair (2r, 2r + 1) holds key row r: query columns [32 half, +32).
-  const int r = lane >> 1, half = lane & 1;
+  // Lane pair (2r, 2r + 1) holds key row r: 8 query columns each.
+  const int r = lane >> 1, c0 = (lane & 1) * 8;
   const int64_t j = j0 + warp * kWarpRows + r;
   for (int64_t g = 0; g < G; ++g) {
     const int64_t h = hk * G + g;
@@ -278,33 +321,39 @@ __global__ void __launch_bounds__(kThreadsFa) FlashBackwardKvKernel(AttentionSha
       LoadTile<D>(dos, t.dout + h * D, t.out_stride, row0 + i0, rows);
       LoadStats(lse_s, delta_s, t, (b * H + h) * T + i0, rows);
       __syncthreads();
-      RowsTimesTileT<D>(ks + warp * kWarpRows * P::kTile, qs, st);    // (q kᵀ)ᵀ
-      RowsTimesTileT<D>(vs + warp * kWarpRows * P::kTile, dos, dpt);  // (dO vᵀ)ᵀ
-      __syncwarp();
-      for (int c = half * 32; c < half * 32 + 32; ++c) {
-        float p = 0.0f, ds = 0.0f;
-        if (model::FlashVisible(i0 + c, j, T)) {
-          p = model::FlashProb(st[r * P::kScore + c] * s.scale, lse_s[c]);
-          ds = model::FlashScoreGrad(p, dpt[r * P::kScore + c], delta_s[c]);
+#pragma unroll
+      for (int n = 0; n < kB / 16; ++n) {
+        TwoProductsT<D>(ks + warp * kWarpRows * P::kTile, qs + n * 16 * P::kTile, st,
+                        vs + warp * kWarpRows * P::kTile, dos + n * 16 * P::kTile, dpt);
+        __syncwarp();
+        for (int cc = c0; cc < c0 + 8; ++cc) {
+          const int c = n * 16 + cc;
+          float p = 0.0f, ds = 0.0f;
+          if (model::FlashVisible(i0 + c, j, T)) {
+            p = model::FlashProb(st[r * kSub + cc] * s.scale, lse_s[c]);
+            ds = model::FlashScoreGrad(p, dpt[r * kSub + cc], delta_s[c]);
+          }
+          pt[r * P::kProb + c] = ToBf16(p);
+          dst[r * P::kProb + c] = ToBf16(ds);
         }
-        pt[r * P::kProb + c] = ToBf16(p);
-        dst[r * P::kProb + c] = ToBf16(ds);
+        __syncwarp();
       }
-      __syncwarp();
       ProbTimesTile<D>(dv, pt, dos);  // dV += pᵀ dO
       ProbTimesTile<D>(dk, dst, qs);  // dK += dsᵀ q
     }
   }
+  // Stage through the tiles' memory, free once every warp is done.
+  __syncthreads();
+  float* stage = reinterpret_cast<float*>(smem + warp * P::kOutBytes);
   const int64_t first = j0 + warp * kWarpRows;
   const int count = static_cast<int>(Min64(kWarpRows, T - first));
+  StoreFragments<D>(dv, stage);
   __syncwarp();
-  StoreFragments<D>(dv, st);
+  StoreRows<D>(t.dv + hk * D, t.kv_stride, row0 + first, count, stage, 1.0f, lane);
   __syncwarp();
-  StoreRows<D>(t.dv + hk * D, t.kv_stride, row0 + first, count, st, 1.0f, lane);
+  StoreFragments<D>(dk, stage);
   __syncwarp();
-  StoreFragments<D>(dk, st);
-  __syncwarp();
-  StoreRows<D>(t.dk + hk * D, t.kv_stride, row0 + first, count, st, s.scale, lane);
+  StoreRows<D>(t.dk + hk * D, t.kv_stride, row0 + first, count, stage, s.scale, lane);
 }
 
 template <int D>
@@ -317,9 +366,9 @@ __global__ void __launch_bounds__(kThreadsFa) FlashBackwardQKernel(AttentionShap
   bf16* vs = reinterpret_cast<bf16*>(smem + 3 * P::kTileBytes);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   unsigned char* wbase = smem + 4 * P::kTileBytes;
-  float* sw = reinterpret_cast<float*>(wbase + warp * 2 * P::kScoreBytes);  // scores, then the staging
-  float* dpw = sw + kWarpRows * P::kScore;
-  wbase += kWarps * 2 * P::kScoreBytes;
+  float* sw = reinterpret_cast<float*>(wbase + warp * 2 * kSubBytes);  // q kᵀ, 16 key columns
+  float* dpw = sw + kWarpRows * kSub;                                  // dO vᵀ
+  wbase += kWarps * 2 * kSubBytes;
   bf16* dsw = reinterpret_cast<bf16*>(wbase + warp * P::kProbBytes);
   wbase += kWarps * P::kProbBytes;
   float* lse_s = reinterpret_cast<float*>(wbase);
@@ -338,7 +387,7 @@ __global__ void __launch_bounds__(kThreadsFa) FlashBackwardQKernel(AttentionShap
   FragC dq[D / 16];
 #pragma unroll
   for (int n = 0; n < D / 16; ++n) wmma::fill_fragment(dq[n], 0.0f);
-  const int r = lane >> 1, half = lane & 1;
+  const int r = lane >> 1, c0 = (lane & 1) * 8;
   const int row = warp * kWarpRows + r;
   const int64_t i = i0 + row;
   for (int64_t kb = 0; kb <= qb; ++kb) {
@@ -348,26 +397,31 @@ __global__ void __launch_bounds__(kThreadsFa) FlashBackwardQKernel(AttentionShap
     LoadTile<D>(ks, t.k + hk * D, t.kv_stride, row0 + j0, keys);
     LoadTile<D>(vs, t.v + hk * D, t.kv_stride, row0 + j0, keys);
     __syncthreads();
-    RowsTimesTileT<D>(qs + warp * kWarpRows * P::kTile, ks, sw);    // q kᵀ
-    RowsTimesTileT<D>(dos + warp * kWarpRows * P::kTile, vs, dpw);  // dO vᵀ
-    __syncwarp();
-    for (int c = half * 32; c < half * 32 + 32; ++c) {
-      float ds = 0.0f;
-      if (model::FlashVisible(i, j0 + c, T)) {
-        const float p = model::FlashProb(sw[r * P::kScore + c] * s.scale, lse_s[row]);
-        ds = model::FlashScoreGrad(p, dpw[r * P::kScore + c], delta_s[row]);
+#pragma unroll
+    for (int n = 0; n < kB / 16; ++n) {
+      TwoProductsT<D>(qs + warp * kWarpRows * P::kTile, ks + n * 16 * P::kTile, sw, dos + warp * kWarpRows * P::kTile,
+                      vs + n * 16 * P::kTile, dpw);
+      __syncwarp();
+      for (int cc = c0; cc < c0 + 8; ++cc) {
+        const int c = n * 16 + cc;
+        float ds = 0.0f;
+        if (model::FlashVisible(i, j0 + c, T)) {
+          const float p = model::FlashProb(sw[r * kSub + cc] * s.scale, lse_s[row]);
+          ds = model::FlashScoreGrad(p, dpw[r * kSub + cc], delta_s[row]);
+        }
+        dsw[r * P::kProb + c] = ToBf16(ds);
       }
-      dsw[r * P::kProb + c] = ToBf16(ds);
+      __syncwarp();
     }
-    __syncwarp();
     ProbTimesTile<D>(dq, dsw, ks);  // dQ += ds k
   }
+  __syncthreads();
+  float* stage = reinterpret_cast<float*>(smem + warp * P::kOutBytes);
   const int64_t first = i0 + warp * kWarpRows;
+  StoreFragments<D>(dq, stage);
   __syncwarp();
-  StoreFragments<D>(dq, sw);
-  __syncwarp();
-  StoreRows<D>(t.dq + h * D, t.q_stride, row0 + first, static_cast<int>(Min64(kWarpRows, T - first)), sw,
-               s.scale, lane);
+  StoreRows<D>(t.dq + h * D, t.q_stride, row0 + first, static_cast<int>(Min64(kWarpRows, T - first)), stage, s.scale,
+               lane);
 }
 
 template <int D>
@@ -378,12 +432,13 @@ constexpr int ForwardSmem() {
 template <int D>
 constexpr int BackwardKvSmem() {
   using P = Pitch<D>;
-  return 4 * P::kTileBytes + kWarps * 2 * (P::kScoreBytes + P::kProbBytes) + 2 * kB * 4;
+  static_assert(kWarps * P::kOutBytes <= 4 * P::kTileBytes, "the output staging fits the tiles");
+  return 4 * P::kTileBytes + kWarps * 2 * (kSubBytes + P::kProbBytes) + 2 * kB * 4;
 }
 template <int D>
 constexpr int BackwardQSmem() {
   using P = Pitch<D>;
-  return 4 * P::kTileBytes + kWarps * (2 * P::kScoreBytes + P::kProbBytes) + 2 * kB * 4;
+  return 4 * P::kTileBytes + kWarps * (2 * kSubBytes + P::kProbBytes) + 2 * kB * 4;
 }
 
 Status Check(const char* fn, const AttentionShape& s, const AttentionTensors& t, bool backward) {

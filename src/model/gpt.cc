@@ -7,12 +7,14 @@
 #include "cpu/openblas_lib.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <limits>
 
 #include "common/check.h"
 #include "common/units.h"
 #include "common/float16.h"
+#include "model/flash_attention.h"
 #include "model/gemm.h"
 #include "model/layers.h"
 
@@ -40,9 +42,65 @@ class Planner {
 
 }  // namespace
 
+std::string_view AttentionKernelName(AttentionKernel a) {
+  switch (a) {
+    case AttentionKernel::kAuto: return "auto";
+    case AttentionKernel::kPlain: return "plain";
+    case AttentionKernel::kFlash: return "flash";
+  }
+  return "?";
+}
+
+AttentionKernel ToAttentionKernel(AttentionChoice choice) {
+  switch (choice) {
+    case AttentionChoice::kPlain: return AttentionKernel::kPlain;
+    case AttentionChoice::kFlash: return AttentionKernel::kFlash;
+    case AttentionChoice::kAuto: break;
+  }
+  return AttentionKernel::kAuto;
+}
+
+AttentionKernel ResolveAttention(const GptConfig& c, const GptRunOptions& o) {
+  if (o.attention != AttentionKernel::kAuto) return o.attention;
+  const int64_t D = c.num_heads > 0 ? c.embed_dim / c.num_heads : 0;
+  return o.matmul_dtype == DType::kBFloat16 && (D == 64 || D == 128) ? AttentionKernel::kFlash
+                                                                       : AttentionKernel::kPlain;
+}
+
+AttentionShape FlashAttentionShape(const GptConfig& c, const GptRunOptions& o) {
+  const int64_t D = c.embed_dim / c.num_heads;
+  return AttentionShape{o.batch_size, o.seq_len ? o.seq_len : c.max_seq_len, c.num_heads, c.num_heads, D,
+                        1.0f / std::sqrt(static_cast<float>(D))};
+}
+
+AttentionTensors FlashAttentionTensors(const GptConfig& c, const ActivationLayout& l, const ActivationLayout::Block& a,
+                                       void* arena, bool backward) {
+  char* base = static_cast<char*>(arena);
+  auto f32 = [&](uint64_t offset) { return reinterpret_cast<float*>(base + offset); };
+  const int64_t C = c.embed_dim;
+  AttentionTensors t;
+  t.q = f32(a.qkv);
+  t.k = t.q + C;
+  t.v = t.q + 2 * C;
+  t.q_stride = t.kv_stride = 3 * C;
+  t.out = f32(a.atty);
+  t.out_stride = C;
+  t.lse = f32(a.att);
+  if (backward) {
+    t.dout = f32(l.dbuf);
+    t.delta = f32(l.datt);
+    t.dq = f32(l.dqkv);
+    t.dk = t.dq + C;
+    t.dv = t.dq + 2 * C;
+  }
+  return t;
+}
+
 ActivationLayout ActivationLayout::For(const GptConfig& c, const GptRunOptions& o) {
   const int64_t B = o.batch_size, T = o.seq_len ? o.seq_len : c.max_seq_len, C = c.embed_dim;
   const int64_t L = c.num_layers, H = c.num_heads, V = c.vocab_size, BT = B * T;
+  const bool flash = ResolveAttention(c, o) == AttentionKernel::kFlash;
+  const int64_t att_elems = flash ? B * H * T : B * H * T * T;
   ActivationLayout l;
   Planner p;
   l.tokens = p.Take(BT * sizeof(int32_t));
@@ -54,7 +112,7 @@ ActivationLayout ActivationLayout::For(const GptConfig& c, const GptRunOptions& 
   l.block.ln1_mean = set.Take(F32Bytes(BT));
   l.block.ln1_rstd = set.Take(F32Bytes(BT));
   l.block.qkv = set.Take(F32Bytes(BT * 3 * C));
-  l.block.att = set.Take(F32Bytes(B * H * T * T));
+  l.block.att = set.Take(F32Bytes(att_elems));
   l.block.atty = set.Take(F32Bytes(BT * C));
   l.block.res_mid = set.Take(F32Bytes(BT * C));
   l.block.ln2 = set.Take(F32Bytes(BT * C));
@@ -76,7 +134,7 @@ ActivationLayout ActivationLayout::For(const GptConfig& c, const GptRunOptions& 
   l.dres = p.Take(F32Bytes(BT * C));
   l.dbuf = p.Take(F32Bytes(BT * C));
   l.dqkv = p.Take(F32Bytes(BT * 3 * C));
-  l.datt = p.Take(F32Bytes(B * H * T * T));
+  l.datt = p.Take(F32Bytes(att_elems));
   l.dfch = p.Take(F32Bytes(BT * 4 * C));
   l.scratch_bytes = p.at() - l.saved_bytes;
 
@@ -91,9 +149,11 @@ ActivationLayout ActivationLayout::For(const GptConfig& c, const GptRunOptions& 
   }
   if (o.matmul_dtype == DType::kBFloat16) {
     // Linear layers (activations [B·T, 4C] at most, weights [C, 4C]), the LM
-    // head (logits' gradient [B·T, V], wte [V, C]) and one batch row's
-    // attention (scores H × T × T, the row's qkv T × 3C).
-    l.bf16_operand_elems = std::max({BT * 4 * C, 4 * C * C, BT * V, V * C, H * T * T, T * 3 * C});
+    // head (logits' gradient [B·T, V], wte [V, C]) and, for the plain
+    // attention, one batch row's (scores H × T × T, the row's qkv T × 3C);
+    // flash attention rounds its tiles itself.
+    l.bf16_operand_elems = std::max({BT * 4 * C, 4 * C * C, BT * V, V * C});
+    if (!flash) l.bf16_operand_elems = std::max({l.bf16_operand_elems, H * T * T, T * 3 * C});
     l.bf16_a = p.Take(static_cast<uint64_t>(l.bf16_operand_elems) * 2);
     l.bf16_b = p.Take(static_cast<uint64_t>(l.bf16_operand_elems) * 2);
   }
@@ -131,6 +191,7 @@ Result<std::unique_ptr<GptModel>> GptModel::Create(const GptConfig& config, cons
   }
   if (o.num_threads < 1) return InvalidArgument("gpt model: num_threads must be >= 1");
   ZINF_RETURN_IF_ERROR(CheckMatmulDtype(o.matmul_dtype));
+  o.attention = ResolveAttention(config, o);
   ZINF_RETURN_IF_ERROR(OpenBlas().status());  // the CPU products (gemm.cc) need it
   // The LM head's [B·T, V] product and the attention scores are addressed
   // with 32-bit BLAS dimensions.
@@ -239,7 +300,12 @@ void GptModel::RunBlockForward(int layer, const float* p) {
   LayerNormForward<float>(threads_, F32(a.ln1), F32(a.ln1_mean), F32(a.ln1_rstd), in, p + w.ln1_w, p + w.ln1_b, BT,
                           C);
   LinearForward<float>(threads_, F32(a.qkv), F32(a.ln1), p + w.qkv_w, p + w.qkv_b, BT, C, 3 * C);
-  AttentionForward<float>(threads_, F32(a.atty), F32(a.att), F32(a.qkv), B, T, C, H);
+  if (options_.attention == AttentionKernel::kFlash) {
+    FlashAttentionForward(threads_, FlashAttentionShape(config_, options_),
+                          FlashAttentionTensors(config_, layout_, a, arena_, false));
+  } else {
+    AttentionForward<float>(threads_, F32(a.atty), F32(a.att), F32(a.qkv), B, T, C, H);
+  }
   LinearForward<float>(threads_, res_mid, F32(a.atty), p + w.attn_proj_w, p + w.attn_proj_b, BT, C, C);
   ResidualForward<float>(threads_, res_mid, in, res_mid, BT * C);
   LayerNormForward<float>(threads_, F32(a.ln2), F32(a.ln2_mean), F32(a.ln2_rstd), res_mid, p + w.ln2_w,
@@ -355,7 +421,12 @@ Status GptModel::BlockBackward(int layer, const void* block, void* block_grad) {
   // Attention: res_mid = in + attn_proj(attention(qkv(ln1(in)))).
   LinearBackward<float>(threads_, dbuf, false, g + w.attn_proj_w, g + w.attn_proj_b, dres, F32(a.atty),
                         p + w.attn_proj_w, BT, C, C);
-  AttentionBackward<float>(threads_, dqkv, F32(layout_.datt), dbuf, F32(a.qkv), F32(a.att), B, T, C, H);
+  if (options_.attention == AttentionKernel::kFlash) {
+    FlashAttentionBackward(threads_, FlashAttentionShape(config_, options_),
+                           FlashAttentionTensors(config_, layout_, a, arena_, true));
+  } else {
+    AttentionBackward<float>(threads_, dqkv, F32(layout_.datt), dbuf, F32(a.qkv), F32(a.att), B, T, C, H);
+  }
   LinearBackward<float>(threads_, dbuf, false, g + w.qkv_w, g + w.qkv_b, dqkv, F32(a.ln1), p + w.qkv_w, BT, C, 3 * C);
   LayerNormBackward<float>(threads_, dres, g + w.ln1_w, g + w.ln1_b, dbuf, in, p + w.ln1_w, F32(a.ln1_mean),
                            F32(a.ln1_rstd), BT, C);

@@ -34,13 +34,26 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 
+#include "math/attention_math.h"
 #include "model/gpt_config.h"
 #include "model/parallel.h"
+#include "zinf/config.h"
 #include "zinf/dtype.h"
 #include "zinf/status.h"
 
 namespace zinf::model {
+
+// The attention's algorithm. kPlain keeps each head's T × T probabilities
+// from forward to backward (model/layers.h); kFlash keeps one log-sum-exp
+// per row and recomputes the rest in backward (model/flash_attention.h, and
+// on CUDA the tensor-core kernels of gpu/kernels.h). kAuto is kFlash when
+// the products take bf16 operands and the head size is 64 or 128 (those the
+// CUDA kernels take), kPlain otherwise.
+enum class AttentionKernel { kAuto, kPlain, kFlash };
+std::string_view AttentionKernelName(AttentionKernel a);  // "auto", "plain", "flash"
+AttentionKernel ToAttentionKernel(AttentionChoice choice);  // zinf.attention
 
 struct GptRunOptions {
   int64_t batch_size = 1;  // B
@@ -58,7 +71,11 @@ struct GptRunOptions {
   // rounded to bf16, the sums in fp32 (tensor cores on CUDA; the same
   // rounding before OpenBLAS's fp32 product on the CPU: gemm.h).
   DType matmul_dtype = DType::kFloat32;
+  AttentionKernel attention = AttentionKernel::kAuto;
 };
+
+// kPlain or kFlash: what `o.attention` means for this model.
+AttentionKernel ResolveAttention(const GptConfig& c, const GptRunOptions& o);
 
 // Where each buffer lives in the activation arena (byte offsets, each
 // 64-byte aligned), and how the bytes split.
@@ -75,7 +92,9 @@ struct ActivationLayout {
   uint64_t conversion_bytes = 0;
   uint64_t total_bytes = 0;
 
-  struct Block {  // per-block saved tensors, fp32
+  // Per-block saved tensors, fp32. att: the attention probabilities
+  // [B, H, T, T] (plain), or each row's log-sum-exp [B, H, T] (flash).
+  struct Block {
     uint64_t ln1, ln1_mean, ln1_rstd, qkv, att, atty, res_mid, ln2, ln2_mean, ln2_rstd, fch, fch_gelu;
   };
   uint64_t tokens = 0, targets = 0;  // int32 [B·T]
@@ -85,6 +104,7 @@ struct ActivationLayout {
   int64_t block_sets = 0;            // L, or 1 with checkpointing
   Block block{};                     // offsets inside a block set
   uint64_t lnf = 0, lnf_mean = 0, lnf_rstd = 0, probs = 0, losses = 0;
+  // datt: scratch of att's size (plain), or flash's δ [B, H, T].
   uint64_t dres = 0, dbuf = 0, dqkv = 0, datt = 0, dfch = 0;
   uint64_t wide_embedding = 0, wide_unit = 0, grad_embedding = 0, grad_unit = 0;  // conversion, when used
   // With bf16 matmul operands: two bf16 copies (a product's A and B, each
@@ -100,6 +120,14 @@ struct ActivationLayout {
   Block BlockAt(int layer) const;
   std::string ToString() const;  // "1.02 GiB (saved 901 MiB, scratch 120 MiB, conversion 0 B)"
 };
+
+// The attention of block set `a` as flash attention sees it, over the
+// activation arena at `arena` (a host or a device address): q, k, v from
+// the fused qkv, out = atty, lse = att; with backward also dout = dbuf,
+// delta = datt and dq, dk, dv in dqkv.
+AttentionShape FlashAttentionShape(const GptConfig& c, const GptRunOptions& o);
+AttentionTensors FlashAttentionTensors(const GptConfig& c, const ActivationLayout& l, const ActivationLayout::Block& a,
+                                       void* arena, bool backward);
 
 class GptModel {
  public:

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "common/plan_model.h"
+#include "model/gpt.h"
 #include "model/gpt_config.h"
 #include "zinf/dtype.h"
 #include "zinf/status.h"
@@ -14,8 +15,10 @@ namespace zinf {
 
 // A GPT (gpt_config.h) trained on micro_batch × seq_len tokens per rank and
 // micro-step, with activations for the given compute dtype and matrix
-// products' operands (bf16 operands add their rounded copies).
+// products' operands (bf16 operands add their rounded copies), and the
+// attention (model::ResolveAttention: flash keeps O(T) per head, plain T²).
 Result<PlanModel> PlanGptModel(const model::GptConfig& config, int64_t micro_batch, int64_t seq_len,
-                               bool checkpointing, DType compute_dtype, DType matmul_dtype = DType::kFloat32);
+                               bool checkpointing, DType compute_dtype, DType matmul_dtype = DType::kFloat32,
+                               model::AttentionKernel attention = model::AttentionKernel::kAuto);
 
 }  // namespace zinf

@@ -179,7 +179,7 @@ TEST(ConfigTest, NvmePathMayBeAListForStriping) {
 TEST(ConfigTest, ZinfBlock) {
   Config c = MustParse(R"({"zinf": {"device": "cuda:1", "device_memory": "2G", "host_memory": 1073741824,
                            "optimizer_threads": 2, "gradients": "nvme", "checksums": true, "matmul": "bf16",
-                           "aio": {"rings": 2, "sqpoll": true, "phased_swaps": false}}})");
+                           "attention": "flash", "aio": {"rings": 2, "sqpoll": true, "phased_swaps": false}}})");
   EXPECT_EQ(c.zinf.device, "cuda:1");
   EXPECT_EQ(c.zinf.device_memory, 2ull << 30);
   EXPECT_EQ(c.zinf.host_memory, 1ull << 30);
@@ -195,6 +195,9 @@ TEST(ConfigTest, ZinfBlock) {
   EXPECT_EQ(c.zinf.matmul, DType::kBFloat16);
   EXPECT_EQ(MustParse("{}").zinf.matmul, DType::kFloat32);
   EXPECT_NE(c.ToJson().find("\"matmul\": \"bf16\""), std::string::npos) << c.ToJson();
+  EXPECT_EQ(c.zinf.attention, AttentionChoice::kFlash);
+  EXPECT_EQ(MustParse("{}").zinf.attention, AttentionChoice::kAuto);
+  EXPECT_NE(c.ToJson().find("\"attention\": \"flash\""), std::string::npos) << c.ToJson();
 }
 
 TEST(ConfigTest, HarmlessValuesOfUnimplementedKeysAreAccepted) {
@@ -291,7 +294,8 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{R"({"zinf": {"device_memory": "4Q"}})", "zinf.device_memory: invalid size '4Q'"},
         BadCase{R"({"zinf": {"gradients": "disk"}})", "zinf.gradients: expected one of \"auto\", \"host\", \"nvme\", found the string \"disk\""},
         BadCase{R"({"zinf": {"matmul": "fp16"}})", "zinf.matmul: expected one of \"fp32\", \"bf16\", found the string \"fp16\""},
-        BadCase{R"({"zinf": {"frobnicate": 1}})", "zinf.frobnicate: unknown key; accepted keys here: aio, checksums, device"},
+        BadCase{R"({"zinf": {"attention": "sparse"}})", "zinf.attention: expected one of \"auto\", \"plain\", \"flash\", found the string \"sparse\""},
+        BadCase{R"({"zinf": {"frobnicate": 1}})", "zinf.frobnicate: unknown key; accepted keys here: aio, attention, checksums, device"},
         BadCase{R"({"zero_optimization": {"stage": 1, "stage": 2}})", "zero_optimization.stage: key appears more than once"},
         BadCase{R"([1, 2])", "the top level must be a JSON object, found the array [1,2]"},
         BadCase{"{\n  \"zero_optimization\": {\n    \"stage\": 2,\n  }\n}", "test.json:4:3: malformed JSON"},

@@ -186,6 +186,54 @@ TEST(GptModelTest, Bf16MatmulIsThreadCountInvariantAndNearFp32) {
   }
 }
 
+// Flash attention in the model: the loss and every gradient of the plain
+// attention's model up to the order of fp32 sums (relative 1e-5), in
+// memory that grows with T instead of T².
+TEST(GptModelTest, FlashAttentionMatchesPlainAndSavesMemory) {
+  GptRunOptions o;
+  o.batch_size = 3;
+  o.num_threads = 2;
+  o.attention = AttentionKernel::kPlain;
+  const StepResult plain = RunStep(Chunky(), o);
+  o.attention = AttentionKernel::kFlash;
+  const StepResult flash = RunStep(Chunky(), o);
+  EXPECT_NEAR(flash.loss, plain.loss, 1e-5 * std::fabs(plain.loss));
+  for (size_t u = 0; u < plain.grads.size(); ++u) {
+    double diff = 0, norm = 0;
+    for (size_t i = 0; i < plain.grads[u].size(); ++i) {
+      const double d = static_cast<double>(flash.grads[u][i]) - plain.grads[u][i];
+      diff += d * d;
+      norm += static_cast<double>(plain.grads[u][i]) * plain.grads[u][i];
+    }
+    EXPECT_LT(std::sqrt(diff / norm), 1e-5) << "unit " << u;
+  }
+  const GptConfig c = Chunky();
+  GptRunOptions p = o;
+  p.attention = AttentionKernel::kPlain;
+  const ActivationLayout a = ActivationLayout::For(c, p), b = ActivationLayout::For(c, o);
+  const int64_t T = c.max_seq_len, BH = o.batch_size * c.num_heads;
+  EXPECT_GE(a.saved_bytes - b.saved_bytes, static_cast<uint64_t>(c.num_layers * BH * (T * T - T) * 4));
+  EXPECT_GE(a.scratch_bytes - b.scratch_bytes, static_cast<uint64_t>(BH * (T * T - T) * 4));
+}
+
+TEST(GptModelTest, AutoAttentionIsFlashForBf16ProductsOnHeadsOf64Or128) {
+  GptConfig c = Chunky();  // head size 16
+  GptRunOptions o;
+  EXPECT_EQ(ResolveAttention(c, o), AttentionKernel::kPlain);
+  o.matmul_dtype = DType::kBFloat16;
+  EXPECT_EQ(ResolveAttention(c, o), AttentionKernel::kPlain);
+  c.embed_dim = 256;  // head size 64
+  EXPECT_EQ(ResolveAttention(c, o), AttentionKernel::kFlash);
+  o.attention = AttentionKernel::kPlain;
+  EXPECT_EQ(ResolveAttention(c, o), AttentionKernel::kPlain);
+  o.matmul_dtype = DType::kFloat32;
+  o.attention = AttentionKernel::kAuto;
+  EXPECT_EQ(ResolveAttention(c, o), AttentionKernel::kPlain);
+  auto model = GptModel::Create(c, GptRunOptions{.matmul_dtype = DType::kBFloat16});
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  EXPECT_EQ((*model)->options().attention, AttentionKernel::kFlash);  // resolved at creation
+}
+
 TEST(GptModelTest, CheckpointingGivesTheSameBitsAndSavesMemory) {
   GptRunOptions o;
   o.batch_size = 2;

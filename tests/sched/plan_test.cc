@@ -239,6 +239,7 @@ TEST(PlanTest, Bf16MatmulCountsTheOperandCopies) {
   o.batch_size = 2;
   o.seq_len = 1024;
   o.param_dtype = DType::kBFloat16;
+  o.attention = model::AttentionKernel::kPlain;  // the same attention on both sides
   const model::ActivationLayout fp32_layout = model::ActivationLayout::For(*c, o);
   o.matmul_dtype = DType::kBFloat16;
   const model::ActivationLayout bf16_layout = model::ActivationLayout::For(*c, o);
@@ -248,11 +249,20 @@ TEST(PlanTest, Bf16MatmulCountsTheOperandCopies) {
   EXPECT_LE(bf16_layout.total_bytes - fp32_layout.total_bytes, 2 * copy + 128);  // alignment
 
   auto fp32 = PlanGptModel(*c, 2, 1024, false, DType::kBFloat16);
-  auto bf16 = PlanGptModel(*c, 2, 1024, false, DType::kBFloat16, DType::kBFloat16);
+  auto bf16 = PlanGptModel(*c, 2, 1024, false, DType::kBFloat16, DType::kBFloat16, model::AttentionKernel::kPlain);
   ASSERT_TRUE(fp32.ok() && bf16.ok());
   EXPECT_GE(fp32->activation_bytes, fp32_layout.total_bytes);
   EXPECT_GE(bf16->activation_bytes, bf16_layout.total_bytes);
   EXPECT_GT(bf16->activation_bytes, fp32->activation_bytes + copy);
+
+  // bf16 products with heads of 64 default to flash attention: per layer and
+  // head one value per row is kept instead of T² (saved and scratch).
+  auto flash = PlanGptModel(*c, 2, 1024, false, DType::kBFloat16, DType::kBFloat16);
+  ASSERT_TRUE(flash.ok());
+  const uint64_t t2 = 2ull * c->num_heads * (1024 * 1024 - 1024) * 4;
+  EXPECT_GE(bf16->activation_bytes - flash->activation_bytes, (c->num_layers + 1) * t2);
+  EXPECT_NE(flash->activation_note.find("flash attention"), std::string::npos) << flash->activation_note;
+  EXPECT_EQ(bf16->activation_note.find("flash attention"), std::string::npos) << bf16->activation_note;
 }
 
 // ---- Against the engine.
