@@ -151,7 +151,7 @@ Result<int> EngineImpl::AddUnit(const std::string& name, const std::vector<Param
 }
 
 Status EngineImpl::Finalize() {
-  if (finalized_) return Status::Ok();
+  if (finalized_) return finalize_status_;
   if (units_.empty()) return FailedPrecondition("no units registered: AddUnit before the first Fetch");
   // Stage 3: a unit that cannot be gathered whole is a plan error now, not
   // an out-of-memory error mid-step.
@@ -172,6 +172,14 @@ Status EngineImpl::Finalize() {
     }
   }
   finalized_ = true;
+  finalize_status_ = BuildAfterRegistration();
+  if (!finalize_status_.ok()) {
+    finalize_status_ = finalize_status_.WithContext("engine set-up before the first micro-step (the engine is unusable)");
+  }
+  return finalize_status_;
+}
+
+Status EngineImpl::BuildAfterRegistration() {
   {
     std::vector<int64_t> gathered_elems;
     for (const Unit& u : units_) gathered_elems.push_back(u.part.padded_elems);

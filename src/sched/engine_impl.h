@@ -295,7 +295,12 @@ class EngineImpl final : public Engine {
     }
     return Status::Ok();
   }
+  // Builds what the first micro-step needs (norm layout, staging, the swap
+  // set-up). Idempotent; once past the checks that leave nothing built, a
+  // failure is sticky: every later call returns it, because the engine is
+  // half built.
   Status Finalize();
+  Status BuildAfterRegistration();
   struct ExcludeIo;
   Result<void*> Alloc(uint64_t bytes, const std::string& what);
   Status AllocateGrads(Unit& u, Stream& stream, bool zero);
@@ -490,6 +495,7 @@ class EngineImpl final : public Engine {
   int64_t live_elems_ = 0;        // gathered elements of every unit (client's and prefetched)
   int64_t persistent_elems_ = 0;  // stage 3: elements of the units kept whole
   bool finalized_ = false;
+  Status finalize_status_;  // the set-up's failure, once finalized_
   int64_t micro_in_window_ = 0;  // micro-steps since the last boundary
   int64_t boundaries_ = 0;
   // Stages 2 and 3: the reduce buckets (the open one, and those closed but

@@ -1325,6 +1325,12 @@ TEST_F(EngineTest, GradientsSwapToNvmeWhereHostMemoryIsShort) {
   const Status s = e->Fetch(0, *stream_).status();
   EXPECT_EQ(s.code(), StatusCode::kOutOfMemory) << s.ToString();
   EXPECT_NE(s.message().find("zinf.host_memory"), std::string::npos) << s.ToString();
+  // The failure is sticky: the engine is half built, so every later call
+  // that needs the set-up returns it instead of running on.
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(e->Fetch(1, *stream_).status().message(), s.message());
+    EXPECT_EQ(e->Step().status().message(), s.message());
+  }
 }
 
 // zinf.aio.phased_swaps: a batch of buffer_count sub-group reads, then
