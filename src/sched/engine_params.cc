@@ -7,11 +7,26 @@
 // (Fetch, GradBuffers, Release) and the gather stream (Gather: shard read,
 // copied up, all-gathered, each after its unit's last update). Waits for
 // the unit's update (params_ready) before a gather and for the client's
-// release before a drop.
+// release before a drop. On several ranks, which units are gathered, and
+// when, depends only on the Fetch trace and the element caps, never on this
+// rank's allocator: a shortage there is an error, not a skipped prefetch.
 #include "sched/engine_impl.h"
 
 namespace zinf {
 namespace sched {
+namespace {
+
+// On several ranks the gathers follow the trace and the element caps, which
+// every rank computes alike. Skipping a prefetch, or dropping a unit held
+// ahead, because this rank's allocator ran short would change this rank's
+// all-gathers alone and pair its collectives with the wrong ones elsewhere;
+// a shortage is an error instead.
+constexpr const char* kRankLocalShortage =
+    "device memory short on this rank (on several ranks a gather is never skipped or redone on one rank alone, so "
+    "that every rank issues the same collectives in the same order): lower "
+    "zero_optimization.stage3_prefetch_bucket_size or stage3_max_live_parameters, or raise the device memory";
+
+}  // namespace
 
 Result<UnitPointers> EngineImpl::Fetch(int unit, Stream& stream) {
   ZINF_RETURN_IF_ERROR(CheckUnit(unit, "Fetch"));
@@ -68,10 +83,13 @@ Result<UnitPointers> EngineImpl::GradBuffers(int unit) {
 Status EngineImpl::AllocateGrads(Unit& u, Stream& stream, bool zero) {
   const uint64_t bytes = static_cast<uint64_t>(u.part.padded_elems) * 4;
   auto g = device_.Allocate(bytes, stream);
-  if (!g.ok() && g.status().code() == StatusCode::kOutOfMemory) {
+  if (!g.ok() && !distributed() && g.status().code() == StatusCode::kOutOfMemory) {
     // What the engine holds ahead of use gives way to what the client needs now.
     ZINF_RETURN_IF_ERROR(DropEngineHeld());
     g = device_.Allocate(bytes, stream);
+  }
+  if (!g.ok() && distributed() && g.status().code() == StatusCode::kOutOfMemory) {
+    return g.status().WithContext("gradients of unit '" + u.name + "' (stage 3)").WithContext(kRankLocalShortage);
   }
   if (!g.ok()) return g.status().WithContext("gradients of unit '" + u.name + "' (stage 3)");
   u.grads = static_cast<float*>(*g);
@@ -133,7 +151,9 @@ Status EngineImpl::Prefetch() {
   for (int i : ahead) {
     Unit& w = units_[i];
     Status s = Gather(w, /*prefetch=*/true);
-    if (s.code() == StatusCode::kOutOfMemory) break;  // the device budget is full: the client's Fetch gathers it
+    // One rank: the device budget is full, the client's Fetch gathers it.
+    if (s.code() == StatusCode::kOutOfMemory && !distributed()) break;
+    if (s.code() == StatusCode::kOutOfMemory) return s.WithContext(kRankLocalShortage);
     ZINF_RETURN_IF_ERROR(s);
     w.prefetched = true;
   }
@@ -173,10 +193,13 @@ Status EngineImpl::Gather(Unit& u, bool prefetch) {
   Stream& gs = *gather_stream_;
   const size_t esize = DTypeSizeBytes(compute_dtype_);
   auto full = device_.Allocate(u.part.padded_elems * esize, gs);
-  if (!full.ok() && !prefetch && full.status().code() == StatusCode::kOutOfMemory) {
+  if (!full.ok() && !prefetch && !distributed() && full.status().code() == StatusCode::kOutOfMemory) {
     // What the engine holds ahead of use gives way to what the client asks for.
     ZINF_RETURN_IF_ERROR(DropEngineHeld());
     full = device_.Allocate(u.part.padded_elems * esize, gs);
+  }
+  if (!full.ok() && !prefetch && distributed() && full.status().code() == StatusCode::kOutOfMemory) {
+    return full.status().WithContext("gathering unit '" + u.name + "'").WithContext(kRankLocalShortage);
   }
   if (!full.ok()) return full.status().WithContext("gathering unit '" + u.name + "'");
   u.gathered = *full;

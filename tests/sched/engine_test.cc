@@ -207,12 +207,22 @@ bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
+// Device memory for the short-budget stage-3 test, in gathered units: the
+// client's gathered unit, its gradient and the reduction's buffers fit, a
+// prefetch of the next units does not.
+constexpr uint64_t kShortBudgetUnits = 4;
+
 class EngineTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    device_ = Must(CreateHostDevice(DeviceOptions{.spec = "cpu", .memory_budget = 256 << 20, .checking = true, .seed = 3}));
-    stream_ = Must(device_->CreateStream());
+    // Checking mode on both sides: the communicator compares every
+    // collective's kind and sequence across the ranks, and each rank's
+    // device delays its streams' tasks from its own seed, so that the ranks'
+    // allocators see frees land at different times.
     comm_ = Must(CreateMpiCommunicator(CommOptions{.timeout_seconds = 60, .checking = true}));
+    device_ = Must(CreateHostDevice(
+        DeviceOptions{.spec = "cpu", .memory_budget = 256 << 20, .checking = true, .seed = 3 + 7919ull * rank()}));
+    stream_ = Must(device_->CreateStream());
   }
   int rank() const { return comm_->rank(); }
   int world() const { return comm_->size(); }
@@ -1489,6 +1499,48 @@ TEST_F(EngineTest, Stage3PrefetchFollowsTheRecordedOrder) {
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("stage3_max_live_parameters = 1000"), std::string::npos) << s.ToString();
   MustOk(stream_->Synchronize());
+}
+
+// Stage 3 on a device budget the prefetch outgrows. On one rank a prefetch
+// that does not fit is skipped and the client's Fetch gathers the unit. On
+// several ranks that would change this rank's all-gathers alone, so the
+// shortage is an error naming the caps to lower, at the same call on every
+// rank (the element caps and the trace decide, which every rank computes
+// alike), and no rank is left inside a collective the others never issue.
+TEST_F(EngineTest, Stage3ShortBudgetNeverSkipsAGatherOnOneRankAlone) {
+  Config c = HardConfig(3);
+  c.fp16.enabled = false;
+  c.gradient_accumulation_steps = 1;
+  c.zero.stage3_param_persistence_threshold = 0;
+  c.zero.offload_param.device = OffloadDevice::kCpu;
+  c.zero.offload_optimizer.device = OffloadDevice::kCpu;
+  c.zero.reduce_bucket_size = 65536;  // one unit per bucket
+  IndependentUnits net;
+  net.sizes.assign(6, 65536);
+  const uint64_t unit_bytes = static_cast<uint64_t>(PartitionUnit(65536, world()).padded_elems) * 4;
+  auto small = Must(CreateHostDevice(DeviceOptions{
+      .spec = "cpu", .memory_budget = kShortBudgetUnits * unit_bytes, .checking = true, .seed = 11 + 31ull * rank()}));
+  auto stream = Must(small->CreateStream());
+  auto e = Must(Engine::Create(c, *small, comm_.get()));
+  net.Register(*e);
+  const std::vector<int> all = {0, 1, 2, 3, 4, 5};
+  MustOk(net.MicroStep(*e, *stream, rank(), all));  // records the trace: nothing gathered ahead yet
+  EXPECT_TRUE(Must(e->Step()));
+  const Status second = net.MicroStep(*e, *stream, world() + rank(), all);
+  if (world() == 1) {
+    MustOk(second);
+    EXPECT_TRUE(Must(e->Step()));
+  } else {
+    EXPECT_EQ(second.code(), StatusCode::kOutOfMemory) << second.ToString();
+    EXPECT_NE(second.message().find("never skipped or redone on one rank alone"), std::string::npos)
+        << second.ToString();
+    EXPECT_NE(second.message().find("stage3_prefetch_bucket_size"), std::string::npos) << second.ToString();
+    // Every rank stopped at the same call: the next collective is one they
+    // all issue (a mismatch would be kInvalidArgument from the checking
+    // communicator, a rank left behind kUnavailable after the timeout).
+    MustOk(comm_->Barrier(*stream));
+  }
+  MustOk(stream->Synchronize());
 }
 
 // Stage 3: GradBuffers before this micro-step's Fetch of the unit allocates
