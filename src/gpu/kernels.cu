@@ -20,8 +20,9 @@
 // computed from them, are bit-identical to the CPU layers. It limits a row
 // reduction to 17 threads (a lane thread loads its elements a batch ahead
 // where nothing else reads them); the elementwise passes of a row use the
-// whole block. Column sums (LayerNorm's dw, db) use one thread per column adding
-// the rows in order, as the CPU does.
+// whole block. Column sums (LayerNorm's dw, db, the bias gradients) add in
+// lane_math.h's row chunks, the chunks of a column in parallel, then the
+// partials in chunk order, as the CPU does.
 #include "gpu/kernels.h"
 
 #include <cuda_runtime.h>
@@ -50,12 +51,8 @@ unsigned BlocksFor(size_t n) {
 }
 unsigned BlocksForRows(int64_t rows) { return static_cast<unsigned>(std::min<int64_t>(rows, 65535)); }
 constexpr unsigned kRowThreads = 32;  // a row kernel's block: the 17 reduction threads and 15 more
-// Column kernels: warp-sized blocks, one thread per column.
-constexpr unsigned kColumnThreads = 32;
-unsigned ColumnBlocks(int64_t cols) {
-  return static_cast<unsigned>(
-      std::min<int64_t>((cols + kColumnThreads - 1) / kColumnThreads, static_cast<int64_t>(kMaxBlocks)));
-}
+// Column kernels: a block per 32 columns (the grid takes 2^31 - 1 of them).
+unsigned ColumnTiles(int64_t cols) { return static_cast<unsigned>((cols + 31) / 32); }
 
 // The launch error of `kernel`, if any, as a Status naming it.
 Status CheckLaunch(const char* kernel, const char* file, int line) {
@@ -311,38 +308,59 @@ __global__ void LayerNormBackwardRowsKernel(const float* __restrict__ dy, const 
   }
 }
 
-// One thread per column: dw[c] += Σ_r dy·x̂, db[c] += Σ_r dy, rows in order.
-// One thread per column, summing the rows in order as the CPU's column loop
-// does. A column's sum is one chain of dependent adds, so the rows are loaded
-// kColumnBatch at a time ahead of their adds: the loads of a batch are in
-// flight together instead of one memory latency per row. Warp-sized blocks
-// spread the columns over as many multiprocessors as there are warps.
-constexpr int kColumnBatch = 32;
+// Column sums in lane_math.h's row chunks: a block per 32 columns (lane c
+// of each warp is column c, so a row's 32 values are one coalesced load);
+// warp w sums chunks w, w + 8, ... of its columns, each chunk's rows in
+// order, loaded a batch ahead; the chunk partials meet in shared memory and
+// warp 0 adds them in chunk order. The CPU's column loop adds the same
+// partials in the same order.
+constexpr int kColumnWarps = 8;
+constexpr int kColumnBatch = 16;
 
-__global__ void LayerNormBackwardColumnsKernel(const float* __restrict__ dy, const float* __restrict__ x,
-                                               const float* __restrict__ mean, const float* __restrict__ rstd,
-                                               float* __restrict__ dw, float* __restrict__ db, int64_t rows,
-                                               int64_t cols) {
-  for (size_t c = GlobalThread(); c < static_cast<size_t>(cols); c += GridStride()) {
+// Σ over rows [r0, r1) of f(r) in order, f's loads kColumnBatch rows ahead.
+template <class Load, class Add>
+__device__ inline void ColumnChunk(int64_t r0, int64_t r1, const Load& load, const Add& add) {
+  int64_t r = r0;
+  for (; r + kColumnBatch <= r1; r += kColumnBatch) {
+    decltype(load(r)) v[kColumnBatch];
+#pragma unroll
+    for (int k = 0; k < kColumnBatch; ++k) v[k] = load(r + k);
+#pragma unroll
+    for (int k = 0; k < kColumnBatch; ++k) add(r + k, v[k]);
+  }
+  for (; r < r1; ++r) add(r, load(r));
+}
+
+__global__ void __launch_bounds__(kColumnWarps * 32)
+    LayerNormBackwardColumnsKernel(const float* __restrict__ dy, const float* __restrict__ x,
+                                   const float* __restrict__ mean, const float* __restrict__ rstd,
+                                   float* __restrict__ dw, float* __restrict__ db, int64_t rows, int64_t cols) {
+  __shared__ float part_w[model::kMaxColumnChunks][32], part_b[model::kMaxColumnChunks][32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * 32 + lane;
+  const int64_t chunk = model::ColumnChunkRows(rows), chunks = (rows + chunk - 1) / chunk;
+  for (int64_t k = warp; k < chunks; k += kColumnWarps) {
     float acc_w = 0.0f, acc_b = 0.0f;
-    int64_t r = 0;
-    for (; r + kColumnBatch <= rows; r += kColumnBatch) {
-      float d[kColumnBatch], xn[kColumnBatch];
-#pragma unroll
-      for (int k = 0; k < kColumnBatch; ++k) {
-        d[k] = dy[(r + k) * cols + c];
-        xn[k] = x[(r + k) * cols + c];
-      }
-#pragma unroll
-      for (int k = 0; k < kColumnBatch; ++k) {
-        acc_w += d[k] * model::LayerNormNormalize(xn[k], mean[r + k], rstd[r + k]);
-        acc_b += d[k];
-      }
+    if (c < cols) {
+      struct Pair {
+        float d, xn;
+      };
+      ColumnChunk(
+          k * chunk, min(rows, (k + 1) * chunk), [&](int64_t r) { return Pair{dy[r * cols + c], x[r * cols + c]}; },
+          [&](int64_t r, Pair p) {
+            acc_w += p.d * model::LayerNormNormalize(p.xn, mean[r], rstd[r]);
+            acc_b += p.d;
+          });
     }
-    for (; r < rows; ++r) {
-      const float d = dy[r * cols + c];
-      acc_w += d * model::LayerNormNormalize(x[r * cols + c], mean[r], rstd[r]);
-      acc_b += d;
+    part_w[k][lane] = acc_w;
+    part_b[k][lane] = acc_b;
+  }
+  __syncthreads();
+  if (warp == 0 && c < cols) {
+    float acc_w = 0.0f, acc_b = 0.0f;
+    for (int64_t k = 0; k < chunks; ++k) {
+      acc_w += part_w[k][lane];
+      acc_b += part_b[k][lane];
     }
     dw[c] += acc_w;
     db[c] += acc_b;
@@ -419,23 +437,26 @@ __global__ void BroadcastRowKernel(const float* __restrict__ row, float* __restr
   for (size_t i = GlobalThread(); i < n; i += GridStride()) out[i] = row[static_cast<int64_t>(i) % cols];
 }
 
-// One thread per column: the rows in order from zero, then added to out (the
-// CPU's ColumnSumAccumulate).
-// As LayerNormBackwardColumnsKernel: rows in order, loaded a batch ahead.
-constexpr int kColumnSumBatch = 64;
-
-__global__ void ColumnSumKernel(const float* __restrict__ x, float* __restrict__ out, int64_t rows, int64_t cols) {
-  for (int64_t c = GlobalThread(); c < cols; c += GridStride()) {
+// The CPU's ColumnSumAccumulate in its row chunks, as the LayerNorm columns.
+__global__ void __launch_bounds__(kColumnWarps * 32)
+    ColumnSumKernel(const float* __restrict__ x, float* __restrict__ out, int64_t rows, int64_t cols) {
+  __shared__ float part[model::kMaxColumnChunks][32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * 32 + lane;
+  const int64_t chunk = model::ColumnChunkRows(rows), chunks = (rows + chunk - 1) / chunk;
+  for (int64_t k = warp; k < chunks; k += kColumnWarps) {
     float acc = 0.0f;
-    int64_t r = 0;
-    for (; r + kColumnSumBatch <= rows; r += kColumnSumBatch) {
-      float v[kColumnSumBatch];
-#pragma unroll
-      for (int k = 0; k < kColumnSumBatch; ++k) v[k] = x[(r + k) * cols + c];
-#pragma unroll
-      for (int k = 0; k < kColumnSumBatch; ++k) acc += v[k];
+    if (c < cols) {
+      ColumnChunk(
+          k * chunk, min(rows, (k + 1) * chunk), [&](int64_t r) { return x[r * cols + c]; },
+          [&](int64_t, float v) { acc += v; });
     }
-    for (; r < rows; ++r) acc += x[r * cols + c];
+    part[k][lane] = acc;
+  }
+  __syncthreads();
+  if (warp == 0 && c < cols) {
+    float acc = 0.0f;
+    for (int64_t k = 0; k < chunks; ++k) acc += part[k][lane];
     out[c] += acc;
   }
 }
@@ -652,8 +673,8 @@ Status LayerNormBackward(const float* dy, const float* x, const float* w, const 
   auto s = static_cast<cudaStream_t>(stream);
   LayerNormBackwardRowsKernel<<<BlocksForRows(rows), kRowThreads, 0, s>>>(dy, x, w, mean, rstd, dx, rows, cols);
   ZINF_RETURN_IF_ERROR(ZINF_CHECK_LAUNCH("LayerNormBackwardRowsKernel"));
-  LayerNormBackwardColumnsKernel<<<ColumnBlocks(cols), kColumnThreads, 0, s>>>(dy, x, mean, rstd, dw, db, rows,
-                                                                              cols);
+  LayerNormBackwardColumnsKernel<<<ColumnTiles(cols), kColumnWarps * 32, 0, s>>>(dy, x, mean, rstd, dw, db, rows,
+                                                                                cols);
   return ZINF_CHECK_LAUNCH("LayerNormBackwardColumnsKernel");
 }
 
@@ -723,7 +744,7 @@ Status BroadcastRow(const float* row, float* out, int64_t rows, int64_t cols, vo
 Status ColumnSumAccumulate(const float* x, float* out, int64_t rows, int64_t cols, void* stream) {
   ZINF_RETURN_IF_ERROR(CheckRows("gpu::ColumnSumAccumulate", rows, cols, "cols"));
   if (!x || !out) return InvalidArgument("gpu::ColumnSumAccumulate: null x or out");
-  ColumnSumKernel<<<ColumnBlocks(cols), kColumnThreads, 0, static_cast<cudaStream_t>(stream)>>>(x, out, rows,
+  ColumnSumKernel<<<ColumnTiles(cols), kColumnWarps * 32, 0, static_cast<cudaStream_t>(stream)>>>(x, out, rows,
                                                                                                cols);
   return ZINF_CHECK_LAUNCH("ColumnSumKernel");
 }

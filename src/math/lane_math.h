@@ -16,6 +16,19 @@ namespace zinf::model {
 
 inline constexpr int kLanes = 16;
 
+// Column sums over `rows` rows (bias and LayerNorm gradients) add in
+// chunks: rows [k·R, (k+1)·R) in order into chunk k's partial, then the
+// partials in chunk order, R = ColumnChunkRows(rows). At most
+// kMaxColumnChunks chunks of at least kMinColumnChunkRows rows, a rule of
+// the row count alone, so that a GPU can sum the chunks of a column in
+// parallel and the CPU, column-vectorised, gives the same bits.
+inline constexpr int64_t kMaxColumnChunks = 128;
+inline constexpr int64_t kMinColumnChunkRows = 64;
+ZINF_HOST_DEVICE inline int64_t ColumnChunkRows(int64_t rows) {
+  const int64_t even = (rows + kMaxColumnChunks - 1) / kMaxColumnChunks;
+  return even > kMinColumnChunkRows ? even : kMinColumnChunkRows;
+}
+
 template <class F>
 ZINF_HOST_DEVICE inline F LaneMax(const F* x, int64_t n) {
   F acc[kLanes];

@@ -147,16 +147,24 @@ void LayerNormBackward(const ModelThreads& th, F* dinp, F* dw, F* db, const F* d
       }
     }
   });
+  const int64_t chunk = ColumnChunkRows(rows);  // lane_math.h: the CUDA kernel's order
   th.ForChunks(C, kColumnGrain, [&](int64_t c0, int64_t c1) {
     F acc_w[kColumnGrain] = {}, acc_b[kColumnGrain] = {};
     const int64_t n = c1 - c0;
-    for (int64_t r = 0; r < rows; ++r) {
-      const F* x = inp + r * C + c0;
-      const F* dy = dout + r * C + c0;
-      const F m = mean[r], s = rstd[r];
+    for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
+      F part_w[kColumnGrain] = {}, part_b[kColumnGrain] = {};
+      for (int64_t r = r0; r < std::min(rows, r0 + chunk); ++r) {
+        const F* x = inp + r * C + c0;
+        const F* dy = dout + r * C + c0;
+        const F m = mean[r], s = rstd[r];
+        for (int64_t j = 0; j < n; ++j) {
+          part_w[j] += dy[j] * LayerNormNormalize(x[j], m, s);
+          part_b[j] += dy[j];
+        }
+      }
       for (int64_t j = 0; j < n; ++j) {
-        acc_w[j] += dy[j] * LayerNormNormalize(x[j], m, s);
-        acc_b[j] += dy[j];
+        acc_w[j] += part_w[j];
+        acc_b[j] += part_b[j];
       }
     }
     for (int64_t j = 0; j < n; ++j) {
@@ -168,12 +176,17 @@ void LayerNormBackward(const ModelThreads& th, F* dinp, F* dw, F* db, const F* d
 
 template <class F>
 void ColumnSumAccumulate(const ModelThreads& th, F* out, const F* x, int64_t rows, int64_t cols) {
+  const int64_t chunk = ColumnChunkRows(rows);  // lane_math.h: the CUDA kernel's order
   th.ForChunks(cols, kColumnGrain, [&](int64_t c0, int64_t c1) {
     F acc[kColumnGrain] = {};
     const int64_t n = c1 - c0;
-    for (int64_t r = 0; r < rows; ++r) {
-      const F* xr = x + r * cols + c0;
-      for (int64_t j = 0; j < n; ++j) acc[j] += xr[j];
+    for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
+      F part[kColumnGrain] = {};
+      for (int64_t r = r0; r < std::min(rows, r0 + chunk); ++r) {
+        const F* xr = x + r * cols + c0;
+        for (int64_t j = 0; j < n; ++j) part[j] += xr[j];
+      }
+      for (int64_t j = 0; j < n; ++j) acc[j] += part[j];
     }
     for (int64_t j = 0; j < n; ++j) out[c0 + j] += acc[j];
   });

@@ -7,7 +7,8 @@
 // Conventions: tensors are row-major and dense; `rows` is batch · seq_len;
 // activations are [rows, channels]. Per-element math is gpt_math.h. Matrix
 // products go through ParallelGemm; the rest is split by rows (or, for
-// gradients summed over rows, by columns, each column summed in row order),
+// gradients summed over rows, by columns, each column summed in the row chunks of
+// lane_math.h's ColumnChunkRows),
 // so every result is independent of the thread count. Backward functions
 // say which outputs they overwrite and which they accumulate into (+=).
 //

@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "cpu/adam.h"
@@ -286,10 +287,12 @@ TEST_F(GpuKernelTest, GeluMatchesTheCpuLayersBitForBit) {
   ExpectSameFloats(ddx.ToHost(), cpu_dx, "gelu grad");
 }
 
+// Rows in one column chunk (37), several (1000: 16 chunks of 64 rows, the
+// last partial) and the most (9001: 127 chunks of 71 rows; lane_math.h).
 TEST_F(GpuKernelTest, LayerNormMatchesTheCpuLayersBitForBit) {
-  const int64_t kRows = 37;
-  for (int64_t cols : {int64_t{1}, int64_t{15}, int64_t{16}, int64_t{17}, int64_t{773}}) {
-    SCOPED_TRACE(::testing::Message() << "cols " << cols);
+  for (const auto& [kRows, cols] : {std::pair<int64_t, int64_t>{37, 1}, {37, 15}, {37, 16}, {37, 17}, {37, 773},
+                                   {1000, 33}, {9001, 40}}) {
+    SCOPED_TRACE(::testing::Message() << "rows " << kRows << ", cols " << cols);
     const size_t n = static_cast<size_t>(kRows * cols);
     const std::vector<float> x = RandomFloats(20 + cols, n, -3.0f, 5.0f);
     const std::vector<float> w = RandomFloats(21 + cols, cols, 0.5f, 1.5f);
@@ -319,9 +322,10 @@ TEST_F(GpuKernelTest, LayerNormMatchesTheCpuLayersBitForBit) {
 }
 
 // Rows that are not a multiple of the kernels' batch of rows loaded ahead
-// (16 and 32), and columns that are not a multiple of a warp.
+// (16) or of a column chunk (64 rows; 71 at 9001 rows, lane_math.h), and
+// columns that are not a multiple of a warp.
 TEST_F(GpuKernelTest, ColumnSumMatchesTheCpuLayersBitForBit) {
-  for (int64_t rows : {int64_t{1}, int64_t{31}, int64_t{32}, int64_t{100}, int64_t{4099}}) {
+  for (int64_t rows : {int64_t{1}, int64_t{31}, int64_t{32}, int64_t{100}, int64_t{4099}, int64_t{9001}}) {
     for (int64_t cols : {int64_t{1}, int64_t{33}, int64_t{768}}) {
       SCOPED_TRACE(::testing::Message() << "rows " << rows << ", cols " << cols);
       const std::vector<float> x = RandomFloats(40 + rows + cols, static_cast<size_t>(rows * cols), -1.0f, 1.0f);
