@@ -61,6 +61,7 @@ struct TrainOptions {
   std::string device_memory;
   std::string matmul;  // empty: the config's zinf.matmul (fp32 by default)
   std::string attention;  // empty: the config's zinf.attention (auto by default)
+  bool checkpointing = false;  // activation checkpointing: each block's forward again in its backward
   uint64_t seed = 1;
   int threads = 0;
   int sample_tokens = 120;
@@ -298,7 +299,7 @@ int Run(const TrainOptions& opt) {
     pin.config = config;
     pin.world_size = world;
     pin.gradient_accumulation_steps = batch.gradient_accumulation_steps;
-    auto m = PlanGptModel(mc, B, T, /*checkpointing=*/false, engine->compute_dtype(), matmul_dtype, attention);
+    auto m = PlanGptModel(mc, B, T, opt.checkpointing, engine->compute_dtype(), matmul_dtype, attention);
     if (!m.ok()) throw Usage{m.status().message()};
     pin.model = std::move(*m);
     if (Status s = ApplyPlanRateFlags(opt.rates, pin.rates); !s.ok()) throw Usage{s.message()};
@@ -332,6 +333,7 @@ int Run(const TrainOptions& opt) {
   ro.grad_dtype = DType::kFloat32;
   ro.matmul_dtype = matmul_dtype;
   ro.attention = attention;
+  ro.activation_checkpointing = opt.checkpointing;
   auto gpt = Must(model::GptDevice::Create(*device, *stream, mc, ro), "model");
 
   const int units = model::NumUnits(mc);
@@ -698,6 +700,9 @@ void RegisterTrain(CLI::App& app, int* exit_code) {
                   "auto, plain (T x T probabilities kept for backward) or flash (one value per row); default: the "
                   "config's zinf.attention, auto: flash with bf16 products and heads of 64 or 128")
       ->check(CLI::IsMember({"auto", "plain", "flash"}));
+  cmd->add_flag("--checkpointing", opt->checkpointing,
+               "Activation checkpointing: keep each block's input only and run its forward again in its backward "
+               "(same results, less activation memory)");
   cmd->add_option("--seed", opt->seed, "Initialisation, data order and sampling")->capture_default_str();
   cmd->add_option("--threads", opt->threads, "CPU threads per rank for kernels and the optimizer (0: cores / ranks)");
   cmd->add_option("--sample-tokens", opt->sample_tokens, "Tokens to sample after training (CPU model; 0: none)")

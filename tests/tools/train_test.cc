@@ -11,6 +11,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -67,6 +68,35 @@ TEST(TrainTest, ShortEmbeddedRunLearnsAndWritesItsFiles) {
   r = RunZinf("train --steps 1 --layers 1 --d-model 32 --seq-len 32 --micro-batch 4 --sample-tokens 0 --init " + weights);
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("sample: (none: --sample-tokens 0)"), std::string::npos) << r.output;
+}
+
+// --checkpointing: every block's forward runs again in its backward, so the
+// losses are the same bit for bit and the plan's activations shrink (one
+// block's saved tensors instead of every block's).
+TEST(TrainTest, CheckpointingGivesTheSameLossesInLessActivationMemory) {
+  auto run = [](const std::string& name, const std::string& flags) {
+    const std::string metrics = Scratch(name);
+    std::filesystem::remove(metrics);
+    auto r = RunZinf("train --steps 4 --layers 3 --d-model 32 --seq-len 32 --micro-batch 4 --sample-tokens 0 "
+                     "--metrics-json " + metrics + " " + flags);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    std::ifstream in(metrics);
+    std::string line;
+    std::vector<double> loss;
+    while (std::getline(in, line)) loss.push_back(nlohmann::json::parse(line).at("loss").get<double>());
+    const size_t at = r.output.find("; activations ");
+    EXPECT_NE(at, std::string::npos) << r.output;
+    double amount = 0;
+    char unit[8] = {};
+    EXPECT_EQ(std::sscanf(r.output.c_str() + at, "; activations %lf %7[A-Za-z]", &amount, unit), 2) << r.output;
+    const double scale = std::string(unit) == "KiB" ? 1024.0 : std::string(unit) == "MiB" ? 1048576.0 : 1.0;
+    return std::make_pair(loss, amount * scale);
+  };
+  const auto [plain_loss, plain_bytes] = run("train_no_checkpointing.jsonl", "");
+  const auto [ckpt_loss, ckpt_bytes] = run("train_checkpointing.jsonl", "--checkpointing");
+  ASSERT_EQ(plain_loss.size(), 4u);
+  EXPECT_EQ(ckpt_loss, plain_loss);
+  EXPECT_LT(ckpt_bytes, 0.8 * plain_bytes) << ckpt_bytes << " vs " << plain_bytes;
 }
 
 // A rate file reaches the plan's step time: at an Adam rate of 1000
