@@ -135,6 +135,17 @@ StepResult RunStep(const GptConfig& c, GptRunOptions o, uint64_t seed = 5) {
   return r;
 }
 
+// ‖a - b‖ / ‖b‖.
+double RelativeDifference(const std::vector<float>& a, const std::vector<float>& b) {
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < b.size(); ++i) {
+    const double d = static_cast<double>(a[i]) - b[i];
+    diff += d * d;
+    norm += static_cast<double>(b[i]) * b[i];
+  }
+  return std::sqrt(diff / norm);
+}
+
 void ExpectBitIdentical(const StepResult& a, const StepResult& b) {
   EXPECT_EQ(std::memcmp(&a.loss, &b.loss, sizeof(float)), 0) << a.loss << " vs " << b.loss;
   ASSERT_EQ(a.grads.size(), b.grads.size());
@@ -173,13 +184,7 @@ TEST(GptModelTest, Bf16MatmulIsThreadCountInvariantAndNearFp32) {
   EXPECT_NE(two.loss, fp32.loss);
   EXPECT_NEAR(two.loss, fp32.loss, 1e-2 * std::fabs(fp32.loss));
   for (size_t u = 0; u < fp32.grads.size(); ++u) {
-    double diff = 0, norm = 0;
-    for (size_t i = 0; i < fp32.grads[u].size(); ++i) {
-      const double d = static_cast<double>(two.grads[u][i]) - fp32.grads[u][i];
-      diff += d * d;
-      norm += static_cast<double>(fp32.grads[u][i]) * fp32.grads[u][i];
-    }
-    const double rel = std::sqrt(diff / norm);
+    const double rel = RelativeDifference(two.grads[u], fp32.grads[u]);
     std::printf("  unit %zu: bf16-matmul gradient relative difference %.3g\n", u, rel);
     EXPECT_GT(rel, 0.0) << "unit " << u;
     EXPECT_LT(rel, 5e-2) << "unit " << u;
@@ -199,13 +204,7 @@ TEST(GptModelTest, FlashAttentionMatchesPlainAndSavesMemory) {
   const StepResult flash = RunStep(Chunky(), o);
   EXPECT_NEAR(flash.loss, plain.loss, 1e-5 * std::fabs(plain.loss));
   for (size_t u = 0; u < plain.grads.size(); ++u) {
-    double diff = 0, norm = 0;
-    for (size_t i = 0; i < plain.grads[u].size(); ++i) {
-      const double d = static_cast<double>(flash.grads[u][i]) - plain.grads[u][i];
-      diff += d * d;
-      norm += static_cast<double>(plain.grads[u][i]) * plain.grads[u][i];
-    }
-    EXPECT_LT(std::sqrt(diff / norm), 1e-5) << "unit " << u;
+    EXPECT_LT(RelativeDifference(flash.grads[u], plain.grads[u]), 1e-5) << "unit " << u;
   }
   const GptConfig c = Chunky();
   GptRunOptions p = o;
