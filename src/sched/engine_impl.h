@@ -395,6 +395,10 @@ class EngineImpl final : public Engine {
   Status DropGathered(Unit& u);
   Status DropEngineHeld();
   Status Gather(Unit& u, bool prefetch);
+  // Device memory the client's work needs now. On one rank a shortage first
+  // drops what the engine holds ahead of use; on several ranks it is an
+  // error (the gathers must stay the same on every rank).
+  Result<void*> AllocateForClient(uint64_t bytes, Stream& stream);
   void Decide(const double* partials_host);
 
   const Config config_;

@@ -82,15 +82,7 @@ Result<UnitPointers> EngineImpl::GradBuffers(int unit) {
 // GradsReady came without GradBuffers (no gradient written: zeros).
 Status EngineImpl::AllocateGrads(Unit& u, Stream& stream, bool zero) {
   const uint64_t bytes = static_cast<uint64_t>(u.part.padded_elems) * 4;
-  auto g = device_.Allocate(bytes, stream);
-  if (!g.ok() && !distributed() && g.status().code() == StatusCode::kOutOfMemory) {
-    // What the engine holds ahead of use gives way to what the client needs now.
-    ZINF_RETURN_IF_ERROR(DropEngineHeld());
-    g = device_.Allocate(bytes, stream);
-  }
-  if (!g.ok() && distributed() && g.status().code() == StatusCode::kOutOfMemory) {
-    return g.status().WithContext("gradients of unit '" + u.name + "' (stage 3)").WithContext(kRankLocalShortage);
-  }
+  auto g = AllocateForClient(bytes, stream);
   if (!g.ok()) return g.status().WithContext("gradients of unit '" + u.name + "' (stage 3)");
   u.grads = static_cast<float*>(*g);
   const int64_t from = zero ? 0 : u.part.num_elems;
@@ -178,6 +170,15 @@ Status EngineImpl::DropGathered(Unit& u) {
   return Status::Ok();
 }
 
+Result<void*> EngineImpl::AllocateForClient(uint64_t bytes, Stream& stream) {
+  auto p = device_.Allocate(bytes, stream);
+  if (p.ok() || p.status().code() != StatusCode::kOutOfMemory) return p;
+  if (distributed()) return p.status().WithContext(kRankLocalShortage);
+  // One rank: what the engine holds ahead of use gives way to what the client needs now.
+  ZINF_RETURN_IF_ERROR(DropEngineHeld());
+  return device_.Allocate(bytes, stream);
+}
+
 Status EngineImpl::DropEngineHeld() {
   for (Unit& u : units_) {
     if (u.gathered && !u.client_holds) ZINF_RETURN_IF_ERROR(DropGathered(u));
@@ -192,15 +193,9 @@ Status EngineImpl::Gather(Unit& u, bool prefetch) {
   if (u.gathered) return Status::Ok();  // still held since the last Fetch, prefetched or kept
   Stream& gs = *gather_stream_;
   const size_t esize = DTypeSizeBytes(compute_dtype_);
-  auto full = device_.Allocate(u.part.padded_elems * esize, gs);
-  if (!full.ok() && !prefetch && !distributed() && full.status().code() == StatusCode::kOutOfMemory) {
-    // What the engine holds ahead of use gives way to what the client asks for.
-    ZINF_RETURN_IF_ERROR(DropEngineHeld());
-    full = device_.Allocate(u.part.padded_elems * esize, gs);
-  }
-  if (!full.ok() && !prefetch && distributed() && full.status().code() == StatusCode::kOutOfMemory) {
-    return full.status().WithContext("gathering unit '" + u.name + "'").WithContext(kRankLocalShortage);
-  }
+  const uint64_t bytes = u.part.padded_elems * esize;
+  // A prefetch takes only free memory (Prefetch decides what a shortage means).
+  auto full = prefetch ? device_.Allocate(bytes, gs) : AllocateForClient(bytes, gs);
   if (!full.ok()) return full.status().WithContext("gathering unit '" + u.name + "'");
   u.gathered = *full;
   live_elems_ += u.part.padded_elems;

@@ -207,11 +207,6 @@ bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
-// Device memory for the short-budget stage-3 test, in gathered units: the
-// client's gathered unit, its gradient and the reduction's buffers fit, a
-// prefetch of the next units does not.
-constexpr uint64_t kShortBudgetUnits = 4;
-
 class EngineTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -1517,6 +1512,10 @@ TEST_F(EngineTest, Stage3ShortBudgetNeverSkipsAGatherOnOneRankAlone) {
   c.zero.reduce_bucket_size = 65536;  // one unit per bucket
   IndependentUnits net;
   net.sizes.assign(6, 65536);
+  // Four gathered units of device memory: the client's gathered unit, its
+  // gradient and the reduction's buffers fit, a prefetch of the next units
+  // does not.
+  constexpr uint64_t kShortBudgetUnits = 4;
   const uint64_t unit_bytes = static_cast<uint64_t>(PartitionUnit(65536, world()).padded_elems) * 4;
   auto small = Must(CreateHostDevice(DeviceOptions{
       .spec = "cpu", .memory_budget = kShortBudgetUnits * unit_bytes, .checking = true, .seed = 11 + 31ull * rank()}));
