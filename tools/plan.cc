@@ -288,7 +288,8 @@ void RegisterPlan(CLI::App& app, int* exit_code) {
   cmd->add_option("--d-model", opt->d_model, "GPT shape: embedding width");
   cmd->add_option("--heads", opt->heads, "GPT shape: attention heads");
   cmd->add_option("--vocab", opt->vocab, "GPT shape: vocabulary size");
-  cmd->add_option("--seq-len", opt->seq_len, "Tokens per sequence (default: the model's context)");
+  cmd->add_option("--seq-len", opt->seq_len,
+                  "Tokens per sequence (default: the model's context; with RoPE at most 4096)");
   cmd->add_option("--micro-batch", opt->micro_batch, "Sequences per micro-step per rank (default: the config's, or 1)");
   cmd->add_option("--grad-accum", opt->grad_accum, "Micro-steps per optimizer step (default: the config's, or 1)");
   cmd->add_option("--steps", opt->steps, "Optimizer steps of the run: resolves a scheduler's \"auto\" total_num_steps");

@@ -227,7 +227,8 @@ int Run(const TrainOptions& opt) {
   if (opt.layers > 0) mc.num_layers = opt.layers;
   if (opt.d_model > 0) mc.embed_dim = opt.d_model;
   if (opt.heads > 0) mc.num_heads = opt.heads;
-  if (opt.seq_len > 0) mc.max_seq_len = opt.seq_len;
+  // With RoPE the context does not size any parameter: cap the default.
+  mc.max_seq_len = opt.seq_len > 0 ? opt.seq_len : model::DefaultSeqLen(mc);
   if (opt.vocab > 0) mc.vocab_size = opt.vocab;
   if (Status s = mc.Validate(); !s.ok()) throw Usage{s.message()};
   // "auto" values from the model's shape and the run, as DeepSpeed's Hugging
@@ -681,7 +682,7 @@ void RegisterTrain(CLI::App& app, int* exit_code) {
   cmd->add_option("--layers", opt->layers, "Transformer blocks");
   cmd->add_option("--d-model", opt->d_model, "Embedding width");
   cmd->add_option("--heads", opt->heads, "Attention heads");
-  cmd->add_option("--seq-len", opt->seq_len, "Context length");
+  cmd->add_option("--seq-len", opt->seq_len, "Context length (default: the model's; with RoPE at most 4096)");
   cmd->add_option("--vocab", opt->vocab, "Vocabulary size (>= the tokenizer's)");
   cmd->add_option("--data", opt->data, "UTF-8 text to train on (default: the embedded corpus)");
   cmd->add_option("--tokenizer", opt->tokenizer, "Directory with GPT-2's encoder.json and vocab.bpe (default: bytes)");

@@ -49,6 +49,11 @@ class CudaStages final : public model::GptStages {
 
   Status Init() {
     if (!s_) return InvalidArgument("gpt model on CUDA: the stream has no CUDA stream");
+    if (!config_.IsGpt2Family()) {
+      return Unimplemented("gpt model on CUDA: " + config_.name +
+                           " uses RMSNorm/RoPE/SwiGLU/grouped-query attention, which run on the CPU model only "
+                           "so far (--device cpu)");
+    }
     if (flash_) {
       const int64_t D = config_.embed_dim / config_.num_heads;
       if (!bf16_) {

@@ -14,6 +14,7 @@
 #include "common/check.h"
 #include "common/units.h"
 #include "common/float16.h"
+#include "model/decoder_layers.h"
 #include "model/flash_attention.h"
 #include "model/gemm.h"
 #include "model/layers.h"
@@ -62,14 +63,14 @@ AttentionKernel ToAttentionKernel(AttentionChoice choice) {
 
 AttentionKernel ResolveAttention(const GptConfig& c, const GptRunOptions& o) {
   if (o.attention != AttentionKernel::kAuto) return o.attention;
-  const int64_t D = c.num_heads > 0 ? c.embed_dim / c.num_heads : 0;
+  const int64_t D = c.num_heads > 0 ? c.head_dim() : 0;
   return o.matmul_dtype == DType::kBFloat16 && (D == 64 || D == 128) ? AttentionKernel::kFlash
                                                                        : AttentionKernel::kPlain;
 }
 
 AttentionShape FlashAttentionShape(const GptConfig& c, const GptRunOptions& o) {
-  const int64_t D = c.embed_dim / c.num_heads;
-  return AttentionShape{o.batch_size, o.seq_len ? o.seq_len : c.max_seq_len, c.num_heads, c.num_heads, D,
+  const int64_t D = c.head_dim();
+  return AttentionShape{o.batch_size, o.seq_len ? o.seq_len : c.max_seq_len, c.num_heads, c.kv_heads(), D,
                         1.0f / std::sqrt(static_cast<float>(D))};
 }
 
@@ -77,21 +78,21 @@ AttentionTensors FlashAttentionTensors(const GptConfig& c, const ActivationLayou
                                        void* arena, bool backward) {
   char* base = static_cast<char*>(arena);
   auto f32 = [&](uint64_t offset) { return reinterpret_cast<float*>(base + offset); };
-  const int64_t C = c.embed_dim;
+  const int64_t Q = c.q_dim(), K = c.kv_dim();
   AttentionTensors t;
   t.q = f32(a.qkv);
-  t.k = t.q + C;
-  t.v = t.q + 2 * C;
-  t.q_stride = t.kv_stride = 3 * C;
+  t.k = t.q + Q;
+  t.v = t.q + Q + K;
+  t.q_stride = t.kv_stride = c.qkv_dim();
   t.out = f32(a.atty);
-  t.out_stride = C;
+  t.out_stride = Q;
   t.lse = f32(a.att);
   if (backward) {
     t.dout = f32(l.dbuf);
     t.delta = f32(l.datt);
     t.dq = f32(l.dqkv);
-    t.dk = t.dq + C;
-    t.dv = t.dq + 2 * C;
+    t.dk = t.dq + Q;
+    t.dv = t.dq + Q + K;
   }
   return t;
 }
@@ -99,6 +100,7 @@ AttentionTensors FlashAttentionTensors(const GptConfig& c, const ActivationLayou
 ActivationLayout ActivationLayout::For(const GptConfig& c, const GptRunOptions& o) {
   const int64_t B = o.batch_size, T = o.seq_len ? o.seq_len : c.max_seq_len, C = c.embed_dim;
   const int64_t L = c.num_layers, H = c.num_heads, V = c.vocab_size, BT = B * T;
+  const int64_t Q = c.q_dim(), S = c.qkv_dim(), I = c.mlp_dim(), FC = c.fc_dim();
   const bool flash = ResolveAttention(c, o) == AttentionKernel::kFlash;
   const int64_t att_elems = flash ? B * H * T : B * H * T * T;
   ActivationLayout l;
@@ -111,15 +113,18 @@ ActivationLayout ActivationLayout::For(const GptConfig& c, const GptRunOptions& 
   l.block.ln1 = set.Take(F32Bytes(BT * C));
   l.block.ln1_mean = set.Take(F32Bytes(BT));
   l.block.ln1_rstd = set.Take(F32Bytes(BT));
-  l.block.qkv = set.Take(F32Bytes(BT * 3 * C));
+  l.block.qkv = set.Take(F32Bytes(BT * S));
+  // q and k before their RMSNorm (qk_norm): a copy of qkv, and each head's rstd.
+  l.block.qk_pre = c.qk_norm ? set.Take(F32Bytes(BT * S)) : 0;
+  l.block.qk_rstd = c.qk_norm ? set.Take(F32Bytes(BT * (H + c.kv_heads()))) : 0;
   l.block.att = set.Take(F32Bytes(att_elems));
-  l.block.atty = set.Take(F32Bytes(BT * C));
+  l.block.atty = set.Take(F32Bytes(BT * Q));
   l.block.res_mid = set.Take(F32Bytes(BT * C));
   l.block.ln2 = set.Take(F32Bytes(BT * C));
   l.block.ln2_mean = set.Take(F32Bytes(BT));
   l.block.ln2_rstd = set.Take(F32Bytes(BT));
-  l.block.fch = set.Take(F32Bytes(BT * 4 * C));
-  l.block.fch_gelu = set.Take(F32Bytes(BT * 4 * C));
+  l.block.fch = set.Take(F32Bytes(BT * FC));
+  l.block.fch_gelu = set.Take(F32Bytes(BT * I));
   l.block_stride = set.at();
   l.block_sets = o.activation_checkpointing ? 1 : L;
   l.blocks = p.Take(l.block_stride * static_cast<uint64_t>(l.block_sets));
@@ -132,10 +137,10 @@ ActivationLayout ActivationLayout::For(const GptConfig& c, const GptRunOptions& 
   l.saved_bytes = p.at();
 
   l.dres = p.Take(F32Bytes(BT * C));
-  l.dbuf = p.Take(F32Bytes(BT * C));
-  l.dqkv = p.Take(F32Bytes(BT * 3 * C));
+  l.dbuf = p.Take(F32Bytes(BT * std::max({C, Q, I})));
+  l.dqkv = p.Take(F32Bytes(BT * S));
   l.datt = p.Take(F32Bytes(att_elems));
-  l.dfch = p.Take(F32Bytes(BT * 4 * C));
+  l.dfch = p.Take(F32Bytes(BT * FC));
   l.scratch_bytes = p.at() - l.saved_bytes;
 
   const int64_t other_units = std::max(BlockLayout::For(c).num_elems, FinalNormLayout::For(c).num_elems);
@@ -152,8 +157,8 @@ ActivationLayout ActivationLayout::For(const GptConfig& c, const GptRunOptions& 
     // head (logits' gradient [B·T, V], wte [V, C]) and, for the plain
     // attention, one batch row's (scores H × T × T, the row's qkv T × 3C);
     // flash attention rounds its tiles itself.
-    l.bf16_operand_elems = std::max({BT * 4 * C, 4 * C * C, BT * V, V * C});
-    if (!flash) l.bf16_operand_elems = std::max({l.bf16_operand_elems, H * T * T, T * 3 * C});
+    l.bf16_operand_elems = std::max({BT * std::max({FC, S, Q, C}), C * std::max(FC, S), I * C, Q * C, BT * V, V * C});
+    if (!flash) l.bf16_operand_elems = std::max({l.bf16_operand_elems, H * T * T, T * S});
     l.bf16_a = p.Take(static_cast<uint64_t>(l.bf16_operand_elems) * 2);
     l.bf16_b = p.Take(static_cast<uint64_t>(l.bf16_operand_elems) * 2);
   }
@@ -178,7 +183,9 @@ Status CheckMatmulDtype(DType d) {
 
 GptModel::GptModel(const GptConfig& config, const GptRunOptions& options)
     : config_(config), options_(options), layout_(ActivationLayout::For(config, options)),
-      threads_(options.num_threads, options.matmul_dtype) {}
+      threads_(options.num_threads, options.matmul_dtype) {
+  if (config.positions == PositionKind::kRope) rope_ = RopeTable::For(config, options.seq_len);
+}
 
 Result<std::unique_ptr<GptModel>> GptModel::Create(const GptConfig& config, const GptRunOptions& options) {
   ZINF_RETURN_IF_ERROR(config.Validate());
@@ -217,8 +224,8 @@ const float* GptModel::probabilities() const { return arena_ ? F32(layout_.probs
 ActivationLayout::Block ActivationLayout::BlockAt(int layer) const {
   const uint64_t base = blocks + (block_sets == 1 ? 0 : block_stride * static_cast<uint64_t>(layer));
   Block b = block;
-  for (uint64_t* f : {&b.ln1, &b.ln1_mean, &b.ln1_rstd, &b.qkv, &b.att, &b.atty, &b.res_mid, &b.ln2, &b.ln2_mean,
-                      &b.ln2_rstd, &b.fch, &b.fch_gelu}) {
+  for (uint64_t* f : {&b.ln1, &b.ln1_mean, &b.ln1_rstd, &b.qkv, &b.qk_pre, &b.qk_rstd, &b.att, &b.atty, &b.res_mid,
+                      &b.ln2, &b.ln2_mean, &b.ln2_rstd, &b.fch, &b.fch_gelu}) {
     *f += base;
   }
   return b;
@@ -281,7 +288,7 @@ Status GptModel::EmbedForward(const int32_t* tokens, const void* embedding) {
   std::memcpy(I32(layout_.tokens), tokens, B * T * sizeof(int32_t));
   const EmbeddingLayout e = EmbeddingLayout::For(config_);
   const float* p = Widen(embedding, e.num_elems, layout_.wide_embedding);
-  EncoderForward<float>(threads_, F32(layout_.residual), I32(layout_.tokens), p + e.wte, p + e.wpe, B, T, C);
+  EncoderForward<float>(threads_, F32(layout_.residual), I32(layout_.tokens), p + e.wte, TensorAt(p, e.wpe), B, T, C);
   forward_next_ = 0;
   head_forward_done_ = false;
   backward_next_ = -2;
@@ -289,30 +296,75 @@ Status GptModel::EmbedForward(const int32_t* tokens, const void* embedding) {
   return Status::Ok();
 }
 
+void GptModel::NormForward(float* out, float* mean, float* rstd, const float* in, const float* w, const float* b) {
+  const int64_t BT = options_.batch_size * options_.seq_len, C = config_.embed_dim;
+  if (config_.norm == NormKind::kRmsNorm) {
+    RmsNormForward<float>(threads_, out, rstd, in, w, RowSet::Dense(BT, C), static_cast<float>(config_.norm_eps));
+  } else {
+    LayerNormForward<float>(threads_, out, mean, rstd, in, w, b, BT, C);
+  }
+}
+
+void GptModel::NormBackward(float* dinp, float* gw, float* gb, const float* dout, const float* in, const float* w,
+                            const float* mean, const float* rstd) {
+  const int64_t BT = options_.batch_size * options_.seq_len, C = config_.embed_dim;
+  if (config_.norm == NormKind::kRmsNorm) {
+    RmsNormBackward<float>(threads_, dinp, true, gw, dout, in, w, rstd, RowSet::Dense(BT, C));
+  } else {
+    LayerNormBackward<float>(threads_, dinp, gw, gb, dout, in, w, mean, rstd, BT, C);
+  }
+}
+
+RowSet GptModel::QueryRows() const {
+  const int64_t BT = options_.batch_size * options_.seq_len, H = config_.num_heads;
+  return RowSet{BT * H, config_.head_dim(), H, config_.qkv_dim()};
+}
+
+RowSet GptModel::KeyRows() const {
+  const int64_t BT = options_.batch_size * options_.seq_len, H = config_.kv_heads();
+  return RowSet{BT * H, config_.head_dim(), H, config_.qkv_dim()};
+}
+
 void GptModel::RunBlockForward(int layer, const float* p) {
-  const int64_t B = options_.batch_size, T = options_.seq_len, C = config_.embed_dim, H = config_.num_heads;
-  const int64_t BT = B * T;
-  const BlockLayout w = BlockLayout::For(config_);
+  const GptConfig& c = config_;
+  const int64_t B = options_.batch_size, T = options_.seq_len, C = c.embed_dim;
+  const int64_t BT = B * T, Q = c.q_dim(), S = c.qkv_dim(), I = c.mlp_dim(), FC = c.fc_dim();
+  const BlockLayout w = BlockLayout::For(c);
   const ActivationLayout::Block a = layout_.BlockAt(layer);
   const float* in = F32(layout_.residual) + layer * BT * C;
   float* out = F32(layout_.residual) + (layer + 1) * BT * C;
   float* res_mid = F32(a.res_mid);
-  LayerNormForward<float>(threads_, F32(a.ln1), F32(a.ln1_mean), F32(a.ln1_rstd), in, p + w.ln1_w, p + w.ln1_b, BT,
-                          C);
-  LinearForward<float>(threads_, F32(a.qkv), F32(a.ln1), p + w.qkv_w, p + w.qkv_b, BT, C, 3 * C);
-  if (options_.attention == AttentionKernel::kFlash) {
-    FlashAttentionForward(threads_, FlashAttentionShape(config_, options_),
-                          FlashAttentionTensors(config_, layout_, a, arena_, false));
-  } else {
-    AttentionForward<float>(threads_, F32(a.atty), F32(a.att), F32(a.qkv), B, T, C, H);
+  float* qkv = F32(a.qkv);
+  NormForward(F32(a.ln1), F32(a.ln1_mean), F32(a.ln1_rstd), in, p + w.ln1_w, TensorAt(p, w.ln1_b));
+  LinearForward<float>(threads_, qkv, F32(a.ln1), p + w.qkv_w, TensorAt(p, w.qkv_b), BT, C, S);
+  if (c.qk_norm) {
+    float* pre = F32(a.qk_pre);
+    threads_.ForChunks(BT * S, kConvertGrain,
+                       [&](int64_t i0, int64_t i1) { std::memcpy(pre + i0, qkv + i0, F32Bytes(i1 - i0)); });
+    const float eps = static_cast<float>(c.norm_eps);
+    RmsNormForward<float>(threads_, qkv, F32(a.qk_rstd), pre, p + w.q_norm_w, QueryRows(), eps);
+    RmsNormForward<float>(threads_, qkv + Q, F32(a.qk_rstd) + BT * c.num_heads, pre + Q, p + w.k_norm_w, KeyRows(),
+                          eps);
   }
-  LinearForward<float>(threads_, res_mid, F32(a.atty), p + w.attn_proj_w, p + w.attn_proj_b, BT, C, C);
+  if (c.positions == PositionKind::kRope) {
+    RopeForward<float>(threads_, qkv, QueryRows(), T, rope_);
+    RopeForward<float>(threads_, qkv + Q, KeyRows(), T, rope_);
+  }
+  if (options_.attention == AttentionKernel::kFlash) {
+    FlashAttentionForward(threads_, FlashAttentionShape(c, options_), FlashAttentionTensors(c, layout_, a, arena_, false));
+  } else {
+    AttentionForward<float>(threads_, F32(a.atty), F32(a.att), qkv, B, T, c.num_heads, c.kv_heads(), c.head_dim());
+  }
+  LinearForward<float>(threads_, res_mid, F32(a.atty), p + w.attn_proj_w, TensorAt(p, w.attn_proj_b), BT, Q, C);
   ResidualForward<float>(threads_, res_mid, in, res_mid, BT * C);
-  LayerNormForward<float>(threads_, F32(a.ln2), F32(a.ln2_mean), F32(a.ln2_rstd), res_mid, p + w.ln2_w,
-                          p + w.ln2_b, BT, C);
-  LinearForward<float>(threads_, F32(a.fch), F32(a.ln2), p + w.fc_w, p + w.fc_b, BT, C, 4 * C);
-  GeluForward<float>(threads_, F32(a.fch_gelu), F32(a.fch), BT * 4 * C);
-  LinearForward<float>(threads_, out, F32(a.fch_gelu), p + w.fc_proj_w, p + w.fc_proj_b, BT, 4 * C, C);
+  NormForward(F32(a.ln2), F32(a.ln2_mean), F32(a.ln2_rstd), res_mid, p + w.ln2_w, TensorAt(p, w.ln2_b));
+  LinearForward<float>(threads_, F32(a.fch), F32(a.ln2), p + w.fc_w, TensorAt(p, w.fc_b), BT, C, FC);
+  if (c.mlp == MlpKind::kSwiGlu) {
+    SwiGluForward<float>(threads_, F32(a.fch_gelu), F32(a.fch), BT, I);
+  } else {
+    GeluForward<float>(threads_, F32(a.fch_gelu), F32(a.fch), BT * I);
+  }
+  LinearForward<float>(threads_, out, F32(a.fch_gelu), p + w.fc_proj_w, TensorAt(p, w.fc_proj_b), BT, I, C);
   ResidualForward<float>(threads_, out, res_mid, out, BT * C);
   checkpoint_layer_ = layer;
 }
@@ -346,12 +398,13 @@ Result<float> GptModel::HeadForward(const int32_t* targets, const void* final_no
   const FinalNormLayout f = FinalNormLayout::For(config_);
   const EmbeddingLayout e = EmbeddingLayout::For(config_);
   const float* pf = Widen(final_norm, f.num_elems, layout_.wide_unit);
-  const float* pe = Widen(embedding, e.num_elems, layout_.wide_embedding);
+  const float* head = config_.tied_head ? Widen(embedding, e.num_elems, layout_.wide_embedding) + e.wte
+                                        : pf + f.lm_head;
   float* lnf = F32(layout_.lnf);
   float* probs = F32(layout_.probs);
-  LayerNormForward<float>(threads_, lnf, F32(layout_.lnf_mean), F32(layout_.lnf_rstd),
-                          F32(layout_.residual) + L * BT * C, pf + f.w, pf + f.b, BT, C);
-  ParallelGemm<float>(threads_, false, true, BT, V, C, 1.0f, lnf, C, pe + e.wte, C, 0.0f, probs, V);  // logits
+  NormForward(lnf, F32(layout_.lnf_mean), F32(layout_.lnf_rstd), F32(layout_.residual) + L * BT * C, pf + f.w,
+              TensorAt(pf, f.b));
+  ParallelGemm<float>(threads_, false, true, BT, V, C, 1.0f, lnf, C, head, C, 0.0f, probs, V);  // logits
   num_targets_ = SoftmaxCrossEntropyForward<float>(threads_, probs, F32(layout_.losses), probs, I32(layout_.targets),
                                                    BT, V);
   double sum = 0;
@@ -372,20 +425,21 @@ Status GptModel::HeadBackward(float loss_scale, const void* final_norm, const vo
   const FinalNormLayout f = FinalNormLayout::For(config_);
   const EmbeddingLayout e = EmbeddingLayout::For(config_);
   const float* pf = Widen(final_norm, f.num_elems, layout_.wide_unit);
-  const float* pe = Widen(embedding, e.num_elems, layout_.wide_embedding);
+  const float* head = config_.tied_head ? Widen(embedding, e.num_elems, layout_.wide_embedding) + e.wte
+                                        : pf + f.lm_head;
   float* gf = BeginGrad(final_norm_grad, f.num_elems, layout_.grad_unit);
   embedding_grad32_ = BeginGrad(embedding_grad, e.num_elems, layout_.grad_embedding);
+  float* ghead = config_.tied_head ? embedding_grad32_ + e.wte : gf + f.lm_head;
   float* dlogits = F32(layout_.probs);  // in place over the probabilities
   const float scale = num_targets_ ? loss_scale / static_cast<float>(num_targets_) : 0.0f;
   SoftmaxCrossEntropyBackward<float>(threads_, dlogits, dlogits, I32(layout_.targets), BT, V, scale);
   float* dlnf = F32(layout_.dbuf);
-  ParallelGemm<float>(threads_, false, false, BT, C, V, 1.0f, dlogits, V, pe + e.wte, C, 0.0f, dlnf, C);
-  ParallelGemm<float>(threads_, true, false, V, C, BT, 1.0f, dlogits, V, F32(layout_.lnf), C, 1.0f,
-                      embedding_grad32_ + e.wte, C);
+  ParallelGemm<float>(threads_, false, false, BT, C, V, 1.0f, dlogits, V, head, C, 0.0f, dlnf, C);
+  ParallelGemm<float>(threads_, true, false, V, C, BT, 1.0f, dlogits, V, F32(layout_.lnf), C, 1.0f, ghead, C);
   float* dres = F32(layout_.dres);
   threads_.ForChunks(BT * C, kConvertGrain, [&](int64_t i0, int64_t i1) { std::memset(dres + i0, 0, F32Bytes(i1 - i0)); });
-  LayerNormBackward<float>(threads_, dres, gf + f.w, gf + f.b, dlnf, F32(layout_.residual) + L * BT * C, pf + f.w,
-                           F32(layout_.lnf_mean), F32(layout_.lnf_rstd), BT, C);
+  NormBackward(dres, gf + f.w, TensorAt(gf, f.b), dlnf, F32(layout_.residual) + L * BT * C, pf + f.w,
+               F32(layout_.lnf_mean), F32(layout_.lnf_rstd));
   EndGrad(final_norm_grad, gf, f.num_elems);
   head_forward_done_ = false;
   backward_next_ = static_cast<int>(L) - 1;
@@ -399,9 +453,10 @@ Status GptModel::BlockBackward(int layer, const void* block, void* block_grad) {
                               (backward_next_ < 0 ? std::string("HeadBackward first")
                                                   : "block " + std::to_string(backward_next_)));
   }
-  const int64_t B = options_.batch_size, T = options_.seq_len, C = config_.embed_dim, H = config_.num_heads;
-  const int64_t BT = B * T;
-  const BlockLayout w = BlockLayout::For(config_);
+  const GptConfig& c = config_;
+  const int64_t B = options_.batch_size, T = options_.seq_len, C = c.embed_dim;
+  const int64_t BT = B * T, Q = c.q_dim(), S = c.qkv_dim(), I = c.mlp_dim(), FC = c.fc_dim();
+  const BlockLayout w = BlockLayout::For(c);
   const float* p = Widen(block, w.num_elems, layout_.wide_unit);
   if (options_.activation_checkpointing && checkpoint_layer_ != layer) RunBlockForward(layer, p);
   float* g = BeginGrad(block_grad, w.num_elems, layout_.grad_unit);
@@ -411,25 +466,42 @@ Status GptModel::BlockBackward(int layer, const void* block, void* block_grad) {
   float* dbuf = F32(layout_.dbuf);
   float* dfch = F32(layout_.dfch);
   float* dqkv = F32(layout_.dqkv);
-  // MLP: out = res_mid + fc_proj(gelu(fc(ln2(res_mid)))).
-  LinearBackward<float>(threads_, dfch, false, g + w.fc_proj_w, g + w.fc_proj_b, dres, F32(a.fch_gelu),
-                        p + w.fc_proj_w, BT, 4 * C, C);
-  GeluBackward<float>(threads_, dfch, F32(a.fch), dfch, BT * 4 * C);
-  LinearBackward<float>(threads_, dbuf, false, g + w.fc_w, g + w.fc_b, dfch, F32(a.ln2), p + w.fc_w, BT, C, 4 * C);
-  LayerNormBackward<float>(threads_, dres, g + w.ln2_w, g + w.ln2_b, dbuf, F32(a.res_mid), p + w.ln2_w,
-                           F32(a.ln2_mean), F32(a.ln2_rstd), BT, C);
-  // Attention: res_mid = in + attn_proj(attention(qkv(ln1(in)))).
-  LinearBackward<float>(threads_, dbuf, false, g + w.attn_proj_w, g + w.attn_proj_b, dres, F32(a.atty),
-                        p + w.attn_proj_w, BT, C, C);
-  if (options_.attention == AttentionKernel::kFlash) {
-    FlashAttentionBackward(threads_, FlashAttentionShape(config_, options_),
-                           FlashAttentionTensors(config_, layout_, a, arena_, true));
+  // MLP: out = res_mid + fc_proj(act(fc(norm2(res_mid)))).
+  if (c.mlp == MlpKind::kSwiGlu) {
+    LinearBackward<float>(threads_, dbuf, false, g + w.fc_proj_w, TensorAt(g, w.fc_proj_b), dres, F32(a.fch_gelu),
+                          p + w.fc_proj_w, BT, I, C);
+    SwiGluBackward<float>(threads_, dfch, F32(a.fch), dbuf, BT, I);
   } else {
-    AttentionBackward<float>(threads_, dqkv, F32(layout_.datt), dbuf, F32(a.qkv), F32(a.att), B, T, C, H);
+    LinearBackward<float>(threads_, dfch, false, g + w.fc_proj_w, TensorAt(g, w.fc_proj_b), dres, F32(a.fch_gelu),
+                          p + w.fc_proj_w, BT, I, C);
+    GeluBackward<float>(threads_, dfch, F32(a.fch), dfch, BT * I);
   }
-  LinearBackward<float>(threads_, dbuf, false, g + w.qkv_w, g + w.qkv_b, dqkv, F32(a.ln1), p + w.qkv_w, BT, C, 3 * C);
-  LayerNormBackward<float>(threads_, dres, g + w.ln1_w, g + w.ln1_b, dbuf, in, p + w.ln1_w, F32(a.ln1_mean),
-                           F32(a.ln1_rstd), BT, C);
+  LinearBackward<float>(threads_, dbuf, false, g + w.fc_w, TensorAt(g, w.fc_b), dfch, F32(a.ln2), p + w.fc_w, BT, C, FC);
+  NormBackward(dres, g + w.ln2_w, TensorAt(g, w.ln2_b), dbuf, F32(a.res_mid), p + w.ln2_w, F32(a.ln2_mean),
+               F32(a.ln2_rstd));
+  // Attention: res_mid = in + attn_proj(attention(rope(qk_norm(qkv(norm1(in)))))).
+  LinearBackward<float>(threads_, dbuf, false, g + w.attn_proj_w, TensorAt(g, w.attn_proj_b), dres, F32(a.atty),
+                        p + w.attn_proj_w, BT, Q, C);
+  if (options_.attention == AttentionKernel::kFlash) {
+    FlashAttentionBackward(threads_, FlashAttentionShape(c, options_), FlashAttentionTensors(c, layout_, a, arena_, true));
+  } else {
+    AttentionBackward<float>(threads_, dqkv, F32(layout_.datt), dbuf, F32(a.qkv), F32(a.att), B, T, c.num_heads,
+                             c.kv_heads(), c.head_dim());
+  }
+  if (c.positions == PositionKind::kRope) {
+    RopeBackward<float>(threads_, dqkv, QueryRows(), T, rope_);
+    RopeBackward<float>(threads_, dqkv + Q, KeyRows(), T, rope_);
+  }
+  if (c.qk_norm) {
+    const float* pre = F32(a.qk_pre);
+    RmsNormBackward<float>(threads_, dqkv, false, g + w.q_norm_w, dqkv, pre, p + w.q_norm_w, F32(a.qk_rstd),
+                           QueryRows());
+    RmsNormBackward<float>(threads_, dqkv + Q, false, g + w.k_norm_w, dqkv + Q, pre + Q, p + w.k_norm_w,
+                           F32(a.qk_rstd) + BT * c.num_heads, KeyRows());
+  }
+  LinearBackward<float>(threads_, dbuf, false, g + w.qkv_w, TensorAt(g, w.qkv_b), dqkv, F32(a.ln1), p + w.qkv_w, BT,
+                        C, S);
+  NormBackward(dres, g + w.ln1_w, TensorAt(g, w.ln1_b), dbuf, in, p + w.ln1_w, F32(a.ln1_mean), F32(a.ln1_rstd));
   EndGrad(block_grad, g, w.num_elems);
   --backward_next_;
   return Status::Ok();
@@ -442,7 +514,7 @@ Status GptModel::EmbedBackward(void* embedding_grad) {
   }
   const int64_t B = options_.batch_size, T = options_.seq_len, C = config_.embed_dim;
   const EmbeddingLayout e = EmbeddingLayout::For(config_);
-  EncoderBackward<float>(threads_, embedding_grad32_ + e.wte, embedding_grad32_ + e.wpe, F32(layout_.dres),
+  EncoderBackward<float>(threads_, embedding_grad32_ + e.wte, TensorAt(embedding_grad32_, e.wpe), F32(layout_.dres),
                          I32(layout_.tokens), B, T, C);
   EndGrad(embedding_grad, embedding_grad32_, e.num_elems);
   embedding_grad32_ = nullptr;

@@ -37,6 +37,7 @@
 #include <string_view>
 
 #include "math/attention_math.h"
+#include "model/decoder_layers.h"
 #include "model/gpt_config.h"
 #include "model/parallel.h"
 #include "zinf/config.h"
@@ -94,8 +95,13 @@ struct ActivationLayout {
 
   // Per-block saved tensors, fp32. att: the attention probabilities
   // [B, H, T, T] (plain), or each row's log-sum-exp [B, H, T] (flash).
+  // qkv is attention's input (after q/k norm and RoPE); qk_pre and qk_rstd
+  // (used with qk_norm only) the linear output and each head's 1/rms.
+  // fch is fc's output, fch_gelu the activation's (GELU or SwiGLU).
+  // ln*_mean is unused with RMSNorm.
   struct Block {
-    uint64_t ln1, ln1_mean, ln1_rstd, qkv, att, atty, res_mid, ln2, ln2_mean, ln2_rstd, fch, fch_gelu;
+    uint64_t ln1, ln1_mean, ln1_rstd, qkv, qk_pre, qk_rstd, att, atty, res_mid, ln2, ln2_mean, ln2_rstd, fch,
+        fch_gelu;
   };
   uint64_t tokens = 0, targets = 0;  // int32 [B·T]
   uint64_t residual = 0;             // (L + 1) × [B·T, C]: residual l is block l's input
@@ -177,12 +183,21 @@ class GptModel {
   float* BeginGrad(void* grad, int64_t num_elems, uint64_t accumulator_offset);
   void EndGrad(void* grad, const float* accumulator, int64_t num_elems);
   void RunBlockForward(int layer, const float* p);
+  // The config's norm (LayerNorm or RMSNorm) over [B·T, C]; b, mean and the
+  // gradient's gb are unused by RMSNorm.
+  void NormForward(float* out, float* mean, float* rstd, const float* in, const float* w, const float* b);
+  void NormBackward(float* dinp, float* gw, float* gb, const float* dout, const float* in, const float* w,
+                    const float* mean, const float* rstd);
+  // The q and k heads of a fused qkv [B·T, qkv_dim] as rows of D.
+  RowSet QueryRows() const;
+  RowSet KeyRows() const;
   Status CheckArena() const;
 
   GptConfig config_;
   GptRunOptions options_;
   ActivationLayout layout_;
   ModelThreads threads_;
+  RopeTable rope_;  // RoPE only
   char* arena_ = nullptr;
 
   // Stage order.

@@ -17,7 +17,7 @@ Result<PlanModel> PlanGptModel(const model::GptConfig& config, int64_t micro_bat
                                model::AttentionKernel attention) {
   ZINF_RETURN_IF_ERROR(config.Validate());
   if (micro_batch < 1) return InvalidArgument("micro-batch must be >= 1");
-  if (seq_len == 0) seq_len = config.max_seq_len;
+  if (seq_len == 0) seq_len = model::DefaultSeqLen(config);
   if (seq_len < 1 || seq_len > config.max_seq_len) {
     return InvalidArgument("seq-len " + std::to_string(seq_len) + " is outside 1.." +
                            std::to_string(config.max_seq_len) + " (the model's context)");

@@ -64,8 +64,12 @@ void EncoderForward(const ModelThreads& th, F* out, const int32_t* tokens, const
   th.ForChunks(batch * seq_len, RowGrain(C), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const F* te = wte + static_cast<int64_t>(tokens[r]) * C;
-      const F* pe = wpe + (r % seq_len) * C;
       F* o = out + r * C;
+      if (!wpe) {
+        for (int64_t c = 0; c < C; ++c) o[c] = te[c];
+        continue;
+      }
+      const F* pe = wpe + (r % seq_len) * C;
       for (int64_t c = 0; c < C; ++c) o[c] = te[c] + pe[c];
     }
   });
@@ -82,11 +86,10 @@ void EncoderBackward(const ModelThreads& th, F* dwte, F* dwpe, const F* dout, co
     for (int64_t r = 0; r < rows; ++r) {
       const F* d = dout + r * C;
       F* te = dwte + static_cast<int64_t>(tokens[r]) * C;
+      for (int64_t c = c0; c < c1; ++c) te[c] += d[c];
+      if (!dwpe) continue;
       F* pe = dwpe + (r % seq_len) * C;
-      for (int64_t c = c0; c < c1; ++c) {
-        te[c] += d[c];
-        pe[c] += d[c];
-      }
+      for (int64_t c = c0; c < c1; ++c) pe[c] += d[c];
     }
   });
 }
@@ -215,46 +218,66 @@ void LinearBackward(const ModelThreads& th, F* dinp, bool accumulate_dinp, F* dw
 
 template <class F>
 void AttentionForward(const ModelThreads& th, F* out, F* att, const F* qkv, int64_t batch, int64_t seq_len,
-                      int64_t channels, int64_t num_heads) {
-  const int64_t T = seq_len, C = channels, H = num_heads, D = C / H, C3 = 3 * C;
+                      int64_t num_heads, int64_t kv_heads, int64_t head_dim) {
+  const int64_t T = seq_len, H = num_heads, D = head_dim, Q = H * D, K = kv_heads * D, S = Q + 2 * K;
+  const int64_t group = H / kv_heads;
   const F scale = F(1) / std::sqrt(static_cast<F>(D));
   // One (batch, head) per chunk: two small products and T softmax rows.
   th.ForChunks(batch * H, 1, [&](int64_t bh, int64_t) {
     const int64_t b = bh / H, h = bh % H;
-    const F* q = qkv + b * T * C3 + h * D;
-    const F* k = q + C;
-    const F* v = q + 2 * C;
+    const F* q = qkv + b * T * S + h * D;
+    const F* k = qkv + b * T * S + Q + (h / group) * D;
+    const F* v = k + K;
     F* a = att + bh * T * T;
-    OperandGemm<F>(th.matmul_dtype(), false, true, T, T, D, scale, q, C3, k, C3, F(0), a, T);
+    OperandGemm<F>(th.matmul_dtype(), false, true, T, T, D, scale, q, S, k, S, F(0), a, T);
     for (int64_t i = 0; i < T; ++i) CausalSoftmaxRow(a + i * T, i, T);
-    OperandGemm<F>(th.matmul_dtype(), false, false, T, D, T, F(1), a, T, v, C3, F(0), out + b * T * C + h * D, C);
+    OperandGemm<F>(th.matmul_dtype(), false, false, T, D, T, F(1), a, T, v, S, F(0), out + b * T * Q + h * D, Q);
   });
 }
 
 template <class F>
 void AttentionBackward(const ModelThreads& th, F* dqkv, F* datt, const F* dout, const F* qkv, const F* att,
-                       int64_t batch, int64_t seq_len, int64_t channels, int64_t num_heads) {
-  const int64_t T = seq_len, C = channels, H = num_heads, D = C / H, C3 = 3 * C;
+                       int64_t batch, int64_t seq_len, int64_t num_heads, int64_t kv_heads, int64_t head_dim) {
+  const int64_t T = seq_len, H = num_heads, D = head_dim, Q = H * D, K = kv_heads * D, S = Q + 2 * K;
+  const int64_t group = H / kv_heads;
   const F scale = F(1) / std::sqrt(static_cast<F>(D));
-  th.ForChunks(batch * H, 1, [&](int64_t bh, int64_t) {
-    const int64_t b = bh / H, h = bh % H;
-    const F* q = qkv + b * T * C3 + h * D;
-    const F* k = q + C;
-    const F* v = q + 2 * C;
-    F* dq = dqkv + b * T * C3 + h * D;
-    F* dk = dq + C;
-    F* dv = dq + 2 * C;
-    const F* a = att + bh * T * T;
-    const F* dy = dout + b * T * C + h * D;
-    F* da = datt + bh * T * T;
-    OperandGemm<F>(th.matmul_dtype(), false, true, T, T, D, F(1), dy, C, v, C3, F(0), da, T);  // datt = dy · vᵀ
-    OperandGemm<F>(th.matmul_dtype(), true, false, T, D, T, F(1), a, T, dy, C, F(0), dv, C3);  // dv = attᵀ · dy
-    // Through the softmax (causal prefix only), with the 1/sqrt(D) of the
-    // scores folded in: da becomes d(q kᵀ).
-    for (int64_t i = 0; i < T; ++i) CausalSoftmaxBackwardRow(a + i * T, da + i * T, i, T, scale);
-    OperandGemm<F>(th.matmul_dtype(), false, false, T, D, T, F(1), da, T, k, C3, F(0), dq, C3);  // dq = d(q kᵀ) · k
-    OperandGemm<F>(th.matmul_dtype(), true, false, T, D, T, F(1), da, T, q, C3, F(0), dk, C3);   // dk = d(q kᵀ)ᵀ · q
+  // One (batch, key/value head) per chunk: its group's query heads in order,
+  // the first overwriting dk and dv and the others adding to them.
+  th.ForChunks(batch * kv_heads, 1, [&](int64_t bg, int64_t) {
+    const int64_t b = bg / kv_heads, kvh = bg % kv_heads;
+    const F* k = qkv + b * T * S + Q + kvh * D;
+    const F* v = k + K;
+    F* dk = dqkv + b * T * S + Q + kvh * D;
+    F* dv = dk + K;
+    for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
+      const int64_t bh = b * H + h;
+      const F beta = h == kvh * group ? F(0) : F(1);
+      const F* q = qkv + b * T * S + h * D;
+      F* dq = dqkv + b * T * S + h * D;
+      const F* a = att + bh * T * T;
+      const F* dy = dout + b * T * Q + h * D;
+      F* da = datt + bh * T * T;
+      OperandGemm<F>(th.matmul_dtype(), false, true, T, T, D, F(1), dy, Q, v, S, F(0), da, T);  // datt = dy · vᵀ
+      OperandGemm<F>(th.matmul_dtype(), true, false, T, D, T, F(1), a, T, dy, Q, beta, dv, S);  // dv (+)= attᵀ · dy
+      // Through the softmax (causal prefix only), with the 1/sqrt(D) of the
+      // scores folded in: da becomes d(q kᵀ).
+      for (int64_t i = 0; i < T; ++i) CausalSoftmaxBackwardRow(a + i * T, da + i * T, i, T, scale);
+      OperandGemm<F>(th.matmul_dtype(), false, false, T, D, T, F(1), da, T, k, S, F(0), dq, S);  // dq = d(q kᵀ) · k
+      OperandGemm<F>(th.matmul_dtype(), true, false, T, D, T, F(1), da, T, q, S, beta, dk, S);  // dk (+)= d(q kᵀ)ᵀ · q
+    }
   });
+}
+
+template <class F>
+void AttentionForward(const ModelThreads& th, F* out, F* att, const F* qkv, int64_t batch, int64_t seq_len,
+                      int64_t channels, int64_t num_heads) {
+  AttentionForward(th, out, att, qkv, batch, seq_len, num_heads, num_heads, channels / num_heads);
+}
+
+template <class F>
+void AttentionBackward(const ModelThreads& th, F* dqkv, F* datt, const F* dout, const F* qkv, const F* att,
+                       int64_t batch, int64_t seq_len, int64_t channels, int64_t num_heads) {
+  AttentionBackward(th, dqkv, datt, dout, qkv, att, batch, seq_len, num_heads, num_heads, channels / num_heads);
 }
 
 template <class F>
@@ -337,6 +360,10 @@ void SoftmaxCrossEntropyBackward(const ModelThreads& th, F* dlogits, const F* pr
   template void AttentionForward<F>(const ModelThreads&, F*, F*, const F*, int64_t, int64_t, int64_t, int64_t);   \
   template void AttentionBackward<F>(const ModelThreads&, F*, F*, const F*, const F*, const F*, int64_t, int64_t, \
                                      int64_t, int64_t);                                                          \
+  template void AttentionForward<F>(const ModelThreads&, F*, F*, const F*, int64_t, int64_t, int64_t, int64_t,    \
+                                    int64_t);                                                                    \
+  template void AttentionBackward<F>(const ModelThreads&, F*, F*, const F*, const F*, const F*, int64_t, int64_t, \
+                                     int64_t, int64_t, int64_t);                                                 \
   template void GeluForward<F>(const ModelThreads&, F*, const F*, int64_t);                                       \
   template void GeluBackward<F>(const ModelThreads&, F*, const F*, const F*, int64_t);                            \
   template void ResidualForward<F>(const ModelThreads&, F*, const F*, const F*, int64_t);                         \

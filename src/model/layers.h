@@ -22,11 +22,13 @@
 
 namespace zinf::model {
 
-// out[b, t] = wte[tokens[b, t]] + wpe[t]. Tokens must be in [0, V).
+// out[b, t] = wte[tokens[b, t]] + wpe[t] (wpe may be null: no learned
+// positions). Tokens must be in [0, V).
 template <class F>
 void EncoderForward(const ModelThreads& th, F* out, const int32_t* tokens, const F* wte, const F* wpe, int64_t batch,
                     int64_t seq_len, int64_t channels);
-// dwte[tokens[b, t]] += dout[b, t]; dwpe[t] += dout[b, t] (accumulates).
+// dwte[tokens[b, t]] += dout[b, t]; dwpe[t] += dout[b, t] (accumulates;
+// dwpe may be null).
 template <class F>
 void EncoderBackward(const ModelThreads& th, F* dwte, F* dwpe, const F* dout, const int32_t* tokens, int64_t batch,
                      int64_t seq_len, int64_t channels);
@@ -61,6 +63,19 @@ void AttentionForward(const ModelThreads& th, F* out, F* att, const F* qkv, int6
 template <class F>
 void AttentionBackward(const ModelThreads& th, F* dqkv, F* datt, const F* dout, const F* qkv, const F* att,
                        int64_t batch, int64_t seq_len, int64_t channels, int64_t num_heads);
+
+// The same with grouped-query attention and any head size D: qkv is
+// [batch·seq_len, (H + 2 H_kv)·D] (q | k | v), query head h reads key/value
+// head h / (H / H_kv), out is [batch·seq_len, H·D]. With H_kv = H and
+// H·D = C these are the functions above.
+template <class F>
+void AttentionForward(const ModelThreads& th, F* out, F* att, const F* qkv, int64_t batch, int64_t seq_len,
+                      int64_t num_heads, int64_t kv_heads, int64_t head_dim);
+// dqkv is overwritten (the key/value gradients summed over each group's
+// query heads in head order).
+template <class F>
+void AttentionBackward(const ModelThreads& th, F* dqkv, F* datt, const F* dout, const F* qkv, const F* att,
+                       int64_t batch, int64_t seq_len, int64_t num_heads, int64_t kv_heads, int64_t head_dim);
 
 // out = gelu(inp) (tanh form), elementwise.
 template <class F>

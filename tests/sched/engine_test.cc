@@ -820,8 +820,13 @@ TEST_F(EngineTest, ModelStagesAreBitIdenticalAndLearn) {
 // The budget is the plan's prediction for this run plus an eighth: the
 // gradients of a unit live only from its backward to its reduction.
 TEST_F(EngineTest, StateTenTimesTheDeviceBudgetGivesTheSameLosses) {
-  const model::GptConfig g{
-      .name = "ten-x", .vocab_size = 256, .max_seq_len = 8, .num_layers = 24, .num_heads = 4, .embed_dim = 144};
+  model::GptConfig g;
+  g.name = "ten-x";
+  g.vocab_size = 256;
+  g.max_seq_len = 8;
+  g.num_layers = 24;
+  g.num_heads = 4;
+  g.embed_dim = 144;
   Config base;
   base.bf16.enabled = true;
   base.gradient_accumulation_steps = 2;
