@@ -21,6 +21,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -34,6 +35,7 @@
 #include "data/gpt_weights.h"
 #include "data/safetensors.h"
 #include "data/token_dataset.h"
+#include "data/hf_checkpoint.h"
 #include "data/tokenizer.h"
 #include "model/gpt.h"
 #include "model/gpt_config.h"
@@ -55,6 +57,7 @@ struct TrainOptions {
   std::string model;  // a preset; empty: the flags below (or the default's shape)
   int64_t layers = 0, d_model = 0, heads = 0, seq_len = 0, vocab = 0;
   std::string data, tokenizer, init, export_path, export_names = "zinf", export_dtype = "bf16";
+  std::string model_dir, export_dir;  // Hugging Face folders in and out
   int64_t steps = 0, micro_batch = 0, grad_accum = 0;
   double lr = 0;
   std::string device;  // empty: the config's zinf.device (auto by default)
@@ -196,8 +199,13 @@ int Run(const TrainOptions& opt) {
   config.train_batch_size = batch.train_batch_size;
 
   // ---- Tokenizer and data.
+  // A Hugging Face folder brings its tokenizer unless --tokenizer says otherwise.
+  std::string tokenizer_spec = opt.tokenizer;
+  if (tokenizer_spec.empty() && !opt.model_dir.empty() && std::filesystem::exists(opt.model_dir + "/tokenizer.json")) {
+    tokenizer_spec = opt.model_dir + "/tokenizer.json";
+  }
   auto tokenizer = [&] {
-    auto t = data::MakeTokenizer(opt.tokenizer);
+    auto t = data::MakeTokenizer(tokenizer_spec);
     if (!t.ok()) throw Usage{t.status().message()};
     return std::move(*t);
   }();
@@ -217,7 +225,14 @@ int Run(const TrainOptions& opt) {
 
   // ---- Model.
   model::GptConfig mc;
-  if (!opt.model.empty()) {
+  std::optional<data::HfModel> hf;
+  if (!opt.model.empty() && !opt.model_dir.empty()) throw Usage{"give --model or --model-dir, not both"};
+  if (!opt.model_dir.empty()) {
+    auto h = data::ReadHfConfig(opt.model_dir);
+    if (!h.ok()) throw Usage{h.status().message()};
+    hf = std::move(*h);
+    mc = hf->config;
+  } else if (!opt.model.empty()) {
     auto p = model::GptPreset(opt.model);
     if (!p.ok()) throw Usage{p.status().message()};
     mc = *p;
@@ -231,6 +246,14 @@ int Run(const TrainOptions& opt) {
   mc.max_seq_len = opt.seq_len > 0 ? opt.seq_len : model::DefaultSeqLen(mc);
   if (opt.vocab > 0) mc.vocab_size = opt.vocab;
   if (Status s = mc.Validate(); !s.ok()) throw Usage{s.message()};
+  if (hf && hf->sliding_window > 0 && mc.max_seq_len > hf->sliding_window) {
+    throw Usage{opt.model_dir + "/config.json: \"sliding_window\" " + std::to_string(hf->sliding_window) +
+                " is shorter than --seq-len " + std::to_string(mc.max_seq_len) +
+                "; zinf's attention is full causal: give --seq-len <= the window"};
+  }
+  if (hf && (opt.layers > 0 || opt.d_model > 0 || opt.heads > 0 || opt.vocab > 0)) {
+    throw Usage{"--model-dir takes its shape from config.json: drop --layers/--d-model/--heads/--vocab"};
+  }
   // "auto" values from the model's shape and the run, as DeepSpeed's Hugging
   // Face integration resolves them (zinf plan does the same).
   if (!config.auto_keys.empty()) {
@@ -339,6 +362,13 @@ int Run(const TrainOptions& opt) {
 
   const int units = model::NumUnits(mc);
   std::vector<std::vector<float>> init;
+  std::optional<data::HfCheckpoint> checkpoint;
+  if (hf) {
+    if (!opt.init.empty()) throw Usage{"give --init or --model-dir, not both"};
+    auto ck = data::HfCheckpoint::Open(opt.model_dir, mc);
+    if (!ck.ok()) throw Usage{ck.status().message()};
+    checkpoint = std::move(*ck);
+  }
   if (!opt.init.empty()) {
     auto reader = data::SafetensorsReader::Open(opt.init);
     if (!reader.ok()) throw Usage{reader.status().message()};
@@ -348,7 +378,11 @@ int Run(const TrainOptions& opt) {
   }
   for (int u = 0; u < units; ++u) {
     std::vector<float> v;
-    if (init.empty()) {
+    if (checkpoint) {
+      // One unit in host memory at a time, read from the mapped files.
+      v.resize(model::UnitNumParams(mc, u));
+      Must(checkpoint->ReadUnit(u, v), "read " + opt.model_dir);
+    } else if (init.empty()) {
       v.resize(model::UnitNumParams(mc, u));
       model::InitUnitParams(mc, u, opt.seed, v.data());
     } else {
@@ -562,7 +596,7 @@ int Run(const TrainOptions& opt) {
     }
   }
   std::vector<std::vector<float>> masters;
-  if (!opt.export_path.empty()) {
+  if (!opt.export_path.empty() || !opt.export_dir.empty()) {
     masters.resize(units);
     for (int u = 0; u < units; ++u) {
       masters[u].resize(model::UnitNumParams(mc, u));
@@ -611,6 +645,17 @@ int Run(const TrainOptions& opt) {
                                 mc, *naming, *dtype, opt.export_path),
          "export");
   }
+  if (!opt.export_dir.empty()) {
+    data::HfExportOptions eo;
+    auto dtype = ParseDType(opt.export_dtype);
+    if (!dtype.ok()) throw Usage{"--export-dtype fp32|bf16|fp16"};
+    eo.dtype = *dtype;
+    if (hf) eo.config_json = hf->config_json;
+    eo.tokenizer_dir = opt.model_dir;
+    Must(data::ExportHfCheckpoint([&](int u) -> Result<std::span<const float>> { return std::span<const float>(masters[u]); },
+                                  mc, opt.export_dir, eo),
+         "export " + opt.export_dir);
+  }
   const double tokens = static_cast<double>((steps - first_step) * batch.train_batch_size * T);
   std::printf("summary: validation loss %.4f nats/token", vloss);
   if (embedded && tokenizer->VocabSize() == 256) {
@@ -653,6 +698,7 @@ int Run(const TrainOptions& opt) {
   }
   std::printf("  sample: %s\n", sample.c_str());
   if (!opt.export_path.empty()) std::printf("  exported to %s\n", opt.export_path.c_str());
+  if (!opt.export_dir.empty()) std::printf("  exported a Hugging Face folder to %s\n", opt.export_dir.c_str());
   if (!opt.plot.empty()) {
     std::ofstream svg(opt.plot);
     svg << Svg(losses, tps_hist);
@@ -709,6 +755,10 @@ void RegisterTrain(CLI::App& app, int* exit_code) {
   cmd->add_option("--sample-tokens", opt->sample_tokens, "Tokens to sample after training (CPU model; 0: none)")
       ->capture_default_str();
   cmd->add_option("--export", opt->export_path, "Write the trained weights as .safetensors");
+  cmd->add_option("--model-dir", opt->model_dir,
+                  "A Hugging Face folder (config.json, safetensors, tokenizer.json) of the Llama family to train");
+  cmd->add_option("--export-dir", opt->export_dir,
+                  "Write the trained model as a Hugging Face folder (config.json, safetensors shards, tokenizer)");
   cmd->add_option("--export-names", opt->export_names, "zinf or hf")->capture_default_str();
   cmd->add_option("--export-dtype", opt->export_dtype, "fp32, bf16 or fp16")->capture_default_str();
   cmd->add_option("--metrics-json", opt->metrics_json, "One JSON line per step with the engine's metrics");

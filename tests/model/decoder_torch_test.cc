@@ -5,7 +5,8 @@
 // q/k/v biases, q/k norm, tied and untied heads), with the plain and the
 // flash attention and with activation checkpointing. The oracle renames
 // zinf's units into Hugging Face's tensor names before it runs, so the unit
-// layout is checked too. Skips only when /usr/bin/python3 has no torch
+// layout is checked too; for the Llama family it also reads zinf's export of
+// the same parameters as a Hugging Face folder by name. Skips only when /usr/bin/python3 has no torch
 // (scripts/setup installs it).
 #include <gtest/gtest.h>
 
@@ -18,6 +19,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "data/hf_checkpoint.h"
 #include "model/gpt.h"
 #include "model_test_util.h"
 #include "test_util.h"
@@ -139,12 +141,24 @@ TEST_P(DecoderTorchTest, LossAndGradientsMatchPyTorch) {
   const float loss = Step(*model, params, grads, tokens, targets);
 
   const std::string dir = zinf::test::TestDir() + "/decoder_torch_" + tc.name;
-  ASSERT_EQ(zinf::test::RunCommand("mkdir -p '" + dir + "'").exit_code, 0);
+  ASSERT_EQ(zinf::test::RunCommand("rm -rf '" + dir + "' && mkdir -p '" + dir + "'").exit_code, 0);
   std::vector<float> flat;
   for (const auto& u : params) flat.insert(flat.end(), u.begin(), u.end());
   WriteFile(dir + "/params.bin", flat);
   WriteFile(dir + "/tokens.bin", tokens);
   WriteFile(dir + "/targets.bin", targets);
+  // Llama-family shapes: the same parameters as a Hugging Face folder, in
+  // shards of about a third of the model, which the oracle reads by name.
+  const bool llama = c.norm == NormKind::kRmsNorm;
+  if (llama) {
+    data::HfExportOptions eo;
+    eo.dtype = DType::kFloat32;
+    eo.max_shard_bytes = static_cast<uint64_t>(NumParams(c)) * 4 / 3;
+    ASSERT_TRUE(data::ExportHfCheckpoint(
+                    [&](int u) -> Result<std::span<const float>> { return std::span<const float>(params[u]); }, c,
+                    dir + "/hf", eo)
+                    .ok());
+  }
   {
     std::ofstream f(dir + "/case.json");
     f << nlohmann::json{{"config", ConfigJson(c)}, {"batch", tc.batch}, {"seq_len", tc.seq_len}}.dump(1);
@@ -152,6 +166,9 @@ TEST_P(DecoderTorchTest, LossAndGradientsMatchPyTorch) {
   const auto run = zinf::test::RunCommand(std::string(kPython) + " '" + zinf::test::SourceDir() +
                                           "/tests/model/torch_decoder.py' '" + dir + "' 2>&1");
   ASSERT_EQ(run.exit_code, 0) << run.output;
+  if (llama) {
+    EXPECT_NE(run.output.find("safetensors file(s) match by name"), std::string::npos) << run.output;
+  }
   double ref_loss = 0;
   std::ifstream(dir + "/loss.txt") >> ref_loss;
   std::ifstream gf(dir + "/grads.bin", std::ios::binary);

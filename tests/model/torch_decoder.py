@@ -13,6 +13,10 @@ the test checks zinf's kernels and its unit layout at once.
     DIR/params.bin  every unit's fp32 parameters in zinf's layout, in unit order
     DIR/tokens.bin, DIR/targets.bin  int32 [B*T] (a target < 0 is ignored)
   writes DIR/loss.txt and DIR/grads.bin (float64, zinf's layout, unit order).
+  When DIR/hf holds a Hugging Face folder (zinf's export of the same
+  parameters in fp32), every tensor it has is read by its Hugging Face name
+  and must equal the oracle's own renaming bit for bit, and config.json must
+  describe the same architecture.
 """
 import json
 import math
@@ -174,6 +178,47 @@ def forward(c, w, tokens, targets, B, T):
     return torch.nn.functional.cross_entropy(logits.reshape(B * T, -1), targets.long(), ignore_index=-1)
 
 
+def read_safetensors(path):
+    """name -> float64 tensor, read with numpy (no safetensors package)."""
+    import numpy as np
+    raw = open(path, "rb").read()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + n])
+    dtypes = {"F32": np.float32, "F64": np.float64, "F16": np.float16}
+    out = {}
+    for name, t in header.items():
+        if name == "__metadata__":
+            continue
+        begin, end = t["data_offsets"]
+        data = np.frombuffer(raw[8 + n + begin:8 + n + end], dtype=dtypes[t["dtype"]])
+        out[name] = torch.from_numpy(data.astype(np.float64).reshape(t["shape"]))
+    return out
+
+
+def check_hf_folder(c, w, d):
+    import os
+    cfg = json.load(open(f"{d}/config.json"))
+    expect = {"hidden_size": c["embed_dim"], "num_hidden_layers": c["num_layers"], "vocab_size": c["vocab_size"],
+              "num_attention_heads": c["num_heads"], "num_key_value_heads": c["kv_heads"], "head_dim": c["head_dim"],
+              "intermediate_size": c["mlp_dim"], "tie_word_embeddings": c["tied_head"], "rope_theta": c["rope_theta"],
+              "rms_norm_eps": c["norm_eps"], "model_type": "qwen3" if c["qk_norm"] else "qwen2" if c["qkv_bias"] else "llama"}
+    for key, value in expect.items():
+        assert cfg[key] == value, (key, cfg[key], value)
+    if os.path.exists(f"{d}/model.safetensors.index.json"):
+        files = sorted(set(json.load(open(f"{d}/model.safetensors.index.json"))["weight_map"].values()))
+    else:
+        files = ["model.safetensors"]
+    hf = {}
+    for f in files:
+        hf.update(read_safetensors(f"{d}/{f}"))
+    expected = {k: v for k, v in w.items() if not (k == "lm_head.weight" and c["tied_head"]) and k != "wpe"}
+    assert sorted(hf) == sorted(expected), (sorted(set(hf) ^ set(expected)))
+    for name, t in hf.items():
+        assert t.shape == expected[name].shape, (name, t.shape, expected[name].shape)
+        assert torch.equal(t, expected[name].detach()), name
+    return len(files)
+
+
 def main():
     d = sys.argv[1]
     case = json.load(open(f"{d}/case.json"))
@@ -183,7 +228,11 @@ def main():
     np = __import__("numpy")
     tokens = torch.from_numpy(np.fromfile(f"{d}/tokens.bin", dtype="int32"))
     targets = torch.from_numpy(np.fromfile(f"{d}/targets.bin", dtype="int32"))
-    loss = forward(c, to_hf(c, units), tokens, targets, B, T)
+    w = to_hf(c, units)
+    import os
+    if os.path.isdir(f"{d}/hf"):
+        print(f"hf folder: {check_hf_folder(c, w, d + '/hf')} safetensors file(s) match by name")
+    loss = forward(c, w, tokens, targets, B, T)
     loss.backward()
     grads = [t.grad if t.grad is not None else torch.zeros_like(t) for u in units for t in u.values()]
     torch.cat([g.reshape(-1) for g in grads]).numpy().astype("float64").tofile(f"{d}/grads.bin")

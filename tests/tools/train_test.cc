@@ -5,6 +5,7 @@
 
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <filesystem>
@@ -200,6 +201,37 @@ TEST(TrainTest, ResumeContinuesBitExactly) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("no steps left"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("nan"), std::string::npos) << r.output;
+}
+
+// A Llama-shaped model out to a Hugging Face folder and back in: the folder
+// trained again starts where the first run ended (its first loss is below
+// the untrained model's), carries its config and tokenizer over, and a
+// folder zinf cannot honour is one line and exit code 2.
+TEST(TrainTest, HuggingFaceFolderOutAndBackIn) {
+  const std::string shape = " --steps 12 --seq-len 16 --micro-batch 4 --sample-tokens 0";
+  const std::string first = Scratch("train_hf_first"), second = Scratch("train_hf_second");
+  const std::string m1 = Scratch("train_hf_m1.jsonl"), m2 = Scratch("train_hf_m2.jsonl");
+  std::filesystem::remove_all(first);
+  std::filesystem::remove_all(second);
+  auto r = RunZinf("train --model tiny-llama --vocab 256" + shape + " --export-dir " + first +
+                   " --export-dtype fp32 --metrics-json " + m1);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(std::filesystem::exists(first + "/config.json"));
+  EXPECT_TRUE(std::filesystem::exists(first + "/model.safetensors"));
+  r = RunZinf("train --model-dir " + first + shape + " --export-dir " + second + " --metrics-json " + m2);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("rmsnorm rope swiglu untied"), std::string::npos) << r.output;
+  const auto a = Lines(m1), b = Lines(m2);
+  ASSERT_EQ(a.size(), 12u);
+  ASSERT_EQ(b.size(), 12u);
+  EXPECT_LT(b.front().at("loss").get<double>(), a.front().at("loss").get<double>() - 0.1)
+      << "the second run did not start from the exported weights";
+  EXPECT_TRUE(std::filesystem::exists(second + "/config.json"));
+  std::ofstream(first + "/config.json") << R"({"model_type": "falcon", "hidden_size": 32})";
+  r = RunZinf("train --model-dir " + first + shape);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("\"model_type\" is 'falcon'"), std::string::npos) << r.output;
+  EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
 }
 
 TEST(TrainTest, BadInputIsOneLineAndExitCodeTwo) {

@@ -1,0 +1,195 @@
+// Hugging Face Llama-family folders: export then import gives the same
+// parameters (fp32 bit for bit, bf16 rounded once), sharded or not, with
+// config.json describing the same model; and every folder zinf cannot
+// honour is one error naming the key or the tensor.
+#include "data/hf_checkpoint.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <random>
+
+#include "common/float16.h"
+#include "data_test_util.h"
+
+namespace zinf::data {
+namespace {
+
+using model::GptConfig;
+using test::FreshDir;
+using test::ReadFile;
+using test::WriteFile;
+
+GptConfig Preset(const char* name) { return std::move(model::GptPreset(name)).value(); }
+
+std::vector<std::vector<float>> RandomUnits(const GptConfig& c, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> d(0.0f, 0.5f);
+  std::vector<std::vector<float>> units(model::NumUnits(c));
+  for (int u = 0; u < model::NumUnits(c); ++u) {
+    units[u].resize(model::UnitNumParams(c, u));
+    for (float& v : units[u]) v = d(rng);
+  }
+  return units;
+}
+
+Status Export(const std::vector<std::vector<float>>& units, const GptConfig& c, const std::string& dir,
+              HfExportOptions o = {}) {
+  return ExportHfCheckpoint([&](int u) -> Result<std::span<const float>> { return std::span<const float>(units[u]); },
+                            c, dir, o);
+}
+
+std::vector<std::vector<float>> Import(const GptConfig& c, const std::string& dir) {
+  auto ck = HfCheckpoint::Open(dir, c);
+  EXPECT_TRUE(ck.ok()) << ck.status().ToString();
+  std::vector<std::vector<float>> units(model::NumUnits(c));
+  for (int u = 0; u < model::NumUnits(c); ++u) {
+    units[u].resize(model::UnitNumParams(c, u));
+    if (ck.ok()) {
+      EXPECT_TRUE(ck->ReadUnit(u, units[u]).ok());
+    }
+  }
+  return units;
+}
+
+void ExpectSameShape(const GptConfig& a, const GptConfig& b) {
+  EXPECT_EQ(a.vocab_size, b.vocab_size);
+  EXPECT_EQ(a.embed_dim, b.embed_dim);
+  EXPECT_EQ(a.num_layers, b.num_layers);
+  EXPECT_EQ(a.num_heads, b.num_heads);
+  EXPECT_EQ(a.kv_heads(), b.kv_heads());
+  EXPECT_EQ(a.head_dim(), b.head_dim());
+  EXPECT_EQ(a.mlp_dim(), b.mlp_dim());
+  EXPECT_EQ(a.norm_eps, b.norm_eps);
+  EXPECT_EQ(a.rope_theta, b.rope_theta);
+  EXPECT_EQ(a.rope_scaling.llama3, b.rope_scaling.llama3);
+  EXPECT_EQ(a.rope_scaling.factor, b.rope_scaling.factor);
+  EXPECT_EQ(a.qkv_bias, b.qkv_bias);
+  EXPECT_EQ(a.qk_norm, b.qk_norm);
+  EXPECT_EQ(a.tied_head, b.tied_head);
+  EXPECT_EQ(NumParams(a), NumParams(b));
+}
+
+TEST(HfCheckpointTest, ExportThenImportRoundTripsEveryVariantSharded) {
+  GptConfig scaled = Preset("tiny-llama");
+  scaled.rope_scaling.llama3 = true;
+  scaled.rope_scaling.factor = 8;
+  scaled.rope_scaling.original_max_position = 8;
+  for (const GptConfig& c : {Preset("tiny-llama"), Preset("tiny-qwen2"), Preset("tiny-qwen3"), scaled}) {
+    SCOPED_TRACE(c.ToString());
+    const std::string dir = FreshDir() + "/" + c.name;
+    const auto units = RandomUnits(c, 5);
+    HfExportOptions o;
+    o.dtype = DType::kFloat32;
+    o.max_shard_bytes = static_cast<uint64_t>(model::NumParams(c)) * 4 / 4;  // four or five shards
+    ASSERT_TRUE(Export(units, c, dir, o).ok());
+    EXPECT_TRUE(std::filesystem::exists(dir + "/model.safetensors.index.json"));
+    EXPECT_TRUE(std::filesystem::exists(dir + "/model-00002-of-00005.safetensors") ||
+                std::filesystem::exists(dir + "/model-00002-of-00004.safetensors"));
+    auto hf = ReadHfConfig(dir);
+    ASSERT_TRUE(hf.ok()) << hf.status().ToString();
+    ExpectSameShape(hf->config, c);
+    EXPECT_EQ(Import(hf->config, dir), units);
+  }
+}
+
+TEST(HfCheckpointTest, Bf16ExportRoundsOnceAndOneShardIsModelSafetensors) {
+  const GptConfig c = Preset("tiny-qwen3");
+  const std::string dir = FreshDir();
+  const auto units = RandomUnits(c, 6);
+  ASSERT_TRUE(Export(units, c, dir).ok());  // bf16, one shard
+  EXPECT_TRUE(std::filesystem::exists(dir + "/model.safetensors"));
+  EXPECT_FALSE(std::filesystem::exists(dir + "/model.safetensors.index.json"));
+  EXPECT_NE(ReadFile(dir + "/config.json").find("\"bfloat16\""), std::string::npos);
+  const auto back = Import(c, dir);
+  for (int u = 0; u < model::NumUnits(c); ++u) {
+    for (size_t i = 0; i < units[u].size(); ++i) {
+      ASSERT_EQ(back[u][i], Bf16BitsToFloat(FloatToBf16Bits(units[u][i]))) << "unit " << u << " element " << i;
+    }
+  }
+}
+
+TEST(HfCheckpointTest, TokenizerFilesAndTheSourceConfigAreCarriedOver) {
+  const GptConfig c = Preset("tiny-llama");
+  const std::string src = FreshDir() + "/src", out = FreshDir() + "/out";
+  std::filesystem::create_directories(src);
+  WriteFile(src + "/tokenizer.json", "{\"model\": {}}");
+  WriteFile(src + "/tokenizer_config.json", "{}");
+  const auto units = RandomUnits(c, 7);
+  ASSERT_TRUE(Export(units, c, src).ok());
+  auto hf = ReadHfConfig(src);
+  ASSERT_TRUE(hf.ok());
+  HfExportOptions o;
+  o.config_json = hf->config_json;
+  o.tokenizer_dir = src;
+  o.dtype = DType::kFloat16;
+  ASSERT_TRUE(Export(units, c, out, o).ok());
+  EXPECT_EQ(ReadFile(out + "/tokenizer.json"), "{\"model\": {}}");
+  EXPECT_TRUE(std::filesystem::exists(out + "/tokenizer_config.json"));
+  EXPECT_NE(ReadFile(out + "/config.json").find("\"float16\""), std::string::npos);
+}
+
+// Rewrites one key of DIR/config.json.
+void SetConfigKey(const std::string& dir, const std::string& key, const nlohmann::json& value) {
+  auto j = nlohmann::json::parse(ReadFile(dir + "/config.json"));
+  j[key] = value;
+  WriteFile(dir + "/config.json", j.dump());
+}
+
+TEST(HfCheckpointTest, FoldersZinfCannotHonourAreOneLineNamingTheKeyOrTensor) {
+  const GptConfig c = Preset("tiny-llama");
+  const std::string dir = FreshDir();
+  ASSERT_TRUE(Export(RandomUnits(c, 8), c, dir).ok());
+  auto expect_error = [&](const std::string& needle) {
+    auto hf = ReadHfConfig(dir);
+    Status st = hf.status();
+    if (hf.ok()) st = HfCheckpoint::Open(dir, hf->config).status();
+    ASSERT_FALSE(st.ok()) << "expected an error naming " << needle;
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(st.message().find(needle), std::string::npos) << st.message();
+    EXPECT_EQ(st.message().find('\n'), std::string::npos) << st.message();
+  };
+  const std::string original = ReadFile(dir + "/config.json");
+  auto restore = [&] { WriteFile(dir + "/config.json", original); };
+
+  SetConfigKey(dir, "model_type", "gpt_neox");
+  expect_error("\"model_type\" is 'gpt_neox'");
+  restore();
+  SetConfigKey(dir, "rope_scaling", {{"rope_type", "yarn"}, {"factor", 4.0}});
+  expect_error("rope_scaling.rope_type");
+  restore();
+  SetConfigKey(dir, "hidden_act", "gelu");
+  expect_error("hidden_act");
+  restore();
+  SetConfigKey(dir, "num_hidden_layers", 3);
+  expect_error("tensor 'model.layers.2.input_layernorm.weight' is missing");
+  restore();
+  SetConfigKey(dir, "intermediate_size", 40);
+  expect_error("tensor 'model.layers.0.mlp.gate_proj.weight' has shape [48, 32], config.json implies [40, 32]");
+  restore();
+  SetConfigKey(dir, "num_key_value_heads", 3);
+  expect_error("num_key_value_heads");
+  restore();
+  SetConfigKey(dir, "tie_word_embeddings", true);  // lm_head.weight then has no place... it is a tied copy
+  {
+    auto hf = ReadHfConfig(dir);
+    ASSERT_TRUE(hf.ok());
+    EXPECT_TRUE(HfCheckpoint::Open(dir, hf->config).ok()) << "a tied model's lm_head copy is ignored";
+  }
+  restore();
+  // A tensor that belongs nowhere.
+  {
+    auto hf = ReadHfConfig(dir);
+    ASSERT_TRUE(hf.ok());
+    GptConfig fewer = hf->config;
+    fewer.num_layers = 1;
+    EXPECT_NE(HfCheckpoint::Open(dir, fewer).status().message().find("has no place"), std::string::npos);
+  }
+  std::filesystem::remove(dir + "/config.json");
+  const Status missing = ReadHfConfig(dir).status();
+  EXPECT_EQ(missing.code(), StatusCode::kNotFound);
+  EXPECT_NE(missing.message().find(dir + "/config.json"), std::string::npos) << missing.message();
+}
+
+}  // namespace
+}  // namespace zinf::data
