@@ -14,6 +14,7 @@ void RegisterModel(CLI::App& bench, int* exit_code);
 void RegisterOffload(CLI::App& bench, int* exit_code);
 void RegisterCheckpoint(CLI::App& bench, int* exit_code);
 void RegisterStage3(CLI::App& bench, int* exit_code);
+void RegisterTokenizer(CLI::App& bench, int* exit_code);
 
 void RegisterAll(CLI::App& bench, int* exit_code) {
   RegisterMembw(bench, exit_code);
@@ -25,6 +26,7 @@ void RegisterAll(CLI::App& bench, int* exit_code) {
   RegisterOffload(bench, exit_code);
   RegisterCheckpoint(bench, exit_code);
   RegisterStage3(bench, exit_code);
+  RegisterTokenizer(bench, exit_code);
   bench.require_subcommand(1);
 }
 

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <filesystem>
 #include <fstream>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -11,6 +12,7 @@
 #include <sstream>
 #include <unordered_map>
 
+#include "data/hf_tokenizer.h"
 #include "data/unicode_classes.h"
 
 namespace zinf::data {
@@ -430,6 +432,18 @@ Result<std::string> Gpt2BpeTokenizer::Decode(std::span<const int32_t> tokens) co
 
 Result<std::unique_ptr<Tokenizer>> MakeTokenizer(const std::string& spec) {
   if (spec.empty() || spec == "byte") return std::unique_ptr<Tokenizer>(std::make_unique<ByteTokenizer>());
+  std::error_code ec;
+  // A path naming a .json file is a tokenizer.json even when missing, so the
+  // error names it rather than a GPT-2 directory.
+  const bool is_file = std::filesystem::is_regular_file(spec, ec) ||
+                       (spec.ends_with(".json") && !std::filesystem::is_directory(spec, ec));
+  const bool dir_has_json = !is_file && !std::filesystem::exists(spec + "/encoder.json", ec) &&
+                            std::filesystem::is_regular_file(spec + "/tokenizer.json", ec);
+  if (is_file || dir_has_json) {
+    auto hf = HfTokenizer::Load(is_file ? spec : spec + "/tokenizer.json");
+    if (!hf.ok()) return std::move(hf).status().WithContext("--tokenizer " + spec);
+    return std::unique_ptr<Tokenizer>(std::move(hf).value());
+  }
   auto bpe = Gpt2BpeTokenizer::Load(spec);
   if (!bpe.ok()) return std::move(bpe).status().WithContext("--tokenizer " + spec);
   return std::unique_ptr<Tokenizer>(std::move(bpe).value());

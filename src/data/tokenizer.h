@@ -1,24 +1,23 @@
-// Tokenizers: text bytes <-> int32 token ids. Two kinds:
+// Tokenizers: text bytes <-> int32 token ids. Three kinds:
 //  - ByteTokenizer: one token per byte, vocabulary 256 (the default).
 //  - Gpt2BpeTokenizer: GPT-2's byte-level BPE (Radford et al. 2019; the
 //    encoder.py of openai/gpt-2), loaded from the two files GPT-2 ships:
 //    encoder.json (token string -> id) and vocab.bpe (the merges, in rank
 //    order, after a "#version" line).
-// Both work on bytes, not code points: Decode(Encode(s)) == s for every byte
-// string, valid UTF-8 or not. Encode never emits special tokens such as
-// <|endoftext|>; their text is encoded like any other text.
+//  - HfTokenizer (hf_tokenizer.h): a Hugging Face tokenizer.json (Llama 2
+//    and 3, Mistral, Qwen2/3, GPT-2 and others with a BPE model).
+// The first two work on bytes, not code points: Decode(Encode(s)) == s for
+// every byte string, valid UTF-8 or not. They never emit special tokens such
+// as <|endoftext|>; their text is encoded like any other text. HfTokenizer
+// does split out its file's added tokens, as the tokenizers library does.
 //
 // GPT-2 pre-tokenization. Text is first split by GPT-2's pattern
 //   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
 // and BPE runs inside each piece. The split here is a hand-written scanner
-// equivalent to that pattern; \s is Unicode White_Space; \p{L} and \p{N} come
-// from a compact table of code-point ranges (unicode_classes.cc) that covers
-// ASCII, Latin, Greek, Cyrillic, Armenian, Hebrew, Arabic, Devanagari, Thai,
-// Georgian, Hangul, kana, CJK ideographs and the common number forms;
-// code points outside it count as neither letters nor numbers. For text in
-// those scripts the ids equal GPT-2's; elsewhere a piece may split
-// differently, which changes ids but never the round trip. A byte that is not
-// part of valid UTF-8 is a one-byte character of the "neither" class.
+// equivalent to that pattern; \s is Unicode White_Space; \p{L} and \p{N} are
+// the general categories L* and N*, from the full tables of
+// unicode_classes.h. A byte that is not part of valid UTF-8 is a one-byte
+// character of the "neither" class.
 //
 // Thread-safety: Encode and Decode are const and may run concurrently (the
 // BPE's piece cache is guarded by a mutex).
@@ -40,7 +39,7 @@ class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
 
-  // "byte" or "gpt2-bpe".
+  // "byte", "gpt2-bpe" or "hf-bpe".
   virtual std::string Name() const = 0;
   // Ids are in [0, VocabSize()).
   virtual int64_t VocabSize() const = 0;
@@ -103,8 +102,9 @@ class Gpt2BpeTokenizer final : public Tokenizer {
   std::unique_ptr<Impl> impl_;
 };
 
-// The --tokenizer flag: "" or "byte" gives ByteTokenizer; anything else is a
-// directory holding encoder.json and vocab.bpe.
+// The --tokenizer flag: "" or "byte" gives ByteTokenizer; a directory
+// holding encoder.json and vocab.bpe gives Gpt2BpeTokenizer; a tokenizer.json
+// file, or a directory holding one (and no encoder.json), gives HfTokenizer.
 Result<std::unique_ptr<Tokenizer>> MakeTokenizer(const std::string& spec);
 
 }  // namespace zinf::data

@@ -1,56 +1,102 @@
 #include "data/unicode_classes.h"
 
 #include <algorithm>
+#include <array>
 #include <iterator>
+#include <vector>
 
 namespace zinf::data {
 namespace {
 
-struct Range {
+struct CodePointRange {
   int32_t lo, hi;  // inclusive
 };
-
-// General categories Lu, Ll, Lt, Lm, Lo over the blocks listed in tokenizer.h
-// (from the Unicode Character Database; blocks with scattered marks are
-// approximated by their letter runs). Sorted, disjoint.
-constexpr Range kLetters[] = {
-    {0x41, 0x5A},     {0x61, 0x7A},     {0xAA, 0xAA},     {0xB5, 0xB5},       {0xBA, 0xBA},       {0xC0, 0xD6},
-    {0xD8, 0xF6},     {0xF8, 0x2C1},    {0x2C6, 0x2D1},   {0x2E0, 0x2E4},     {0x2EC, 0x2EC},     {0x2EE, 0x2EE},
-    {0x370, 0x374},   {0x376, 0x377},   {0x37A, 0x37D},   {0x37F, 0x37F},     {0x386, 0x386},     {0x388, 0x38A},
-    {0x38C, 0x38C},   {0x38E, 0x3A1},   {0x3A3, 0x3F5},   {0x3F7, 0x481},     {0x48A, 0x52F},     {0x531, 0x556},
-    {0x559, 0x559},   {0x560, 0x588},   {0x5D0, 0x5EA},   {0x5EF, 0x5F2},     {0x620, 0x64A},     {0x66E, 0x66F},
-    {0x671, 0x6D3},   {0x6D5, 0x6D5},   {0x6E5, 0x6E6},   {0x6EE, 0x6EF},     {0x6FA, 0x6FC},     {0x6FF, 0x6FF},
-    {0x710, 0x710},   {0x712, 0x72F},   {0x74D, 0x7A5},   {0x7B1, 0x7B1},     {0x904, 0x939},     {0x93D, 0x93D},
-    {0x950, 0x950},   {0x958, 0x961},   {0x971, 0x980},   {0x985, 0x98C},     {0x98F, 0x990},     {0x993, 0x9A8},
-    {0x9AA, 0x9B0},   {0x9B2, 0x9B2},   {0x9B6, 0x9B9},   {0xE01, 0xE30},     {0xE32, 0xE33},     {0xE40, 0xE46},
-    {0x10A0, 0x10C5}, {0x10D0, 0x10FA}, {0x10FC, 0x10FF}, {0x1100, 0x1248},   {0x1E00, 0x1F15},   {0x1F18, 0x1F1D},
-    {0x1F20, 0x1F45}, {0x1F48, 0x1F4D}, {0x1F50, 0x1F57}, {0x1F59, 0x1F59},   {0x1F5B, 0x1F5B},   {0x1F5D, 0x1F5D},
-    {0x1F5F, 0x1F7D}, {0x1F80, 0x1FB4}, {0x1FB6, 0x1FBC}, {0x1FBE, 0x1FBE},   {0x1FC2, 0x1FC4},   {0x1FC6, 0x1FCC},
-    {0x1FD0, 0x1FD3}, {0x1FD6, 0x1FDB}, {0x1FE0, 0x1FEC}, {0x1FF2, 0x1FF4},   {0x1FF6, 0x1FFC},   {0x2071, 0x2071},
-    {0x207F, 0x207F}, {0x2090, 0x209C}, {0x2102, 0x2102}, {0x2107, 0x2107},   {0x210A, 0x2113},   {0x2115, 0x2115},
-    {0x2119, 0x211D}, {0x2124, 0x2124}, {0x2126, 0x2126}, {0x2128, 0x2128},   {0x212A, 0x212D},   {0x212F, 0x2139},
-    {0x2C00, 0x2CE4}, {0x3005, 0x3006}, {0x3031, 0x3035}, {0x303B, 0x303C},   {0x3041, 0x3096},   {0x309D, 0x309F},
-    {0x30A1, 0x30FA}, {0x30FC, 0x30FF}, {0x3105, 0x312F}, {0x3131, 0x318E},   {0x31A0, 0x31BF},   {0x31F0, 0x31FF},
-    {0x3400, 0x4DBF}, {0x4E00, 0x9FFF}, {0xA000, 0xA48C}, {0xAC00, 0xD7A3},   {0xF900, 0xFA6D},   {0xFB00, 0xFB06},
-    {0xFF21, 0xFF3A}, {0xFF41, 0xFF5A}, {0xFF66, 0xFFBE}, {0x20000, 0x2A6DF}, {0x2A700, 0x2EBE0}, {0x30000, 0x3134A},
+struct CombiningClassRange {
+  int32_t lo, hi;  // inclusive
+  int32_t combining_class;
+};
+struct Decomposition {
+  int32_t code_point, first, second;  // second == 0: a one-code-point decomposition
+};
+struct Composition {
+  int32_t first, second, composite;
 };
 
-// Nd, Nl, No over the same blocks.
-constexpr Range kNumbers[] = {
-    {0x30, 0x39},     {0xB2, 0xB3},     {0xB9, 0xB9},     {0xBC, 0xBE},     {0x660, 0x669},   {0x6F0, 0x6F9},
-    {0x966, 0x96F},   {0x9E6, 0x9EF},   {0xE50, 0xE59},   {0x2070, 0x2070}, {0x2074, 0x2079}, {0x2080, 0x2089},
-    {0x2150, 0x2182}, {0x2185, 0x2189}, {0x2460, 0x249B}, {0x24EA, 0x24FF}, {0x2776, 0x2793}, {0x3007, 0x3007},
-    {0x3021, 0x3029}, {0x3038, 0x303A}, {0x3192, 0x3195}, {0x3220, 0x3229}, {0x3248, 0x324F}, {0x3251, 0x325F},
-    {0x3280, 0x3289}, {0x32B1, 0x32BF}, {0xFF10, 0xFF19},
-};
+#include "data/unicode_tables.inc"
 
-template <size_t N>
-bool InRanges(const Range (&ranges)[N], int32_t cp) {
-  auto it =
-      std::upper_bound(std::begin(ranges), std::end(ranges), cp, [](int32_t v, const Range& r) { return v < r.lo; });
-  if (it == std::begin(ranges)) return false;
+template <class R, size_t N>
+const R* FindRange(const R (&ranges)[N], int32_t cp) {
+  auto it = std::upper_bound(std::begin(ranges), std::end(ranges), cp, [](int32_t v, const R& r) { return v < r.lo; });
+  if (it == std::begin(ranges)) return nullptr;
   --it;
-  return cp <= it->hi;
+  return cp <= it->hi ? &*it : nullptr;
+}
+
+constexpr uint8_t kClassNfcUnsafe = 8;
+
+// One byte per BMP code point: the three class bits plus NFC-unsafe. Built
+// once from the range tables; above U+FFFF the tables are searched directly.
+const std::array<uint8_t, 0x10000>& BmpTable() {
+  static const auto* table = [] {
+    auto* t = new std::array<uint8_t, 0x10000>{};
+    auto fill = [&](const auto& ranges, uint8_t bit) {
+      for (const CodePointRange& r : ranges) {
+        for (int32_t cp = r.lo; cp <= r.hi && cp < 0x10000; ++cp) (*t)[cp] |= bit;
+      }
+    };
+    fill(kLetterRanges, kClassLetter);
+    fill(kNumberRanges, kClassNumber);
+    fill(kWhiteSpaceRanges, kClassSpace);
+    fill(kNfcUnsafeRanges, kClassNfcUnsafe);
+    return t;
+  }();
+  return *table;
+}
+
+// Hangul syllables compose and decompose algorithmically (Unicode 3.12).
+constexpr int32_t kSBase = 0xAC00, kLBase = 0x1100, kVBase = 0x1161, kTBase = 0x11A7;
+constexpr int32_t kLCount = 19, kVCount = 21, kTCount = 28, kNCount = kVCount * kTCount, kSCount = kLCount * kNCount;
+
+int32_t CombiningClassOf(int32_t cp) {
+  if (cp < 0x300) return 0;
+  const CombiningClassRange* r = FindRange(kCombiningClass, cp);
+  return r ? r->combining_class : 0;
+}
+
+void Decompose(int32_t cp, std::vector<int32_t>* out) {
+  if (cp >= kSBase && cp < kSBase + kSCount) {
+    const int32_t s = cp - kSBase;
+    out->push_back(kLBase + s / kNCount);
+    out->push_back(kVBase + (s % kNCount) / kTCount);
+    if (s % kTCount != 0) out->push_back(kTBase + s % kTCount);
+    return;
+  }
+  auto it = std::lower_bound(std::begin(kDecomposition), std::end(kDecomposition), cp,
+                             [](const Decomposition& d, int32_t v) { return d.code_point < v; });
+  if (it == std::end(kDecomposition) || it->code_point != cp) {
+    out->push_back(cp);
+    return;
+  }
+  Decompose(it->first, out);
+  if (it->second != 0) Decompose(it->second, out);
+}
+
+// The primary composite of (first, second), or -1.
+int32_t Compose(int32_t first, int32_t second) {
+  if (first < 0 || second < 0) return -1;
+  if (first >= kLBase && first < kLBase + kLCount && second >= kVBase && second < kVBase + kVCount) {
+    return kSBase + ((first - kLBase) * kVCount + (second - kVBase)) * kTCount;
+  }
+  if (first >= kSBase && first < kSBase + kSCount && (first - kSBase) % kTCount == 0 && second > kTBase &&
+      second < kTBase + kTCount) {
+    return first + (second - kTBase);
+  }
+  auto it = std::lower_bound(std::begin(kComposition), std::end(kComposition), std::pair{first, second},
+                             [](const Composition& c, std::pair<int32_t, int32_t> v) {
+                               return std::pair{c.first, c.second} < v;
+                             });
+  if (it == std::end(kComposition) || it->first != first || it->second != second) return -1;
+  return it->composite;
 }
 
 }  // namespace
@@ -81,19 +127,115 @@ Utf8Char DecodeUtf8(std::string_view text, size_t pos) {
   return {cp, len};
 }
 
-bool IsWhiteSpace(int32_t cp) {
-  return (cp >= 0x09 && cp <= 0x0D) || cp == 0x20 || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
-         (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F || cp == 0x205F || cp == 0x3000;
+void EncodeUtf8(int32_t cp, std::string* out) {
+  if (cp < 0x80) {
+    out->push_back(static_cast<char>(cp));
+  } else if (cp < 0x800) {
+    out->push_back(static_cast<char>(0xC0 | (cp >> 6)));
+    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  } else if (cp < 0x10000) {
+    out->push_back(static_cast<char>(0xE0 | (cp >> 12)));
+    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
+    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  } else {
+    out->push_back(static_cast<char>(0xF0 | (cp >> 18)));
+    out->push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
+    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
+    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  }
 }
 
-bool IsLetter(int32_t cp) {
-  if (cp < 0x80) return (cp >= 'a' && cp <= 'z') || (cp >= 'A' && cp <= 'Z');
-  return cp > 0 && InRanges(kLetters, cp);
+uint8_t CodePointClass(int32_t cp) {
+  if (cp < 0) return 0;
+  if (cp < 0x10000) return BmpTable()[cp] & (kClassLetter | kClassNumber | kClassSpace);
+  if (FindRange(kLetterRanges, cp)) return kClassLetter;
+  if (FindRange(kNumberRanges, cp)) return kClassNumber;
+  if (FindRange(kWhiteSpaceRanges, cp)) return kClassSpace;
+  return 0;
 }
 
-bool IsNumber(int32_t cp) {
-  if (cp < 0x80) return cp >= '0' && cp <= '9';
-  return cp > 0 && InRanges(kNumbers, cp);
+bool IsWhiteSpace(int32_t cp) { return CodePointClass(cp) == kClassSpace; }
+bool IsLetter(int32_t cp) { return CodePointClass(cp) == kClassLetter; }
+bool IsNumber(int32_t cp) { return CodePointClass(cp) == kClassNumber; }
+
+const char* UnicodeVersion() { return kUnicodeVersion; }
+
+bool IsNfcQuickSafe(std::string_view text) {
+  const auto& table = BmpTable();
+  for (size_t pos = 0; pos < text.size();) {
+    if (static_cast<uint8_t>(text[pos]) < 0x80) {
+      ++pos;
+      continue;
+    }
+    const Utf8Char c = DecodeUtf8(text, pos);
+    pos += c.length;
+    if (c.code_point < 0) continue;
+    const bool unsafe =
+        c.code_point < 0x10000 ? (table[c.code_point] & kClassNfcUnsafe) != 0 : FindRange(kNfcUnsafeRanges, c.code_point) != nullptr;
+    if (unsafe) return false;
+  }
+  return true;
+}
+
+std::string NfcNormalize(std::string_view text) {
+  // Decomposed code points; a byte that is not valid UTF-8 is kept as
+  // -1 - byte, a starter that composes with nothing.
+  std::vector<int32_t> cps;
+  cps.reserve(text.size());
+  for (size_t pos = 0; pos < text.size();) {
+    const Utf8Char c = DecodeUtf8(text, pos);
+    if (c.code_point < 0) {
+      cps.push_back(-1 - static_cast<int32_t>(static_cast<uint8_t>(text[pos])));
+    } else {
+      Decompose(c.code_point, &cps);
+    }
+    pos += c.length;
+  }
+  std::vector<int32_t> cls(cps.size());
+  for (size_t i = 0; i < cps.size(); ++i) cls[i] = cps[i] < 0 ? 0 : CombiningClassOf(cps[i]);
+  // Canonical ordering: a stable sort by class of each run of non-starters.
+  for (size_t i = 1; i < cps.size(); ++i) {
+    for (size_t j = i; j > 0 && cls[j] != 0 && cls[j - 1] > cls[j]; --j) {
+      std::swap(cps[j], cps[j - 1]);
+      std::swap(cls[j], cls[j - 1]);
+    }
+  }
+  // Canonical composition: a character joins the last starter unless a
+  // character between them has a class of 0 or >= its own (it is blocked).
+  size_t out_n = 0;
+  size_t starter = 0;
+  bool have_starter = false;
+  int32_t last_class = 0;
+  for (size_t i = 0; i < cps.size(); ++i) {
+    const int32_t cp = cps[i], cc = cls[i];
+    // Characters between the starter and this one are non-starters in
+    // class order, so the last of them has the highest class.
+    if (have_starter && (out_n == starter + 1 || last_class < cc)) {
+      const int32_t composite = Compose(cps[starter], cp);
+      if (composite >= 0) {
+        cps[starter] = composite;
+        continue;
+      }
+    }
+    if (cc == 0) {
+      starter = out_n;
+      have_starter = true;
+    }
+    last_class = cc;
+    cps[out_n] = cp;
+    cls[out_n] = cc;
+    ++out_n;
+  }
+  std::string out;
+  out.reserve(text.size());
+  for (size_t i = 0; i < out_n; ++i) {
+    if (cps[i] < 0) {
+      out.push_back(static_cast<char>(-1 - cps[i]));
+    } else {
+      EncodeUtf8(cps[i], &out);
+    }
+  }
+  return out;
 }
 
 }  // namespace zinf::data
