@@ -67,24 +67,6 @@ const std::array<int32_t, 256>& ByteToCodePoint() {
   return table;
 }
 
-void AppendUtf8(int32_t cp, std::string* out) {
-  if (cp < 0x80) {
-    out->push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    out->push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else if (cp < 0x10000) {
-    out->push_back(static_cast<char>(0xE0 | (cp >> 12)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else {
-    out->push_back(static_cast<char>(0xF0 | (cp >> 18)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  }
-}
-
 enum class CharClass { kLetter, kNumber, kSpace, kOther };
 
 struct ClassifiedChar {
@@ -165,7 +147,7 @@ void ScanPieces(std::string_view text, F&& piece) {
 
 std::string Gpt2BpeTokenizer::ByteToUnicode(uint8_t byte) {
   std::string s;
-  AppendUtf8(ByteToCodePoint()[byte], &s);
+  EncodeUtf8(ByteToCodePoint()[byte], &s);
   return s;
 }
 

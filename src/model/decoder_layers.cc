@@ -112,8 +112,11 @@ RopeTable RopeTable::For(const GptConfig& c, int64_t seq_len) {
   return t;
 }
 
-template <class F>
-void RopeForward(const ModelThreads& th, F* x, const RowSet& rows, int64_t seq_len, const RopeTable& table) {
+namespace {
+
+// Rotates the rows in place: forward, or the transposed rotation.
+template <class F, bool kBackward>
+void RopeRows(const ModelThreads& th, F* x, const RowSet& rows, int64_t seq_len, const RopeTable& table) {
   const int64_t half = rows.n / 2;
   ZINF_CHECK(half == table.half && seq_len <= table.seq_len);
   th.ForChunks(rows.rows, RowGrain(rows.n), [&](int64_t r0, int64_t r1) {
@@ -122,24 +125,27 @@ void RopeForward(const ModelThreads& th, F* x, const RowSet& rows, int64_t seq_l
       const int64_t t = (r / rows.per_token) % seq_len;
       const float* cs = table.cos.data() + t * half;
       const float* sn = table.sin.data() + t * half;
-      for (int64_t i = 0; i < half; ++i) RopeRotate<F>(v[i], v[i + half], F(cs[i]), F(sn[i]));
+      for (int64_t i = 0; i < half; ++i) {
+        if constexpr (kBackward) {
+          RopeRotateBack<F>(v[i], v[i + half], F(cs[i]), F(sn[i]));
+        } else {
+          RopeRotate<F>(v[i], v[i + half], F(cs[i]), F(sn[i]));
+        }
+      }
     }
   });
 }
 
+}  // namespace
+
+template <class F>
+void RopeForward(const ModelThreads& th, F* x, const RowSet& rows, int64_t seq_len, const RopeTable& table) {
+  RopeRows<F, false>(th, x, rows, seq_len, table);
+}
+
 template <class F>
 void RopeBackward(const ModelThreads& th, F* dx, const RowSet& rows, int64_t seq_len, const RopeTable& table) {
-  const int64_t half = rows.n / 2;
-  ZINF_CHECK(half == table.half && seq_len <= table.seq_len);
-  th.ForChunks(rows.rows, RowGrain(rows.n), [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      F* v = dx + rows.Offset(r);
-      const int64_t t = (r / rows.per_token) % seq_len;
-      const float* cs = table.cos.data() + t * half;
-      const float* sn = table.sin.data() + t * half;
-      for (int64_t i = 0; i < half; ++i) RopeRotateBack<F>(v[i], v[i + half], F(cs[i]), F(sn[i]));
-    }
-  });
+  RopeRows<F, true>(th, dx, rows, seq_len, table);
 }
 
 template <class F>

@@ -63,14 +63,21 @@ constexpr LlamaPreset kLlamaPresets[] = {
     {"tiny-qwen3", Family::kQwen3, 64, 16, 2, 4, 2, 32, 16, 48, 10000.0, 1e-6, 0.0, false},
 };
 
-GptConfig FromLlamaPreset(const LlamaPreset& p) {
+// The five dimensions every preset names.
+GptConfig Dimensions(const char* name, int64_t vocab_size, int64_t max_seq_len, int64_t num_layers, int64_t num_heads,
+                     int64_t embed_dim) {
   GptConfig c;
-  c.name = p.name;
-  c.vocab_size = p.vocab_size;
-  c.max_seq_len = p.max_seq_len;
-  c.num_layers = p.num_layers;
-  c.num_heads = p.num_heads;
-  c.embed_dim = p.embed_dim;
+  c.name = name;
+  c.vocab_size = vocab_size;
+  c.max_seq_len = max_seq_len;
+  c.num_layers = num_layers;
+  c.num_heads = num_heads;
+  c.embed_dim = embed_dim;
+  return c;
+}
+
+GptConfig FromLlamaPreset(const LlamaPreset& p) {
+  GptConfig c = Dimensions(p.name, p.vocab_size, p.max_seq_len, p.num_layers, p.num_heads, p.embed_dim);
   c.norm = NormKind::kRmsNorm;
   c.norm_eps = p.norm_eps;
   c.positions = PositionKind::kRope;
@@ -182,16 +189,7 @@ std::string GptConfig::ToString() const {
 
 Result<GptConfig> GptPreset(std::string_view name) {
   for (const Preset& p : kPresets) {
-    if (name == p.name) {
-      GptConfig c;
-      c.name = p.name;
-      c.vocab_size = p.vocab_size;
-      c.max_seq_len = p.max_seq_len;
-      c.num_layers = p.num_layers;
-      c.num_heads = p.num_heads;
-      c.embed_dim = p.embed_dim;
-      return c;
-    }
+    if (name == p.name) return Dimensions(p.name, p.vocab_size, p.max_seq_len, p.num_layers, p.num_heads, p.embed_dim);
   }
   for (const LlamaPreset& p : kLlamaPresets) {
     if (name == p.name) return FromLlamaPreset(p);
