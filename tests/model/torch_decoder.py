@@ -6,7 +6,9 @@ in float64 through autograd, and writes the loss and every gradient back.
 The model is written here from the Hugging Face architectures (Llama, Qwen2,
 Qwen3, Mistral): weights are first renamed into Hugging Face's tensor names
 and shapes (nn.Linear weights [out, in]), then the forward uses only those, so
-the test checks zinf's kernels and its unit layout at once.
+the test checks zinf's kernels and its unit layout at once. forward() runs in
+the weights' dtype; tests/tools/torch_train.py imports this module to replay
+whole training runs in float32.
 
   torch_decoder.py DIR
     DIR/case.json   the config and the run's shape
@@ -144,7 +146,7 @@ def forward(c, w, tokens, targets, B, T):
     if c["positions"] == "rope":
         angles = torch.arange(T, dtype=torch.float32)[:, None] * inverse_frequencies(c)[None, :]
         emb = torch.cat((angles, angles), dim=-1)
-        cos, sin = emb.cos().double(), emb.sin().double()
+        cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
     mask = torch.ones(T, T, dtype=torch.bool).tril()
     for i in range(c["num_layers"]):
         p = f"model.layers.{i}."
