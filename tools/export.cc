@@ -1,4 +1,5 @@
 // `zinf export CKPT_DIR OUT.safetensors [--dtype bf16|fp16|fp32] [--names zinf|hf]`
+// `zinf export CKPT_DIR --hf-dir DIR [--dtype bf16|fp16|fp32]`
 //
 // Reads a checkpoint's fp32 master weights unit by unit, from the slices of
 // whatever world size saved it (every slice's XXH3 verified), and streams them
@@ -6,7 +7,11 @@
 // conversion buffer. A checkpoint of `zinf train` carries its GPT shape in
 // the client state: its tensors get GPT-2 names (zinf's, or Hugging Face's
 // with --names hf). Any other engine client's tensors are written as
-// "<unit>.<tensor>" with the shapes it registered.
+// "<unit>.<tensor>" with the shapes it registered. A Llama-family model
+// trained by `zinf train` carries its config.json in the client state and is
+// written with --hf-dir as a Hugging Face folder (config.json, safetensors
+// shards of at most 5 GB with their index, and the tokenizer files of the
+// training run when they are still where they were).
 #include "tools/export.h"
 
 #include <CLI/CLI.hpp>
@@ -23,6 +28,7 @@
 #include "common/units.h"
 #include "cpu/cast.h"
 #include "data/gpt_weights.h"
+#include "data/hf_checkpoint.h"
 #include "data/safetensors.h"
 #include "model/gpt_config.h"
 #include "nvme/io_engine.h"
@@ -33,6 +39,7 @@ namespace {
 
 struct ExportOptions {
   std::string checkpoint, out, dtype = "bf16", names = "zinf";
+  std::string hf_dir;
 };
 
 struct Usage {
@@ -68,7 +75,10 @@ int Run(const ExportOptions& opt) {
   }
   auto naming = data::ParseWeightNaming(opt.names);
   if (!naming.ok()) throw Usage{"--names: expected zinf or hf, got '" + opt.names + "'"};
-  if (std::filesystem::is_directory(opt.out)) throw Usage{opt.out + " is a directory; give the output file's path"};
+  if (opt.out.empty() == opt.hf_dir.empty()) throw Usage{"give OUT.safetensors or --hf-dir DIR (one of them)"};
+  if (!opt.out.empty() && std::filesystem::is_directory(opt.out)) {
+    throw Usage{opt.out + " is a directory; give the output file's path (or --hf-dir for a Hugging Face folder)"};
+  }
   auto io = Must(nvme::IoEngine::Create(nvme::IoEngineOptions{}), "I/O engine");
   auto opened = ckpt::CheckpointReader::Open(*io, opt.checkpoint);
   if (!opened.ok() && opened.status().code() == StatusCode::kNotFound) throw Usage{opened.status().message()};
@@ -89,6 +99,35 @@ int Run(const ExportOptions& opt) {
   };
   const nlohmann::json client = manifest.value("client_state", nlohmann::json::object());
   uint64_t tensors = 0;
+  const bool llama_family = client.is_object() && client.contains("hf_config");
+  if (!opt.hf_dir.empty() && !llama_family) {
+    throw Usage{"--hf-dir needs a Llama-family model saved by `zinf train`; this checkpoint has none (for GPT-2 "
+                "give OUT.safetensors --names hf)"};
+  }
+  if (!opt.out.empty() && llama_family) {
+    throw Usage{"this checkpoint holds a Llama-family model: write it with --hf-dir DIR"};
+  }
+  if (llama_family) {
+    const std::string where = opt.checkpoint + ": client state hf_config";
+    auto hf = data::ParseHfConfig(client.at("hf_config").get<std::string>(), where);
+    if (!hf.ok()) throw Failure{hf.status().message()};
+    if (static_cast<int>(units.size()) != model::NumUnits(hf->config)) {
+      throw Failure{"the checkpoint has " + std::to_string(units.size()) + " units; its model " +
+                    hf->config.ToString() + " has " + std::to_string(model::NumUnits(hf->config))};
+    }
+    data::HfExportOptions eo;
+    eo.dtype = dtype;
+    eo.config_json = hf->config_json;
+    const std::string tok = client.value("tokenizer_dir", std::string());
+    if (!tok.empty() && std::filesystem::exists(tok + "/tokenizer.json")) eo.tokenizer_dir = tok;
+    Must(data::ExportHfCheckpoint(read_unit, hf->config, opt.hf_dir, eo), "export");
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("exported %s (%s read, verified) to the Hugging Face folder %s as %s%s in %.2f s\n",
+                reader->dir().c_str(), FormatBytes(reader->bytes_read()).c_str(), opt.hf_dir.c_str(),
+                opt.dtype.c_str(), eo.tokenizer_dir.empty() ? " (no tokenizer files)" : ", tokenizer files copied",
+                secs);
+    return 0;
+  }
   if (client.is_object() && client.contains("model")) {
     // A GPT trained by `zinf train`: GPT-2 names.
     const auto& m = client.at("model");
@@ -169,7 +208,9 @@ void RegisterExport(CLI::App& app, int* exit_code) {
   CLI::App* cmd = app.add_subcommand("export", "Write a checkpoint's weights as .safetensors, tensor by tensor");
   cmd->add_option("checkpoint", opt->checkpoint, "A step-N checkpoint directory, or the directory holding `latest`")
       ->required();
-  cmd->add_option("out", opt->out, "The .safetensors file to write (atomically)")->required();
+  cmd->add_option("out", opt->out, "The .safetensors file to write (atomically)");
+  cmd->add_option("--hf-dir", opt->hf_dir,
+                  "Write a Llama-family checkpoint as a Hugging Face folder (config.json, shards, tokenizer)");
   cmd->add_option("--dtype", opt->dtype, "bf16, fp16 or fp32")->capture_default_str();
   cmd->add_option("--names", opt->names, "zinf or hf (Hugging Face GPT-2 names; zinf train checkpoints)")
       ->capture_default_str();

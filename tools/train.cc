@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -31,6 +32,7 @@
 #include "common/runtime_info.h"
 #include "common/units.h"
 #include "cpu/mpi_comm.h"
+#include "data/chat_data.h"
 #include "data/embedded_corpus.h"
 #include "data/gpt_weights.h"
 #include "data/safetensors.h"
@@ -58,6 +60,7 @@ struct TrainOptions {
   int64_t layers = 0, d_model = 0, heads = 0, seq_len = 0, vocab = 0;
   std::string data, tokenizer, init, export_path, export_names = "zinf", export_dtype = "bf16";
   std::string model_dir, export_dir;  // Hugging Face folders in and out
+  std::string chat_template = "auto";  // for .jsonl data
   int64_t steps = 0, micro_batch = 0, grad_accum = 0;
   double lr = 0;
   std::string device;  // empty: the config's zinf.device (auto by default)
@@ -121,6 +124,41 @@ std::string Svg(const std::vector<double>& loss, const std::vector<double>& tps)
          "<text x='50' y='20' font-size='13'>zinf train: loss (blue) and tokens/s (orange) per step</text>"
          "<line x1='50' y1='310' x2='670' y2='310' stroke='#888'/><line x1='50' y1='50' x2='50' y2='310' stroke='#888'/>" +
          line(loss, "blue") + line(tps, "orange") + "</svg>\n";
+}
+
+// Conversations (--data *.jsonl) tokenized by the chat template and packed
+// into rows of T tokens; rank 0 reports what came of them.
+std::unique_ptr<data::ChatDataset> OpenChatData(const TrainOptions& opt, const data::Tokenizer& tokenizer, int64_t T,
+                                                bool talk) {
+  data::ChatTemplate tmpl;
+  auto t = opt.chat_template == "auto" ? data::DetectChatTemplate(tokenizer) : data::ParseChatTemplate(opt.chat_template);
+  if (!t.ok()) throw Usage{"--chat-template: " + t.status().message()};
+  tmpl = *t;
+  const bool tty = talk && isatty(2);
+  auto progress = [&, last = std::chrono::steady_clock::now()](uint64_t done, uint64_t total) mutable {
+    const auto now = std::chrono::steady_clock::now();
+    if (!tty || (now - last < std::chrono::milliseconds(500) && done < total)) return;
+    last = now;
+    std::fprintf(stderr, "\r  tokenizing %s: %.0f%%", opt.data.c_str(), 100.0 * done / std::max<uint64_t>(total, 1));
+    if (done == total) std::fputc('\n', stderr);
+  };
+  auto d = data::ChatDataset::Open(opt.data, tokenizer, tmpl, T, progress);
+  if (!d.ok()) throw Usage{d.status().message()};
+  const data::ChatDataStats& st = (*d)->stats();
+  if (talk) {
+    std::printf("  chat data: %lld examples (%s template), %lld rows of %lld tokens (%.0f%% filled), "
+                "%lld trained targets (%.0f%%)",
+                static_cast<long long>(st.examples), std::string(data::ChatTemplateName(tmpl)).c_str(),
+                static_cast<long long>(st.rows), static_cast<long long>(T),
+                100.0 * st.tokens / std::max<double>(1, st.rows * (T + 1)), static_cast<long long>(st.trained_targets),
+                100.0 * st.trained_targets / std::max<double>(1, st.rows * T));
+    if (st.truncated) {
+      std::printf("; %lld longer than a row were cut (%lld of them dropped: no response left)",
+                  static_cast<long long>(st.truncated), static_cast<long long>(st.dropped));
+    }
+    std::printf("\n");
+  }
+  return std::move(*d);
 }
 
 int Run(const TrainOptions& opt) {
@@ -204,24 +242,36 @@ int Run(const TrainOptions& opt) {
   if (tokenizer_spec.empty() && !opt.model_dir.empty() && std::filesystem::exists(opt.model_dir + "/tokenizer.json")) {
     tokenizer_spec = opt.model_dir + "/tokenizer.json";
   }
+  // Where an exported Hugging Face folder copies its tokenizer files from.
+  std::string tokenizer_files;
+  if (!opt.model_dir.empty()) {
+    tokenizer_files = opt.model_dir;
+  } else if (!tokenizer_spec.empty()) {
+    const std::filesystem::path t(tokenizer_spec);
+    if (t.filename() == "tokenizer.json") tokenizer_files = t.parent_path().string();
+    else if (std::filesystem::exists(t / "tokenizer.json")) tokenizer_files = t.string();
+  }
+  if (!tokenizer_files.empty()) {
+    std::error_code ec;
+    const auto abs = std::filesystem::absolute(tokenizer_files, ec);
+    if (!ec) tokenizer_files = abs.string();
+  }
   auto tokenizer = [&] {
     auto t = data::MakeTokenizer(tokenizer_spec);
     if (!t.ok()) throw Usage{t.status().message()};
     return std::move(*t);
   }();
+  // Text is tokenized here; conversations (.jsonl) once the context length
+  // is known, since they are packed into rows of it.
+  const bool chat = !embedded && data::IsChatDataPath(opt.data);
   std::unique_ptr<data::TokenDataset> dataset;
   if (embedded) {
     dataset = data::TokenDataset::FromText(data::EmbeddedCorpus::Generate(kDefaultCorpusBytes, 7), *tokenizer);
-  } else {
+  } else if (!chat) {
     auto d = data::TokenDataset::Open(opt.data, *tokenizer);
     if (!d.ok()) throw Usage{d.status().message()};
     dataset = std::move(*d);
   }
-  const data::DataSplit split = [&] {
-    auto s = dataset->Split(0.05);
-    if (!s.ok()) throw Usage{s.status().message()};
-    return *s;
-  }();
 
   // ---- Model.
   model::GptConfig mc;
@@ -275,10 +325,22 @@ int Run(const TrainOptions& opt) {
                 std::to_string(tokenizer->VocabSize()) + "): raise --vocab"};
   }
   const int64_t T = mc.max_seq_len, B = batch.micro_batch_size;
-  if (static_cast<int64_t>(split.train.size()) < T + 1 || static_cast<int64_t>(split.valid.size()) < T + 1) {
-    throw Usage{"the data has " + std::to_string(dataset->num_tokens()) + " tokens: too few for a context of " +
-                std::to_string(T) + " (train and validation each need at least " + std::to_string(T + 1) +
-                "); use more data or a shorter --seq-len"};
+  std::unique_ptr<data::ChatDataset> chat_data;
+  data::DataSplit split;
+  if (chat) {
+    chat_data = OpenChatData(opt, *tokenizer, T, talk);
+    auto s = chat_data->Split(0.05);
+    if (!s.ok()) throw Usage{s.status().message() + "; use more data or a shorter --seq-len"};
+    split = *s;
+  } else {
+    auto s = dataset->Split(0.05);
+    if (!s.ok()) throw Usage{s.status().message()};
+    split = *s;
+    if (static_cast<int64_t>(split.train.size()) < T + 1 || static_cast<int64_t>(split.valid.size()) < T + 1) {
+      throw Usage{"the data has " + std::to_string(dataset->num_tokens()) + " tokens: too few for a context of " +
+                  std::to_string(T) + " (train and validation each need at least " + std::to_string(T + 1) +
+                  "); use more data or a shorter --seq-len"};
+    }
   }
   // The machine's threads shared among the ranks on it (not the world: other
   // machines' ranks have their own cores).
@@ -422,7 +484,8 @@ int Run(const TrainOptions& opt) {
   }
 
   // ---- Training (resumed from a checkpoint when asked).
-  data::BatchLoader loader = Must(data::BatchLoader::Create(split.train, {B, T, opt.seed, true}), "data");
+  data::BatchLoader loader =
+      Must(data::BatchLoader::Create(split.train, {B, T, opt.seed, true}, split.train_targets), "data");
   int64_t first_step = 0;
   const bool tty = isatty(2);
   if (!opt.resume.empty()) {
@@ -445,6 +508,11 @@ int Run(const TrainOptions& opt) {
                              {"model", {{"name", mc.name}, {"vocab_size", mc.vocab_size}, {"max_seq_len", mc.max_seq_len},
                                         {"embed_dim", mc.embed_dim}, {"num_layers", mc.num_layers},
                                         {"num_heads", mc.num_heads}}}};
+    // The Llama family's whole shape, for `zinf export --hf-dir`.
+    if (!mc.IsGpt2Family()) {
+      client["hf_config"] = hf ? hf->config_json : data::HfConfigJson(mc);
+      client["tokenizer_dir"] = tokenizer_files;
+    }
     const std::string path = Must(engine->Save(opt.save_dir, client.dump()), "save");
     if (!talk) return;
     std::vector<std::filesystem::path> old;
@@ -569,7 +637,8 @@ int Run(const TrainOptions& opt) {
   // ---- Validation: forward passes through the engine on the device (every
   // rank runs them: a stage-3 Fetch is collective); the mean over up to 16
   // windows of the validation split.
-  data::BatchLoader valid = Must(data::BatchLoader::Create(split.valid, {B, T, 0, false}), "validation data");
+  data::BatchLoader valid =
+      Must(data::BatchLoader::Create(split.valid, {B, T, 0, false}, split.valid_targets), "validation data");
   const int64_t windows = std::max<int64_t>(1, std::min<int64_t>(valid.NumWindows() / B, 16));
   double vloss = 0;
   for (int64_t w = 0; w < windows; ++w) {
@@ -617,7 +686,14 @@ int Run(const TrainOptions& opt) {
     auto gen = Must(model::GptModel::Create(mc, one), "sampling model");
     std::vector<char> a(gen->activation_bytes() + 64);
     gen->BindActivations(reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(a.data()) + 63) & ~uintptr_t{63}));
-    std::vector<int32_t> ctx(split.valid.begin(), split.valid.begin() + T / 2), window(T), none(T, -1), out;
+    // Chat rows: the first validation example's prompt (up to its first
+    // trained target); text: the first half window.
+    int64_t prompt_len = T / 2;
+    if (chat) {
+      const auto first = std::find_if(split.valid_targets.begin(), split.valid_targets.end(), [](int32_t t) { return t >= 0; });
+      if (first != split.valid_targets.end()) prompt_len = (first - split.valid_targets.begin()) + 1;
+    }
+    std::vector<int32_t> ctx(split.valid.begin(), split.valid.begin() + prompt_len), window(T), none(T, -1), out;
     std::mt19937_64 rng(opt.seed);
     for (int i = 0; i < opt.sample_tokens; ++i) {
       const int64_t n = std::min<int64_t>(static_cast<int64_t>(ctx.size()), T);
@@ -632,7 +708,7 @@ int Run(const TrainOptions& opt) {
       ctx.push_back(next);
       out.push_back(next);
     }
-    auto prompt = tokenizer->Decode(std::span<const int32_t>(split.valid.data(), T / 2));
+    auto prompt = tokenizer->Decode(std::span<const int32_t>(split.valid.data(), prompt_len));
     auto text = tokenizer->Decode(out);
     sample = (prompt.ok() ? *prompt : "") + "|" + (text.ok() ? *text : "<undecodable>");
     for (char& c : sample) if (c == '\n') c = ' ';
@@ -651,7 +727,7 @@ int Run(const TrainOptions& opt) {
     if (!dtype.ok()) throw Usage{"--export-dtype fp32|bf16|fp16"};
     eo.dtype = *dtype;
     if (hf) eo.config_json = hf->config_json;
-    eo.tokenizer_dir = opt.model_dir;
+    eo.tokenizer_dir = tokenizer_files;
     Must(data::ExportHfCheckpoint([&](int u) -> Result<std::span<const float>> { return std::span<const float>(masters[u]); },
                                   mc, opt.export_dir, eo),
          "export " + opt.export_dir);
@@ -730,8 +806,14 @@ void RegisterTrain(CLI::App& app, int* exit_code) {
   cmd->add_option("--heads", opt->heads, "Attention heads");
   cmd->add_option("--seq-len", opt->seq_len, "Context length (default: the model's; with RoPE at most 4096)");
   cmd->add_option("--vocab", opt->vocab, "Vocabulary size (>= the tokenizer's)");
-  cmd->add_option("--data", opt->data, "UTF-8 text to train on (default: the embedded corpus)");
-  cmd->add_option("--tokenizer", opt->tokenizer, "Directory with GPT-2's encoder.json and vocab.bpe (default: bytes)");
+  cmd->add_option("--data", opt->data,
+                  "UTF-8 text to train on, or conversations as .jsonl (default: the embedded corpus)");
+  cmd->add_option("--chat-template", opt->chat_template,
+                  "For .jsonl data: llama3, chatml, qwen3, mistral or auto (from the tokenizer's markers)")
+      ->capture_default_str();
+  cmd->add_option("--tokenizer", opt->tokenizer,
+                  "A tokenizer.json (or a folder with one), or a folder with GPT-2's encoder.json and vocab.bpe "
+                  "(default: --model-dir's tokenizer.json, else bytes)");
   cmd->add_option("--init", opt->init, "Initial weights, .safetensors (Hugging Face GPT-2 or zinf names)");
   cmd->add_option("--steps", opt->steps, "Optimizer steps (default 300)");
   cmd->add_option("--micro-batch", opt->micro_batch, "Sequences per micro-step per rank");

@@ -130,6 +130,12 @@ Result<nlohmann::json> ReadJson(const std::string& path) {
 Result<HfModel> ReadHfConfig(const std::string& dir) {
   const std::string path = dir + "/config.json";
   ZINF_ASSIGN_OR_RETURN(std::string text, ReadText(path));
+  ZINF_ASSIGN_OR_RETURN(HfModel m, ParseHfConfig(text, path));
+  if (std::string name = fs::path(dir).filename().string(); !name.empty()) m.config.name = name;
+  return m;
+}
+
+Result<HfModel> ParseHfConfig(const std::string& text, const std::string& path) {
   nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
   if (j.is_discarded() || !j.is_object()) return InvalidArgument(path + ": not a JSON object");
   auto bad = [&](const std::string& key, const std::string& what) {
@@ -160,8 +166,7 @@ Result<HfModel> ReadHfConfig(const std::string& dir) {
     return bad("model_type", "is '" + m.model_type + "'; zinf reads llama, mistral, qwen2 and qwen3");
   }
   GptConfig& c = m.config;
-  c.name = fs::path(dir).filename().string();
-  if (c.name.empty()) c.name = m.model_type;
+  c.name = m.model_type;
   c.norm = model::NormKind::kRmsNorm;
   c.positions = model::PositionKind::kRope;
   c.mlp = model::MlpKind::kSwiGlu;
@@ -298,9 +303,7 @@ Status HfCheckpoint::ReadUnit(int unit, std::span<float> out) const {
   return Status::Ok();
 }
 
-namespace {
-
-std::string DefaultConfigJson(const GptConfig& c) {
+std::string HfConfigJson(const GptConfig& c) {
   const std::string type = c.qk_norm ? "qwen3" : c.qkv_bias ? "qwen2" : "llama";
   const std::string arch = type == "qwen3" ? "Qwen3ForCausalLM" : type == "qwen2" ? "Qwen2ForCausalLM" : "LlamaForCausalLM";
   nlohmann::json j = {{"architectures", {arch}},
@@ -330,6 +333,8 @@ std::string DefaultConfigJson(const GptConfig& c) {
   }
   return j.dump(2);
 }
+
+namespace {
 
 Status WriteText(const std::string& path, const std::string& text) {
   ZINF_ASSIGN_OR_RETURN(FileWriter w, FileWriter::Create(path));
@@ -434,7 +439,7 @@ Status ExportHfCheckpoint(const UnitSource& units, const GptConfig& c, const std
     nlohmann::json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
     ZINF_RETURN_IF_ERROR(WriteText(dir + "/model.safetensors.index.json", index.dump(2)));
   }
-  std::string config_json = o.config_json.empty() ? DefaultConfigJson(c) : o.config_json;
+  std::string config_json = o.config_json.empty() ? HfConfigJson(c) : o.config_json;
   nlohmann::json cj = nlohmann::json::parse(config_json, nullptr, false);
   if (cj.is_discarded() || !cj.is_object()) return InvalidArgument("Hugging Face export: config_json is not a JSON object");
   cj["torch_dtype"] = o.dtype == DType::kFloat32 ? "float32" : o.dtype == DType::kBFloat16 ? "bfloat16" : "float16";

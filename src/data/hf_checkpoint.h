@@ -63,6 +63,12 @@ struct HfModel {
 // an unknown model_type, rope type or activation, a missing or ill-typed
 // key, or a shape GptConfig::Validate refuses.
 Result<HfModel> ReadHfConfig(const std::string& dir);
+// The same from config.json's text; errors start with `origin`.
+Result<HfModel> ParseHfConfig(const std::string& text, const std::string& origin);
+// A config.json for `config` (model_type llama, or qwen2 / qwen3 when the
+// config has q/k/v biases / q/k norm), as ExportHfCheckpoint writes when
+// given none.
+std::string HfConfigJson(const model::GptConfig& config);
 
 class HfCheckpoint {
  public:

@@ -62,6 +62,7 @@ class HfTokenizer final : public Tokenizer {
   // The id of a token by its text (vocabulary or added token, as spelled in
   // the file), or -1.
   int32_t TokenToId(std::string_view token) const;
+  int32_t TokenId(std::string_view token) const override { return TokenToId(token); }
   // Whether `id` is an added token marked "special" (BOS, EOS, chat markers).
   bool IsSpecial(int32_t id) const;
 

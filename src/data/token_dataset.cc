@@ -161,19 +161,28 @@ std::string LoaderPosition::ToString() const {
   return "epoch=" + std::to_string(epoch) + " window=" + std::to_string(window);
 }
 
-Result<BatchLoader> BatchLoader::Create(std::span<const int32_t> tokens, const Options& options) {
+Result<BatchLoader> BatchLoader::Create(std::span<const int32_t> tokens, const Options& options,
+                                        std::span<const int32_t> row_targets) {
   if (options.batch_size < 1)
     return InvalidArgument("batch size must be >= 1, got " + std::to_string(options.batch_size));
   if (options.seq_len < 1)
     return InvalidArgument("sequence length must be >= 1, got " + std::to_string(options.seq_len));
-  if (static_cast<int64_t>(tokens.size()) < options.seq_len + 1) {
+  const bool rows = !row_targets.empty();
+  if (rows && (row_targets.size() != tokens.size() || tokens.size() % options.seq_len != 0)) {
+    return InvalidArgument("packed rows: " + std::to_string(tokens.size()) + " inputs and " +
+                           std::to_string(row_targets.size()) + " targets are not whole rows of " +
+                           std::to_string(options.seq_len));
+  }
+  if (!rows && static_cast<int64_t>(tokens.size()) < options.seq_len + 1) {
     return InvalidArgument("need at least seq_len + 1 = " + std::to_string(options.seq_len + 1) +
                            " tokens for one window, have " + std::to_string(tokens.size()));
   }
   BatchLoader l;
   l.tokens_ = tokens;
+  l.row_targets_ = row_targets;
   l.options_ = options;
-  l.num_windows_ = (static_cast<int64_t>(tokens.size()) - 1) / options.seq_len;
+  l.num_windows_ = rows ? static_cast<int64_t>(tokens.size()) / options.seq_len
+                        : (static_cast<int64_t>(tokens.size()) - 1) / options.seq_len;
   l.BuildPermutation();
   return l;
 }
@@ -208,7 +217,8 @@ void BatchLoader::Next(int32_t* tokens, int32_t* targets) {
     const uint64_t w = options_.shuffle ? permutation_[position_.window] : position_.window;
     const int32_t* src = tokens_.data() + w * T;
     std::memcpy(tokens + b * T, src, T * sizeof(int32_t));
-    std::memcpy(targets + b * T, src + 1, T * sizeof(int32_t));
+    const int32_t* next = row_targets_.empty() ? src + 1 : row_targets_.data() + w * T;
+    std::memcpy(targets + b * T, next, T * sizeof(int32_t));
     if (++position_.window == static_cast<uint64_t>(num_windows_)) {
       position_.window = 0;
       ++position_.epoch;

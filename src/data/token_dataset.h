@@ -34,9 +34,13 @@
 
 namespace zinf::data {
 
+// A token stream's split (train and valid), or packed rows' split (chat
+// data: then the targets are the rows' own, -1 where there is no target).
 struct DataSplit {
   std::span<const int32_t> train;  // the first tokens
   std::span<const int32_t> valid;  // the last floor(n · valid_fraction) tokens
+  std::span<const int32_t> train_targets = {};  // empty for a token stream
+  std::span<const int32_t> valid_targets = {};
 };
 
 class TokenDataset {
@@ -82,7 +86,9 @@ struct LoaderPosition {
 
 // Windows: the tokens split into W = (n - 1) / T non-overlapping windows;
 // window k is tokens [k·T, k·T + T] (T + 1 tokens: inputs are the first T,
-// targets the last T). Each epoch visits every window once, in a permutation
+// targets the last T). With row targets (packed chat rows), window k is
+// row k: inputs tokens[k·T, k·T + T), targets row_targets[k·T, k·T + T),
+// W = n / T. Each epoch visits every window once, in a permutation
 // that depends only on (seed, epoch) (or in order when shuffle is off); a
 // batch is the next B windows, continuing into the next epoch when one ends.
 class BatchLoader {
@@ -93,9 +99,11 @@ class BatchLoader {
     uint64_t seed = 0;
     bool shuffle = true;
   };
-  // `tokens` must outlive the loader. kInvalidArgument for B or T < 1 or
-  // fewer than T + 1 tokens.
-  static Result<BatchLoader> Create(std::span<const int32_t> tokens, const Options& options);
+  // `tokens` (and `row_targets`) must outlive the loader. kInvalidArgument
+  // for B or T < 1, fewer than T + 1 tokens (a stream) or rows whose sizes
+  // differ or are not a whole number of rows.
+  static Result<BatchLoader> Create(std::span<const int32_t> tokens, const Options& options,
+                                    std::span<const int32_t> row_targets = {});
 
   // Fills tokens and targets, int32 [B, T] row-major each.
   void Next(int32_t* tokens, int32_t* targets);
@@ -110,6 +118,7 @@ class BatchLoader {
  private:
   void BuildPermutation();
   std::span<const int32_t> tokens_;
+  std::span<const int32_t> row_targets_;  // empty for a token stream
   Options options_;
   int64_t num_windows_ = 0;
   LoaderPosition position_;

@@ -54,6 +54,13 @@ class Tokenizer {
                             const std::function<void(std::span<const int32_t>)>& sink) const = 0;
   // kOutOfRange naming the first id that is not in the vocabulary.
   virtual Result<std::string> Decode(std::span<const int32_t> tokens) const = 0;
+  // The id of a token by its text as the vocabulary spells it (chat
+  // templates' markers such as <|im_start|>), or -1; -1 for every text in
+  // the byte and GPT-2 tokenizers, which have no such markers.
+  virtual int32_t TokenId(std::string_view token) const {
+    (void)token;
+    return -1;
+  }
 
   std::vector<int32_t> Encode(std::string_view text) const;
 };

@@ -4,7 +4,9 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -17,6 +19,27 @@
 #include "test_util.h"
 
 namespace zinf::data::test {
+
+// Where scripts/setup installs the npm packages the JavaScript references
+// use ($ZINF_NPM_DIR overrides).
+inline std::string NpmDir() {
+  const char* env = std::getenv("ZINF_NPM_DIR");
+  return env && *env ? env : "/var/cache/zinf/npm";
+}
+
+// The node executable on $PATH, or "".
+inline std::string FindNode() {
+  const char* path = std::getenv("PATH");
+  std::string dirs = path ? path : "";
+  for (size_t pos = 0; pos <= dirs.size();) {
+    size_t end = dirs.find(':', pos);
+    if (end == std::string::npos) end = dirs.size();
+    const std::string candidate = dirs.substr(pos, end - pos) + "/node";
+    if (end > pos && ::access(candidate.c_str(), X_OK) == 0) return candidate;
+    pos = end + 1;
+  }
+  return "";
+}
 
 // <scratch>/data_test/<suite>.<test>, emptied.
 inline std::string FreshDir() {
@@ -45,6 +68,26 @@ inline std::string Spell(std::string_view bytes) {
   std::string s;
   for (char c : bytes) s += Gpt2BpeTokenizer::ByteToUnicode(static_cast<uint8_t>(c));
   return s;
+}
+
+// A tokenizer.json with one token per byte (ids 0..255, no merges) and the
+// chat templates' markers as special added tokens from 256 (264 ids in all).
+inline std::string ByteTokenizerJsonWithMarkers() {
+  using Json = nlohmann::json;
+  Json vocab = Json::object();
+  for (int b = 0; b < 256; ++b) vocab[Spell(std::string(1, static_cast<char>(b)))] = b;
+  Json added = Json::array();
+  int id = 256;
+  for (const char* m : {"<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|im_start|>",
+                        "<|im_end|>", "<s>", "</s>"}) {
+    added.push_back({{"id", id++}, {"content", m}, {"special", true}, {"normalized", false}});
+  }
+  const Json j = {{"added_tokens", added},
+                  {"normalizer", nullptr},
+                  {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}},
+                  {"decoder", {{"type", "ByteLevel"}}},
+                  {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", Json::array()}}}};
+  return j.dump();
 }
 
 struct Vocabulary {

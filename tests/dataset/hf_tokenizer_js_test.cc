@@ -9,8 +9,6 @@
 // packages the tests skip.
 #include <gtest/gtest.h>
 
-#include <unistd.h>
-
 #include <cstdlib>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -23,28 +21,11 @@
 namespace zinf::data {
 namespace {
 
+using test::FindNode;
 using test::FreshDir;
+using test::NpmDir;
 using test::ReadFile;
 using test::WriteFile;
-
-std::string NpmDir() {
-  const char* env = std::getenv("ZINF_NPM_DIR");
-  return env && *env ? env : "/var/cache/zinf/npm";
-}
-
-// The node executable on $PATH, or "".
-std::string FindNode() {
-  const char* path = std::getenv("PATH");
-  std::string dirs = path ? path : "";
-  for (size_t pos = 0; pos <= dirs.size();) {
-    size_t end = dirs.find(':', pos);
-    if (end == std::string::npos) end = dirs.size();
-    const std::string candidate = dirs.substr(pos, end - pos) + "/node";
-    if (end > pos && ::access(candidate.c_str(), X_OK) == 0) return candidate;
-    pos = end + 1;
-  }
-  return "";
-}
 
 // The texts both sides encode: each language and feature alone (so a
 // difference points at its cause), then all of them in one text.

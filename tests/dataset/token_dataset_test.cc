@@ -228,5 +228,20 @@ TEST(BatchLoaderTest, RejectsBadShapes) {
   EXPECT_TRUE(BatchLoader::Create(data, {.batch_size = 1, .seq_len = 9}).ok());
 }
 
+TEST(BatchLoaderTest, PackedRowsServeTheirOwnTargets) {
+  const std::vector<int32_t> inputs = Iota(12), targets = {-1, 5, -1, 7, 8, 9, -1, -1, 1, 2, 3, -1};
+  auto r = BatchLoader::Create(inputs, {.batch_size = 2, .seq_len = 4, .shuffle = false}, targets);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->NumWindows(), 3);  // rows, not (n - 1) / T windows
+  std::vector<int32_t> in(8), tg(8);
+  r->Next(in.data(), tg.data());
+  EXPECT_EQ(in, (std::vector<int32_t>{0, 1, 2, 3, 4, 5, 6, 7}));
+  EXPECT_EQ(tg, (std::vector<int32_t>{-1, 5, -1, 7, 8, 9, -1, -1}));
+  r->Next(in.data(), tg.data());  // row 2, then the next epoch's row 0
+  EXPECT_EQ(tg, (std::vector<int32_t>{1, 2, 3, -1, -1, 5, -1, 7}));
+  EXPECT_FALSE(BatchLoader::Create(inputs, {.batch_size = 1, .seq_len = 5}, targets).ok());  // not whole rows
+  EXPECT_FALSE(BatchLoader::Create(inputs, {.batch_size = 1, .seq_len = 4}, std::span(targets).first(8)).ok());
+}
+
 }  // namespace
 }  // namespace zinf::data

@@ -17,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "dataset/data_test_util.h"
 #include "test_util.h"
 
 namespace {
@@ -232,6 +233,73 @@ TEST(TrainTest, HuggingFaceFolderOutAndBackIn) {
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("\"model_type\" is 'falcon'"), std::string::npos) << r.output;
   EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+}
+
+// Conversations whose prompts are random letters and whose answers are all
+// "ok": with the loss on the answers only, the loss falls near zero; had the
+// prompts' letters been targets, it would stay near their entropy (ln 26 per
+// letter over most of the targets).
+TEST(TrainTest, ChatDataTrainsOnTheAnswersOnly) {
+  const std::string dir = Scratch("train_chat");
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/tokenizer.json") << zinf::data::test::ByteTokenizerJsonWithMarkers();
+  {
+    std::ofstream out(dir + "/d.jsonl");
+    uint64_t x = 12345;
+    for (int i = 0; i < 400; ++i) {
+      std::string prompt;
+      for (int k = 0; k < 12; ++k) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        prompt += static_cast<char>('a' + (x >> 33) % 26);
+      }
+      out << nlohmann::json{{"prompt", prompt}, {"response", "ok"}}.dump() << "\n";
+    }
+  }
+  const std::string metrics = dir + "/m.jsonl";
+  auto r = RunZinf("train --model tiny-llama --vocab 264 --tokenizer " + dir + "/tokenizer.json --data " + dir +
+                   "/d.jsonl --seq-len 64 --steps 40 --micro-batch 4 --lr 1e-2 --sample-tokens 4 --device cpu "
+                   "--metrics-json " + metrics);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("chat data: 400 examples (llama3 template)"), std::string::npos) << r.output;
+  const auto lines = Lines(metrics);
+  ASSERT_EQ(lines.size(), 40u);
+  EXPECT_GT(lines.front().at("loss").get<double>(), 3.0);
+  EXPECT_LT(lines.back().at("loss").get<double>(), 0.3) << r.output;
+  // The sample continues the first validation prompt (its header included).
+  EXPECT_NE(r.output.find("<|start_header_id|>assistant<|end_header_id|>"), std::string::npos) << r.output;
+
+  r = RunZinf("train --model tiny-llama --vocab 264 --data " + dir + "/d.jsonl --steps 1 --device cpu");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--chat-template: the byte tokenizer has none of the chat templates' markers"),
+            std::string::npos)
+      << r.output;
+}
+
+// A Llama-family checkpoint leaves as a Hugging Face folder through
+// `zinf export --hf-dir`, equal to the one `zinf train --export-dir` wrote
+// from the same weights.
+TEST(TrainTest, LlamaCheckpointExportsAsAHuggingFaceFolder) {
+  const std::string dir = Scratch("train_export_hf");
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/tokenizer.json") << zinf::data::test::ByteTokenizerJsonWithMarkers();
+  auto r = RunZinf("train --model tiny-qwen3 --vocab 264 --tokenizer " + dir + "/tokenizer.json --steps 3 --seq-len 16 "
+                   "--micro-batch 2 --sample-tokens 0 --device cpu --save-every 3 --save-dir " + dir + "/ck --export-dir " + dir +
+                   "/direct --export-dtype fp32");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = RunZinf("export " + dir + "/ck --hf-dir " + dir + "/exported --dtype fp32");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("tokenizer files copied"), std::string::npos) << r.output;
+  for (const char* f : {"config.json", "model.safetensors", "tokenizer.json"}) {
+    EXPECT_EQ(zinf::data::test::ReadFile(dir + "/exported/" + f), zinf::data::test::ReadFile(dir + "/direct/" + f))
+        << f;
+  }
+  r = RunZinf("export " + dir + "/ck " + dir + "/x.safetensors");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("write it with --hf-dir DIR"), std::string::npos) << r.output;
+  r = RunZinf("export " + dir + "/ck");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
 }
 
 TEST(TrainTest, BadInputIsOneLineAndExitCodeTwo) {
