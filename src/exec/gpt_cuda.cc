@@ -1,7 +1,10 @@
 // GptModel's stages (model/gpt.cc) on CUDA, one for one: the same buffers of
-// the same layout, the same products in the same row-major shapes. A row-major
-// product C = op(A) op(B) is cuBLAS's column-major Cᵀ = op(B)ᵀ op(A)ᵀ, so
-// each call passes B before A with the transposes as given.
+// the same layout, the same products in the same row-major shapes, the same
+// variations of the decoder family (LayerNorm or RMSNorm, learned positions
+// or RoPE, GELU or SwiGLU, grouped-query heads of any size, optional biases,
+// q/k norm, a tied or an untied head) in the same order. A row-major product
+// C = op(A) op(B) is cuBLAS's column-major Cᵀ = op(B)ᵀ op(A)ᵀ, so each call
+// passes B before A with the transposes as given.
 #include "exec/gpt_cuda.h"
 
 #include <cuda_runtime.h>
@@ -12,6 +15,7 @@
 
 #include "gpu/cublas_lib.h"
 #include "gpu/cuda_check.h"
+#include "gpu/decoder_kernels.h"
 #include "gpu/kernels.h"
 
 namespace zinf::gpu {
@@ -21,6 +25,7 @@ using model::ActivationLayout;
 using model::BlockLayout;
 using model::EmbeddingLayout;
 using model::FinalNormLayout;
+using model::TensorAt;
 
 Status CublasError(const CublasLib& lib, cublasStatus_t st, const char* what) {
   return Internal(std::string("cuBLAS ") + what + ": " + lib.status_name(st) + " (" + lib.status_string(st) + ")");
@@ -45,24 +50,20 @@ class CudaStages final : public model::GptStages {
   ~CudaStages() override {
     if (handle_) blas_->destroy(handle_);
     if (count_) device_.Free(count_, stream_).IgnoreError();
+    if (rope_cos_) device_.Free(rope_cos_, stream_).IgnoreError();
   }
 
   Status Init() {
     if (!s_) return InvalidArgument("gpt model on CUDA: the stream has no CUDA stream");
-    if (!config_.IsGpt2Family()) {
-      return Unimplemented("gpt model on CUDA: " + config_.name +
-                           " uses RMSNorm/RoPE/SwiGLU/grouped-query attention, which run on the CPU model only "
-                           "so far (--device cpu)");
-    }
     if (flash_) {
-      const int64_t D = config_.embed_dim / config_.num_heads;
+      const int64_t D = config_.head_dim();
       if (!bf16_) {
         return InvalidArgument("gpt model on CUDA: flash attention runs on tensor cores and takes bf16 operands "
                                "(zinf.matmul bf16, zinf train --matmul bf16)");
       }
       if (D != 64 && D != 128) {
         return InvalidArgument("gpt model on CUDA: flash attention takes head sizes 64 and 128, " + config_.name +
-                               " has " + std::to_string(D));
+                               " has " + std::to_string(D) + " (zinf.attention plain, zinf train --attention plain)");
       }
     }
     ZINF_ASSIGN_OR_RETURN(blas_, Cublas());
@@ -74,6 +75,17 @@ class CudaStages final : public model::GptStages {
         blas_->set_math_mode(handle_, bf16_ ? CUBLAS_DEFAULT_MATH : CUBLAS_PEDANTIC_MATH), "cublasSetMathMode");
     ZINF_ASSIGN_OR_RETURN(void* c, device_.Allocate(sizeof(float), stream_));
     count_ = static_cast<float*>(c);
+    if (config_.positions == model::PositionKind::kRope) {
+      // The CPU model's table (fp32, built on the host), uploaded once; the
+      // host copy stays with the stages while the copy is in flight.
+      rope_ = model::RopeTable::For(config_, options_.seq_len);
+      const uint64_t bytes = rope_.cos.size() * sizeof(float);
+      ZINF_ASSIGN_OR_RETURN(void* table, device_.Allocate(2 * bytes, stream_));
+      rope_cos_ = static_cast<float*>(table);
+      rope_sin_ = rope_cos_ + rope_.cos.size();
+      ZINF_RETURN_IF_ERROR(device_.CopyToDevice(rope_cos_, rope_.cos.data(), bytes, stream_));
+      ZINF_RETURN_IF_ERROR(device_.CopyToDevice(rope_sin_, rope_.sin.data(), bytes, stream_));
+    }
     return Status::Ok();
   }
 
@@ -82,8 +94,8 @@ class CudaStages final : public model::GptStages {
     ZINF_RETURN_IF_ERROR(device_.CopyOnDevice(I32(layout_.tokens), tokens, B * T * sizeof(int32_t), stream_));
     const EmbeddingLayout e = EmbeddingLayout::For(config_);
     ZINF_ASSIGN_OR_RETURN(const float* p, Widen(embedding, e.num_elems, layout_.wide_embedding));
-    ZINF_RETURN_IF_ERROR(
-        EmbeddingForward(I32(layout_.tokens), p + e.wte, p + e.wpe, F32(layout_.residual), B * T, T, C, s_));
+    ZINF_RETURN_IF_ERROR(EmbeddingForward(I32(layout_.tokens), p + e.wte, TensorAt(p, e.wpe), F32(layout_.residual),
+                                          B * T, T, C, s_));
     forward_next_ = 0;
     head_forward_done_ = false;
     backward_next_ = -2;
@@ -109,14 +121,13 @@ class CudaStages final : public model::GptStages {
     const int64_t BT = B * T, L = config_.num_layers;
     ZINF_RETURN_IF_ERROR(device_.CopyOnDevice(I32(layout_.targets), targets, BT * sizeof(int32_t), stream_));
     const FinalNormLayout f = FinalNormLayout::For(config_);
-    const EmbeddingLayout e = EmbeddingLayout::For(config_);
     ZINF_ASSIGN_OR_RETURN(const float* pf, Widen(final_norm, f.num_elems, layout_.wide_unit));
-    ZINF_ASSIGN_OR_RETURN(const float* pe, Widen(embedding, e.num_elems, layout_.wide_embedding));
+    ZINF_ASSIGN_OR_RETURN(const float* head, Head(pf, embedding));
     float* lnf = F32(layout_.lnf);
     float* probs = F32(layout_.probs);
-    ZINF_RETURN_IF_ERROR(LayerNormForward(F32(layout_.residual) + L * BT * C, pf + f.w, pf + f.b, lnf,
-                                          F32(layout_.lnf_mean), F32(layout_.lnf_rstd), BT, C, s_));
-    ZINF_RETURN_IF_ERROR(Gemm(false, true, BT, V, C, 1.0f, lnf, C, pe + e.wte, C, 0.0f, probs, V));  // logits
+    ZINF_RETURN_IF_ERROR(NormForward(lnf, F32(layout_.lnf_mean), F32(layout_.lnf_rstd),
+                                     F32(layout_.residual) + L * BT * C, pf + f.w, TensorAt(pf, f.b)));
+    ZINF_RETURN_IF_ERROR(Gemm(false, true, BT, V, C, 1.0f, lnf, C, head, C, 0.0f, probs, V));  // logits
     ZINF_RETURN_IF_ERROR(
         SoftmaxCrossEntropyForward(probs, I32(layout_.targets), probs, F32(layout_.losses), BT, V, s_));
     ZINF_RETURN_IF_ERROR(MeanLoss(F32(layout_.losses), I32(layout_.targets), BT, loss, count_, s_));
@@ -134,21 +145,22 @@ class CudaStages final : public model::GptStages {
     const FinalNormLayout f = FinalNormLayout::For(config_);
     const EmbeddingLayout e = EmbeddingLayout::For(config_);
     ZINF_ASSIGN_OR_RETURN(const float* pf, Widen(final_norm, f.num_elems, layout_.wide_unit));
-    ZINF_ASSIGN_OR_RETURN(const float* pe, Widen(embedding, e.num_elems, layout_.wide_embedding));
+    ZINF_ASSIGN_OR_RETURN(const float* head, Head(pf, embedding));
     ZINF_ASSIGN_OR_RETURN(float* gf, BeginGrad(final_norm_grad, f.num_elems, layout_.grad_unit));
     ZINF_ASSIGN_OR_RETURN(embedding_grad32_, BeginGrad(embedding_grad, e.num_elems, layout_.grad_embedding));
+    // A tied head's gradient is wte's, in unit 0; an untied one is lm_head_w's.
+    float* ghead = config_.tied_head ? embedding_grad32_ + e.wte : gf + f.lm_head;
     float* dlogits = F32(layout_.probs);  // in place over the probabilities
     // scale · (p - onehot) with scale = loss_scale / targets, the count on the device.
     ZINF_RETURN_IF_ERROR(SoftmaxCrossEntropyBackward(dlogits, I32(layout_.targets), dlogits, BT, V, 1.0f, s_));
     ZINF_RETURN_IF_ERROR(ScaleByCount(dlogits, static_cast<size_t>(BT * V), loss_scale, count_, s_));
     float* dlnf = F32(layout_.dbuf);
-    ZINF_RETURN_IF_ERROR(Gemm(false, false, BT, C, V, 1.0f, dlogits, V, pe + e.wte, C, 0.0f, dlnf, C));
-    ZINF_RETURN_IF_ERROR(
-        Gemm(true, false, V, C, BT, 1.0f, dlogits, V, F32(layout_.lnf), C, 1.0f, embedding_grad32_ + e.wte, C));
+    ZINF_RETURN_IF_ERROR(Gemm(false, false, BT, C, V, 1.0f, dlogits, V, head, C, 0.0f, dlnf, C));
+    ZINF_RETURN_IF_ERROR(Gemm(true, false, V, C, BT, 1.0f, dlogits, V, F32(layout_.lnf), C, 1.0f, ghead, C));
     float* dres = F32(layout_.dres);
     ZINF_RETURN_IF_ERROR(device_.Memset(dres, 0, BT * C * sizeof(float), stream_));
-    ZINF_RETURN_IF_ERROR(LayerNormBackward(dlnf, F32(layout_.residual) + L * BT * C, pf + f.w, F32(layout_.lnf_mean),
-                                           F32(layout_.lnf_rstd), dres, gf + f.w, gf + f.b, BT, C, s_));
+    ZINF_RETURN_IF_ERROR(NormBackward(dres, gf + f.w, TensorAt(gf, f.b), dlnf, F32(layout_.residual) + L * BT * C,
+                                      pf + f.w, F32(layout_.lnf_mean), F32(layout_.lnf_rstd)));
     ZINF_RETURN_IF_ERROR(EndGrad(final_norm_grad, gf, f.num_elems));
     head_forward_done_ = false;
     backward_next_ = static_cast<int>(L) - 1;
@@ -159,30 +171,53 @@ class CudaStages final : public model::GptStages {
     if (backward_next_ < 0 || layer != backward_next_) {
       return FailedPrecondition("gpt model: BlockBackward(" + std::to_string(layer) + ") out of order");
     }
-    const int64_t B = options_.batch_size, T = options_.seq_len, C = config_.embed_dim;
-    const int64_t BT = B * T;
-    const BlockLayout w = BlockLayout::For(config_);
+    const model::GptConfig& c = config_;
+    const int64_t B = options_.batch_size, T = options_.seq_len, C = c.embed_dim;
+    const int64_t BT = B * T, Q = c.q_dim(), S = c.qkv_dim(), I = c.mlp_dim(), FC = c.fc_dim();
+    const BlockLayout w = BlockLayout::For(c);
     ZINF_ASSIGN_OR_RETURN(const float* p, Widen(block, w.num_elems, layout_.wide_unit));
     if (options_.activation_checkpointing && checkpoint_layer_ != layer) ZINF_RETURN_IF_ERROR(RunBlockForward(layer, p));
     ZINF_ASSIGN_OR_RETURN(float* g, BeginGrad(block_grad, w.num_elems, layout_.grad_unit));
     const ActivationLayout::Block a = layout_.BlockAt(layer);
     const float* in = F32(layout_.residual) + layer * BT * C;
-    float* dres = F32(layout_.dres);
+    float* dres = F32(layout_.dres);  // d(block output) on entry, d(block input) on exit
     float* dbuf = F32(layout_.dbuf);
     float* dfch = F32(layout_.dfch);
     float* dqkv = F32(layout_.dqkv);
-    ZINF_RETURN_IF_ERROR(LinearBackward(dfch, g + w.fc_proj_w, g + w.fc_proj_b, dres, F32(a.fch_gelu),
-                                        p + w.fc_proj_w, BT, 4 * C, C));
-    ZINF_RETURN_IF_ERROR(GeluBackward(F32(a.fch), dfch, dfch, static_cast<size_t>(BT * 4 * C), s_));
-    ZINF_RETURN_IF_ERROR(LinearBackward(dbuf, g + w.fc_w, g + w.fc_b, dfch, F32(a.ln2), p + w.fc_w, BT, C, 4 * C));
-    ZINF_RETURN_IF_ERROR(LayerNormBackward(dbuf, F32(a.res_mid), p + w.ln2_w, F32(a.ln2_mean), F32(a.ln2_rstd), dres,
-                                           g + w.ln2_w, g + w.ln2_b, BT, C, s_));
-    ZINF_RETURN_IF_ERROR(LinearBackward(dbuf, g + w.attn_proj_w, g + w.attn_proj_b, dres, F32(a.atty),
-                                        p + w.attn_proj_w, BT, C, C));
+    // MLP: out = res_mid + fc_proj(act(fc(norm2(res_mid)))).
+    if (c.mlp == model::MlpKind::kSwiGlu) {
+      ZINF_RETURN_IF_ERROR(LinearBackward(dbuf, g + w.fc_proj_w, TensorAt(g, w.fc_proj_b), dres, F32(a.fch_gelu),
+                                          p + w.fc_proj_w, BT, I, C));
+      ZINF_RETURN_IF_ERROR(SwiGluBackward(F32(a.fch), dbuf, dfch, BT, I, s_));
+    } else {
+      ZINF_RETURN_IF_ERROR(LinearBackward(dfch, g + w.fc_proj_w, TensorAt(g, w.fc_proj_b), dres, F32(a.fch_gelu),
+                                          p + w.fc_proj_w, BT, I, C));
+      ZINF_RETURN_IF_ERROR(GeluBackward(F32(a.fch), dfch, dfch, static_cast<size_t>(BT * I), s_));
+    }
+    ZINF_RETURN_IF_ERROR(
+        LinearBackward(dbuf, g + w.fc_w, TensorAt(g, w.fc_b), dfch, F32(a.ln2), p + w.fc_w, BT, C, FC));
+    ZINF_RETURN_IF_ERROR(NormBackward(dres, g + w.ln2_w, TensorAt(g, w.ln2_b), dbuf, F32(a.res_mid), p + w.ln2_w,
+                                      F32(a.ln2_mean), F32(a.ln2_rstd)));
+    // Attention: res_mid = in + attn_proj(attention(rope(qk_norm(qkv(norm1(in)))))).
+    ZINF_RETURN_IF_ERROR(LinearBackward(dbuf, g + w.attn_proj_w, TensorAt(g, w.attn_proj_b), dres, F32(a.atty),
+                                        p + w.attn_proj_w, BT, Q, C));
     ZINF_RETURN_IF_ERROR(AttentionBackward(a));
-    ZINF_RETURN_IF_ERROR(LinearBackward(dbuf, g + w.qkv_w, g + w.qkv_b, dqkv, F32(a.ln1), p + w.qkv_w, BT, C, 3 * C));
-    ZINF_RETURN_IF_ERROR(LayerNormBackward(dbuf, in, p + w.ln1_w, F32(a.ln1_mean), F32(a.ln1_rstd), dres, g + w.ln1_w,
-                                           g + w.ln1_b, BT, C, s_));
+    if (c.positions == model::PositionKind::kRope) {
+      ZINF_RETURN_IF_ERROR(RopeBackward(dqkv, QueryRows(), T, rope_cos_, rope_sin_, s_));
+      ZINF_RETURN_IF_ERROR(RopeBackward(dqkv + Q, KeyRows(), T, rope_cos_, rope_sin_, s_));
+    }
+    if (c.qk_norm) {
+      // dq and dk through their RMSNorm, in place over dqkv (weight gradients first).
+      const float* pre = F32(a.qk_pre);
+      ZINF_RETURN_IF_ERROR(RmsNormBackward(dqkv, pre, p + w.q_norm_w, F32(a.qk_rstd), dqkv, false, g + w.q_norm_w,
+                                           QueryRows(), s_));
+      ZINF_RETURN_IF_ERROR(RmsNormBackward(dqkv + Q, pre + Q, p + w.k_norm_w, F32(a.qk_rstd) + BT * c.num_heads,
+                                           dqkv + Q, false, g + w.k_norm_w, KeyRows(), s_));
+    }
+    ZINF_RETURN_IF_ERROR(
+        LinearBackward(dbuf, g + w.qkv_w, TensorAt(g, w.qkv_b), dqkv, F32(a.ln1), p + w.qkv_w, BT, C, S));
+    ZINF_RETURN_IF_ERROR(NormBackward(dres, g + w.ln1_w, TensorAt(g, w.ln1_b), dbuf, in, p + w.ln1_w,
+                                      F32(a.ln1_mean), F32(a.ln1_rstd)));
     ZINF_RETURN_IF_ERROR(EndGrad(block_grad, g, w.num_elems));
     --backward_next_;
     return Status::Ok();
@@ -193,7 +228,7 @@ class CudaStages final : public model::GptStages {
     const int64_t B = options_.batch_size, T = options_.seq_len, C = config_.embed_dim;
     const EmbeddingLayout e = EmbeddingLayout::For(config_);
     ZINF_RETURN_IF_ERROR(EmbeddingBackward(F32(layout_.dres), I32(layout_.tokens), embedding_grad32_ + e.wte,
-                                           embedding_grad32_ + e.wpe, B * T, T, C, s_));
+                                           TensorAt(embedding_grad32_, e.wpe), B * T, T, C, s_));
     ZINF_RETURN_IF_ERROR(EndGrad(embedding_grad, embedding_grad32_, e.num_elems));
     embedding_grad32_ = nullptr;
     backward_next_ = -3;
@@ -302,10 +337,52 @@ class CudaStages final : public model::GptStages {
     return Status::Ok();
   }
 
-  // model::AttentionForward / AttentionBackward: per batch row, the heads as
-  // one strided batch (head h at column h·D of q, k, v and out).
+  // The config's norm over [B·T, C] (model::GptModel::NormForward and
+  // NormBackward): LayerNorm, or RMSNorm, which leaves b, mean and gb unused.
+  // The backward adds into dinp, gw and gb.
+  Status NormForward(float* out, float* mean, float* rstd, const float* in, const float* w, const float* b) {
+    const int64_t BT = options_.batch_size * options_.seq_len, C = config_.embed_dim;
+    if (config_.norm == model::NormKind::kRmsNorm) {
+      return RmsNormForward(in, w, out, rstd, StridedRows::Dense(BT, C), static_cast<float>(config_.norm_eps), s_);
+    }
+    return LayerNormForward(in, w, b, out, mean, rstd, BT, C, s_);
+  }
+  Status NormBackward(float* dinp, float* gw, float* gb, const float* dout, const float* in, const float* w,
+                      const float* mean, const float* rstd) {
+    const int64_t BT = options_.batch_size * options_.seq_len, C = config_.embed_dim;
+    if (config_.norm == model::NormKind::kRmsNorm) {
+      return RmsNormBackward(dout, in, w, rstd, dinp, true, gw, StridedRows::Dense(BT, C), s_);
+    }
+    return LayerNormBackward(dout, in, w, mean, rstd, dinp, gw, gb, BT, C, s_);
+  }
+  // The query and the key heads of a fused qkv [B·T, S] as rows of D
+  // (model::GptModel::QueryRows and KeyRows).
+  StridedRows QueryRows() const {
+    const int64_t BT = options_.batch_size * options_.seq_len, H = config_.num_heads;
+    return StridedRows{BT * H, config_.head_dim(), H, config_.qkv_dim()};
+  }
+  StridedRows KeyRows() const {
+    const int64_t BT = options_.batch_size * options_.seq_len, H = config_.kv_heads();
+    return StridedRows{BT * H, config_.head_dim(), H, config_.qkv_dim()};
+  }
+  // The LM head's [V, C] weights, fp32: unit 0's wte (tied, widened into the
+  // arena's embedding copy) or the final-norm unit's lm_head_w.
+  Result<const float*> Head(const float* final_norm32, const void* embedding) {
+    if (!config_.tied_head) return final_norm32 + FinalNormLayout::For(config_).lm_head;
+    const EmbeddingLayout e = EmbeddingLayout::For(config_);
+    ZINF_ASSIGN_OR_RETURN(const float* pe, Widen(embedding, e.num_elems, layout_.wide_embedding));
+    return pe + e.wte;
+  }
+
   // The attention of block set `a`: flash (gpu/kernels.h), or the plain
-  // products and softmax over the saved T × T probabilities.
+  // products and softmax over the saved T × T probabilities
+  // (model::AttentionForward / AttentionBackward), per batch row. Query head
+  // h reads key/value head h / G (G = H / H_kv query heads a group), so the
+  // heads with h % G = g form one strided batch over the key/value heads:
+  // query head kvh·G + g at column (kvh·G + g)·D of q, out and dq (batch
+  // stride G·D, G probability matrices), key/value head kvh at column kvh·D
+  // of k, v, dk and dv (batch stride D). With G = 1 that is one batch of
+  // every head.
   Status AttentionForward(const ActivationLayout::Block& a) {
     if (flash_) {
       return FlashAttentionForward(model::FlashAttentionShape(config_, options_),
@@ -314,23 +391,31 @@ class CudaStages final : public model::GptStages {
     float* out = F32(a.atty);
     float* att = F32(a.att);
     const float* qkv = F32(a.qkv);
-    const int64_t B = options_.batch_size, T = options_.seq_len, C = config_.embed_dim, H = config_.num_heads;
-    const int64_t D = C / H, C3 = 3 * C;
+    const int64_t B = options_.batch_size, T = options_.seq_len, H = config_.num_heads, Hkv = config_.kv_heads();
+    const int64_t D = config_.head_dim(), Q = config_.q_dim(), K = config_.kv_dim(), S = config_.qkv_dim();
+    const int64_t G = H / Hkv, TT = T * T;
     const float scale = 1.0f / std::sqrt(static_cast<float>(D));
     for (int64_t b = 0; b < B; ++b) {
-      const float* q = qkv + b * T * C3;
-      ZINF_RETURN_IF_ERROR(GemmBatched(false, true, T, T, D, scale, q, C3, D, q + C, C3, D, 0.0f, att + b * H * T * T,
-                                       T, T * T, H));
+      const float* q = qkv + b * T * S;
+      const float* k = q + Q;
+      for (int64_t g = 0; g < G; ++g) {  // scores = scale · q kᵀ
+        ZINF_RETURN_IF_ERROR(GemmBatched(false, true, T, T, D, scale, q + g * D, S, G * D, k, S, D, 0.0f,
+                                         att + (b * H + g) * TT, T, G * TT, Hkv));
+      }
     }
     ZINF_RETURN_IF_ERROR(CausalSoftmaxForward(att, B * H, T, s_));
     for (int64_t b = 0; b < B; ++b) {
-      const float* v = qkv + b * T * C3 + 2 * C;
-      ZINF_RETURN_IF_ERROR(GemmBatched(false, false, T, D, T, 1.0f, att + b * H * T * T, T, T * T, v, C3, D, 0.0f,
-                                       out + b * T * C, C, D, H));
+      const float* v = qkv + b * T * S + Q + K;
+      for (int64_t g = 0; g < G; ++g) {  // out = att v
+        ZINF_RETURN_IF_ERROR(GemmBatched(false, false, T, D, T, 1.0f, att + (b * H + g) * TT, T, G * TT, v, S, D,
+                                         0.0f, out + b * T * Q + g * D, Q, G * D, Hkv));
+      }
     }
     return Status::Ok();
   }
-  // d(qkv) into dqkv from d(atty) in dbuf.
+  // d(qkv) into dqkv from d(atty) in dbuf. A key/value head's dk and dv sum
+  // its group's query heads in head order (g = 0 writes, the others add), as
+  // the CPU's AttentionBackward does.
   Status AttentionBackward(const ActivationLayout::Block& a_set) {
     if (flash_) {
       return FlashAttentionBackward(model::FlashAttentionShape(config_, options_),
@@ -341,46 +426,83 @@ class CudaStages final : public model::GptStages {
     const float* dout = F32(layout_.dbuf);
     const float* qkv = F32(a_set.qkv);
     const float* att = F32(a_set.att);
-    const int64_t B = options_.batch_size, T = options_.seq_len, C = config_.embed_dim, H = config_.num_heads;
-    const int64_t D = C / H, C3 = 3 * C;
+    const int64_t B = options_.batch_size, T = options_.seq_len, H = config_.num_heads, Hkv = config_.kv_heads();
+    const int64_t D = config_.head_dim(), Q = config_.q_dim(), K = config_.kv_dim(), S = config_.qkv_dim();
+    const int64_t G = H / Hkv, TT = T * T;
     const float scale = 1.0f / std::sqrt(static_cast<float>(D));
     for (int64_t b = 0; b < B; ++b) {
-      const float* q = qkv + b * T * C3;
-      const float* k = q + C;
-      const float* v = q + 2 * C;
-      float* dq = dqkv + b * T * C3;
-      const float* a = att + b * H * T * T;
-      const float* dy = dout + b * T * C;
-      float* da = datt + b * H * T * T;
-      ZINF_RETURN_IF_ERROR(GemmBatched(false, true, T, T, D, 1.0f, dy, C, D, v, C3, D, 0.0f, da, T, T * T, H));
-      ZINF_RETURN_IF_ERROR(GemmBatched(true, false, T, D, T, 1.0f, a, T, T * T, dy, C, D, 0.0f, dq + 2 * C, C3, D, H));
-      ZINF_RETURN_IF_ERROR(CausalSoftmaxBackward(a, da, H, T, scale, s_));
-      ZINF_RETURN_IF_ERROR(GemmBatched(false, false, T, D, T, 1.0f, da, T, T * T, k, C3, D, 0.0f, dq, C3, D, H));
-      ZINF_RETURN_IF_ERROR(GemmBatched(true, false, T, D, T, 1.0f, da, T, T * T, q, C3, D, 0.0f, dq + C, C3, D, H));
+      const float* q = qkv + b * T * S;
+      const float* k = q + Q;
+      const float* v = k + K;
+      float* dq = dqkv + b * T * S;
+      float* dk = dq + Q;
+      float* dv = dk + K;
+      const float* a = att + b * H * TT;
+      const float* dy = dout + b * T * Q;
+      float* da = datt + b * H * TT;
+      for (int64_t g = 0; g < G; ++g) {  // datt = dy vᵀ
+        ZINF_RETURN_IF_ERROR(
+            GemmBatched(false, true, T, T, D, 1.0f, dy + g * D, Q, G * D, v, S, D, 0.0f, da + g * TT, T, G * TT, Hkv));
+      }
+      for (int64_t g = 0; g < G; ++g) {  // dv (+)= attᵀ dy
+        ZINF_RETURN_IF_ERROR(GemmBatched(true, false, T, D, T, 1.0f, a + g * TT, T, G * TT, dy + g * D, Q, G * D,
+                                         g == 0 ? 0.0f : 1.0f, dv, S, D, Hkv));
+      }
+      ZINF_RETURN_IF_ERROR(CausalSoftmaxBackward(a, da, H, T, scale, s_));  // da becomes d(q kᵀ)
+      for (int64_t g = 0; g < G; ++g) {  // dq = d(q kᵀ) k
+        ZINF_RETURN_IF_ERROR(GemmBatched(false, false, T, D, T, 1.0f, da + g * TT, T, G * TT, k, S, D, 0.0f,
+                                         dq + g * D, S, G * D, Hkv));
+      }
+      for (int64_t g = 0; g < G; ++g) {  // dk (+)= d(q kᵀ)ᵀ q
+        ZINF_RETURN_IF_ERROR(GemmBatched(true, false, T, D, T, 1.0f, da + g * TT, T, G * TT, q + g * D, S, G * D,
+                                         g == 0 ? 0.0f : 1.0f, dk, S, D, Hkv));
+      }
     }
     return Status::Ok();
   }
 
   Status RunBlockForward(int layer, const float* p) {
-    const int64_t B = options_.batch_size, T = options_.seq_len, C = config_.embed_dim;
-    const int64_t BT = B * T;
-    const BlockLayout w = BlockLayout::For(config_);
+    const model::GptConfig& c = config_;
+    const int64_t B = options_.batch_size, T = options_.seq_len, C = c.embed_dim;
+    const int64_t BT = B * T, Q = c.q_dim(), S = c.qkv_dim(), I = c.mlp_dim(), FC = c.fc_dim();
+    const BlockLayout w = BlockLayout::For(c);
     const ActivationLayout::Block a = layout_.BlockAt(layer);
     const float* in = F32(layout_.residual) + layer * BT * C;
     float* out = F32(layout_.residual) + (layer + 1) * BT * C;
     float* res_mid = F32(a.res_mid);
+    float* qkv = F32(a.qkv);
     const size_t n = static_cast<size_t>(BT * C);
     ZINF_RETURN_IF_ERROR(
-        LayerNormForward(in, p + w.ln1_w, p + w.ln1_b, F32(a.ln1), F32(a.ln1_mean), F32(a.ln1_rstd), BT, C, s_));
-    ZINF_RETURN_IF_ERROR(LinearForward(F32(a.qkv), F32(a.ln1), p + w.qkv_w, p + w.qkv_b, BT, C, 3 * C));
+        NormForward(F32(a.ln1), F32(a.ln1_mean), F32(a.ln1_rstd), in, p + w.ln1_w, TensorAt(p, w.ln1_b)));
+    ZINF_RETURN_IF_ERROR(LinearForward(qkv, F32(a.ln1), p + w.qkv_w, TensorAt(p, w.qkv_b), BT, C, S));
+    if (c.qk_norm) {
+      // q and k before their norm are kept (qk_pre, a copy of the whole qkv)
+      // for backward; the norm writes them back into qkv.
+      float* pre = F32(a.qk_pre);
+      const float eps = static_cast<float>(c.norm_eps);
+      ZINF_RETURN_IF_ERROR(device_.CopyOnDevice(pre, qkv, static_cast<uint64_t>(BT * S) * sizeof(float), stream_));
+      ZINF_RETURN_IF_ERROR(RmsNormForward(pre, p + w.q_norm_w, qkv, F32(a.qk_rstd), QueryRows(), eps, s_));
+      ZINF_RETURN_IF_ERROR(
+          RmsNormForward(pre + Q, p + w.k_norm_w, qkv + Q, F32(a.qk_rstd) + BT * c.num_heads, KeyRows(), eps, s_));
+    }
+    if (c.positions == model::PositionKind::kRope) {
+      ZINF_RETURN_IF_ERROR(RopeForward(qkv, QueryRows(), T, rope_cos_, rope_sin_, s_));
+      ZINF_RETURN_IF_ERROR(RopeForward(qkv + Q, KeyRows(), T, rope_cos_, rope_sin_, s_));
+    }
     ZINF_RETURN_IF_ERROR(AttentionForward(a));
-    ZINF_RETURN_IF_ERROR(LinearForward(res_mid, F32(a.atty), p + w.attn_proj_w, p + w.attn_proj_b, BT, C, C));
+    ZINF_RETURN_IF_ERROR(
+        LinearForward(res_mid, F32(a.atty), p + w.attn_proj_w, TensorAt(p, w.attn_proj_b), BT, Q, C));
     ZINF_RETURN_IF_ERROR(ResidualForward(res_mid, in, res_mid, n, s_));
     ZINF_RETURN_IF_ERROR(
-        LayerNormForward(res_mid, p + w.ln2_w, p + w.ln2_b, F32(a.ln2), F32(a.ln2_mean), F32(a.ln2_rstd), BT, C, s_));
-    ZINF_RETURN_IF_ERROR(LinearForward(F32(a.fch), F32(a.ln2), p + w.fc_w, p + w.fc_b, BT, C, 4 * C));
-    ZINF_RETURN_IF_ERROR(GeluForward(F32(a.fch), F32(a.fch_gelu), static_cast<size_t>(BT * 4 * C), s_));
-    ZINF_RETURN_IF_ERROR(LinearForward(out, F32(a.fch_gelu), p + w.fc_proj_w, p + w.fc_proj_b, BT, 4 * C, C));
+        NormForward(F32(a.ln2), F32(a.ln2_mean), F32(a.ln2_rstd), res_mid, p + w.ln2_w, TensorAt(p, w.ln2_b)));
+    ZINF_RETURN_IF_ERROR(LinearForward(F32(a.fch), F32(a.ln2), p + w.fc_w, TensorAt(p, w.fc_b), BT, C, FC));
+    if (c.mlp == model::MlpKind::kSwiGlu) {
+      ZINF_RETURN_IF_ERROR(SwiGluForward(F32(a.fch), F32(a.fch_gelu), BT, I, s_));
+    } else {
+      ZINF_RETURN_IF_ERROR(GeluForward(F32(a.fch), F32(a.fch_gelu), static_cast<size_t>(BT * I), s_));
+    }
+    ZINF_RETURN_IF_ERROR(
+        LinearForward(out, F32(a.fch_gelu), p + w.fc_proj_w, TensorAt(p, w.fc_proj_b), BT, I, C));
     ZINF_RETURN_IF_ERROR(ResidualForward(out, res_mid, out, n, s_));
     checkpoint_layer_ = layer;
     return Status::Ok();
@@ -398,6 +520,9 @@ class CudaStages final : public model::GptStages {
   const CublasLib* blas_ = nullptr;  // set by Init()
   cublasHandle_t handle_ = nullptr;
   float* count_ = nullptr;  // device: the last HeadForward's number of targets
+  model::RopeTable rope_;        // RoPE: the host table rope_cos_ and rope_sin_ were copied from
+  float* rope_cos_ = nullptr;    // device [T, D/2]; one allocation with rope_sin_
+  float* rope_sin_ = nullptr;    // device [T, D/2]
 
   int forward_next_ = -1;
   bool head_forward_done_ = false;

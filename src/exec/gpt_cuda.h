@@ -1,10 +1,15 @@
-// The GPT model's stages on a CUDA device (model::GptStages): the layers of
-// model/layers.h as the kernels of gpu/kernels.h plus cuBLAS fp32 matrix
-// products (no TF32), with GptModel's activation layout in a device arena
-// and GptModel's stage order. Every call enqueues on the stream and returns;
-// nothing waits for the device. The elementwise and row math is the CPU's;
-// the matrix products and the atomic embedding scatter-add differ from the
-// CPU in rounding only. No CUDA header leaks from here.
+// The GPT model's stages on a CUDA device (model::GptStages) for the whole
+// decoder family of model/gpt_config.h: the layers of model/layers.h and
+// model/decoder_layers.h as the kernels of gpu/kernels.h and
+// gpu/decoder_kernels.h plus cuBLAS matrix products (fp32 without TF32, or
+// bf16 operands), with GptModel's activation layout in a device arena and
+// GptModel's stage order. RoPE's table is the CPU model's, built on the host
+// and copied to the device once. Every call enqueues on the stream and
+// returns; nothing waits for the device. The elementwise and row math is the
+// CPU's; the matrix products and the atomic embedding scatter-add differ
+// from the CPU in rounding only. Flash attention (bf16 operands) takes heads
+// of 64 and 128 (kInvalidArgument otherwise); the plain attention any head
+// size. No CUDA header leaks from here.
 // Thread-safety: one thread at a time (one stream's order).
 #pragma once
 

@@ -10,8 +10,9 @@
 // StreamContext::Host and runs GptModel's CPU kernels. On a CUDA device the
 // stages launch CUDA kernels and cuBLAS products on the stream instead
 // (exec/gpt_cuda.h): the elementwise and row math is the CPU's
-// (math/gpt_math.h, math/lane_math.h), the fp32 matrix products are
-// cuBLAS's, so results agree with the CPU within GEMM rounding. On CUDA,
+// (math/gpt_math.h, math/decoder_math.h, math/lane_math.h), the matrix
+// products are cuBLAS's, so results agree with the CPU within GEMM
+// rounding. On CUDA,
 // tokens and targets are not range-checked (the CPU path checks them).
 //
 // Thread-safety: enqueue from one thread at a time (one stream's order is the

@@ -36,6 +36,7 @@
 #include "common/float16.h"
 #include "math/norm_math.h"
 #include "gpu/cuda_check.h"
+#include "gpu/half_warp_lanes.cuh"
 #include "math/gpt_math.h"
 #include "math/lane_math.h"
 
@@ -468,17 +469,8 @@ __global__ void __launch_bounds__(kColumnWarps * 32)
 // half-warp 64 contiguous bytes at a time) and thread k < n % 16 tail element
 // k. Every thread then combines the lanes and the tail it gathers by shuffles
 // in the CPU's order, so each row gets the CPU's bits (row i of a T × T
-// matrix: the softmax of its causal prefix, the rest zeroed).
-__device__ inline unsigned HalfWarpMask() { return 0xffffu << (threadIdx.x & 16u); }
-__device__ inline float LaneOf(unsigned mask, float v, int lane) { return __shfl_sync(mask, v, lane, kLanes); }
-// Σ over the 16 lanes in order, then + Σ over the `tail` tail values in order.
-__device__ inline float LaneSumThenTail(unsigned mask, float lane_acc, float tail_value, int64_t tail) {
-  float s = 0.0f;
-  for (int j = 0; j < kLanes; ++j) s += LaneOf(mask, lane_acc, j);
-  float t = 0.0f;
-  for (int k = 0; k < tail; ++k) t += LaneOf(mask, tail_value, k);
-  return s + t;
-}
+// matrix: the softmax of its causal prefix, the rest zeroed). The lane
+// helpers are gpu/half_warp_lanes.cuh's.
 constexpr unsigned kRowsPerSoftmaxBlock = kThreads / kLanes;
 
 unsigned BlocksForLaneRows(int64_t rows) {

@@ -68,6 +68,25 @@ ZINF_HOST_DEVICE inline T RmsNormInputGrad(T dy, T w, T x, T rstd, T dot, int64_
   return rstd * (dy * w - (x * rstd) * (dot / static_cast<T>(n)));
 }
 
+// The per-element terms of the loops above, one element at a time, for
+// kernels that spread a row over threads (gpu/decoder_kernels.cu); each is
+// the expression its row function evaluates for element i.
+// RmsNormRow's y[i]:
+template <class T>
+ZINF_HOST_DEVICE inline T RmsNormOutput(T x, T rstd, T w) {
+  return (x * rstd) * w;
+}
+// RmsNormGradDot's term for element i:
+template <class T>
+ZINF_HOST_DEVICE inline T RmsNormGradDotTerm(T dy, T w, T x, T rstd) {
+  return (dy * w) * (x * rstd);
+}
+// The weight gradient's term of one row for element i (dw += Σ_rows of it):
+template <class T>
+ZINF_HOST_DEVICE inline T RmsNormWeightGradTerm(T dy, T x, T rstd) {
+  return dy * (x * rstd);
+}
+
 // One rotated pair: (a, b) = (x_i, x_{i+D/2}).
 template <class T>
 ZINF_HOST_DEVICE inline void RopeRotate(T& a, T& b, T cos_t, T sin_t) {

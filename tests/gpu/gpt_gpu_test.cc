@@ -24,6 +24,18 @@
 // The flash_* cases (bf16 operands, heads of 64 and 128) run flash
 // attention on both sides, the tensor-core kernels against the CPU twin;
 // bf16_matmul_wide_plain is the same shape with the plain attention.
+//
+// The Llama family (the rest of the list) takes the same tolerances: its
+// RMSNorm, RoPE and SwiGLU kernels give the CPU's bits (decoder_kernels_test),
+// so again only the products' order differs. The cases cover each preset's
+// variation — tiny-llama (RMSNorm, RoPE, SwiGLU, two query heads per
+// key/value head, no biases, an untied head), tiny-qwen2 (q/k/v biases, a
+// tied head), tiny-qwen3 (q/k RMSNorm, heads of 16 with H·D = 2C) — and
+// shapes no preset has: three query heads per key/value head with heads of
+// 10, Llama 3's RoPE scaling, biases on every linear layer, q/k norm and an
+// untied head at once; LayerNorm with RoPE and SwiGLU; and grouped-query
+// heads under flash attention (64, and 128 with four query heads on one
+// key/value head) and, at 64, under the plain one with bf16 operands.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -202,6 +214,52 @@ GptConfig Shape(int64_t V, int64_t T, int64_t C, int64_t L, int64_t H) {
   return c;
 }
 
+GptConfig Preset(const char* name) { return std::move(GptPreset(name)).value(); }
+
+// A Llama-family shape: RMSNorm, RoPE, SwiGLU, H_kv key/value heads of D,
+// no biases, an untied head.
+GptConfig Llama(int64_t V, int64_t T, int64_t C, int64_t L, int64_t H, int64_t H_kv, int64_t D, int64_t I) {
+  GptConfig c = Shape(V, T, C, L, H);
+  c.norm = NormKind::kRmsNorm;
+  c.norm_eps = 1e-6;
+  c.positions = PositionKind::kRope;
+  c.rope_theta = 10000.0;
+  c.mlp = MlpKind::kSwiGlu;
+  c.intermediate_size = I;
+  c.num_kv_heads = H_kv;
+  c.head_dim_size = D;
+  c.qkv_bias = false;
+  c.linear_bias = false;
+  c.tied_head = false;
+  return c;
+}
+
+// Three query heads per key/value head, heads of 10 (H·D = 60 against
+// C = 48), Llama 3's frequency scaling (with an original context of 48 the
+// five frequencies fall in all three bands: kept, blended, divided), biases
+// everywhere, q/k norm, an untied head.
+GptConfig OddGqa() {
+  GptConfig c = Llama(97, 37, 48, 2, 6, 2, 10, 72);
+  c.rope_scaling.llama3 = true;
+  c.rope_scaling.factor = 8.0;
+  c.rope_scaling.original_max_position = 48;
+  c.qkv_bias = true;
+  c.linear_bias = true;
+  c.qk_norm = true;
+  return c;
+}
+
+// GPT-2's LayerNorm (and biases, a tied head) with the Llama family's RoPE,
+// SwiGLU and four query heads on one key/value head.
+GptConfig LayerNormRope() {
+  GptConfig c = Llama(97, 29, 40, 2, 4, 1, 12, 56);
+  c.norm = NormKind::kLayerNorm;
+  c.norm_eps = 1e-5;
+  c.linear_bias = true;
+  c.tied_head = true;
+  return c;
+}
+
 INSTANTIATE_TEST_SUITE_P(Shapes, GptOnCudaTest,
                          ::testing::Values(Case{"tiny", test::Tiny(), false, false},
                                            Case{"tiny_checkpointing", test::Tiny(), true, false},
@@ -217,7 +275,27 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GptOnCudaTest,
                                            Case{"flash_attention", Shape(97, 150, 256, 2, 4), false, false, 1.0f,
                                                 DType::kBFloat16},
                                            Case{"flash_attention_d128_checkpointing_bf16", Shape(97, 130, 256, 2, 2),
-                                                true, true, 1.0f, DType::kBFloat16}),
+                                                true, true, 1.0f, DType::kBFloat16},
+                                           Case{"tiny_llama", Preset("tiny-llama"), false, false},
+                                           Case{"tiny_llama_checkpointing", Preset("tiny-llama"), true, false},
+                                           Case{"tiny_llama_bf16_accumulate", Preset("tiny-llama"), false, true},
+                                           Case{"tiny_qwen2", Preset("tiny-qwen2"), false, false},
+                                           Case{"tiny_qwen2_loss_scale_1024", Preset("tiny-qwen2"), false, false,
+                                                1024.0f},
+                                           Case{"tiny_qwen3", Preset("tiny-qwen3"), false, false},
+                                           Case{"tiny_qwen3_checkpointing_bf16", Preset("tiny-qwen3"), true, true},
+                                           Case{"odd_gqa", OddGqa(), false, false},
+                                           Case{"odd_gqa_checkpointing", OddGqa(), true, false},
+                                           Case{"odd_gqa_bf16_matmul", OddGqa(), false, false, 1.0f,
+                                                DType::kBFloat16},
+                                           Case{"layernorm_rope_swiglu", LayerNormRope(), false, false},
+                                           Case{"flash_gqa_llama", Llama(97, 130, 256, 2, 4, 2, 64, 384), false,
+                                                false, 1.0f, DType::kBFloat16},
+                                           Case{"flash_gqa_llama_d128_checkpointing_bf16",
+                                                Llama(97, 70, 128, 2, 4, 1, 128, 160), true, true, 1.0f,
+                                                DType::kBFloat16},
+                                           Case{"bf16_matmul_gqa_llama_plain", Llama(97, 130, 256, 2, 4, 2, 64, 384),
+                                                false, false, 1.0f, DType::kBFloat16, AttentionKernel::kPlain}),
                          [](const ::testing::TestParamInfo<Case>& i) { return std::string(i.param.name); });
 
 }  // namespace
