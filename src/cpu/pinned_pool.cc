@@ -123,7 +123,7 @@ PinnedPool::~PinnedPool() {
 Result<PinnedBuffer> PinnedPool::Acquire(uint64_t bytes) {
   if (bytes == 0 || bytes > kMaxBufferBytes) {
     return InvalidArgument("pinned pool: request of " + FormatBytes(bytes) + " is outside 1 B .. " +
-                           FormatBytes(kMaxBufferBytes) + " (the io_uring limit on one registered buffer); split it");
+                           FormatBytes(kMaxBufferBytes) + "; split it");
   }
   const uint64_t capacity = SizeClassBytes(bytes);
   {

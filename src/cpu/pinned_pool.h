@@ -86,7 +86,10 @@ class PinnedBuffer {
 
 class PinnedPool {
  public:
-  static constexpr uint64_t kMaxBufferBytes = uint64_t{1} << 30;
+  // The largest buffer: far above what a sub-group's state or a unit's
+  // staging needs; a registrar splits a buffer where it must (io_uring
+  // registers at most 1 GiB per slot: several slots).
+  static constexpr uint64_t kMaxBufferBytes = uint64_t{64} << 30;
 
   // Loads this machine's topology (with PCI devices when a GPU is named) and
   // chooses the node. kInvalidArgument for a zero budget or a bad node.

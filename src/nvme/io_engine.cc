@@ -226,7 +226,10 @@ class IoEngine::Impl {
   std::atomic<uint64_t> round_robin{0};
 
   std::shared_mutex buffers_mu;
-  std::map<uintptr_t, std::pair<uint64_t, int>> buffers;  // start -> (bytes, slot)
+  // Registered segments (a buffer over 1 GiB is several, 1 GiB apart) and
+  // the buffers as registered.
+  std::map<uintptr_t, std::pair<uint64_t, int>> buffers;  // segment start -> (bytes, slot)
+  std::map<uintptr_t, uint64_t> registrations;            // buffer start -> bytes
   std::vector<int> free_buffer_slots;
 
   // Shared with files' release hooks, which may outlive the engine.
@@ -674,43 +677,73 @@ Status IoEngine::RegisterBuffer(void* addr, uint64_t bytes) {
   if (addr == nullptr || p % kDirectAlignment || bytes == 0 || bytes % kDirectAlignment)
     return InvalidArgument("register buffer " + std::to_string(p) + " (" + std::to_string(bytes) +
                            " bytes): address and size must be non-zero multiples of 4096");
-  if (bytes > kMaxFixedBuffer)
-    return InvalidArgument("register buffer of " + FormatBytes(bytes) + ": io_uring registers at most 1 GiB per buffer");
   if (!impl_->fixed_buffers_enabled) return Status::Ok();
   std::unique_lock<std::shared_mutex> lock(impl_->buffers_mu);
-  if (impl_->buffers.count(p)) return AlreadyExists("buffer at " + std::to_string(p) + " is already registered");
-  if (impl_->free_buffer_slots.empty())
-    return OutOfMemory("all " + std::to_string(kBufferSlots) + " registered-buffer slots are in use");
-  int slot = impl_->free_buffer_slots.back();
-  iovec iov{addr, bytes};
-  for (size_t r = 0; r < impl_->rings.size(); ++r) {
-    __u64 tag = 0;
-    int rc = io_uring_register_buffers_update_tag(impl_->rings[r], static_cast<unsigned>(slot), &iov, &tag, 1);
-    if (rc < 0) {
-      iovec none{nullptr, 0};
-      for (size_t u = 0; u < r; ++u) io_uring_register_buffers_update_tag(impl_->rings[u], slot, &none, &tag, 1);
-      return (rc == -ENOMEM ? OutOfMemory("") : IoError(""))
-          .WithContext("io_uring_register_buffers_update " + FormatBytes(bytes) + ": " + Errno(-rc) +
-                       (rc == -ENOMEM ? " (RLIMIT_MEMLOCK too low? raise it with 'ulimit -l')" : ""));
-    }
+  auto next = impl_->registrations.lower_bound(p);
+  const bool overlaps_next = next != impl_->registrations.end() && next->first < p + bytes;
+  const bool overlaps_prev = next != impl_->registrations.begin() && std::prev(next)->first + std::prev(next)->second > p;
+  if (overlaps_next || overlaps_prev) {
+    return AlreadyExists("buffer at " + std::to_string(p) + " overlaps a registered one");
   }
-  impl_->free_buffer_slots.pop_back();
-  impl_->buffers[p] = {bytes, slot};
+  // io_uring registers at most 1 GiB per slot: a larger buffer takes one
+  // slot per GiB, and an I/O that crosses a GiB boundary goes unfixed.
+  const uint64_t segments = (bytes + kMaxFixedBuffer - 1) / kMaxFixedBuffer;
+  if (impl_->free_buffer_slots.size() < segments)
+    return OutOfMemory("registered-buffer slots: " + std::to_string(segments) + " needed for " + FormatBytes(bytes) +
+                       ", " + std::to_string(impl_->free_buffer_slots.size()) + " of " + std::to_string(kBufferSlots) +
+                       " free");
+  auto unregister_slot = [&](int slot, size_t rings) {
+    iovec none{nullptr, 0};
+    __u64 tag = 0;
+    for (size_t u = 0; u < rings; ++u) io_uring_register_buffers_update_tag(impl_->rings[u], slot, &none, &tag, 1);
+  };
+  std::vector<uintptr_t> done;
+  for (uint64_t k = 0; k < segments; ++k) {
+    const uintptr_t seg = p + k * kMaxFixedBuffer;
+    const uint64_t seg_bytes = std::min<uint64_t>(kMaxFixedBuffer, bytes - k * kMaxFixedBuffer);
+    const int slot = impl_->free_buffer_slots.back();
+    iovec iov{reinterpret_cast<void*>(seg), seg_bytes};
+    for (size_t r = 0; r < impl_->rings.size(); ++r) {
+      __u64 tag = 0;
+      int rc = io_uring_register_buffers_update_tag(impl_->rings[r], static_cast<unsigned>(slot), &iov, &tag, 1);
+      if (rc < 0) {
+        unregister_slot(slot, r);
+        for (uintptr_t d : done) {
+          const int s = impl_->buffers[d].second;
+          unregister_slot(s, impl_->rings.size());
+          impl_->free_buffer_slots.push_back(s);
+          impl_->buffers.erase(d);
+        }
+        return (rc == -ENOMEM ? OutOfMemory("") : IoError(""))
+            .WithContext("io_uring_register_buffers_update " + FormatBytes(seg_bytes) + ": " + Errno(-rc) +
+                         (rc == -ENOMEM ? " (RLIMIT_MEMLOCK too low? raise it with 'ulimit -l')" : ""));
+      }
+    }
+    impl_->free_buffer_slots.pop_back();
+    impl_->buffers[seg] = {seg_bytes, slot};
+    done.push_back(seg);
+  }
+  impl_->registrations[p] = bytes;
   return Status::Ok();
 }
 
 Status IoEngine::UnregisterBuffer(void* addr) {
   if (!impl_->fixed_buffers_enabled) return Status::Ok();
   std::unique_lock<std::shared_mutex> lock(impl_->buffers_mu);
-  auto it = impl_->buffers.find(reinterpret_cast<uintptr_t>(addr));
-  if (it == impl_->buffers.end())
-    return NotFound("buffer at " + std::to_string(reinterpret_cast<uintptr_t>(addr)) + " is not registered");
-  int slot = it->second.second;
-  iovec none{nullptr, 0};
-  __u64 tag = 0;
-  for (io_uring* ring : impl_->rings) io_uring_register_buffers_update_tag(ring, static_cast<unsigned>(slot), &none, &tag, 1);
-  impl_->free_buffer_slots.push_back(slot);
-  impl_->buffers.erase(it);
+  const auto p = reinterpret_cast<uintptr_t>(addr);
+  auto reg = impl_->registrations.find(p);
+  if (reg == impl_->registrations.end()) return NotFound("buffer at " + std::to_string(p) + " is not registered");
+  for (uint64_t off = 0; off < reg->second; off += kMaxFixedBuffer) {
+    auto it = impl_->buffers.find(p + off);
+    if (it == impl_->buffers.end()) continue;
+    const int slot = it->second.second;
+    iovec none{nullptr, 0};
+    __u64 tag = 0;
+    for (io_uring* ring : impl_->rings) io_uring_register_buffers_update_tag(ring, static_cast<unsigned>(slot), &none, &tag, 1);
+    impl_->free_buffer_slots.push_back(slot);
+    impl_->buffers.erase(it);
+  }
+  impl_->registrations.erase(reg);
   return Status::Ok();
 }
 

@@ -120,9 +120,11 @@ class IoEngine {
   // file may be used with other engines too (then unregistered there).
   Result<std::shared_ptr<File>> Open(const std::string& path, const FileOptions& options);
 
-  // Registers [addr, addr+bytes) for fixed-buffer I/O: 4 KiB aligned, at most
-  // 1 GiB (io_uring's limit). No-op success on the posix backend or with
-  // fixed_buffers off. Unregister only with no I/O in flight on the buffer.
+  // Registers [addr, addr+bytes) for fixed-buffer I/O: 4 KiB aligned; a
+  // buffer over 1 GiB (io_uring's limit per slot) takes one slot per GiB, and
+  // an I/O block that crosses a GiB boundary of it runs as a plain read or
+  // write. No-op success on the posix backend or with fixed_buffers off.
+  // Unregister (by the address registered) only with no I/O in flight on it.
   Status RegisterBuffer(void* addr, uint64_t bytes);
   Status UnregisterBuffer(void* addr);
 

@@ -454,6 +454,7 @@ class EngineImpl final : public Engine {
   uint64_t param_capacity_ = 0;    // the same for the parameter store
   size_t groups_written_ = 0;      // sub-groups whose initial state is in the store
   std::unique_ptr<float, decltype(&std::free)> init_group_{nullptr, &std::free};  // the open sub-group's initial state
+  int64_t init_group_elems_ = 0;  // init_group_'s capacity
   // offload_param nvme: the shards past max_in_cpu in their own store
   // (tensor id = unit index), and two staging buffers of the largest shard:
   // gathers read into one (gather stream), updates write from the other

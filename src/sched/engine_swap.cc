@@ -17,8 +17,9 @@ namespace zinf {
 namespace sched {
 
 Status EngineImpl::StageInitialState(const Unit& u, const float* master, int64_t valid) {
-  // A sub-group's swap buffer is one registered pinned buffer: at most
-  // kMaxBufferBytes of [master | m | v], whatever sub_group_size asks.
+  // A sub-group's swap buffer is one pinned buffer of [master | m | v]:
+  // units are packed up to min(sub_group_size, 1 GiB of state), and a unit
+  // larger than that is a sub-group of its own (gradient_placement.h).
   const int64_t buffer_cap = static_cast<int64_t>(PinnedPool::kMaxBufferBytes / 12);
   const int64_t n = owned_elems(u);
   if (n > buffer_cap) {
@@ -29,18 +30,17 @@ Status EngineImpl::StageInitialState(const Unit& u, const float* master, int64_t
                            "(stage 1-3)");
   }
   if (!store_) {
-    group_limit_ = std::min<int64_t>(config_.zero.sub_group_size, buffer_cap);
+    group_limit_ = std::min<int64_t>(config_.zero.sub_group_size, kSubGroupPackElems);
     if (group_limit_ < config_.zero.sub_group_size) {
-      ZINF_LOG_INFO("engine: sub-groups of at most {} elements (sub_group_size {} capped: a sub-group's 12 B/element "
-                    "swap buffer is one pinned buffer of at most {})",
-                    group_limit_, config_.zero.sub_group_size, FormatBytes(PinnedPool::kMaxBufferBytes));
+      ZINF_LOG_INFO("engine: sub-groups of at most {} elements (sub_group_size {} capped at 1 GiB of 12 B/element "
+                    "state; a larger unit is a sub-group of its own)",
+                    group_limit_, config_.zero.sub_group_size);
     }
   }
   if (n > group_limit_) {
-    return InvalidArgument("zero_optimization.sub_group_size = " + std::to_string(group_limit_) +
-                           " is smaller than unit '" + u.name + "' (" + std::to_string(n) +
-                           " elements on this rank): sub-groups are whole units; raise sub_group_size to at least " +
-                           std::to_string(n));
+    ZINF_LOG_INFO("engine: unit '{}' ({} elements on this rank) is larger than a sub-group ({}): a sub-group of its "
+                  "own, with swap buffers of {}",
+                  u.name, n, group_limit_, FormatBytes(static_cast<uint64_t>(n) * 12));
   }
   if (!store_) {
     nvme::SwapStoreOptions so;
@@ -52,15 +52,17 @@ Status EngineImpl::StageInitialState(const Unit& u, const float* master, int64_t
     };
     ZINF_ASSIGN_OR_RETURN(store_, nvme::SwapStore::Create(*io_, so));  // grown as sub-groups close
   }
-  if (!init_group_) {
-    const uint64_t bytes = (static_cast<uint64_t>(group_limit_) * 12 + 4095) / 4096 * 4096;
-    // Virtual until touched: what the largest sub-group uses is resident.
-    init_group_.reset(static_cast<float*>(std::aligned_alloc(4096, bytes)));
-    if (!init_group_) return OutOfMemory("the initial state of a sub-group (" + FormatBytes(bytes) + ")");
-  }
   if (groups_.empty() || groups_.back().elems + n > group_limit_) {
     ZINF_RETURN_IF_ERROR(FlushInitialGroup());
     groups_.emplace_back();
+  }
+  const int64_t need = std::max(group_limit_, n);
+  if (!init_group_ || init_group_elems_ < need) {
+    const uint64_t bytes = (static_cast<uint64_t>(need) * 12 + 4095) / 4096 * 4096;
+    // Virtual until touched: what the largest sub-group uses is resident.
+    init_group_.reset(static_cast<float*>(std::aligned_alloc(4096, bytes)));
+    if (!init_group_) return OutOfMemory("the initial state of a sub-group (" + FormatBytes(bytes) + ")");
+    init_group_elems_ = need;
   }
   Group& g = groups_.back();
   float* dst = init_group_.get() + 3 * g.elems;
@@ -95,6 +97,7 @@ Status EngineImpl::FlushInitialGroup() {
 Status EngineImpl::SetUpSwap() {
   ZINF_RETURN_IF_ERROR(FlushInitialGroup());
   init_group_.reset();
+  init_group_elems_ = 0;
   int64_t max_group = 0;
   uint64_t total = 0;
   for (const Group& g : groups_) {

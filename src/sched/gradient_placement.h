@@ -17,6 +17,12 @@
 
 namespace zinf {
 
+// Sub-groups (offload_optimizer nvme): consecutive whole units packed up to
+// min(sub_group_size, kSubGroupPackElems) elements (1 GiB of [master | m |
+// v]); a unit larger than that is a sub-group of its own, as large as one
+// pinned buffer allows (PinnedPool::kMaxBufferBytes / 12 elements). The
+// engine and `zinf plan` both group this way.
+inline constexpr int64_t kSubGroupPackElems = (int64_t{1} << 30) / 12;
 struct GradientPlacementInput {
   GradientHome home = GradientHome::kAuto;
   std::vector<int64_t> owned;      // elements this rank updates, per unit

@@ -401,10 +401,11 @@ PlanRow PlanCombination(const PlanInput& in, int stage, OffloadDevice optimizer,
     host.Add("parameter staging slots", slots * Pin(static_cast<uint64_t>(max_owned) * esize));
   }
   if (nvme) {
-    // As the engine: a sub-group's [master | m | v] is one pinned buffer, so
-    // sub_group_size is capped at kMaxBufferBytes / 12 elements.
+    // As the engine: units packed into sub-groups of at most
+    // min(sub_group_size, 1 GiB of state); a larger unit alone, up to one
+    // pinned buffer (gradient_placement.h).
     const int64_t cap = static_cast<int64_t>(PinnedPool::kMaxBufferBytes / 12);
-    const int64_t limit = std::min<int64_t>(z.sub_group_size, cap);
+    const int64_t limit = std::min<int64_t>(z.sub_group_size, kSubGroupPackElems);
     std::vector<int64_t> groups;
     GradientPlacementInput gin;  // each unit's owned elements and sub-group, for the gradients below
     for (const UnitPartition& p : parts) {
@@ -413,10 +414,6 @@ PlanRow PlanCombination(const PlanInput& in, int stage, OffloadDevice optimizer,
         row.runnable = false;
         row.note = "a unit has " + std::to_string(o) + " elements on a rank: its optimizer state exceeds one " +
                    FormatBytes(PinnedPool::kMaxBufferBytes) + " swap buffer; split it or shard it over more ranks";
-      } else if (o > limit) {
-        row.runnable = false;
-        row.note = "sub_group_size " + std::to_string(z.sub_group_size) + " is smaller than a unit (" +
-                   std::to_string(o) + " elements on a rank): raise it";
       }
       if (groups.empty() || groups.back() + o > limit) groups.push_back(0);
       groups.back() += o;

@@ -3,6 +3,7 @@
 // allocates on HostDevice (device peak and peak pinned host bytes within
 // 10%) for stage 0 / offload none, stage 2 / cpu, stage 3 / nvme, and a GPT
 // with its activation arena.
+#include "cpu/pinned_pool.h"
 #include "model/gpt_plan.h"
 #include "sched/plan.h"
 
@@ -91,10 +92,16 @@ TEST(PlanTest, OptimizerOffloadMatchesHandCount) {
   EXPECT_EQ(nv.nvme_bytes, 3u << 20);
   EXPECT_EQ(nv.device_bytes, cpu.device_bytes);
   EXPECT_TRUE(nv.runnable);
-  // A sub-group smaller than a unit is what the engine refuses.
+  // With sub_group_size below a unit, each unit is a sub-group of its own,
+  // as the engine makes them: two swap buffers, the larger unit's size.
   PlanInput small = in;
   small.config.zero.sub_group_size = 100'000;
-  EXPECT_FALSE(PlanCombination(small, 2, OffloadDevice::kNvme, OffloadDevice::kNone).runnable);
+  const PlanRow split = PlanCombination(small, 2, OffloadDevice::kNvme, OffloadDevice::kNone);
+  EXPECT_TRUE(split.runnable) << split.note;
+  const PlanItem* swap = Find(split.host_items, "NVMe swap buffers");
+  ASSERT_NE(swap, nullptr);
+  EXPECT_NE(swap->what.find("2 x largest of 2 sub-groups"), std::string::npos) << swap->what;
+  EXPECT_EQ(swap->bytes, 2 * PinnedPool::SizeClassBytes(131072u * 12));
 }
 
 // offload_optimizer nvme: the gradient accumulator in host memory while the
@@ -284,8 +291,9 @@ void MustOk(const Status& s) {
   if (!s.ok()) std::abort();
 }
 
-// As the engine: a sub-group is at most one 1 GiB pinned buffer of
-// [master | m | v] (89 478 485 elements), whatever sub_group_size says.
+// As the engine: units are packed into sub-groups of at most 1 GiB of
+// [master | m | v] (89 478 485 elements), whatever sub_group_size says; a
+// unit larger than that is a sub-group of its own.
 TEST(PlanTest, SubGroupsAreCappedAtOnePinnedBuffer) {
   PlanInput in;
   in.config.bf16.enabled = true;
@@ -296,10 +304,13 @@ TEST(PlanTest, SubGroupsAreCappedAtOnePinnedBuffer) {
   const PlanItem* swap = Find(r.host_items, "NVMe swap buffers");
   ASSERT_NE(swap, nullptr);
   EXPECT_NE(swap->what.find("of 3 sub-groups"), std::string::npos) << swap->what;
-  in.model = Units({100'000'000});
+  in.model = Units({60'000'000, 100'000'000});
   const PlanRow big = PlanCombination(in, 2, OffloadDevice::kNvme, OffloadDevice::kNone);
-  EXPECT_FALSE(big.runnable);
-  EXPECT_NE(big.note.find("swap buffer"), std::string::npos) << big.note;
+  EXPECT_TRUE(big.runnable) << big.note;
+  const PlanItem* big_swap = Find(big.host_items, "NVMe swap buffers");
+  ASSERT_NE(big_swap, nullptr);
+  EXPECT_NE(big_swap->what.find("of 2 sub-groups"), std::string::npos) << big_swap->what;
+  EXPECT_EQ(big_swap->bytes, 2 * PinnedPool::SizeClassBytes(100'000'000ull * 12));
 }
 
 // Registers the units, runs two micro-steps (each an optimizer step) the way
