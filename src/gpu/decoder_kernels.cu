@@ -25,6 +25,7 @@
 
 #include "gpu/cuda_check.h"
 #include "gpu/half_warp_lanes.cuh"
+#include "gpu/launch_util.cuh"
 #include "math/decoder_math.h"
 #include "math/lane_math.h"
 
@@ -48,15 +49,6 @@ unsigned BlocksForHalfWarpRows(int64_t rows) {
       std::min<int64_t>((rows + kHalfWarpsPerBlock - 1) / kHalfWarpsPerBlock, static_cast<int64_t>(kMaxBlocks)));
 }
 
-Status CheckLaunch(const char* kernel, const char* file, int line) {
-  const cudaError_t err = cudaGetLastError();
-  if (err == cudaSuccess) return Status::Ok();
-  return CudaError(err, (std::string("launch of ") + kernel).c_str(), file, line);
-}
-#define ZINF_CHECK_LAUNCH(kernel) CheckLaunch(kernel, __FILE__, __LINE__)
-
-__device__ inline size_t GlobalThread() { return static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; }
-__device__ inline size_t GridStride() { return static_cast<size_t>(gridDim.x) * blockDim.x; }
 // The calling half-warp's first row and the stride between its rows.
 __device__ inline int64_t HalfWarpRow() { return static_cast<int64_t>(GlobalThread() / kLanes); }
 __device__ inline int64_t HalfWarpRowStride() { return static_cast<int64_t>(GridStride() / kLanes); }

@@ -37,6 +37,7 @@
 #include "math/norm_math.h"
 #include "gpu/cuda_check.h"
 #include "gpu/half_warp_lanes.cuh"
+#include "gpu/launch_util.cuh"
 #include "math/gpt_math.h"
 #include "math/lane_math.h"
 
@@ -54,17 +55,6 @@ unsigned BlocksForRows(int64_t rows) { return static_cast<unsigned>(std::min<int
 constexpr unsigned kRowThreads = 32;  // a row kernel's block: the 17 reduction threads and 15 more
 // Column kernels: a block per 32 columns (the grid takes 2^31 - 1 of them).
 unsigned ColumnTiles(int64_t cols) { return static_cast<unsigned>((cols + 31) / 32); }
-
-// The launch error of `kernel`, if any, as a Status naming it.
-Status CheckLaunch(const char* kernel, const char* file, int line) {
-  const cudaError_t err = cudaGetLastError();
-  if (err == cudaSuccess) return Status::Ok();
-  return CudaError(err, (std::string("launch of ") + kernel).c_str(), file, line);
-}
-#define ZINF_CHECK_LAUNCH(kernel) CheckLaunch(kernel, __FILE__, __LINE__)
-
-__device__ inline size_t GlobalThread() { return static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; }
-__device__ inline size_t GridStride() { return static_cast<size_t>(gridDim.x) * blockDim.x; }
 
 // ---- Adam ----
 
