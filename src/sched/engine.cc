@@ -142,7 +142,10 @@ Result<int> EngineImpl::AddUnit(const std::string& name, const std::vector<Param
   ZINF_RETURN_IF_ERROR(u.grads_free->Record(*stream_));
   ZINF_RETURN_IF_ERROR(stream_->Synchronize());  // the host vectors die here
   if (u.shard_on_nvme) ZINF_RETURN_IF_ERROR(AddShardToStore(u, master.data()));
-  if (nvme_) ZINF_RETURN_IF_ERROR(StageInitialState(u, master.data() + begin, std::max<int64_t>(valid, 0)));
+  if (nvme_) {
+    ZINF_RETURN_IF_ERROR(
+        swapper_->AddUnit(u.name, owned_elems(u), master.data() + begin, std::max<int64_t>(valid, 0)));
+  }
   cleanup.u = nullptr;
   if (stage_ == 3 && !u.partitioned) persistent_elems_ += total;
   if (host_home(u) && !u.shard_on_nvme) cpu_shard_elems_ += u.part.shard_elems;

@@ -36,13 +36,13 @@ Status EngineImpl::ReadState(int unit, StateKind kind, float* host_dst) {
   const void* host_state = host_buf.data();
   std::unique_ptr<float, decltype(&std::free)> swapped(nullptr, &std::free);
   if (nvme_) {  // read the unit's sub-group back from the store
-    const size_t g = group_of_unit_[unit];
-    ZINF_ASSIGN_OR_RETURN(uint64_t padded, store_->PaddedBytes(g));
+    const size_t g = swapper_->group_of(unit);
+    ZINF_ASSIGN_OR_RETURN(uint64_t padded, swapper_->store().PaddedBytes(g));
     swapped.reset(static_cast<float*>(std::aligned_alloc(4096, padded)));
     if (!swapped) return OutOfMemory("ReadState: " + FormatBytes(padded) + " for a sub-group");
-    ZINF_RETURN_IF_ERROR(store_->Read(g, swapped.get()).Wait());
+    ZINF_RETURN_IF_ERROR(swapper_->store().Read(g, swapped.get()).Wait());
     const int k = kind == StateKind::kMaster ? 0 : kind == StateKind::kExpAvg ? 1 : 2;
-    host_state = swapped.get() + offset_in_group_[unit] + k * owned_elems(u);
+    host_state = swapped.get() + swapper_->offset_in_group(unit) + k * owned_elems(u);
   }
   float* state = kind == StateKind::kMaster ? u.master : kind == StateKind::kExpAvg ? u.exp_avg : u.exp_avg_sq;
   if (!sharded()) {
@@ -119,10 +119,10 @@ Status EngineImpl::WriteShards(const std::string& path, nlohmann::json* table) {
   ZINF_ASSIGN_OR_RETURN(std::unique_ptr<ckpt::SliceWriter> w, ckpt::SliceWriter::Create(*io, file));
   // NVMe: each sub-group is read once, the next one read ahead in the
   // engine's swap buffers (idle between steps).
-  const size_t nb = nvme_bufs_.size();
-  std::vector<nvme::IoRequest> reads(nvme_ ? groups_.size() : 0);
+  const size_t nb = nvme_ ? swapper_->num_buffers() : 0;
+  std::vector<nvme::IoRequest> reads(nvme_ ? swapper_->num_groups() : 0);
   auto read_group = [&](size_t g) {
-    if (g < reads.size() && !reads[g].valid()) reads[g] = store_->Read(g, nvme_bufs_[g % nb].data());
+    if (g < reads.size() && !reads[g].valid()) reads[g] = swapper_->store().Read(g, swapper_->buffer(g));
   };
   DrainRequests drain{reads};  // never leave a read in flight into the engine's buffers
   std::vector<float> staged;  // offload none: one slice copied off the device
@@ -134,7 +134,7 @@ Status EngineImpl::WriteShards(const std::string& path, nlohmann::json* table) {
     const int64_t at = begin - owned_begin(u);  // the slice's place in the owned range
     const float* src[3] = {nullptr, nullptr, nullptr};
     if (nvme_) {
-      const size_t g = group_of_unit_[i];
+      const size_t g = swapper_->group_of(static_cast<int>(i));
       if (static_cast<int64_t>(g) != current_group) {
         read_group(g);
         Status r = reads[g].Wait();
@@ -143,7 +143,7 @@ Status EngineImpl::WriteShards(const std::string& path, nlohmann::json* table) {
         current_group = static_cast<int64_t>(g);
         if (nb > 1) read_group(g + 1);
       }
-      const float* base = static_cast<const float*>(nvme_bufs_[g % nb].data()) + offset_in_group_[i];
+      const float* base = swapper_->state(static_cast<int>(i));
       for (int k = 0; k < 3; ++k) src[k] = base + k * owned_elems(u) + at;
     } else if (offload_) {
       const PinnedBuffer* h[3] = {&u.h_master, &u.h_exp_avg, &u.h_exp_avg_sq};
@@ -280,7 +280,7 @@ Status EngineImpl::ReadShards(ckpt::CheckpointReader& reader) {
     // A sub-group's [master | m | v] is read straight into a swap buffer
     // (every slice of the sub-group in one read-ahead stream) and written to
     // the store while the next sub-group is read into the next buffer.
-    const size_t nb = nvme_bufs_.size();
+    const size_t nb = swapper_->num_buffers();
     std::vector<nvme::IoRequest> writes(nb);
     DrainRequests drain{writes};  // never leave a write in flight from the engine's buffers
     // The compute copies of a sub-group's units run on a helper thread while
@@ -298,7 +298,7 @@ Status EngineImpl::ReadShards(ckpt::CheckpointReader& reader) {
         if (t.joinable()) t.join();
       }
     } join_on_exit{copier};
-    for (size_t g = 0; g < groups_.size(); ++g) {
+    for (size_t g = 0; g < swapper_->num_groups(); ++g) {
       if (nb == 1) ZINF_RETURN_IF_ERROR(join_copier());  // the copier reads the buffer about to be refilled
       nvme::IoRequest& previous = writes[g % nb];
       if (previous.valid()) {
@@ -306,14 +306,15 @@ Status EngineImpl::ReadShards(ckpt::CheckpointReader& reader) {
         previous = {};
         ZINF_RETURN_IF_ERROR(s);
       }
-      float* buf = static_cast<float*>(nvme_bufs_[g % nb].data());
+      float* buf = swapper_->buffer(g);
+      const std::vector<int>& group = swapper_->group_units(g);
       std::vector<Range> ranges;
-      std::vector<char> whole(groups_[g].units.size(), 0);  // the compute copy is whole here, the master sharded
-      for (size_t j = 0; j < groups_[g].units.size(); ++j) {
-        const int i = groups_[g].units[j];
+      std::vector<char> whole(group.size(), 0);  // the compute copy is whole here, the master sharded
+      for (size_t j = 0; j < group.size(); ++j) {
+        const int i = group[j];
         const Unit& u = units_[i];
         const int64_t ob = owned_begin(u), ov = std::max<int64_t>(owned_valid(u), 0), oe = owned_elems(u);
-        float* base = buf + offset_in_group_[i];
+        float* base = buf + swapper_->offset_in_group(i);
         for (int k = 0; k < 3; ++k) std::fill(base + k * oe + ov, base + (k + 1) * oe, 0.0f);
         whole[j] = !(u.partitioned || (ob == 0 && ov == u.part.num_elems));
         for (int k = whole[j] ? 1 : 0; k < 3; ++k) ranges.push_back({u.name, k, u.part.num_elems, ob, ov, base + k * oe});
@@ -321,22 +322,22 @@ Status EngineImpl::ReadShards(ckpt::CheckpointReader& reader) {
       ZINF_RETURN_IF_ERROR(reader.ReadRanges(ranges));
       ZINF_RETURN_IF_ERROR(join_copier());
       // Units whose whole master is needed: one at a time (memory: one unit).
-      for (size_t j = 0; j < groups_[g].units.size(); ++j) {
+      for (size_t j = 0; j < group.size(); ++j) {
         if (!whole[j]) continue;
-        const int i = groups_[g].units[j];
+        const int i = group[j];
         Unit& u = units_[i];
         std::vector<float> master(u.part.num_elems);
         ZINF_RETURN_IF_ERROR(reader.ReadRange(u.name, 0, u.part.num_elems, 0, u.part.num_elems, master.data()));
         const int64_t ov = owned_valid(u);
-        if (ov > 0) std::memcpy(buf + offset_in_group_[i], master.data() + owned_begin(u), ov * 4);
+        if (ov > 0) std::memcpy(buf + swapper_->offset_in_group(i), master.data() + owned_begin(u), ov * 4);
         ZINF_RETURN_IF_ERROR(WriteComputeCopy(u, master.data(), 0));
       }
-      writes[g % nb] = store_->Write(g, buf);
-      copier = std::thread([this, g, buf, whole = std::move(whole), &copied] {
-        for (size_t j = 0; j < groups_[g].units.size() && copied.ok(); ++j) {
+      writes[g % nb] = swapper_->store().Write(g, buf);
+      copier = std::thread([this, &group, buf, whole = std::move(whole), &copied] {
+        for (size_t j = 0; j < group.size() && copied.ok(); ++j) {
           if (whole[j]) continue;
-          const int i = groups_[g].units[j];
-          copied = WriteComputeCopy(units_[i], buf + offset_in_group_[i], owned_begin(units_[i]));
+          const int i = group[j];
+          copied = WriteComputeCopy(units_[i], buf + swapper_->offset_in_group(i), owned_begin(units_[i]));
         }
       });
     }

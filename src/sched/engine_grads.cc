@@ -23,7 +23,8 @@ Status EngineImpl::GradsReady(int unit, Stream& stream) {
     // The optimizer state does not depend on the gradients: its first
     // sub-groups are read while backward still runs.
     early_reads_ = true;
-    ZINF_RETURN_IF_ERROR(stream_->Enqueue([this](const StreamContext&) { return IssueReads(0, nullptr); }));
+    ZINF_RETURN_IF_ERROR(
+        stream_->Enqueue([this](const StreamContext&) { return swapper_->IssueReads(0, nullptr); }));
   }
   if (u.partitioned && !u.grads) ZINF_RETURN_IF_ERROR(AllocateGrads(u, stream, /*zero=*/true));
   ZINF_RETURN_IF_ERROR(u.grads_ready->Record(stream));
@@ -139,7 +140,7 @@ Status EngineImpl::FlushBucket(const std::vector<int>& bucket) {
 }
 
 Status EngineImpl::HostAccumulate(Unit& u, const float* reduced, bool first) {
-  if (u.grad_on_nvme) return SwapAccumulate(static_cast<size_t>(&u - units_.data()), reduced, first);
+  if (grad_on_nvme(u.index)) return SwapAccumulate(static_cast<size_t>(&u - units_.data()), reduced, first);
   const int64_t n = owned_elems(u);
   float* dst = static_cast<float*>(first ? u.h_accum.data() : h_grad_stage_.data());
   ZINF_RETURN_IF_ERROR(TimedCopies(*stream_, n * 4, [&] { return device_.CopyToHost(dst, reduced, n * 4, *stream_); }));
@@ -183,13 +184,13 @@ Status EngineImpl::EnqueuePartials(size_t i, bool now) {
   // offload: the accumulated gradient in host memory (a swapped one in the
   // staging buffer it went out from, or read back into one).
   const void* host_accum = units_[i].h_accum.data();
-  if (units_[i].grad_on_nvme && !zero) {
+  if (grad_on_nvme(i) && !zero) {
     int stage = grad_stage_of_[i];
     if (stage < 0) {
       ZINF_ASSIGN_OR_RETURN(stage, AcquireGradStage(i));
       ZINF_RETURN_IF_ERROR(ReadSwappedGrads(i, stage));
     }
-    host_accum = grad_stage_[stage].data();
+    host_accum = swapper_->grad_stage(stage);
   }
   if (!host_memory_) return DevicePartials(i, region, zero, host_accum);
   return stream_->Enqueue([this, region, i, zero, host_accum](const StreamContext& ctx) -> Status {

@@ -10,9 +10,9 @@
 //   engine_grads.cc       gradient accumulation and reduction: GradsReady,
 //                         reduce buckets in a deterministic order, the
 //                         accumulators, the norm partials
-//   engine_swap.cc        the optimizer state's NVMe home and its pipelined
-//                         swapper (sub-groups through buffer_count buffers),
-//                         swapped gradients, the parameter store
+//   engine_swap.cc        the optimizer state's NVMe home wired to the
+//                         engine stream (OptimizerSwapper), the swapped
+//                         gradients' staging, the parameter store
 //   engine_update.cc      the boundary: the step decision (step_decision.h)
 //                         and the update pipeline over every tier
 //   engine_checkpoint.cc  engine checkpoints (Save, Load) and ReadState
@@ -23,6 +23,8 @@
 //   fetch_trace.h     the stage-3 Fetch trace: prefetch and reuse (FetchTrace)
 //   reduce_buckets.h  which gradients are reduced together, and when
 //   swap_schedule.h   the order of the NVMe swapper's reads and writes
+//   optimizer_swapper.h  the optimizer state's NVMe home: sub-groups, swap
+//                     buffers, the pipelined reads and writes, swapped gradients
 #pragma once
 
 #include "zinf/engine.h"
@@ -64,6 +66,7 @@
 #include "sched/gradient_placement.h"
 #include "sched/loss_scaler.h"
 #include "sched/lr_schedule.h"
+#include "sched/optimizer_swapper.h"
 #include "sched/partition.h"
 #include "sched/plan.h"
 #include "sched/reduce_buckets.h"
@@ -108,9 +111,6 @@ struct Unit {
   float* exp_avg_sq = nullptr;
   // offload_optimizer cpu: the owned range's fp32 state in pinned host memory.
   PinnedBuffer h_master, h_exp_avg, h_exp_avg_sq, h_accum;
-  // offload_optimizer nvme: whether the accumulated gradient lives in the
-  // swap store (host memory short) rather than in h_accum.
-  bool grad_on_nvme = false;
   int index = -1;  // in units_
   std::vector<void*> param_ptrs, grad_ptrs;
   std::unique_ptr<Event> params_ready;  // engine stream: the unit's last update is done
@@ -173,14 +173,7 @@ class EngineImpl final : public Engine {
       (void)copy_stream_->Synchronize();
       (void)gather_stream_->Synchronize();
       // Nothing in flight into or out of buffers about to go back.
-      for (auto* requests : {&group_read_, &group_write_}) {
-        for (const nvme::IoRequest& r : *requests) {
-          if (r.valid()) (void)r.Wait();
-        }
-      }
-      for (const auto& reads : group_grad_read_) {
-        for (const nvme::IoRequest& r : reads) (void)r.Wait();
-      }
+      if (swapper_) swapper_->WaitAll();
       for (const nvme::IoRequest& w : grad_stage_write_) {
         if (w.valid()) (void)w.Wait();
       }
@@ -234,8 +227,10 @@ class EngineImpl final : public Engine {
       }
       ZINF_ASSIGN_OR_RETURN(pool_, PinnedPool::Create(std::move(o)));
     }
+    if (nvme_) swapper_ = std::make_unique<OptimizerSwapper>(*io_, SwapperOptions());
     return Status::Ok();
   }
+  OptimizerSwapper::Options SwapperOptions();
 
   int num_units() const override { return static_cast<int>(units_.size()); }
   int rank() const override { return rank_; }
@@ -316,14 +311,11 @@ class EngineImpl final : public Engine {
   // Adds the reduced owned range (device, owned_elems) into the host accumulator.
   Status HostAccumulate(Unit& u, const float* reduced, bool first);
   Result<PinnedBuffer> Pinned(uint64_t bytes, const std::string& what);
+  // offload_optimizer nvme, at Finalize: the swapper's set-up (the last
+  // sub-group written, gradients placed, buffers) and the accumulators of
+  // the gradients kept in host memory.
   Status SetUpSwap();
-  // offload_optimizer nvme, at registration: the unit joins the open
-  // sub-group (a new one when it would exceed sub_group_size) with its
-  // initial [master | 0 | 0]; a sub-group is written to the store, grown for
-  // it, when the next one opens (the last at Finalize). Host memory: one
-  // sub-group, whatever the model size.
-  Status StageInitialState(const Unit& u, const float* master, int64_t valid);
-  Status FlushInitialGroup();
+  bool grad_on_nvme(size_t i) const { return swapper_ && swapper_->grad_on_nvme(static_cast<int>(i)); }
   // offload_param nvme, at registration: the store grown for the unit's
   // shard, which is written there.
   Status AddShardToStore(const Unit& u, const float* master);
@@ -346,18 +338,11 @@ class EngineImpl final : public Engine {
   // Unit u's update by the device's kernels (optimizer state in device
   // memory, not host-addressable), with the boundary's decision made.
   Status EnqueueDeviceUpdate(Unit& u, bool home, bool has_grad);
-  Status ReadGroup(size_t g, const std::vector<char>& has_grad);
-  // Engine stream: issues the reads of groups g .. g + buffers - 2 not yet
-  // issued; the step's first ones go out as its last backward starts (the
-  // state alone: `has_grad` null), the swapped gradients at the boundary.
-  Status IssueReads(size_t g, const std::vector<char>* has_grad);
-  void IssueWrites(size_t g);
   // An I/O failure of a step's swap transfers: the state on disk is mixed
   // (or the window's gradients lost), the engine refuses further steps
   // (broken_).
   enum class SwapKind { kState, kParams, kGradients };
   Status SwapFailure(Status s, SwapKind kind = SwapKind::kState);
-  Result<uint64_t> PlaceGradients(int64_t buffers, int64_t max_group);
   // A swapped gradient's accumulation: into a staging buffer (after the
   // stored one is read back, unless `first`), then written to the store.
   Status SwapAccumulate(size_t i, const float* reduced, bool first);
@@ -436,25 +421,11 @@ class EngineImpl final : public Engine {
     return t;
   }
   std::unique_ptr<PinnedPool> pool_;
-  // NVMe: sub-groups of whole units (forward order), one swap tensor each
-  // holding [master | m | v] of every unit's owned range, and buffer_count
-  // pinned buffers the pipeline cycles through.
-  struct Group {
-    std::vector<int> units;
-    int64_t elems = 0;  // sum of the units' owned elements
-  };
-  std::vector<Group> groups_;
-  std::optional<SwapSchedule> swap_schedule_;  // set at Finalize: the order of the sub-groups' transfers
-  std::vector<int> group_of_unit_;
-  std::vector<int64_t> offset_in_group_;  // elements: the unit's master; m and v follow, owned_elems apart
-  std::unique_ptr<nvme::SwapStore> store_;
-  std::vector<PinnedBuffer> nvme_bufs_;
-  int64_t group_limit_ = 0;        // elements: sub_group_size, capped at one swap buffer
-  uint64_t store_capacity_ = 0;    // bytes asked of the store so far (it grows as tensors come)
-  uint64_t param_capacity_ = 0;    // the same for the parameter store
-  size_t groups_written_ = 0;      // sub-groups whose initial state is in the store
-  std::unique_ptr<float, decltype(&std::free)> init_group_{nullptr, &std::free};  // the open sub-group's initial state
-  int64_t init_group_elems_ = 0;  // init_group_'s capacity
+  // offload_optimizer nvme: the optimizer state's home on NVMe (sub-groups,
+  // swap buffers, swapped gradients). Its boundary calls run as engine-stream
+  // tasks.
+  std::unique_ptr<OptimizerSwapper> swapper_;
+  uint64_t param_capacity_ = 0;    // bytes asked of the parameter store so far (it grows as shards come)
   // offload_param nvme: the shards past max_in_cpu in their own store
   // (tensor id = unit index), and two staging buffers of the largest shard:
   // gathers read into one (gather stream), updates write from the other
@@ -463,15 +434,8 @@ class EngineImpl final : public Engine {
   std::vector<PinnedBuffer> param_bufs_;
   static constexpr size_t kGatherBuffer = 0, kUpdateBuffer = 1;
   int64_t cpu_shard_elems_ = 0;  // offload_param nvme: shard elements kept in host memory (max_in_cpu)
-  std::vector<nvme::IoRequest> group_read_, group_write_;  // this boundary's requests (engine stream only)
-  // Gradients swapped to the store (PlaceGradients): tensor kGradTensor + unit
-  // index; read back into grad_bufs_[g % buffers] at grad_offset_ (bytes).
-  static constexpr nvme::TensorId kGradTensor = nvme::TensorId{1} << 32;
-  int64_t swapped_grad_units_ = 0;
-  std::vector<PinnedBuffer> grad_bufs_;
-  std::vector<int64_t> grad_offset_;
-  std::vector<std::vector<nvme::IoRequest>> group_grad_read_;  // this boundary's (engine stream only)
-  PinnedBuffer grad_stage_[2];            // accumulations on their way to the store
+  // Swapped gradients' accumulations on their way to the store, through
+  // the swapper's two staging buffers.
   nvme::IoRequest grad_stage_write_[2];   // their writes (engine stream only)
   int next_grad_stage_ = 0;               // enqueue order
   std::vector<int> grad_stage_of_;        // enqueue order: the staging buffer still holding unit i's gradient, or -1

@@ -38,7 +38,7 @@ Status EngineImpl::EnqueueBoundary() {
     units_[i].accumulated = units_[i].partials_taken = false;
   }
   // Every swapped gradient is on disk before the boundary reads them back.
-  if (swapped_grad_units_ > 0) {
+  if (nvme_ && swapper_->swapped_grad_units() > 0) {
     ZINF_RETURN_IF_ERROR(Timed(&Window::io, [this](const StreamContext&) { return WaitGradWrites(); }));
   }
   const auto has_grad_shared = std::make_shared<const std::vector<char>>(has_grad);
@@ -91,12 +91,12 @@ Status EngineImpl::EnqueueBoundary() {
     float* swap = nullptr;  // NVMe: the unit's [master | m | v] in its group's buffer
     const void* grad = u.h_accum.data();  // offload: the accumulated gradient, or its place in the gradient buffer
     if (nvme_) {
-      const size_t g = group_of_unit_[i];
-      swap = static_cast<float*>(nvme_bufs_[g % nvme_bufs_.size()].data()) + offset_in_group_[i];
-      if (u.grad_on_nvme) grad = static_cast<char*>(grad_bufs_[g % grad_bufs_.size()].data()) + grad_offset_[i];
-      if (groups_[g].units.front() == static_cast<int>(i)) {
+      const size_t g = swapper_->group_of(static_cast<int>(i));
+      swap = swapper_->state(static_cast<int>(i));
+      if (grad_on_nvme(i)) grad = swapper_->grad(static_cast<int>(i));
+      if (swapper_->group_units(g).front() == static_cast<int>(i)) {
         ZINF_RETURN_IF_ERROR(Timed(&Window::io, [this, g, has = has_grad_shared](const StreamContext&) {
-          return ReadGroup(g, *has);
+          return swapper_->ReadGroup(g, *has);
         }));
       }
     }
@@ -108,10 +108,10 @@ Status EngineImpl::EnqueueBoundary() {
     } else {
       ZINF_RETURN_IF_ERROR(Timed(&Window::optimizer, HostUpdateTask(u, target, has_grad[i] != 0)));
     }
-    if (nvme_ && groups_[group_of_unit_[i]].units.back() == static_cast<int>(i)) {
-      const size_t g = group_of_unit_[i];
+    if (nvme_ && swapper_->group_units(swapper_->group_of(static_cast<int>(i))).back() == static_cast<int>(i)) {
+      const size_t g = swapper_->group_of(static_cast<int>(i));
       ZINF_RETURN_IF_ERROR(stream_->Enqueue([this, g](const StreamContext&) {
-        IssueWrites(g);
+        swapper_->IssueWrites(g);
         return Status::Ok();
       }));
     }
