@@ -42,6 +42,13 @@ Result<std::unique_ptr<MemoryRegistrar>> CreateHostRegistrarFor(Device& device) 
   return std::unique_ptr<MemoryRegistrar>(std::move(r));
 }
 
+Result<std::string> DevicePciBusId(Device& device) {
+  if (device.kind() == DeviceKind::kHost) return std::string();
+  const int ordinal = gpu::CudaOrdinal(device);
+  if (ordinal < 0) return InvalidArgument("device " + device.name() + " is not a CUDA device");
+  return gpu::CudaDevicePciBusId(ordinal);
+}
+
 #else
 
 namespace {
@@ -55,6 +62,10 @@ Status DeviceAdamStep(const AdamStepConstants&, float*, float*, float*, const fl
 }
 Status DeviceCast(const void*, DType, void*, DType, size_t, Stream&) { return NoCuda(); }
 Result<std::unique_ptr<MemoryRegistrar>> CreateHostRegistrarFor(Device&) { return NoCuda(); }
+Result<std::string> DevicePciBusId(Device& device) {
+  if (device.kind() == DeviceKind::kHost) return std::string();
+  return NoCuda();
+}
 
 #endif
 

@@ -37,6 +37,9 @@ Status DeviceCast(const void* src, DType src_dtype, void* dst, DType dst_dtype, 
 
 // cudaHostRegister for `device`'s copies from and to pinned host buffers.
 Result<std::unique_ptr<MemoryRegistrar>> CreateHostRegistrarFor(Device& device);
+// The PCI bus id of a CUDA device ("0000:17:00.0"), which binds the pinned
+// pool to the NUMA node next to it; empty for the host device.
+Result<std::string> DevicePciBusId(Device& device);
 
 // Whether `comm`'s collectives take device memory of a CUDA device (NCCL).
 bool CommunicatesDeviceMemory(const Communicator* comm);

@@ -224,8 +224,12 @@ class EngineImpl final : public Engine {
       if (!host_memory_) {  // copies to and from the device stay asynchronous and in stream order
         ZINF_ASSIGN_OR_RETURN(device_registrar_, sched::CreateHostRegistrarFor(device_));
         o.registrars.push_back(device_registrar_.get());
+        // Pinned memory on the NUMA node next to the GPU, where hwloc knows it.
+        ZINF_ASSIGN_OR_RETURN(o.gpu_pci_bus_id, sched::DevicePciBusId(device_));
       }
       ZINF_ASSIGN_OR_RETURN(pool_, PinnedPool::Create(std::move(o)));
+      Log().log(host_memory_ ? spdlog::level::debug : spdlog::level::info, "engine: pinned host memory on NUMA node {} ({})",
+                pool_->numa_node(), pool_->numa_reason());
     }
     if (nvme_) swapper_ = std::make_unique<OptimizerSwapper>(*io_, SwapperOptions());
     return Status::Ok();

@@ -6,7 +6,9 @@
 // CUDA accumulation, norm partials, Adam and cast kernels, the copies, the
 // pinned-buffer registration). Skipped (not passed) without a CUDA device.
 #include <gtest/gtest.h>
+#include <spdlog/sinks/ringbuffer_sink.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -17,9 +19,11 @@
 #include "common/build_config.h"
 #include "common/communicator.h"
 #include "common/float16.h"
+#include "common/logging.h"
 #include "cpu/host_device.h"
 #include "cpu/mpi_comm.h"
 #include "gpu/cuda_device.h"
+#include "gpu/cuda_host_register.h"
 #include "gpu/cuda_probe.h"
 #if ZINF_HAVE_NCCL
 #include "gpu/nccl_comm.h"
@@ -241,6 +245,35 @@ TEST_F(EngineOnCudaTest, EveryTierMatchesHostDeviceBitForBit) {
     // The run moved the state: a test of equal bits must not pass on two untouched copies.
     EXPECT_NE(want.state[0][0][0], 0.2f * Uniform(5, 0, 0));
   }
+}
+
+// With the optimizer offloaded to a CUDA device's host, the engine's pinned
+// pool is placed by that GPU's PCI bus id: next to it where hwloc knows the
+// GPU, otherwise the log names the GPU and why it fell back. (Without the
+// bus id the pool would pick the caller's node and never name the GPU.)
+TEST_F(EngineOnCudaTest, PinnedMemoryIsPlacedByTheGpusNumaNode) {
+  auto ring = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(64);
+  Log().sinks().push_back(ring);
+  struct RemoveSink {
+    std::shared_ptr<spdlog::sinks::ringbuffer_sink_mt> sink;
+    ~RemoveSink() {
+      auto& sinks = Log().sinks();
+      sinks.erase(std::remove(sinks.begin(), sinks.end(), sink), sinks.end());
+    }
+  } remove{ring};
+  auto cuda = gpu::CreateCudaDevice(0, DeviceOptions{.memory_budget = 64 << 20});
+  ASSERT_TRUE(cuda.ok()) << cuda.status().ToString();
+  auto bus = gpu::CudaDevicePciBusId(0);
+  ASSERT_TRUE(bus.ok()) << bus.status().ToString();
+  Config c = Base(1);
+  c.zero.offload_optimizer.device = OffloadDevice::kCpu;
+  auto engine = Engine::Create(c, **cuda, nullptr);
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  std::string placed;
+  for (const std::string& line : ring->last_formatted()) {
+    if (line.find("pinned host memory on NUMA node") != std::string::npos) placed = line;
+  }
+  EXPECT_NE(placed.find("GPU " + *bus), std::string::npos) << "log line: '" << placed << "'";
 }
 
 // Under mpirun with one GPU per rank: every stage with NCCL on CUDA devices
