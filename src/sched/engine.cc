@@ -37,29 +37,10 @@ Result<int> EngineImpl::AddUnit(const std::string& name, const std::vector<Param
     return FailedPrecondition("unit '" + name +
                               "' registered after the first Fetch: register every unit before the first micro-step");
   }
-  if (params.empty()) return InvalidArgument("unit '" + name + "' has no parameters");
-  for (const Unit& u : units_) {
-    if (u.name == name) return InvalidArgument("a unit named '" + name + "' is already registered");
-  }
+  ZINF_ASSIGN_OR_RETURN(UnitLayout layout, table_.Layout(name, params));
   Unit u;
-  u.index = num_units();
-  u.name = name;
-  int64_t total = 0;
-  for (const ParamSpec& p : params) {
-    int64_t n = 1;
-    for (int64_t d : p.shape) {
-      if (d <= 0 || n > (int64_t{1} << 40) / d) {
-        return InvalidArgument("parameter '" + p.name + "' of unit '" + name +
-                               "': every dimension must be positive and the tensor under 2^40 elements");
-      }
-      n *= d;
-    }
-    u.tensor_names.push_back(p.name);
-    u.tensor_shapes.push_back(p.shape);
-    u.tensor_offsets.push_back(total);
-    total += n;
-  }
-  u.part = PartitionUnit(total, world_);
+  static_cast<UnitLayout&>(u) = std::move(layout);
+  const int64_t total = u.part.num_elems;
   // On any error below, what was allocated goes back.
   struct Cleanup {
     EngineImpl* e;
@@ -71,14 +52,6 @@ Result<int> EngineImpl::AddUnit(const std::string& name, const std::vector<Param
   const uint64_t P = u.part.padded_elems;
   const std::string what = "unit '" + name + "'";
   const int64_t owned = owned_elems(u);
-  // Stage 3: units up to stage3_param_persistence_threshold stay whole,
-  // until they add up to stage3_model_persistence_threshold.
-  u.partitioned = stage_ == 3 && (total > config_.zero.stage3_param_persistence_threshold ||
-                                  persistent_elems_ + total > config_.zero.stage3_model_persistence_threshold);
-  // offload_param nvme: shards stay in host memory while they add up to
-  // max_in_cpu elements; the others live in the parameter store.
-  u.shard_on_nvme = host_home(u) && param_nvme_ &&
-                    cpu_shard_elems_ + u.part.shard_elems > config_.zero.offload_param.max_in_cpu;
   if (host_home(u) && !u.shard_on_nvme) {
     ZINF_ASSIGN_OR_RETURN(u.h_shard, Pinned(u.part.shard_elems * DTypeSizeBytes(compute_dtype_),
                                             what + " parameter shard (offload_param)"));
@@ -147,8 +120,7 @@ Result<int> EngineImpl::AddUnit(const std::string& name, const std::vector<Param
         swapper_->AddUnit(u.name, owned_elems(u), master.data() + begin, std::max<int64_t>(valid, 0)));
   }
   cleanup.u = nullptr;
-  if (stage_ == 3 && !u.partitioned) persistent_elems_ += total;
-  if (host_home(u) && !u.shard_on_nvme) cpu_shard_elems_ += u.part.shard_elems;
+  table_.Add(u);
   units_.push_back(std::move(u));
   return num_units() - 1;
 }

@@ -19,6 +19,8 @@
 //   engine_metrics.cc     timed stream tasks, collectives and StepStats
 //
 // Components with state of their own and unit tests of their own:
+//   unit_table.h      the units' layouts: tensor spans, partitions, where
+//                     their parameters live (UnitTable)
 //   step_decision.h   norm, clip, skip, loss scale, lr (StepDecision)
 //   fetch_trace.h     the stage-3 Fetch trace: prefetch and reuse (FetchTrace)
 //   reduce_buckets.h  which gradients are reduced together, and when
@@ -72,6 +74,7 @@
 #include "sched/reduce_buckets.h"
 #include "sched/step_decision.h"
 #include "sched/swap_schedule.h"
+#include "sched/unit_table.h"
 
 namespace zinf {
 namespace sched {
@@ -80,18 +83,13 @@ using Clock = std::chrono::steady_clock;
 
 inline double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
 
-struct Unit {
-  std::string name;
-  std::vector<std::string> tensor_names;
-  std::vector<int64_t> tensor_offsets;  // elements from the unit's start
-  std::vector<std::vector<int64_t>> tensor_shapes;
-  UnitPartition part;
+// A registered unit: its layout (unit_table.h, fixed at registration) and
+// the engine's state of it.
+struct Unit : UnitLayout {
   // Device buffers.
   void* params = nullptr;        // the whole compute copy (stages 0-2, stage-3 persistent units)
-  bool partitioned = false;      // stage 3: only this rank's shard lives here, gathered on Fetch
   void* shard_params = nullptr;  // stage 3: the shard (shard_elems), on the device
   PinnedBuffer h_shard;          // stage 3 with offload_param: the shard's home in pinned host memory instead
-  bool shard_on_nvme = false;    // offload_param nvme past max_in_cpu: the shard's home is the parameter store
   void* gathered = nullptr;      // stage 3: the gathered unit between Fetch and Release
   std::unique_ptr<Event> gathered_ready;
   // Stage 3: the tensor pointers of each address a gathered copy has had, so
@@ -111,7 +109,6 @@ struct Unit {
   float* exp_avg_sq = nullptr;
   // offload_optimizer cpu: the owned range's fp32 state in pinned host memory.
   PinnedBuffer h_master, h_exp_avg, h_exp_avg_sq, h_accum;
-  int index = -1;  // in units_
   std::vector<void*> param_ptrs, grad_ptrs;
   std::unique_ptr<Event> params_ready;  // engine stream: the unit's last update is done
   std::unique_ptr<Event> grads_free;    // engine stream: its gradients have been consumed
@@ -164,6 +161,13 @@ class EngineImpl final : public Engine {
         param_offload_(config.zero.stage == 3 && config.zero.offload_param.device != OffloadDevice::kNone),
         param_nvme_(config.zero.stage == 3 && config.zero.offload_param.device == OffloadDevice::kNvme),
         host_memory_(device.kind() == DeviceKind::kHost),
+        table_(UnitTableOptions{.world = world_,
+                                .stage = stage_,
+                                .param_persistence_threshold = config.zero.stage3_param_persistence_threshold,
+                                .model_persistence_threshold = config.zero.stage3_model_persistence_threshold,
+                                .param_offload = param_offload_,
+                                .param_nvme = param_nvme_,
+                                .max_in_cpu = config.zero.offload_param.max_in_cpu}),
         buckets_(config.zero.reduce_bucket_size, config.zero.overlap_comm),
         decider_(std::move(schedule), std::move(scaler), adam, config.gradient_clipping, world_, accumulation) {}
 
@@ -437,7 +441,6 @@ class EngineImpl final : public Engine {
   std::unique_ptr<nvme::SwapStore> param_store_;
   std::vector<PinnedBuffer> param_bufs_;
   static constexpr size_t kGatherBuffer = 0, kUpdateBuffer = 1;
-  int64_t cpu_shard_elems_ = 0;  // offload_param nvme: shard elements kept in host memory (max_in_cpu)
   // Swapped gradients' accumulations on their way to the store, through
   // the swapper's two staging buffers.
   nvme::IoRequest grad_stage_write_[2];   // their writes (engine stream only)
@@ -460,13 +463,13 @@ class EngineImpl final : public Engine {
   std::unique_ptr<Event> gathers_done_;  // the boundary's updates wait for every gather still reading a shard
   std::unique_ptr<Event> decided_;  // recorded after each boundary's decision
   std::unique_ptr<Event> updates_done_;  // offload: the engine stream's last task of a boundary
+  UnitTable table_;  // the units' layouts and placement rules, fixed at registration
   std::vector<Unit> units_;
   // Stage 3 prefetch: the order of one micro-step's Fetch calls, and the
   // gathered elements the engine holds ahead of use.
   FetchTrace fetch_trace_;
   bool order_change_logged_ = false;
   int64_t live_elems_ = 0;        // gathered elements of every unit (client's and prefetched)
-  int64_t persistent_elems_ = 0;  // stage 3: elements of the units kept whole
   bool finalized_ = false;
   Status finalize_status_;  // the set-up's failure, once finalized_
   int64_t micro_in_window_ = 0;  // micro-steps since the last boundary

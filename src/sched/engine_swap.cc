@@ -69,7 +69,7 @@ Status EngineImpl::SetUpParamSwap() {
   if (on_nvme == 0) {
     ZINF_LOG_INFO("engine: offload_param nvme: every parameter shard ({} elements) fits within "
                   "offload_param.max_in_cpu = {}: all stay in pinned host memory",
-                  cpu_shard_elems_, pc.max_in_cpu);
+                  table_.cpu_shard_elems(), pc.max_in_cpu);
     return Status::Ok();
   }
   const uint64_t padded = (static_cast<uint64_t>(max_shard) * esize + 4095) / 4096 * 4096;
@@ -82,7 +82,7 @@ Status EngineImpl::SetUpParamSwap() {
                   for (const std::string& p : pc.nvme_path) d += (d.empty() ? "" : ", ") + p;
                   return d;
                 }(),
-                cpu_shard_elems_, pc.max_in_cpu, FormatBytes(padded));
+                table_.cpu_shard_elems(), pc.max_in_cpu, FormatBytes(padded));
   for (int i = 0; i < 2; ++i) {
     ZINF_ASSIGN_OR_RETURN(PinnedBuffer b, Pinned(padded, "parameter staging buffer (offload_param nvme)"));
     param_bufs_.push_back(std::move(b));
