@@ -41,6 +41,7 @@
 
 #include "bench/bench.h"
 #include "bench/bench_util.h"
+#include "bench/ds_adam_reference.h"
 #include "bench/stream_bound.h"
 #include "common/units.h"
 #include "cpu/adam.h"
@@ -290,6 +291,17 @@ int RunAdam(const AdamBenchOptions& opt) {
   AdamOptions adam;
   adam.weight_decay = 0.01;  // AdamW
   const double grad_scale = 1.0 / 1024;
+  // The ds-shape reference reads fp32 gradients (ZeRO-Offload hands cpu_adam
+  // fp32): in the mixed form, its own array of the same values, widened.
+  const DsAdamKernels ds = DsAdamKernelsFor(level);
+  const bool ds_own_grads = *grad_dtype != DType::kFloat32;
+  Region ds_grads_region = ds_own_grads ? AllocRegion(f32, kName) : nullptr;
+  float* ds_grads = ds_own_grads ? reinterpret_cast<float*>(ds_grads_region.get()) : reinterpret_cast<float*>(grads);
+  if (Status st = DsAdamSelfCheck(thread_counts.back(), ds, adam, grad_scale, *grad_dtype, with_copy, copy_dtype, level);
+      !st.ok()) {
+    std::fprintf(stderr, "zinf bench adam: self-check: %s\n", st.ToString().c_str());
+    return 1;
+  }
 
   if (!opt.common.json) {
     std::printf("# zinf bench adam: %s params, grad %s, param copy %s, AdamW, simd %s, median of %d loops\n",
@@ -303,14 +315,19 @@ int RunAdam(const AdamBenchOptions& opt) {
                 "exp_avg_sq read and written, grad read%s), threads and pages: %zu variants (vector width, unrolled "
                 "x1/x4, auto or static partition), each timed every loop, best median\n",
                 with_copy ? ", copy written" : "", StreamVariants(level).size());
-    std::printf("%7s %11s %8s %11s %7s %8s  %s\n", "threads", "Mparams/s", "GB/s", "bound GB/s", "ratio", "scaling",
-                "bound's variant");
+    std::printf("# ds-shape: %s; timed in turn with zinf every loop (ds Mp/s, zinf/ds = the two rates' ratio)\n",
+                DsAdamDescription(ds, with_copy).c_str());
+    std::printf("%7s %11s %8s %11s %7s %8s %9s %8s  %s\n", "threads", "Mparams/s", "GB/s", "bound GB/s", "ratio",
+                "scaling", "ds Mp/s", "zinf/ds", "bound's variant");
   }
   nlohmann::json out = {{"bench", "adam"},          {"params", n},
                         {"grad_dtype", DTypeName(*grad_dtype)},
                         {"param_copy", with_copy ? DTypeName(copy_dtype) : "none"},
                         {"simd", SimdLevelName(level)}, {"bytes_per_param", bytes_per_param},
                         {"footprint_bytes", footprint}, {"loops", opt.common.loops},
+                        {"ds_shape", {{"simd", ds.name}, {"floats_per_vector", ds.floats_per_vector},
+                                      {"grad_dtype", "fp32"}, {"passes", with_copy ? 2 : 1},
+                                      {"bytes_per_param", DsAdamBytesPerParam(with_copy)}}},
                         {"rows", nlohmann::json::array()}};
   double first_rate = 0;
   for (int threads : thread_counts) {
@@ -324,8 +341,9 @@ int RunAdam(const AdamBenchOptions& opt) {
         if (*grad_dtype == DType::kFloat32) {
           reinterpret_cast<float*>(grads)[i] = g;
         } else {
-          reinterpret_cast<uint16_t*>(grads)[i] =
-              *grad_dtype == DType::kBFloat16 ? FloatToBf16Bits(g) : FloatToHalfBits(g);
+          const uint16_t h = *grad_dtype == DType::kBFloat16 ? FloatToBf16Bits(g) : FloatToHalfBits(g);
+          reinterpret_cast<uint16_t*>(grads)[i] = h;
+          ds_grads[i] = *grad_dtype == DType::kBFloat16 ? Bf16BitsToFloat(h) : HalfBitsToFloat(h);
         }
         if (copy) reinterpret_cast<uint16_t*>(copy)[i] = 0;
       }
@@ -339,24 +357,39 @@ int RunAdam(const AdamBenchOptions& opt) {
     buffers.param_copy = copy;
     buffers.param_copy_dtype = copy_dtype;
     buffers.num_elems = n;
+    AdamBuffers ds_buffers = buffers;  // the same arrays and copy, fp32 gradients
+    ds_buffers.grads = ds_grads;
+    ds_buffers.grad_dtype = DType::kFloat32;
     const std::vector<StreamVariant> variants = StreamVariants(level);
     std::vector<std::vector<double>> variant_s(variants.size());
-    std::vector<double> adam_s;
+    std::vector<double> adam_s, ds_s;
     for (int l = 0; l < opt.common.loops + 1; ++l) {  // the first loop warms up
       for (size_t k = 0; k < variants.size(); ++k) {
         const double tv = variants[k].time(arena, buffers);
         if (l > 0) variant_s[k].push_back(tv);
       }
-      const double t0 = NowSeconds();
-      Status st = AdamStep(arena, adam, l + 1, grad_scale, buffers, level);
-      const double ta = NowSeconds() - t0;
-      if (!st.ok()) {
-        std::fprintf(stderr, "zinf bench adam: %s\n", st.ToString().c_str());
-        return 1;
+      // zinf and the reference in turn, first one then the other, on the same arrays.
+      double ta = 0, td = 0;
+      for (int turn = 0; turn < 2; ++turn) {
+        const double t0 = NowSeconds();
+        if ((turn + l) % 2 == 0) {
+          Status st = AdamStep(arena, adam, l + 1, grad_scale, buffers, level);
+          ta = NowSeconds() - t0;
+          if (!st.ok()) {
+            std::fprintf(stderr, "zinf bench adam: %s\n", st.ToString().c_str());
+            return 1;
+          }
+        } else {
+          DsAdamStep(arena, ds, MakeDsAdamConstants(adam, l + 1, grad_scale), ds_buffers);
+          td = NowSeconds() - t0;
+        }
       }
-      if (l > 0) adam_s.push_back(ta);
+      if (l > 0) {
+        adam_s.push_back(ta);
+        ds_s.push_back(td);
+      }
     }
-    const double rate = double(n) / Median(adam_s);
+    const double rate = double(n) / Median(adam_s), ds_rate = double(n) / Median(ds_s);
     const double gbs = rate * double(bytes_per_param) / 1e9;
     size_t best = 0;
     nlohmann::json variant_rows = nlohmann::json::array();
@@ -371,10 +404,11 @@ int RunAdam(const AdamBenchOptions& opt) {
       out["rows"].push_back({{"threads", threads}, {"params_per_s", rate}, {"gb_per_s", gbs},
                              {"bound_gb_per_s", bound_gbs}, {"ratio", gbs / bound_gbs},
                              {"bound_variant", variants[best].name}, {"bound_variants", variant_rows},
-                             {"scaling", rate / first_rate}});
+                             {"scaling", rate / first_rate}, {"ds_shape_params_per_s", ds_rate},
+                             {"zinf_over_ds_shape", rate / ds_rate}});
     } else {
-      std::printf("%7d %11.1f %8.2f %11.2f %7.2f %8.2f  %s\n", threads, rate / 1e6, gbs, bound_gbs, gbs / bound_gbs,
-                  rate / first_rate, variants[best].name.c_str());
+      std::printf("%7d %11.1f %8.2f %11.2f %7.2f %8.2f %9.1f %8.2f  %s\n", threads, rate / 1e6, gbs, bound_gbs,
+                  gbs / bound_gbs, rate / first_rate, ds_rate / 1e6, rate / ds_rate, variants[best].name.c_str());
     }
   }
   if (opt.common.json) std::printf("%s\n", out.dump(2).c_str());

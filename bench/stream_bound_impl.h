@@ -3,7 +3,7 @@
 // (stream_bound_sse2.cc, _avx2.cc, _avx512.cc), each compiled with that set's
 // flags, as src/cpu's kernels are. Everything has internal linkage, so no
 // function compiled for one set can be merged into code that runs on another.
-// GCC vector extensions give explicit widths without intrinsics.
+// GCC vector extensions (vec_types.h) give explicit widths without intrinsics.
 #pragma once
 
 #include <oneapi/tbb/blocked_range.h>
@@ -22,16 +22,10 @@
 #include <vector>
 
 #include "bench/stream_bound.h"
+#include "bench/vec_types.h"
 
 namespace zinf::bench {
 namespace {
-
-template <int kFloats>
-struct Vec {
-  typedef float F __attribute__((vector_size(kFloats * 4)));
-  typedef uint32_t U32 __attribute__((vector_size(kFloats * 4)));
-  typedef uint16_t U16 __attribute__((vector_size(kFloats * 2)));
-};
 
 // Per element: x += s * g for each of params, exp_avg and exp_avg_sq (read and
 // written), g read from the gradient (16-bit values widened by a shift), and
