@@ -158,6 +158,9 @@ struct ZinfConfig {
   uint64_t device_memory = 0;    // bytes; 0 = all of the device (HostDevice: 1/4 of RAM)
   uint64_t host_memory = 0;      // pinned host budget in bytes; 0 = no limit beyond the plan
   int64_t optimizer_threads = 0; // CPU Adam threads; 0 = hardware threads / ranks on this machine
+  // Multi-rank runs: a collective with no progress for this long fails on
+  // every waiting rank, naming the silent ranks (a dead or stopped peer).
+  double comm_timeout_s = 300;
   GradientHome gradients = GradientHome::kAuto;  // "gradients": "auto" | "host" | "nvme"
   bool checksums = false;        // XXH3 per swapped extent, verified on read
   // The model's matrix products: kFloat32, or kBFloat16 operands with fp32

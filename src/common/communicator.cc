@@ -23,6 +23,21 @@ int LocalRanksFromEnvironment() {
 
 int Communicator::local_size() const { return std::max(1, LocalRanksFromEnvironment()); }
 
+void Communicator::Abort(const Status& cause) { SetLocalFailure(cause); }
+
+Status Communicator::Health() { return LocalFailure(); }
+
+Status Communicator::LocalFailure() const {
+  std::lock_guard<std::mutex> lock(failure_mu_);
+  return failure_;
+}
+
+void Communicator::SetLocalFailure(const Status& cause) {
+  if (cause.ok()) return;
+  std::lock_guard<std::mutex> lock(failure_mu_);
+  if (failure_.ok()) failure_ = cause;
+}
+
 namespace {
 
 // Blocks keep the fp32 accumulators in L1 and let the compiler vectorize the

@@ -56,8 +56,9 @@ constexpr std::string_view ReduceOpName(ReduceOp op) { return op == ReduceOp::kS
 struct CommOptions {
   // A collective that makes no progress (no message arrives or leaves) for
   // this long fails with kUnavailable naming the silent ranks, and the
-  // communicator is then broken: every later call fails at once.
-  double timeout_seconds = 60;
+  // communicator is then broken: every later call fails at once. The
+  // engine's config key zinf.comm_timeout_s, with the same default.
+  double timeout_seconds = 300;
   // Before every collective the ranks exchange (kind, sequence number,
   // count, dtype, root); a mismatch is kInvalidArgument naming both ranks'
   // calls. Costs one small all-to-all per collective.
@@ -101,6 +102,50 @@ class Communicator {
   // Work after the barrier on `stream` starts only once every rank's stream
   // has reached its barrier.
   virtual Status Barrier(Stream& stream) = 0;
+
+  // Failure sharing: ranks that partition one model must stop together, or
+  // the survivors wait forever in a collective the failed rank never joins.
+  //
+  // Abort: this rank failed (`cause`, not OK) and will issue no further
+  // collectives. Tells every other rank, without waiting for any of them
+  // (best effort: a peer that is gone is skipped), and breaks this
+  // communicator. On every rank, every collective in progress or enqueued
+  // later then fails: at once here, and on a peer as soon as the notice
+  // arrives, with kUnavailable "rank R stopped: <cause>". Idempotent; the
+  // first cause wins. A communicator with no channel to its peers (the
+  // default here) only breaks itself: the peers' deadlines find the rank
+  // silent.
+  virtual void Abort(const Status& cause);
+  // OK, or why this communicator can no longer be used: a peer's notice
+  // (naming the rank and its cause), a deadline that passed (naming the
+  // silent ranks), or this rank's own Abort. Never blocks; cheap enough to
+  // call before every step's work.
+  virtual Status Health();
+
+  // Where reduction staging comes from. A communicator whose reductions
+  // stage on the device (NCCL's deterministic all-to-all) allocates that
+  // staging from `device`'s budget when one is set here, instead of from the
+  // driver; the engine sets its device at creation and counts the staging in
+  // its plan (ReductionStagingBytes). nullptr: the communicator's own
+  // allocation. Call before any collective is enqueued.
+  virtual void SetStagingDevice(Device* device) { (void)device; }
+  // The device staging a reduction of `count` elements (per rank's share, as
+  // ReduceScatter's `count`) holds while it runs: 0 for communicators that
+  // stage in host memory.
+  virtual uint64_t ReductionStagingBytes(size_t count, DType dtype) const {
+    (void)count;
+    (void)dtype;
+    return 0;
+  }
+
+ protected:
+  // For implementations: the default Abort/Health state.
+  Status LocalFailure() const;
+  void SetLocalFailure(const Status& cause);
+
+ private:
+  mutable std::mutex failure_mu_;
+  Status failure_;
 };
 
 // The ordered reduction every backend uses:

@@ -285,6 +285,7 @@ void ReadZinf(ObjectReader& r, ZinfConfig& z) {
   r.Size("device_memory", &z.device_memory);
   r.Size("host_memory", &z.host_memory);
   r.Int("optimizer_threads", &z.optimizer_threads, 0, 4096);
+  r.Double("comm_timeout_s", &z.comm_timeout_s, 0.0, 1e9, false, /*min_exclusive=*/true);
   r.Enum("gradients", &z.gradients,
          {{"auto", GradientHome::kAuto}, {"host", GradientHome::kHost}, {"nvme", GradientHome::kNvme}});
   r.Bool("checksums", &z.checksums);
@@ -615,6 +616,7 @@ std::string Config::ToJson(int indent) const {
                {"device_memory", zinf.device_memory},
                {"host_memory", zinf.host_memory},
                {"optimizer_threads", zinf.optimizer_threads},
+               {"comm_timeout_s", zinf.comm_timeout_s},
                {"gradients", zinf.gradients == GradientHome::kAuto   ? "auto"
                              : zinf.gradients == GradientHome::kHost ? "host"
                                                                      : "nvme"},

@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "common/check.h"
+#include "common/fault_injection.h"
 #include "common/units.h"
 
 namespace zinf {
@@ -85,6 +86,9 @@ Status DeviceAllocator::OutOfMemory(uint64_t bytes, uint64_t rounded) const {
 
 Result<uint64_t> DeviceAllocator::Allocate(uint64_t bytes, Stream& stream) {
   const uint64_t size = RoundUp(bytes);
+  if (fault::At(fault::Site::kDeviceAlloc)) {
+    return ::zinf::OutOfMemory("injected (ZINF_FAULT): a device allocation of " + FormatBytes(bytes));
+  }
   std::lock_guard<std::mutex> lock(mu_);
   auto take = [&](uint64_t offset) {
     live_[offset] = {size, bytes};

@@ -38,6 +38,13 @@ using Clock = std::chrono::steady_clock;
 // as several messages with the same tag (MPI keeps them in order).
 constexpr size_t kMaxMessageBytes = size_t{1} << 30;
 
+// A failure notice (Abort): a 4-byte status code, 4 bytes of flags, then the
+// cause's text, at most this long, on the communicator's own notice channel.
+// Flag kPeerGone: the sender found a rank silent (no finalize at exit).
+constexpr int kNoticeTag = 0;
+constexpr size_t kMaxNoticeText = 4000;
+constexpr int32_t kPeerGone = 1;
+
 // Polling: spin while a message arrived this recently, else sleep this long.
 constexpr auto kSpinWindow = std::chrono::microseconds(200);
 constexpr auto kIdleSleep = std::chrono::microseconds(50);
@@ -270,10 +277,11 @@ void* HostAddress(const StreamContext& ctx, const void* device_ptr) {
 class MpiComm final : public Communicator {
  public:
   // `runtime` null: the 1-rank communicator that never calls MPI.
-  MpiComm(MpiRuntime* runtime, MPI_Comm comm, int rank, int size, int tag_ub, const CommOptions& options,
-          int local_size = 1)
+  MpiComm(MpiRuntime* runtime, MPI_Comm comm, MPI_Comm notices, int rank, int size, int tag_ub,
+          const CommOptions& options, int local_size = 1)
       : runtime_(runtime),
         comm_(comm),
+        notices_(notices),
         rank_(rank),
         size_(size),
         local_size_(local_size),
@@ -285,7 +293,53 @@ class MpiComm final : public Communicator {
     if (runtime_ && !broken_.load()) {
       auto lock = MpiLock();
       MPI_Comm_free(&comm_);
+      MPI_Comm_free(&notices_);
     }
+  }
+
+  // Sends the notice to every peer (MPI_Isend, freed at once: a small
+  // message goes eagerly, and a peer that is gone must not hold this rank
+  // up), then breaks. The peers poll for it in every collective's wait and
+  // in Health().
+  void Abort(const Status& cause) override {
+    if (cause.ok()) return;
+    bool first = false;
+    {
+      std::lock_guard<std::mutex> lock(broken_mu_);
+      first = !aborted_;
+      aborted_ = true;
+    }
+    if (!first) return;
+    if (runtime_ && size_ > 1 && !notified_by_peer_.load()) {
+      std::string text = std::string(StatusCodeName(cause.code())) + ": " + cause.message();
+      if (text.size() > kMaxNoticeText) text.resize(kMaxNoticeText);
+      notice_.resize(8 + text.size());
+      const int32_t code = static_cast<int32_t>(cause.code());
+      const int32_t flags = peers_gone_.load() ? kPeerGone : 0;
+      std::memcpy(notice_.data(), &code, 4);
+      std::memcpy(notice_.data() + 4, &flags, 4);
+      std::memcpy(notice_.data() + 8, text.data(), text.size());
+      auto lock = MpiLock();
+      for (int p = 0; p < size_; ++p) {
+        if (p == rank_) continue;
+        MPI_Request request = MPI_REQUEST_NULL;
+        if (MPI_Isend(notice_.data(), static_cast<int>(notice_.size()), MPI_BYTE, p, kNoticeTag, notices_,
+                      &request) == MPI_SUCCESS &&
+            request != MPI_REQUEST_NULL) {
+          MPI_Request_free(&request);
+        }
+      }
+    }
+    // Every rank is still there (unless a deadline said otherwise): MPI_Finalize
+    // at exit stays, so the job ends cleanly once every rank exits.
+    Break(cause);
+  }
+
+  Status Health() override {
+    if (!broken_.load()) PollNotices();
+    if (!broken_.load()) return Status::Ok();
+    std::lock_guard<std::mutex> lock(broken_mu_);
+    return broken_cause_;
   }
 
   int rank() const override { return rank_; }
@@ -375,6 +429,32 @@ class MpiComm final : public Communicator {
     return Status::Ok();
   }
 
+  // Receives a peer's failure notice, if one came, and breaks on it.
+  void PollNotices() {
+    if (!runtime_ || size_ == 1) return;
+    // One thread at a time: two that probed the same notice would both
+    // receive it, and the second would wait forever.
+    std::unique_lock<std::mutex> one(notice_mu_, std::try_to_lock);
+    if (!one.owns_lock()) return;  // another thread is looking right now
+    auto lock = MpiLock();
+    int flag = 0;
+    MPI_Status status;
+    if (MPI_Iprobe(MPI_ANY_SOURCE, kNoticeTag, notices_, &flag, &status) != MPI_SUCCESS || !flag) return;
+    int bytes = 0;
+    if (MPI_Get_count(&status, MPI_BYTE, &bytes) != MPI_SUCCESS || bytes < 8) bytes = 8;
+    std::vector<char> buf(static_cast<size_t>(bytes));
+    if (MPI_Recv(buf.data(), bytes, MPI_BYTE, status.MPI_SOURCE, kNoticeTag, notices_, MPI_STATUS_IGNORE) !=
+        MPI_SUCCESS) {
+      return;
+    }
+    int32_t flags = 0;
+    std::memcpy(&flags, buf.data() + 4, 4);
+    const std::string text(buf.data() + 8, buf.size() - 8);
+    notified_by_peer_.store(true);
+    Break(Unavailable("rank " + std::to_string(status.MPI_SOURCE) + " stopped: " + text),
+          /*peers_silent=*/(flags & kPeerGone) != 0);
+  }
+
   Status BrokenError(const std::string& what) const {
     std::lock_guard<std::mutex> lock(broken_mu_);
     return Unavailable(what + ": the communicator is unusable after an earlier failure: " + broken_cause_.message());
@@ -389,7 +469,10 @@ class MpiComm final : public Communicator {
       if (!broken_.load()) broken_cause_ = cause;
       broken_.store(true);
     }
-    if (peers_silent) MpiRuntime::SkipFinalize();
+    if (peers_silent) {
+      peers_gone_.store(true);
+      MpiRuntime::SkipFinalize();
+    }
   }
 
   // Numbers the collective now, in call order, and runs `body` in stream order.
@@ -616,7 +699,8 @@ class MpiComm final : public Communicator {
         *last_progress = last_event = now;
         continue;
       }
-      if (broken_.load()) {  // another collective on this communicator failed meanwhile
+      if (now - last_event >= kSpinWindow) PollNotices();  // a peer's Abort
+      if (broken_.load()) {  // another collective on this communicator failed meanwhile, or a peer stopped
         Abandon(pieces, requests);
         return BrokenError(Describe(c));
       }
@@ -720,6 +804,7 @@ class MpiComm final : public Communicator {
 
   MpiRuntime* const runtime_;
   MPI_Comm comm_;
+  MPI_Comm notices_;  // failure notices only (Abort), so their tag never meets a collective's
   const int rank_;
   const int size_;
   const int local_size_;  // ranks on this machine (MPI_COMM_TYPE_SHARED)
@@ -730,6 +815,11 @@ class MpiComm final : public Communicator {
   std::atomic<bool> broken_{false};
   mutable std::mutex broken_mu_;
   Status broken_cause_;
+  bool aborted_ = false;                   // Abort ran (broken_mu_)
+  std::atomic<bool> notified_by_peer_{false};  // broken by a peer's notice: no notice goes back
+  std::atomic<bool> peers_gone_{false};        // a deadline found a rank silent, here or at a notice's sender
+  std::vector<char> notice_;               // the notice sent, alive while the sends are
+  std::mutex notice_mu_;                   // PollNotices, one thread at a time
 };
 
 }  // namespace
@@ -750,7 +840,7 @@ Result<std::unique_ptr<Communicator>> CreateMpiCommunicator(const CommOptions& o
   if (int rc = MPI_Initialized(&initialized); rc != MPI_SUCCESS)
     return Internal("MPI_Initialized: " + MpiErrorText(rc));
   if (!initialized && !StartedByMpiLauncher()) {
-    return std::unique_ptr<Communicator>(new MpiComm(nullptr, MPI_COMM_NULL, 0, 1, 0, options));
+    return std::unique_ptr<Communicator>(new MpiComm(nullptr, MPI_COMM_NULL, MPI_COMM_NULL, 0, 1, 0, options));
   }
   ZINF_ASSIGN_OR_RETURN(MpiRuntime * runtime, MpiRuntime::Get());
   auto lock = MpiLock();
@@ -758,12 +848,15 @@ Result<std::unique_ptr<Communicator>> CreateMpiCommunicator(const CommOptions& o
   // MPI_COMM_WORLD's handler (fatal by default) governs the dup itself.
   if (int rc = MPI_Comm_dup(MPI_COMM_WORLD, &comm); rc != MPI_SUCCESS)
     return Internal("MPI_Comm_dup(MPI_COMM_WORLD): " + MpiErrorText(rc));
+  MPI_Comm notices = MPI_COMM_NULL;
   auto fail = [&](const char* call, int rc) {
     MPI_Comm_free(&comm);
+    if (notices != MPI_COMM_NULL) MPI_Comm_free(&notices);
     return Internal(std::string(call) + ": " + MpiErrorText(rc));
   };
   if (int rc = MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN); rc != MPI_SUCCESS)
     return fail("MPI_Comm_set_errhandler", rc);
+  if (int rc = MPI_Comm_dup(comm, &notices); rc != MPI_SUCCESS) return fail("MPI_Comm_dup(notices)", rc);
   int rank = 0, size = 0, flag = 0;
   void* tag_ub_attr = nullptr;
   if (int rc = MPI_Comm_rank(comm, &rank); rc != MPI_SUCCESS) return fail("MPI_Comm_rank", rc);
@@ -781,7 +874,7 @@ Result<std::unique_ptr<Communicator>> CreateMpiCommunicator(const CommOptions& o
   MPI_Comm_free(&node);
   if (size_rc != MPI_SUCCESS) return fail("MPI_Comm_size(node)", size_rc);
   ZINF_LOG_DEBUG("MPI communicator: rank {} of {} ({} on this machine), tags up to {}", rank, size, local_size, tag_ub);
-  return std::unique_ptr<Communicator>(new MpiComm(runtime, comm, rank, size, tag_ub, options, local_size));
+  return std::unique_ptr<Communicator>(new MpiComm(runtime, comm, notices, rank, size, tag_ub, options, local_size));
 }
 
 }  // namespace zinf

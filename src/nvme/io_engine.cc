@@ -23,6 +23,7 @@
 #include <thread>
 
 #include "common/check.h"
+#include "common/fault_injection.h"
 #include "common/logging.h"
 #include "common/units.h"
 #include "zinf/config.h"
@@ -112,6 +113,10 @@ class IoEngine::Impl {
     if (auto err = b->file->InjectError(b->kind, b->offset, b->remaining)) {
       b->attempt = b->remaining;
       return OnAttemptDone(b, -*err) ? Next::kAgain : Next::kHandled;
+    }
+    if (int err = fault::At(b->kind == IoKind::kWrite ? fault::Site::kIoWrite : fault::Site::kIoRead)) {
+      b->attempt = b->remaining;
+      return OnAttemptDone(b, -err) ? Next::kAgain : Next::kHandled;
     }
     uint64_t limit = b->file->LimitTransfer(b->kind, b->offset, b->remaining);
     b->attempt = limit == 0 || limit > b->remaining ? b->remaining : limit;
@@ -361,6 +366,7 @@ class IoEngine::Impl::UringWorker : public IoEngine::Impl::Worker {
       if (g_submit_fault_err.load() != 0 && g_submit_fault_after.fetch_sub(1) <= 0) {
         return -g_submit_fault_err.exchange(0);  // testing::FailUringSubmit: the entries stay unconsumed
       }
+      if (int err = fault::At(fault::Site::kRingSubmit)) return -err;  // ZINF_FAULT=ring:N, the same way
       engine_->submit_batches.fetch_add(1, std::memory_order_relaxed);
     }
     unsubmitted_ = 0;

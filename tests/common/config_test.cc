@@ -295,7 +295,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{R"({"zinf": {"gradients": "disk"}})", "zinf.gradients: expected one of \"auto\", \"host\", \"nvme\", found the string \"disk\""},
         BadCase{R"({"zinf": {"matmul": "fp16"}})", "zinf.matmul: expected one of \"fp32\", \"bf16\", found the string \"fp16\""},
         BadCase{R"({"zinf": {"attention": "sparse"}})", "zinf.attention: expected one of \"auto\", \"plain\", \"flash\", found the string \"sparse\""},
-        BadCase{R"({"zinf": {"frobnicate": 1}})", "zinf.frobnicate: unknown key; accepted keys here: aio, attention, checksums, device"},
+        BadCase{R"({"zinf": {"frobnicate": 1}})", "zinf.frobnicate: unknown key; accepted keys here: aio, attention, checksums, comm_timeout_s, device"},
         BadCase{R"({"zero_optimization": {"stage": 1, "stage": 2}})", "zero_optimization.stage: key appears more than once"},
         BadCase{R"([1, 2])", "the top level must be a JSON object, found the array [1,2]"},
         BadCase{"{\n  \"zero_optimization\": {\n    \"stage\": 2,\n  }\n}", "test.json:4:3: malformed JSON"},

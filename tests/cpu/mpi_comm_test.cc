@@ -541,6 +541,44 @@ TEST_F(MpiCommTest, MismatchedCountsWithoutCheckingFailAndBreakTheCommunicator) 
   stream_ = std::move(*fresh);
 }
 
+// One rank fails on its own (Abort) while the others wait in an all-reduce
+// it will never join: they must fail at once, well before the 20 s
+// deadline, naming the rank and its cause, and so must every later call.
+TEST_F(MpiCommTest, AbortStopsEveryRankWithTheCause) {
+  const int victim = n_ - 1;
+  ASSERT_TRUE(comm_->Health().ok());
+  if (rank_ == victim) {
+    if (n_ > 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the others are waiting by now
+    comm_->Abort(OutOfMemory("test: a rank-local shortage"));
+    comm_->Abort(IoError("a second cause is ignored"));
+    Status h = comm_->Health();
+    EXPECT_EQ(h.code(), StatusCode::kOutOfMemory) << h.ToString();
+    EXPECT_NE(h.message().find("test: a rank-local shortage"), std::string::npos) << h.ToString();
+    void* buf = Scratch(64);
+    Status later = comm_->AllReduce(buf, buf, 16, DType::kFloat32, ReduceOp::kSum, *stream_);
+    EXPECT_EQ(later.code(), StatusCode::kUnavailable) << later.ToString();
+    EXPECT_NE(later.message().find("test: a rank-local shortage"), std::string::npos) << later.ToString();
+    return;
+  }
+  void* buf = Scratch(64);
+  ASSERT_TRUE(stream_->Synchronize().ok());
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_TRUE(comm_->AllReduce(buf, buf, 16, DType::kFloat32, ReduceOp::kSum, *stream_).ok());
+  Status st = stream_->Synchronize();
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.ToString();
+  const std::string named = "rank " + std::to_string(victim) + " stopped: OutOfMemory: test: a rank-local shortage";
+  EXPECT_NE(st.message().find(named), std::string::npos) << st.ToString();
+  EXPECT_LT(waited, 5.0) << "the notice should end the wait, not the 20 s deadline";
+  Status h = comm_->Health();
+  EXPECT_EQ(h.code(), StatusCode::kUnavailable) << h.ToString();
+  EXPECT_NE(h.message().find(named), std::string::npos) << h.ToString();
+  EXPECT_EQ(comm_->Barrier(*stream_).code(), StatusCode::kUnavailable);
+  auto fresh = device_->CreateStream();  // the old one keeps the collective's error
+  ASSERT_TRUE(fresh.ok());
+  stream_ = std::move(*fresh);
+}
+
 class CheckingMpiCommTest : public MpiCommTest {
  protected:
   void SetUp() override {
