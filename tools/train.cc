@@ -86,13 +86,23 @@ struct Failure {
   std::string message;
 };
 
+// The ranks of this run, once they are known: a failure on this rank is
+// told to every other one before it propagates, so none of them waits in a
+// collective this rank will never join (the engine does the same for its
+// own calls; this covers the model's and the loop's).
+Communicator* g_ranks = nullptr;
+
+void Fail(const Status& s, const std::string& what) {
+  if (g_ranks && g_ranks->size() > 1) g_ranks->Abort(s.WithContext(what));
+  throw Failure{what + ": " + s.ToString()};
+}
 template <class T>
 T Must(Result<T> r, const std::string& what) {
-  if (!r.ok()) throw Failure{what + ": " + r.status().ToString()};
+  if (!r.ok()) Fail(r.status(), what);
   return std::move(*r);
 }
 void Must(const Status& s, const std::string& what) {
-  if (!s.ok()) throw Failure{what + ": " + s.ToString()};
+  if (!s.ok()) Fail(s, what);
 }
 
 // The embedded default's shape and schedule: small enough to finish in well
@@ -165,9 +175,6 @@ int Run(const TrainOptions& opt) {
   // The progress line is the display; the engine's per-step info lines go to
   // --metrics-json. ZINF_LOG_LEVEL (or --log-level debug) brings them back.
   if (!std::getenv("ZINF_LOG_LEVEL") && Log().level() == spdlog::level::info) SetLogLevel("warn");
-  auto comm = Must(CreateMpiCommunicator(CommOptions{}), "ranks");
-  const int rank = comm->rank(), world = comm->size();
-  const bool talk = rank == 0;
   const bool embedded = opt.data.empty();
   const bool defaults = opt.config.empty();
 
@@ -199,6 +206,13 @@ int Run(const TrainOptions& opt) {
     std::filesystem::create_directories(tmp_dir);
     config.zero.offload_optimizer.nvme_path = {tmp_dir};
   }
+  auto comm = Must(CreateMpiCommunicator(CommOptions{.timeout_seconds = config.zinf.comm_timeout_s}), "ranks");
+  const int rank = comm->rank(), world = comm->size();
+  const bool talk = rank == 0;
+  g_ranks = comm.get();
+  struct ForgetRanks {
+    ~ForgetRanks() { g_ranks = nullptr; }
+  } forget_ranks;
   struct RemoveTmp {
     std::string dir;
     bool on;

@@ -116,7 +116,7 @@ typedef struct zinf_comm zinf_comm;
 /* The ranks of the MPI world (Open MPI's mpirun; MPI is initialized here
  * unless the caller did), or — in a process not started by an MPI launcher —
  * a 1-rank communicator that never calls MPI. A collective that makes no
- * progress for `timeout_seconds` (<= 0: 60) fails with ZINF_ERR_UNAVAILABLE
+ * progress for `timeout_seconds` (<= 0: 300) fails with ZINF_ERR_UNAVAILABLE
  * naming the silent ranks.
  * Errors: ZINF_ERR_FAILED_PRECONDITION (MPI initialized by the caller below
  * MPI_THREAD_SERIALIZED, or finalized), ZINF_ERR_UNAVAILABLE. */

@@ -21,6 +21,7 @@
 // This file is the facade: registration and placement, the micro-step's
 // end, and Create. The rest is in the files engine_impl.h lists.
 #include "sched/engine_impl.h"
+#include "sched/rank_failures.h"
 
 namespace zinf {
 namespace sched {
@@ -339,6 +340,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(const Config& config, Device& dev
   auto engine = std::make_unique<sched::EngineImpl>(config, device, comm, batch.gradient_accumulation_steps,
                                              std::move(schedule), std::move(scaler), adam, compute, threads);
   ZINF_RETURN_IF_ERROR(engine->Init());
+  if (comm && comm->size() > 1) return sched::StopRanksTogether(std::move(engine), *comm);
   return std::unique_ptr<Engine>(std::move(engine));
 }
 

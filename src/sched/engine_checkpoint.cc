@@ -103,14 +103,29 @@ Status EngineImpl::AgreeOk(const Status& mine) {
   if (s.ok()) s = device_.CopyToHost(&worst, d + 1, sizeof worst, *stream_);
   Status sync = stream_->Synchronize();
   Status f = device_.Free(buf, *stream_);
-  if (!mine.ok()) return mine;
-  if (!s.ok()) return s;
-  if (!sync.ok()) return sync;
-  if (!f.ok()) return f;
+  if (!s.ok() || !sync.ok()) return !mine.ok() ? mine : !s.ok() ? s : sync;
   if (worst > 0) {
-    return Unavailable("rank " + std::to_string(static_cast<int>(worst) - 1) + " failed (its own error says why)");
+    // Every rank learns why: the failed rank broadcasts its error's text
+    // (every rank knows which one, so all of them take part).
+    const int failed = static_cast<int>(worst) - 1;
+    constexpr size_t kWords = 256;  // 1 KiB of text
+    std::string why;
+    std::string text = rank_ == failed ? mine.ToString() : std::string();
+    text.resize(kWords * 4 - 1, '\0');
+    text.push_back('\0');
+    Result<void*> tb = Alloc(kWords * 4, "checkpoint failure text");
+    Status t = tb.status();
+    if (t.ok()) t = device_.CopyToDevice(*tb, text.data(), kWords * 4, *stream_);
+    if (t.ok()) t = comm_->Broadcast(*tb, kWords, DType::kFloat32, failed, *stream_);
+    if (t.ok()) t = device_.CopyToHost(text.data(), *tb, kWords * 4, *stream_);
+    if (Status ts = stream_->Synchronize(); t.ok()) t = ts;
+    if (tb.ok()) (void)device_.Free(*tb, *stream_);
+    why = t.ok() ? std::string(text.c_str()) : "its error did not arrive (" + t.ToString() + ")";
+    if (!mine.ok()) return mine;
+    return Unavailable("rank " + std::to_string(failed) + " stopped: " + why);
   }
-  return Status::Ok();
+  if (!mine.ok()) return mine;
+  return f;
 }
 
 Status EngineImpl::WriteShards(const std::string& path, nlohmann::json* table) {

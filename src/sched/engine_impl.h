@@ -201,6 +201,8 @@ class EngineImpl final : public Engine {
   }
 
   Status Init() {
+    // Reductions that stage on the device (NCCL) take it from the budget.
+    if (comm_) comm_->SetStagingDevice(&device_);
     ZINF_ASSIGN_OR_RETURN(stream_, device_.CreateStream());
     ZINF_ASSIGN_OR_RETURN(copy_stream_, device_.CreateStream());
     ZINF_ASSIGN_OR_RETURN(gather_stream_, device_.CreateStream());

@@ -154,6 +154,8 @@ Status EngineImpl::SwapFailure(Status s, SwapKind kind) {
                        "complete checkpoint" +
                        (last_checkpoint_.empty() ? std::string(" (this engine has saved or loaded none)")
                                                  : " (" + last_checkpoint_ + ")"));
+    // The peers stop now, not at their next collective with this rank.
+    if (comm_ && distributed()) comm_->Abort(broken_);
   }
   return broken_;
 }
