@@ -28,6 +28,7 @@
 
 #include "common/check.h"
 #include "common/logging.h"
+#include "cpu/startup_watch.h"
 
 namespace zinf {
 namespace {
@@ -842,7 +843,19 @@ Result<std::unique_ptr<Communicator>> CreateMpiCommunicator(const CommOptions& o
   if (!initialized && !StartedByMpiLauncher()) {
     return std::unique_ptr<Communicator>(new MpiComm(nullptr, MPI_COMM_NULL, MPI_COMM_NULL, 0, 1, 0, options));
   }
+  // MPI's start-up waits for every rank with no deadline: past the
+  // communicator's own, the watch ends this process.
+  std::string who = "rank ?";
+  for (const char* var : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"}) {
+    if (const char* v = std::getenv(var); v && *v) {
+      who = std::string("rank ") + v;
+      break;
+    }
+  }
+  StartupWatch watch(who, options.timeout_seconds, "the communicator's timeout, zinf.comm_timeout_s");
+  watch.Phase("MPI_Init_thread");
   ZINF_ASSIGN_OR_RETURN(MpiRuntime * runtime, MpiRuntime::Get());
+  watch.Phase("MPI_Comm_dup");
   auto lock = MpiLock();
   MPI_Comm comm = MPI_COMM_NULL;
   // MPI_COMM_WORLD's handler (fatal by default) governs the dup itself.
@@ -868,6 +881,7 @@ Result<std::unique_ptr<Communicator>> CreateMpiCommunicator(const CommOptions& o
   // defaults divide the machine by.
   MPI_Comm node = MPI_COMM_NULL;
   int local_size = 1;
+  watch.Phase("MPI_Comm_split_type");
   if (int rc = MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node); rc != MPI_SUCCESS)
     return fail("MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)", rc);
   const int size_rc = MPI_Comm_size(node, &local_size);

@@ -18,6 +18,12 @@
 // wait for the silent rank forever). Setting ZINF_MPI_THREAD_LEVEL=serialized
 // forces the serialized path (for tests).
 //
+// Start-up has no deadline in MPI: MPI_Init_thread and the MPI_Comm_dup of
+// MPI_COMM_WORLD wait for every rank. When creating the communicator takes
+// longer than its timeout_seconds (a rank died or never started), a
+// StartupWatch (startup_watch.h) prints which call it was stuck in and ends
+// the process with status 1: there is no way back from inside those calls.
+//
 // Thread-safety: as Communicator. Creating one is collective over
 // MPI_COMM_WORLD (every rank must call it) and blocks.
 #pragma once

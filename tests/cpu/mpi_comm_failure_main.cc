@@ -2,7 +2,13 @@
 //   mpi_comm_failure stop   the last rank SIGSTOPs itself
 //   mpi_comm_failure exit   the last rank exits (mpirun needs
 //                           --mca orte_abort_on_non_zero_status 0)
-// after the ranks have exchanged their pids. Every survivor then runs an
+//   mpi_comm_failure startup  the last rank never starts MPI: it sleeps
+//                           past the deadline and exits. Every survivor's
+//                           CreateMpiCommunicator, stuck in MPI's start-up,
+//                           must end the process within the 3 s deadline
+//                           with StartupWatch's message (ctest counts those)
+// In the stop and exit modes the victim stops after the ranks have exchanged
+// their pids. Every survivor then runs an
 // all-reduce with a 3 s deadline and must get kUnavailable naming the
 // collective, its number and the silent rank within the deadline (plus a
 // small margin), and a later call must fail at once. Each survivor prints
@@ -44,7 +50,21 @@ constexpr int kExitSurvivor = 3;  // non-zero on purpose, see above
 
 int Main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
-  if (mode != "stop" && mode != "exit") Die("usage: mpi_comm_failure stop|exit");
+  if (mode != "stop" && mode != "exit" && mode != "startup") Die("usage: mpi_comm_failure stop|exit|startup");
+  if (mode == "startup") {
+    const char* r = std::getenv("OMPI_COMM_WORLD_RANK");
+    const char* s = std::getenv("OMPI_COMM_WORLD_SIZE");
+    if (!r || !s) Die("startup mode runs under Open MPI's mpirun");
+    if (std::atoi(r) == std::atoi(s) - 1) {
+      usleep(static_cast<useconds_t>((kTimeoutSeconds + 3) * 1e6));
+      std::_Exit(kExitVictim);
+    }
+    auto comm = CreateMpiCommunicator(CommOptions{.timeout_seconds = kTimeoutSeconds, .checking = false});
+    std::printf("rank %s: survivor FAILED: start-up returned without the missing rank: %s\n", r,
+                comm.ok() ? "ok" : comm.status().ToString().c_str());
+    std::fflush(stdout);
+    std::_Exit(kExitSurvivor);
+  }
   auto device = CreateHostDevice(DeviceOptions{.spec = "cpu", .memory_budget = 16 << 20, .checking = true});
   if (!device.ok()) Die(device.status().ToString());
   auto stream = (*device)->CreateStream();
