@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "common/runtime_info.h"
+#include "sched/backends.h"
 #include "common/units.h"
 #include "model/gpt_config.h"
 #include "sched/partition.h"
@@ -36,6 +37,7 @@ struct PlanOptions {
   bool checkpointing = false;
   std::string dtype;
   int64_t ranks = 1;
+  std::string device;  // empty: the config's zinf.device
   std::string device_memory, host_memory, nvme_free;
   PlanRateFlags rates;
   bool json = false;
@@ -72,6 +74,17 @@ int Run(const PlanOptions& opt) {
   }
   if (opt.ranks < 1 || opt.ranks > (1 << 20)) throw Usage{"--ranks must be >= 1"};
   in.world_size = static_cast<int>(opt.ranks);
+  // On a CUDA device several ranks reduce through NCCL, which stages on the
+  // device ("auto" is CUDA when this machine has one, as in zinf train).
+  const std::string device = opt.device.empty() ? in.config.zinf.device : opt.device;
+  if (device != "auto" && device != "cpu" && device != "cuda" && device.rfind("cuda:", 0) != 0) {
+    throw Usage{"--device " + device + ": expected auto, cpu, cuda or cuda:N"};
+  }
+  bool cuda = device.rfind("cuda", 0) == 0;
+  if (device == "auto") {
+    for (const BackendInfo& b : ProbeRuntime().backends) cuda |= b.name == "cuda" && b.usable;
+  }
+  in.reductions_on_device = cuda && in.world_size > 1;
   // ---- Which model: a preset, a shape, or a bare parameter count.
   const bool shape_flags = opt.layers > 0 || opt.d_model > 0 || opt.heads > 0 || opt.vocab > 0;
   if (!opt.model.empty() && !opt.params.empty()) throw Usage{"give --model or --params, not both"};
@@ -204,6 +217,10 @@ int Run(const PlanOptions& opt) {
   std::printf("  capacity per rank: device %s (%s), host %s (%s), nvme %s (%s)\n",
               FormatBytes(in.device_memory).c_str(), device_from.c_str(), FormatBytes(in.host_memory).c_str(),
               host_from.c_str(), in.nvme_free ? FormatBytes(in.nvme_free).c_str() : "?", nvme_from.c_str());
+  if (in.reductions_on_device) {
+    std::printf("  collectives: NCCL on the device; the largest gradient reduction's staging is counted in device "
+                "memory\n");
+  }
   const PlanRates& r = in.rates;
   std::printf("  rates: Adam %s params/s (%s)\n", FormatCount(r.adam_params_per_s.value).c_str(),
               r.adam_params_per_s.source.c_str());
@@ -296,6 +313,9 @@ void RegisterPlan(CLI::App& app, int* exit_code) {
   cmd->add_flag("--checkpointing", opt->checkpointing, "Activation checkpointing");
   cmd->add_option("--dtype", opt->dtype, "Compute precision bf16, fp16 or fp32 (default: the config's)");
   cmd->add_option("--ranks", opt->ranks, "Number of ranks")->capture_default_str();
+  cmd->add_option("--device", opt->device, "The engine's device, auto, cpu, cuda or cuda:N (default: the config's "
+                                           "zinf.device); with several ranks on CUDA, NCCL's reduction staging is "
+                                           "counted");
   cmd->add_option("--device-memory", opt->device_memory, "Device memory per rank (default: zinf.device_memory, "
                                                          "else HostDevice's 1/4 of RAM)");
   cmd->add_option("--host-memory", opt->host_memory, "Pinned host memory per rank (default: zinf.host_memory, "

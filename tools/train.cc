@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <random>
@@ -28,6 +29,7 @@
 #include <vector>
 
 #include "common/communicator.h"
+#include "common/fault_injection.h"
 #include "common/logging.h"
 #include "common/runtime_info.h"
 #include "common/units.h"
@@ -42,6 +44,7 @@
 #include "model/gpt.h"
 #include "model/gpt_config.h"
 #include "exec/gpt_device.h"
+#include "sched/device_kernels.h"
 #include "sched/partition.h"
 #include "model/gpt_plan.h"
 #include "sched/plan.h"
@@ -398,6 +401,7 @@ int Run(const TrainOptions& opt) {
     PlanInput pin;
     pin.config = config;
     pin.world_size = world;
+    pin.reductions_on_device = sched::CommunicatesDeviceMemory(comm.get());
     pin.gradient_accumulation_steps = batch.gradient_accumulation_steps;
     auto m = PlanGptModel(mc, B, T, opt.checkpointing, engine->compute_dtype(), matmul_dtype, attention);
     if (!m.ok()) throw Usage{m.status().message()};
@@ -599,6 +603,8 @@ int Run(const TrainOptions& opt) {
       float loss = 0;
       Must(device->CopyToHost(&loss, dloss, 4, *stream), "copy");
       Must(stream->Synchronize(), "step " + std::to_string(step + 1));
+      if (fault::At(fault::Site::kLoss) != 0) loss = std::numeric_limits<float>::quiet_NaN();
+      Must(engine->ReportLoss(loss), "step " + std::to_string(step + 1));
       loss_sum += loss;
       Must(engine->Step(), "step");
     }

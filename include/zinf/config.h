@@ -161,6 +161,10 @@ struct ZinfConfig {
   // Multi-rank runs: a collective with no progress for this long fails on
   // every waiting rank, naming the silent ranks (a dead or stopped peer).
   double comm_timeout_s = 300;
+  // A NaN or infinite loss handed to Engine::ReportLoss stops the training:
+  // the engine refuses further steps (with several ranks, every rank stops,
+  // naming this one) and the last checkpoint is where it resumes.
+  bool stop_on_nonfinite_loss = false;
   GradientHome gradients = GradientHome::kAuto;  // "gradients": "auto" | "host" | "nvme"
   bool checksums = false;        // XXH3 per swapped extent, verified on read
   // The model's matrix products: kFloat32, or kBFloat16 operands with fp32

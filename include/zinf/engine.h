@@ -170,6 +170,14 @@ class Engine {
   // Ends a micro-step; true when it was a boundary and the optimizer step
   // was enqueued (it runs asynchronously).
   virtual Result<bool> Step() = 0;
+  // This micro-step's loss (before the loss scale), for the engine's checks;
+  // call it before Step. With zinf.stop_on_nonfinite_loss a NaN or infinite
+  // loss fails with kFailedPrecondition and the engine takes no further
+  // steps (Step, Save and Load refuse, as after a swap failure: a new
+  // engine loads the last complete checkpoint); with several ranks every
+  // rank stops, naming this one.
+  // Without the key it only checks the engine's health.
+  virtual Status ReportLoss(double loss) = 0;
 
   // The factor backward multiplies the loss by (fp16: the dynamic loss
   // scale; otherwise 1).

@@ -268,6 +268,15 @@ ZINF_API int zinf_engine_release(zinf_engine* engine, int unit, zinf_stream* str
  * error of earlier asynchronous work (I/O, collectives). */
 ZINF_API int zinf_engine_step(zinf_engine* engine, int* out_boundary);
 
+/* This micro-step's loss (before the loss scale), before zinf_engine_step.
+ * With the config's zinf.stop_on_nonfinite_loss, a NaN or infinite loss
+ * fails with ZINF_ERR_FAILED_PRECONDITION and the engine takes no further
+ * steps (with several ranks, every rank stops, naming this one); resume
+ * from the last complete checkpoint. Otherwise it checks the engine's
+ * health only. The value is a host number: on a GPU, copying it back waits
+ * for the forward, so report it only when the check is wanted. */
+ZINF_API int zinf_engine_report_loss(zinf_engine* engine, double loss);
+
 /* The factor backward multiplies the loss by: fp16's dynamic loss scale
  * (blocks for the previous step's overflow decision), else 1. */
 ZINF_API int zinf_engine_loss_scale(zinf_engine* engine, float* out_scale);

@@ -100,7 +100,7 @@ def _largest_module_list(model):
 class Engine:
     """The model under zinf; see the module comment. Created by initialize()."""
 
-    def __init__(self, model, config, unit_modules=None, comm_timeout_seconds=60.0):
+    def __init__(self, model, config, unit_modules=None, comm_timeout_seconds=None):
         L = _capi.lib()
         if isinstance(config, dict):
             config_text = json.dumps(config)
@@ -109,6 +109,17 @@ class Engine:
                 config_text = f.read()
         else:
             config_text = config
+        try:
+            zinf_keys = json.loads(config_text).get("zinf", {})
+        except (ValueError, AttributeError):
+            zinf_keys = {}  # the engine's parser names what is wrong
+        if not isinstance(zinf_keys, dict):
+            zinf_keys = {}
+        if comm_timeout_seconds is None:
+            comm_timeout_seconds = zinf_keys.get("comm_timeout_s", 300.0)
+        # The loss goes to the engine only when it checks it: on a GPU, reading
+        # it back waits for the forward.
+        self._report_loss = zinf_keys.get("stop_on_nonfinite_loss") is True
         self.module = model
         self._handed_over = []
         self._comm = ctypes.c_void_p()
@@ -314,8 +325,16 @@ class Engine:
         check(_capi.lib().zinf_engine_loss_scale(self._engine, ctypes.byref(scale)), "loss scale")
         return scale.value
 
+    def report_loss(self, loss):
+        """Hands the micro-step's loss (a float) to the engine's checks: with the
+        config's zinf.stop_on_nonfinite_loss, a NaN or infinite loss raises
+        ZinfError and the engine takes no further steps (every rank stops)."""
+        check(_capi.lib().zinf_engine_report_loss(self._engine, float(loss)), "loss")
+
     def backward(self, loss):
         """Backpropagates loss (times fp16's loss scale) into the engine's gradient buffers."""
+        if self._report_loss:
+            self.report_loss(float(loss.detach()))
         scale = self.loss_scale()
         (loss * scale if scale != 1.0 else loss).backward()
         for unit in self._units:

@@ -333,6 +333,13 @@ ZINF_API int zinf_engine_step(zinf_engine* engine, int* out_boundary) {
   });
 }
 
+ZINF_API int zinf_engine_report_loss(zinf_engine* engine, double loss) {
+  return Guard(__func__, [&]() -> Status {
+    ZINF_RETURN_IF_ERROR(NotNull(engine, "engine"));
+    return engine->engine->ReportLoss(loss);
+  });
+}
+
 ZINF_API int zinf_engine_loss_scale(zinf_engine* engine, float* out_scale) {
   return Guard(__func__, [&]() -> Status {
     ZINF_RETURN_IF_ERROR(NotNull(engine, "engine"));

@@ -289,6 +289,7 @@ void ReadZinf(ObjectReader& r, ZinfConfig& z) {
   r.Enum("gradients", &z.gradients,
          {{"auto", GradientHome::kAuto}, {"host", GradientHome::kHost}, {"nvme", GradientHome::kNvme}});
   r.Bool("checksums", &z.checksums);
+  r.Bool("stop_on_nonfinite_loss", &z.stop_on_nonfinite_loss);
   r.Enum("matmul", &z.matmul, {{"fp32", DType::kFloat32}, {"bf16", DType::kBFloat16}});
   r.Enum("attention", &z.attention,
          {{"auto", AttentionChoice::kAuto}, {"plain", AttentionChoice::kPlain}, {"flash", AttentionChoice::kFlash}});
@@ -621,6 +622,7 @@ std::string Config::ToJson(int indent) const {
                              : zinf.gradients == GradientHome::kHost ? "host"
                                                                      : "nvme"},
                {"checksums", zinf.checksums},
+               {"stop_on_nonfinite_loss", zinf.stop_on_nonfinite_loss},
                {"matmul", zinf.matmul == DType::kBFloat16 ? "bf16" : "fp32"},
                {"attention", zinf.attention == AttentionChoice::kFlash   ? "flash"
                              : zinf.attention == AttentionChoice::kPlain ? "plain"

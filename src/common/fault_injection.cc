@@ -14,7 +14,7 @@
 namespace zinf::fault {
 namespace {
 
-enum class Kind : uint8_t { kNone, kAlloc, kEio, kEnospc, kRing, kCount };
+enum class Kind : uint8_t { kNone, kAlloc, kEio, kEnospc, kRing, kNan, kCount };
 
 struct Plan {
   Kind kind = Kind::kNone;
@@ -25,12 +25,13 @@ std::atomic<bool> g_armed{false};
 std::atomic<int64_t> g_events{0};  // events of the plan's kind so far
 Plan g_plan;                       // written before g_armed is set
 std::once_flag g_from_env;
-std::atomic<int64_t> g_site_events[4];  // count mode: every site's events
+std::atomic<int64_t> g_site_events[5];  // count mode: every site's events
 
 void PrintCounts() {
-  std::fprintf(stderr, "ZINF_FAULT counts: alloc %lld, read %lld, write %lld, submit %lld\n",
+  std::fprintf(stderr, "ZINF_FAULT counts: alloc %lld, read %lld, write %lld, submit %lld, loss %lld\n",
                static_cast<long long>(g_site_events[0].load()), static_cast<long long>(g_site_events[1].load()),
-               static_cast<long long>(g_site_events[2].load()), static_cast<long long>(g_site_events[3].load()));
+               static_cast<long long>(g_site_events[2].load()), static_cast<long long>(g_site_events[3].load()),
+               static_cast<long long>(g_site_events[4].load()));
 }
 
 bool Parse(const char* text, Plan* out) {
@@ -54,6 +55,8 @@ bool Parse(const char* text, Plan* out) {
     out->kind = Kind::kEnospc;
   } else if (kind == "ring") {
     out->kind = Kind::kRing;
+  } else if (kind == "nan") {
+    out->kind = Kind::kNan;
   } else {
     return false;
   }
@@ -73,7 +76,7 @@ void FromEnvironment() {
     const char* env = std::getenv("ZINF_FAULT");
     Plan plan;
     if (!Parse(env, &plan)) {
-      ZINF_LOG_ERROR("ZINF_FAULT={}: expected alloc:N, eio:N, enospc:N or ring:N (N >= 1); ignored", env);
+      ZINF_LOG_ERROR("ZINF_FAULT={}: expected alloc:N, eio:N, enospc:N, ring:N or nan:N (N >= 1); ignored", env);
       return;
     }
     Install(plan);
@@ -88,6 +91,7 @@ bool Counts(Kind kind, Site site) {
     case Kind::kEio: return site == Site::kIoRead || site == Site::kIoWrite;
     case Kind::kEnospc: return site == Site::kIoWrite;
     case Kind::kRing: return site == Site::kRingSubmit;
+    case Kind::kNan: return site == Site::kLoss;
     case Kind::kNone:
     case Kind::kCount: return false;
   }
@@ -100,6 +104,7 @@ const char* SiteName(Site site) {
     case Site::kIoRead: return "NVMe read";
     case Site::kIoWrite: return "NVMe write";
     case Site::kRingSubmit: return "io_uring submission";
+    case Site::kLoss: return "loss";
   }
   return "?";
 }
@@ -116,7 +121,10 @@ int At(Site site) {
   }
   if (!Counts(plan.kind, site)) return 0;
   if (g_events.fetch_add(1) + 1 != plan.at) return 0;
-  const int err = plan.kind == Kind::kAlloc ? ENOMEM : plan.kind == Kind::kEnospc ? ENOSPC : EIO;
+  const int err = plan.kind == Kind::kAlloc    ? ENOMEM
+                  : plan.kind == Kind::kEnospc ? ENOSPC
+                  : plan.kind == Kind::kNan    ? EDOM
+                                               : EIO;
   ZINF_LOG_WARN("ZINF_FAULT: injecting {} into {} #{}", std::strerror(err), SiteName(site),
                 static_cast<long long>(plan.at));
   return err;

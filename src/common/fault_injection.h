@@ -8,9 +8,11 @@
 //   ZINF_FAULT=enospc:N   the Nth NVMe write attempt fails with ENOSPC
 //   ZINF_FAULT=ring:N     the Nth io_uring submission fails hard (EIO), as a
 //                         ring that broke: every block on it fails
+//   ZINF_FAULT=nan:N      the Nth loss a trainer computes (zinf train's
+//                         micro-steps) is NaN
 //   ZINF_FAULT=count      nothing fails; at exit, the events of every kind
 //                         are printed to stderr ("ZINF_FAULT counts: alloc
-//                         A, read R, write W, submit S"), to choose N
+//                         A, read R, write W, submit S, loss L"), to choose N
 //
 // N counts from 1 in this process, per kind; the fault fires once, and is
 // logged (warn) when it does. Unset: no site ever fails (one relaxed atomic
@@ -29,10 +31,11 @@ enum class Site : uint8_t {
   kIoRead,       // an NVMe read attempt (IoEngine)
   kIoWrite,      // an NVMe write attempt
   kRingSubmit,   // an io_uring submission carrying blocks
+  kLoss,         // a micro-step's loss, as a trainer computes it
 };
 
-// The errno the plan puts at this event of `site` (ENOMEM, EIO, ENOSPC), or
-// 0. Counts the event.
+// The errno the plan puts at this event of `site` (ENOMEM, EIO, ENOSPC; EDOM
+// for a loss that becomes NaN), or 0. Counts the event.
 int At(Site site);
 
 // For tests: replaces the plan (the same syntax as ZINF_FAULT; "" clears it)

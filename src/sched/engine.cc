@@ -20,6 +20,9 @@
 //
 // This file is the facade: registration and placement, the micro-step's
 // end, and Create. The rest is in the files engine_impl.h lists.
+#include <cmath>
+#include <cstdio>
+
 #include "sched/engine_impl.h"
 #include "sched/rank_failures.h"
 
@@ -224,6 +227,25 @@ Result<PinnedBuffer> EngineImpl::Pinned(uint64_t bytes, const std::string& what)
   if (!b.ok()) return b.status().WithContext(what);
   std::memset(b->data(), 0, bytes);
   return std::move(*b);
+}
+
+std::string EngineImpl::ResumeHint() const {
+  return "resume from the last complete checkpoint" +
+         (last_checkpoint_.empty() ? std::string(" (this engine has saved or loaded none)")
+                                   : " (" + last_checkpoint_ + ")");
+}
+
+Status EngineImpl::ReportLoss(double loss) {
+  std::lock_guard lock(mu_);
+  if (!broken_.ok()) return broken_;
+  if (std::isfinite(loss) || !config_.zinf.stop_on_nonfinite_loss) return Status::Ok();
+  char text[32];
+  std::snprintf(text, sizeof text, "%g", loss);
+  broken_ = FailedPrecondition("the loss is " + std::string(text) + " in micro-step " +
+                               std::to_string(micro_in_window_ + 1) + " of optimizer step " +
+                               std::to_string(boundaries_ + 1) +
+                               " (zinf.stop_on_nonfinite_loss): no further steps; " + ResumeHint());
+  return broken_;
 }
 
 Result<bool> EngineImpl::Step() {

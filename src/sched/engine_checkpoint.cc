@@ -403,7 +403,7 @@ Result<std::string> EngineImpl::Load(const std::string& path) {
     {
       std::lock_guard lock(mu_);
       if (!broken_.ok() && !broken_by_load_) {
-        return FailedPrecondition("this engine stopped after an I/O failure during a step (" + broken_.message() +
+        return FailedPrecondition("this engine stopped during a step (" + broken_.message() +
                                   "): create a new engine and load the checkpoint there");
       }
     }

@@ -260,6 +260,7 @@ class EngineImpl final : public Engine {
   Status GradsReady(int unit, Stream& stream) override;
   Status Release(int unit, Stream& stream) override;
   Result<bool> Step() override;
+  Status ReportLoss(double loss) override;
   Result<float> loss_scale() override;
   Status Synchronize() override {
     Status a = stream_->Synchronize();
@@ -353,6 +354,9 @@ class EngineImpl final : public Engine {
   // (broken_).
   enum class SwapKind { kState, kParams, kGradients };
   Status SwapFailure(Status s, SwapKind kind = SwapKind::kState);
+  // "resume from the last complete checkpoint (<path>)" for the messages of
+  // broken_ (mu_ held).
+  std::string ResumeHint() const;
   // A swapped gradient's accumulation: into a staging buffer (after the
   // stored one is read back, unless `first`), then written to the store.
   Status SwapAccumulate(size_t i, const float* reduced, bool first);

@@ -149,11 +149,7 @@ Status EngineImpl::SwapFailure(Status s, SwapKind kind) {
                               : kind == SwapKind::kGradients
                                   ? "; this window's gradients are lost and sub-groups on disk may be at different steps"
                                   : "; sub-groups on disk are now at different steps";
-    broken_ = DataLoss(std::string(what) + s.ToString() + consequence +
-                       ": no further steps; resume from the last "
-                       "complete checkpoint" +
-                       (last_checkpoint_.empty() ? std::string(" (this engine has saved or loaded none)")
-                                                 : " (" + last_checkpoint_ + ")"));
+    broken_ = DataLoss(std::string(what) + s.ToString() + consequence + ": no further steps; " + ResumeHint());
     // The peers stop now, not at their next collective with this rank.
     if (comm_ && distributed()) comm_->Abort(broken_);
   }

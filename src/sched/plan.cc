@@ -378,6 +378,8 @@ PlanRow PlanCombination(const PlanInput& in, int stage, OffloadDevice optimizer,
   // Stage 2/3 reduce buckets: units in backward order, greedily up to
   // reduce_bucket_size; a bucket of several units is packed into one buffer
   // (only with several ranks and contiguous_gradients).
+  int64_t max_reduced = 0;  // the most elements one gradient reduction takes (all ranks' shares)
+  for (const UnitPartition& p : parts) max_reduced = std::max(max_reduced, p.padded_elems);
   if (stage >= 2 && N > 1 && z.contiguous_gradients) {
     int64_t open = 0, open_units = 0, max_bucket = 0;
     auto close = [&] {
@@ -391,6 +393,14 @@ PlanRow PlanCombination(const PlanInput& in, int stage, OffloadDevice optimizer,
     }
     close();
     if (max_bucket > 0) dev.Add("reduce bucket", Dev(static_cast<uint64_t>(max_bucket) * 4));
+    max_reduced = std::max(max_reduced, max_bucket);
+  }
+  // NCCL's deterministic reductions land the other ranks' chunks of this
+  // rank's share in a staging buffer from the device budget while each runs:
+  // (N - 1) × the share, fp32, at most one at a time (the engine stream).
+  if (in.reductions_on_device && N > 1) {
+    dev.Add("NCCL reduction staging (the largest gradient reduction)",
+            Dev(static_cast<uint64_t>(N - 1) * static_cast<uint64_t>(max_reduced / N) * 4));
   }
   dev.Add("activations", in.model.activation_bytes);
   dev.Add("batch buffers", in.model.io_buffer_bytes);
@@ -564,6 +574,7 @@ std::string PlanToJson(const PlanInput& in, const std::vector<PlanRow>& rows) {
         {"activations", in.model.activation_note},
         {"flops_per_micro_step", in.model.flops_per_micro_step}}},
       {"ranks", in.world_size},
+      {"reductions_on_device", in.reductions_on_device},
       {"gradient_accumulation_steps", in.gradient_accumulation_steps},
       {"compute_dtype", in.config.bf16.enabled ? "bf16" : in.config.fp16.enabled ? "fp16" : "fp32"},
       {"capacity", {{"device", cap(in.device_memory)}, {"host", cap(in.host_memory)}, {"nvme", cap(in.nvme_free)}}},

@@ -14,7 +14,9 @@
 //           gradients P, and without optimizer offload the fp32 accumulator
 //           (P in stages 0/1, S in 2/3) and master/m/v 12 B × owned (P in
 //           stage 0, S otherwise); the stage 2/3 reduce bucket when several
-//           units share one; norm partials; the model's activations and
+//           units share one; with NCCL (reductions_on_device) the
+//           largest gradient reduction's staging, (ranks - 1) × its
+//           per-rank share × 4 B; norm partials; the model's activations and
 //           batch buffers.
 //   host    (pinned) offload cpu: master/m/v + accumulator 16 B × owned, one
 //           unit's gradient staging, buffer_count (>= 2) parameter slots;
@@ -87,6 +89,9 @@ Status ApplyModelJson(const std::string& json_text, const std::string& source, P
 struct PlanInput {
   Config config;  // stage and offload are overridden per row; the rest applies
   int world_size = 1;
+  // The communicator's reductions stage on the device (NCCL, on a CUDA
+  // device with several ranks): the largest one's staging is counted.
+  bool reductions_on_device = false;
   PlanModel model;
   PlanRates rates;
   int64_t gradient_accumulation_steps = 1;

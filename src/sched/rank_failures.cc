@@ -40,6 +40,9 @@ class SharedFailureEngine final : public Engine {
   Result<bool> Step() override {
     return Shared([&] { return inner_->Step(); });
   }
+  Status ReportLoss(double loss) override {
+    return Shared([&] { return inner_->ReportLoss(loss); });
+  }
   Result<float> loss_scale() override {
     return Shared([&] { return inner_->loss_scale(); });
   }

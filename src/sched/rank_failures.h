@@ -16,8 +16,9 @@
 // After a stop the engine's state may be mixed across ranks; only a Load of
 // the last complete checkpoint, in a new run, continues the training.
 //
-// Step calls: Fetch, GradBuffers, GradsReady, Release, Step, loss_scale,
-// Synchronize, Stats, ReadState. Registration (AddUnit) keeps its own
+// Step calls: Fetch, GradBuffers, GradsReady, Release, Step, ReportLoss
+// (a NaN loss, with zinf.stop_on_nonfinite_loss), loss_scale, Synchronize,
+// Stats, ReadState. Registration (AddUnit) keeps its own
 // errors: nothing has been enqueued toward the peers before Finalize. Save
 // and Load already agree on their outcome across the ranks (a failed Save
 // fails on every rank and training may go on); a stopped engine refuses

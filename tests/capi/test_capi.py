@@ -23,7 +23,7 @@ c_int, c_uint, c_u64, c_i64, c_size, c_double, c_void_p, c_char_p = (
     ctypes.c_int, ctypes.c_uint, ctypes.c_uint64, ctypes.c_int64, ctypes.c_size_t, ctypes.c_double,
     ctypes.c_void_p, ctypes.c_char_p)
 
-ZINF_OK, ZINF_ERR_INVALID_ARGUMENT, ZINF_ERR_DATA_LOSS = 0, 1, 8
+ZINF_OK, ZINF_ERR_INVALID_ARGUMENT, ZINF_ERR_FAILED_PRECONDITION, ZINF_ERR_DATA_LOSS = 0, 1, 4, 8
 ZINF_DTYPE_FP32, ZINF_DTYPE_BF16, ZINF_DTYPE_FP16 = 0, 1, 2
 ZINF_AIO_POSIX = 2
 ZINF_FILE_READ, ZINF_FILE_WRITE, ZINF_FILE_CREATE, ZINF_FILE_TRUNCATE, ZINF_FILE_DIRECT = 0, 1, 2, 4, 8
@@ -82,6 +82,7 @@ def load(path):
         "zinf_engine_grads_ready": (c_int, [c_void_p, c_int, c_void_p]),
         "zinf_engine_release": (c_int, [c_void_p, c_int, c_void_p]),
         "zinf_engine_step": (c_int, [c_void_p, ctypes.POINTER(c_int)]),
+        "zinf_engine_report_loss": (c_int, [c_void_p, c_double]),
         "zinf_stream_create": (c_int, [c_void_p, ctypes.POINTER(c_void_p)]),
         "zinf_stream_destroy": (None, [c_void_p]),
         "zinf_stream_synchronize": (c_int, [c_void_p]),
@@ -310,6 +311,30 @@ def test_engine_tensor_arrays():
     print("ok: stage-3 fetch pointer arrays stay as returned")
 
 
+def test_report_loss():
+    """zinf.stop_on_nonfinite_loss through the C ABI: a NaN loss fails with
+    FAILED_PRECONDITION naming it, and the next step refuses; without the
+    key, a NaN loss is accepted."""
+    for stop in (False, True):
+        config = STAGE3_CONFIG.replace(b'"device": "cpu"',
+                                       b'"device": "cpu", "stop_on_nonfinite_loss": %s' % (b"true" if stop else b"false"))
+        engine = c_void_p()
+        check(LIB.zinf_engine_create(config, None, ctypes.byref(engine)))
+        w = (c_i64 * 1)(1000)
+        spec = (ParamSpec * 1)(ParamSpec(b"w", w, 1, ZINF_DTYPE_FP32, None))
+        check(LIB.zinf_engine_add_unit(engine, b"unit", spec, 1, None))
+        check(LIB.zinf_engine_report_loss(engine, 3.25))
+        if not stop:
+            check(LIB.zinf_engine_report_loss(engine, float("nan")))
+        else:
+            message = check(LIB.zinf_engine_report_loss(engine, float("nan")), ZINF_ERR_FAILED_PRECONDITION)
+            assert "the loss is nan" in message and "stop_on_nonfinite_loss" in message, message
+            message = check(LIB.zinf_engine_step(engine, None), ZINF_ERR_FAILED_PRECONDITION)
+            assert "the loss is nan" in message, message
+        LIB.zinf_engine_destroy(engine)
+    print("ok: a NaN loss stops the engine where the config says so")
+
+
 def main():
     global LIB
     if len(sys.argv) != 3:
@@ -326,6 +351,7 @@ def main():
         aio_round_trip(scratch, 0, ZINF_FILE_DIRECT, "o_direct")
     test_adam()
     test_engine_tensor_arrays()
+    test_report_loss()
     print("PASS: python ctypes + numpy")
     return 0
 

@@ -179,6 +179,7 @@ TEST(ConfigTest, NvmePathMayBeAListForStriping) {
 TEST(ConfigTest, ZinfBlock) {
   Config c = MustParse(R"({"zinf": {"device": "cuda:1", "device_memory": "2G", "host_memory": 1073741824,
                            "optimizer_threads": 2, "gradients": "nvme", "checksums": true, "matmul": "bf16",
+                           "stop_on_nonfinite_loss": true,
                            "attention": "flash", "aio": {"rings": 2, "sqpoll": true, "phased_swaps": false}}})");
   EXPECT_EQ(c.zinf.device, "cuda:1");
   EXPECT_EQ(c.zinf.device_memory, 2ull << 30);
@@ -187,6 +188,8 @@ TEST(ConfigTest, ZinfBlock) {
   EXPECT_EQ(c.zinf.gradients, GradientHome::kNvme);
   EXPECT_EQ(MustParse("{}").zinf.gradients, GradientHome::kAuto);
   EXPECT_TRUE(c.zinf.checksums);
+  EXPECT_TRUE(c.zinf.stop_on_nonfinite_loss);
+  EXPECT_FALSE(MustParse("{}").zinf.stop_on_nonfinite_loss);
   EXPECT_EQ(c.zinf.aio.rings, 2);
   EXPECT_TRUE(c.zinf.aio.sqpoll);
   EXPECT_FALSE(c.zinf.aio.phased_swaps);

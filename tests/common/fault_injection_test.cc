@@ -37,6 +37,11 @@ TEST(FaultInjectionTest, EioCountsReadsAndWritesEnospcOnlyWrites) {
   EXPECT_EQ(At(Site::kIoWrite), 0);
   EXPECT_EQ(At(Site::kRingSubmit), EIO);
   EXPECT_EQ(At(Site::kRingSubmit), 0);
+  ASSERT_TRUE(SetPlanForTesting("nan:2"));
+  EXPECT_EQ(At(Site::kDeviceAlloc), 0);
+  EXPECT_EQ(At(Site::kLoss), 0);
+  EXPECT_EQ(At(Site::kLoss), EDOM);
+  EXPECT_EQ(At(Site::kLoss), 0);
 }
 
 TEST(FaultInjectionTest, CountModeNeverFails) {

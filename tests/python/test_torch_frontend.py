@@ -324,6 +324,31 @@ def test_bf16_compute(scratch):
     engine.close()
 
 
+def test_nonfinite_loss(scratch):
+    # zinf.stop_on_nonfinite_loss: backward hands the loss to the engine, and a
+    # NaN stops it (every rank here reports one).
+    cfg = config(2)
+    cfg["zinf"]["stop_on_nonfinite_loss"] = True
+    torch.manual_seed(5)
+    engine = zinf.torch.initialize(Gpt2(), cfg)
+    engine.backward(engine(*batch(0, RANK)))
+    engine.step()
+    try:
+        engine.backward(engine(*batch(1, RANK)) * float("nan"))
+    except ZinfError as e:
+        assert "the loss is nan" in str(e), str(e)
+        print("  NaN loss: %s" % str(e).splitlines()[0][:120])
+    else:
+        raise AssertionError("a NaN loss was accepted with zinf.stop_on_nonfinite_loss")
+    try:
+        engine.step()
+    except ZinfError as e:
+        assert "the loss is nan" in str(e), str(e)
+    else:
+        raise AssertionError("the engine stepped after a NaN loss")
+    engine.close()
+
+
 def test_bad_input(scratch):
     try:
         zinf.torch.initialize(Gpt2(), {"zero_optimization": {"stage": 7}})
@@ -343,6 +368,7 @@ def main():
         test_device_budget(scratch)
     test_checkpoint_and_export(scratch)
     test_bf16_compute(scratch)
+    test_nonfinite_loss(scratch)
     test_bad_input(scratch)
     print("ok")
 

@@ -15,6 +15,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cmath>
+#include <limits>
 #include <filesystem>
 #include <fstream>
 #include <cstring>
@@ -1068,6 +1069,60 @@ void EngineTest::NvmeFaultMidStep(const Config& c, const std::string& name, cons
   RunSteps(*again, net2, kSave, kSteps, kPoison);
   MustOk(stream_->Synchronize());
   ExpectSameState(Take(*again), straight, "resumed after the fault");
+}
+
+// zinf.stop_on_nonfinite_loss: a NaN loss stops the engine (every rank
+// reports one here, so each fails on its own) as a swap failure does; a new
+// engine loads the checkpoint, and the training resumed from it ends where
+// the run that never failed ends.
+// Without the key a NaN loss is the caller's business.
+TEST_F(EngineTest, NonFiniteLossStopsTheEngineLikeASwapFailure) {
+  constexpr int kSteps = 4, kSave = 2;
+  Config c = HardConfig(2);
+  const Snapshot straight = RunDense(c, kSteps);
+  {
+    auto lax = Must(Engine::Create(c, *device_, comm_.get()));
+    MustOk(lax->ReportLoss(std::nan("")));
+  }
+  c.zinf.stop_on_nonfinite_loss = true;
+  const std::string dir = CheckpointDir("nan-loss");
+  auto e = Must(Engine::Create(c, *device_, comm_.get()));
+  DenseNet net;
+  net.Register(*e, 11);
+  RunSteps(*e, net, 0, kSave, -1);
+  const std::string saved = Must(e->Save(dir));
+  MustOk(e->ReportLoss(2.5));
+  // A rank may meet a peer's stop first, in its micro-step's reductions.
+  Status failure = net.TryMicroStep(*e, *stream_, static_cast<uint64_t>(kSave) * 2 * world() + rank());
+  if (failure.ok()) failure = e->ReportLoss(-std::numeric_limits<double>::infinity());
+  if (failure.code() == StatusCode::kUnavailable && world() > 1) {
+    EXPECT_NE(failure.message().find(" stopped: FailedPrecondition: the loss is"), std::string::npos)
+        << failure.ToString();
+  } else {
+    ASSERT_EQ(failure.code(), StatusCode::kFailedPrecondition) << failure.ToString();
+  }
+  const std::string m = failure.message();
+  EXPECT_NE(m.find("the loss is -inf in micro-step 1 of optimizer step 3"), std::string::npos) << m;
+  EXPECT_NE(m.find("zinf.stop_on_nonfinite_loss"), std::string::npos) << m;
+  EXPECT_NE(m.find(saved), std::string::npos) << "names the checkpoint to resume from: " << m;
+  EXPECT_EQ(e->Step().status().code(), failure.code());
+  EXPECT_EQ(e->ReportLoss(1.0).code(), failure.code());
+  EXPECT_EQ(e->Save(dir).status().code(), failure.code());
+  const Status reload = e->Load(dir).status();
+  EXPECT_FALSE(reload.ok()) << "a new engine is needed";
+  if (world() == 1) {
+    EXPECT_EQ(reload.code(), StatusCode::kFailedPrecondition) << reload.ToString();
+  }
+  MustOk(stream_->Synchronize());
+  e.reset();
+  RenewBrokenCommunicator();
+  auto again = Must(Engine::Create(c, *device_, comm_.get()));
+  DenseNet net2;
+  net2.Register(*again, 99);
+  EXPECT_EQ(Must(again->Load(dir)), "{}");
+  RunSteps(*again, net2, kSave, kSteps, -1);
+  MustOk(stream_->Synchronize());
+  ExpectSameState(Take(*again), straight, "a new engine, resumed after the non-finite loss");
 }
 
 // The same for the parameter store (offload_param nvme): a write of a new

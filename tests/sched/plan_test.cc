@@ -5,6 +5,7 @@
 // with its activation arena.
 #include "cpu/pinned_pool.h"
 #include "model/gpt_plan.h"
+#include "sched/partition.h"
 #include "sched/plan.h"
 
 #include <gtest/gtest.h>
@@ -75,6 +76,35 @@ TEST(PlanTest, Stage3NoOffloadMatchesHandCount) {
   EXPECT_EQ(r.nvme_bytes, 0u);
   const StateBytes z = ModelStateBytes(250'000, 2, 3, OffloadDevice::kNone, OffloadDevice::kNone);
   EXPECT_DOUBLE_EQ(r.zero_formula.device, z.device);
+}
+
+// NCCL on the device: the largest gradient reduction's staging, (ranks - 1)
+// × its per-rank share × 4 B, from the device budget. Stage 3's bucket of
+// both units (393 216 elements) is the largest reduce-scatter; stage 1
+// all-reduces unit by unit (unit 0: 262 144).
+TEST(PlanTest, NcclReductionStagingIsCounted) {
+  PlanInput in = SmallInput();
+  const PlanRow mpi3 = PlanCombination(in, 3, OffloadDevice::kNone, OffloadDevice::kNone);
+  const PlanRow mpi1 = PlanCombination(in, 1, OffloadDevice::kCpu, OffloadDevice::kNone);
+  EXPECT_EQ(Find(mpi3.device_items, "NCCL reduction staging"), nullptr) << "host collectives stage nothing on the device";
+  in.reductions_on_device = true;
+  const PlanRow nccl3 = PlanCombination(in, 3, OffloadDevice::kNone, OffloadDevice::kNone);
+  const PlanRow nccl1 = PlanCombination(in, 1, OffloadDevice::kCpu, OffloadDevice::kNone);
+  ASSERT_NE(Find(nccl3.device_items, "NCCL reduction staging"), nullptr);
+  EXPECT_EQ(Find(nccl3.device_items, "NCCL reduction staging")->bytes, 393216u / 2 * 4);
+  EXPECT_EQ(nccl3.device_bytes, mpi3.device_bytes + 393216u / 2 * 4);
+  EXPECT_EQ(Find(nccl1.device_items, "NCCL reduction staging")->bytes, 262144u / 2 * 4);
+  EXPECT_EQ(nccl1.device_bytes, mpi1.device_bytes + 262144u / 2 * 4);
+  in.world_size = 4;  // 3 of 4 shares: unit 0 padded to 4 blocks x 4 ranks
+  const PlanRow four = PlanCombination(in, 2, OffloadDevice::kCpu, OffloadDevice::kNone);
+  const int64_t padded0 = PartitionUnit(200'000, 4).padded_elems, padded1 = PartitionUnit(50'000, 4).padded_elems;
+  EXPECT_EQ(Find(four.device_items, "NCCL reduction staging")->bytes,
+            static_cast<uint64_t>(3 * (padded0 + padded1) / 4 * 4));
+  in.world_size = 1;
+  EXPECT_EQ(Find(PlanCombination(in, 0, OffloadDevice::kNone, OffloadDevice::kNone).device_items,
+                 "NCCL reduction staging"),
+            nullptr)
+      << "one rank reduces nothing";
 }
 
 TEST(PlanTest, OptimizerOffloadMatchesHandCount) {

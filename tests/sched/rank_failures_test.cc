@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cmath>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -40,6 +41,7 @@ class RankFailuresTest : public ::testing::TestWithParam<int> {
     c.zero.stage3_param_persistence_threshold = 0;
     c.train_micro_batch_size_per_gpu = 1;
     c.gradient_accumulation_steps = 1;
+    c.zinf.stop_on_nonfinite_loss = true;
     engine_ = Must(Engine::Create(c, *device_, comm_.get()));
     for (int u = 0; u < 3; ++u) {
       std::vector<float> w(kElems, 0.01f * (u + 1));
@@ -52,8 +54,9 @@ class RankFailuresTest : public ::testing::TestWithParam<int> {
   int victim() const { return comm_->size() - 1; }
 
   // One micro-step and its boundary: forward over the units, backward in
-  // reverse with a constant gradient, Step, Synchronize. The first failure.
-  Status Step() {
+  // reverse with a constant gradient, the loss reported, Step, Synchronize.
+  // The first failure.
+  Status Step(double loss = 1.0) {
     for (int u = 0; u < 3; ++u) {
       ZINF_RETURN_IF_ERROR(engine_->Fetch(u, *stream_).status());
       ZINF_RETURN_IF_ERROR(engine_->Release(u, *stream_));
@@ -69,6 +72,7 @@ class RankFailuresTest : public ::testing::TestWithParam<int> {
       ZINF_RETURN_IF_ERROR(engine_->GradsReady(u, *stream_));
       ZINF_RETURN_IF_ERROR(engine_->Release(u, *stream_));
     }
+    ZINF_RETURN_IF_ERROR(engine_->ReportLoss(loss));
     ZINF_RETURN_IF_ERROR(engine_->Step().status());
     ZINF_RETURN_IF_ERROR(engine_->Synchronize());
     return stream_->Synchronize();
@@ -123,6 +127,15 @@ TEST_P(RankFailuresTest, AnAllocationFailureOnOneRankStopsEveryRank) {
   if (st.ok()) st = Step();
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   ExpectStoppedTogether(st, s, "OutOfMemory");
+}
+
+// zinf.stop_on_nonfinite_loss: a NaN loss on one rank stops them all.
+TEST_P(RankFailuresTest, ANonFiniteLossOnOneRankStopsEveryRank) {
+  ASSERT_TRUE(Step().ok());
+  const auto t0 = std::chrono::steady_clock::now();
+  const Status st = Step(rank() == victim() ? std::nan("") : 2.0);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ExpectStoppedTogether(st, s, "FailedPrecondition: the loss is nan");
 }
 
 INSTANTIATE_TEST_SUITE_P(Stages, RankFailuresTest, ::testing::Values(1, 2, 3),
