@@ -6,11 +6,17 @@
 #   eio     its Nth NVMe transfer fails with EIO     (ZINF_FAULT=eio:N)
 #   enospc  its Nth NVMe write fails with ENOSPC     (ZINF_FAULT=enospc:N)
 #   ring    its Nth io_uring submission fails hard   (ZINF_FAULT=ring:N)
-#   kill    it is SIGKILLed at a random moment
+#   nan     its Nth micro-step's loss is NaN         (ZINF_FAULT=nan:N, with
+#           zinf.stop_on_nonfinite_loss)
+#   kill    it is SIGKILLed at a random moment of the training
+#   start   it is SIGKILLed at a random moment of the start-up (from launch
+#           to the first checkpoint: MPI_Init, the model, the first step)
 # N is drawn from the events that rank counted in a run without faults
 # (ZINF_FAULT=count). Each round must end with every rank exiting non-zero
-# within the collectives' deadline (zinf.comm_timeout_s, 5 s here), every
-# survivor naming the failed rank and the cause; then a new run resumed
+# within the collectives' deadline (zinf.comm_timeout_s, 5 s here) + 5 s,
+# every survivor naming the failed rank and the cause, except inside MPI's
+# start-up, where no one can say which rank is missing and the survivors'
+# start-up watch names the MPI call instead; then a new run resumed
 # from `latest` (or from scratch when no checkpoint was complete) must end
 # with exactly the loss and gradient norm of the run that never failed.
 # Prints the rounds and the median and maximum time to detection (the fault
@@ -49,7 +55,7 @@ config() {  # stage offload -> a config file
  "optimizer": {"type": "AdamW", "params": {"lr": 0.003, "weight_decay": 0.01}},
  "zero_optimization": {"stage": $1, "stage3_param_persistence_threshold": 0,
    "offload_optimizer": {"device": "$2", "nvme_path": "$DIR/nvme"}},
- "zinf": {"comm_timeout_s": $TIMEOUT_S}}
+ "zinf": {"comm_timeout_s": $TIMEOUT_S, "stop_on_nonfinite_loss": true}}
 EOF
   echo "$f"
 }
@@ -63,7 +69,7 @@ run() {
 }
 
 mkdir -p nvme
-declare -A REF_LAST REF_SECONDS REF_COUNTS  # by ranks-stage-offload
+declare -A REF_LAST REF_SECONDS REF_START REF_COUNTS  # by ranks-stage-offload
 CONFIGS=()
 for n in 2 4; do
   for stage in 2 3; do
@@ -71,6 +77,7 @@ for n in 2 4; do
       key="$n-$stage-$offload"
       CONFIGS+=("$key")
       cfg=$(config "$stage" "$offload")
+      launched=$(date +%s.%N)
       run "ref-$key" "$n" all count --config "$cfg" "${SHAPE[@]}" --save-dir "ck-ref-$key" --save-every 1 --keep 1000 \
         --metrics-json "ref-$key/m.jsonl"
       for r in $(seq 0 $((n - 1))); do
@@ -82,6 +89,8 @@ for n in 2 4; do
       # window a kill lands in.
       REF_SECONDS[$key]=$(awk "BEGIN { print $(stat -c %.9Y "ck-ref-$key/step-${SHAPE[1]}") - \
                                               $(stat -c %.9Y "ck-ref-$key/step-1") }")
+      # The start-up: from the launch to the first checkpoint.
+      REF_START[$key]=$(awk "BEGIN { print $(stat -c %.9Y "ck-ref-$key/step-1") - $launched }")
       for r in $(seq 0 $((n - 1))); do
         REF_COUNTS[$key-$r]=$(grep -o 'ZINF_FAULT counts: .*' "ref-$key/err.$r")
       done
@@ -89,15 +98,17 @@ for n in 2 4; do
   done
 done
 
-count_of() {  # "ZINF_FAULT counts: alloc A, read R, write W, submit S" kind
-  local c=$1 kind=$2 a r w s
-  read -r a r w s <<< "$(sed -E 's/.*alloc ([0-9]+), read ([0-9]+), write ([0-9]+), submit ([0-9]+).*/\1 \2 \3 \4/' <<< "$c")"
+count_of() {  # "ZINF_FAULT counts: alloc A, read R, write W, submit S, loss L" kind
+  local c=$1 kind=$2 a r w s l
+  read -r a r w s l <<< "$(sed -E 's/.*alloc ([0-9]+), read ([0-9]+), write ([0-9]+), submit ([0-9]+), loss ([0-9]+).*/\1 \2 \3 \4 \5/' <<< "$c")"
   case $kind in
-    alloc) echo "$a" ;; eio) echo $((r + w)) ;; enospc) echo "$w" ;; ring) echo "$s" ;;
+    alloc) echo "$a" ;; eio) echo $((r + w)) ;; enospc) echo "$w" ;; ring) echo "$s" ;; nan) echo "$l" ;;
   esac
 }
 
-KINDS=(alloc eio enospc ring kill)
+KINDS=(alloc eio enospc ring nan kill start)
+declare -A BY_KIND
+startup_watched=0
 detections=()
 survived=0 not_fired=0
 for round in $(seq 1 "$ROUNDS"); do
@@ -107,23 +118,34 @@ for round in $(seq 1 "$ROUNDS"); do
   kind=${KINDS[$((RANDOM % ${#KINDS[@]}))]}
   victim=$((RANDOM % n))
   fault=""
-  if [[ $kind != kill ]]; then
+  if [[ $kind != kill && $kind != start ]]; then
     events=$(count_of "${REF_COUNTS[$key-$victim]}" "$kind")
     if [[ "$events" -lt 1 ]]; then kind=kill; else fault="$kind:$(( (RANDOM * 32768 + RANDOM) % events + 1 ))"; fi
   fi
-  rm -rf ck && mkdir -p ck
+  rm -rf ck f && mkdir -p ck
   what="round $round: $n ranks, stage $stage, optimizer on $offload, rank $victim, ${fault:-SIGKILL}"
-  if [[ $kind == kill ]]; then
+  [[ $kind == start ]] && what+=" during start-up"
+  if [[ $kind == kill || $kind == start ]]; then
     run f "$n" none "" --config "$cfg" "${SHAPE[@]}" --save-dir ck --save-every 1 &
     mpirun_pid=$!
-    # A random moment of the training: after the first step (MPI's own
-    # start-up, before zinf's deadlines apply, is not the subject here).
-    for _ in $(seq 1 3000); do
-      [[ -d ck/step-1 ]] && break
-      kill -0 "$mpirun_pid" 2>/dev/null || break
-      sleep 0.02
-    done
-    delay=$(awk "BEGIN { printf \"%.3f\", ${REF_SECONDS[$key]} * ($RANDOM % 1000) / 1000 }")
+    if [[ $kind == kill ]]; then
+      # A random moment of the training: after the first step.
+      for _ in $(seq 1 3000); do
+        [[ -d ck/step-1 ]] && break
+        kill -0 "$mpirun_pid" 2>/dev/null || break
+        sleep 0.02
+      done
+      span=${REF_SECONDS[$key]}
+    else
+      # A random moment of the start-up, from the victim's launch.
+      for _ in $(seq 1 3000); do
+        [[ -f f/pid.$victim ]] && break
+        kill -0 "$mpirun_pid" 2>/dev/null || break
+        sleep 0.005
+      done
+      span=${REF_START[$key]}
+    fi
+    delay=$(awk "BEGIN { printf \"%.3f\", $span * ($RANDOM % 1000) / 1000 }")
     sleep "$delay"
     fault_at=$(date +%s.%N)
     if [[ -f f/pid.$victim ]] && kill -9 "$(cat f/pid.$victim)" 2>/dev/null; then :; else fault_at=""; fi
@@ -154,16 +176,20 @@ for round in $(seq 1 "$ROUNDS"); do
   fi
   case $kind in
     alloc) cause="OutOfMemory" ;; eio | ring) cause="Input/output error" ;; enospc) cause="No space left on device" ;;
-    kill) cause="silent ranks" ;;
+    nan) cause="the loss is nan" ;; kill) cause="silent ranks" ;; start) cause="silent ranks|MPI start-up" ;;
   esac
   last_exit=$fault_at
   for r in $(seq 0 $((n - 1))); do
     read -r rc t < "f/rc.$r"
     if [[ "$rc" == 0 ]]; then echo "$what: rank $r exited 0 after the fault"; cat "f/err.$r"; exit 1; fi
     [[ $r == "$victim" ]] && continue
-    grep -Eq "rank $victim stopped|silent ranks: ([0-9]+, )*$victim\b" "f/err.$r" ||
-      { echo "$what: rank $r does not name rank $victim:"; cat "f/err.$r"; exit 1; }
-    grep -q "$cause" "f/err.$r" || { echo "$what: rank $r does not name the cause ($cause):"; cat "f/err.$r"; exit 1; }
+    if [[ $kind == start ]] && grep -q "MPI start-up (" "f/err.$r"; then
+      startup_watched=$((startup_watched + 1))  # stuck in MPI's start-up: the call is named, not the rank
+    else
+      grep -Eq "rank $victim stopped|silent ranks: ([0-9]+, )*$victim\b" "f/err.$r" ||
+        { echo "$what: rank $r does not name rank $victim:"; cat "f/err.$r"; exit 1; }
+    fi
+    grep -Eq "$cause" "f/err.$r" || { echo "$what: rank $r does not name the cause ($cause):"; cat "f/err.$r"; exit 1; }
     last_exit=$(awk "BEGIN { printf \"%.6f\", ($t > $last_exit) ? $t : $last_exit }")
   done
   detection=$(awk "BEGIN { printf \"%.3f\", $last_exit - $fault_at }")
@@ -196,11 +222,14 @@ assert last["loss"] == ref["loss"] and last["grad_norm"] == ref["grad_norm"], (l
 PY
   fi
   survived=$((survived + 1))
+  BY_KIND[$kind]=$(( ${BY_KIND[$kind]:-0} + 1 ))
   echo "$what: every rank stopped in $detection s; resumed ${resume[*]:-from scratch} bit-exactly"
 done
 sorted=$(printf '%s\n' "${detections[@]}" | sort -g)
 count=$(wc -l <<< "$sorted")
 median=$(sed -n "$(( (count + 1) / 2 ))p" <<< "$sorted")
 max=$(tail -n 1 <<< "$sorted")
-echo "rank fault campaign: $ROUNDS rounds, $survived stopped every rank and resumed bit-exactly, $not_fired faults never fired; time to detection median $median s, max $max s"
+kinds=""
+for k in "${KINDS[@]}"; do kinds+="${kinds:+, }$k ${BY_KIND[$k]:-0}"; done
+echo "rank fault campaign: $ROUNDS rounds, $survived stopped every rank and resumed bit-exactly ($kinds), $not_fired faults never fired; time to detection median $median s, max $max s; $startup_watched survivors ended by the start-up watch"
 [[ $survived -ge $(( ROUNDS * 3 / 4 )) ]] || { echo "too few faults fired"; exit 1; }
