@@ -392,6 +392,21 @@ class EngineTest : public ::testing::Test {
     return state;
   }
 
+  // After a stop: a new engine (on a new communicator when the ranks
+  // stopped together) loads `dir`, runs boundaries [from, to) and must end
+  // in `expected`.
+  void ResumeInANewEngine(const Config& c, const std::string& dir, int from, int to, int poison_at,
+                          const Snapshot& expected, const std::string& what) {
+    RenewBrokenCommunicator();
+    auto again = Must(Engine::Create(c, *device_, comm_.get()));
+    DenseNet net;
+    net.Register(*again, 99);
+    EXPECT_EQ(Must(again->Load(dir)), "{}");
+    RunSteps(*again, net, from, to, poison_at);
+    MustOk(stream_->Synchronize());
+    ExpectSameState(Take(*again), expected, what);
+  }
+
   std::unique_ptr<Device> device_;
   std::unique_ptr<Stream> stream_;
   std::unique_ptr<Communicator> comm_;
@@ -1060,15 +1075,7 @@ void EngineTest::NvmeFaultMidStep(const Config& c, const std::string& name, cons
   EXPECT_EQ(e->Save(dir).status().code(), failure.code());
   EXPECT_EQ(e->Load(dir).status().code(), StatusCode::kFailedPrecondition) << "a new engine is needed";
   e.reset();
-  RenewBrokenCommunicator();
-  // Recovery: a new engine loads the checkpoint and goes on.
-  auto again = Must(Engine::Create(c, *device_, comm_.get()));
-  DenseNet net2;
-  net2.Register(*again, 99);
-  EXPECT_EQ(Must(again->Load(dir)), "{}");
-  RunSteps(*again, net2, kSave, kSteps, kPoison);
-  MustOk(stream_->Synchronize());
-  ExpectSameState(Take(*again), straight, "resumed after the fault");
+  ResumeInANewEngine(c, dir, kSave, kSteps, kPoison, straight, "resumed after the fault");
 }
 
 // zinf.stop_on_nonfinite_loss: a NaN loss stops the engine (every rank
@@ -1115,14 +1122,7 @@ TEST_F(EngineTest, NonFiniteLossStopsTheEngineLikeASwapFailure) {
   }
   MustOk(stream_->Synchronize());
   e.reset();
-  RenewBrokenCommunicator();
-  auto again = Must(Engine::Create(c, *device_, comm_.get()));
-  DenseNet net2;
-  net2.Register(*again, 99);
-  EXPECT_EQ(Must(again->Load(dir)), "{}");
-  RunSteps(*again, net2, kSave, kSteps, -1);
-  MustOk(stream_->Synchronize());
-  ExpectSameState(Take(*again), straight, "a new engine, resumed after the non-finite loss");
+  ResumeInANewEngine(c, dir, kSave, kSteps, -1, straight, "resumed after the non-finite loss");
 }
 
 // The same for the parameter store (offload_param nvme): a write of a new
