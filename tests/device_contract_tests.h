@@ -131,6 +131,78 @@ TEST_P(DeviceContractTest, AFailedTaskIsStickyAndLaterTasksAreSkipped) {
   EXPECT_EQ(s->Synchronize().code(), StatusCode::kIoError);
 }
 
+TEST_P(DeviceContractTest, StickyErrorIsSeenWithoutSynchronizing) {
+  auto s = NewStream();
+  auto e = NewEvent();
+  EXPECT_TRUE(s->sticky_error().ok());
+  ASSERT_TRUE(s->Enqueue([](const StreamContext&) { return IoError("disk on fire"); }).ok());
+  ASSERT_TRUE(e->Record(*s).ok());
+  ASSERT_TRUE(e->Synchronize().ok());
+  EXPECT_EQ(s->sticky_error().code(), StatusCode::kIoError);
+  EXPECT_EQ(s->Synchronize().code(), StatusCode::kIoError);
+}
+
+// A task of one stream waits for a task of another: were the two streams'
+// tasks run one at a time (as CUDA may run host functions), this would
+// never finish. It waits 10 s at most and then fails.
+TEST_P(DeviceContractTest, TasksOfDifferentStreamsRunAtOnce) {
+  auto a = NewStream(), b = NewStream();
+  std::atomic<bool> b_ran{false}, a_saw_b{false};
+  ASSERT_TRUE(a->Enqueue([&](const StreamContext&) {
+                 const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+                 while (!b_ran.load() && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+                 a_saw_b = b_ran.load();
+                 return Status::Ok();
+               }).ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // a's task is (very likely) running
+  ASSERT_TRUE(b->Enqueue([&](const StreamContext&) {
+                 b_ran = true;
+                 return Status::Ok();
+               }).ok());
+  ASSERT_TRUE(a->Synchronize().ok());
+  ASSERT_TRUE(b->Synchronize().ok());
+  EXPECT_TRUE(a_saw_b.load());
+}
+
+// Device::wait_stats: a host wait counts when it blocks; it drains when the
+// stream has nothing queued behind what it waited for.
+TEST_P(DeviceContractTest, HostWaitsAreCountedWhenTheyBlock) {
+  auto s = NewStream();
+  auto e = NewEvent();
+  ASSERT_TRUE(s->Synchronize().ok());
+  const DeviceWaitStats before = device_->wait_stats();
+  ASSERT_TRUE(s->Synchronize().ok());  // nothing queued: no wait
+  EXPECT_EQ(device_->wait_stats().blocking, before.blocking);
+  // Two gated tasks with the event between them: waiting for the event
+  // blocks but leaves the second task queued.
+  std::atomic<int> open{0};
+  auto gate = [&open](int n) {
+    return [&open, n](const StreamContext&) {
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      while (open.load() < n && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+      return Status::Ok();
+    };
+  };
+  ASSERT_TRUE(s->Enqueue(gate(1)).ok());
+  ASSERT_TRUE(e->Record(*s).ok());
+  ASSERT_TRUE(s->Enqueue(gate(2)).ok());
+  std::thread opener([&open] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    open = 1;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    open = 2;
+  });
+  ASSERT_TRUE(e->Synchronize().ok());
+  const DeviceWaitStats mid = device_->wait_stats();
+  EXPECT_EQ(mid.blocking, before.blocking + 1);
+  EXPECT_EQ(mid.draining, before.draining);  // the second task was still queued
+  ASSERT_TRUE(s->Synchronize().ok());  // waits for the second: drains the stream
+  opener.join();
+  const DeviceWaitStats after = device_->wait_stats();
+  EXPECT_EQ(after.blocking, before.blocking + 2);
+  EXPECT_EQ(after.draining, before.draining + 1);
+}
+
 TEST_P(DeviceContractTest, BudgetIsRealAndFragmentationCounts) {
   auto s = NewStream();
   const uint64_t mib = 1 << 20, budget = device_->memory_stats().budget_bytes;

@@ -50,9 +50,12 @@ class StreamContext {
   virtual void* Host(const void* device_ptr) const = 0;
 };
 
-// A unit of work on a stream: host code run in stream order (HostDevice: the
-// stream's worker thread; CUDA: cudaLaunchHostFunc, where it must not call
-// CUDA). A non-OK status becomes the stream's sticky error.
+// A unit of work on a stream: host code run in stream order on the stream's
+// own worker thread (HostDevice and CUDA alike: on CUDA the worker waits for
+// an event recorded at the task's place and the stream then waits for the
+// task, so tasks of different streams never queue behind one another as
+// CUDA host functions may). It must not call CUDA. A non-OK status becomes
+// the stream's sticky error.
 using StreamTask = std::function<Status(const StreamContext&)>;
 
 class Stream {
@@ -64,6 +67,9 @@ class Stream {
   virtual Status Wait(Event& event) = 0;
   // Blocks until all work enqueued so far has run; returns the sticky error.
   virtual Status Synchronize() = 0;
+  // The sticky error so far, without waiting (work still queued may fail
+  // later): a loop that never synchronizes still stops at a failure.
+  virtual Status sticky_error() = 0;
   // cudaStream_t for CudaDevice, nullptr for HostDevice.
   virtual void* native_handle() const = 0;
   // Unique for the process lifetime (addresses are reused; ids are not).
@@ -77,6 +83,20 @@ struct DeviceMemoryStats {
   uint64_t requested_bytes = 0;   // what callers asked for (in_use minus rounding)
   uint64_t largest_free_bytes = 0;  // the biggest contiguous free range
   uint64_t allocations = 0;       // live allocations
+};
+
+// Host threads waiting on the device: Stream::Synchronize and
+// Event::Synchronize called from outside the device's own workers that found
+// the work unfinished and blocked. `draining` counts those after which the
+// stream waited on had nothing queued (the device idles until the host
+// enqueues again: a bubble), as a stream Synchronize always does. A wait for
+// an event with later work queued behind it (a bounded run-ahead) blocks the
+// host but keeps the device fed. HostDevice counts both exactly; CudaDevice
+// counts blocking waits, and as draining only the stream Synchronize calls
+// (kernels launched outside zinf's Stream calls are invisible to it).
+struct DeviceWaitStats {
+  uint64_t blocking = 0;
+  uint64_t draining = 0;
 };
 
 enum class DeviceKind { kHost, kCuda };
@@ -97,6 +117,7 @@ class Device {
   // it; another stream reuses it only after an event says so.
   virtual Status Free(void* device_ptr, Stream& stream) = 0;
   virtual DeviceMemoryStats memory_stats() const = 0;
+  virtual DeviceWaitStats wait_stats() const = 0;
 
   virtual Result<std::unique_ptr<Stream>> CreateStream() = 0;
   virtual Result<std::unique_ptr<Event>> CreateEvent() = 0;

@@ -120,4 +120,6 @@ Status InlineHostStream::Synchronize() {
   return sticky_;
 }
 
+Status InlineHostStream::sticky_error() { return Synchronize(); }  // nothing is ever queued
+
 }  // namespace zinf

@@ -174,6 +174,7 @@ class InlineHostStream final : public Stream {
   Status Enqueue(StreamTask task) override;
   Status Wait(Event& event) override;  // waits on the host at once
   Status Synchronize() override;
+  Status sticky_error() override;
   void* native_handle() const override { return nullptr; }
   uint64_t id() const override { return id_; }
 

@@ -32,11 +32,25 @@ std::vector<std::pair<uintptr_t, uintptr_t>> tagged_ranges;
 
 class HostDevice;
 
+// Set on the device's own threads (stream workers, the copy engine): their
+// waits are the device's, not the host's, and are not counted.
+thread_local bool t_device_thread = false;
+
+// The host's waits on the device (Device::wait_stats).
+struct WaitCounters {
+  std::atomic<uint64_t> blocking{0}, draining{0};
+};
+
 struct EventState {
   std::mutex mu;
   std::condition_variable cv;
   uint64_t recorded = 0;   // generation of the latest Record
   uint64_t completed = 0;  // generation whose work has run
+  // Where the latest Record put it: its stream's count of submitted
+  // operations just after it (a wait drains the stream when the count has
+  // not moved since).
+  std::shared_ptr<std::atomic<uint64_t>> stream_submitted;
+  uint64_t position = 0;
 
   void Complete(uint64_t gen) {
     {
@@ -66,7 +80,7 @@ class HostContext : public StreamContext {
 // and overlap work running on other streams, like a GPU's DMA engine.
 class CopyEngine {
  public:
-  CopyEngine() : thread_([this] { Loop(); }) {}
+  CopyEngine() : thread_([this] { t_device_thread = true; Loop(); }) {}
   ~CopyEngine() {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -153,6 +167,10 @@ class HostDevice : public Device {
     return allocator_.Free(static_cast<uint64_t>(p - base_), stream);
   }
   DeviceMemoryStats memory_stats() const override { return allocator_.stats(); }
+  DeviceWaitStats wait_stats() const override {
+    return DeviceWaitStats{waits_.blocking.load(), waits_.draining.load()};
+  }
+  WaitCounters& waits() { return waits_; }
 
   Result<std::unique_ptr<Stream>> CreateStream() override;
   Result<std::unique_ptr<Event>> CreateEvent() override;
@@ -215,6 +233,7 @@ class HostDevice : public Device {
   char* base_;
   uint64_t budget_;
   DeviceAllocator allocator_;
+  WaitCounters waits_;
   std::unique_ptr<CopyEngine> copy_engine_ = std::make_unique<CopyEngine>();
 };
 
@@ -228,7 +247,10 @@ class HostStream : public Stream {
  public:
   HostStream(HostDevice* device, uint64_t seed)
       : device_(device), id_(next_stream_id.fetch_add(1)), rng_(seed ^ (id_ * 0x9e3779b97f4a7c15ull)),
-        context_(device), thread_([this] { Loop(); }) {}
+        context_(device), thread_([this] {
+          t_device_thread = true;
+          Loop();
+        }) {}
 
   ~HostStream() override {
     {
@@ -247,13 +269,27 @@ class HostStream : public Stream {
   Status Synchronize() override {
     std::unique_lock<std::mutex> lock(mu_);
     uint64_t target = submitted_;
+    if (completed_ < target && !t_device_thread) {
+      device_->waits().blocking.fetch_add(1);
+      device_->waits().draining.fetch_add(1);
+    }
     done_cv_.wait(lock, [&] { return completed_ >= target; });
+    return sticky_;
+  }
+  Status sticky_error() override {
+    std::lock_guard<std::mutex> lock(mu_);
     return sticky_;
   }
   void* native_handle() const override { return nullptr; }
   uint64_t id() const override { return id_; }
 
-  void PushSignal(std::shared_ptr<EventState> event, uint64_t gen) { Push(Op{Op::kSignal, nullptr, std::move(event), gen}); }
+  // Pushes the event's completion; returns the stream's submitted count
+  // just after it.
+  uint64_t PushSignal(std::shared_ptr<EventState> event, uint64_t gen) {
+    return Push(Op{Op::kSignal, nullptr, std::move(event), gen});
+  }
+  const std::shared_ptr<std::atomic<uint64_t>>& submitted_count() const { return submitted_count_; }
+  HostDevice* device() const { return device_; }
 
  private:
   struct Op {
@@ -263,13 +299,16 @@ class HostStream : public Stream {
     uint64_t gen;
   };
 
-  void Push(Op op) {
+  uint64_t Push(Op op) {
+    uint64_t n;
     {
       std::lock_guard<std::mutex> lock(mu_);
       ops_.push_back(std::move(op));
-      ++submitted_;
+      n = ++submitted_;
+      submitted_count_->store(n);
     }
     cv_.notify_all();
+    return n;
   }
 
   void Loop() {
@@ -312,6 +351,7 @@ class HostStream : public Stream {
   std::condition_variable cv_, done_cv_;
   std::deque<Op> ops_;
   uint64_t submitted_ = 0, completed_ = 0;
+  std::shared_ptr<std::atomic<uint64_t>> submitted_count_ = std::make_shared<std::atomic<uint64_t>>(0);
   Status sticky_;
   bool stop_ = false;
   std::thread thread_;
@@ -319,15 +359,16 @@ class HostStream : public Stream {
 
 class HostEvent : public Event {
  public:
+  explicit HostEvent(HostDevice* device) : device_(device) {}
   Status Record(Stream& stream) override {
     auto* hs = dynamic_cast<HostStream*>(&stream);
     if (!hs) return InvalidArgument("Event::Record: the stream belongs to another kind of device");
-    uint64_t gen;
-    {
-      std::lock_guard<std::mutex> lock(state_->mu);
-      gen = ++state_->recorded;
-    }
-    hs->PushSignal(state_, gen);
+    // The generation and the stream position are taken under the event's
+    // lock, so a concurrent Synchronize sees a matching pair.
+    std::lock_guard<std::mutex> lock(state_->mu);
+    const uint64_t gen = ++state_->recorded;
+    state_->stream_submitted = hs->submitted_count();
+    state_->position = hs->PushSignal(state_, gen);
     return Status::Ok();
   }
   Result<bool> Query() override {
@@ -335,17 +376,27 @@ class HostEvent : public Event {
     return state_->completed >= state_->recorded;
   }
   Status Synchronize() override {
-    uint64_t target;
+    uint64_t target, position;
+    std::shared_ptr<std::atomic<uint64_t>> submitted;
+    bool blocks;
     {
       std::lock_guard<std::mutex> lock(state_->mu);
       target = state_->recorded;
+      position = state_->position;
+      submitted = state_->stream_submitted;
+      blocks = state_->completed < target && !t_device_thread;
     }
     state_->WaitFor(target);
+    if (blocks) {
+      device_->waits().blocking.fetch_add(1);
+      if (submitted && submitted->load() == position) device_->waits().draining.fetch_add(1);
+    }
     return Status::Ok();
   }
   const std::shared_ptr<EventState>& state() const { return state_; }
 
  private:
+  HostDevice* device_;
   std::shared_ptr<EventState> state_ = std::make_shared<EventState>();
 };
 
@@ -367,7 +418,7 @@ Result<std::unique_ptr<Stream>> HostDevice::CreateStream() {
   return std::unique_ptr<Stream>(new HostStream(this, seed));
 }
 
-Result<std::unique_ptr<Event>> HostDevice::CreateEvent() { return std::unique_ptr<Event>(new HostEvent()); }
+Result<std::unique_ptr<Event>> HostDevice::CreateEvent() { return std::unique_ptr<Event>(new HostEvent(this)); }
 
 }  // namespace
 

@@ -13,6 +13,10 @@
 // delayed by a random 0-2 ms, so a missing event wait shows up here rather
 // than on a customer's GPU.
 //
+// The host's waits on the device (Device::wait_stats) are counted exactly:
+// a Synchronize from a thread that is not one of the device's own, that
+// blocked, and whether it left the stream it waited on with nothing queued.
+//
 // Thread-safe. Streams and events must not outlive their device.
 #pragma once
 
