@@ -50,6 +50,8 @@
 #include "sched/plan.h"
 #include "sched/state_bytes.h"
 #include "tools/plan.h"
+#include "tools/train_feed.h"
+#include "tools/train_plot.h"
 #include "zinf/config.h"
 #include "zinf/device.h"
 #include "zinf/engine.h"
@@ -113,31 +115,6 @@ void Must(const Status& s, const std::string& what) {
 constexpr int64_t kDefaultSteps = 300, kDefaultMicroBatch = 8;
 constexpr double kDefaultLr = 3e-3;
 constexpr uint64_t kDefaultCorpusBytes = 2'000'000;
-
-std::string Svg(const std::vector<double>& loss, const std::vector<double>& tps) {
-  const double W = 720, H = 360, pad = 50;
-  auto line = [&](const std::vector<double>& v, const char* color) {
-    if (v.empty()) return std::string();
-    const auto [mn, mx] = std::minmax_element(v.begin(), v.end());
-    const double lo = *mn, hi = *mx > *mn ? *mx : *mn + 1;
-    std::string pts;
-    for (size_t i = 0; i < v.size(); ++i) {
-      const double x = pad + (W - 2 * pad) * (v.size() > 1 ? double(i) / (v.size() - 1) : 0);
-      const double y = H - pad - (H - 2 * pad) * (v[i] - lo) / (hi - lo);
-      pts += std::to_string(x) + "," + std::to_string(y) + " ";
-    }
-    char label[160];
-    std::snprintf(label, sizeof label, "%.3g .. %.3g", lo, hi);
-    return "<polyline fill='none' stroke='" + std::string(color) + "' stroke-width='1.5' points='" + pts + "'/>" +
-           "<text x='" + std::to_string(W - pad) + "' y='" + (color[0] == 'b' ? "20" : "38") +
-           "' text-anchor='end' font-size='12' fill='" + color + "'>" + label + "</text>";
-  };
-  return "<svg xmlns='http://www.w3.org/2000/svg' width='720' height='360' font-family='sans-serif'>"
-         "<rect width='720' height='360' fill='white'/>"
-         "<text x='50' y='20' font-size='13'>zinf train: loss (blue) and tokens/s (orange) per step</text>"
-         "<line x1='50' y1='310' x2='670' y2='310' stroke='#888'/><line x1='50' y1='50' x2='50' y2='310' stroke='#888'/>" +
-         line(loss, "blue") + line(tps, "orange") + "</svg>\n";
-}
 
 // Conversations (--data *.jsonl) tokenized by the chat template and packed
 // into rows of T tokens; rank 0 reports what came of them.
@@ -547,7 +524,9 @@ int Run(const TrainOptions& opt) {
     }
     if (!tty) std::fprintf(stderr, "saved %s\n", path.c_str());
   };
-  std::vector<int32_t> tok(B * T), tgt(B * T), skip_tok(B * T), skip_tgt(B * T);
+  std::vector<int32_t> skip_tok(B * T), skip_tgt(B * T);
+  auto feed = Must(tools::TrainFeed::Create(*device, *stream, B * T, batch.gradient_accumulation_steps), "set-up");
+  int64_t micro = 0;  // micro-steps fed, validation included
   int32_t* dtok = static_cast<int32_t*>(Must(device->Allocate(B * T * 4, *stream), "tokens"));
   int32_t* dtgt = static_cast<int32_t*>(Must(device->Allocate(B * T * 4, *stream), "targets"));
   float* dloss = static_cast<float*>(Must(device->Allocate(4, *stream), "loss"));
@@ -557,15 +536,16 @@ int Run(const TrainOptions& opt) {
     if (!metrics) throw Usage{"--metrics-json: cannot write " + opt.metrics_json};
   }
   const int L = static_cast<int>(mc.num_layers);
+  const bool loss_now = config.zinf.stop_on_nonfinite_loss;  // each loss before its Step: a wait per micro-step
   std::vector<double> losses, tps_hist, step_secs;
   double optimizer_s = 0, comm_s = 0, copy_s = 0, io_s = 0, stall_s = 0, train_s = 0;
   uint64_t nvme_read = 0, nvme_written = 0, copied = 0;  // bytes moved per tier, all steps
-  // Copies the batch in tok/tgt to the device and enqueues the forward, each
-  // block fetched and released in turn; the embedding and the final norm stay
-  // fetched for the head's backward (returned: their parameters).
+  // Copies micro-step `micro`'s batch to the device and enqueues the
+  // forward, each block fetched and released in turn; the embedding and the
+  // final norm stay fetched for the head's backward (returned: their
+  // parameters).
   auto enqueue_forward = [&](const char* what) -> std::pair<const void*, const void*> {
-    Must(device->CopyToDevice(dtok, tok.data(), tok.size() * 4, *stream), "copy");
-    Must(device->CopyToDevice(dtgt, tgt.data(), tgt.size() * 4, *stream), "copy");
+    Must(feed->Feed(micro++, dtok, dtgt), "copy");
     const void* emb = Must(engine->Fetch(0, *stream), "fetch").data;
     Must(gpt->EnqueueEmbedForward(dtok, emb), what);
     for (int l = 0; l < L; ++l) {
@@ -576,40 +556,27 @@ int Run(const TrainOptions& opt) {
     Must(gpt->EnqueueHeadForward(dtgt, fin, emb, dloss), what);
     return {emb, fin};
   };
+  // Step s is looked at once step s + 1 is enqueued (its losses and
+  // metrics wait only for step s, while the device has s + 1 queued); the
+  // loop itself never waits for the device in steady state.
   const auto start = std::chrono::steady_clock::now();
-  for (int64_t step = first_step; step < steps; ++step) {
-    const auto t0 = std::chrono::steady_clock::now();
+  auto last_done = start;
+  DeviceWaitStats waits_before = device->wait_stats();
+  std::vector<std::vector<char>> poisoned(2, std::vector<char>(batch.gradient_accumulation_steps));
+  auto finish = [&](int64_t step) {
+    std::vector<float> micro_losses = Must(feed->Losses(step), "step " + std::to_string(step + 1));
     double loss_sum = 0;
-    for (int64_t k = 0; k < batch.gradient_accumulation_steps; ++k) {
-      for (int r = 0; r < world; ++r) {  // every rank its own windows
-        if (r == rank) loader.Next(tok.data(), tgt.data());
-        else loader.Next(skip_tok.data(), skip_tgt.data());
-      }
-      const auto [emb, fin] = enqueue_forward("forward");
-      const float scale = Must(engine->loss_scale(), "loss scale");
-      Must(gpt->EnqueueHeadBackward(scale, fin, emb, Must(engine->GradBuffers(L + 1), "grads").data,
-                                    Must(engine->GradBuffers(0), "grads").data), "backward");
-      Must(engine->GradsReady(L + 1, *stream), "grads ready");
-      Must(engine->Release(L + 1, *stream), "release");
-      for (int l = L - 1; l >= 0; --l) {
-        Must(gpt->EnqueueBlockBackward(l, Must(engine->Fetch(l + 1, *stream), "fetch").data,
-                                       Must(engine->GradBuffers(l + 1), "grads").data), "backward");
-        Must(engine->GradsReady(l + 1, *stream), "grads ready");
-        Must(engine->Release(l + 1, *stream), "release");
-      }
-      Must(gpt->EnqueueEmbedBackward(Must(engine->GradBuffers(0), "grads").data), "backward");
-      Must(engine->GradsReady(0, *stream), "grads ready");
-      Must(engine->Release(0, *stream), "release");
-      float loss = 0;
-      Must(device->CopyToHost(&loss, dloss, 4, *stream), "copy");
-      Must(stream->Synchronize(), "step " + std::to_string(step + 1));
-      if (fault::At(fault::Site::kLoss) != 0) loss = std::numeric_limits<float>::quiet_NaN();
-      Must(engine->ReportLoss(loss), "step " + std::to_string(step + 1));
-      loss_sum += loss;
-      Must(engine->Step(), "step");
+    for (size_t k = 0; k < micro_losses.size(); ++k) {
+      loss_sum += poisoned[step % 2][k] ? std::numeric_limits<double>::quiet_NaN() : micro_losses[k];
     }
-    const StepStats st = Must(engine->Stats(), "stats");
-    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    // Boundaries count steps from the start of training, checkpoints included.
+    const StepStats st = Must(engine->Stats(step + 1), "stats");
+    const auto now = std::chrono::steady_clock::now();
+    const double secs = std::chrono::duration<double>(now - last_done).count();
+    last_done = now;
+    const DeviceWaitStats w = device->wait_stats();
+    const uint64_t blocking = w.blocking - waits_before.blocking, draining = w.draining - waits_before.draining;
+    waits_before = w;
     train_s += secs;
     step_secs.push_back(secs);
     const double loss = loss_sum / batch.gradient_accumulation_steps;
@@ -624,9 +591,8 @@ int Run(const TrainOptions& opt) {
     nvme_read += st.nvme_bytes_read;
     nvme_written += st.nvme_bytes_written;
     copied += st.copy_bytes;
-    if (!opt.save_dir.empty() && opt.save_every > 0 && ((step + 1) % opt.save_every == 0 || step + 1 == steps)) save(step + 1);
-    if (!talk) continue;
-    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (!talk) return;
+    const double elapsed = std::chrono::duration<double>(now - start).count();
     const double eta = elapsed / (step + 1 - first_step) * (steps - step - 1);
     if (tty || (step + 1) % std::max<int64_t>(1, steps / 10) == 0 || step + 1 == steps) {
       std::fprintf(stderr,
@@ -648,11 +614,56 @@ int Run(const TrainOptions& opt) {
                           {"stall_seconds", st.stall_seconds}, {"nvme_bytes_read", st.nvme_bytes_read},
                           {"nvme_bytes_written", st.nvme_bytes_written}, {"copy_bytes", st.copy_bytes},
                           {"device_bytes_in_use", st.device_bytes_in_use},
-                          {"host_pinned_bytes", st.host_pinned_bytes}};
+                          {"host_pinned_bytes", st.host_pinned_bytes},
+                          {"host_waits", blocking}, {"host_waits_draining", draining}};
       metrics << j.dump() << "\n";
+    }
+  };
+  for (int64_t step = first_step; step < steps; ++step) {
+    for (int64_t k = 0; k < batch.gradient_accumulation_steps; ++k) {
+      auto [tok, tgt] = Must(feed->Slot(micro), "step " + std::to_string(step + 1));
+      for (int r = 0; r < world; ++r) {  // every rank its own windows
+        if (r == rank) loader.Next(tok, tgt);
+        else loader.Next(skip_tok.data(), skip_tgt.data());
+      }
+      const auto [emb, fin] = enqueue_forward("forward");
+      const float scale = Must(engine->loss_scale(), "loss scale");
+      Must(gpt->EnqueueHeadBackward(scale, fin, emb, Must(engine->GradBuffers(L + 1), "grads").data,
+                                    Must(engine->GradBuffers(0), "grads").data), "backward");
+      Must(engine->GradsReady(L + 1, *stream), "grads ready");
+      Must(engine->Release(L + 1, *stream), "release");
+      for (int l = L - 1; l >= 0; --l) {
+        Must(gpt->EnqueueBlockBackward(l, Must(engine->Fetch(l + 1, *stream), "fetch").data,
+                                       Must(engine->GradBuffers(l + 1), "grads").data), "backward");
+        Must(engine->GradsReady(l + 1, *stream), "grads ready");
+        Must(engine->Release(l + 1, *stream), "release");
+      }
+      Must(gpt->EnqueueEmbedBackward(Must(engine->GradBuffers(0), "grads").data), "backward");
+      Must(engine->GradsReady(0, *stream), "grads ready");
+      Must(engine->Release(0, *stream), "release");
+      Must(feed->KeepLoss(step, k, dloss), "copy");
+      poisoned[step % 2][k] = fault::At(fault::Site::kLoss) != 0;
+      if (loss_now) {  // the engine checks each loss before the update it would feed
+        float loss = Must(feed->LossNow(step, k), "step " + std::to_string(step + 1));
+        if (poisoned[step % 2][k]) loss = std::numeric_limits<float>::quiet_NaN();
+        Must(engine->ReportLoss(loss), "step " + std::to_string(step + 1));
+      }
+      Must(engine->Step(), "step");
+    }
+    Must(feed->EndStep(step), "step " + std::to_string(step + 1));
+    if (step > first_step) finish(step - 1);
+    if (!opt.save_dir.empty() && opt.save_every > 0 && ((step + 1) % opt.save_every == 0 || step + 1 == steps)) {
+      // A checkpoint waits for the device: its time and waits are not the next step's.
+      const auto t = std::chrono::steady_clock::now();
+      const DeviceWaitStats w = device->wait_stats();
+      save(step + 1);
+      last_done += std::chrono::steady_clock::now() - t;
+      waits_before.blocking += device->wait_stats().blocking - w.blocking;
+      waits_before.draining += device->wait_stats().draining - w.draining;
     }
   }
   Must(engine->Synchronize(), "synchronize");
+  if (steps > first_step) finish(steps - 1);
 
   // ---- Validation: forward passes through the engine on the device (every
   // rank runs them: a stage-3 Fetch is collective); the mean over up to 16
@@ -662,14 +673,13 @@ int Run(const TrainOptions& opt) {
   const int64_t windows = std::max<int64_t>(1, std::min<int64_t>(valid.NumWindows() / B, 16));
   double vloss = 0;
   for (int64_t w = 0; w < windows; ++w) {
-    valid.Next(tok.data(), tgt.data());
+    auto [tok, tgt] = Must(feed->Slot(micro), "validation");
+    valid.Next(tok, tgt);
     enqueue_forward("validation");
     Must(engine->Release(L + 1, *stream), "release");
     Must(engine->Release(0, *stream), "release");
-    float loss = 0;
-    Must(device->CopyToHost(&loss, dloss, 4, *stream), "copy");
-    Must(stream->Synchronize(), "validation");
-    vloss += loss;
+    Must(feed->KeepLoss(0, 0, dloss), "copy");
+    vloss += Must(feed->LossNow(0, 0), "validation");
   }
   vloss /= static_cast<double>(windows);
   (void)device->Free(dtok, *stream);
@@ -797,7 +807,7 @@ int Run(const TrainOptions& opt) {
   if (!opt.export_dir.empty()) std::printf("  exported a Hugging Face folder to %s\n", opt.export_dir.c_str());
   if (!opt.plot.empty()) {
     std::ofstream svg(opt.plot);
-    svg << Svg(losses, tps_hist);
+    svg << TrainSvg(losses, tps_hist);
     std::printf("  plot: %s\n", opt.plot.c_str());
   }
   return 0;

@@ -28,9 +28,12 @@
 // and its own Adam step count (bias correction) does not advance — as an
 // optimizer treats a parameter whose gradient is None.
 //
-// Nothing here blocks the host except Synchronize, Stats, ReadState and — for
-// fp16 with dynamic loss scaling — loss_scale(), which waits for the previous
-// step's overflow decision (as every fp16 trainer must).
+// Nothing here blocks the host except Synchronize, Stats(boundary), ReadState,
+// checkpoints and — for fp16 with dynamic loss scaling — loss_scale(), which
+// waits for the previous step's overflow decision (as every fp16 trainer
+// must). In steady state a training loop needs none of them: Step() returns
+// once the step is enqueued, and Stats() reports the latest step that has
+// finished without waiting.
 //
 // Numerics (the same bits whatever the stage, for the same ranks and data):
 // gradients are reduced across ranks in fp32 at every micro-step, summed in
@@ -88,7 +91,10 @@ struct UnitPointers {
 enum class StateKind { kMaster, kExpAvg, kExpAvgSq, kComputeParams };
 
 // The per-step metrics. Times are seconds within the step's window (from the
-// previous boundary to this one's last update).
+// previous boundary to this one's last update; when the host runs a step
+// ahead, a timing taken early in the next step may fall in this one). The
+// decision's figures (lr, norm, clipping, skip, loss scale) are exactly
+// this boundary's.
 struct StepStats {
   int64_t step = 0;            // optimizer steps applied so far (skips excluded)
   int64_t boundary = 0;        // accumulation boundaries so far (skips included)
@@ -138,6 +144,9 @@ struct StepStats {
   uint64_t device_bytes_in_use = 0;
   uint64_t host_pinned_bytes = 0;       // offload: pinned host memory held now
   uint64_t host_peak_pinned_bytes = 0;  // and at most so far
+  // From Stats(): boundaries enqueued after this one that had not finished
+  // when it was read (0: this is the latest boundary).
+  int64_t behind = 0;
   std::string ToString() const;  // the one-line summary the logger prints
 };
 
@@ -184,8 +193,17 @@ class Engine {
   virtual Result<float> loss_scale() = 0;
   // Waits for everything the engine enqueued; returns the first error.
   virtual Status Synchronize() = 0;
-  // The metrics of the last boundary (synchronizes first).
+  // The metrics of the latest boundary whose step has finished, without
+  // waiting for the device: StepStats::behind says how many boundaries
+  // enqueued since have not finished yet. It waits only while no boundary
+  // has finished and one is enqueued (the first step); before any boundary
+  // it is kFailedPrecondition.
   virtual Result<StepStats> Stats() = 0;
+  // The metrics of boundary `boundary` (StepStats::boundary: counted from
+  // the start of training, across checkpoints), waiting until that step has finished and for
+  // nothing after it. The last 64 boundaries are kept; an older or not yet
+  // enqueued one is kOutOfRange.
+  virtual Result<StepStats> Stats(int64_t boundary) = 0;
   // The whole unit's state as fp32 (num_elems values) into host memory.
   // Collective in stages 1 and 2 (the shards are gathered): every rank calls.
   virtual Status ReadState(int unit, StateKind kind, float* host_dst) = 0;

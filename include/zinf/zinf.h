@@ -284,8 +284,11 @@ ZINF_API int zinf_engine_loss_scale(zinf_engine* engine, float* out_scale);
 /* Blocks until everything the engine enqueued has run; returns the first error. */
 ZINF_API int zinf_engine_synchronize(zinf_engine* engine);
 
-/* The metrics of the last accumulation boundary as one JSON object
- * (synchronizes first): step, boundary, skipped, loss_scale,
+/* The metrics of the latest accumulation boundary whose step has finished,
+ * as one JSON object, without waiting for the device (it waits only for the
+ * first step; call zinf_engine_synchronize first for the step just
+ * enqueued): step, boundary, behind (boundaries enqueued since that have
+ * not finished), skipped, loss_scale,
  * next_loss_scale, lr, grad_norm, clip_coef, optimizer_seconds,
  * comm_seconds, copy_seconds, io_seconds, stall_seconds, longest_stall,
  * nvme_bytes_read, nvme_bytes_written (and their _total since the engine

@@ -356,7 +356,10 @@ class Engine:
         return bool(boundary.value)
 
     def stats(self):
-        """The last boundary's metrics (lr, grad_norm, loss_scale, bytes moved, ...)."""
+        """The metrics of the step just taken (lr, grad_norm, loss_scale, bytes moved, ...): waits for the
+        device, as the front-end's Fetch does anyway (torch computes on the host between zinf's calls)."""
+        L = _capi.lib()
+        check(L.zinf_engine_synchronize(self._engine), "stats")
         out = ctypes.c_void_p()
         check(_capi.lib().zinf_engine_stats_json(self._engine, ctypes.byref(out)), "stats")
         return json.loads(_capi.take_string(out))

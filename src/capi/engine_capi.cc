@@ -366,6 +366,7 @@ ZINF_API int zinf_engine_stats_json(zinf_engine* engine, char** out_json) {
     nlohmann::json j;
     j["step"] = s.step;
     j["boundary"] = s.boundary;
+    j["behind"] = s.behind;
     j["skipped"] = s.skipped;
     j["loss_scale"] = Number(s.loss_scale);
     j["next_loss_scale"] = Number(s.next_loss_scale);

@@ -462,6 +462,9 @@ Result<std::string> EngineImpl::Load(const std::string& path) {
       units_[i].steps = saved_units[i].value("steps", decider_.steps_applied());
     }
     boundaries_ = manifest.at("boundaries").get<int64_t>();
+    first_boundary_ = boundaries_ + 1;
+    closed_.clear();  // their boundaries belong to the run before the Load
+    decided_steps_.clear();
     decision_pending_ = false;
     micro_in_window_ = 0;
     last_checkpoint_ = ckpt_dir;

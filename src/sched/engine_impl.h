@@ -38,6 +38,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <filesystem>
 #include <cmath>
@@ -209,6 +210,9 @@ class EngineImpl final : public Engine {
     ZINF_ASSIGN_OR_RETURN(gathers_done_, device_.CreateEvent());
     ZINF_ASSIGN_OR_RETURN(decided_, device_.CreateEvent());
     ZINF_ASSIGN_OR_RETURN(updates_done_, device_.CreateEvent());
+    for (auto& e : closed_events_) {
+      ZINF_ASSIGN_OR_RETURN(e, device_.CreateEvent());
+    }
     if (offload_ || param_offload_ || !host_memory_) {
       PinnedPoolOptions o;
       o.budget_bytes = PinnedBudgetBytes(config_);  // no limit beyond the machine's memory unless set
@@ -269,6 +273,7 @@ class EngineImpl final : public Engine {
     return !a.ok() ? a : !b.ok() ? b : c;
   }
   Result<StepStats> Stats() override;
+  Result<StepStats> Stats(int64_t boundary) override;
   Result<std::string> Save(const std::string& dir, const std::string& client_state) override;
   Result<std::string> Load(const std::string& path) override;
   Status ReadState(int unit, StateKind kind, float* host_dst) override;
@@ -398,7 +403,7 @@ class EngineImpl final : public Engine {
   // drops what the engine holds ahead of use; on several ranks it is an
   // error (the gathers must stay the same on every rank).
   Result<void*> AllocateForClient(uint64_t bytes, Stream& stream);
-  void Decide(const double* partials_host);
+  void Decide(const double* partials_host, int64_t boundary);
 
   const Config config_;
   Device& device_;
@@ -469,6 +474,10 @@ class EngineImpl final : public Engine {
   std::unique_ptr<Event> gathers_done_;  // the boundary's updates wait for every gather still reading a shard
   std::unique_ptr<Event> decided_;  // recorded after each boundary's decision
   std::unique_ptr<Event> updates_done_;  // offload: the engine stream's last task of a boundary
+  // Boundary b's window closed: closed_events_[b % 8], recorded after its
+  // StepStats are kept (a wait for b waits for nothing after it unless the
+  // host has run 8 boundaries ahead).
+  std::array<std::unique_ptr<Event>, 8> closed_events_;
   UnitTable table_;  // the units' layouts and placement rules, fixed at registration
   std::vector<Unit> units_;
   // Stage 3 prefetch: the order of one micro-step's Fetch calls, and the
@@ -480,6 +489,7 @@ class EngineImpl final : public Engine {
   Status finalize_status_;  // the set-up's failure, once finalized_
   int64_t micro_in_window_ = 0;  // micro-steps since the last boundary
   int64_t boundaries_ = 0;
+  int64_t first_boundary_ = 1;  // this engine's first since it started or loaded (under mu_)
   // Stages 2 and 3: the reduce buckets (the open one, and those closed but
   // held until the micro-step ends when overlap_comm is off).
   ReduceBuckets buckets_;
@@ -497,8 +507,11 @@ class EngineImpl final : public Engine {
   uint64_t nvme_total_read_ = 0, nvme_total_written_ = 0;  // over every closed window
   StepDecision decider_;  // the loss scaler and the applied steps
   Decision decision_;
+  // Each boundary's decision and the steps applied with it, until its
+  // window closes.
+  std::map<int64_t, std::pair<Decision, int64_t>> decided_steps_;
   Window window_;
-  std::optional<StepStats> last_stats_;
+  std::map<int64_t, StepStats> closed_;  // the last 64 boundaries' metrics, by boundary
   bool decision_pending_ = false;  // a boundary was enqueued whose decision the host has not waited for
 };
 

@@ -80,10 +80,44 @@ Status EngineImpl::WaitTimed(Stream& stream, Event& event, const Unit& u, const 
 }
 
 Result<StepStats> EngineImpl::Stats() {
-  ZINF_RETURN_IF_ERROR(Synchronize());
+  int64_t first;
+  {
+    std::lock_guard lock(mu_);
+    if (!closed_.empty()) {
+      StepStats s = closed_.rbegin()->second;
+      s.behind = boundaries_ - s.boundary;
+      return s;
+    }
+    if (boundaries_ == 0) return FailedPrecondition("Stats(): no optimizer step has been taken yet");
+    first = first_boundary_;  // none has finished: wait for this engine's first
+  }
+  ZINF_ASSIGN_OR_RETURN(StepStats s, Stats(first));
   std::lock_guard lock(mu_);
-  if (!last_stats_) return FailedPrecondition("Stats(): no optimizer step has been taken yet");
-  return *last_stats_;
+  s.behind = boundaries_ - s.boundary;
+  return s;
+}
+
+Result<StepStats> EngineImpl::Stats(int64_t boundary) {
+  {
+    std::lock_guard lock(mu_);
+    if (auto it = closed_.find(boundary); it != closed_.end()) return it->second;
+    if (boundary > boundaries_ || boundary < first_boundary_ ||
+        (!closed_.empty() && boundary < closed_.begin()->first)) {
+      return OutOfRange("Stats(" + std::to_string(boundary) + "): boundaries " +
+                        (closed_.empty() ? std::string("none") : std::to_string(closed_.begin()->first)) + " to " +
+                        std::to_string(boundaries_) + " are kept or enqueued");
+    }
+  }
+  ZINF_RETURN_IF_ERROR(closed_events_[boundary % closed_events_.size()]->Synchronize());
+  {
+    std::lock_guard lock(mu_);
+    if (auto it = closed_.find(boundary); it != closed_.end()) return it->second;
+  }
+  // Not kept although its window's event completed: its stream failed (the
+  // task was skipped), or the boundary predates a Load.
+  ZINF_RETURN_IF_ERROR(Synchronize());
+  return OutOfRange("Stats(" + std::to_string(boundary) + "): that boundary's metrics are not kept (it came before "
+                    "this engine's first step or its last Load)");
 }
 
 
@@ -109,12 +143,18 @@ Status EngineImpl::EnqueueWindowClose(int64_t boundary) {
     ZINF_RETURN_IF_ERROR(updates_done_->Record(*stream_));
     ZINF_RETURN_IF_ERROR(copy_stream_->Wait(*updates_done_));
   }
-  return (offload_ ? *copy_stream_ : *stream_).Enqueue([this, boundary](const StreamContext&) {
+  Stream& closing = offload_ ? *copy_stream_ : *stream_;
+  ZINF_RETURN_IF_ERROR(closing.Enqueue([this, boundary](const StreamContext&) {
     StepStats s;
     {
       std::lock_guard lock(mu_);
-      const Decision& d = decision_;
-      s.step = decider_.steps_applied();
+      auto decided = decided_steps_.find(boundary);
+      if (decided == decided_steps_.end()) {
+        return Internal("the window of boundary " + std::to_string(boundary) + " closed before its decision");
+      }
+      const Decision d = decided->second.first;
+      s.step = decided->second.second;
+      decided_steps_.erase(decided);
       s.boundary = boundary;
       s.skipped = d.skip;
       s.loss_scale = d.loss_scale;
@@ -152,9 +192,11 @@ Status EngineImpl::EnqueueWindowClose(int64_t boundary) {
     }
     ZINF_LOG_INFO("{}", s.ToString());
     std::lock_guard lock(mu_);
-    last_stats_ = std::move(s);
+    closed_[boundary] = std::move(s);
+    while (closed_.size() > 64) closed_.erase(closed_.begin());
     return Status::Ok();
-  });
+  }));
+  return closed_events_[boundary % closed_events_.size()]->Record(closing);
 }
 
 }  // namespace sched

@@ -2,8 +2,10 @@
 //
 // After the window's last micro-step, on the engine stream: the norm
 // partials are all-gathered and summed in the global block order, the
-// decision (step_decision.h) is made by a task there (HostDevice) or on the
-// host after the partials are read back (CUDA), and every unit's update
+// decision (step_decision.h) is made by a task there (HostDevice, and CUDA
+// with the optimizer offloaded, from the partials read back) or on the host
+// after they are read back (CUDA with the updates on the device: the one
+// host wait left in a step), and every unit's update
 // follows in forward order on its tier (device kernels; host Adam with the
 // optimizer offloaded; sub-group by sub-group through the NVMe swapper),
 // each unit's end recorded in params_ready for its next Fetch. With the
@@ -13,10 +15,13 @@
 namespace zinf {
 namespace sched {
 
-void EngineImpl::Decide(const double* partials) {
+void EngineImpl::Decide(const double* partials, int64_t boundary) {
   const double total = SumNormPartials(partials, norm_layout_);
   std::lock_guard lock(mu_);
   decision_ = decider_.Decide(total);
+  // The window's close reads its own boundary's: with the optimizer
+  // offloaded it runs on the copy stream, possibly after the next decision.
+  decided_steps_[boundary] = {decision_, decider_.steps_applied()};
 }
 
 Status EngineImpl::EnqueueBoundary() {
@@ -50,18 +55,28 @@ Status EngineImpl::EnqueueBoundary() {
     }));
   }
   if (host_memory_) {
-    ZINF_RETURN_IF_ERROR(stream_->Enqueue([this](const StreamContext& ctx) {
-      Decide(static_cast<const double*>(ctx.Host(partials_)));
+    ZINF_RETURN_IF_ERROR(stream_->Enqueue([this, boundary](const StreamContext& ctx) {
+      Decide(static_cast<const double*>(ctx.Host(partials_)), boundary);
       return Status::Ok();
     }));
   } else {
-    // The kernels below take the decision as launch arguments: read the
-    // partials back (this waits for the step's last reduction) and decide here.
     const int regions = stage_ == 0 ? 1 : world_;
     ZINF_RETURN_IF_ERROR(device_.CopyToHost(h_partials_.data(), partials_, norm_layout_.blocks_per_rank * regions * sizeof(double),
                                             *stream_));
-    ZINF_RETURN_IF_ERROR(stream_->Synchronize());
-    Decide(static_cast<const double*>(h_partials_.data()));
+    if (offload_) {
+      // The host updates read the decision when they run: it is made by a
+      // task where the partials land, and Step() does not wait.
+      ZINF_RETURN_IF_ERROR(stream_->Enqueue([this, boundary](const StreamContext&) {
+        Decide(static_cast<const double*>(h_partials_.data()), boundary);
+        return Status::Ok();
+      }));
+    } else {
+      // The device kernels below take the decision as launch arguments:
+      // wait for the step's last reduction and decide here (the one host
+      // wait left in a step: optimizer state on the device, CUDA).
+      ZINF_RETURN_IF_ERROR(stream_->Synchronize());
+      Decide(static_cast<const double*>(h_partials_.data()), boundary);
+    }
   }
   ZINF_RETURN_IF_ERROR(decided_->Record(*stream_));
   {

@@ -52,6 +52,9 @@ class SharedFailureEngine final : public Engine {
   Result<StepStats> Stats() override {
     return Shared([&] { return inner_->Stats(); });
   }
+  Result<StepStats> Stats(int64_t boundary) override {
+    return Shared([&] { return inner_->Stats(boundary); });
+  }
   Status ReadState(int unit, StateKind kind, float* host_dst) override {
     return Shared([&] { return inner_->ReadState(unit, kind, host_dst); });
   }

@@ -116,6 +116,7 @@ TrainedState Train(const Config& c, Device& device, Communicator* comm = nullptr
       EXPECT_TRUE(boundary.ok()) << boundary.status().ToString();
       if (!s.ok() || !boundary.ok()) return r;
     }
+    EXPECT_TRUE(e.Synchronize().ok());
     auto st = e.Stats();
     EXPECT_TRUE(st.ok()) << st.status().ToString();
     if (st.ok()) r.stats.push_back(*st);

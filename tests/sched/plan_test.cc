@@ -385,6 +385,7 @@ Measured RunEngine(const Config& config, const std::vector<int64_t>& units, cons
       MustOk(engine->Release(u, *stream));
     }
     MustOk(engine->Step().status());
+    MustOk(engine->Synchronize());
     const StepStats st = Must(engine->Stats());
     m.step_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     m.optimizer_s = st.optimizer_seconds;

@@ -55,8 +55,17 @@ TEST(TrainTest, ShortEmbeddedRunLearnsAndWritesItsFiles) {
   std::ifstream in(metrics);
   std::string line;
   std::vector<double> loss;
-  while (std::getline(in, line)) loss.push_back(nlohmann::json::parse(line).at("loss").get<double>());
+  std::vector<uint64_t> draining;
+  while (std::getline(in, line)) {
+    const auto j = nlohmann::json::parse(line);
+    loss.push_back(j.at("loss").get<double>());
+    draining.push_back(j.at("host_waits_draining").get<uint64_t>());
+  }
   ASSERT_EQ(loss.size(), 40u);
+  // The loop never lets the device run dry: no host wait leaves it idle
+  // between the first step (set-up) and the last (the run's final
+  // synchronize).
+  for (size_t i = 1; i + 1 < draining.size(); ++i) EXPECT_EQ(draining[i], 0u) << "step " << i + 1;
   double first = 0, last = 0;
   for (int i = 0; i < 5; ++i) first += loss[i], last += loss[loss.size() - 1 - i];
   EXPECT_LT(last, 0.8 * first) << "the loss did not fall";
