@@ -164,6 +164,33 @@ TEST_P(DeviceContractTest, TasksOfDifferentStreamsRunAtOnce) {
   EXPECT_TRUE(a_saw_b.load());
 }
 
+// Timing events measure device work between them with no host code on the
+// stream: after a task that sleeps 20 ms, the span covers it; before both
+// have completed, the answer is kFailedPrecondition, never a wait.
+TEST_P(DeviceContractTest, TimingEventsMeasureTheWorkBetweenThem) {
+  auto s = NewStream();
+  auto start = std::move(device_->CreateTimingEvent()).value(), end = std::move(device_->CreateTimingEvent()).value();
+  std::atomic<bool> open{false};
+  ASSERT_TRUE(s->Enqueue([&open](const StreamContext&) {
+                 const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+                 while (!open.load() && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+                 return Status::Ok();
+               }).ok());
+  ASSERT_TRUE(start->Record(*s).ok());
+  ASSERT_TRUE(s->Enqueue([](const StreamContext&) {
+                 std::this_thread::sleep_for(std::chrono::milliseconds(20));
+                 return Status::Ok();
+               }).ok());
+  ASSERT_TRUE(end->Record(*s).ok());
+  EXPECT_EQ(end->SecondsSince(*start).status().code(), StatusCode::kFailedPrecondition);  // gated: not yet
+  open = true;
+  ASSERT_TRUE(s->Synchronize().ok());
+  const Result<double> seconds = end->SecondsSince(*start);
+  ASSERT_TRUE(seconds.ok()) << seconds.status().ToString();
+  EXPECT_GE(*seconds, 0.019);
+  EXPECT_LT(*seconds, 10.0);
+}
+
 // Device::wait_stats: a host wait counts when it blocks; it drains when the
 // stream has nothing queued behind what it waited for.
 TEST_P(DeviceContractTest, HostWaitsAreCountedWhenTheyBlock) {

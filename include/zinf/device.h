@@ -38,6 +38,11 @@ class Event {
   virtual Result<bool> Query() = 0;
   // Blocks the calling host thread until the captured work has completed.
   virtual Status Synchronize() = 0;
+  // Seconds from `start`'s completion to this event's, as the device saw
+  // them, without waiting: kFailedPrecondition while either has not
+  // completed. Both must come from Device::CreateTimingEvent. Timing device
+  // work this way puts no host code on a stream.
+  virtual Result<double> SecondsSince(Event& start) = 0;
 };
 
 // Passed to stream tasks: the only place host code may touch device memory.
@@ -121,6 +126,9 @@ class Device {
 
   virtual Result<std::unique_ptr<Stream>> CreateStream() = 0;
   virtual Result<std::unique_ptr<Event>> CreateEvent() = 0;
+  // An event that can also be timed (Event::SecondsSince); on CUDA a little
+  // dearer to record than a plain one.
+  virtual Result<std::unique_ptr<Event>> CreateTimingEvent() = 0;
 
   // Async copies in `stream` order. Host memory should be pinned (the CPU
   // tier's pool) for transfers to overlap; HostDevice accepts any.
@@ -134,6 +142,13 @@ struct DeviceOptions {
   std::string spec = "auto";    // auto | cpu | cuda | cuda:N
   uint64_t memory_budget = 0;   // bytes; 0 = HostDevice: 1/4 of RAM, CUDA: 90% of free memory
   bool checking = false;        // HostDevice: tagged pointers, random 0-2 ms delays per stream op
+  // HostDevice: stream tasks (Stream::Enqueue) of all streams run one at a
+  // time, as CUDA may serialize host functions across streams; copies,
+  // memsets and event operations are not tasks and still overlap them. A
+  // schedule that needs two tasks to run at once, or a task that waits for
+  // another stream's task, hangs here as it would there. Also on when the
+  // environment sets ZINF_SERIALIZE_TASKS=1.
+  bool serialize_tasks = false;
   uint64_t seed = 0;            // for checking-mode delays (0 = from the clock)
 };
 

@@ -1,5 +1,6 @@
 // HostDevice: streams as FIFO worker threads, events as generation counters,
-// a copy-engine thread, and the checking mode's tagged pointers and delays.
+// a copy-engine thread, the checking mode's tagged pointers and delays, and
+// the option that runs the tasks of all streams one at a time.
 #include "cpu/host_device.h"
 
 #include <sys/mman.h>
@@ -7,10 +8,13 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <random>
+#include <string_view>
 #include <thread>
 
 #include "common/check.h"
@@ -32,6 +36,10 @@ std::vector<std::pair<uintptr_t, uintptr_t>> tagged_ranges;
 
 class HostDevice;
 
+// Enqueues a copy-engine operation on `stream`: in stream order like a task,
+// but not a host function (DeviceOptions::serialize_tasks leaves it out).
+Status EnqueueCopyOp(Stream& stream, StreamTask op);
+
 // Set on the device's own threads (stream workers, the copy engine): their
 // waits are the device's, not the host's, and are not counted.
 thread_local bool t_device_thread = false;
@@ -46,6 +54,7 @@ struct EventState {
   std::condition_variable cv;
   uint64_t recorded = 0;   // generation of the latest Record
   uint64_t completed = 0;  // generation whose work has run
+  std::chrono::steady_clock::time_point completed_at;  // when `completed` last moved
   // Where the latest Record put it: its stream's count of submitted
   // operations just after it (a wait drains the stream when the count has
   // not moved since).
@@ -55,6 +64,7 @@ struct EventState {
   void Complete(uint64_t gen) {
     {
       std::lock_guard<std::mutex> lock(mu);
+      if (gen > completed) completed_at = std::chrono::steady_clock::now();
       completed = std::max(completed, gen);
     }
     cv.notify_all();
@@ -155,7 +165,8 @@ class HostDevice : public Device {
 
   DeviceKind kind() const override { return DeviceKind::kHost; }
   std::string name() const override {
-    return std::string("host (") + FormatBytes(budget_) + " budget" + (options_.checking ? ", checking" : "") + ")";
+    return std::string("host (") + FormatBytes(budget_) + " budget" + (options_.checking ? ", checking" : "") +
+           (options_.serialize_tasks ? ", tasks serialized" : "") + ")";
   }
 
   Result<void*> Allocate(uint64_t bytes, Stream& stream) override {
@@ -174,17 +185,18 @@ class HostDevice : public Device {
 
   Result<std::unique_ptr<Stream>> CreateStream() override;
   Result<std::unique_ptr<Event>> CreateEvent() override;
+  Result<std::unique_ptr<Event>> CreateTimingEvent() override;
 
   Status CopyToDevice(void* dst, const void* src, uint64_t bytes, Stream& stream) override {
     ZINF_ASSIGN_OR_RETURN(char* d, Resolve(dst, bytes, "CopyToDevice destination"));
-    return stream.Enqueue([this, d, src, bytes](const StreamContext&) {
+    return EnqueueCopyOp(stream, [this, d, src, bytes](const StreamContext&) {
       copy_engine_->Copy(d, src, bytes, false, 0);
       return Status::Ok();
     });
   }
   Status CopyToHost(void* dst, const void* src, uint64_t bytes, Stream& stream) override {
     ZINF_ASSIGN_OR_RETURN(char* s, Resolve(src, bytes, "CopyToHost source"));
-    return stream.Enqueue([this, dst, s, bytes](const StreamContext&) {
+    return EnqueueCopyOp(stream, [this, dst, s, bytes](const StreamContext&) {
       copy_engine_->Copy(dst, s, bytes, false, 0);
       return Status::Ok();
     });
@@ -192,14 +204,14 @@ class HostDevice : public Device {
   Status CopyOnDevice(void* dst, const void* src, uint64_t bytes, Stream& stream) override {
     ZINF_ASSIGN_OR_RETURN(char* d, Resolve(dst, bytes, "CopyOnDevice destination"));
     ZINF_ASSIGN_OR_RETURN(char* s, Resolve(src, bytes, "CopyOnDevice source"));
-    return stream.Enqueue([this, d, s, bytes](const StreamContext&) {
+    return EnqueueCopyOp(stream, [this, d, s, bytes](const StreamContext&) {
       copy_engine_->Copy(d, s, bytes, false, 0);
       return Status::Ok();
     });
   }
   Status Memset(void* dst, int byte, uint64_t bytes, Stream& stream) override {
     ZINF_ASSIGN_OR_RETURN(char* d, Resolve(dst, bytes, "Memset destination"));
-    return stream.Enqueue([this, d, byte, bytes](const StreamContext&) {
+    return EnqueueCopyOp(stream, [this, d, byte, bytes](const StreamContext&) {
       copy_engine_->Copy(d, nullptr, bytes, true, byte);
       return Status::Ok();
     });
@@ -227,9 +239,12 @@ class HostDevice : public Device {
   }
 
   const DeviceOptions& options() const { return options_; }
+  // Held while a task runs when the tasks are serialized.
+  std::mutex& task_mu() { return task_mu_; }
 
  private:
   DeviceOptions options_;
+  std::mutex task_mu_;
   char* base_;
   uint64_t budget_;
   DeviceAllocator allocator_;
@@ -265,6 +280,7 @@ class HostStream : public Stream {
     Push(Op{Op::kTask, std::move(task), nullptr, 0});
     return Status::Ok();
   }
+  void EnqueueCopy(StreamTask op) { Push(Op{Op::kCopy, std::move(op), nullptr, 0}); }
   Status Wait(Event& event) override;
   Status Synchronize() override {
     std::unique_lock<std::mutex> lock(mu_);
@@ -293,7 +309,7 @@ class HostStream : public Stream {
 
  private:
   struct Op {
-    enum Kind { kTask, kSignal, kWait } kind;
+    enum Kind { kTask, kCopy, kSignal, kWait } kind;
     StreamTask task;
     std::shared_ptr<EventState> event;
     uint64_t gen;
@@ -327,7 +343,16 @@ class HostStream : public Stream {
       Status st;
       switch (op.kind) {
         case Op::kTask:
-          if (!failed) st = op.task(context_);  // after an error, later tasks are skipped
+          if (failed) break;  // after an error, later tasks and copies are skipped
+          if (device_->options().serialize_tasks) {
+            std::lock_guard<std::mutex> one_at_a_time(device_->task_mu());
+            st = op.task(context_);
+          } else {
+            st = op.task(context_);
+          }
+          break;
+        case Op::kCopy:
+          if (!failed) st = op.task(context_);
           break;
         case Op::kSignal:
           op.event->Complete(op.gen);  // events still complete, so waiters never hang
@@ -393,6 +418,18 @@ class HostEvent : public Event {
     }
     return Status::Ok();
   }
+  Result<double> SecondsSince(Event& start) override {
+    auto* other = dynamic_cast<HostEvent*>(&start);
+    if (!other) return InvalidArgument("Event::SecondsSince: the start event belongs to another kind of device");
+    auto done_at = [](EventState& e) -> std::optional<std::chrono::steady_clock::time_point> {
+      std::lock_guard<std::mutex> lock(e.mu);
+      if (e.recorded == 0 || e.completed < e.recorded) return std::nullopt;
+      return e.completed_at;
+    };
+    const auto begin = done_at(*other->state_), end = done_at(*state_);
+    if (!begin || !end) return FailedPrecondition("Event::SecondsSince: an event has not completed");
+    return std::chrono::duration<double>(*end - *begin).count();
+  }
   const std::shared_ptr<EventState>& state() const { return state_; }
 
  private:
@@ -412,6 +449,13 @@ Status HostStream::Wait(Event& event) {
   return Status::Ok();
 }
 
+Status EnqueueCopyOp(Stream& stream, StreamTask op) {
+  auto* hs = dynamic_cast<HostStream*>(&stream);
+  if (!hs) return InvalidArgument("HostDevice copy: the stream belongs to another kind of device");
+  hs->EnqueueCopy(std::move(op));
+  return Status::Ok();
+}
+
 Result<std::unique_ptr<Stream>> HostDevice::CreateStream() {
   uint64_t seed = options_.seed ? options_.seed
                                 : static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
@@ -419,6 +463,7 @@ Result<std::unique_ptr<Stream>> HostDevice::CreateStream() {
 }
 
 Result<std::unique_ptr<Event>> HostDevice::CreateEvent() { return std::unique_ptr<Event>(new HostEvent(this)); }
+Result<std::unique_ptr<Event>> HostDevice::CreateTimingEvent() { return CreateEvent(); }  // every host event is timed
 
 }  // namespace
 
@@ -441,7 +486,11 @@ Result<std::unique_ptr<Device>> CreateHostDevice(const DeviceOptions& options) {
   if (base == MAP_FAILED)
     return OutOfMemory("HostDevice: cannot reserve " + FormatBytes(budget) + " of address space: " +
                        std::strerror(errno));
-  return std::unique_ptr<Device>(new HostDevice(options, static_cast<char*>(base), budget));
+  DeviceOptions resolved = options;
+  if (const char* v = std::getenv("ZINF_SERIALIZE_TASKS"); v != nullptr && std::string_view(v) == "1") {
+    resolved.serialize_tasks = true;
+  }
+  return std::unique_ptr<Device>(new HostDevice(resolved, static_cast<char*>(base), budget));
 }
 
 }  // namespace zinf

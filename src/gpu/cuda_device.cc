@@ -262,6 +262,18 @@ class CudaEvent : public Event {
     ZINF_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(event_));
     return Status::Ok();
   }
+  Result<double> SecondsSince(Event& start) override {
+    auto* other = dynamic_cast<CudaEvent*>(&start);
+    if (!other) return InvalidArgument("Event::SecondsSince: the start event belongs to another kind of device");
+    for (cudaEvent_t e : {other->event_, event_}) {
+      const cudaError_t err = cudaEventQuery(e);
+      if (err == cudaErrorNotReady) return FailedPrecondition("Event::SecondsSince: an event has not completed");
+      if (err != cudaSuccess) return CudaError(err, "cudaEventQuery", __FILE__, __LINE__);
+    }
+    float ms = 0;
+    ZINF_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, other->event_, event_));
+    return static_cast<double>(ms) / 1e3;
+  }
   cudaEvent_t get() const { return event_; }
 
  private:
@@ -315,6 +327,12 @@ class CudaDevice : public Device {
     ZINF_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
     cudaEvent_t e;
     ZINF_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    return std::unique_ptr<Event>(new CudaEvent(ordinal_, e, &waits_));
+  }
+  Result<std::unique_ptr<Event>> CreateTimingEvent() override {
+    ZINF_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
+    cudaEvent_t e;
+    ZINF_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDefault));
     return std::unique_ptr<Event>(new CudaEvent(ordinal_, e, &waits_));
   }
 

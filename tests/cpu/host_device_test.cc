@@ -1,8 +1,16 @@
 // HostDevice: the shared contract in checking mode, plus what only the host
-// can show: tagged pointers fault outside stream work, tasks translate them.
+// can show: tagged pointers fault outside stream work, tasks translate them,
+// and tasks serialized across streams as CUDA may run host functions.
 #include "cpu/host_device.h"
 
 #include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <vector>
 
 #include "device_contract_tests.h"
 
@@ -73,6 +81,72 @@ TEST(HostDeviceTest, WithoutCheckingDevicePointersAreHostPointers) {
   EXPECT_FALSE(IsTaggedDevicePointer(p));
   *p = 7;  // legal here; checking mode is what tests run in
   EXPECT_EQ(*p, 7);
+}
+
+// serialize_tasks: tasks of different streams never run at once, while a
+// copy on another stream still overlaps a running task (copies are not host
+// functions on a GPU either).
+TEST(HostDeviceTest, SerializedTasksRunOneAtATimeAndCopiesStillOverlap) {
+  DeviceOptions o;
+  o.spec = "cpu";
+  o.memory_budget = 1 << 20;
+  o.checking = true;
+  o.serialize_tasks = true;
+  auto device = std::move(CreateHostDevice(o)).value();
+  EXPECT_NE(device->name().find("tasks serialized"), std::string::npos) << device->name();
+  std::vector<std::unique_ptr<Stream>> streams;
+  for (int i = 0; i < 3; ++i) streams.push_back(std::move(device->CreateStream()).value());
+  std::atomic<int> running{0}, most{0};
+  for (int round = 0; round < 10; ++round) {
+    for (auto& s : streams) {
+      ASSERT_TRUE(s->Enqueue([&](const StreamContext&) {
+                     const int now = running.fetch_add(1) + 1;
+                     int seen = most.load();
+                     while (now > seen && !most.compare_exchange_weak(seen, now)) {
+                     }
+                     std::this_thread::sleep_for(std::chrono::microseconds(300));
+                     running.fetch_sub(1);
+                     return Status::Ok();
+                   }).ok());
+    }
+  }
+  for (auto& s : streams) ASSERT_TRUE(s->Synchronize().ok());
+  EXPECT_EQ(most.load(), 1);
+
+  // A task that waits for a copy of another stream: the copy is not queued
+  // behind it. It waits 10 s at most and then fails.
+  auto a = std::move(device->CreateStream()).value(), b = std::move(device->CreateStream()).value();
+  auto done = std::move(device->CreateEvent()).value();
+  char* d = static_cast<char*>(*device->Allocate(4096, *b));
+  std::vector<char> host(4096, 7), back(4096, 0);
+  std::atomic<bool> copy_seen{false};
+  ASSERT_TRUE(a->Enqueue([&](const StreamContext&) {
+                 const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+                 while (!*done->Query() && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+                 copy_seen = *done->Query();
+                 return Status::Ok();
+               }).ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // a's task is (very likely) running
+  ASSERT_TRUE(device->CopyToDevice(d, host.data(), host.size(), *b).ok());
+  ASSERT_TRUE(device->CopyToHost(back.data(), d, back.size(), *b).ok());
+  ASSERT_TRUE(done->Record(*b).ok());
+  ASSERT_TRUE(a->Synchronize().ok());
+  ASSERT_TRUE(b->Synchronize().ok());
+  EXPECT_TRUE(copy_seen.load());
+  EXPECT_EQ(back, host);
+}
+
+// The same option from the environment, for whole programs (zinf train).
+TEST(HostDeviceTest, SerializedTasksFromTheEnvironment) {
+  ::setenv("ZINF_SERIALIZE_TASKS", "1", 1);
+  DeviceOptions o;
+  o.spec = "cpu";
+  o.memory_budget = 1 << 20;
+  auto device = std::move(CreateHostDevice(o)).value();
+  ::unsetenv("ZINF_SERIALIZE_TASKS");
+  EXPECT_NE(device->name().find("tasks serialized"), std::string::npos) << device->name();
+  auto plain = std::move(CreateHostDevice(o)).value();
+  EXPECT_EQ(plain->name().find("tasks serialized"), std::string::npos) << plain->name();
 }
 
 TEST(DeviceRegistryTest, SpecsAreCheckedAndAutoFallsBackToHost) {
