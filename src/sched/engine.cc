@@ -250,6 +250,7 @@ Status EngineImpl::ReportLoss(double loss) {
 
 Result<bool> EngineImpl::Step() {
   ZINF_RETURN_IF_ERROR(Finalize());
+  ResolveSpans();  // what has been timed so far; logs the steps closed before the last boundary
   {
     std::lock_guard lock(mu_);
     if (!broken_.ok()) return broken_;

@@ -464,6 +464,9 @@ Result<std::string> EngineImpl::Load(const std::string& path) {
     boundaries_ = manifest.at("boundaries").get<int64_t>();
     first_boundary_ = boundaries_ + 1;
     closed_.clear();  // their boundaries belong to the run before the Load
+    timed_.clear();
+    spans_.clear();
+    logged_through_ = boundaries_;
     decided_steps_.clear();
     decision_pending_ = false;
     micro_in_window_ = 0;

@@ -101,27 +101,20 @@ Status EngineImpl::FlushBucket(const std::vector<int>& bucket) {
     bucket_ = static_cast<float*>(b);
     bucket_capacity_ = needed;
   }
-  const auto copy_start = std::make_shared<Clock::time_point>();
-  ZINF_RETURN_IF_ERROR(stream_->Enqueue([copy_start](const StreamContext&) {
-    *copy_start = Clock::now();
-    return Status::Ok();
-  }));
-  for (int r = 0; r < world_; ++r) {
-    int64_t off = r * count;
-    for (int i : bucket) {
-      const Unit& u = units_[i];
-      ZINF_RETURN_IF_ERROR(device_.CopyOnDevice(bucket_ + off, u.grads + u.part.shard_begin(r),
-                                                u.part.shard_elems * 4, *stream_));
-      off += u.part.shard_elems;
+  auto pack_bucket = [&]() -> Status {
+    for (int r = 0; r < world_; ++r) {
+      int64_t off = r * count;
+      for (int i : bucket) {
+        const Unit& u = units_[i];
+        ZINF_RETURN_IF_ERROR(device_.CopyOnDevice(bucket_ + off, u.grads + u.part.shard_begin(r),
+                                                  u.part.shard_elems * 4, *stream_));
+        off += u.part.shard_elems;
+      }
     }
-  }
-  for (int i : bucket) ZINF_RETURN_IF_ERROR(FreeGradsIfTransient(units_[i]));  // packed: the bucket holds them now
-  ZINF_RETURN_IF_ERROR(stream_->Enqueue([this, copy_start](const StreamContext&) {
-    const double s = Seconds(*copy_start, Clock::now());
-    std::lock_guard lock(mu_);
-    window_.copy += s;
     return Status::Ok();
-  }));
+  };
+  ZINF_RETURN_IF_ERROR(TimeSpan(*stream_, pack_bucket, [](Window& w, double seconds) { w.copy += seconds; }));
+  for (int i : bucket) ZINF_RETURN_IF_ERROR(FreeGradsIfTransient(units_[i]));  // packed: the bucket holds them now
   float* mine = bucket_ + rank_ * count;
   ZINF_RETURN_IF_ERROR(Collective("reduce_scatter", needed * 4, [&] {
     return comm_->ReduceScatter(bucket_, mine, count, DType::kFloat32, ReduceOp::kSum, *stream_);

@@ -43,6 +43,7 @@
 #include <filesystem>
 #include <cmath>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <numeric>
@@ -270,6 +271,7 @@ class EngineImpl final : public Engine {
     Status a = stream_->Synchronize();
     Status b = copy_stream_->Synchronize();
     Status c = gather_stream_->Synchronize();
+    ResolveSpans();
     return !a.ok() ? a : !b.ok() ? b : c;
   }
   Result<StepStats> Stats() override;
@@ -386,10 +388,22 @@ class EngineImpl final : public Engine {
     bool use_slot = false;        // the new compute copy goes up through a staging slot
     bool to_store = false;        // the new shard goes to the parameter store
   };
-  StreamTask HostUpdateTask(Unit& u, const UpdateTarget& t, bool has_grad);
+  StreamTask HostUpdateTask(Unit& u, const UpdateTarget& t, bool has_grad, int64_t boundary);
   Status EnqueueSwapDrain();
   Status EnqueueWindowClose(int64_t boundary);
   Status WaitTimed(Stream& stream, Event& event, const Unit& u, const char* cause, const std::string& what);
+  // Device work timed without host code on its stream: a timing event
+  // recorded before `enqueue`'s work and one after; once both have
+  // completed, ResolveSpans passes the seconds between them to `account`,
+  // with the window the work was enqueued in.
+  Status TimeSpan(Stream& stream, const std::function<Status()>& enqueue,
+                  std::function<void(Window&, double)> account);
+  // On host threads only (an event's time is a device call): accounts the
+  // spans whose events have completed, and logs each step one boundary
+  // after it closed (or at Synchronize) with its timed work in it.
+  void ResolveSpans();
+  // A closed step's StepStats with its timed work added (mu_ held).
+  StepStats WithSpans(const StepStats& closed) const;
   // Stage 3 prefetch: follows the client's Fetch calls against the trace,
   // gathers ahead along it, keeps a released unit gathered when the trace
   // uses it again soon, and drops what the engine holds.
@@ -512,6 +526,21 @@ class EngineImpl final : public Engine {
   std::map<int64_t, std::pair<Decision, int64_t>> decided_steps_;
   Window window_;
   std::map<int64_t, StepStats> closed_;  // the last 64 boundaries' metrics, by boundary
+  // Timed spans (TimeSpan) not yet accounted; the windows they added up
+  // to, by boundary (kept as long as closed_ keeps the boundary); spare
+  // timing events; the last boundary logged.
+  struct Span {
+    std::unique_ptr<Event> start, end;
+    int64_t window = 0;
+    std::function<void(Window&, double)> account;
+  };
+  std::deque<Span> spans_;
+  std::map<int64_t, Window> timed_;
+  std::vector<std::unique_ptr<Event>> spare_timing_events_;
+  int64_t logged_through_ = 0;
+  // Work enqueued by EnqueueBoundary belongs to its own boundary's window,
+  // work enqueued between boundaries to the next one.
+  bool in_boundary_ = false;
   bool decision_pending_ = false;  // a boundary was enqueued whose decision the host has not waited for
 };
 

@@ -1,6 +1,10 @@
-// Step metrics: timed stream tasks (optimizer, collectives, copies, NVMe
-// waits, compute stalls), accumulated per window under the engine's lock
-// and closed into StepStats at each boundary, and StepStats' report.
+// Step metrics, and StepStats' report. CPU work the engine's own tasks do
+// (optimizer, NVMe waits) is timed inside those tasks; device work
+// (collectives, copies, the caller's stalls) by pairs of timing events, so
+// no host code runs on a stream to time it (a host task there would wait
+// behind any other, as CUDA may serialize host functions). Both accumulate
+// per window under the engine's lock; StepStats are closed at each
+// boundary, with the timed spans added as their events complete.
 #include "sched/engine_impl.h"
 
 namespace zinf {
@@ -8,21 +12,12 @@ namespace sched {
 
 Status EngineImpl::Collective(Stream& stream, const char* kind, uint64_t bytes,
                               const std::function<Status()>& enqueue) {
-  auto start = std::make_shared<Clock::time_point>();
-  ZINF_RETURN_IF_ERROR(stream.Enqueue([start](const StreamContext&) {
-    *start = Clock::now();
-    return Status::Ok();
-  }));
-  ZINF_RETURN_IF_ERROR(enqueue());
-  return stream.Enqueue([this, start, kind, bytes](const StreamContext&) {
-    const double s = Seconds(*start, Clock::now());
-    std::lock_guard lock(mu_);
-    window_.comm += s;
-    StepStats::Collective& c = window_.collectives[kind];
+  return TimeSpan(stream, enqueue, [kind = std::string(kind), bytes](Window& w, double seconds) {
+    w.comm += seconds;
+    StepStats::Collective& c = w.collectives[kind];
     c.kind = kind;
     c.calls += 1;
     c.bytes += bytes;
-    return Status::Ok();
   });
 }
 
@@ -38,53 +33,113 @@ Status EngineImpl::Timed(double Window::*field, StreamTask task, Stream* stream)
 }
 
 Status EngineImpl::TimedCopies(Stream& stream, uint64_t bytes, const std::function<Status()>& enqueue) {
-  auto start = std::make_shared<Clock::time_point>();
-  ZINF_RETURN_IF_ERROR(stream.Enqueue([start](const StreamContext&) {
-    *start = Clock::now();
-    return Status::Ok();
-  }));
-  ZINF_RETURN_IF_ERROR(enqueue());
-  return stream.Enqueue([this, start, bytes](const StreamContext&) {
-    const double s = Seconds(*start, Clock::now());
-    std::lock_guard lock(mu_);
-    window_.copy += s;
-    window_.copy_bytes += bytes;
-    return Status::Ok();
+  return TimeSpan(stream, enqueue, [bytes](Window& w, double seconds) {
+    w.copy += seconds;
+    w.copy_bytes += bytes;
   });
 }
 
+// The stall is the time the stream spent at the wait: from reaching it (the
+// first event) to passing it (the second).
 Status EngineImpl::WaitTimed(Stream& stream, Event& event, const Unit& u, const char* cause, const std::string& what) {
   ZINF_ASSIGN_OR_RETURN(bool done, event.Query());
-  if (done) return Status::Ok();
-  auto start = std::make_shared<Clock::time_point>();
-  ZINF_RETURN_IF_ERROR(stream.Enqueue([start](const StreamContext&) {
-    *start = Clock::now();
-    return Status::Ok();
-  }));
-  ZINF_RETURN_IF_ERROR(stream.Wait(event));
-  return stream.Enqueue([this, start, what, unit = u.name, cause](const StreamContext&) {
-    const double s = Seconds(*start, Clock::now());
+  if (done) return stream.Wait(event);
+  return TimeSpan(stream, [&] { return stream.Wait(event); },
+                  [what, unit = u.name, cause = std::string(cause)](Window& w, double seconds) {
+                    StepStats::Stall& st = w.stalls[{unit, cause}];
+                    st.unit = unit;
+                    st.cause = cause;
+                    st.count += 1;
+                    st.seconds += seconds;
+                    w.stall += seconds;
+                    if (seconds > w.longest_stall) {
+                      w.longest_stall = seconds;
+                      w.longest_stall_what = what;
+                    }
+                  });
+}
+
+Status EngineImpl::TimeSpan(Stream& stream, const std::function<Status()>& enqueue,
+                            std::function<void(Window&, double)> account) {
+  std::unique_ptr<Event> ends[2];
+  {
     std::lock_guard lock(mu_);
-    StepStats::Stall& st = window_.stalls[{unit, cause}];
-    st.unit = unit;
-    st.cause = cause;
-    st.count += 1;
-    st.seconds += s;
-    window_.stall += s;
-    if (s > window_.longest_stall) {
-      window_.longest_stall = s;
-      window_.longest_stall_what = what;
+    for (auto& e : ends) {
+      if (spare_timing_events_.empty()) break;
+      e = std::move(spare_timing_events_.back());
+      spare_timing_events_.pop_back();
     }
-    return Status::Ok();
-  });
+  }
+  for (auto& e : ends) {
+    if (e) continue;
+    ZINF_ASSIGN_OR_RETURN(e, device_.CreateTimingEvent());
+  }
+  ZINF_RETURN_IF_ERROR(ends[0]->Record(stream));
+  ZINF_RETURN_IF_ERROR(enqueue());
+  ZINF_RETURN_IF_ERROR(ends[1]->Record(stream));
+  std::lock_guard lock(mu_);
+  spans_.push_back(Span{std::move(ends[0]), std::move(ends[1]), boundaries_ + (in_boundary_ ? 0 : 1), std::move(account)});
+  return Status::Ok();
+}
+
+void EngineImpl::ResolveSpans() {
+  std::vector<std::string> lines;
+  {
+    std::lock_guard lock(mu_);
+    for (auto it = spans_.begin(); it != spans_.end();) {
+      Result<double> seconds = it->end->SecondsSince(*it->start);
+      if (!seconds.ok() && seconds.status().code() == StatusCode::kFailedPrecondition) {
+        ++it;  // not yet
+        continue;
+      }
+      if (seconds.ok()) {
+        it->account(timed_[it->window], *seconds);
+      } else {
+        ZINF_LOG_WARN("a timed span of step {} is left out of its metrics: {}", it->window,
+                      seconds.status().ToString());
+      }
+      for (auto* e : {&it->start, &it->end}) {
+        if (spare_timing_events_.size() < 256) spare_timing_events_.push_back(std::move(*e));
+      }
+      it = spans_.erase(it);
+    }
+    // What closed_ no longer keeps is not asked for again.
+    const int64_t oldest = closed_.empty() ? boundaries_ : closed_.begin()->first;
+    while (!timed_.empty() && timed_.begin()->first < oldest) timed_.erase(timed_.begin());
+    // A step is logged once the next boundary was enqueued (its work has
+    // mostly been timed by then) or at Synchronize, when nothing is left.
+    const bool all = spans_.empty();
+    for (auto it = closed_.upper_bound(logged_through_); it != closed_.end(); ++it) {
+      if (!all && it->first >= boundaries_) break;
+      lines.push_back(WithSpans(it->second).ToString());
+      logged_through_ = it->first;
+    }
+  }
+  for (const std::string& line : lines) ZINF_LOG_INFO("{}", line);
+}
+
+StepStats EngineImpl::WithSpans(const StepStats& closed) const {
+  StepStats s = closed;
+  auto it = timed_.find(s.boundary);
+  if (it == timed_.end()) return s;
+  const Window& w = it->second;
+  s.comm_seconds += w.comm;
+  s.copy_seconds += w.copy;
+  s.copy_bytes += w.copy_bytes;
+  s.stall_seconds += w.stall;
+  s.longest_stall = w.longest_stall_what;
+  for (const auto& [key, st] : w.stalls) s.stalls.push_back(st);
+  for (const auto& [kind, c] : w.collectives) s.collectives.push_back(c);
+  return s;
 }
 
 Result<StepStats> EngineImpl::Stats() {
+  ResolveSpans();
   int64_t first;
   {
     std::lock_guard lock(mu_);
     if (!closed_.empty()) {
-      StepStats s = closed_.rbegin()->second;
+      StepStats s = WithSpans(closed_.rbegin()->second);
       s.behind = boundaries_ - s.boundary;
       return s;
     }
@@ -98,9 +153,10 @@ Result<StepStats> EngineImpl::Stats() {
 }
 
 Result<StepStats> EngineImpl::Stats(int64_t boundary) {
+  ResolveSpans();
   {
     std::lock_guard lock(mu_);
-    if (auto it = closed_.find(boundary); it != closed_.end()) return it->second;
+    if (auto it = closed_.find(boundary); it != closed_.end()) return WithSpans(it->second);
     if (boundary > boundaries_ || boundary < first_boundary_ ||
         (!closed_.empty() && boundary < closed_.begin()->first)) {
       return OutOfRange("Stats(" + std::to_string(boundary) + "): boundaries " +
@@ -109,9 +165,10 @@ Result<StepStats> EngineImpl::Stats(int64_t boundary) {
     }
   }
   ZINF_RETURN_IF_ERROR(closed_events_[boundary % closed_events_.size()]->Synchronize());
+  ResolveSpans();
   {
     std::lock_guard lock(mu_);
-    if (auto it = closed_.find(boundary); it != closed_.end()) return it->second;
+    if (auto it = closed_.find(boundary); it != closed_.end()) return WithSpans(it->second);
   }
   // Not kept although its window's event completed: its stream failed (the
   // task was skipped), or the boundary predates a Load.
@@ -190,7 +247,6 @@ Status EngineImpl::EnqueueWindowClose(int64_t boundary) {
       s.host_pinned_bytes = ps.pinned_bytes;
       s.host_peak_pinned_bytes = ps.peak_pinned_bytes;
     }
-    ZINF_LOG_INFO("{}", s.ToString());
     std::lock_guard lock(mu_);
     closed_[boundary] = std::move(s);
     while (closed_.size() > 64) closed_.erase(closed_.begin());

@@ -11,9 +11,33 @@
 // each unit's end recorded in params_ready for its next Fetch. With the
 // optimizer offloaded, the new compute copies go up on the copy stream.
 #include "sched/engine_impl.h"
+#include "sched/engine_testing.h"
 
 namespace zinf {
 namespace sched {
+namespace {
+
+std::mutex hook_mu;
+testing::HostUpdateHook host_update_hook;
+std::atomic<bool> has_host_update_hook{false};
+
+void RunHostUpdateHook(int unit, int64_t boundary) {
+  if (!has_host_update_hook.load(std::memory_order_acquire)) return;
+  testing::HostUpdateHook hook;
+  {
+    std::lock_guard lock(hook_mu);
+    hook = host_update_hook;
+  }
+  if (hook) hook(unit, boundary);
+}
+
+}  // namespace
+
+void testing::SetHostUpdateHook(HostUpdateHook hook) {
+  std::lock_guard lock(hook_mu);
+  has_host_update_hook.store(static_cast<bool>(hook), std::memory_order_release);
+  host_update_hook = std::move(hook);
+}
 
 void EngineImpl::Decide(const double* partials, int64_t boundary) {
   const double total = SumNormPartials(partials, norm_layout_);
@@ -28,6 +52,12 @@ Status EngineImpl::EnqueueBoundary() {
   ++boundaries_;
   early_reads_ = false;
   const int64_t boundary = boundaries_;
+  // What this enqueues belongs to this boundary's window (TimeSpan).
+  struct InBoundary {
+    bool& flag;
+    explicit InBoundary(bool& f) : flag(f) { flag = true; }
+    ~InBoundary() { flag = false; }
+  } in_boundary(in_boundary_);
   for (Unit& u : units_) ZINF_RETURN_IF_ERROR(stream_->Wait(*u.released));
   // No update overwrites a shard a gather still reads (one gathered ahead
   // and never fetched).
@@ -121,7 +151,7 @@ Status EngineImpl::EnqueueBoundary() {
     if (!host_memory_ && !offload_) {
       ZINF_RETURN_IF_ERROR(EnqueueDeviceUpdate(u, home, has_grad[i] != 0));
     } else {
-      ZINF_RETURN_IF_ERROR(Timed(&Window::optimizer, HostUpdateTask(u, target, has_grad[i] != 0)));
+      ZINF_RETURN_IF_ERROR(Timed(&Window::optimizer, HostUpdateTask(u, target, has_grad[i] != 0, boundary)));
     }
     if (nvme_ && swapper_->group_units(swapper_->group_of(static_cast<int>(i))).back() == static_cast<int>(i)) {
       const size_t g = swapper_->group_of(static_cast<int>(i));
@@ -233,9 +263,10 @@ Status EngineImpl::WriteComputeCopy(Unit& u, const float* master, int64_t first)
 // offloaded): Adam over the owned range with the boundary's decision, the new
 // compute copy written where `t` says; a skipped or gradient-less unit keeps
 // its state and refills a staging copy that goes on regardless.
-StreamTask EngineImpl::HostUpdateTask(Unit& u, const UpdateTarget& t, bool has) {
+StreamTask EngineImpl::HostUpdateTask(Unit& u, const UpdateTarget& t, bool has, int64_t boundary) {
   return [this, &u, staging = t.staging, swap = t.swap, grad = t.grad, home = t.home, use_slot = t.use_slot,
-          to_store = t.to_store, has](const StreamContext& ctx) -> Status {
+          to_store = t.to_store, has, boundary](const StreamContext& ctx) -> Status {
+    RunHostUpdateHook(u.index, boundary);
     Decision d;
     {
       std::lock_guard lock(mu_);

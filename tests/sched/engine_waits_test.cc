@@ -3,17 +3,23 @@
 // nothing after its first step, in every stage and tier, with clipping or
 // without. HostDevice in checking mode counts every host wait exactly
 // (Device::wait_stats); the loop's results must equal a loop that
-// synchronizes after every step.
+// synchronizes after every step. And the next forward's first Fetch waits
+// only for its own unit's update. Both hold with the tasks of all streams
+// serialized, as CUDA may run host functions.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/float16.h"
 #include "cpu/host_device.h"
 #include "test_util.h"
+#include "sched/engine_testing.h"
 #include "zinf/engine.h"
 
 namespace zinf {
@@ -83,15 +89,46 @@ struct TrainRun {
   std::vector<std::vector<float>> masters;
   std::vector<StepStats> stats;
   uint64_t steady_blocking = 0, steady_draining = 0;
+  bool first_fetch_passed_while_held = false;  // hold_last_update: what the hook saw
 };
+
+struct RunOptions {
+  bool sync_each_step = false;
+  // HostDevice runs the tasks of all streams one at a time, as CUDA may run
+  // host functions.
+  bool serialize_tasks = false;
+  // The last unit's update at boundary 2 is held until the caller's stream
+  // has passed the first Fetch of the next forward (10 s at most).
+  bool hold_last_update = false;
+};
+
+constexpr int64_t kHeldBoundary = 2;
 
 // `steps` optimizer steps; with `sync_each_step` the loop synchronizes and
 // reads the step's metrics after every step, else it never waits and reads
 // them all at the end.
-TrainRun Train(const Config& config, int steps, bool sync_each_step) {
-  auto device = Must(CreateHostDevice(DeviceOptions{.spec = "cpu", .memory_budget = 128 << 20, .checking = true, .seed = 5}));
+TrainRun Train(const Config& config, int steps, const RunOptions& opt) {
+  auto device = Must(CreateHostDevice(DeviceOptions{
+      .spec = "cpu", .memory_budget = 128 << 20, .checking = true, .serialize_tasks = opt.serialize_tasks, .seed = 5}));
   auto stream = Must(device->CreateStream());
   auto engine = Must(Engine::Create(config, *device));
+  // The hold: the hook polls an event the loop records on its stream right
+  // after the next forward's first Fetch (never before it is armed).
+  auto first_fetch_passed = Must(device->CreateEvent());
+  std::atomic<bool> armed{false}, passed{false};
+  if (opt.hold_last_update) {
+    sched::testing::SetHostUpdateHook([&](int unit, int64_t boundary) {
+      if (unit != kUnits - 1 || boundary != kHeldBoundary) return;
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      while (std::chrono::steady_clock::now() < until) {
+        if (armed.load() && *first_fetch_passed->Query()) {
+          passed = true;
+          return;
+        }
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+      }
+    });
+  }
   for (int u = 0; u < kUnits; ++u) {
     std::vector<float> w(kSizes[u]);
     for (size_t i = 0; i < w.size(); ++i) w[i] = 0.1f * Uniform(5, u, i);
@@ -105,6 +142,10 @@ TrainRun Train(const Config& config, int steps, bool sync_each_step) {
       const uint64_t g = static_cast<uint64_t>(step) * 2 + k;
       for (int u = 0; u < kUnits; ++u) {
         (void)Must(engine->Fetch(u, *stream));
+        if (opt.hold_last_update && step == kHeldBoundary && k == 0 && u == 0) {
+          MustOk(first_fetch_passed->Record(*stream));
+          armed = true;
+        }
         MustOk(engine->Release(u, *stream));
       }
       const float scale = Must(engine->loss_scale());
@@ -125,7 +166,7 @@ TrainRun Train(const Config& config, int steps, bool sync_each_step) {
       }
       EXPECT_EQ(Must(engine->Step()), k == 1);
     }
-    if (sync_each_step) {
+    if (opt.sync_each_step) {
       MustOk(engine->Synchronize());
       run.stats.push_back(Must(engine->Stats()));
       EXPECT_EQ(run.stats.back().behind, 0);
@@ -134,13 +175,16 @@ TrainRun Train(const Config& config, int steps, bool sync_each_step) {
   const DeviceWaitStats steady_end = device->wait_stats();
   run.steady_blocking = steady_end.blocking - steady_start.blocking;
   run.steady_draining = steady_end.draining - steady_start.draining;
-  if (!sync_each_step) {
+  if (!opt.sync_each_step) {
     const StepStats latest = Must(engine->Stats());  // no wait needed to ask
     EXPECT_LE(latest.boundary, steps);
     EXPECT_EQ(latest.behind, steps - latest.boundary);
     for (int b = 1; b <= steps; ++b) run.stats.push_back(Must(engine->Stats(b)));
   }
   MustOk(stream->Synchronize());
+  MustOk(engine->Synchronize());
+  if (opt.hold_last_update) sched::testing::SetHostUpdateHook({});
+  run.first_fetch_passed_while_held = passed.load();
   for (int u = 0; u < kUnits; ++u) {
     std::vector<float> m(kSizes[u]);
     MustOk(engine->ReadState(u, StateKind::kMaster, m.data()));
@@ -149,14 +193,20 @@ TrainRun Train(const Config& config, int steps, bool sync_each_step) {
   return run;
 }
 
-TEST(EngineWaitsTest, SteadyStateStepsNeverWaitOnTheDevice) {
+// Also with the tasks of all streams run one at a time, as CUDA may run host
+// functions: no schedule here may need two tasks at once.
+class EngineWaitsTest : public ::testing::TestWithParam<bool> {};
+INSTANTIATE_TEST_SUITE_P(Tasks, EngineWaitsTest, ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& p) { return p.param ? "Serialized" : "Concurrent"; });
+
+TEST_P(EngineWaitsTest, SteadyStateStepsNeverWaitOnTheDevice) {
   constexpr int kSteps = 5;
   for (const Case& c : Cases()) {
     SCOPED_TRACE(c.name);
-    const TrainRun free_running = Train(c.config, kSteps, /*sync_each_step=*/false);
+    const TrainRun free_running = Train(c.config, kSteps, {.serialize_tasks = GetParam()});
     EXPECT_EQ(free_running.steady_blocking, 0u) << "host waits in steps 2-" << kSteps;
     EXPECT_EQ(free_running.steady_draining, 0u);
-    const TrainRun synced = Train(c.config, kSteps, /*sync_each_step=*/true);
+    const TrainRun synced = Train(c.config, kSteps, {.sync_each_step = true, .serialize_tasks = GetParam()});
     EXPECT_GE(synced.steady_draining, 1u) << "the counter must see a loop that does wait";
     ASSERT_EQ(free_running.stats.size(), synced.stats.size());
     for (size_t i = 0; i < synced.stats.size(); ++i) {
@@ -171,8 +221,27 @@ TEST(EngineWaitsTest, SteadyStateStepsNeverWaitOnTheDevice) {
   }
 }
 
+// The next forward's first Fetch waits only for its own unit's update: with
+// the last unit's update held back, the caller's stream still gets past the
+// first unit's Fetch (no host code of the engine sits on the caller's stream
+// to queue behind the held update, even with the tasks serialized). Had the
+// Fetch waited for the whole step, the hook would time out after 10 s. The
+// results equal a run without the hold.
+TEST_P(EngineWaitsTest, TheNextForwardsFirstFetchWaitsOnlyForItsOwnUnitsUpdate) {
+  constexpr int kSteps = 4;
+  for (const Case& c : Cases()) {
+    SCOPED_TRACE(c.name);
+    const TrainRun held = Train(c.config, kSteps, {.serialize_tasks = GetParam(), .hold_last_update = true});
+    EXPECT_TRUE(held.first_fetch_passed_while_held);
+    const TrainRun plain = Train(c.config, kSteps, {.serialize_tasks = GetParam()});
+    for (int u = 0; u < kUnits; ++u) {
+      EXPECT_EQ(std::memcmp(held.masters[u].data(), plain.masters[u].data(), kSizes[u] * 4), 0) << "unit " << u;
+    }
+  }
+}
+
 // Stats(boundary) refuses what it cannot have, and Stats() before any step.
-TEST(EngineWaitsTest, StatsOfABoundaryNotKeptOrNotYetEnqueuedIsOutOfRange) {
+TEST(EngineStatsTest, StatsOfABoundaryNotKeptOrNotYetEnqueuedIsOutOfRange) {
   auto device = Must(CreateHostDevice(DeviceOptions{.spec = "cpu", .memory_budget = 64 << 20, .checking = true, .seed = 6}));
   auto stream = Must(device->CreateStream());
   auto engine = Must(Engine::Create(BaseConfig(0), *device));

@@ -110,6 +110,39 @@ TEST(TrainTest, CheckpointingGivesTheSameLossesInLessActivationMemory) {
   EXPECT_LT(ckpt_bytes, 0.8 * plain_bytes) << ckpt_bytes << " vs " << plain_bytes;
 }
 
+// With the host device running the tasks of all streams one at a time
+// (ZINF_SERIALIZE_TASKS=1, as CUDA may run host functions), zinf train's
+// default schedule (stage 3, parameters in host memory, optimizer on NVMe)
+// neither hangs nor lets the device run dry between steps, and it trains to
+// the same losses bit for bit.
+TEST(TrainTest, SerializedTasksNeitherHangNorStallNorChangeTheLosses) {
+  auto run = [](const std::string& name, const std::string& env) {
+    const std::string metrics = Scratch(name);
+    std::filesystem::remove(metrics);
+    auto r = zinf::test::RunCommand("cd " + zinf::test::TestDir() + " && ZINF_LOG_LEVEL=warn " + env + " " +
+                                    zinf::test::BinaryDir() +
+                                    "/zinf train --steps 6 --layers 2 --d-model 32 --seq-len 32 --micro-batch 4 "
+                                    "--sample-tokens 0 --metrics-json " + metrics + " 2>&1");
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    std::ifstream in(metrics);
+    std::string line;
+    std::vector<double> loss;
+    std::vector<uint64_t> draining;
+    while (std::getline(in, line)) {
+      const auto j = nlohmann::json::parse(line);
+      loss.push_back(j.at("loss").get<double>());
+      draining.push_back(j.at("host_waits_draining").get<uint64_t>());
+    }
+    return std::make_pair(loss, draining);
+  };
+  const auto [plain_loss, plain_draining] = run("train_tasks_concurrent.jsonl", "");
+  const auto [serial_loss, serial_draining] = run("train_tasks_serialized.jsonl", "ZINF_SERIALIZE_TASKS=1");
+  ASSERT_EQ(plain_loss.size(), 6u);
+  EXPECT_EQ(serial_loss, plain_loss);
+  ASSERT_EQ(serial_draining.size(), 6u);
+  for (size_t i = 1; i + 1 < serial_draining.size(); ++i) EXPECT_EQ(serial_draining[i], 0u) << "step " << i + 1;
+}
+
 // A rate file reaches the plan's step time: at an Adam rate of 1000
 // parameters per second the optimizer alone takes minutes.
 TEST(TrainTest, MeasuredRatesDriveThePlansStepTime) {
