@@ -125,6 +125,13 @@ class Device {
   virtual DeviceWaitStats wait_stats() const = 0;
 
   virtual Result<std::unique_ptr<Stream>> CreateStream() = 0;
+  // A framework's own stream as a zinf Stream (CUDA: a cudaStream_t of this
+  // device; nullptr is the legacy default stream), so zinf's waits and work
+  // go straight onto the stream the framework computes on. Not owned: the
+  // framework keeps it alive past the returned Stream, which synchronizes it
+  // when destroyed. kInvalidArgument for a stream of another device, and on
+  // the host device, which has no native streams.
+  virtual Result<std::unique_ptr<Stream>> AdoptStream(void* native_handle) = 0;
   virtual Result<std::unique_ptr<Event>> CreateEvent() = 0;
   // An event that can also be timed (Event::SecondsSince); on CUDA a little
   // dearer to record than a plain one.

@@ -349,6 +349,16 @@ ZINF_API int zinf_engine_load(zinf_engine* engine, const char* path, char** out_
  * may outlive the engine. */
 ZINF_API int zinf_stream_create(zinf_engine* engine, zinf_stream** out);
 
+/* A framework's own stream on the engine's device, as a zinf stream: on a
+ * CUDA device `native` is a cudaStream_t of that device (NULL: the legacy
+ * default stream), e.g. PyTorch's torch.cuda.current_stream().cuda_stream,
+ * so fetches make that stream wait and the framework's kernels need no
+ * synchronization. The framework keeps the native stream alive until
+ * zinf_stream_destroy, which waits for it but does not destroy it.
+ * Errors: ZINF_ERR_INVALID_ARGUMENT (the cpu device, which has no native
+ * streams; a stream of another GPU). */
+ZINF_API int zinf_stream_adopt(zinf_engine* engine, void* native, zinf_stream** out);
+
 /* Waits for the stream's work, then destroys it. NULL is a no-op. */
 ZINF_API void zinf_stream_destroy(zinf_stream* stream);
 

@@ -63,6 +63,7 @@ _SIGNATURES = {
     "zinf_engine_save": (c_int, [c_void_p, c_char_p, c_char_p, ctypes.POINTER(c_void_p)]),
     "zinf_engine_load": (c_int, [c_void_p, c_char_p, ctypes.POINTER(c_void_p)]),
     "zinf_stream_create": (c_int, [c_void_p, ctypes.POINTER(c_void_p)]),
+    "zinf_stream_adopt": (c_int, [c_void_p, c_void_p, ctypes.POINTER(c_void_p)]),
     "zinf_stream_destroy": (None, [c_void_p]),
     "zinf_stream_synchronize": (c_int, [c_void_p]),
 }

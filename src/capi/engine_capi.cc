@@ -451,6 +451,16 @@ ZINF_API int zinf_stream_create(zinf_engine* engine, zinf_stream** out) {
   });
 }
 
+ZINF_API int zinf_stream_adopt(zinf_engine* engine, void* native, zinf_stream** out) {
+  return Guard(__func__, [&]() -> Status {
+    ZINF_RETURN_IF_ERROR(NotNull(engine, "engine"));
+    ZINF_RETURN_IF_ERROR(NotNull(out, "out"));
+    ZINF_ASSIGN_OR_RETURN(auto stream, engine->device->AdoptStream(native));
+    *out = new zinf_stream{engine->device, std::move(stream)};
+    return Status::Ok();
+  });
+}
+
 ZINF_API void zinf_stream_destroy(zinf_stream* stream) {
   GuardVoid([&] {
     if (!stream) return;

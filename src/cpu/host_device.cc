@@ -184,6 +184,9 @@ class HostDevice : public Device {
   WaitCounters& waits() { return waits_; }
 
   Result<std::unique_ptr<Stream>> CreateStream() override;
+  Result<std::unique_ptr<Stream>> AdoptStream(void*) override {
+    return InvalidArgument("the cpu device has no native streams to adopt: use a stream it creates");
+  }
   Result<std::unique_ptr<Event>> CreateEvent() override;
   Result<std::unique_ptr<Event>> CreateTimingEvent() override;
 

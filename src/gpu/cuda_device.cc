@@ -61,8 +61,9 @@ class CudaContext : public StreamContext {
 
 class CudaStream : public Stream {
  public:
-  CudaStream(int ordinal, cudaStream_t s, WaitCounters* waits)
-      : ordinal_(ordinal), stream_(s), id_(next_stream_id.fetch_add(1)), waits_(waits) {}
+  // `owned`: destroyed with this object (else adopted from a framework).
+  CudaStream(int ordinal, cudaStream_t s, WaitCounters* waits, bool owned = true)
+      : ordinal_(ordinal), stream_(s), owned_(owned), id_(next_stream_id.fetch_add(1)), waits_(waits) {}
   ~CudaStream() override {
     cudaSetDevice(ordinal_);
     cudaStreamSynchronize(stream_);
@@ -76,7 +77,7 @@ class CudaStream : public Stream {
     }
     for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
     if (flag_) cudaFreeHost(flag_);
-    cudaStreamDestroy(stream_);
+    if (owned_) cudaStreamDestroy(stream_);
   }
 
   // Starts the worker; without stream memory operations tasks go through
@@ -224,6 +225,7 @@ class CudaStream : public Stream {
 
   int ordinal_;
   cudaStream_t stream_;
+  bool owned_;
   uint64_t id_;
   WaitCounters* waits_;
   WaitValue32Fn wait_value_ = nullptr;
@@ -320,6 +322,19 @@ class CudaDevice : public Device {
     cudaStream_t s;
     ZINF_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     auto stream = std::make_unique<CudaStream>(ordinal_, s, &waits_);
+    ZINF_RETURN_IF_ERROR(stream->Init());
+    return std::unique_ptr<Stream>(std::move(stream));
+  }
+  Result<std::unique_ptr<Stream>> AdoptStream(void* native_handle) override {
+    ZINF_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
+    auto s = static_cast<cudaStream_t>(native_handle);
+    int device = -1;
+    ZINF_CUDA_RETURN_IF_ERROR(cudaStreamGetDevice(s, &device));
+    if (device != ordinal_) {
+      return InvalidArgument("AdoptStream: the stream belongs to cuda:" + std::to_string(device) + ", not cuda:" +
+                             std::to_string(ordinal_));
+    }
+    auto stream = std::make_unique<CudaStream>(ordinal_, s, &waits_, /*owned=*/false);
     ZINF_RETURN_IF_ERROR(stream->Init());
     return std::unique_ptr<Stream>(std::move(stream));
   }

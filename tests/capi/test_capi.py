@@ -84,6 +84,7 @@ def load(path):
         "zinf_engine_step": (c_int, [c_void_p, ctypes.POINTER(c_int)]),
         "zinf_engine_report_loss": (c_int, [c_void_p, c_double]),
         "zinf_stream_create": (c_int, [c_void_p, ctypes.POINTER(c_void_p)]),
+        "zinf_stream_adopt": (c_int, [c_void_p, c_void_p, ctypes.POINTER(c_void_p)]),
         "zinf_stream_destroy": (None, [c_void_p]),
         "zinf_stream_synchronize": (c_int, [c_void_p]),
     }
@@ -335,6 +336,20 @@ def test_report_loss():
     print("ok: a NaN loss stops the engine where the config says so")
 
 
+def test_stream_adopt():
+    """zinf_stream_adopt on the cpu device: INVALID_ARGUMENT naming why,
+    with nothing written to `out` (a framework's streams exist only on a
+    GPU; tests/gpu adopts a CUDA stream)."""
+    engine = c_void_p()
+    check(LIB.zinf_engine_create(STAGE3_CONFIG, None, ctypes.byref(engine)))
+    stream = c_void_p(None)
+    message = check(LIB.zinf_stream_adopt(engine, None, ctypes.byref(stream)), ZINF_ERR_INVALID_ARGUMENT)
+    assert "no native streams to adopt" in message, message
+    assert stream.value is None
+    LIB.zinf_engine_destroy(engine)
+    print("ok: the cpu device refuses to adopt a native stream")
+
+
 def main():
     global LIB
     if len(sys.argv) != 3:
@@ -352,6 +367,7 @@ def main():
     test_adam()
     test_engine_tensor_arrays()
     test_report_loss()
+    test_stream_adopt()
     print("PASS: python ctypes + numpy")
     return 0
 

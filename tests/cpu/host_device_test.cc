@@ -136,6 +136,15 @@ TEST(HostDeviceTest, SerializedTasksRunOneAtATimeAndCopiesStillOverlap) {
   EXPECT_EQ(back, host);
 }
 
+// The host device has no native streams: adopting one is refused, naming why.
+TEST(HostDeviceTest, AdoptingANativeStreamIsRefused) {
+  auto device = Checking();
+  auto adopted = device->AdoptStream(nullptr);
+  ASSERT_FALSE(adopted.ok());
+  EXPECT_EQ(adopted.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(adopted.status().message().find("no native streams"), std::string::npos) << adopted.status().message();
+}
+
 // The same option from the environment, for whole programs (zinf train).
 TEST(HostDeviceTest, SerializedTasksFromTheEnvironment) {
   ::setenv("ZINF_SERIALIZE_TASKS", "1", 1);
