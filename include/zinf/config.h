@@ -165,6 +165,13 @@ struct ZinfConfig {
   // the engine refuses further steps (with several ranks, every rank stops,
   // naming this one) and the last checkpoint is where it resumes.
   bool stop_on_nonfinite_loss = false;
+  // offload_optimizer cpu, no gradient clipping, no fp16 loss scale, one
+  // rank or stage 0: each unit's Adam starts on the host as soon as its
+  // gradient of the window's last micro-step is accumulated and the unit is
+  // released, during backward, instead of at the boundary. The same bits as
+  // without; a non-finite gradient norm, which would skip the step, stops
+  // the engine instead (units were already updated).
+  bool active_offload = false;
   GradientHome gradients = GradientHome::kAuto;  // "gradients": "auto" | "host" | "nvme"
   bool checksums = false;        // XXH3 per swapped extent, verified on read
   // The model's matrix products: kFloat32, or kBFloat16 operands with fp32

@@ -265,7 +265,7 @@ Result<bool> EngineImpl::Step() {
   buckets_.CloseOpen();  // some units were not fetched: the last bucket closes here
   ZINF_RETURN_IF_ERROR(FlushPendingBuckets());
   for (Unit& u : units_) {
-    u.grads_ready_this_micro = u.fetched_this_micro = false;
+    u.grads_ready_this_micro = u.fetched_this_micro = u.released_after_grads = false;
     // The client may destroy its streams between micro-steps: a GradBuffers
     // before the unit's next Fetch allocates on the engine stream.
     u.fetch_stream = nullptr;
@@ -337,6 +337,20 @@ Result<std::unique_ptr<Engine>> Engine::Create(const Config& config, Device& dev
     return InvalidArgument("gradient_clipping must be a finite number >= 0 (0 = off)");
   }
   const int world = comm ? comm->size() : 1;
+  if (config.zinf.active_offload) {
+    auto refuse = [](const std::string& why) {
+      return InvalidArgument("zinf.active_offload needs " + why + ": set it false, or change the config");
+    };
+    if (z.offload_optimizer.device != OffloadDevice::kCpu) {
+      return refuse("zero_optimization.offload_optimizer.device = \"cpu\" (the optimizer in host memory)");
+    }
+    if (config.gradient_clipping > 0) return refuse("gradient_clipping = 0 (clipping needs the global norm first)");
+    if (config.fp16.enabled) return refuse("no fp16 (the loss scale's overflow check needs every gradient first)");
+    if (z.stage >= 1 && world > 1) {
+      return refuse("one rank, or stage 0 (with sharded state the new shards' all-gathers would interleave with "
+                    "backward's reductions)");
+    }
+  }
   ZINF_ASSIGN_OR_RETURN(BatchSizes batch, ResolveBatchSizes(config, world));
   const OptimizerConfig& oc = config.optimizer;
   AdamOptions adam;

@@ -44,7 +44,8 @@ Status EngineImpl::GradsReady(int unit, Stream& stream) {
       ZINF_RETURN_IF_ERROR(EnqueueAccumulate(u.accum, u.grads, P, first));
     }
     ZINF_RETURN_IF_ERROR(u.grads_free->Record(*stream_));
-    return EnqueuePartials(unit);
+    ZINF_RETURN_IF_ERROR(EnqueuePartials(unit));
+    return MaybeActiveUpdate(static_cast<size_t>(unit));
   }
   // Stages 2 and 3: into the open bucket; closed buckets go out now
   // (overlap_comm) or when the micro-step's last unit is ready (else Step()
@@ -86,6 +87,7 @@ Status EngineImpl::FlushBucket(const std::vector<int>& bucket) {
       ZINF_RETURN_IF_ERROR(u.grads_free->Record(*stream_));
       ZINF_RETURN_IF_ERROR(FreeGradsIfTransient(u));
       ZINF_RETURN_IF_ERROR(EnqueuePartials(i));
+      ZINF_RETURN_IF_ERROR(MaybeActiveUpdate(static_cast<size_t>(i)));
     }
     return Status::Ok();
   }
@@ -127,6 +129,7 @@ Status EngineImpl::FlushBucket(const std::vector<int>& bucket) {
                                   : EnqueueAccumulate(u.accum, mine + off, u.part.shard_elems, first));
     ZINF_RETURN_IF_ERROR(u.grads_free->Record(*stream_));
     ZINF_RETURN_IF_ERROR(EnqueuePartials(i));
+    ZINF_RETURN_IF_ERROR(MaybeActiveUpdate(static_cast<size_t>(i)));
     off += u.part.shard_elems;
   }
   return Status::Ok();

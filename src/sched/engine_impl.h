@@ -125,6 +125,10 @@ struct Unit : UnitLayout {
   // whether its norm partials were taken.
   bool accumulated = false;
   bool partials_taken = false;
+  // zinf.active_offload: released after its GradsReady this micro-step, and
+  // updated during this window's backward (the boundary passes it by).
+  bool released_after_grads = false;
+  bool active_updated = false;
   int64_t steps = 0;  // updates applied to this unit (its Adam bias-correction step)
 };
 
@@ -163,6 +167,7 @@ class EngineImpl final : public Engine {
         param_offload_(config.zero.stage == 3 && config.zero.offload_param.device != OffloadDevice::kNone),
         param_nvme_(config.zero.stage == 3 && config.zero.offload_param.device == OffloadDevice::kNvme),
         host_memory_(device.kind() == DeviceKind::kHost),
+        active_offload_(config.zinf.active_offload),
         table_(UnitTableOptions{.world = world_,
                                 .stage = stage_,
                                 .param_persistence_threshold = config.zero.stage3_param_persistence_threshold,
@@ -388,7 +393,16 @@ class EngineImpl final : public Engine {
     bool use_slot = false;        // the new compute copy goes up through a staging slot
     bool to_store = false;        // the new shard goes to the parameter store
   };
-  StreamTask HostUpdateTask(Unit& u, const UpdateTarget& t, bool has_grad, int64_t boundary);
+  // `active`: an update started during backward (zinf.active_offload),
+  // whose constants come from StepDecision::Predecide when it runs.
+  StreamTask HostUpdateTask(Unit& u, const UpdateTarget& t, bool has_grad, int64_t boundary, bool active);
+  // Unit i's update on its tier and its way back to the device (the
+  // boundary's, or an active one), ending in its params_ready.
+  Status EnqueueUnitUpdate(size_t i, bool has_grad, int64_t boundary, bool active,
+                           const std::shared_ptr<const std::vector<char>>& has_grad_shared);
+  // zinf.active_offload: starts unit i's update once, in the window's last
+  // micro-step, when its gradient is accumulated and it is released.
+  Status MaybeActiveUpdate(size_t i);
   Status EnqueueSwapDrain();
   Status EnqueueWindowClose(int64_t boundary);
   Status WaitTimed(Stream& stream, Event& event, const Unit& u, const char* cause, const std::string& what);
@@ -436,6 +450,7 @@ class EngineImpl final : public Engine {
   // kernels of sched/device_kernels.h, and the boundary's decision is read
   // back to the host before the updates are enqueued.
   const bool host_memory_;
+  const bool active_offload_;  // zinf.active_offload (Engine::Create checked its conditions)
   std::unique_ptr<MemoryRegistrar> device_registrar_;  // CUDA: page-locks the pool's buffers for async copies
   void* param_scratch_ = nullptr;  // offload_param without offload_optimizer: the new shard on its way home
   std::unique_ptr<nvme::IoEngine> io_;

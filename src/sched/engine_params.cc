@@ -32,6 +32,11 @@ Result<UnitPointers> EngineImpl::Fetch(int unit, Stream& stream) {
   ZINF_RETURN_IF_ERROR(CheckUnit(unit, "Fetch"));
   ZINF_RETURN_IF_ERROR(Finalize());
   Unit& u = units_[unit];
+  if (u.active_updated) {
+    return FailedPrecondition("Fetch(unit '" + u.name + "') after its gradients were ready in the window's last "
+                              "micro-step: with zinf.active_offload its update has started (fetch every unit before "
+                              "its GradsReady in a micro-step)");
+  }
   u.fetched_this_micro = true;
   ZINF_RETURN_IF_ERROR(WaitTimed(stream, *u.params_ready, u, nvme_ ? "disk" : "optimizer",
                                  "update of unit '" + u.name + "'"));
@@ -119,7 +124,12 @@ Status EngineImpl::Release(int unit, Stream& stream) {
       live_elems_ -= u.part.padded_elems;
     }
   }
-  return u.released->Record(stream);
+  ZINF_RETURN_IF_ERROR(u.released->Record(stream));
+  if (u.grads_ready_this_micro) {
+    u.released_after_grads = true;
+    return MaybeActiveUpdate(static_cast<size_t>(unit));
+  }
+  return Status::Ok();
 }
 
 void EngineImpl::NoteFetch(int unit) {

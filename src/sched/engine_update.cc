@@ -43,6 +43,11 @@ void EngineImpl::Decide(const double* partials, int64_t boundary) {
   const double total = SumNormPartials(partials, norm_layout_);
   std::lock_guard lock(mu_);
   decision_ = decider_.Decide(total);
+  if (active_offload_ && decision_.skip && broken_.ok()) {
+    broken_ = FailedPrecondition("the gradient norm of optimizer step " + std::to_string(boundary) +
+                                 " is not finite, and with zinf.active_offload its units were updated during "
+                                 "backward (the step cannot be skipped): no further steps; " + ResumeHint());
+  }
   // The window's close reads its own boundary's: with the optimizer
   // offloaded it runs on the copy stream, possibly after the next decision.
   decided_steps_[boundary] = {decision_, decider_.steps_applied()};
@@ -113,93 +118,118 @@ Status EngineImpl::EnqueueBoundary() {
     std::lock_guard lock(mu_);
     decision_pending_ = true;
   }
-  // Per unit, in forward order: Adam over the owned range, the new compute
-  // copy written in the same pass, then (sharded) every rank's new shard
-  // gathered; the unit's event then releases its next Fetch. With offload,
-  // Adam runs on the host into a pinned staging slot while the copy stream
-  // moves the previous slots to the device, so later units are still being
-  // updated when the first ones are back.
-  const size_t esize = DTypeSizeBytes(compute_dtype_);
+  // Per unit, in forward order (EnqueueUnitUpdate).
   for (size_t i = 0; i < units_.size(); ++i) {
-    Unit& u = units_[i];
-    // Where the new compute copy goes: a staging slot on its way to the
-    // device (offload), the shard's pinned home itself (offload_param with
-    // offload), the scratch on its way home (offload_param alone), or its
-    // place on the device.
-    const bool home = host_home(u);
-    const bool use_slot = offload_ && !home;
-    const size_t slot = use_slot ? i % h_param_slots_.size() : 0;
-    // offload_param nvme: the new shard goes home through a staging buffer.
-    const bool to_store = u.shard_on_nvme;
-    void* home_buf = to_store ? param_bufs_[kUpdateBuffer].data() : u.h_shard.data();
-    void* staging = use_slot ? h_param_slots_[slot].data() : home && offload_ ? home_buf : nullptr;
-    float* swap = nullptr;  // NVMe: the unit's [master | m | v] in its group's buffer
-    const void* grad = u.h_accum.data();  // offload: the accumulated gradient, or its place in the gradient buffer
-    if (nvme_) {
-      const size_t g = swapper_->group_of(static_cast<int>(i));
-      swap = swapper_->state(static_cast<int>(i));
-      if (grad_on_nvme(i)) grad = swapper_->grad(static_cast<int>(i));
-      if (swapper_->group_units(g).front() == static_cast<int>(i)) {
-        ZINF_RETURN_IF_ERROR(Timed(&Window::io, [this, g, has = has_grad_shared](const StreamContext&) {
-          return swapper_->ReadGroup(g, *has);
-        }));
-      }
+    if (units_[i].active_updated) {  // updated during backward (zinf.active_offload)
+      units_[i].active_updated = false;
+      continue;
     }
-    const UpdateTarget target{staging, swap, grad, home, use_slot, to_store};
-    Stream& gather_stream = use_slot ? *copy_stream_ : *stream_;
-    if (use_slot) ZINF_RETURN_IF_ERROR(stream_->Wait(*slot_free_[slot]));
-    if (!host_memory_ && !offload_) {
-      ZINF_RETURN_IF_ERROR(EnqueueDeviceUpdate(u, home, has_grad[i] != 0));
-    } else {
-      ZINF_RETURN_IF_ERROR(Timed(&Window::optimizer, HostUpdateTask(u, target, has_grad[i] != 0, boundary)));
-    }
-    if (nvme_ && swapper_->group_units(swapper_->group_of(static_cast<int>(i))).back() == static_cast<int>(i)) {
-      const size_t g = swapper_->group_of(static_cast<int>(i));
-      ZINF_RETURN_IF_ERROR(stream_->Enqueue([this, g](const StreamContext&) {
-        swapper_->IssueWrites(g);
-        return Status::Ok();
-      }));
-    }
-    if (home && !offload_ && owned_valid(u) > 0) {
-      const uint64_t bytes = owned_valid(u) * esize;
-      ZINF_RETURN_IF_ERROR(TimedCopies(*stream_, bytes, [&] {
-        return device_.CopyToHost(home_buf, param_scratch_, bytes, *stream_);
-      }));
-    }
-    if (to_store) {
-      // Written before the unit's update counts as done (a gather reads it
-      // next); the padding past the valid elements is zeros, as in a shard
-      // kept in host memory. Meanwhile the disk still works on the
-      // sub-group reads issued ahead.
-      ZINF_RETURN_IF_ERROR(Timed(&Window::io, [this, i, home_buf, esize](const StreamContext&) {
-        const Unit& w = units_[i];
-        const uint64_t valid = std::max<int64_t>(0, owned_valid(w)) * esize;
-        std::memset(static_cast<char*>(home_buf) + valid, 0, w.part.shard_elems * esize - valid);
-        return SwapFailure(param_store_->Write(i, home_buf).Wait(), SwapKind::kParams);
-      }));
-    }
-    if (use_slot) {
-      ZINF_RETURN_IF_ERROR(slot_filled_[slot]->Record(*stream_));
-      ZINF_RETURN_IF_ERROR(copy_stream_->Wait(*slot_filled_[slot]));
-      const int64_t valid = owned_valid(u);
-      if (valid > 0) {
-        void* dst = param_home(u);
-        ZINF_RETURN_IF_ERROR(TimedCopies(*copy_stream_, valid * esize, [&] {
-          return device_.CopyToDevice(dst, staging, valid * esize, *copy_stream_);
-        }));
-      }
-    }
-    if (sharded() && !u.partitioned) {
-      void* mine = static_cast<char*>(u.params) + u.part.shard_begin(rank_) * esize;
-      ZINF_RETURN_IF_ERROR(Collective(gather_stream, "all_gather", u.part.padded_elems * esize, [&] {
-        return comm_->AllGather(mine, u.params, u.part.shard_elems, compute_dtype_, gather_stream);
-      }));
-    }
-    ZINF_RETURN_IF_ERROR(u.params_ready->Record(gather_stream));
-    if (use_slot) ZINF_RETURN_IF_ERROR(slot_free_[slot]->Record(*copy_stream_));
+    ZINF_RETURN_IF_ERROR(EnqueueUnitUpdate(i, has_grad[i] != 0, boundary, /*active=*/false, has_grad_shared));
   }
   if (nvme_) ZINF_RETURN_IF_ERROR(EnqueueSwapDrain());  // the step ends when every sub-group is back on disk
   return EnqueueWindowClose(boundary);
+}
+
+// Unit i's update, in forward order at the boundary or during backward
+// (active): Adam over the owned range, the new compute copy written in the
+// same pass, then (sharded) every rank's new shard gathered; the unit's
+// event then releases its next Fetch. With offload, Adam runs on the host
+// into a pinned staging slot while the copy stream moves the previous slots
+// to the device, so later units are still being updated when the first ones
+// are back.
+Status EngineImpl::EnqueueUnitUpdate(size_t i, bool has_grad, int64_t boundary, bool active,
+                                     const std::shared_ptr<const std::vector<char>>& has_grad_shared) {
+  const size_t esize = DTypeSizeBytes(compute_dtype_);
+  Unit& u = units_[i];
+  // Where the new compute copy goes: a staging slot on its way to the
+  // device (offload), the shard's pinned home itself (offload_param with
+  // offload), the scratch on its way home (offload_param alone), or its
+  // place on the device.
+  const bool home = host_home(u);
+  const bool use_slot = offload_ && !home;
+  const size_t slot = use_slot ? i % h_param_slots_.size() : 0;
+  // offload_param nvme: the new shard goes home through a staging buffer.
+  const bool to_store = u.shard_on_nvme;
+  void* home_buf = to_store ? param_bufs_[kUpdateBuffer].data() : u.h_shard.data();
+  void* staging = use_slot ? h_param_slots_[slot].data() : home && offload_ ? home_buf : nullptr;
+  float* swap = nullptr;  // NVMe: the unit's [master | m | v] in its group's buffer
+  const void* grad = u.h_accum.data();  // offload: the accumulated gradient, or its place in the gradient buffer
+  if (nvme_) {
+    const size_t g = swapper_->group_of(static_cast<int>(i));
+    swap = swapper_->state(static_cast<int>(i));
+    if (grad_on_nvme(i)) grad = swapper_->grad(static_cast<int>(i));
+    if (swapper_->group_units(g).front() == static_cast<int>(i)) {
+      ZINF_RETURN_IF_ERROR(Timed(&Window::io, [this, g, has = has_grad_shared](const StreamContext&) {
+        return swapper_->ReadGroup(g, *has);
+      }));
+    }
+  }
+  const UpdateTarget target{staging, swap, grad, home, use_slot, to_store};
+  Stream& gather_stream = use_slot ? *copy_stream_ : *stream_;
+  if (use_slot) ZINF_RETURN_IF_ERROR(stream_->Wait(*slot_free_[slot]));
+  if (!host_memory_ && !offload_) {
+    ZINF_RETURN_IF_ERROR(EnqueueDeviceUpdate(u, home, has_grad));
+  } else {
+    ZINF_RETURN_IF_ERROR(Timed(&Window::optimizer, HostUpdateTask(u, target, has_grad, boundary, active)));
+  }
+  if (nvme_ && swapper_->group_units(swapper_->group_of(static_cast<int>(i))).back() == static_cast<int>(i)) {
+    const size_t g = swapper_->group_of(static_cast<int>(i));
+    ZINF_RETURN_IF_ERROR(stream_->Enqueue([this, g](const StreamContext&) {
+      swapper_->IssueWrites(g);
+      return Status::Ok();
+    }));
+  }
+  if (home && !offload_ && owned_valid(u) > 0) {
+    const uint64_t bytes = owned_valid(u) * esize;
+    ZINF_RETURN_IF_ERROR(TimedCopies(*stream_, bytes, [&] {
+      return device_.CopyToHost(home_buf, param_scratch_, bytes, *stream_);
+    }));
+  }
+  if (to_store) {
+    // Written before the unit's update counts as done (a gather reads it
+    // next); the padding past the valid elements is zeros, as in a shard
+    // kept in host memory. Meanwhile the disk still works on the
+    // sub-group reads issued ahead.
+    ZINF_RETURN_IF_ERROR(Timed(&Window::io, [this, i, home_buf, esize](const StreamContext&) {
+      const Unit& w = units_[i];
+      const uint64_t valid = std::max<int64_t>(0, owned_valid(w)) * esize;
+      std::memset(static_cast<char*>(home_buf) + valid, 0, w.part.shard_elems * esize - valid);
+      return SwapFailure(param_store_->Write(i, home_buf).Wait(), SwapKind::kParams);
+    }));
+  }
+  if (use_slot) {
+    ZINF_RETURN_IF_ERROR(slot_filled_[slot]->Record(*stream_));
+    ZINF_RETURN_IF_ERROR(copy_stream_->Wait(*slot_filled_[slot]));
+    const int64_t valid = owned_valid(u);
+    if (valid > 0) {
+      void* dst = param_home(u);
+      ZINF_RETURN_IF_ERROR(TimedCopies(*copy_stream_, valid * esize, [&] {
+        return device_.CopyToDevice(dst, staging, valid * esize, *copy_stream_);
+      }));
+    }
+  }
+  if (sharded() && !u.partitioned) {
+    void* mine = static_cast<char*>(u.params) + u.part.shard_begin(rank_) * esize;
+    ZINF_RETURN_IF_ERROR(Collective(gather_stream, "all_gather", u.part.padded_elems * esize, [&] {
+      return comm_->AllGather(mine, u.params, u.part.shard_elems, compute_dtype_, gather_stream);
+    }));
+  }
+  ZINF_RETURN_IF_ERROR(u.params_ready->Record(gather_stream));
+  if (use_slot) ZINF_RETURN_IF_ERROR(slot_free_[slot]->Record(*copy_stream_));
+  return Status::Ok();
+}
+
+Status EngineImpl::MaybeActiveUpdate(size_t i) {
+  Unit& u = units_[i];
+  if (!active_offload_ || micro_in_window_ != accumulation_ - 1 || u.active_updated || !u.partials_taken ||
+      !u.released_after_grads || !u.accumulated) {
+    return Status::Ok();
+  }
+  u.active_updated = true;
+  ZINF_RETURN_IF_ERROR(stream_->Wait(*u.released));
+  ZINF_RETURN_IF_ERROR(gathers_done_->Record(*gather_stream_));  // no gather still reads the shard
+  ZINF_RETURN_IF_ERROR(stream_->Wait(*gathers_done_));
+  return EnqueueUnitUpdate(i, /*has_grad=*/true, boundaries_ + 1, /*active=*/true, nullptr);
 }
 
 Status EngineImpl::EnqueueDeviceUpdate(Unit& u, bool home, bool has_grad) {
@@ -263,14 +293,16 @@ Status EngineImpl::WriteComputeCopy(Unit& u, const float* master, int64_t first)
 // offloaded): Adam over the owned range with the boundary's decision, the new
 // compute copy written where `t` says; a skipped or gradient-less unit keeps
 // its state and refills a staging copy that goes on regardless.
-StreamTask EngineImpl::HostUpdateTask(Unit& u, const UpdateTarget& t, bool has, int64_t boundary) {
+StreamTask EngineImpl::HostUpdateTask(Unit& u, const UpdateTarget& t, bool has, int64_t boundary, bool active) {
   return [this, &u, staging = t.staging, swap = t.swap, grad = t.grad, home = t.home, use_slot = t.use_slot,
-          to_store = t.to_store, has, boundary](const StreamContext& ctx) -> Status {
+          to_store = t.to_store, has, boundary, active](const StreamContext& ctx) -> Status {
     RunHostUpdateHook(u.index, boundary);
     Decision d;
     {
       std::lock_guard lock(mu_);
-      d = decision_;
+      // Active: the previous boundary's decision ran before this task on
+      // the engine stream, so the step count is this boundary's.
+      d = active ? decider_.Predecide() : decision_;
     }
     const int64_t valid = owned_valid(u);
     if (valid == 0) {  // only padding on this rank: nothing to update, but the unit took a step

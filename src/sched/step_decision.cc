@@ -27,6 +27,17 @@ StepDecision::StepDecision(LrSchedule schedule, LossScaler scaler, AdamOptions a
       world_(static_cast<double>(world)),
       accumulation_(static_cast<double>(accumulation)) {}
 
+Decision StepDecision::Predecide() const {
+  Decision d;
+  d.loss_scale = d.next_loss_scale = scaler_.scale();
+  const double mean_div = d.loss_scale * world_ * accumulation_;
+  d.lr = schedule_.LrAt(steps_applied_);
+  d.adam = adam_;
+  d.adam.lr = d.lr;
+  d.grad_scale = d.clip_coef / mean_div;
+  return d;
+}
+
 Decision StepDecision::Decide(double sum_of_squares) {
   Decision d;
   d.loss_scale = scaler_.scale();

@@ -51,6 +51,11 @@ class StepDecision {
   // every element. A non-finite sum skips the step; the loss scaler takes
   // the verdict; an applied step counts.
   Decision Decide(double sum_of_squares);
+  // What Decide will answer for the next boundary when nothing depends on
+  // its norm (no clipping, a constant loss scale of 1) and the norm is
+  // finite: the updates of zinf.active_offload start with it. Changes
+  // nothing.
+  Decision Predecide() const;
 
   const LrSchedule& schedule() const { return schedule_; }
   LossScaler& scaler() { return scaler_; }

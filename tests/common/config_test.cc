@@ -179,7 +179,7 @@ TEST(ConfigTest, NvmePathMayBeAListForStriping) {
 TEST(ConfigTest, ZinfBlock) {
   Config c = MustParse(R"({"zinf": {"device": "cuda:1", "device_memory": "2G", "host_memory": 1073741824,
                            "optimizer_threads": 2, "gradients": "nvme", "checksums": true, "matmul": "bf16",
-                           "stop_on_nonfinite_loss": true,
+                           "stop_on_nonfinite_loss": true, "active_offload": true,
                            "attention": "flash", "aio": {"rings": 2, "sqpoll": true, "phased_swaps": false}}})");
   EXPECT_EQ(c.zinf.device, "cuda:1");
   EXPECT_EQ(c.zinf.device_memory, 2ull << 30);
@@ -190,6 +190,8 @@ TEST(ConfigTest, ZinfBlock) {
   EXPECT_TRUE(c.zinf.checksums);
   EXPECT_TRUE(c.zinf.stop_on_nonfinite_loss);
   EXPECT_FALSE(MustParse("{}").zinf.stop_on_nonfinite_loss);
+  EXPECT_TRUE(c.zinf.active_offload);
+  EXPECT_FALSE(MustParse("{}").zinf.active_offload);
   EXPECT_EQ(c.zinf.aio.rings, 2);
   EXPECT_TRUE(c.zinf.aio.sqpoll);
   EXPECT_FALSE(c.zinf.aio.phased_swaps);
@@ -298,7 +300,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{R"({"zinf": {"gradients": "disk"}})", "zinf.gradients: expected one of \"auto\", \"host\", \"nvme\", found the string \"disk\""},
         BadCase{R"({"zinf": {"matmul": "fp16"}})", "zinf.matmul: expected one of \"fp32\", \"bf16\", found the string \"fp16\""},
         BadCase{R"({"zinf": {"attention": "sparse"}})", "zinf.attention: expected one of \"auto\", \"plain\", \"flash\", found the string \"sparse\""},
-        BadCase{R"({"zinf": {"frobnicate": 1}})", "zinf.frobnicate: unknown key; accepted keys here: aio, attention, checksums, comm_timeout_s, device"},
+        BadCase{R"({"zinf": {"frobnicate": 1}})", "zinf.frobnicate: unknown key; accepted keys here: active_offload, aio, attention, checksums, comm_timeout_s, device"},
         BadCase{R"({"zero_optimization": {"stage": 1, "stage": 2}})", "zero_optimization.stage: key appears more than once"},
         BadCase{R"([1, 2])", "the top level must be a JSON object, found the array [1,2]"},
         BadCase{"{\n  \"zero_optimization\": {\n    \"stage\": 2,\n  }\n}", "test.json:4:3: malformed JSON"},
