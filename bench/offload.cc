@@ -50,6 +50,7 @@ struct Options : EngineBenchRun {
   std::string sub_group_size = "50M";  // nvme: elements per sub-group
   std::string host_memory;             // zinf.host_memory (empty: the machine's RAM)
   bool phased_swaps = true;            // zinf.aio.phased_swaps
+  bool active_offload = false;         // zinf.active_offload (offload cpu)
 };
 
 template <class T>
@@ -182,9 +183,10 @@ int Run(const Options& opt) {
   const int64_t P = per_unit * opt.units;
   const bool offload = opt.offload != "none";
   if (!opt.json) {
-    std::printf("# zinf bench offload: %s parameters in %d units, bf16 compute, ZeRO stage 0, offload %s, "
+    std::printf("# zinf bench offload: %s parameters in %d units, bf16 compute, ZeRO stage 0, offload %s%s, "
                 "%d optimizer threads (%u cores), compute %.1f ms per unit and pass, device %s\n",
-                FormatCount(static_cast<double>(P)).c_str(), opt.units, opt.offload.c_str(), opt.threads,
+                FormatCount(static_cast<double>(P)).c_str(), opt.units, opt.offload.c_str(),
+                opt.active_offload ? " (active: updates start during backward)" : "", opt.threads,
                 std::thread::hardware_concurrency(), opt.compute_ms, opt.device.c_str());
     std::fflush(stdout);
   }
@@ -255,6 +257,7 @@ int Run(const Options& opt) {
   c.zinf.optimizer_threads = opt.threads;
   c.zinf.host_memory = *host_memory;
   c.zinf.aio.phased_swaps = opt.phased_swaps;
+  c.zinf.active_offload = opt.active_offload;
   auto engine = Check(Engine::Create(c, *device, nullptr), "engine");
   {
     // Synthetic gradients, written once (backward leaves them in place),
@@ -347,6 +350,7 @@ int Run(const Options& opt) {
                         {"units", opt.units},
                         {"phased_swaps", opt.phased_swaps},
                         {"offload", opt.offload},
+                        {"active_offload", opt.active_offload},
                         {"threads", opt.threads},
                         {"device", device->name()},
                         {"compute_ms_per_unit", opt.compute_ms},
@@ -437,6 +441,8 @@ void RegisterOffload(CLI::App& bench, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--host-memory", opt->host_memory,
                   "Pinned host budget (zinf.host_memory), e.g. 4G; nvme: gradients go to NVMe when it is short");
+  cmd->add_flag("--active-offload", opt->active_offload,
+               "zinf.active_offload: each unit's update starts during backward (offload cpu)");
   cmd->add_option("--phased-swaps", opt->phased_swaps,
                   "nvme: sub-group reads and writes in phases (zinf.aio.phased_swaps), or together")
       ->capture_default_str();
