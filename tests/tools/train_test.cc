@@ -30,6 +30,20 @@ zinf::test::CommandResult RunZinf(const std::string& args, const std::string& di
 
 std::string Scratch(const std::string& name) { return zinf::test::TestDir() + "/" + name; }
 
+// Each step's loss and draining host waits from a --metrics-json file.
+std::pair<std::vector<double>, std::vector<uint64_t>> ReadLossesAndDrainingWaits(const std::string& path) {
+  std::ifstream in(path);
+  std::string line;
+  std::vector<double> loss;
+  std::vector<uint64_t> draining;
+  while (std::getline(in, line)) {
+    const auto j = nlohmann::json::parse(line);
+    loss.push_back(j.at("loss").get<double>());
+    draining.push_back(j.at("host_waits_draining").get<uint64_t>());
+  }
+  return {loss, draining};
+}
+
 TEST(TrainTest, ShortEmbeddedRunLearnsAndWritesItsFiles) {
   const std::string metrics = Scratch("train_metrics.jsonl"), plot = Scratch("train_plot.svg"),
                     weights = Scratch("train_export.safetensors");
@@ -52,15 +66,7 @@ TEST(TrainTest, ShortEmbeddedRunLearnsAndWritesItsFiles) {
   for (const auto& e : std::filesystem::directory_iterator(cwd)) {
     EXPECT_EQ(e.path().filename().string().rfind("zinf-train-", 0), std::string::npos) << e.path();
   }
-  std::ifstream in(metrics);
-  std::string line;
-  std::vector<double> loss;
-  std::vector<uint64_t> draining;
-  while (std::getline(in, line)) {
-    const auto j = nlohmann::json::parse(line);
-    loss.push_back(j.at("loss").get<double>());
-    draining.push_back(j.at("host_waits_draining").get<uint64_t>());
-  }
+  const auto [loss, draining] = ReadLossesAndDrainingWaits(metrics);
   ASSERT_EQ(loss.size(), 40u);
   // The loop never lets the device run dry: no host wait leaves it idle
   // between the first step (set-up) and the last (the run's final
@@ -124,16 +130,7 @@ TEST(TrainTest, SerializedTasksNeitherHangNorStallNorChangeTheLosses) {
                                     "/zinf train --steps 6 --layers 2 --d-model 32 --seq-len 32 --micro-batch 4 "
                                     "--sample-tokens 0 --metrics-json " + metrics + " 2>&1");
     EXPECT_EQ(r.exit_code, 0) << r.output;
-    std::ifstream in(metrics);
-    std::string line;
-    std::vector<double> loss;
-    std::vector<uint64_t> draining;
-    while (std::getline(in, line)) {
-      const auto j = nlohmann::json::parse(line);
-      loss.push_back(j.at("loss").get<double>());
-      draining.push_back(j.at("host_waits_draining").get<uint64_t>());
-    }
-    return std::make_pair(loss, draining);
+    return ReadLossesAndDrainingWaits(metrics);
   };
   const auto [plain_loss, plain_draining] = run("train_tasks_concurrent.jsonl", "");
   const auto [serial_loss, serial_draining] = run("train_tasks_serialized.jsonl", "ZINF_SERIALIZE_TASKS=1");
