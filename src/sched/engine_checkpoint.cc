@@ -460,6 +460,7 @@ Result<std::string> EngineImpl::Load(const std::string& path) {
     const auto& saved_units = manifest.at("units");
     for (size_t i = 0; i < units_.size(); ++i) {
       units_[i].steps = saved_units[i].value("steps", decider_.steps_applied());
+      units_[i].active_updated = units_[i].released_after_grads = false;  // no update of the window before
     }
     boundaries_ = manifest.at("boundaries").get<int64_t>();
     first_boundary_ = boundaries_ + 1;
