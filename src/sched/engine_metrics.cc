@@ -43,7 +43,7 @@ Status EngineImpl::TimedCopies(Stream& stream, uint64_t bytes, const std::functi
 // first event) to passing it (the second).
 Status EngineImpl::WaitTimed(Stream& stream, Event& event, const Unit& u, const char* cause, const std::string& what) {
   ZINF_ASSIGN_OR_RETURN(bool done, event.Query());
-  if (done) return stream.Wait(event);
+  if (done) return Status::Ok();  // nothing to wait for: no operation on the stream
   return TimeSpan(stream, [&] { return stream.Wait(event); },
                   [what, unit = u.name, cause = std::string(cause)](Window& w, double seconds) {
                     StepStats::Stall& st = w.stalls[{unit, cause}];
