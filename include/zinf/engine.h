@@ -50,6 +50,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -89,6 +90,25 @@ struct UnitPointers {
 
 // What the optimizer state readers return (each widened to fp32).
 enum class StateKind { kMaster, kExpAvg, kExpAvgSq, kComputeParams };
+
+// One piece of work on the engine's timeline, in seconds since the
+// timeline's origin (the engine's first Fetch, on the host's steady clock;
+// device work is placed by timing events measured from an event recorded
+// at that origin). Lanes:
+//   "compute"    the caller's work, as it traced it (Engine::Trace)
+//   "stall"      a caller's stream waiting at a Fetch; `what` starts with
+//                the cause ("optimizer", "disk", "comm", "copy") and names
+//                the unit
+//   "optimizer"  a unit's update (host Adam, or its device kernels)
+//   "nvme wait"  an engine task waiting for sub-group or shard I/O
+//   "disk"       the NVMe I/O engines busy (at least one request in flight)
+//   "copy"       host<->device copies and bucket packing
+//   "comm"       collectives
+// A caller may trace lanes of its own.
+struct TimelineSpan {
+  std::string lane, what;
+  double start = 0, end = 0;
+};
 
 // The per-step metrics. Times are seconds within the step's window (from the
 // previous boundary to this one's last update; when the host runs a step
@@ -144,6 +164,14 @@ struct StepStats {
   uint64_t device_bytes_in_use = 0;
   uint64_t host_pinned_bytes = 0;       // offload: pinned host memory held now
   uint64_t host_peak_pinned_bytes = 0;  // and at most so far
+  // The step's timeline: the spans of work enqueued in its window (the
+  // caller's compute and stalls, collectives, copies) or run by the engine
+  // while it was open (updates, NVMe). A step's updates overlap the next
+  // step's compute: to look at a stretch of time, take the spans of the
+  // steps around it too. At most 16384 spans a step; timeline_dropped
+  // counts the rest.
+  std::vector<TimelineSpan> timeline;
+  int64_t timeline_dropped = 0;
   // From Stats(): boundaries enqueued after this one that had not finished
   // when it was read (0: this is the latest boundary).
   int64_t behind = 0;
@@ -179,6 +207,14 @@ class Engine {
   // Ends a micro-step; true when it was a boundary and the optimizer step
   // was enqueued (it runs asynchronously).
   virtual Result<bool> Step() = 0;
+  // Times the work `enqueue` puts on `stream` (by a timing event before
+  // and one after: no host code on the stream) and adds it to the current
+  // step's timeline in `lane` as `what` — the caller's compute ("compute"),
+  // so that StepStats::timeline shows it beside the engine's work. The
+  // span lands once both events completed; before the first Fetch (no
+  // origin yet) the work is enqueued untimed.
+  virtual Status Trace(Stream& stream, const std::string& lane, const std::string& what,
+                       const std::function<Status()>& enqueue) = 0;
   // This micro-step's loss (before the loss scale), for the engine's checks;
   // call it before Step. With zinf.stop_on_nonfinite_loss a NaN or infinite
   // loss fails with kFailedPrecondition and the engine takes no further

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
@@ -192,7 +193,12 @@ class IoEngine::Impl {
     req->cv.notify_all();
     {
       std::lock_guard<std::mutex> lock(inflight_mu);
-      --inflight_requests;
+      if (--inflight_requests == 0) {
+        const IoBusyInterval busy{busy_since, std::chrono::steady_clock::now()};
+        busy_seconds += std::chrono::duration<double>(busy.end - busy.begin).count();
+        if (busy_intervals.size() >= kMaxBusyIntervals) busy_intervals.pop_front();
+        busy_intervals.push_back(busy);
+      }
     }
     inflight_cv.notify_all();
   }
@@ -249,6 +255,12 @@ class IoEngine::Impl {
   std::mutex inflight_mu;
   std::condition_variable inflight_cv;
   uint64_t inflight_requests = 0;
+  // Busy stretches (inflight_mu): the current one's start, and the ended
+  // ones not yet taken.
+  static constexpr size_t kMaxBusyIntervals = 4096;
+  std::chrono::steady_clock::time_point busy_since;
+  std::deque<IoBusyInterval> busy_intervals;
+  double busy_seconds = 0;
 
   std::atomic<uint64_t> bytes_read{0}, bytes_written{0}, blocks_issued{0}, short_resubmits{0}, retries{0},
       failed_requests{0}, submit_batches{0};
@@ -761,7 +773,7 @@ IoRequest IoEngine::Submit(std::vector<IoOp> ops, IoCallback callback, IoFinaliz
   req->finalizer = std::move(finalizer);
   {
     std::lock_guard<std::mutex> lock(impl_->inflight_mu);
-    ++impl_->inflight_requests;
+    if (impl_->inflight_requests++ == 0) impl_->busy_since = std::chrono::steady_clock::now();
   }
 
   // Validate everything before issuing anything.
@@ -859,7 +871,16 @@ IoEngineStats IoEngine::stats() const {
   s.retries = impl_->retries.load();
   s.failed_requests = impl_->failed_requests.load();
   s.submit_batches = impl_->submit_batches.load();
+  std::lock_guard<std::mutex> lock(impl_->inflight_mu);
+  s.busy_seconds = impl_->busy_seconds;
   return s;
+}
+
+std::vector<IoBusyInterval> IoEngine::TakeBusyIntervals() {
+  std::lock_guard<std::mutex> lock(impl_->inflight_mu);
+  std::vector<IoBusyInterval> out(impl_->busy_intervals.begin(), impl_->busy_intervals.end());
+  impl_->busy_intervals.clear();
+  return out;
 }
 
 namespace testing {

@@ -23,6 +23,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -101,6 +102,14 @@ struct IoEngineStats {
   // single_submit; a batch of up to queue_depth otherwise, which the kernel
   // plugs and may merge into larger device requests). 0 on posix.
   uint64_t submit_batches = 0;
+  // Time with at least one request in flight (the engine's utilization,
+  // as fio counts a disk's), over the busy stretches that have ended.
+  double busy_seconds = 0;
+};
+
+// A stretch of time with at least one request in flight.
+struct IoBusyInterval {
+  std::chrono::steady_clock::time_point begin, end;
 };
 
 class IoEngine {
@@ -111,6 +120,9 @@ class IoEngine {
   IoEngine& operator=(const IoEngine&) = delete;
 
   const IoEngineOptions& options() const;
+  // The busy stretches that ended since the last call, oldest first (the
+  // newest 4096 are kept between calls).
+  std::vector<IoBusyInterval> TakeBusyIntervals();
   // "io_uring" or "posix".
   std::string backend_name() const;
   // Why io_uring is not used ("" when it is).

@@ -214,6 +214,7 @@ Status EngineImpl::BuildAfterRegistration() {
   }
   // Released starts out complete: the first boundary waits on nothing.
   for (Unit& u : units_) ZINF_RETURN_IF_ERROR(u.released->Record(*stream_));
+  ZINF_RETURN_IF_ERROR(SetTimelineOrigin());
   const uint64_t params = std::accumulate(units_.begin(), units_.end(), uint64_t{0},
                                           [](uint64_t s, const Unit& u) { return s + u.part.num_elems; });
   ZINF_LOG_INFO("engine: rank {}/{}, ZeRO stage {}, {} units, {} parameters, {} compute, accumulation {}, {}, {}",

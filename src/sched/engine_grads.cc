@@ -115,7 +115,7 @@ Status EngineImpl::FlushBucket(const std::vector<int>& bucket) {
     }
     return Status::Ok();
   };
-  ZINF_RETURN_IF_ERROR(TimeSpan(*stream_, pack_bucket, [](Window& w, double seconds) { w.copy += seconds; }));
+  ZINF_RETURN_IF_ERROR(TimeSpan(*stream_, "copy", "pack bucket", pack_bucket, [](Window& w, double seconds) { w.copy += seconds; }));
   for (int i : bucket) ZINF_RETURN_IF_ERROR(FreeGradsIfTransient(units_[i]));  // packed: the bucket holds them now
   float* mine = bucket_ + rank_ * count;
   ZINF_RETURN_IF_ERROR(Collective("reduce_scatter", needed * 4, [&] {

@@ -138,6 +138,16 @@ struct Window {  // metrics accumulated since the last boundary
   std::string longest_stall_what;
   std::map<std::pair<std::string, std::string>, StepStats::Stall> stalls;  // by (unit, cause)
   std::map<std::string, StepStats::Collective> collectives;
+  std::vector<TimelineSpan> timeline;
+  int64_t timeline_dropped = 0;
+  static constexpr size_t kMaxTimeline = 16384;
+  void AddSpan(std::string lane, std::string what, double start, double end) {
+    if (timeline.size() >= kMaxTimeline) {
+      ++timeline_dropped;
+      return;
+    }
+    timeline.push_back(TimelineSpan{std::move(lane), std::move(what), start, end});
+  }
 };
 
 // What engine-stream tasks count between two boundaries: handed from the
@@ -270,6 +280,8 @@ class EngineImpl final : public Engine {
   Status GradsReady(int unit, Stream& stream) override;
   Status Release(int unit, Stream& stream) override;
   Result<bool> Step() override;
+  Status Trace(Stream& stream, const std::string& lane, const std::string& what,
+               const std::function<Status()>& enqueue) override;
   Status ReportLoss(double loss) override;
   Result<float> loss_scale() override;
   Status Synchronize() override {
@@ -378,8 +390,9 @@ class EngineImpl final : public Engine {
   Status ReadSwappedGrads(size_t i, int stage);
   Status WaitGradWrites();
   Status SetUpParamSwap();
-  // A task on `stream` (default: the engine stream) whose time adds to `field`.
-  Status Timed(double Window::*field, StreamTask task, Stream* stream = nullptr);
+  // A task on `stream` (default: the engine stream) whose time adds to
+  // `field`, and to the timeline as `what` (in the field's lane).
+  Status Timed(double Window::*field, std::string what, StreamTask task, Stream* stream = nullptr);
   Status EnqueueAccumulate(float* accum, const float* reduced, int64_t elems, bool first);
   Status FlushBucket(const std::vector<int>& bucket);
   Status FlushPendingBuckets();
@@ -410,8 +423,17 @@ class EngineImpl final : public Engine {
   // recorded before `enqueue`'s work and one after; once both have
   // completed, ResolveSpans passes the seconds between them to `account`,
   // with the window the work was enqueued in.
-  Status TimeSpan(Stream& stream, const std::function<Status()>& enqueue,
+  // The span also goes on the window's timeline, in `lane` as `what`.
+  Status TimeSpan(Stream& stream, const char* lane, std::string what, const std::function<Status()>& enqueue,
                   std::function<void(Window&, double)> account);
+  // The timeline's origin: a timing event on the engine stream and the host
+  // time it completed at (set once, at the end of the set-up).
+  Status SetTimelineOrigin();
+  // Seconds since the origin of a host time (mu_ held).
+  double TimelineSeconds(Clock::time_point t) const { return Seconds(timeline_origin_host_, t); }
+  // The NVMe engines' busy intervals since the last call, on the timeline
+  // (mu_ held).
+  void TakeDiskBusy(Window& w);
   // On host threads only (an event's time is a device call): accounts the
   // spans whose events have completed, and logs each step one boundary
   // after it closed (or at Synchronize) with its timed work in it.
@@ -548,7 +570,11 @@ class EngineImpl final : public Engine {
     std::unique_ptr<Event> start, end;
     int64_t window = 0;
     std::function<void(Window&, double)> account;
+    const char* lane = nullptr;
+    std::string what;
   };
+  std::unique_ptr<Event> timeline_origin_;  // null until SetTimelineOrigin
+  Clock::time_point timeline_origin_host_;
   std::deque<Span> spans_;
   std::map<int64_t, Window> timed_;
   std::vector<std::unique_ptr<Event>> spare_timing_events_;

@@ -12,7 +12,7 @@ namespace sched {
 
 Status EngineImpl::Collective(Stream& stream, const char* kind, uint64_t bytes,
                               const std::function<Status()>& enqueue) {
-  return TimeSpan(stream, enqueue, [kind = std::string(kind), bytes](Window& w, double seconds) {
+  return TimeSpan(stream, "comm", kind, enqueue, [kind = std::string(kind), bytes](Window& w, double seconds) {
     w.comm += seconds;
     StepStats::Collective& c = w.collectives[kind];
     c.kind = kind;
@@ -21,19 +21,62 @@ Status EngineImpl::Collective(Stream& stream, const char* kind, uint64_t bytes,
   });
 }
 
-Status EngineImpl::Timed(double Window::*field, StreamTask task, Stream* stream) {
-  return (stream ? *stream : *stream_).Enqueue([this, field, task = std::move(task)](const StreamContext& ctx) {
-    const auto start = Clock::now();
-    Status s = task(ctx);
-    const double seconds = Seconds(start, Clock::now());
+Status EngineImpl::Timed(double Window::*field, std::string what, StreamTask task, Stream* stream) {
+  const char* lane = field == &Window::optimizer ? "optimizer" : field == &Window::io ? "nvme wait" : "engine";
+  return (stream ? *stream : *stream_)
+      .Enqueue([this, field, lane, what = std::move(what), task = std::move(task)](const StreamContext& ctx) {
+        const auto start = Clock::now();
+        Status s = task(ctx);
+        const auto end = Clock::now();
+        std::lock_guard lock(mu_);
+        window_.*field += Seconds(start, end);
+        if (timeline_origin_) window_.AddSpan(lane, what, TimelineSeconds(start), TimelineSeconds(end));
+        return s;
+      });
+}
+
+Status EngineImpl::Trace(Stream& stream, const std::string& lane, const std::string& what,
+                         const std::function<Status()>& enqueue) {
+  {
     std::lock_guard lock(mu_);
-    window_.*field += seconds;
-    return s;
-  });
+    if (!timeline_origin_) return enqueue();
+  }
+  return TimeSpan(stream, nullptr, lane + '\n' + what, enqueue, [](Window&, double) {});
+}
+
+Status EngineImpl::SetTimelineOrigin() {
+  // On an idle stream the event completes as soon as it is recorded: the
+  // host time is the middle of the record and the wait (off by at most half
+  // the wait).
+  ZINF_ASSIGN_OR_RETURN(std::unique_ptr<Event> origin, device_.CreateTimingEvent());
+  ZINF_RETURN_IF_ERROR(stream_->Synchronize());
+  const Clock::time_point before = Clock::now();
+  ZINF_RETURN_IF_ERROR(origin->Record(*stream_));
+  ZINF_RETURN_IF_ERROR(origin->Synchronize());
+  const Clock::time_point after = Clock::now();
+  std::lock_guard lock(mu_);
+  timeline_origin_ = std::move(origin);
+  timeline_origin_host_ = before + (after - before) / 2;
+  for (nvme::IoEngine* e : {io_.get(), param_io_.get()}) {
+    if (e) e->TakeBusyIntervals();  // the set-up's writes are before the timeline
+  }
+  return Status::Ok();
+}
+
+void EngineImpl::TakeDiskBusy(Window& w) {
+  if (!timeline_origin_) return;
+  for (nvme::IoEngine* e : {io_.get(), param_io_.get()}) {
+    if (!e) continue;
+    const char* what = e == io_.get() ? "optimizer state" : "parameter shards";
+    for (const nvme::IoBusyInterval& b : e->TakeBusyIntervals()) {
+      if (b.end < timeline_origin_host_) continue;
+      w.AddSpan("disk", what, TimelineSeconds(b.begin), TimelineSeconds(b.end));
+    }
+  }
 }
 
 Status EngineImpl::TimedCopies(Stream& stream, uint64_t bytes, const std::function<Status()>& enqueue) {
-  return TimeSpan(stream, enqueue, [bytes](Window& w, double seconds) {
+  return TimeSpan(stream, "copy", FormatBytes(bytes), enqueue, [bytes](Window& w, double seconds) {
     w.copy += seconds;
     w.copy_bytes += bytes;
   });
@@ -44,7 +87,7 @@ Status EngineImpl::TimedCopies(Stream& stream, uint64_t bytes, const std::functi
 Status EngineImpl::WaitTimed(Stream& stream, Event& event, const Unit& u, const char* cause, const std::string& what) {
   ZINF_ASSIGN_OR_RETURN(bool done, event.Query());
   if (done) return Status::Ok();  // nothing to wait for: no operation on the stream
-  return TimeSpan(stream, [&] { return stream.Wait(event); },
+  return TimeSpan(stream, "stall", std::string(cause) + " " + u.name, [&] { return stream.Wait(event); },
                   [what, unit = u.name, cause = std::string(cause)](Window& w, double seconds) {
                     StepStats::Stall& st = w.stalls[{unit, cause}];
                     st.unit = unit;
@@ -59,8 +102,8 @@ Status EngineImpl::WaitTimed(Stream& stream, Event& event, const Unit& u, const 
                   });
 }
 
-Status EngineImpl::TimeSpan(Stream& stream, const std::function<Status()>& enqueue,
-                            std::function<void(Window&, double)> account) {
+Status EngineImpl::TimeSpan(Stream& stream, const char* lane, std::string what,
+                            const std::function<Status()>& enqueue, std::function<void(Window&, double)> account) {
   std::unique_ptr<Event> ends[2];
   {
     std::lock_guard lock(mu_);
@@ -78,7 +121,8 @@ Status EngineImpl::TimeSpan(Stream& stream, const std::function<Status()>& enque
   ZINF_RETURN_IF_ERROR(enqueue());
   ZINF_RETURN_IF_ERROR(ends[1]->Record(stream));
   std::lock_guard lock(mu_);
-  spans_.push_back(Span{std::move(ends[0]), std::move(ends[1]), boundaries_ + (in_boundary_ ? 0 : 1), std::move(account)});
+  spans_.push_back(Span{std::move(ends[0]), std::move(ends[1]), boundaries_ + (in_boundary_ ? 0 : 1), std::move(account),
+                        lane, std::move(what)});
   return Status::Ok();
 }
 
@@ -92,9 +136,21 @@ void EngineImpl::ResolveSpans() {
         ++it;  // not yet
         continue;
       }
-      if (seconds.ok()) {
-        it->account(timed_[it->window], *seconds);
+      Result<double> start = Result<double>(0.0);
+      if (seconds.ok() && timeline_origin_) start = it->start->SecondsSince(*timeline_origin_);
+      if (seconds.ok() && start.ok()) {
+        Window& w = timed_[it->window];
+        it->account(w, *seconds);
+        if (timeline_origin_) {
+          if (it->lane) {
+            w.AddSpan(it->lane, std::move(it->what), *start, *start + *seconds);
+          } else {  // traced by the caller: "lane\nwhat"
+            const size_t cut = it->what.find('\n');
+            w.AddSpan(it->what.substr(0, cut), it->what.substr(cut + 1), *start, *start + *seconds);
+          }
+        }
       } else {
+        if (seconds.ok()) seconds = start.status();
         ZINF_LOG_WARN("a timed span of step {} is left out of its metrics: {}", it->window,
                       seconds.status().ToString());
       }
@@ -103,9 +159,12 @@ void EngineImpl::ResolveSpans() {
       }
       it = spans_.erase(it);
     }
-    // What closed_ no longer keeps is not asked for again.
-    const int64_t oldest = closed_.empty() ? boundaries_ : closed_.begin()->first;
-    while (!timed_.empty() && timed_.begin()->first < oldest) timed_.erase(timed_.begin());
+    // What closed_ no longer keeps is not asked for again. (While none has
+    // closed, every window is still to come: the host may be steps ahead.)
+    if (!closed_.empty()) {
+      const int64_t oldest = closed_.begin()->first;
+      while (!timed_.empty() && timed_.begin()->first < oldest) timed_.erase(timed_.begin());
+    }
     // A step is logged once the next boundary was enqueued (its work has
     // mostly been timed by then) or at Synchronize, when nothing is left.
     const bool all = spans_.empty();
@@ -130,6 +189,9 @@ StepStats EngineImpl::WithSpans(const StepStats& closed) const {
   s.longest_stall = w.longest_stall_what;
   for (const auto& [key, st] : w.stalls) s.stalls.push_back(st);
   for (const auto& [kind, c] : w.collectives) s.collectives.push_back(c);
+  s.optimizer_seconds += w.optimizer;
+  s.timeline.insert(s.timeline.end(), w.timeline.begin(), w.timeline.end());
+  s.timeline_dropped += w.timeline_dropped;
   return s;
 }
 
@@ -239,6 +301,9 @@ Status EngineImpl::EnqueueWindowClose(int64_t boundary) {
       s.longest_stall = window_.longest_stall_what;
       for (auto& [key, st] : window_.stalls) s.stalls.push_back(st);
       for (auto& [kind, c] : window_.collectives) s.collectives.push_back(c);
+      TakeDiskBusy(window_);
+      s.timeline = std::move(window_.timeline);
+      s.timeline_dropped = window_.timeline_dropped;
       window_ = Window{};
     }
     s.device_bytes_in_use = device_.memory_stats().in_use_bytes;

@@ -221,7 +221,7 @@ Status EngineImpl::Gather(Unit& u, bool prefetch) {
       auto read = [this, index, buf](const StreamContext&) -> Status {
         return param_store_->Read(index, buf).Wait().WithContext("parameter shard of unit '" + units_[index].name + "'");
       };
-      ZINF_RETURN_IF_ERROR(Timed(&Window::io, std::move(read), &gs));
+      ZINF_RETURN_IF_ERROR(Timed(&Window::io, "read shard " + u.name, std::move(read), &gs));
     }
     ZINF_RETURN_IF_ERROR(TimedCopies(gs, u.part.shard_elems * esize, [&] {
       return device_.CopyToDevice(mine, src, u.part.shard_elems * esize, gs);

@@ -197,7 +197,7 @@ Result<int> EngineImpl::AcquireGradStage(size_t i) {
 }
 
 Status EngineImpl::ReadSwappedGrads(size_t i, int stage) {
-  return Timed(&Window::io, [this, i, stage](const StreamContext&) -> Status {
+  return Timed(&Window::io, "read gradient " + units_[i].name, [this, i, stage](const StreamContext&) -> Status {
     ZINF_RETURN_IF_ERROR(WaitGradWrites());  // its last write may still be in flight
     return SwapFailure(swapper_->ReadGrad(static_cast<int>(i), swapper_->grad_stage(stage)).Wait(),
                        SwapKind::kGradients);
@@ -216,7 +216,7 @@ Status EngineImpl::WaitGradWrites() {
 // NVMe, the boundary's last engine-stream task: waits for every sub-group's
 // write (a failure breaks the engine) and clears the boundary's requests.
 Status EngineImpl::EnqueueSwapDrain() {
-  return Timed(&Window::io, [this](const StreamContext&) { return swapper_->Drain(); });
+  return Timed(&Window::io, "write sub-groups", [this](const StreamContext&) { return swapper_->Drain(); });
 }
 
 }  // namespace sched

@@ -79,7 +79,7 @@ Status EngineImpl::EnqueueBoundary() {
   }
   // Every swapped gradient is on disk before the boundary reads them back.
   if (nvme_ && swapper_->swapped_grad_units() > 0) {
-    ZINF_RETURN_IF_ERROR(Timed(&Window::io, [this](const StreamContext&) { return WaitGradWrites(); }));
+    ZINF_RETURN_IF_ERROR(Timed(&Window::io, "write gradients", [this](const StreamContext&) { return WaitGradWrites(); }));
   }
   const auto has_grad_shared = std::make_shared<const std::vector<char>>(has_grad);
   if (sharded()) {
@@ -159,7 +159,7 @@ Status EngineImpl::EnqueueUnitUpdate(size_t i, bool has_grad, int64_t boundary, 
     swap = swapper_->state(static_cast<int>(i));
     if (grad_on_nvme(i)) grad = swapper_->grad(static_cast<int>(i));
     if (swapper_->group_units(g).front() == static_cast<int>(i)) {
-      ZINF_RETURN_IF_ERROR(Timed(&Window::io, [this, g, has = has_grad_shared](const StreamContext&) {
+      ZINF_RETURN_IF_ERROR(Timed(&Window::io, "read sub-group " + std::to_string(g), [this, g, has = has_grad_shared](const StreamContext&) {
         return swapper_->ReadGroup(g, *has);
       }));
     }
@@ -168,9 +168,10 @@ Status EngineImpl::EnqueueUnitUpdate(size_t i, bool has_grad, int64_t boundary, 
   Stream& gather_stream = use_slot ? *copy_stream_ : *stream_;
   if (use_slot) ZINF_RETURN_IF_ERROR(stream_->Wait(*slot_free_[slot]));
   if (!host_memory_ && !offload_) {
-    ZINF_RETURN_IF_ERROR(EnqueueDeviceUpdate(u, home, has_grad));
+    ZINF_RETURN_IF_ERROR(TimeSpan(*stream_, "optimizer", u.name, [&] { return EnqueueDeviceUpdate(u, home, has_grad); },
+                                  [](Window& w, double seconds) { w.optimizer += seconds; }));
   } else {
-    ZINF_RETURN_IF_ERROR(Timed(&Window::optimizer, HostUpdateTask(u, target, has_grad, boundary, active)));
+    ZINF_RETURN_IF_ERROR(Timed(&Window::optimizer, u.name, HostUpdateTask(u, target, has_grad, boundary, active)));
   }
   if (nvme_ && swapper_->group_units(swapper_->group_of(static_cast<int>(i))).back() == static_cast<int>(i)) {
     const size_t g = swapper_->group_of(static_cast<int>(i));
@@ -190,7 +191,7 @@ Status EngineImpl::EnqueueUnitUpdate(size_t i, bool has_grad, int64_t boundary, 
     // next); the padding past the valid elements is zeros, as in a shard
     // kept in host memory. Meanwhile the disk still works on the
     // sub-group reads issued ahead.
-    ZINF_RETURN_IF_ERROR(Timed(&Window::io, [this, i, home_buf, esize](const StreamContext&) {
+    ZINF_RETURN_IF_ERROR(Timed(&Window::io, "write shard " + u.name, [this, i, home_buf, esize](const StreamContext&) {
       const Unit& w = units_[i];
       const uint64_t valid = std::max<int64_t>(0, owned_valid(w)) * esize;
       std::memset(static_cast<char*>(home_buf) + valid, 0, w.part.shard_elems * esize - valid);

@@ -40,6 +40,11 @@ class SharedFailureEngine final : public Engine {
   Result<bool> Step() override {
     return Shared([&] { return inner_->Step(); });
   }
+  // Local bookkeeping, no collective: nothing to share.
+  Status Trace(Stream& stream, const std::string& lane, const std::string& what,
+               const std::function<Status()>& enqueue) override {
+    return inner_->Trace(stream, lane, what, enqueue);
+  }
   Status ReportLoss(double loss) override {
     return Shared([&] { return inner_->ReportLoss(loss); });
   }
