@@ -4,7 +4,8 @@
 // copy over the same number of parameters with nothing else running.
 //
 // With --compute-ms-per-unit X, every unit's forward and backward is a wait
-// of X ms on the device stream (no CPU used), standing in for device compute;
+// of X ms (backward: X times --backward-factor) on the device stream (no CPU
+// used), standing in for device compute;
 // the report then gives forward+backward alone (measured on its own in the
 // same run) and how much of the optimizer the step hid behind it.
 //
@@ -38,6 +39,7 @@
 #include "cpu/io_memory.h"
 #include "nvme/io_engine.h"
 #include "nvme/swap_store.h"
+#include "sched/timeline.h"
 #include "zinf/engine.h"
 
 namespace zinf::bench {
@@ -51,6 +53,8 @@ struct Options : EngineBenchRun {
   std::string host_memory;             // zinf.host_memory (empty: the machine's RAM)
   bool phased_swaps = true;            // zinf.aio.phased_swaps
   bool active_offload = false;         // zinf.active_offload (offload cpu)
+  std::string timeline;                // SVG of the last two measured steps' timeline
+  double backward_factor = 1;          // backward compute = this x forward's (a GPU's backward is about 2x)
 };
 
 template <class T>
@@ -156,12 +160,12 @@ class IoBound {
 int Run(const Options& opt) {
   auto count = ParseCount(opt.params);
   if (!count.ok() || *count < static_cast<uint64_t>(opt.units) || opt.units < 1 || opt.steps < 1 ||
-      opt.threads < 1 || opt.compute_ms < 0 ||
+      opt.threads < 1 || opt.compute_ms < 0 || !(opt.backward_factor > 0) ||
       (opt.offload != "cpu" && opt.offload != "none" && opt.offload != "nvme") ||
       (opt.offload == "nvme" && opt.path.empty())) {
     std::fprintf(stderr,
                  "zinf bench offload: --params must be a count >= --units, --units/--steps/--threads >= 1, "
-                 "--compute-ms-per-unit >= 0, --offload cpu, nvme (with --path DIR) or none\n");
+                 "--compute-ms-per-unit >= 0, --backward-factor > 0, --offload cpu, nvme (with --path DIR) or none\n");
     return 2;
   }
   if (opt.device != "cpu" && opt.device != "cuda" && opt.device.rfind("cuda:", 0) != 0) {
@@ -184,10 +188,11 @@ int Run(const Options& opt) {
   const bool offload = opt.offload != "none";
   if (!opt.json) {
     std::printf("# zinf bench offload: %s parameters in %d units, bf16 compute, ZeRO stage 0, offload %s%s, "
-                "%d optimizer threads (%u cores), compute %.1f ms per unit and pass, device %s\n",
+                "%d optimizer threads (%u cores), compute %.1f ms per unit forward and %.1f backward, device %s\n",
                 FormatCount(static_cast<double>(P)).c_str(), opt.units, opt.offload.c_str(),
                 opt.active_offload ? " (active: updates start during backward)" : "", opt.threads,
-                std::thread::hardware_concurrency(), opt.compute_ms, opt.device.c_str());
+                std::thread::hardware_concurrency(), opt.compute_ms, opt.compute_ms * opt.backward_factor,
+                opt.device.c_str());
     std::fflush(stdout);
   }
   // 1. The bound, alone; and what a step must also do on this device: move
@@ -239,7 +244,10 @@ int Run(const Options& opt) {
   double compute_alone = 0;
   if (opt.compute_ms > 0) {
     const double t0 = NowSeconds();
-    for (int u = 0; u < 2 * opt.units; ++u) Wait(*device, *stream, opt.compute_ms);
+    for (int u = 0; u < opt.units; ++u) {
+      Wait(*device, *stream, opt.compute_ms);
+      Wait(*device, *stream, opt.compute_ms * opt.backward_factor);
+    }
     Check(stream->Synchronize(), "compute");
     compute_alone = NowSeconds() - t0;
   }
@@ -273,15 +281,22 @@ int Run(const Options& opt) {
       }
     }
   }
+  // The compute on the engine's timeline (Engine::Trace).
+  auto compute = [&](const char* pass, int u) {
+    const double ms = pass[0] == 'b' ? opt.compute_ms * opt.backward_factor : opt.compute_ms;
+    Check(engine->Trace(*stream, "compute", std::string(pass) + " unit" + std::to_string(u),
+                        [&] { return SyntheticCompute(*device, *stream, ms); }),
+          "compute");
+  };
   auto one_step = [&] {
     for (int u = 0; u < opt.units; ++u) {
       Check(engine->Fetch(u, *stream), "fetch");
-      Wait(*device, *stream, opt.compute_ms);
+      compute("forward", u);
       Check(engine->Release(u, *stream), "release");
     }
     for (int u = opt.units - 1; u >= 0; --u) {
       Check(engine->Fetch(u, *stream), "fetch");
-      Wait(*device, *stream, opt.compute_ms);
+      compute("backward", u);
       Check(engine->GradsReady(u, *stream), "grads ready");
       Check(engine->Release(u, *stream), "release");
     }
@@ -330,6 +345,27 @@ int Run(const Options& opt) {
   }
   const StepStats last = Check(engine->Stats(), "stats");
   const double optimizer = last.optimizer_seconds;
+  // The measured steps' timelines (every boundary has finished).
+  // The warm-up's spans too: its updates run in the first measured step.
+  std::vector<StepStats> measured;
+  for (int64_t b = warm.boundary; b <= last.boundary; ++b) measured.push_back(Check(engine->Stats(b), "stats"));
+  std::vector<sched::StepTimeline> timeline = sched::SummarizeTimeline(measured);
+  std::erase_if(timeline, [&](const sched::StepTimeline& t) { return t.boundary == warm.boundary; });
+  auto median_share = [&](const std::string& lane) {
+    std::vector<double> v;
+    for (const sched::StepTimeline& t : timeline) v.push_back(t.share(lane));
+    return v.empty() ? 0.0 : Median(v);
+  };
+  if (!opt.timeline.empty()) {
+    std::vector<StepStats> shown(measured.end() - std::min<size_t>(measured.size(), 3), measured.end());
+    const double from = timeline.size() >= 2 ? timeline[timeline.size() - 2].start : 0;
+    const double to = timeline.empty() ? 0 : timeline.back().end;
+    char title[256];
+    std::snprintf(title, sizeof title, "zinf bench offload: %s parameters, %d units, offload %s%s, compute %.1f ms/unit, %s",
+                  FormatCount(static_cast<double>(P)).c_str(), opt.units, opt.offload.c_str(),
+                  opt.active_offload ? " (active)" : "", opt.compute_ms, device->name().c_str());
+    Check(sched::WriteTimelineSvg(opt.timeline, shown, title, from, to), "--timeline");
+  }
   const double nvme_read = static_cast<double>(last.nvme_bytes_read_total - warm.nvme_bytes_read_total) / opt.steps;
   const double nvme_written =
       static_cast<double>(last.nvme_bytes_written_total - warm.nvme_bytes_written_total) / opt.steps;
@@ -354,6 +390,7 @@ int Run(const Options& opt) {
                         {"threads", opt.threads},
                         {"device", device->name()},
                         {"compute_ms_per_unit", opt.compute_ms},
+                        {"backward_factor", opt.backward_factor},
                         {"step_seconds", step},
                         {"bound_seconds", bound},
                         {"step_over_bound", step / bound},
@@ -378,6 +415,17 @@ int Run(const Options& opt) {
                         {"optimizer_hidden_fraction", hidden},
                         {"host_peak_pinned_bytes", last.host_peak_pinned_bytes},
                         {"host_peak_pinned_bytes_per_param", peak_per_param}};
+    nlohmann::json steps = nlohmann::json::array();
+    for (const sched::StepTimeline& t : timeline) {
+      steps.push_back({{"boundary", t.boundary}, {"seconds", t.seconds()}, {"busy_seconds", t.busy},
+                       {"stall_seconds_by_cause", t.stalls}});
+    }
+    j["timeline"] = {{"steps", steps},
+                     {"median_share", {{"compute", median_share("compute")},
+                                       {"optimizer", median_share("optimizer")},
+                                       {"disk", median_share("disk")},
+                                       {"copy", median_share("copy")},
+                                       {"stall", median_share("stall")}}}};
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
@@ -389,6 +437,18 @@ int Run(const Options& opt) {
   std::printf("%8.3f %8.3f %10.2f %9.3f %13.2f %11.3f %9.3f %12.2f %6.0f%% %10.2f\n", step, bound, step / bound,
               copies_and_norm, step / (bound + copies_and_norm), optimizer, compute_alone,
               compute_alone > 0 ? step / compute_alone : 0.0, 100 * hidden, peak_per_param);
+  // The per-step timeline.
+  std::printf("# timeline, each step's stretch on the compute stream (forward+backward, waits included) and the "
+              "share of it each lane was busy; stalls by cause\n");
+  for (const sched::StepTimeline& t : timeline) {
+    std::printf("  step %lld: %.3f s | %s\n", static_cast<long long>(t.boundary), t.seconds(),
+                sched::FormatStepTimeline(t).c_str());
+  }
+  std::printf("# median over %zu steps: compute %.0f%%, optimizer %.0f%%, disk %.0f%%, copy %.0f%%; stalled %.1f%% of "
+              "forward+backward%s\n",
+              timeline.size(), 100 * median_share("compute"), 100 * median_share("optimizer"),
+              100 * median_share("disk"), 100 * median_share("copy"), 100 * median_share("stall"),
+              opt.timeline.empty() ? "" : ("; picture of the last two: " + opt.timeline).c_str());
   if (nvme) {
     std::printf("# nvme: per step the engine read %s and wrote %s (optimizer state %s each way, and swapped "
                 "gradients); at the median rates of the same I/O engine and store reading, then writing, %s alone "
@@ -443,6 +503,10 @@ void RegisterOffload(CLI::App& bench, int* exit_code) {
                   "Pinned host budget (zinf.host_memory), e.g. 4G; nvme: gradients go to NVMe when it is short");
   cmd->add_flag("--active-offload", opt->active_offload,
                "zinf.active_offload: each unit's update starts during backward (offload cpu)");
+  cmd->add_option("--backward-factor", opt->backward_factor,
+                  "Backward's synthetic compute per unit as a multiple of forward's (a GPU's is about 2)")
+      ->capture_default_str();
+  cmd->add_option("--timeline", opt->timeline, "Write the last two measured steps' timeline as an SVG picture");
   cmd->add_option("--phased-swaps", opt->phased_swaps,
                   "nvme: sub-group reads and writes in phases (zinf.aio.phased_swaps), or together")
       ->capture_default_str();

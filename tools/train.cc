@@ -21,7 +21,9 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
+#include <map>
 #include <memory>
 #include <optional>
 #include <random>
@@ -49,6 +51,7 @@
 #include "model/gpt_plan.h"
 #include "sched/plan.h"
 #include "sched/state_bytes.h"
+#include "sched/timeline.h"
 #include "tools/plan.h"
 #include "tools/train_feed.h"
 #include "tools/train_plot.h"
@@ -76,7 +79,7 @@ struct TrainOptions {
   uint64_t seed = 1;
   int threads = 0;
   int sample_tokens = 120;
-  std::string metrics_json, plot;
+  std::string metrics_json, plot, timeline;
   std::string save_dir, resume;
   int64_t save_every = 0, keep = 2;
   PlanRateFlags rates;  // measured rates for the plan's step time (zinf plan's flags)
@@ -538,22 +541,28 @@ int Run(const TrainOptions& opt) {
   const int L = static_cast<int>(mc.num_layers);
   const bool loss_now = config.zinf.stop_on_nonfinite_loss;  // each loss before its Step: a wait per micro-step
   std::vector<double> losses, tps_hist, step_secs;
+  std::vector<StepStats> recent;  // the last steps' metrics, for their timelines
   double optimizer_s = 0, comm_s = 0, copy_s = 0, io_s = 0, stall_s = 0, train_s = 0;
   uint64_t nvme_read = 0, nvme_written = 0, copied = 0;  // bytes moved per tier, all steps
   // Copies micro-step `micro`'s batch to the device and enqueues the
   // forward, each block fetched and released in turn; the embedding and the
   // final norm stay fetched for the head's backward (returned: their
   // parameters).
+  // The model's work on the engine's timeline, unit by unit (Engine::Trace).
+  auto compute = [&](const std::string& what, const std::function<Status()>& enqueue) {
+    return engine->Trace(*stream, "compute", what, enqueue);
+  };
   auto enqueue_forward = [&](const char* what) -> std::pair<const void*, const void*> {
     Must(feed->Feed(micro++, dtok, dtgt), "copy");
     const void* emb = Must(engine->Fetch(0, *stream), "fetch").data;
-    Must(gpt->EnqueueEmbedForward(dtok, emb), what);
+    Must(compute("forward embedding", [&] { return gpt->EnqueueEmbedForward(dtok, emb); }), what);
     for (int l = 0; l < L; ++l) {
-      Must(gpt->EnqueueBlockForward(l, Must(engine->Fetch(l + 1, *stream), "fetch").data), what);
+      const void* block = Must(engine->Fetch(l + 1, *stream), "fetch").data;
+      Must(compute("forward block " + std::to_string(l), [&] { return gpt->EnqueueBlockForward(l, block); }), what);
       Must(engine->Release(l + 1, *stream), "release");
     }
     const void* fin = Must(engine->Fetch(L + 1, *stream), "fetch").data;
-    Must(gpt->EnqueueHeadForward(dtgt, fin, emb, dloss), what);
+    Must(compute("forward head", [&] { return gpt->EnqueueHeadForward(dtgt, fin, emb, dloss); }), what);
     return {emb, fin};
   };
   // Step s is looked at once step s + 1 is enqueued (its losses and
@@ -571,6 +580,14 @@ int Run(const TrainOptions& opt) {
     }
     // Boundaries count steps from the start of training, checkpoints included.
     const StepStats st = Must(engine->Stats(step + 1), "stats");
+    // The step's timeline, with the step before it (whose updates run
+    // during this one's forward).
+    recent.push_back(st);
+    if (recent.size() > 3) recent.erase(recent.begin());
+    std::optional<sched::StepTimeline> tl;
+    for (sched::StepTimeline& t : sched::SummarizeTimeline(recent)) {
+      if (t.boundary == st.boundary) tl = std::move(t);
+    }
     const auto now = std::chrono::steady_clock::now();
     const double secs = std::chrono::duration<double>(now - last_done).count();
     last_done = now;
@@ -595,14 +612,22 @@ int Run(const TrainOptions& opt) {
     const double elapsed = std::chrono::duration<double>(now - start).count();
     const double eta = elapsed / (step + 1 - first_step) * (steps - step - 1);
     if (tty || (step + 1) % std::max<int64_t>(1, steps / 10) == 0 || step + 1 == steps) {
+      // The timeline's shares when the step has one; else the engine's
+      // seconds over the host's step time.
+      char busy[512];
+      if (tl) {
+        std::snprintf(busy, sizeof busy, "%s", sched::FormatStepTimeline(*tl).c_str());
+      } else {
+        std::snprintf(busy, sizeof busy, "optimizer %.0f%% | stall %.0f%%", 100 * st.optimizer_seconds / secs,
+                      100 * st.stall_seconds / secs);
+      }
       std::fprintf(stderr,
-                   "%sstep %lld/%lld  loss %.4f  %s tokens/s  step %.0f ms  ETA %.0f s  optimizer %.0f%%  nvme %.2f GB/s "
-                   "(waits %.0f%%)  copies %.2f GB/s  stall %.0f%%%s",
+                   "%sstep %lld/%lld  loss %.4f  %s tokens/s  step %.0f ms  ETA %.0f s | %s | nvme %.2f GB/s  "
+                   "copies %.2f GB/s%s",
                    tty ? "\r" : "", static_cast<long long>(step + 1), static_cast<long long>(steps), loss,
-                   FormatCount(tps).c_str(), secs * 1e3, eta, 100 * st.optimizer_seconds / secs,
+                   FormatCount(tps).c_str(), secs * 1e3, eta, busy,
                    static_cast<double>(st.nvme_bytes_read + st.nvme_bytes_written) / secs / 1e9,
-                   100 * st.io_seconds / secs, static_cast<double>(st.copy_bytes) / secs / 1e9,
-                   100 * st.stall_seconds / secs, tty ? "   " : "\n");
+                   static_cast<double>(st.copy_bytes) / secs / 1e9, tty ? "   " : "\n");
       if (tty && step + 1 == steps) std::fprintf(stderr, "\n");
     }
     if (metrics.is_open()) {
@@ -616,6 +641,12 @@ int Run(const TrainOptions& opt) {
                           {"device_bytes_in_use", st.device_bytes_in_use},
                           {"host_pinned_bytes", st.host_pinned_bytes},
                           {"host_waits", blocking}, {"host_waits_draining", draining}};
+      if (tl) {
+        std::map<std::string, double> share;
+        for (const auto& [lane, seconds] : tl->busy) share[lane] = tl->share(lane);
+        j["timeline"] = {{"period_seconds", tl->seconds()}, {"busy_share", share},
+                         {"stall_seconds_by_cause", tl->stalls}};
+      }
       metrics << j.dump() << "\n";
     }
   };
@@ -628,17 +659,27 @@ int Run(const TrainOptions& opt) {
       }
       const auto [emb, fin] = enqueue_forward("forward");
       const float scale = Must(engine->loss_scale(), "loss scale");
-      Must(gpt->EnqueueHeadBackward(scale, fin, emb, Must(engine->GradBuffers(L + 1), "grads").data,
-                                    Must(engine->GradBuffers(0), "grads").data), "backward");
+      {
+        void* emb_grads = Must(engine->GradBuffers(0), "grads").data;
+        void* head_grads = Must(engine->GradBuffers(L + 1), "grads").data;
+        Must(compute("backward head",
+                     [&] { return gpt->EnqueueHeadBackward(scale, fin, emb, head_grads, emb_grads); }),
+             "backward");
+      }
       Must(engine->GradsReady(L + 1, *stream), "grads ready");
       Must(engine->Release(L + 1, *stream), "release");
       for (int l = L - 1; l >= 0; --l) {
-        Must(gpt->EnqueueBlockBackward(l, Must(engine->Fetch(l + 1, *stream), "fetch").data,
-                                       Must(engine->GradBuffers(l + 1), "grads").data), "backward");
+        void* grads = Must(engine->GradBuffers(l + 1), "grads").data;
+        const void* block = Must(engine->Fetch(l + 1, *stream), "fetch").data;
+        Must(compute("backward block " + std::to_string(l), [&] { return gpt->EnqueueBlockBackward(l, block, grads); }),
+             "backward");
         Must(engine->GradsReady(l + 1, *stream), "grads ready");
         Must(engine->Release(l + 1, *stream), "release");
       }
-      Must(gpt->EnqueueEmbedBackward(Must(engine->GradBuffers(0), "grads").data), "backward");
+      {
+        void* emb_grads = Must(engine->GradBuffers(0), "grads").data;
+        Must(compute("backward embedding", [&] { return gpt->EnqueueEmbedBackward(emb_grads); }), "backward");
+      }
       Must(engine->GradsReady(0, *stream), "grads ready");
       Must(engine->Release(0, *stream), "release");
       Must(feed->KeepLoss(step, k, dloss), "copy");
@@ -805,6 +846,15 @@ int Run(const TrainOptions& opt) {
   std::printf("  sample: %s\n", sample.c_str());
   if (!opt.export_path.empty()) std::printf("  exported to %s\n", opt.export_path.c_str());
   if (!opt.export_dir.empty()) std::printf("  exported a Hugging Face folder to %s\n", opt.export_dir.c_str());
+  if (!opt.timeline.empty() && recent.size() >= 2) {
+    const std::vector<sched::StepTimeline> shown = sched::SummarizeTimeline(recent);
+    const double from = shown.size() >= 2 ? shown[shown.size() - 2].start : 0;
+    const double to = shown.empty() ? 0 : shown.back().end;
+    Must(sched::WriteTimelineSvg(opt.timeline, recent,
+                                 "zinf train: the last two steps (" + std::string(device->name()) + ")", from, to),
+         "--timeline");
+    std::printf("  timeline: %s\n", opt.timeline.c_str());
+  }
   if (!opt.plot.empty()) {
     std::ofstream svg(opt.plot);
     svg << TrainSvg(losses, tps_hist);
@@ -875,6 +925,8 @@ void RegisterTrain(CLI::App& app, int* exit_code) {
   cmd->add_option("--export-dtype", opt->export_dtype, "fp32, bf16 or fp16")->capture_default_str();
   cmd->add_option("--metrics-json", opt->metrics_json, "One JSON line per step with the engine's metrics");
   cmd->add_option("--plot", opt->plot, "SVG of loss and tokens/s over steps");
+  cmd->add_option("--timeline", opt->timeline,
+                  "SVG of the last two steps' timeline: compute, stalls, optimizer, disk, copies, collectives");
   cmd->add_option("--save-dir", opt->save_dir, "Checkpoint directory (step-N/ and a latest pointer)");
   cmd->add_option("--save-every", opt->save_every, "Save every N steps (and after the last)");
   cmd->add_option("--keep", opt->keep, "Checkpoints kept under --save-dir")->capture_default_str();

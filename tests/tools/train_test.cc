@@ -46,14 +46,14 @@ std::pair<std::vector<double>, std::vector<uint64_t>> ReadLossesAndDrainingWaits
 
 TEST(TrainTest, ShortEmbeddedRunLearnsAndWritesItsFiles) {
   const std::string metrics = Scratch("train_metrics.jsonl"), plot = Scratch("train_plot.svg"),
-                    weights = Scratch("train_export.safetensors");
-  for (const auto& f : {metrics, plot, weights}) std::filesystem::remove(f);
+                    weights = Scratch("train_export.safetensors"), timeline = Scratch("train_timeline.svg");
+  for (const auto& f : {metrics, plot, weights, timeline}) std::filesystem::remove(f);
   // In a directory of its own: other tests' runs make their own state directories.
   const std::string cwd = Scratch("train_short_cwd");
   std::filesystem::remove_all(cwd);
   std::filesystem::create_directories(cwd);
   auto r = RunZinf("train --steps 40 --layers 1 --d-model 32 --seq-len 32 --micro-batch 4 --metrics-json " + metrics +
-                       " --plot " + plot + " --export " + weights + " --export-names hf",
+                       " --plot " + plot + " --export " + weights + " --export-names hf --timeline " + timeline,
                    cwd);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("config: ZeRO stage 3"), std::string::npos) << r.output;
@@ -80,6 +80,34 @@ TEST(TrainTest, ShortEmbeddedRunLearnsAndWritesItsFiles) {
   svg_text << svg.rdbuf();
   EXPECT_NE(svg_text.str().find("<polyline"), std::string::npos);
   EXPECT_GT(std::filesystem::file_size(weights), 1000u);
+
+  // The per-step timeline: in the progress lines, in the metrics, and the
+  // last two steps as a picture. The default keeps the optimizer on NVMe,
+  // so the disk is busy in every step.
+  EXPECT_NE(r.output.find("step 40/40"), std::string::npos) << r.output;
+  const size_t last_line = r.output.find("step 40/40");
+  for (const char* lane : {"| compute ", "| optimizer ", "| disk ", "| copy ", "| stalled "}) {
+    EXPECT_NE(r.output.find(lane, last_line), std::string::npos) << lane << "\n" << r.output;
+  }
+  std::ifstream metrics_in(metrics);
+  std::string line;
+  int with_timeline = 0;
+  while (std::getline(metrics_in, line)) {
+    const auto j = nlohmann::json::parse(line);
+    if (!j.contains("timeline")) continue;
+    ++with_timeline;
+    const auto& share = j.at("timeline").at("busy_share");
+    EXPECT_GT(share.at("compute").get<double>(), 0.0) << line;
+    EXPECT_LE(share.at("compute").get<double>(), 1.0 + 1e-9) << line;
+    EXPECT_GT(j.at("timeline").at("period_seconds").get<double>(), 0.0) << line;
+  }
+  EXPECT_EQ(with_timeline, 40);
+  std::ifstream tl(timeline);
+  std::stringstream tl_text;
+  tl_text << tl.rdbuf();
+  for (const char* row : {">compute<", ">optimizer<", ">disk<", "<rect x="}) {
+    EXPECT_NE(tl_text.str().find(row), std::string::npos) << row;
+  }
 
   // The export loads back (Hugging Face names) as the initial weights.
   r = RunZinf("train --steps 1 --layers 1 --d-model 32 --seq-len 32 --micro-batch 4 --sample-tokens 0 --init " + weights);
