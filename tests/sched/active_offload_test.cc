@@ -21,27 +21,16 @@
 #include "common/float16.h"
 #include "cpu/host_device.h"
 #include "sched/engine_testing.h"
+#include "sched/engine_test_util.h"
 #include "test_util.h"
 #include "zinf/engine.h"
 
 namespace zinf {
 namespace {
 
-template <class T>
-T Must(Result<T> r) {
-  EXPECT_TRUE(r.ok()) << r.status().ToString();
-  if (!r.ok()) std::abort();
-  return std::move(*r);
-}
-void MustOk(const Status& s) {
-  EXPECT_TRUE(s.ok()) << s.ToString();
-  if (!s.ok()) std::abort();
-}
-
-float Uniform(uint64_t a, uint64_t b, uint64_t c) {
-  using test::SplitMix64;
-  return static_cast<float>(SplitMix64(SplitMix64(SplitMix64(a) ^ b) ^ c) >> 40) / static_cast<float>(1 << 23) - 1.0f;
-}
+using test::Must;
+using test::MustOk;
+using test::Uniform;
 
 constexpr int64_t kSizes[] = {75'250, 200, 140'000, 9'000};
 constexpr int kUnits = 4;

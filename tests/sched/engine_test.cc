@@ -36,27 +36,15 @@
 #include "sched/partition.h"
 #include "model/gpt_plan.h"
 #include "sched/plan.h"
+#include "sched/engine_test_util.h"
 #include "test_util.h"
 
 namespace zinf {
 namespace {
 
-// Uniform in [-1, 1), deterministic in its arguments.
-float Uniform(uint64_t a, uint64_t b, uint64_t c) {
-  using test::SplitMix64;
-  return static_cast<float>(SplitMix64(SplitMix64(SplitMix64(a) ^ b) ^ c) >> 40) / static_cast<float>(1 << 23) - 1.0f;
-}
-
-template <class T>
-T Must(Result<T> r) {
-  EXPECT_TRUE(r.ok()) << r.status().ToString();
-  if (!r.ok()) std::abort();  // a rank that cannot go on must not leave the others waiting on a deadline only
-  return std::move(*r);
-}
-void MustOk(const Status& s) {
-  EXPECT_TRUE(s.ok()) << s.ToString();
-  if (!s.ok()) std::abort();
-}
+using test::Must;
+using test::MustOk;
+using test::Uniform;
 
 // ---- A client: dense layers y = tanh(x W + b), the last one linear, with a
 // mean squared error. Unit u holds W [in, out] then b [out].
@@ -411,7 +399,6 @@ class EngineTest : public ::testing::Test {
   std::unique_ptr<Stream> stream_;
   std::unique_ptr<Communicator> comm_;
 };
-
 
 TEST(PartitionTest, ShardsAreWholeNormBlocks) {
   const UnitPartition p = PartitionUnit(75250, 4);

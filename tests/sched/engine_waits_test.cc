@@ -18,6 +18,7 @@
 
 #include "common/float16.h"
 #include "cpu/host_device.h"
+#include "sched/engine_test_util.h"
 #include "test_util.h"
 #include "sched/engine_testing.h"
 #include "zinf/engine.h"
@@ -25,21 +26,9 @@
 namespace zinf {
 namespace {
 
-template <class T>
-T Must(Result<T> r) {
-  EXPECT_TRUE(r.ok()) << r.status().ToString();
-  if (!r.ok()) std::abort();
-  return std::move(*r);
-}
-void MustOk(const Status& s) {
-  EXPECT_TRUE(s.ok()) << s.ToString();
-  if (!s.ok()) std::abort();
-}
-
-float Uniform(uint64_t a, uint64_t b, uint64_t c) {
-  using test::SplitMix64;
-  return static_cast<float>(SplitMix64(SplitMix64(SplitMix64(a) ^ b) ^ c) >> 40) / static_cast<float>(1 << 23) - 1.0f;
-}
+using test::Must;
+using test::MustOk;
+using test::Uniform;
 
 // Units whose gradients are a fixed pattern of (micro-step, unit), written
 // by a task on the client's stream as a backward kernel would.

@@ -21,11 +21,15 @@
 #include "cpu/host_device.h"
 #include "model/gpt.h"
 #include "exec/gpt_device.h"
+#include "sched/engine_test_util.h"
 #include "test_util.h"
 #include "zinf/engine.h"
 
 namespace zinf {
 namespace {
+
+using test::Must;
+using test::MustOk;
 
 PlanModel Units(std::vector<int64_t> elems) {
   PlanModel m;
@@ -309,17 +313,6 @@ struct Measured {
   uint64_t host_peak = 0;
   double optimizer_s = 0, io_s = 0, step_s = 0;
 };
-
-template <class T>
-T Must(Result<T> r) {
-  EXPECT_TRUE(r.ok()) << r.status().ToString();
-  if (!r.ok()) std::abort();
-  return std::move(*r);
-}
-void MustOk(const Status& s) {
-  EXPECT_TRUE(s.ok()) << s.ToString();
-  if (!s.ok()) std::abort();
-}
 
 // As the engine: units are packed into sub-groups of at most 1 GiB of
 // [master | m | v] (89 478 485 elements), whatever sub_group_size says; a

@@ -28,26 +28,19 @@
 #include "nvme/io_engine.h"
 #include "sched/engine_testing.h"
 #include "sched/timeline.h"
+#include "sched/engine_test_util.h"
 #include "test_util.h"
 #include "zinf/engine.h"
 
 namespace zinf {
 namespace {
 
+using test::Must;
+using test::MustOk;
+
 using sched::LaneBusy;
 using sched::StepTimeline;
 using sched::SummarizeTimeline;
-
-template <class T>
-T Must(Result<T> r) {
-  EXPECT_TRUE(r.ok()) << r.status().ToString();
-  if (!r.ok()) std::abort();
-  return std::move(*r);
-}
-void MustOk(const Status& s) {
-  EXPECT_TRUE(s.ok()) << s.ToString();
-  if (!s.ok()) std::abort();
-}
 
 TimelineSpan S(const std::string& lane, const std::string& what, double a, double b) { return {lane, what, a, b}; }
 
