@@ -1,10 +1,14 @@
 // `zinf bench model`: one training step of the GPT reference model on the
-// host device — forward and backward time, achieved GFLOP/s, and, measured
-// in the same run and interleaved step by step, OpenBLAS sgemm on the
-// model's largest matrix product (the LM head, [B·T, C] · [C, V]) with
-// OpenBLAS's own threading at the same thread count. The ratio
-// model GFLOP/s / sgemm GFLOP/s is the figure of merit: how close the whole
-// step comes to the best single product this machine's BLAS can do.
+// host device (or with --device cuda a GPU) — forward and backward time,
+// achieved GFLOP/s, and, measured in the same run and interleaved step by
+// step, the model's largest matrix product (the LM head, [B·T, C] · [C, V])
+// on its own: OpenBLAS sgemm with OpenBLAS's own threading at the same
+// thread count, or on a GPU cuBLAS with the model's operands (fp32 without
+// TF32, or bf16 with fp32 sums). The ratio model GFLOP/s / reference
+// GFLOP/s is the figure of merit: how close the whole step comes to the best
+// single product this machine's BLAS can do. On a GPU whose dense bf16
+// tensor-core peak is known (or given with --peak-tflops), the model FLOPs
+// utilization (MFU) is the step's FLOP/s over that peak.
 //
 // FLOPs per step (model/gpt_config.h, TrainingFlops): 6 N per token, N =
 // every parameter (wte once), plus 12 L C T per token for attention's QKᵀ
@@ -22,15 +26,20 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "bench/bench.h"
 #include "bench/bench_util.h"
 #include "common/units.h"
 #include "common/float16.h"
-#include "cpu/host_device.h"
+#include "common/build_config.h"
 #include "model/gemm.h"
 #include "exec/gpt_device.h"
+
+#if ZINF_HAVE_CUDA
+#include "gpu/gemm_reference.h"
+#endif
 
 namespace zinf::bench {
 namespace {
@@ -52,7 +61,30 @@ struct Options {
   std::string attention = "auto";
   bool checkpointing = false;
   bool json = false;
+  std::string device = "cpu";
+  double peak_tflops = 0;  // the device's dense bf16 peak (0: known GPUs' from their data sheets)
 };
+
+// Dense (not sparse) bf16 tensor-core peaks in TFLOP/s from NVIDIA's data
+// sheets, by the name CUDA reports; 0 for any other device.
+double KnownDenseBf16PeakTflops(const std::string& name) {
+  struct Known {
+    const char* part;
+    double tflops;
+  };
+  static const Known kKnown[] = {
+      {"H100 PCIe", 756.0},  // H100 PCIe
+      {"H100 NVL", 835.0},   // H100 NVL (per GPU)
+      {"H100", 989.4},       // H100 SXM5 ("NVIDIA H100 80GB HBM3")
+      {"GH200", 989.4},      // Grace Hopper's H100/H200
+      {"H200", 989.4},       // H200 SXM
+      {"A100", 312.0},       // A100 SXM and PCIe
+  };
+  for (const Known& k : kKnown) {
+    if (name.find(k.part) != std::string::npos) return k.tflops;
+  }
+  return 0;
+}
 
 struct StageTimes {
   double embed_fwd = 0, blocks_fwd = 0, head_fwd = 0, head_bwd = 0, blocks_bwd = 0, embed_bwd = 0;
@@ -114,6 +146,10 @@ int Run(const Options& opt) {
   auto matmul = ParseDType(opt.matmul);
   if (!matmul.ok()) return Fail(matmul.status());
   if (opt.steps < 1) return Fail(InvalidArgument("--steps must be >= 1"));
+  if (opt.device != "cpu" && opt.device != "cuda" && opt.device.rfind("cuda:", 0) != 0) {
+    return Fail(InvalidArgument("--device must be cpu, cuda or cuda:N (got '" + opt.device + "')"));
+  }
+  if (opt.peak_tflops < 0) return Fail(InvalidArgument("--peak-tflops must be >= 0"));
   const int threads = opt.threads > 0 ? opt.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   GptRunOptions o;
   o.batch_size = opt.micro_batch;
@@ -137,9 +173,9 @@ int Run(const Options& opt) {
   const int64_t n_params = model::NumParams(c);
   const uint64_t param_bytes = n_params * DTypeSizeBytes(*dtype), grad_bytes = n_params * DTypeSizeBytes(*grad_dtype);
   DeviceOptions dopt;
-  dopt.spec = "cpu";
-  dopt.memory_budget = param_bytes + grad_bytes + activation_bytes + (64u << 20);
-  auto device = CreateHostDevice(dopt);
+  dopt.spec = opt.device;
+  if (opt.device == "cpu") dopt.memory_budget = param_bytes + grad_bytes + activation_bytes + (64u << 20);
+  auto device = CreateDevice(dopt);
   if (!device.ok()) return Fail(device.status());
   auto stream = (*device)->CreateStream();
   if (!stream.ok()) return Fail(stream.status());
@@ -187,11 +223,35 @@ int Run(const Options& opt) {
 
   // The reference: the LM head's product (the model's largest), as the model
   // issues it (lnf · wteᵀ), through one cblas_sgemm call with OpenBLAS's own
-  // threads; and the model's tiled version of the same call for comparison.
+  // threads, and the model's tiled version of the same call for comparison;
+  // on a GPU, through cuBLAS with the model's operand type.
+  const bool on_gpu = dev.kind() == DeviceKind::kCuda;
+  const bool bf16_products = *matmul == DType::kBFloat16;
   const int64_t M = BT, N = c.vocab_size, K = c.embed_dim;
-  std::vector<float> a(M * K), b(N * K), out(M * N);
+  std::vector<float> a(on_gpu ? 0 : M * K), b(on_gpu ? 0 : N * K), out(on_gpu ? 0 : M * N);
   for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>(i % 17) * 0.01f;
   for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<float>(i % 13) * 0.01f;
+  void* gpu_a = nullptr;
+  void* gpu_b = nullptr;
+  void* gpu_c = nullptr;
+  if (on_gpu) {  // operands of small values (bf16 0x3c3c, fp32 0x3c3c3c3c: about 0.01)
+    const uint64_t esize = bf16_products ? 2 : 4;
+    for (auto [ptr, bytes] : {std::pair<void**, uint64_t>{&gpu_a, M * K * esize}, {&gpu_b, N * K * esize},
+                              {&gpu_c, M * N * 4}}) {
+      auto buf = dev.Allocate(bytes, s);
+      if (!buf.ok()) return Fail(buf.status().WithContext("the reference product's operands"));
+      *ptr = *buf;
+      if (Status fill = dev.Memset(*ptr, 0x3c, bytes, s); !fill.ok()) return Fail(fill);
+    }
+  }
+  auto reference = [&]() -> Result<double> {
+#if ZINF_HAVE_CUDA
+    return gpu::TimeCublasProduct(s.native_handle(), M, N, K, bf16_products, gpu_a, gpu_b,
+                                  static_cast<float*>(gpu_c), 3);
+#else
+    return Unavailable("the reference product on a GPU needs a build with CUDA");
+#endif
+  };
   model::ModelThreads tile_threads(threads);
   auto sgemm = [&] {
     model::SetBlasThreads(threads);
@@ -211,7 +271,7 @@ int Run(const Options& opt) {
   const double fwd_flops = model::ForwardFlops(c, opt.micro_batch, opt.seq_len);
   const double gemm_flops = 2.0 * M * N * K;
   if (!opt.json) {
-    std::printf("# zinf bench model: %s\n", c.ToString().c_str());
+    std::printf("# zinf bench model: %s on %s\n", c.ToString().c_str(), dev.name().c_str());
     std::printf("# micro-batch %lld x seq %lld = %lld tokens; params %s, grads %s, matmul operands %s; %.*s attention; "
                 "%d thread(s); checkpointing %s; median of %d steps after 1 warm-up\n",
                 static_cast<long long>(opt.micro_batch), static_cast<long long>(opt.seq_len),
@@ -220,10 +280,17 @@ int Run(const Options& opt) {
     std::printf("# FLOPs/step = 6*N*tokens + 12*L*C*T*tokens (attention) = %.4g + %.4g = %.4g (forward 1/3)\n",
                 6.0 * n_params * BT, flops - 6.0 * n_params * BT, flops);
     std::printf("# activations: %s\n", activation_text.c_str());
-    std::printf("# reference: cblas_sgemm M=%lld N=%lld K=%lld (B*T x C times C x V, the LM head), OpenBLAS threads=%d "
-                "[%s]\n",
-                static_cast<long long>(M), static_cast<long long>(N), static_cast<long long>(K), threads,
-                model::BlasConfig().c_str());
+    if (on_gpu) {
+      std::printf("# reference: cuBLAS M=%lld N=%lld K=%lld (B*T x C times C x V, the LM head), %s operands with "
+                  "fp32 sums, median of 3 products per step, CUDA events\n",
+                  static_cast<long long>(M), static_cast<long long>(N), static_cast<long long>(K),
+                  bf16_products ? "bf16" : "fp32 (no TF32)");
+    } else {
+      std::printf("# reference: cblas_sgemm M=%lld N=%lld K=%lld (B*T x C times C x V, the LM head), OpenBLAS "
+                  "threads=%d [%s]\n",
+                  static_cast<long long>(M), static_cast<long long>(N), static_cast<long long>(K), threads,
+                  model::BlasConfig().c_str());
+    }
   }
 
   StageTimes warm;
@@ -233,7 +300,15 @@ int Run(const Options& opt) {
     auto t = RunStep(**gpt, p, g, static_cast<const int32_t*>(*dtok), static_cast<const int32_t*>(*dtgt),
                      static_cast<float*>(*dloss));
     if (!t.ok()) return Fail(t.status());
-    const double r = sgemm(), rt = tiled();
+    double r = 0, rt = 0;
+    if (on_gpu) {
+      auto ref_seconds = reference();
+      if (!ref_seconds.ok()) return Fail(ref_seconds.status());
+      r = *ref_seconds;
+    } else {
+      r = sgemm();
+      rt = tiled();
+    }
     if (i == 0) continue;  // warm-up: first touch of the activations, BLAS buffers
     fwd.push_back(t->forward());
     bwd.push_back(t->backward());
@@ -268,11 +343,15 @@ int Run(const Options& opt) {
       {"  head bwd", Median(head_bwd), 2 * head_gemm},
       {"  blocks bwd", Median(blocks_bwd), flops - fwd_flops - 2 * head_gemm},
       {"  embeddings", Median(embed), 0},
-      {"sgemm ref", Median(ref), gemm_flops},
-      {"sgemm tiled", Median(ref_tiled), gemm_flops},
+      {on_gpu ? "cublas ref" : "sgemm ref", Median(ref), gemm_flops},
+      {"sgemm tiled", on_gpu ? 0.0 : Median(ref_tiled), on_gpu ? 0.0 : gemm_flops},
   };
+  const size_t num_rows = on_gpu ? std::size(rows) - 1 : std::size(rows);
   const double step_gflops = flops / Median(step) / 1e9;
   const double ratio = step_gflops / ref_gflops;
+  // MFU: against the given peak, or a known GPU's dense bf16 peak.
+  const double peak_tflops = opt.peak_tflops > 0 ? opt.peak_tflops : on_gpu ? KnownDenseBf16PeakTflops(dev.name()) : 0;
+  const double mfu = peak_tflops > 0 ? step_gflops / 1e3 / peak_tflops : 0;
   if (opt.json) {
     nlohmann::json j = {{"bench", "model"},
                         {"preset", c.name},
@@ -292,10 +371,16 @@ int Run(const Options& opt) {
                         {"activation_bytes", activation_bytes},
                         {"device_peak_bytes", dev.memory_stats().peak_in_use_bytes},
                         {"loss", loss},
-                        {"sgemm", {{"m", M}, {"n", N}, {"k", K}, {"gflop_per_s", ref_gflops}}},
-                        {"ratio_to_sgemm", ratio},
+                        {"device", dev.name()},
+                        {"reference", {{"kind", on_gpu ? "cublas" : "cblas_sgemm"},
+                                       {"m", M}, {"n", N}, {"k", K}, {"gflop_per_s", ref_gflops}}},
+                        {"ratio_to_reference", ratio},
+                        {"tflop_per_s", step_gflops / 1e3},
+                        {"peak_tflop_per_s", peak_tflops},
+                        {"mfu", mfu},
                         {"phases", nlohmann::json::array()}};
-    for (const Row& r : rows) {
+    for (size_t i = 0; i < num_rows; ++i) {
+      const Row& r = rows[i];
       std::string name = r.name;
       name.erase(0, name.find_first_not_of(' '));
       j["phases"].push_back({{"phase", name},
@@ -305,8 +390,9 @@ int Run(const Options& opt) {
     }
     std::printf("%s\n", j.dump(2).c_str());
   } else {
-    std::printf("%-14s %10s %10s %10s %9s\n", "phase", "seconds", "GFLOP", "GFLOP/s", "vs sgemm");
-    for (const Row& r : rows) {
+    std::printf("%-14s %10s %10s %10s %9s\n", "phase", "seconds", "GFLOP", "GFLOP/s", "vs ref");
+    for (size_t i = 0; i < num_rows; ++i) {
+      const Row& r = rows[i];
       if (r.flops > 0) {
         const double gf = r.flops / r.seconds / 1e9;
         std::printf("%-14s %10.4f %10.2f %10.2f %9.3f\n", r.name, r.seconds, r.flops / 1e9, gf, gf / ref_gflops);
@@ -314,9 +400,16 @@ int Run(const Options& opt) {
         std::printf("%-14s %10.4f %10s %10s %9s\n", r.name, r.seconds, "-", "-", "-");
       }
     }
-    std::printf("# step: %.2f GFLOP/s = %.3f of sgemm (%.2f GFLOP/s); loss %.4f; activations %s, device peak %s\n",
+    std::printf("# step: %.2f GFLOP/s = %.3f of the reference product (%.2f GFLOP/s); loss %.4f; activations %s, "
+                "device peak %s\n",
                 step_gflops, ratio, ref_gflops, loss, FormatBytes(activation_bytes).c_str(),
                 FormatBytes(dev.memory_stats().peak_in_use_bytes).c_str());
+    if (peak_tflops > 0) {
+      std::printf("# MFU %.1f%%: %.1f TFLOP/s of %.1f TFLOP/s dense bf16 peak (%s)\n", 100 * mfu, step_gflops / 1e3,
+                  peak_tflops, opt.peak_tflops > 0 ? "--peak-tflops" : "the GPU's data sheet");
+    } else if (on_gpu) {
+      std::printf("# MFU: this GPU's dense bf16 peak is not in zinf's table; give it with --peak-tflops\n");
+    }
   }
   return 0;
 }
@@ -342,6 +435,9 @@ void RegisterModel(CLI::App& bench, int* exit_code) {
       ->check(CLI::IsMember({"auto", "plain", "flash"}))
       ->capture_default_str();
   cmd->add_flag("--checkpointing", opt->checkpointing, "Recompute each block's forward in its backward");
+  cmd->add_option("--device", opt->device, "cpu, cuda or cuda:N")->capture_default_str();
+  cmd->add_option("--peak-tflops", opt->peak_tflops,
+                  "The device's dense bf16 peak for MFU (default: known GPUs' data-sheet figure)");
   cmd->add_flag("--json", opt->json, "Print one JSON object instead of the table");
   cmd->callback([opt, exit_code] { *exit_code = Run(*opt); });
 }

@@ -59,7 +59,7 @@ BackendInfo ProbeCuda() {
     info.detail = versions + "; no GPU (" + std::string(err == cudaSuccess ? "0 devices" : cudaGetErrorName(err)) +
                   "): using host; the GPU path is compiled, not run here (pending: ctest -L gpu — gpu_test: the "
                   "kernels against their CPU twins, CudaDevice's contract, the engine on CudaDevice against HostDevice, "
-                  "the model with fp32 and bf16 matmul against the CPU model; "
+                  "the model with fp32 and bf16 matmul against the CPU model, bench model's cuBLAS reference product; "
                   "nccl_comm_test; mpi_gpu_engine_test, one GPU per rank)";
     return info;
   }

@@ -125,6 +125,39 @@ TEST(ZinfCliTest, ModelBenchTakesAShapeAndFeedsThePlan) {
   bool step = false;
   for (const auto& p : j.at("phases")) step = step || (p.at("phase") == "step" && p.at("gflop_per_s").get<double>() > 0);
   EXPECT_TRUE(step) << j.dump();
+  // On the host the reference is OpenBLAS's sgemm of the LM head's shape,
+  // and there is no MFU without a peak.
+  EXPECT_EQ(j.at("reference").at("kind"), "cblas_sgemm");
+  EXPECT_EQ(j.at("reference").at("m"), 48);
+  EXPECT_EQ(j.at("reference").at("n"), 64);
+  EXPECT_EQ(j.at("reference").at("k"), 32);
+  EXPECT_GT(j.at("reference").at("gflop_per_s").get<double>(), 0.0);
+  EXPECT_EQ(j.at("mfu").get<double>(), 0.0);
+  EXPECT_NEAR(j.at("tflop_per_s").get<double>() * 1e3, j.at("flops_per_step").get<double>() / [&] {
+    for (const auto& p : j.at("phases")) {
+      if (p.at("phase") == "step") return p.at("seconds").get<double>();
+    }
+    return 0.0;
+  }() / 1e9, 1e-6 * j.at("tflop_per_s").get<double>() * 1e3);
+  // With a peak given, MFU is the step's rate over it.
+  r = zinf::test::RunCommand(zinf::test::BinaryDir() +
+                             "/zinf bench model --preset tiny --layers 1 --d-model 32 --heads 4 --vocab 64 "
+                             "--seq-len 24 --micro-batch 2 --steps 1 --peak-tflops 0.5 --json 2>/dev/null");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json with_peak = nlohmann::json::parse(r.output);
+  EXPECT_NEAR(with_peak.at("mfu").get<double>(), with_peak.at("tflop_per_s").get<double>() / 0.5, 1e-12);
+  // A device it cannot use: one line, exit 2. CUDA: on a GPU the reference
+  // is cuBLAS's product; without one, a failure naming CUDA.
+  r = RunZinf("bench model --preset tiny --seq-len 16 --steps 1 --device tpu");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--device must be cpu, cuda or cuda:N"), std::string::npos) << r.output;
+  r = RunZinf("bench model --preset tiny --seq-len 16 --steps 1 --device cuda");
+  if (r.exit_code == 0) {
+    EXPECT_NE(r.output.find("cublas ref"), std::string::npos) << r.output;
+  } else {
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_NE(r.output.find("CUDA"), std::string::npos) << r.output;
+  }
   r = RunZinf("plan --params 1M --model-json " + json);
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("model_bench_custom.json (custom, step phase)"), std::string::npos) << r.output;
