@@ -19,9 +19,11 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
@@ -36,6 +38,7 @@
 #include "common/build_config.h"
 #include "model/gemm.h"
 #include "exec/gpt_device.h"
+#include "exec/op_profile.h"
 
 #if ZINF_HAVE_CUDA
 #include "gpu/gemm_reference.h"
@@ -62,6 +65,7 @@ struct Options {
   bool checkpointing = false;
   bool json = false;
   std::string device = "cpu";
+  bool breakdown = false;  // each op's time (the stages mark their ops)
   double peak_tflops = 0;  // the device's dense bf16 peak (0: known GPUs' from their data sheets)
 };
 
@@ -218,6 +222,11 @@ int Run(const Options& opt) {
   Status st = dev.CopyToDevice(*dtok, tokens.data(), BT * sizeof(int32_t), s);
   if (st.ok()) st = dev.CopyToDevice(*dtgt, targets.data(), BT * sizeof(int32_t), s);
   if (!st.ok()) return Fail(st);
+  std::unique_ptr<model::OpProfile> profile;
+  if (opt.breakdown) {
+    profile = model::CreateOpProfile(dev, s);
+    o.profile = profile.get();
+  }
   auto gpt = GptDevice::Create(dev, s, c, o);
   if (!gpt.ok()) return Fail(gpt.status());
 
@@ -293,7 +302,8 @@ int Run(const Options& opt) {
     }
   }
 
-  StageTimes warm;
+  std::map<std::string, std::vector<double>> op_seconds;  // --breakdown: per op, each step's
+  int lost_marks = 0;
   std::vector<double> fwd, bwd, step, ref, ref_tiled, blocks_fwd, head_fwd, head_bwd, blocks_bwd, embed;
   float loss = 0;
   for (int i = 0; i < opt.steps + 1; ++i) {
@@ -309,7 +319,11 @@ int Run(const Options& opt) {
       r = sgemm();
       rt = tiled();
     }
+    int lost = 0;
+    const std::map<std::string, double> ops = profile ? profile->Take(&lost) : std::map<std::string, double>{};
     if (i == 0) continue;  // warm-up: first touch of the activations, BLAS buffers
+    for (const auto& [op, seconds] : ops) op_seconds[op].push_back(seconds);
+    lost_marks += lost;
     fwd.push_back(t->forward());
     bwd.push_back(t->backward());
     step.push_back(t->forward() + t->backward());
@@ -352,6 +366,12 @@ int Run(const Options& opt) {
   // MFU: against the given peak, or a known GPU's dense bf16 peak.
   const double peak_tflops = opt.peak_tflops > 0 ? opt.peak_tflops : on_gpu ? KnownDenseBf16PeakTflops(dev.name()) : 0;
   const double mfu = peak_tflops > 0 ? step_gflops / 1e3 / peak_tflops : 0;
+  // --breakdown: each op's median seconds per step, longest first.
+  std::vector<std::pair<std::string, double>> ops;
+  for (const auto& [op, v] : op_seconds) ops.emplace_back(op, Median(v));
+  std::sort(ops.begin(), ops.end(), [](const auto& x, const auto& y) { return x.second > y.second; });
+  double ops_total = 0;
+  for (const auto& [op, seconds] : ops) ops_total += seconds;
   if (opt.json) {
     nlohmann::json j = {{"bench", "model"},
                         {"preset", c.name},
@@ -388,6 +408,13 @@ int Run(const Options& opt) {
                              {"flops", r.flops},
                              {"gflop_per_s", r.flops ? r.flops / r.seconds / 1e9 : 0.0}});
     }
+    if (opt.breakdown) {
+      j["ops"] = nlohmann::json::array();
+      for (const auto& [op, seconds] : ops) {
+        j["ops"].push_back({{"op", op}, {"seconds", seconds}, {"share_of_step", seconds / Median(step)}});
+      }
+      j["ops_lost_marks"] = lost_marks;
+    }
     std::printf("%s\n", j.dump(2).c_str());
   } else {
     std::printf("%-14s %10s %10s %10s %9s\n", "phase", "seconds", "GFLOP", "GFLOP/s", "vs ref");
@@ -404,6 +431,17 @@ int Run(const Options& opt) {
                 "device peak %s\n",
                 step_gflops, ratio, ref_gflops, loss, FormatBytes(activation_bytes).c_str(),
                 FormatBytes(dev.memory_stats().peak_in_use_bytes).c_str());
+    if (opt.breakdown) {
+      std::printf("# per op (--breakdown): median seconds per step, each op from its mark to the next%s\n",
+                  on_gpu ? " (timing events between the kernels on the stream)" : " (the host's clock in the stage's task)");
+      std::printf("%-22s %10s %8s\n", "op", "ms/step", "share");
+      for (const auto& [op, seconds] : ops) {
+        std::printf("%-22s %10.3f %7.1f%%\n", op.c_str(), seconds * 1e3, 100 * seconds / Median(step));
+      }
+      std::printf("%-22s %10.3f %7.1f%% of the step (the rest: between the stages)%s\n", "all ops", ops_total * 1e3,
+                  100 * ops_total / Median(step),
+                  lost_marks ? (", " + std::to_string(lost_marks) + " marks not timed").c_str() : "");
+    }
     if (peak_tflops > 0) {
       std::printf("# MFU %.1f%%: %.1f TFLOP/s of %.1f TFLOP/s dense bf16 peak (%s)\n", 100 * mfu, step_gflops / 1e3,
                   peak_tflops, opt.peak_tflops > 0 ? "--peak-tflops" : "the GPU's data sheet");
@@ -436,6 +474,7 @@ void RegisterModel(CLI::App& bench, int* exit_code) {
       ->capture_default_str();
   cmd->add_flag("--checkpointing", opt->checkpointing, "Recompute each block's forward in its backward");
   cmd->add_option("--device", opt->device, "cpu, cuda or cuda:N")->capture_default_str();
+  cmd->add_flag("--breakdown", opt->breakdown, "Each op's time per step (matmul, attention, norm, casts, ...)");
   cmd->add_option("--peak-tflops", opt->peak_tflops,
                   "The device's dense bf16 peak for MFU (default: known GPUs' data-sheet figure)");
   cmd->add_flag("--json", opt->json, "Print one JSON object instead of the table");

@@ -91,11 +91,14 @@ class CudaStages final : public model::GptStages {
 
   Status EmbedForward(const int32_t* tokens, const void* embedding) override {
     const int64_t B = options_.batch_size, T = options_.seq_len, C = config_.embed_dim;
+    Op("embedding");
     ZINF_RETURN_IF_ERROR(device_.CopyOnDevice(I32(layout_.tokens), tokens, B * T * sizeof(int32_t), stream_));
     const EmbeddingLayout e = EmbeddingLayout::For(config_);
     ZINF_ASSIGN_OR_RETURN(const float* p, Widen(embedding, e.num_elems, layout_.wide_embedding));
+    Op("embedding");
     ZINF_RETURN_IF_ERROR(EmbeddingForward(I32(layout_.tokens), p + e.wte, TensorAt(p, e.wpe), F32(layout_.residual),
                                           B * T, T, C, s_));
+    EndOps();
     forward_next_ = 0;
     head_forward_done_ = false;
     backward_next_ = -2;
@@ -109,6 +112,7 @@ class CudaStages final : public model::GptStages {
     }
     ZINF_ASSIGN_OR_RETURN(const float* p, Widen(block, BlockLayout::For(config_).num_elems, layout_.wide_unit));
     ZINF_RETURN_IF_ERROR(RunBlockForward(layer, p));
+    EndOps();
     ++forward_next_;
     return Status::Ok();
   }
@@ -119,6 +123,7 @@ class CudaStages final : public model::GptStages {
     }
     const int64_t B = options_.batch_size, T = options_.seq_len, C = config_.embed_dim, V = config_.vocab_size;
     const int64_t BT = B * T, L = config_.num_layers;
+    Op("loss");
     ZINF_RETURN_IF_ERROR(device_.CopyOnDevice(I32(layout_.targets), targets, BT * sizeof(int32_t), stream_));
     const FinalNormLayout f = FinalNormLayout::For(config_);
     ZINF_ASSIGN_OR_RETURN(const float* pf, Widen(final_norm, f.num_elems, layout_.wide_unit));
@@ -128,9 +133,11 @@ class CudaStages final : public model::GptStages {
     ZINF_RETURN_IF_ERROR(NormForward(lnf, F32(layout_.lnf_mean), F32(layout_.lnf_rstd),
                                      F32(layout_.residual) + L * BT * C, pf + f.w, TensorAt(pf, f.b)));
     ZINF_RETURN_IF_ERROR(Gemm(false, true, BT, V, C, 1.0f, lnf, C, head, C, 0.0f, probs, V));  // logits
+    Op("loss");
     ZINF_RETURN_IF_ERROR(
         SoftmaxCrossEntropyForward(probs, I32(layout_.targets), probs, F32(layout_.losses), BT, V, s_));
     ZINF_RETURN_IF_ERROR(MeanLoss(F32(layout_.losses), I32(layout_.targets), BT, loss, count_, s_));
+    EndOps();
     head_forward_done_ = true;
     return Status::Ok();
   }
@@ -152,16 +159,19 @@ class CudaStages final : public model::GptStages {
     float* ghead = config_.tied_head ? embedding_grad32_ + e.wte : gf + f.lm_head;
     float* dlogits = F32(layout_.probs);  // in place over the probabilities
     // scale · (p - onehot) with scale = loss_scale / targets, the count on the device.
+    Op("loss");
     ZINF_RETURN_IF_ERROR(SoftmaxCrossEntropyBackward(dlogits, I32(layout_.targets), dlogits, BT, V, 1.0f, s_));
     ZINF_RETURN_IF_ERROR(ScaleByCount(dlogits, static_cast<size_t>(BT * V), loss_scale, count_, s_));
     float* dlnf = F32(layout_.dbuf);
     ZINF_RETURN_IF_ERROR(Gemm(false, false, BT, C, V, 1.0f, dlogits, V, head, C, 0.0f, dlnf, C));
     ZINF_RETURN_IF_ERROR(Gemm(true, false, V, C, BT, 1.0f, dlogits, V, F32(layout_.lnf), C, 1.0f, ghead, C));
     float* dres = F32(layout_.dres);
+    Op("norm");
     ZINF_RETURN_IF_ERROR(device_.Memset(dres, 0, BT * C * sizeof(float), stream_));
     ZINF_RETURN_IF_ERROR(NormBackward(dres, gf + f.w, TensorAt(gf, f.b), dlnf, F32(layout_.residual) + L * BT * C,
                                       pf + f.w, F32(layout_.lnf_mean), F32(layout_.lnf_rstd)));
     ZINF_RETURN_IF_ERROR(EndGrad(final_norm_grad, gf, f.num_elems));
+    EndOps();
     head_forward_done_ = false;
     backward_next_ = static_cast<int>(L) - 1;
     return Status::Ok();
@@ -188,10 +198,12 @@ class CudaStages final : public model::GptStages {
     if (c.mlp == model::MlpKind::kSwiGlu) {
       ZINF_RETURN_IF_ERROR(LinearBackward(dbuf, g + w.fc_proj_w, TensorAt(g, w.fc_proj_b), dres, F32(a.fch_gelu),
                                           p + w.fc_proj_w, BT, I, C));
+      Op("activation");
       ZINF_RETURN_IF_ERROR(SwiGluBackward(F32(a.fch), dbuf, dfch, BT, I, s_));
     } else {
       ZINF_RETURN_IF_ERROR(LinearBackward(dfch, g + w.fc_proj_w, TensorAt(g, w.fc_proj_b), dres, F32(a.fch_gelu),
                                           p + w.fc_proj_w, BT, I, C));
+      Op("activation");
       ZINF_RETURN_IF_ERROR(GeluBackward(F32(a.fch), dfch, dfch, static_cast<size_t>(BT * I), s_));
     }
     ZINF_RETURN_IF_ERROR(
@@ -203,11 +215,13 @@ class CudaStages final : public model::GptStages {
                                         p + w.attn_proj_w, BT, Q, C));
     ZINF_RETURN_IF_ERROR(AttentionBackward(a));
     if (c.positions == model::PositionKind::kRope) {
+      Op("rope");
       ZINF_RETURN_IF_ERROR(RopeBackward(dqkv, QueryRows(), T, rope_cos_, rope_sin_, s_));
       ZINF_RETURN_IF_ERROR(RopeBackward(dqkv + Q, KeyRows(), T, rope_cos_, rope_sin_, s_));
     }
     if (c.qk_norm) {
       // dq and dk through their RMSNorm, in place over dqkv (weight gradients first).
+      Op("qk norm");
       const float* pre = F32(a.qk_pre);
       ZINF_RETURN_IF_ERROR(RmsNormBackward(dqkv, pre, p + w.q_norm_w, F32(a.qk_rstd), dqkv, false, g + w.q_norm_w,
                                            QueryRows(), s_));
@@ -219,6 +233,7 @@ class CudaStages final : public model::GptStages {
     ZINF_RETURN_IF_ERROR(NormBackward(dres, g + w.ln1_w, TensorAt(g, w.ln1_b), dbuf, in, p + w.ln1_w,
                                       F32(a.ln1_mean), F32(a.ln1_rstd)));
     ZINF_RETURN_IF_ERROR(EndGrad(block_grad, g, w.num_elems));
+    EndOps();
     --backward_next_;
     return Status::Ok();
   }
@@ -227,9 +242,11 @@ class CudaStages final : public model::GptStages {
     if (backward_next_ != -1) return FailedPrecondition("gpt model: EmbedBackward before the backward of every block");
     const int64_t B = options_.batch_size, T = options_.seq_len, C = config_.embed_dim;
     const EmbeddingLayout e = EmbeddingLayout::For(config_);
+    Op("embedding");
     ZINF_RETURN_IF_ERROR(EmbeddingBackward(F32(layout_.dres), I32(layout_.tokens), embedding_grad32_ + e.wte,
                                            TensorAt(embedding_grad32_, e.wpe), B * T, T, C, s_));
     ZINF_RETURN_IF_ERROR(EndGrad(embedding_grad, embedding_grad32_, e.num_elems));
+    EndOps();
     embedding_grad32_ = nullptr;
     backward_next_ = -3;
     forward_next_ = -1;
@@ -238,11 +255,15 @@ class CudaStages final : public model::GptStages {
 
  private:
   float* F32(uint64_t offset) const { return reinterpret_cast<float*>(arena_ + offset); }
+  // zinf bench model --breakdown: the op that starts here (until the next).
+  void Op(const char* name) { model::MarkOp(options_.profile, name); }
+  void EndOps() { model::EndOps(options_.profile); }
   int32_t* I32(uint64_t offset) const { return reinterpret_cast<int32_t*>(arena_ + offset); }
 
   // 16-bit parameters widened into the arena; fp32 ones used in place.
   Result<const float*> Widen(const void* params, int64_t n, uint64_t wide_offset) {
     if (options_.param_dtype == DType::kFloat32) return static_cast<const float*>(params);
+    Op("cast");
     float* dst = F32(wide_offset);
     ZINF_RETURN_IF_ERROR(Cast(params, options_.param_dtype, dst, DType::kFloat32, static_cast<size_t>(n), s_));
     return static_cast<const float*>(dst);
@@ -252,6 +273,7 @@ class CudaStages final : public model::GptStages {
   Result<float*> BeginGrad(void* grad, int64_t n, uint64_t accumulator_offset) {
     const DType dtype = options_.grad_dtype;
     float* acc = dtype == DType::kFloat32 ? static_cast<float*>(grad) : F32(accumulator_offset);
+    Op("gradient init");
     if (!options_.accumulate_grads) {
       ZINF_RETURN_IF_ERROR(device_.Memset(acc, 0, n * sizeof(float), stream_));
     } else if (dtype != DType::kFloat32) {
@@ -261,6 +283,7 @@ class CudaStages final : public model::GptStages {
   }
   Status EndGrad(void* grad, const float* acc, int64_t n) {
     if (options_.grad_dtype == DType::kFloat32) return Status::Ok();
+    Op("cast");
     return Cast(acc, DType::kFloat32, grad, options_.grad_dtype, static_cast<size_t>(n), s_);
   }
 
@@ -282,8 +305,10 @@ class CudaStages final : public model::GptStages {
                      int64_t sc, int64_t count) {
     const cublasOperation_t op_a = ta ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
     if (bf16_) {
+      Op("matmul operand cast");
       ZINF_ASSIGN_OR_RETURN(const void* a16, Bf16Operand(a, ta ? k : m, ta ? m : k, lda, sa, count, layout_.bf16_a));
       ZINF_ASSIGN_OR_RETURN(const void* b16, Bf16Operand(b, tb ? n : k, tb ? k : n, ldb, sb, count, layout_.bf16_b));
+      Op("matmul");
       ZINF_CUBLAS_RETURN_IF_ERROR(
           blas_->gemm_strided_batched_ex(handle_, op_b, op_a, static_cast<int>(n), static_cast<int>(m),
                                          static_cast<int>(k), &alpha, b16, CUDA_R_16BF, static_cast<int>(ldb), sb, a16,
@@ -293,6 +318,7 @@ class CudaStages final : public model::GptStages {
           "cublasGemmStridedBatchedEx (bf16 operands, fp32 accumulation)");
       return Status::Ok();
     }
+    Op("matmul");
     if (count == 1) {
       ZINF_CUBLAS_RETURN_IF_ERROR(blas_->sgemm(handle_, op_b, op_a, static_cast<int>(n), static_cast<int>(m),
                                                static_cast<int>(k), &alpha, b, static_cast<int>(ldb), a,
@@ -326,14 +352,20 @@ class CudaStages final : public model::GptStages {
   // model::LinearForward / LinearBackward (dinp overwritten).
   Status LinearForward(float* out, const float* inp, const float* w, const float* bias, int64_t rows, int64_t in_dim,
                        int64_t out_dim) {
-    if (bias) ZINF_RETURN_IF_ERROR(BroadcastRow(bias, out, rows, out_dim, s_));
+    if (bias) {
+      Op("bias");
+      ZINF_RETURN_IF_ERROR(BroadcastRow(bias, out, rows, out_dim, s_));
+    }
     return Gemm(false, false, rows, out_dim, in_dim, 1.0f, inp, in_dim, w, out_dim, bias ? 1.0f : 0.0f, out, out_dim);
   }
   Status LinearBackward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w,
                         int64_t rows, int64_t in_dim, int64_t out_dim) {
     ZINF_RETURN_IF_ERROR(Gemm(false, true, rows, in_dim, out_dim, 1.0f, dout, out_dim, w, out_dim, 0.0f, dinp, in_dim));
     ZINF_RETURN_IF_ERROR(Gemm(true, false, in_dim, out_dim, rows, 1.0f, inp, in_dim, dout, out_dim, 1.0f, dw, out_dim));
-    if (dbias) ZINF_RETURN_IF_ERROR(ColumnSumAccumulate(dout, dbias, rows, out_dim, s_));
+    if (dbias) {
+      Op("bias gradient");
+      ZINF_RETURN_IF_ERROR(ColumnSumAccumulate(dout, dbias, rows, out_dim, s_));
+    }
     return Status::Ok();
   }
 
@@ -342,6 +374,7 @@ class CudaStages final : public model::GptStages {
   // The backward adds into dinp, gw and gb.
   Status NormForward(float* out, float* mean, float* rstd, const float* in, const float* w, const float* b) {
     const int64_t BT = options_.batch_size * options_.seq_len, C = config_.embed_dim;
+    Op("norm");
     if (config_.norm == model::NormKind::kRmsNorm) {
       return RmsNormForward(in, w, out, rstd, StridedRows::Dense(BT, C), static_cast<float>(config_.norm_eps), s_);
     }
@@ -350,6 +383,7 @@ class CudaStages final : public model::GptStages {
   Status NormBackward(float* dinp, float* gw, float* gb, const float* dout, const float* in, const float* w,
                       const float* mean, const float* rstd) {
     const int64_t BT = options_.batch_size * options_.seq_len, C = config_.embed_dim;
+    Op("norm");
     if (config_.norm == model::NormKind::kRmsNorm) {
       return RmsNormBackward(dout, in, w, rstd, dinp, true, gw, StridedRows::Dense(BT, C), s_);
     }
@@ -384,6 +418,7 @@ class CudaStages final : public model::GptStages {
   // of k, v, dk and dv (batch stride D). With G = 1 that is one batch of
   // every head.
   Status AttentionForward(const ActivationLayout::Block& a) {
+    Op("attention");
     if (flash_) {
       return FlashAttentionForward(model::FlashAttentionShape(config_, options_),
                                    model::FlashAttentionTensors(config_, layout_, a, arena_, false), s_);
@@ -417,6 +452,7 @@ class CudaStages final : public model::GptStages {
   // its group's query heads in head order (g = 0 writes, the others add), as
   // the CPU's AttentionBackward does.
   Status AttentionBackward(const ActivationLayout::Block& a_set) {
+    Op("attention");
     if (flash_) {
       return FlashAttentionBackward(model::FlashAttentionShape(config_, options_),
                                     model::FlashAttentionTensors(config_, layout_, a_set, arena_, true), s_);
@@ -478,6 +514,7 @@ class CudaStages final : public model::GptStages {
     if (c.qk_norm) {
       // q and k before their norm are kept (qk_pre, a copy of the whole qkv)
       // for backward; the norm writes them back into qkv.
+      Op("qk norm");
       float* pre = F32(a.qk_pre);
       const float eps = static_cast<float>(c.norm_eps);
       ZINF_RETURN_IF_ERROR(device_.CopyOnDevice(pre, qkv, static_cast<uint64_t>(BT * S) * sizeof(float), stream_));
@@ -486,16 +523,19 @@ class CudaStages final : public model::GptStages {
           RmsNormForward(pre + Q, p + w.k_norm_w, qkv + Q, F32(a.qk_rstd) + BT * c.num_heads, KeyRows(), eps, s_));
     }
     if (c.positions == model::PositionKind::kRope) {
+      Op("rope");
       ZINF_RETURN_IF_ERROR(RopeForward(qkv, QueryRows(), T, rope_cos_, rope_sin_, s_));
       ZINF_RETURN_IF_ERROR(RopeForward(qkv + Q, KeyRows(), T, rope_cos_, rope_sin_, s_));
     }
     ZINF_RETURN_IF_ERROR(AttentionForward(a));
     ZINF_RETURN_IF_ERROR(
         LinearForward(res_mid, F32(a.atty), p + w.attn_proj_w, TensorAt(p, w.attn_proj_b), BT, Q, C));
+    Op("residual");
     ZINF_RETURN_IF_ERROR(ResidualForward(res_mid, in, res_mid, n, s_));
     ZINF_RETURN_IF_ERROR(
         NormForward(F32(a.ln2), F32(a.ln2_mean), F32(a.ln2_rstd), res_mid, p + w.ln2_w, TensorAt(p, w.ln2_b)));
     ZINF_RETURN_IF_ERROR(LinearForward(F32(a.fch), F32(a.ln2), p + w.fc_w, TensorAt(p, w.fc_b), BT, C, FC));
+    Op("activation");
     if (c.mlp == model::MlpKind::kSwiGlu) {
       ZINF_RETURN_IF_ERROR(SwiGluForward(F32(a.fch), F32(a.fch_gelu), BT, I, s_));
     } else {
@@ -503,6 +543,7 @@ class CudaStages final : public model::GptStages {
     }
     ZINF_RETURN_IF_ERROR(
         LinearForward(out, F32(a.fch_gelu), p + w.fc_proj_w, TensorAt(p, w.fc_proj_b), BT, I, C));
+    Op("residual");
     ZINF_RETURN_IF_ERROR(ResidualForward(out, res_mid, out, n, s_));
     checkpoint_layer_ = layer;
     return Status::Ok();

@@ -287,8 +287,12 @@ Status GptModel::EmbedForward(const int32_t* tokens, const void* embedding) {
   }
   std::memcpy(I32(layout_.tokens), tokens, B * T * sizeof(int32_t));
   const EmbeddingLayout e = EmbeddingLayout::For(config_);
+  OpProfile* const prof = options_.profile;
+  MarkOp(prof, "cast");
   const float* p = Widen(embedding, e.num_elems, layout_.wide_embedding);
+  MarkOp(prof, "embedding");
   EncoderForward<float>(threads_, F32(layout_.residual), I32(layout_.tokens), p + e.wte, TensorAt(p, e.wpe), B, T, C);
+  EndOps(prof);
   forward_next_ = 0;
   head_forward_done_ = false;
   backward_next_ = -2;
@@ -335,9 +339,13 @@ void GptModel::RunBlockForward(int layer, const float* p) {
   float* out = F32(layout_.residual) + (layer + 1) * BT * C;
   float* res_mid = F32(a.res_mid);
   float* qkv = F32(a.qkv);
+  OpProfile* const prof = options_.profile;
+  MarkOp(prof, "norm");
   NormForward(F32(a.ln1), F32(a.ln1_mean), F32(a.ln1_rstd), in, p + w.ln1_w, TensorAt(p, w.ln1_b));
+  MarkOp(prof, "matmul");
   LinearForward<float>(threads_, qkv, F32(a.ln1), p + w.qkv_w, TensorAt(p, w.qkv_b), BT, C, S);
   if (c.qk_norm) {
+    MarkOp(prof, "qk norm");
     float* pre = F32(a.qk_pre);
     threads_.ForChunks(BT * S, kConvertGrain,
                        [&](int64_t i0, int64_t i1) { std::memcpy(pre + i0, qkv + i0, F32Bytes(i1 - i0)); });
@@ -347,24 +355,33 @@ void GptModel::RunBlockForward(int layer, const float* p) {
                           eps);
   }
   if (c.positions == PositionKind::kRope) {
+    MarkOp(prof, "rope");
     RopeForward<float>(threads_, qkv, QueryRows(), T, rope_);
     RopeForward<float>(threads_, qkv + Q, KeyRows(), T, rope_);
   }
+  MarkOp(prof, "attention");
   if (options_.attention == AttentionKernel::kFlash) {
     FlashAttentionForward(threads_, FlashAttentionShape(c, options_), FlashAttentionTensors(c, layout_, a, arena_, false));
   } else {
     AttentionForward<float>(threads_, F32(a.atty), F32(a.att), qkv, B, T, c.num_heads, c.kv_heads(), c.head_dim());
   }
+  MarkOp(prof, "matmul");
   LinearForward<float>(threads_, res_mid, F32(a.atty), p + w.attn_proj_w, TensorAt(p, w.attn_proj_b), BT, Q, C);
+  MarkOp(prof, "residual");
   ResidualForward<float>(threads_, res_mid, in, res_mid, BT * C);
+  MarkOp(prof, "norm");
   NormForward(F32(a.ln2), F32(a.ln2_mean), F32(a.ln2_rstd), res_mid, p + w.ln2_w, TensorAt(p, w.ln2_b));
+  MarkOp(prof, "matmul");
   LinearForward<float>(threads_, F32(a.fch), F32(a.ln2), p + w.fc_w, TensorAt(p, w.fc_b), BT, C, FC);
+  MarkOp(prof, "activation");
   if (c.mlp == MlpKind::kSwiGlu) {
     SwiGluForward<float>(threads_, F32(a.fch_gelu), F32(a.fch), BT, I);
   } else {
     GeluForward<float>(threads_, F32(a.fch_gelu), F32(a.fch), BT * I);
   }
+  MarkOp(prof, "matmul");
   LinearForward<float>(threads_, out, F32(a.fch_gelu), p + w.fc_proj_w, TensorAt(p, w.fc_proj_b), BT, I, C);
+  MarkOp(prof, "residual");
   ResidualForward<float>(threads_, out, res_mid, out, BT * C);
   checkpoint_layer_ = layer;
 }
@@ -376,7 +393,9 @@ Status GptModel::BlockForward(int layer, const void* block) {
                               (forward_next_ < 0 ? std::string("EmbedForward first")
                                                  : "block " + std::to_string(forward_next_)));
   }
+  MarkOp(options_.profile, "cast");
   RunBlockForward(layer, Widen(block, BlockLayout::For(config_).num_elems, layout_.wide_unit));
+  EndOps(options_.profile);
   ++forward_next_;
   return Status::Ok();
 }
@@ -397,19 +416,25 @@ Result<float> GptModel::HeadForward(const int32_t* targets, const void* final_no
   std::memcpy(I32(layout_.targets), targets, BT * sizeof(int32_t));
   const FinalNormLayout f = FinalNormLayout::For(config_);
   const EmbeddingLayout e = EmbeddingLayout::For(config_);
+  OpProfile* const prof = options_.profile;
+  MarkOp(prof, "cast");
   const float* pf = Widen(final_norm, f.num_elems, layout_.wide_unit);
   const float* head = config_.tied_head ? Widen(embedding, e.num_elems, layout_.wide_embedding) + e.wte
                                         : pf + f.lm_head;
   float* lnf = F32(layout_.lnf);
   float* probs = F32(layout_.probs);
+  MarkOp(prof, "norm");
   NormForward(lnf, F32(layout_.lnf_mean), F32(layout_.lnf_rstd), F32(layout_.residual) + L * BT * C, pf + f.w,
               TensorAt(pf, f.b));
+  MarkOp(prof, "matmul");
   ParallelGemm<float>(threads_, false, true, BT, V, C, 1.0f, lnf, C, head, C, 0.0f, probs, V);  // logits
+  MarkOp(prof, "loss");
   num_targets_ = SoftmaxCrossEntropyForward<float>(threads_, probs, F32(layout_.losses), probs, I32(layout_.targets),
                                                    BT, V);
   double sum = 0;
   const float* losses = F32(layout_.losses);
   for (int64_t r = 0; r < BT; ++r) sum += losses[r];
+  EndOps(prof);
   head_forward_done_ = true;
   return num_targets_ ? static_cast<float>(sum / static_cast<double>(num_targets_)) : 0.0f;
 }
@@ -424,23 +449,31 @@ Status GptModel::HeadBackward(float loss_scale, const void* final_norm, const vo
   const int64_t BT = B * T, L = config_.num_layers;
   const FinalNormLayout f = FinalNormLayout::For(config_);
   const EmbeddingLayout e = EmbeddingLayout::For(config_);
+  OpProfile* const prof = options_.profile;
+  MarkOp(prof, "cast");
   const float* pf = Widen(final_norm, f.num_elems, layout_.wide_unit);
   const float* head = config_.tied_head ? Widen(embedding, e.num_elems, layout_.wide_embedding) + e.wte
                                         : pf + f.lm_head;
+  MarkOp(prof, "gradient init");
   float* gf = BeginGrad(final_norm_grad, f.num_elems, layout_.grad_unit);
   embedding_grad32_ = BeginGrad(embedding_grad, e.num_elems, layout_.grad_embedding);
   float* ghead = config_.tied_head ? embedding_grad32_ + e.wte : gf + f.lm_head;
   float* dlogits = F32(layout_.probs);  // in place over the probabilities
   const float scale = num_targets_ ? loss_scale / static_cast<float>(num_targets_) : 0.0f;
+  MarkOp(prof, "loss");
   SoftmaxCrossEntropyBackward<float>(threads_, dlogits, dlogits, I32(layout_.targets), BT, V, scale);
   float* dlnf = F32(layout_.dbuf);
+  MarkOp(prof, "matmul");
   ParallelGemm<float>(threads_, false, false, BT, C, V, 1.0f, dlogits, V, head, C, 0.0f, dlnf, C);
   ParallelGemm<float>(threads_, true, false, V, C, BT, 1.0f, dlogits, V, F32(layout_.lnf), C, 1.0f, ghead, C);
   float* dres = F32(layout_.dres);
+  MarkOp(prof, "norm");
   threads_.ForChunks(BT * C, kConvertGrain, [&](int64_t i0, int64_t i1) { std::memset(dres + i0, 0, F32Bytes(i1 - i0)); });
   NormBackward(dres, gf + f.w, TensorAt(gf, f.b), dlnf, F32(layout_.residual) + L * BT * C, pf + f.w,
                F32(layout_.lnf_mean), F32(layout_.lnf_rstd));
+  MarkOp(prof, "cast");
   EndGrad(final_norm_grad, gf, f.num_elems);
+  EndOps(prof);
   head_forward_done_ = false;
   backward_next_ = static_cast<int>(L) - 1;
   return Status::Ok();
@@ -457,8 +490,11 @@ Status GptModel::BlockBackward(int layer, const void* block, void* block_grad) {
   const int64_t B = options_.batch_size, T = options_.seq_len, C = c.embed_dim;
   const int64_t BT = B * T, Q = c.q_dim(), S = c.qkv_dim(), I = c.mlp_dim(), FC = c.fc_dim();
   const BlockLayout w = BlockLayout::For(c);
+  OpProfile* const prof = options_.profile;
+  MarkOp(prof, "cast");
   const float* p = Widen(block, w.num_elems, layout_.wide_unit);
   if (options_.activation_checkpointing && checkpoint_layer_ != layer) RunBlockForward(layer, p);
+  MarkOp(prof, "gradient init");
   float* g = BeginGrad(block_grad, w.num_elems, layout_.grad_unit);
   const ActivationLayout::Block a = layout_.BlockAt(layer);
   const float* in = F32(layout_.residual) + layer * BT * C;
@@ -468,20 +504,28 @@ Status GptModel::BlockBackward(int layer, const void* block, void* block_grad) {
   float* dqkv = F32(layout_.dqkv);
   // MLP: out = res_mid + fc_proj(act(fc(norm2(res_mid)))).
   if (c.mlp == MlpKind::kSwiGlu) {
+    MarkOp(prof, "matmul");
     LinearBackward<float>(threads_, dbuf, false, g + w.fc_proj_w, TensorAt(g, w.fc_proj_b), dres, F32(a.fch_gelu),
                           p + w.fc_proj_w, BT, I, C);
+    MarkOp(prof, "activation");
     SwiGluBackward<float>(threads_, dfch, F32(a.fch), dbuf, BT, I);
   } else {
+    MarkOp(prof, "matmul");
     LinearBackward<float>(threads_, dfch, false, g + w.fc_proj_w, TensorAt(g, w.fc_proj_b), dres, F32(a.fch_gelu),
                           p + w.fc_proj_w, BT, I, C);
+    MarkOp(prof, "activation");
     GeluBackward<float>(threads_, dfch, F32(a.fch), dfch, BT * I);
   }
+  MarkOp(prof, "matmul");
   LinearBackward<float>(threads_, dbuf, false, g + w.fc_w, TensorAt(g, w.fc_b), dfch, F32(a.ln2), p + w.fc_w, BT, C, FC);
+  MarkOp(prof, "norm");
   NormBackward(dres, g + w.ln2_w, TensorAt(g, w.ln2_b), dbuf, F32(a.res_mid), p + w.ln2_w, F32(a.ln2_mean),
                F32(a.ln2_rstd));
   // Attention: res_mid = in + attn_proj(attention(rope(qk_norm(qkv(norm1(in)))))).
+  MarkOp(prof, "matmul");
   LinearBackward<float>(threads_, dbuf, false, g + w.attn_proj_w, TensorAt(g, w.attn_proj_b), dres, F32(a.atty),
                         p + w.attn_proj_w, BT, Q, C);
+  MarkOp(prof, "attention");
   if (options_.attention == AttentionKernel::kFlash) {
     FlashAttentionBackward(threads_, FlashAttentionShape(c, options_), FlashAttentionTensors(c, layout_, a, arena_, true));
   } else {
@@ -489,20 +533,26 @@ Status GptModel::BlockBackward(int layer, const void* block, void* block_grad) {
                              c.kv_heads(), c.head_dim());
   }
   if (c.positions == PositionKind::kRope) {
+    MarkOp(prof, "rope");
     RopeBackward<float>(threads_, dqkv, QueryRows(), T, rope_);
     RopeBackward<float>(threads_, dqkv + Q, KeyRows(), T, rope_);
   }
   if (c.qk_norm) {
+    MarkOp(prof, "qk norm");
     const float* pre = F32(a.qk_pre);
     RmsNormBackward<float>(threads_, dqkv, false, g + w.q_norm_w, dqkv, pre, p + w.q_norm_w, F32(a.qk_rstd),
                            QueryRows());
     RmsNormBackward<float>(threads_, dqkv + Q, false, g + w.k_norm_w, dqkv + Q, pre + Q, p + w.k_norm_w,
                            F32(a.qk_rstd) + BT * c.num_heads, KeyRows());
   }
+  MarkOp(prof, "matmul");
   LinearBackward<float>(threads_, dbuf, false, g + w.qkv_w, TensorAt(g, w.qkv_b), dqkv, F32(a.ln1), p + w.qkv_w, BT,
                         C, S);
+  MarkOp(prof, "norm");
   NormBackward(dres, g + w.ln1_w, TensorAt(g, w.ln1_b), dbuf, in, p + w.ln1_w, F32(a.ln1_mean), F32(a.ln1_rstd));
+  MarkOp(prof, "cast");
   EndGrad(block_grad, g, w.num_elems);
+  EndOps(prof);
   --backward_next_;
   return Status::Ok();
 }
@@ -514,9 +564,13 @@ Status GptModel::EmbedBackward(void* embedding_grad) {
   }
   const int64_t B = options_.batch_size, T = options_.seq_len, C = config_.embed_dim;
   const EmbeddingLayout e = EmbeddingLayout::For(config_);
+  OpProfile* const prof = options_.profile;
+  MarkOp(prof, "embedding");
   EncoderBackward<float>(threads_, embedding_grad32_ + e.wte, TensorAt(embedding_grad32_, e.wpe), F32(layout_.dres),
                          I32(layout_.tokens), B, T, C);
+  MarkOp(prof, "cast");
   EndGrad(embedding_grad, embedding_grad32_, e.num_elems);
+  EndOps(prof);
   embedding_grad32_ = nullptr;
   backward_next_ = -3;
   forward_next_ = -1;

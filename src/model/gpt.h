@@ -39,6 +39,7 @@
 #include "math/attention_math.h"
 #include "model/decoder_layers.h"
 #include "model/gpt_config.h"
+#include "model/op_profile.h"
 #include "model/parallel.h"
 #include "zinf/config.h"
 #include "zinf/dtype.h"
@@ -73,6 +74,9 @@ struct GptRunOptions {
   // rounding before OpenBLAS's fp32 product on the CPU: gemm.h).
   DType matmul_dtype = DType::kFloat32;
   AttentionKernel attention = AttentionKernel::kAuto;
+  // zinf bench model --breakdown: every stage marks its ops here (it must
+  // outlive the model); null: no marks.
+  OpProfile* profile = nullptr;
 };
 
 // kPlain or kFlash: what `o.attention` means for this model.

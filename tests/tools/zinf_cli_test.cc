@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -146,6 +147,28 @@ TEST(ZinfCliTest, ModelBenchTakesAShapeAndFeedsThePlan) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const nlohmann::json with_peak = nlohmann::json::parse(r.output);
   EXPECT_NEAR(with_peak.at("mfu").get<double>(), with_peak.at("tflop_per_s").get<double>() / 0.5, 1e-12);
+  // --breakdown: each op's time per step; the ops fill the stages.
+  r = zinf::test::RunCommand(zinf::test::BinaryDir() +
+                             "/zinf bench model --preset tiny --layers 2 --d-model 32 --heads 4 --vocab 64 "
+                             "--seq-len 24 --micro-batch 2 --steps 2 --breakdown --json 2>/dev/null");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json ops = nlohmann::json::parse(r.output);
+  double step_seconds = 0, op_total = 0;
+  for (const auto& p : ops.at("phases")) {
+    if (p.at("phase") == "step") step_seconds = p.at("seconds").get<double>();
+  }
+  std::set<std::string> names;
+  for (const auto& op : ops.at("ops")) {
+    names.insert(op.at("op").get<std::string>());
+    EXPECT_GE(op.at("seconds").get<double>(), 0.0) << op.dump();
+    op_total += op.at("seconds").get<double>();
+  }
+  for (const char* op : {"matmul", "attention", "norm", "loss", "embedding", "activation", "residual"}) {
+    EXPECT_TRUE(names.count(op)) << op << ": " << ops.at("ops").dump();
+  }
+  EXPECT_EQ(ops.at("ops_lost_marks"), 0);
+  EXPECT_GT(op_total, 0.5 * step_seconds) << ops.dump();
+  EXPECT_LT(op_total, 1.05 * step_seconds) << ops.dump();
   // A device it cannot use: one line, exit 2. CUDA: on a GPU the reference
   // is cuBLAS's product; without one, a failure naming CUDA.
   r = RunZinf("bench model --preset tiny --seq-len 16 --steps 1 --device tpu");
