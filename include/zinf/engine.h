@@ -215,6 +215,13 @@ class Engine {
   // origin yet) the work is enqueued untimed.
   virtual Status Trace(Stream& stream, const std::string& lane, const std::string& what,
                        const std::function<Status()>& enqueue) = 0;
+  // Trace in two calls, for work that is not one call (a framework's
+  // hooks): TraceBegin records the start on `stream` and returns a token
+  // (0 before the first Fetch: then TraceEnd times nothing); TraceEnd
+  // records the end and adds the span. kInvalidArgument for a token that is
+  // not open; at most 4096 open at once.
+  virtual Result<int64_t> TraceBegin(Stream& stream) = 0;
+  virtual Status TraceEnd(int64_t token, Stream& stream, const std::string& lane, const std::string& what) = 0;
   // This micro-step's loss (before the loss scale), for the engine's checks;
   // call it before Step. With zinf.stop_on_nonfinite_loss a NaN or infinite
   // loss fails with kFailedPrecondition and the engine takes no further

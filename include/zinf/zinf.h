@@ -277,6 +277,19 @@ ZINF_API int zinf_engine_step(zinf_engine* engine, int* out_boundary);
  * for the forward, so report it only when the check is wanted. */
 ZINF_API int zinf_engine_report_loss(zinf_engine* engine, double loss);
 
+/* The caller's work on the engine's timeline (the `timeline` of
+ * zinf_engine_stats_json): zinf_engine_trace_begin records a timing event
+ * on `stream` and returns a token; zinf_engine_trace_end records another
+ * after the work the caller enqueued on `stream` in between, and adds that
+ * span to the step in `lane` ("compute" for the model's work) named
+ * `what`. No host code runs on the stream. Before the first fetch the
+ * token is 0 and the span is not timed. Errors:
+ * ZINF_ERR_INVALID_ARGUMENT (a token that is not open, a NULL lane or
+ * what), ZINF_ERR_FAILED_PRECONDITION (4096 traces open). */
+ZINF_API int zinf_engine_trace_begin(zinf_engine* engine, zinf_stream* stream, int64_t* out_token);
+ZINF_API int zinf_engine_trace_end(zinf_engine* engine, zinf_stream* stream, int64_t token, const char* lane,
+                                   const char* what);
+
 /* The factor backward multiplies the loss by: fp16's dynamic loss scale
  * (blocks for the previous step's overflow decision), else 1. */
 ZINF_API int zinf_engine_loss_scale(zinf_engine* engine, float* out_scale);
@@ -294,7 +307,11 @@ ZINF_API int zinf_engine_synchronize(zinf_engine* engine);
  * nvme_bytes_read, nvme_bytes_written (and their _total since the engine
  * started), copy_bytes (host<->device), collectives
  * [{kind, calls, bytes}], device_bytes_in_use, summary (the one-line log
- * form). A non-finite number is written as a string ("inf", "nan").
+ * form), timeline [{lane, what, start, end}] (seconds since the engine's
+ * first fetch: the step's work, its updates, waits, disk, copies and
+ * collectives, and the caller's traced work; see zinf/engine.h's
+ * TimelineSpan) and timeline_dropped. A non-finite number is written as a
+ * string ("inf", "nan").
  * Free *out_json with zinf_string_free. */
 ZINF_API int zinf_engine_stats_json(zinf_engine* engine, char** out_json);
 

@@ -57,6 +57,8 @@ _SIGNATURES = {
     "zinf_engine_step": (c_int, [c_void_p, ctypes.POINTER(c_int)]),
     "zinf_engine_loss_scale": (c_int, [c_void_p, ctypes.POINTER(c_float)]),
     "zinf_engine_report_loss": (c_int, [c_void_p, c_double]),
+    "zinf_engine_trace_begin": (c_int, [c_void_p, c_void_p, ctypes.POINTER(ctypes.c_int64)]),
+    "zinf_engine_trace_end": (c_int, [c_void_p, c_void_p, ctypes.c_int64, c_char_p, c_char_p]),
     "zinf_engine_synchronize": (c_int, [c_void_p]),
     "zinf_engine_stats_json": (c_int, [c_void_p, ctypes.POINTER(c_void_p)]),
     "zinf_engine_read_state": (c_int, [c_void_p, c_int, c_int, c_void_p, c_size]),

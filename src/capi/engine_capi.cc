@@ -340,6 +340,26 @@ ZINF_API int zinf_engine_report_loss(zinf_engine* engine, double loss) {
   });
 }
 
+ZINF_API int zinf_engine_trace_begin(zinf_engine* engine, zinf_stream* stream, int64_t* out_token) {
+  return Guard(__func__, [&]() -> Status {
+    ZINF_RETURN_IF_ERROR(zinf::capi::CheckStream(engine, stream));
+    ZINF_RETURN_IF_ERROR(NotNull(out_token, "out_token"));
+    ZINF_ASSIGN_OR_RETURN(int64_t token, engine->engine->TraceBegin(*stream->stream));
+    *out_token = token;
+    return Status::Ok();
+  });
+}
+
+ZINF_API int zinf_engine_trace_end(zinf_engine* engine, zinf_stream* stream, int64_t token, const char* lane,
+                                   const char* what) {
+  return Guard(__func__, [&]() -> Status {
+    ZINF_RETURN_IF_ERROR(zinf::capi::CheckStream(engine, stream));
+    ZINF_RETURN_IF_ERROR(NotNull(lane, "lane"));
+    ZINF_RETURN_IF_ERROR(NotNull(what, "what"));
+    return engine->engine->TraceEnd(token, *stream->stream, lane, what);
+  });
+}
+
 ZINF_API int zinf_engine_loss_scale(zinf_engine* engine, float* out_scale) {
   return Guard(__func__, [&]() -> Status {
     ZINF_RETURN_IF_ERROR(NotNull(engine, "engine"));
@@ -390,6 +410,11 @@ ZINF_API int zinf_engine_stats_json(zinf_engine* engine, char** out_json) {
     }
     j["device_bytes_in_use"] = s.device_bytes_in_use;
     j["summary"] = s.ToString();
+    j["timeline"] = nlohmann::json::array();
+    for (const zinf::TimelineSpan& t : s.timeline) {
+      j["timeline"].push_back({{"lane", t.lane}, {"what", t.what}, {"start", Number(t.start)}, {"end", Number(t.end)}});
+    }
+    j["timeline_dropped"] = s.timeline_dropped;
     // Replace, not throw, on invalid UTF-8 in a message (a path, say).
     return zinf::capi::ReturnString(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), out_json);
   });

@@ -282,6 +282,8 @@ class EngineImpl final : public Engine {
   Result<bool> Step() override;
   Status Trace(Stream& stream, const std::string& lane, const std::string& what,
                const std::function<Status()>& enqueue) override;
+  Result<int64_t> TraceBegin(Stream& stream) override;
+  Status TraceEnd(int64_t token, Stream& stream, const std::string& lane, const std::string& what) override;
   Status ReportLoss(double loss) override;
   Result<float> loss_scale() override;
   Status Synchronize() override {
@@ -423,6 +425,11 @@ class EngineImpl final : public Engine {
   // recorded before `enqueue`'s work and one after; once both have
   // completed, ResolveSpans passes the seconds between them to `account`,
   // with the window the work was enqueued in.
+  // A timing event (a spare one, or new) recorded on `stream`.
+  Result<std::unique_ptr<Event>> RecordTimingEvent(Stream& stream);
+  // TimeSpan's second half: the end event, and the span kept for ResolveSpans.
+  Status EndSpan(std::unique_ptr<Event> start, Stream& stream, const char* lane, std::string what,
+                 std::function<void(Window&, double)> account);
   // The span also goes on the window's timeline, in `lane` as `what`.
   Status TimeSpan(Stream& stream, const char* lane, std::string what, const std::function<Status()>& enqueue,
                   std::function<void(Window&, double)> account);
@@ -575,6 +582,10 @@ class EngineImpl final : public Engine {
   };
   std::unique_ptr<Event> timeline_origin_;  // null until SetTimelineOrigin
   Clock::time_point timeline_origin_host_;
+  // TraceBegin's start events until their TraceEnd, by token.
+  static constexpr size_t kMaxOpenTraces = 4096;
+  std::map<int64_t, std::unique_ptr<Event>> open_traces_;
+  int64_t next_trace_ = 1;
   std::deque<Span> spans_;
   std::map<int64_t, Window> timed_;
   std::vector<std::unique_ptr<Event>> spare_timing_events_;

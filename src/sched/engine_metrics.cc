@@ -37,11 +37,10 @@ Status EngineImpl::Timed(double Window::*field, std::string what, StreamTask tas
 
 Status EngineImpl::Trace(Stream& stream, const std::string& lane, const std::string& what,
                          const std::function<Status()>& enqueue) {
-  {
-    std::lock_guard lock(mu_);
-    if (!timeline_origin_) return enqueue();
-  }
-  return TimeSpan(stream, nullptr, lane + '\n' + what, enqueue, [](Window&, double) {});
+  ZINF_ASSIGN_OR_RETURN(int64_t token, TraceBegin(stream));
+  Status s = enqueue();
+  Status end = TraceEnd(token, stream, lane, what);
+  return !s.ok() ? s : end;
 }
 
 Status EngineImpl::SetTimelineOrigin() {
@@ -102,28 +101,67 @@ Status EngineImpl::WaitTimed(Stream& stream, Event& event, const Unit& u, const 
                   });
 }
 
-Status EngineImpl::TimeSpan(Stream& stream, const char* lane, std::string what,
-                            const std::function<Status()>& enqueue, std::function<void(Window&, double)> account) {
-  std::unique_ptr<Event> ends[2];
+Result<std::unique_ptr<Event>> EngineImpl::RecordTimingEvent(Stream& stream) {
+  std::unique_ptr<Event> e;
   {
     std::lock_guard lock(mu_);
-    for (auto& e : ends) {
-      if (spare_timing_events_.empty()) break;
+    if (!spare_timing_events_.empty()) {
       e = std::move(spare_timing_events_.back());
       spare_timing_events_.pop_back();
     }
   }
-  for (auto& e : ends) {
-    if (e) continue;
+  if (!e) {
     ZINF_ASSIGN_OR_RETURN(e, device_.CreateTimingEvent());
   }
-  ZINF_RETURN_IF_ERROR(ends[0]->Record(stream));
-  ZINF_RETURN_IF_ERROR(enqueue());
-  ZINF_RETURN_IF_ERROR(ends[1]->Record(stream));
+  ZINF_RETURN_IF_ERROR(e->Record(stream));
+  return e;
+}
+
+Status EngineImpl::EndSpan(std::unique_ptr<Event> start, Stream& stream, const char* lane, std::string what,
+                           std::function<void(Window&, double)> account) {
+  ZINF_ASSIGN_OR_RETURN(std::unique_ptr<Event> end, RecordTimingEvent(stream));
   std::lock_guard lock(mu_);
-  spans_.push_back(Span{std::move(ends[0]), std::move(ends[1]), boundaries_ + (in_boundary_ ? 0 : 1), std::move(account),
+  spans_.push_back(Span{std::move(start), std::move(end), boundaries_ + (in_boundary_ ? 0 : 1), std::move(account),
                         lane, std::move(what)});
   return Status::Ok();
+}
+
+Status EngineImpl::TimeSpan(Stream& stream, const char* lane, std::string what,
+                            const std::function<Status()>& enqueue, std::function<void(Window&, double)> account) {
+  ZINF_ASSIGN_OR_RETURN(std::unique_ptr<Event> start, RecordTimingEvent(stream));
+  ZINF_RETURN_IF_ERROR(enqueue());
+  return EndSpan(std::move(start), stream, lane, std::move(what), std::move(account));
+}
+
+Result<int64_t> EngineImpl::TraceBegin(Stream& stream) {
+  {
+    std::lock_guard lock(mu_);
+    if (!timeline_origin_) return int64_t{0};  // before the first Fetch: untimed
+    if (open_traces_.size() >= kMaxOpenTraces) {
+      return FailedPrecondition("TraceBegin: " + std::to_string(open_traces_.size()) +
+                                " traces are open; each needs its TraceEnd");
+    }
+  }
+  ZINF_ASSIGN_OR_RETURN(std::unique_ptr<Event> start, RecordTimingEvent(stream));
+  std::lock_guard lock(mu_);
+  const int64_t token = next_trace_++;
+  open_traces_[token] = std::move(start);
+  return token;
+}
+
+Status EngineImpl::TraceEnd(int64_t token, Stream& stream, const std::string& lane, const std::string& what) {
+  if (token == 0) return Status::Ok();  // begun before the first Fetch: untimed
+  std::unique_ptr<Event> start;
+  {
+    std::lock_guard lock(mu_);
+    auto it = open_traces_.find(token);
+    if (it == open_traces_.end()) {
+      return InvalidArgument("TraceEnd: " + std::to_string(token) + " is not an open trace (from TraceBegin, ended once)");
+    }
+    start = std::move(it->second);
+    open_traces_.erase(it);
+  }
+  return EndSpan(std::move(start), stream, nullptr, lane + '\n' + what, [](Window&, double) {});
 }
 
 void EngineImpl::ResolveSpans() {

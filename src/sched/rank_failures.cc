@@ -45,6 +45,10 @@ class SharedFailureEngine final : public Engine {
                const std::function<Status()>& enqueue) override {
     return inner_->Trace(stream, lane, what, enqueue);
   }
+  Result<int64_t> TraceBegin(Stream& stream) override { return inner_->TraceBegin(stream); }
+  Status TraceEnd(int64_t token, Stream& stream, const std::string& lane, const std::string& what) override {
+    return inner_->TraceEnd(token, stream, lane, what);
+  }
   Status ReportLoss(double loss) override {
     return Shared([&] { return inner_->ReportLoss(loss); });
   }

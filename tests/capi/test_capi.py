@@ -44,6 +44,10 @@ class UnitPointers(ctypes.Structure):
                 ("num_tensors", c_size)]
 
 
+# zinf_host_fn: int fn(void* user_data), run in the stream's order.
+HOST_FN = ctypes.CFUNCTYPE(c_int, c_void_p)
+
+
 class ZinfError(RuntimeError):
     def __init__(self, code, message):
         super().__init__("%s: %s" % (code, message))
@@ -83,6 +87,12 @@ def load(path):
         "zinf_engine_release": (c_int, [c_void_p, c_int, c_void_p]),
         "zinf_engine_step": (c_int, [c_void_p, ctypes.POINTER(c_int)]),
         "zinf_engine_report_loss": (c_int, [c_void_p, c_double]),
+        "zinf_engine_trace_begin": (c_int, [c_void_p, c_void_p, ctypes.POINTER(c_i64)]),
+        "zinf_engine_trace_end": (c_int, [c_void_p, c_void_p, c_i64, c_char_p, c_char_p]),
+        "zinf_engine_synchronize": (c_int, [c_void_p]),
+        "zinf_engine_stats_json": (c_int, [c_void_p, ctypes.POINTER(c_void_p)]),
+        "zinf_string_free": (None, [c_void_p]),
+        "zinf_stream_enqueue_host": (c_int, [c_void_p, HOST_FN, c_void_p]),
         "zinf_stream_create": (c_int, [c_void_p, ctypes.POINTER(c_void_p)]),
         "zinf_stream_adopt": (c_int, [c_void_p, c_void_p, ctypes.POINTER(c_void_p)]),
         "zinf_stream_destroy": (None, [c_void_p]),
@@ -350,6 +360,50 @@ def test_stream_adopt():
     print("ok: the cpu device refuses to adopt a native stream")
 
 
+def test_trace():
+    """A caller's work on the engine's timeline: what it enqueues between
+    zinf_engine_trace_begin and _end (here a 50 ms host function) is a span
+    of the step in stats_json's timeline, beside the engine's own update;
+    an unknown token is INVALID_ARGUMENT."""
+    import json
+    import time
+    engine, stream = c_void_p(), c_void_p()
+    check(LIB.zinf_engine_create(STAGE3_CONFIG, None, ctypes.byref(engine)))
+    w = (c_i64 * 1)(1000)
+    spec = (ParamSpec * 1)(ParamSpec(b"w", w, 1, ZINF_DTYPE_FP32, None))
+    check(LIB.zinf_engine_add_unit(engine, b"unit", spec, 1, None))
+    check(LIB.zinf_stream_create(engine, ctypes.byref(stream)))
+    sleep = HOST_FN(lambda _: (time.sleep(0.05), 0)[1])
+    p = UnitPointers()
+    check(LIB.zinf_engine_fetch(engine, 0, stream, ctypes.byref(p)))
+    token = c_i64(-1)
+    check(LIB.zinf_engine_trace_begin(engine, stream, ctypes.byref(token)))
+    assert token.value > 0, token.value  # after the first fetch: timed
+    check(LIB.zinf_stream_enqueue_host(stream, sleep, None))
+    check(LIB.zinf_engine_trace_end(engine, stream, token, b"compute", b"forward unit"))
+    message = check(LIB.zinf_engine_trace_end(engine, stream, token, b"compute", b"again"), ZINF_ERR_INVALID_ARGUMENT)
+    assert "not an open trace" in message, message
+    g = UnitPointers()
+    check(LIB.zinf_engine_grad_buffers(engine, 0, ctypes.byref(g)))
+    check(LIB.zinf_engine_grads_ready(engine, 0, stream))
+    check(LIB.zinf_engine_release(engine, 0, stream))
+    check(LIB.zinf_engine_step(engine, None))
+    check(LIB.zinf_stream_synchronize(stream))
+    check(LIB.zinf_engine_synchronize(engine))
+    out = c_void_p()
+    check(LIB.zinf_engine_stats_json(engine, ctypes.byref(out)))
+    stats = json.loads(ctypes.string_at(out.value).decode())
+    LIB.zinf_string_free(out)
+    spans = [t for t in stats["timeline"] if t["lane"] == "compute"]
+    assert [t["what"] for t in spans] == ["forward unit"], stats["timeline"]
+    assert spans[0]["end"] - spans[0]["start"] >= 0.045, spans
+    assert any(t["lane"] == "optimizer" and t["what"] == "unit" for t in stats["timeline"]), stats["timeline"]
+    assert stats["timeline_dropped"] == 0
+    LIB.zinf_stream_destroy(stream)
+    LIB.zinf_engine_destroy(engine)
+    print("ok: traced work is on the step's timeline")
+
+
 def main():
     global LIB
     if len(sys.argv) != 3:
@@ -368,6 +422,7 @@ def main():
     test_engine_tensor_arrays()
     test_report_loss()
     test_stream_adopt()
+    test_trace()
     print("PASS: python ctypes + numpy")
     return 0
 

@@ -342,6 +342,51 @@ TEST_P(EngineTimelineTest, ActiveOffloadUpdatesOverlapBackward) {
   }
 }
 
+// Trace in two calls (a framework's hooks): the work enqueued between
+// TraceBegin and TraceEnd is the span; before the first Fetch the token is
+// 0 and nothing is timed; a token ends once.
+TEST(EngineTraceTest, BeginAndEndBracketTheWorkBetweenThem) {
+  auto device = Must(CreateHostDevice(DeviceOptions{.spec = "cpu", .memory_budget = 16 << 20}));
+  auto stream = Must(device->CreateStream());
+  auto engine = Must(Engine::Create(OffloadConfig(), *device));
+  (void)Must(engine->AddUnit("unit0", {{"w", {kElems}, DType::kFloat32, nullptr}}));
+  auto sleep = [](double seconds) {
+    return [seconds](const StreamContext&) {
+      std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+      return Status::Ok();
+    };
+  };
+  const int64_t early = Must(engine->TraceBegin(*stream));
+  EXPECT_EQ(early, 0);  // no origin before the first Fetch
+  MustOk(engine->TraceEnd(early, *stream, "compute", "before"));
+  (void)Must(engine->Fetch(0, *stream));
+  const int64_t outer = Must(engine->TraceBegin(*stream));
+  MustOk(stream->Enqueue(sleep(0.02)));
+  const int64_t inner = Must(engine->TraceBegin(*stream));  // nested: each its own span
+  MustOk(stream->Enqueue(sleep(0.03)));
+  MustOk(engine->TraceEnd(inner, *stream, "compute", "inner"));
+  MustOk(engine->TraceEnd(outer, *stream, "compute", "outer"));
+  EXPECT_GT(outer, 0);
+  EXPECT_NE(inner, outer);
+  const Status again = engine->TraceEnd(inner, *stream, "compute", "inner");
+  EXPECT_EQ(again.code(), StatusCode::kInvalidArgument) << again.ToString();
+  EXPECT_EQ(engine->TraceEnd(12345, *stream, "compute", "x").code(), StatusCode::kInvalidArgument);
+  const UnitPointers g = Must(engine->GradBuffers(0));
+  (void)g;
+  MustOk(engine->GradsReady(0, *stream));
+  MustOk(engine->Release(0, *stream));
+  EXPECT_TRUE(Must(engine->Step()));
+  MustOk(stream->Synchronize());
+  MustOk(engine->Synchronize());
+  const StepStats s = Must(engine->Stats(1));
+  std::map<std::string, double> seconds;
+  for (const TimelineSpan& t : InLane(s, "compute")) seconds[t.what] = t.end - t.start;
+  ASSERT_EQ(seconds.size(), 2u) << "the span begun before the first Fetch is not timed";
+  EXPECT_GE(seconds["inner"], 0.029);
+  EXPECT_GE(seconds["outer"], 0.049);
+  EXPECT_GT(seconds["outer"], seconds["inner"]);
+}
+
 TEST(EngineTimelineNvmeTest, TheDisksBusyStretchesAndTheEnginesWaitsShow) {
   Config c = OffloadConfig();
   c.zero.offload_optimizer.device = OffloadDevice::kNvme;
