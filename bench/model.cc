@@ -81,6 +81,7 @@ double KnownDenseBf16PeakTflops(const std::string& name) {
       {"H100 NVL", 835.0},   // H100 NVL (per GPU)
       {"H100", 989.4},       // H100 SXM5 ("NVIDIA H100 80GB HBM3")
       {"GH200", 989.4},      // Grace Hopper's H100/H200
+      {"H200 NVL", 835.0},   // H200 NVL (per GPU)
       {"H200", 989.4},       // H200 SXM
       {"A100", 312.0},       // A100 SXM and PCIe
   };

@@ -348,7 +348,10 @@ int Run(const Options& opt) {
   // The measured steps' timelines (every boundary has finished).
   // The warm-up's spans too: its updates run in the first measured step.
   std::vector<StepStats> measured;
-  for (int64_t b = warm.boundary; b <= last.boundary; ++b) measured.push_back(Check(engine->Stats(b), "stats"));
+  // (The engine keeps the last 64 steps' metrics.)
+  for (int64_t b = std::max(warm.boundary, last.boundary - 63); b <= last.boundary; ++b) {
+    measured.push_back(Check(engine->Stats(b), "stats"));
+  }
   std::vector<sched::StepTimeline> timeline = sched::SummarizeTimeline(measured);
   std::erase_if(timeline, [&](const sched::StepTimeline& t) { return t.boundary == warm.boundary; });
   auto median_share = [&](const std::string& lane) {

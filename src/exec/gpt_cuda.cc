@@ -258,6 +258,14 @@ class CudaStages final : public model::GptStages {
   // zinf bench model --breakdown: the op that starts here (until the next).
   void Op(const char* name) { model::MarkOp(options_.profile, name); }
   void EndOps() { model::EndOps(options_.profile); }
+  // Products inside an op of their own (the plain attention's QKᵀ and PV)
+  // are that op's time, not "matmul"'s.
+  const char* product_op_ = nullptr;
+  struct ProductsAre {
+    CudaStages* self;
+    ProductsAre(CudaStages* s, const char* op) : self(s) { self->product_op_ = op; }
+    ~ProductsAre() { self->product_op_ = nullptr; }
+  };
   int32_t* I32(uint64_t offset) const { return reinterpret_cast<int32_t*>(arena_ + offset); }
 
   // 16-bit parameters widened into the arena; fp32 ones used in place.
@@ -305,10 +313,10 @@ class CudaStages final : public model::GptStages {
                      int64_t sc, int64_t count) {
     const cublasOperation_t op_a = ta ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
     if (bf16_) {
-      Op("matmul operand cast");
+      Op(product_op_ ? product_op_ : "matmul operand cast");
       ZINF_ASSIGN_OR_RETURN(const void* a16, Bf16Operand(a, ta ? k : m, ta ? m : k, lda, sa, count, layout_.bf16_a));
       ZINF_ASSIGN_OR_RETURN(const void* b16, Bf16Operand(b, tb ? n : k, tb ? k : n, ldb, sb, count, layout_.bf16_b));
-      Op("matmul");
+      Op(product_op_ ? product_op_ : "matmul");
       ZINF_CUBLAS_RETURN_IF_ERROR(
           blas_->gemm_strided_batched_ex(handle_, op_b, op_a, static_cast<int>(n), static_cast<int>(m),
                                          static_cast<int>(k), &alpha, b16, CUDA_R_16BF, static_cast<int>(ldb), sb, a16,
@@ -318,7 +326,7 @@ class CudaStages final : public model::GptStages {
           "cublasGemmStridedBatchedEx (bf16 operands, fp32 accumulation)");
       return Status::Ok();
     }
-    Op("matmul");
+    Op(product_op_ ? product_op_ : "matmul");
     if (count == 1) {
       ZINF_CUBLAS_RETURN_IF_ERROR(blas_->sgemm(handle_, op_b, op_a, static_cast<int>(n), static_cast<int>(m),
                                                static_cast<int>(k), &alpha, b, static_cast<int>(ldb), a,
@@ -419,6 +427,7 @@ class CudaStages final : public model::GptStages {
   // every head.
   Status AttentionForward(const ActivationLayout::Block& a) {
     Op("attention");
+    const ProductsAre products(this, "attention");
     if (flash_) {
       return FlashAttentionForward(model::FlashAttentionShape(config_, options_),
                                    model::FlashAttentionTensors(config_, layout_, a, arena_, false), s_);
@@ -453,6 +462,7 @@ class CudaStages final : public model::GptStages {
   // the CPU's AttentionBackward does.
   Status AttentionBackward(const ActivationLayout::Block& a_set) {
     Op("attention");
+    const ProductsAre products(this, "attention");
     if (flash_) {
       return FlashAttentionBackward(model::FlashAttentionShape(config_, options_),
                                     model::FlashAttentionTensors(config_, layout_, a_set, arena_, true), s_);

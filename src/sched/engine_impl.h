@@ -428,7 +428,7 @@ class EngineImpl final : public Engine {
   // A timing event (a spare one, or new) recorded on `stream`.
   Result<std::unique_ptr<Event>> RecordTimingEvent(Stream& stream);
   // TimeSpan's second half: the end event, and the span kept for ResolveSpans.
-  Status EndSpan(std::unique_ptr<Event> start, Stream& stream, const char* lane, std::string what,
+  Status EndSpan(std::unique_ptr<Event> start, Stream& stream, std::string lane, std::string what,
                  std::function<void(Window&, double)> account);
   // The span also goes on the window's timeline, in `lane` as `what`.
   Status TimeSpan(Stream& stream, const char* lane, std::string what, const std::function<Status()>& enqueue,
@@ -577,8 +577,7 @@ class EngineImpl final : public Engine {
     std::unique_ptr<Event> start, end;
     int64_t window = 0;
     std::function<void(Window&, double)> account;
-    const char* lane = nullptr;
-    std::string what;
+    std::string lane, what;
   };
   std::unique_ptr<Event> timeline_origin_;  // null until SetTimelineOrigin
   Clock::time_point timeline_origin_host_;

@@ -117,12 +117,12 @@ Result<std::unique_ptr<Event>> EngineImpl::RecordTimingEvent(Stream& stream) {
   return e;
 }
 
-Status EngineImpl::EndSpan(std::unique_ptr<Event> start, Stream& stream, const char* lane, std::string what,
+Status EngineImpl::EndSpan(std::unique_ptr<Event> start, Stream& stream, std::string lane, std::string what,
                            std::function<void(Window&, double)> account) {
   ZINF_ASSIGN_OR_RETURN(std::unique_ptr<Event> end, RecordTimingEvent(stream));
   std::lock_guard lock(mu_);
   spans_.push_back(Span{std::move(start), std::move(end), boundaries_ + (in_boundary_ ? 0 : 1), std::move(account),
-                        lane, std::move(what)});
+                        std::move(lane), std::move(what)});
   return Status::Ok();
 }
 
@@ -161,7 +161,7 @@ Status EngineImpl::TraceEnd(int64_t token, Stream& stream, const std::string& la
     start = std::move(it->second);
     open_traces_.erase(it);
   }
-  return EndSpan(std::move(start), stream, nullptr, lane + '\n' + what, [](Window&, double) {});
+  return EndSpan(std::move(start), stream, lane, what, [](Window&, double) {});
 }
 
 void EngineImpl::ResolveSpans() {
@@ -179,14 +179,7 @@ void EngineImpl::ResolveSpans() {
       if (seconds.ok() && start.ok()) {
         Window& w = timed_[it->window];
         it->account(w, *seconds);
-        if (timeline_origin_) {
-          if (it->lane) {
-            w.AddSpan(it->lane, std::move(it->what), *start, *start + *seconds);
-          } else {  // traced by the caller: "lane\nwhat"
-            const size_t cut = it->what.find('\n');
-            w.AddSpan(it->what.substr(0, cut), it->what.substr(cut + 1), *start, *start + *seconds);
-          }
-        }
+        if (timeline_origin_) w.AddSpan(std::move(it->lane), std::move(it->what), *start, *start + *seconds);
       } else {
         if (seconds.ok()) seconds = start.status();
         ZINF_LOG_WARN("a timed span of step {} is left out of its metrics: {}", it->window,
@@ -228,8 +221,10 @@ StepStats EngineImpl::WithSpans(const StepStats& closed) const {
   for (const auto& [key, st] : w.stalls) s.stalls.push_back(st);
   for (const auto& [kind, c] : w.collectives) s.collectives.push_back(c);
   s.optimizer_seconds += w.optimizer;
-  s.timeline.insert(s.timeline.end(), w.timeline.begin(), w.timeline.end());
-  s.timeline_dropped += w.timeline_dropped;
+  const size_t room = Window::kMaxTimeline - std::min(Window::kMaxTimeline, s.timeline.size());
+  const size_t taken = std::min(room, w.timeline.size());
+  s.timeline.insert(s.timeline.end(), w.timeline.begin(), w.timeline.begin() + static_cast<std::ptrdiff_t>(taken));
+  s.timeline_dropped += w.timeline_dropped + static_cast<int64_t>(w.timeline.size() - taken);
   return s;
 }
 

@@ -186,20 +186,22 @@ std::string TimelineSvg(const std::vector<StepStats>& steps, const std::string& 
   svg += buf + Escape(title) + "</text>\n";
   for (size_t i = 0; i < lanes.size(); ++i) {
     const double y = top + row * static_cast<double>(i);
-    std::snprintf(buf, sizeof buf,
-                  "<text x='%.0f' y='%.1f' text-anchor='end'>%s</text>\n"
-                  "<line x1='%.0f' y1='%.1f' x2='%.0f' y2='%.1f' stroke='#eee'/>\n",
-                  left - 6, y + bar - 4, Escape(lanes[i]).c_str(), left, y + row - 2, W - right, y + row - 2);
+    std::snprintf(buf, sizeof buf, "<text x='%.0f' y='%.1f' text-anchor='end'>", left - 6, y + bar - 4);
+    svg += buf + Escape(lanes[i]) + "</text>\n";
+    std::snprintf(buf, sizeof buf, "<line x1='%.0f' y1='%.1f' x2='%.0f' y2='%.1f' stroke='#eee'/>\n", left,
+                  y + row - 2, W - right, y + row - 2);
     svg += buf;
   }
   for (const TimelineSpan& s : spans) {
     const size_t lane = std::find(lanes.begin(), lanes.end(), s.lane) - lanes.begin();
     const double y = top + row * static_cast<double>(lane);
     const double x = x_of(s.start), w = std::max(0.5, x_of(s.end) - x);
+    // The name is appended as is: a long one must not be cut with the markup after it.
     std::snprintf(buf, sizeof buf,
-                  "<rect x='%.2f' y='%.1f' width='%.2f' height='%.0f' fill='%s' fill-opacity='0.8'>"
-                  "<title>%s: %.3f ms at %.3f s</title></rect>\n",
-                  x, y, w, bar, LaneColor(s.lane), Escape(s.what).c_str(), (s.end - s.start) * 1e3, s.start);
+                  "<rect x='%.2f' y='%.1f' width='%.2f' height='%.0f' fill='%s' fill-opacity='0.8'><title>", x, y,
+                  w, bar, LaneColor(s.lane));
+    svg += buf + Escape(s.what);
+    std::snprintf(buf, sizeof buf, ": %.3f ms at %.3f s</title></rect>\n", (s.end - s.start) * 1e3, s.start);
     svg += buf;
   }
   const double bottom = top + row * static_cast<double>(lanes.size());

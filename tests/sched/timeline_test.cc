@@ -119,6 +119,13 @@ TEST(TimelineReadTest, TheSvgHasARowPerLaneAndABarPerSpan) {
   for (size_t at = cut.find("<rect x="); at != std::string::npos; at = cut.find("<rect x=", at + 1)) ++bars;
   EXPECT_EQ(bars, 2u);
 
+  // A name longer than any buffer keeps the markup after it.
+  StepStats long_name;
+  long_name.timeline = {S("compute\nlane", std::string(2000, 'x'), 0.0, 1.0)};
+  const std::string whole = sched::TimelineSvg({long_name}, "t");
+  EXPECT_NE(whole.find(std::string(2000, 'x') + ": 1000.000 ms at 0.000 s</title></rect>"), std::string::npos);
+  EXPECT_NE(whole.find(">compute\nlane<"), std::string::npos);
+
   const Status bad = sched::WriteTimelineSvg("/nonexistent-dir/t.svg", {a}, "t");
   EXPECT_EQ(bad.code(), StatusCode::kIoError);
   EXPECT_NE(bad.message().find("/nonexistent-dir/t.svg"), std::string::npos) << bad.ToString();
@@ -366,6 +373,8 @@ TEST(EngineTraceTest, BeginAndEndBracketTheWorkBetweenThem) {
   MustOk(stream->Enqueue(sleep(0.03)));
   MustOk(engine->TraceEnd(inner, *stream, "compute", "inner"));
   MustOk(engine->TraceEnd(outer, *stream, "compute", "outer"));
+  const int64_t odd = Must(engine->TraceBegin(*stream));
+  MustOk(engine->TraceEnd(odd, *stream, "my\nlane", "odd"));  // any lane name is the caller's
   EXPECT_GT(outer, 0);
   EXPECT_NE(inner, outer);
   const Status again = engine->TraceEnd(inner, *stream, "compute", "inner");
@@ -382,6 +391,8 @@ TEST(EngineTraceTest, BeginAndEndBracketTheWorkBetweenThem) {
   std::map<std::string, double> seconds;
   for (const TimelineSpan& t : InLane(s, "compute")) seconds[t.what] = t.end - t.start;
   ASSERT_EQ(seconds.size(), 2u) << "the span begun before the first Fetch is not timed";
+  ASSERT_EQ(InLane(s, "my\nlane").size(), 1u);
+  EXPECT_EQ(InLane(s, "my\nlane")[0].what, "odd");
   EXPECT_GE(seconds["inner"], 0.029);
   EXPECT_GE(seconds["outer"], 0.049);
   EXPECT_GT(seconds["outer"], seconds["inner"]);
