@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <bit>
 #include <cstdio>
 #include <cstring>
 #include <functional>
@@ -187,30 +188,45 @@ int Run(const Options& opt) {
   Device& dev = **device;
   Stream& s = **stream;
 
+  // Each unit's parameters, made on the host (`threads` units at a time:
+  // a large model's initialization is a minute on one core) and copied in.
   std::vector<const void*> p;
   std::vector<void*> g;
-  for (int u = 0; u < model::NumUnits(c); ++u) {
-    const int64_t n = model::UnitNumParams(c, u);
-    std::vector<float> host(n);
-    model::InitUnitParams(c, u, 1234, host.data());
-    std::vector<uint16_t> narrow;
-    const void* src = host.data();
-    if (*dtype != DType::kFloat32) {
-      narrow.resize(n);
-      for (int64_t i = 0; i < n; ++i) {
-        narrow[i] = *dtype == DType::kBFloat16 ? FloatToBf16Bits(host[i]) : FloatToHalfBits(host[i]);
-      }
-      src = narrow.data();
+  const int num_units = model::NumUnits(c);
+  for (int first = 0; first < num_units; first += threads) {
+    const int last = std::min(num_units, first + threads);
+    std::vector<std::vector<float>> host(last - first);
+    std::vector<std::vector<uint16_t>> narrow(last - first);
+    std::vector<std::thread> workers;
+    for (int u = first; u < last; ++u) {
+      workers.emplace_back([&, u] {
+        std::vector<float>& h = host[u - first];
+        h.resize(model::UnitNumParams(c, u));
+        model::InitUnitParams(c, u, 1234, h.data());
+        if (*dtype == DType::kFloat32) return;
+        std::vector<uint16_t>& n16 = narrow[u - first];
+        n16.resize(h.size());
+        for (size_t i = 0; i < h.size(); ++i) {
+          n16[i] = *dtype == DType::kBFloat16 ? FloatToBf16Bits(h[i]) : FloatToHalfBits(h[i]);
+        }
+        std::vector<float>().swap(h);
+      });
     }
-    auto dp = dev.Allocate(n * DTypeSizeBytes(*dtype), s);
-    auto dg = dev.Allocate(n * DTypeSizeBytes(*grad_dtype), s);
-    if (!dp.ok()) return Fail(dp.status());
-    if (!dg.ok()) return Fail(dg.status());
-    Status st = dev.CopyToDevice(*dp, src, n * DTypeSizeBytes(*dtype), s);
-    if (st.ok()) st = s.Synchronize();  // `host` goes away at the end of this iteration
-    if (!st.ok()) return Fail(st);
-    p.push_back(*dp);
-    g.push_back(*dg);
+    for (std::thread& w : workers) w.join();
+    for (int u = first; u < last; ++u) {
+      const int64_t n = model::UnitNumParams(c, u);
+      const void* src = *dtype == DType::kFloat32 ? static_cast<const void*>(host[u - first].data())
+                                                  : static_cast<const void*>(narrow[u - first].data());
+      auto dp = dev.Allocate(n * DTypeSizeBytes(*dtype), s);
+      auto dg = dev.Allocate(n * DTypeSizeBytes(*grad_dtype), s);
+      if (!dp.ok()) return Fail(dp.status());
+      if (!dg.ok()) return Fail(dg.status());
+      Status st = dev.CopyToDevice(*dp, src, n * DTypeSizeBytes(*dtype), s);
+      if (st.ok()) st = s.Synchronize();  // `host` goes away at the end of this batch
+      if (!st.ok()) return Fail(st);
+      p.push_back(*dp);
+      g.push_back(*dg);
+    }
   }
   const int64_t BT = opt.micro_batch * opt.seq_len;
   std::vector<int32_t> tokens(BT), targets(BT);
@@ -244,15 +260,35 @@ int Run(const Options& opt) {
   void* gpu_a = nullptr;
   void* gpu_b = nullptr;
   void* gpu_c = nullptr;
-  if (on_gpu) {  // operands of small values (bf16 0x3c3c, fp32 0x3c3c3c3c: about 0.01)
+  if (on_gpu) {
+    // Operands of random values in [-1, 1) (a product of constants runs
+    // faster than one of real data), from a 16 Mi-element pattern repeated.
     const uint64_t esize = bf16_products ? 2 : 4;
+    std::vector<uint32_t> pattern((uint64_t{16} << 20) * esize / 4);
+    uint64_t x = 0x9e3779b97f4a7c15ull;
+    for (uint32_t& w : pattern) {
+      uint32_t bits[2];
+      for (uint32_t& out_bits : bits) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        const float v = static_cast<float>(x >> 40) / static_cast<float>(1 << 23) * 2.0f - 1.0f;
+        out_bits = bf16_products ? FloatToBf16Bits(v) : std::bit_cast<uint32_t>(v);
+      }
+      w = bf16_products ? bits[0] | bits[1] << 16 : bits[0];
+    }
+    const uint64_t pattern_bytes = pattern.size() * 4;
     for (auto [ptr, bytes] : {std::pair<void**, uint64_t>{&gpu_a, M * K * esize}, {&gpu_b, N * K * esize},
                               {&gpu_c, M * N * 4}}) {
       auto buf = dev.Allocate(bytes, s);
       if (!buf.ok()) return Fail(buf.status().WithContext("the reference product's operands"));
       *ptr = *buf;
-      if (Status fill = dev.Memset(*ptr, 0x3c, bytes, s); !fill.ok()) return Fail(fill);
+      if (ptr == &gpu_c) break;  // the output: written by the product
+      for (uint64_t at = 0; at < bytes; at += pattern_bytes) {
+        Status fill = dev.CopyToDevice(static_cast<char*>(*ptr) + at, pattern.data(),
+                                       std::min(pattern_bytes, bytes - at), s);
+        if (!fill.ok()) return Fail(fill);
+      }
     }
+    if (Status synced = s.Synchronize(); !synced.ok()) return Fail(synced);  // `pattern` goes away
   }
   auto reference = [&]() -> Result<double> {
 #if ZINF_HAVE_CUDA

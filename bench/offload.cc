@@ -37,8 +37,10 @@
 #include "cpu/norm.h"
 #include "cpu/host_device.h"
 #include "cpu/io_memory.h"
+#include "cpu/pinned_pool.h"
 #include "nvme/io_engine.h"
 #include "nvme/swap_store.h"
+#include "sched/device_kernels.h"
 #include "sched/timeline.h"
 #include "zinf/engine.h"
 
@@ -157,6 +159,51 @@ class IoBound {
   int64_t bytes_ = 0, groups_ = 0;
 };
 
+// On a GPU the step's copies run on the copy engines, from and to pinned
+// host memory: the same 4 B/param to the host and 2 B/param back through the
+// device's own copies (cudaMemcpyAsync), with the host's norm pass between,
+// over a chunk of kCopyChunk parameters and scaled to `params` (a copy's
+// rate is constant past a few MiB).
+double DeviceCopiesAndNorm(Device& device, Stream& stream, int64_t params, int threads) {
+  constexpr int64_t kCopyChunk = int64_t{64} << 20;
+  const int64_t n = std::min(params, kCopyChunk);
+  auto registrar = Check(sched::CreateHostRegistrarFor(device), "registrar");
+  PinnedPoolOptions po;
+  po.budget_bytes = static_cast<uint64_t>(n) * 6 + (uint64_t{64} << 20);
+  po.gpu_pci_bus_id = Check(sched::DevicePciBusId(device), "PCI bus id");
+  if (registrar) po.registrars.push_back(registrar.get());
+  auto pool = Check(PinnedPool::Create(std::move(po)), "pinned pool");
+  double result = 0;
+  {
+    PinnedBuffer host = Check(pool->Acquire(n * 4), "pinned gradient");
+    PinnedBuffer host16 = Check(pool->Acquire(n * 2), "pinned parameters");
+    std::memset(host.data(), 0, n * 4);
+    std::memset(host16.data(), 0x3c, n * 2);
+    void* dev = Check(device.Allocate(n * 4, stream), "device gradient");
+    void* dev16 = Check(device.Allocate(n * 2, stream), "device parameters");
+    std::vector<float> fill(n, 1e-3f);
+    Check(device.CopyToDevice(dev, fill.data(), n * 4, stream), "fill");
+    Check(stream.Synchronize(), "fill");
+    std::vector<double> partials(NumNormBlocks(n));
+    tbb::task_arena arena(threads);
+    std::vector<double> t;
+    for (int pass = 0; pass < 4; ++pass) {
+      const double t0 = NowSeconds();
+      Check(device.CopyToHost(host.data(), dev, n * 4, stream), "copy to the host");
+      Check(stream.Synchronize(), "copy to the host");
+      Check(SumSquaresBlocks(arena, static_cast<const float*>(host.data()), DType::kFloat32, n, partials), "norm");
+      Check(device.CopyToDevice(dev16, host16.data(), n * 2, stream), "copy to the device");
+      Check(stream.Synchronize(), "copy to the device");
+      if (pass > 0) t.push_back(NowSeconds() - t0);  // the first: the copies' set-up
+    }
+    Check(device.Free(dev, stream), "free");
+    Check(device.Free(dev16, stream), "free");
+    Check(stream.Synchronize(), "free");
+    result = Median(t) * static_cast<double>(params) / static_cast<double>(n);
+  }
+  return result;
+}
+
 int Run(const Options& opt) {
   auto count = ParseCount(opt.params);
   if (!count.ok() || *count < static_cast<uint64_t>(opt.units) || opt.units < 1 || opt.steps < 1 ||
@@ -239,6 +286,7 @@ int Run(const Options& opt) {
   auto device = Check(CreateDevice(dopt), "device");
   const bool host_device = device->kind() == DeviceKind::kHost;
   auto stream = Check(device->CreateStream(), "stream");
+  if (!host_device) copies_and_norm = DeviceCopiesAndNorm(*device, *stream, P, opt.threads);
 
   // 2. Forward + backward alone: the waits, on the stream.
   double compute_alone = 0;
@@ -434,7 +482,8 @@ int Run(const Options& opt) {
   }
   std::printf("# bound: Adam + fused bf16 copy over the same %s parameters, nothing else running\n",
               FormatCount(static_cast<double>(P)).c_str());
-  std::printf("# +copies: the same run's memcpy of 4 B/param to the host and 2 B/param back plus the norm pass, alone\n");
+  std::printf("# +copies: the same run's %s of 4 B/param to the host and 2 B/param back plus the norm pass, alone\n",
+              host_device ? "memcpy" : "device copies (pinned host memory)");
   std::printf("%8s %8s %10s %9s %13s %11s %9s %12s %7s %10s\n", "step s", "bound s", "step/bound", "+copies s",
               "step/(b+copy)", "optimizer s", "compute s", "step/compute", "hidden", "pinned B/p");
   std::printf("%8.3f %8.3f %10.2f %9.3f %13.2f %11.3f %9.3f %12.2f %6.0f%% %10.2f\n", step, bound, step / bound,
