@@ -153,11 +153,12 @@ ZINF_API void zinf_comm_destroy(zinf_comm* comm);
 
 /* ---- Engine ----------------------------------------------------------------
  * One engine per model. Its device is chosen by the config's "zinf" block
- * ("device": auto | cpu | cuda | cuda:N, "device_memory": budget in bytes);
- * today the engine runs on "cpu" (the host stands in for the accelerator: a
- * stream is a worker thread, device memory a budgeted host arena, and a
- * device pointer is a plain host address). On a CUDA device creation fails
- * with ZINF_ERR_UNIMPLEMENTED.
+ * ("device": auto | cpu | cuda | cuda:N, "device_memory": budget in bytes).
+ * On "cpu" the host stands in for the accelerator: a stream is a worker
+ * thread, device memory a budgeted host arena, and a device pointer is a
+ * plain host address. On a CUDA GPU pointers are device memory and a stream
+ * is a cudaStream_t (zinf_stream_native_handle; zinf_stream_adopt takes a
+ * framework's own).
  *
  * Per micro-step, for each unit (see include/zinf/engine.h):
  *   zinf_engine_fetch(u, s)        pointers to u's compute copy, valid for work

@@ -29,10 +29,22 @@ The protocol, per micro-step, as zinf's engine wants it (include/zinf/engine.h):
     `step` ends the micro-step (the optimizer runs at accumulation
     boundaries: the config's AdamW, schedule, clipping and loss scaling).
 
-Runs on zinf's host device with torch on the CPU (a CUDA build of zinf's
-engine and torch's CUDA tensors are not connected yet). Under mpirun each
-rank runs its own copy of the script on its own batches; the engine reduces
-the gradients across ranks (zinf_comm_create_mpi).
+Devices. The engine runs where the model's parameters are when initialize()
+is called: a model on the CPU trains on zinf's host device, a model on a CUDA
+GPU on that GPU (the config's "zinf": {"device": ...} may say so too, and
+must then agree). On a GPU the engine adopts torch's current CUDA stream at
+initialize(): fetches make that stream wait for a unit's gather and update,
+the unit's buffers are bound to the parameters as CUDA tensors (no copy),
+gradients are copied into zinf's buffers by kernels on the same stream, and
+no call waits on the host in a micro-step. The forward and backward must run
+on that stream (torch's default unless the caller switches streams). The
+engine's device memory is a budget it takes at initialize(): the config's
+zinf.device_memory, or by default what its tiers need for this model (the
+compute copy, the fp32 gradients, the optimizer state if it stays on the
+GPU) plus staging, leaving the rest of the GPU to torch's activations.
+
+Under mpirun each rank runs its own copy of the script on its own batches;
+the engine reduces the gradients across ranks (zinf_comm_create_mpi).
 """
 import ctypes
 import json
@@ -48,12 +60,93 @@ _TORCH_DTYPE = {_capi.DTYPE_FP32: torch.float32, _capi.DTYPE_BF16: torch.bfloat1
 _CTYPE = {_capi.DTYPE_FP32: ctypes.c_float, _capi.DTYPE_BF16: ctypes.c_uint16, _capi.DTYPE_FP16: ctypes.c_uint16}
 
 
-def _view(address, count, zinf_dtype, shape):
-    """A tensor over `count` elements of zinf memory at `address` (no copy)."""
+class _CudaMemory:
+    """`count` elements of zinf's device memory at `address`, as the CUDA
+    array interface describes them (16-bit types as int16: the interface has
+    no bfloat16; the caller reinterprets). stream None: the memory is used on
+    the adopted stream, in its order, so torch need not synchronize."""
+
+    def __init__(self, address, count, typestr):
+        self.__cuda_array_interface__ = {"shape": (count,), "typestr": typestr, "data": (address, False),
+                                         "version": 3, "strides": None, "stream": None}
+
+
+def _view(address, count, zinf_dtype, shape, device=None):
+    """A tensor over `count` elements of zinf memory at `address` (no copy):
+    host memory, or with a CUDA `device` that GPU's memory."""
+    dtype = _TORCH_DTYPE[zinf_dtype]
+    if device is not None and device.type == "cuda":
+        if count == 0:
+            return torch.empty(shape, dtype=dtype, device=device)
+        wide = zinf_dtype == _capi.DTYPE_FP32
+        t = torch.as_tensor(_CudaMemory(address, count, "<f4" if wide else "<i2"), device=device)
+        return (t if wide else t.view(dtype)).view(shape)
     if count == 0:
-        return torch.empty(shape, dtype=_TORCH_DTYPE[zinf_dtype])
+        return torch.empty(shape, dtype=dtype)
     buf = (_CTYPE[zinf_dtype] * count).from_address(address)
-    return torch.frombuffer(buf, dtype=_TORCH_DTYPE[zinf_dtype], count=count).view(shape)
+    return torch.frombuffer(buf, dtype=dtype, count=count).view(shape)
+
+
+_VIEW_CACHE = 8  # buffers remembered per unit (stage 3 gathers into a few slots)
+
+
+def _unit_views(unit, data, tensors, num_elems, zinf_dtype, device):
+    """(whole, per-parameter tensors) over a unit's buffer at `data`: one
+    tensor over all num_elems, sliced at each parameter's address in
+    `tensors`; cached by the buffer's address."""
+    key = (data, zinf_dtype, num_elems)
+    got = unit.views.get(key)
+    if got is None and tensors is None:  # the whole buffer alone (not cached: no parameter offsets)
+        return _view(data, num_elems, zinf_dtype, (num_elems,), device), None
+    if got is None:
+        whole = _view(data, num_elems, zinf_dtype, (num_elems,), device)
+        size = whole.element_size()
+        views = []
+        for i in range(len(unit.params)):
+            offset = (tensors[i] - data) // size if unit.numels[i] else 0
+            views.append(whole.narrow(0, offset, unit.numels[i]).view(unit.shapes[i]))
+        if len(unit.views) >= _VIEW_CACHE:
+            unit.views.pop(next(iter(unit.views)))
+        got = unit.views[key] = (whole, views)
+    return got
+
+
+def _model_device(model, zinf_keys):
+    """The device the engine runs on: where the model's parameters are; the
+    config's zinf.device, when given, must agree."""
+    devices = {p.device for p in model.parameters()}
+    if len(devices) > 1:
+        raise ValueError("zinf.torch: the model's parameters are on several devices (%s); move the model to one "
+                         "device before initialize()" % ", ".join(sorted(str(d) for d in devices)))
+    device = devices.pop() if devices else torch.device("cpu")
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError("zinf.torch: the model is on %s; zinf runs models on the CPU or a CUDA GPU" % device)
+    wanted = zinf_keys.get("device", "auto")
+    if wanted not in (None, "auto"):
+        ok = (wanted == "cpu" and device.type == "cpu") or (
+            device.type == "cuda" and wanted in ("cuda", "cuda:%d" % device.index))
+        if not ok:
+            raise ValueError("zinf.torch: the config's zinf.device is '%s' but the model is on %s; move the model "
+                             "there or change the config" % (wanted, device))
+    return device
+
+
+def _default_device_budget(model, config, device):
+    """The engine's device budget on a GPU it shares with torch, when the
+    config sets none (the engine alone would take 90% of the free memory):
+    per parameter the compute copy, the fp32 gradient and, with the optimizer
+    on the device, its fp32 state; a fifth more and 1 GiB for staging; at most
+    90% of what is free. zinf.device_memory overrides it."""
+    n = sum(p.numel() for p in model.parameters())
+    half = any(isinstance(config.get(k), dict) and config[k].get("enabled") is True for k in ("bf16", "fp16"))
+    zero = config.get("zero_optimization") if isinstance(config.get("zero_optimization"), dict) else {}
+    opt = zero.get("offload_optimizer") if isinstance(zero.get("offload_optimizer"), dict) else {}
+    on_device = opt.get("device", "none") in (None, "none")
+    per_param = (2 if half else 4) + 4 + (16 if on_device else 0)
+    free, _ = torch.cuda.mem_get_info(device)
+    return int(min(free * 0.9, n * per_param * 1.2 + (1 << 30)))
 
 
 class _SavedInUnit:
@@ -69,7 +162,12 @@ class _Unit:
         self.shapes = []  # of the parameters
         self.numels = []
         self.grad_views = None  # the fp32 gradient buffer's tensors, this backward
+        self.received = None  # which of them got their gradient, this backward
         self.pending = 0  # parameters whose gradient has not arrived yet
+        # Tensors over the unit's buffers, by (address, dtype): a fetch or a
+        # gradient buffer at an address seen before reuses them (making a
+        # CUDA tensor over foreign memory costs tens of microseconds).
+        self.views = {}
         self.reported = False  # grads_ready called this backward
 
 
@@ -115,6 +213,19 @@ class Engine:
             zinf_keys = {}  # the engine's parser names what is wrong
         if not isinstance(zinf_keys, dict):
             zinf_keys = {}
+        self.device = _model_device(model, zinf_keys)
+        self._cuda = self.device.type == "cuda"
+        try:  # the engine's device is the model's
+            parsed = json.loads(config_text)
+            if isinstance(parsed, dict):
+                block = parsed.setdefault("zinf", {})
+                if isinstance(block, dict):
+                    block["device"] = "cuda:%d" % self.device.index if self._cuda else "cpu"
+                    if self._cuda and not block.get("device_memory"):
+                        block["device_memory"] = _default_device_budget(model, parsed, self.device)
+                    config_text = json.dumps(parsed)
+        except ValueError:
+            pass  # the engine's parser names what is wrong
         if comm_timeout_seconds is None:
             comm_timeout_seconds = zinf_keys.get("comm_timeout_s", 300.0)
         # The loss goes to the engine only when it checks it: on a GPU, reading
@@ -127,7 +238,14 @@ class Engine:
         self._engine = ctypes.c_void_p()
         check(L.zinf_engine_create(config_text.encode(), self._comm, ctypes.byref(self._engine)), "engine config")
         self._stream = ctypes.c_void_p()
-        check(L.zinf_stream_create(self._engine, ctypes.byref(self._stream)), "zinf_stream_create")
+        if self._cuda:
+            # torch's current stream on the model's GPU: fetches make it wait,
+            # and torch's kernels on it need no synchronization.
+            native = torch.cuda.current_stream(self.device).cuda_stream
+            check(L.zinf_stream_adopt(self._engine, ctypes.c_void_p(native), ctypes.byref(self._stream)),
+                  "adopt torch's CUDA stream")
+        else:
+            check(L.zinf_stream_create(self._engine, ctypes.byref(self._stream)), "zinf_stream_create")
 
         names = {}
         for name, p in model.named_parameters():
@@ -170,7 +288,7 @@ class Engine:
         keep = []
         specs = (_capi.ParamSpec * len(params))()
         for i, (pname, p) in enumerate(params):
-            init = p.detach().to(torch.float32).contiguous()
+            init = p.detach().to(device="cpu", dtype=torch.float32).contiguous()  # host memory
             shape = (ctypes.c_int64 * max(1, p.dim()))(*(p.shape if p.dim() else (1,)))
             keep += [init, shape, pname.encode()]
             specs[i].name = keep[-1]
@@ -186,7 +304,7 @@ class Engine:
         unit.numels = [p.numel() for _, p in params]
         self._units.append(unit)
         for i, (_, p) in enumerate(params):
-            p.data = torch.empty(0, dtype=p.dtype)
+            p.data = torch.empty(0, dtype=p.dtype, device=self.device)
             p.register_hook(self._make_grad_hook(unit, i))
         return unit
 
@@ -198,9 +316,11 @@ class Engine:
         ptrs = _capi.UnitPointers()
         check(L.zinf_engine_fetch(self._engine, unit.index, self._stream, ctypes.byref(ptrs)),
               "fetch unit '%s'" % unit.name)
-        check(L.zinf_stream_synchronize(self._stream), "fetch unit '%s'" % unit.name)
-        for i, (_, p) in enumerate(unit.params):
-            p.data = _view(ptrs.tensors[i], unit.numels[i], ptrs.dtype, unit.shapes[i])
+        if not self._cuda:  # torch computes on this thread; on a GPU, on the stream that waits
+            check(L.zinf_stream_synchronize(self._stream), "fetch unit '%s'" % unit.name)
+        _, views = _unit_views(unit, ptrs.data, ptrs.tensors, ptrs.num_elems, ptrs.dtype, self.device)
+        for (_, p), v in zip(unit.params, views):
+            p.data = v
         unit.base, unit.dtype = ptrs.data, ptrs.dtype
         unit.bytes = ptrs.num_elems * ctypes.sizeof(_CTYPE[ptrs.dtype])
         unit.num_elems = ptrs.num_elems
@@ -210,7 +330,7 @@ class Engine:
         if not unit.fetched:
             return
         for i, (_, p) in enumerate(unit.params):
-            p.data = torch.empty(0, dtype=p.dtype)
+            p.data = torch.empty(0, dtype=p.dtype, device=self.device)
         check(_capi.lib().zinf_engine_release(self._engine, unit.index, self._stream), "release unit '%s'" % unit.name)
         unit.fetched = False
 
@@ -238,8 +358,8 @@ class Engine:
     # weight) are kept as (offset, shape, strides): the buffer is released
     # after forward and fetched again for backward, maybe elsewhere.
     def _pack(self, unit, t):
-        if unit.fetched and t.device.type == "cpu" and t.numel() > 0:
-            start = t.storage().data_ptr()
+        if unit.fetched and t.device == self.device and t.numel() > 0:
+            start = t.untyped_storage().data_ptr() if hasattr(t, "untyped_storage") else t.storage().data_ptr()
             if unit.base <= start < unit.base + unit.bytes:
                 return (_SavedInUnit, t.data_ptr() - unit.base, tuple(t.shape), t.stride(), t.dtype)
         return t
@@ -249,7 +369,7 @@ class Engine:
             return packed
         _, offset, shape, stride, dtype = packed
         self._fetch(unit)
-        whole = _view(unit.base, unit.num_elems, unit.dtype, (unit.num_elems,))
+        whole, _ = _unit_views(unit, unit.base, None, unit.num_elems, unit.dtype, self.device)
         if whole.dtype != dtype:
             raise RuntimeError("zinf.torch: unit '%s' saved a %s tensor from its %s buffer" % (unit.name, dtype, whole.dtype))
         return torch.as_strided(whole, shape, stride, offset // whole.element_size())
@@ -280,12 +400,11 @@ class Engine:
         ptrs = _capi.UnitPointers()
         check(L.zinf_engine_grad_buffers(self._engine, unit.index, ctypes.byref(ptrs)),
               "gradient buffers of unit '%s'" % unit.name)
-        check(L.zinf_stream_synchronize(self._stream), "gradient buffers of unit '%s'" % unit.name)
-        views = [_view(ptrs.tensors[i], unit.numels[i], _capi.DTYPE_FP32, unit.shapes[i])
-                 for i in range(len(unit.params))]
-        for v in views:
-            v.zero_()
-        unit.grad_views = views
+        if not self._cuda:  # on a GPU the copies into it are kernels on the adopted stream
+            check(L.zinf_stream_synchronize(self._stream), "gradient buffers of unit '%s'" % unit.name)
+        _, unit.grad_views = _unit_views(unit, ptrs.data, ptrs.tensors, ptrs.num_elems, _capi.DTYPE_FP32,
+                                         self.device)
+        unit.received = [False] * len(unit.params)
         unit.pending = len(unit.params)
 
     def _flush(self):
@@ -303,15 +422,21 @@ class Engine:
         self._flush()
         if unit.grad_views is None:
             self._grad_buffers(unit)
-        unit.grad_views[index].copy_(grad.to(torch.float32).view(unit.shapes[index]))
-        unit.pending -= 1
+        unit.grad_views[index].copy_(grad.view(unit.shapes[index]))  # widened to fp32 by the copy
+        if not unit.received[index]:
+            unit.received[index] = True
+            unit.pending -= 1
         if unit.pending == 0:
             self._grads_ready(unit)
 
     def _grads_ready(self, unit):
+        for view, got in zip(unit.grad_views, unit.received):
+            if not got:  # the buffer is overwritten each micro-step: zeros where no gradient came
+                view.zero_()
         check(_capi.lib().zinf_engine_grads_ready(self._engine, unit.index, self._stream),
               "gradients of unit '%s'" % unit.name)
         unit.grad_views = None
+        unit.received = None
         unit.reported = True
         self._handed_over.append(unit)  # released at the next hook: torch still accumulates into .grad
 

@@ -37,6 +37,7 @@ VOCAB, CTX = 64, 16
 # are zero in exact arithmetic (the key bias: softmax ignores it) into steps
 # of +-lr whose sign rounding decides, in torch's AdamW as in any other.
 LR, BETAS, EPS, WD = 3e-3, (0.9, 0.95), 1e-3, 0.1
+DEVICE = torch.device("cpu")  # where the models and batches live (test_cuda: the GPU)
 RANK = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
 WORLD = int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1"))
 
@@ -56,7 +57,7 @@ class Gpt2Block(nn.Module):
         q, k, v = self.qkv(self.ln1(x)).split(C, dim=-1)
         q, k, v = (t.view(B, T, self.heads, C // self.heads).transpose(1, 2) for t in (q, k, v))
         att = (q @ k.transpose(-2, -1)) / math.sqrt(C // self.heads)
-        att = att.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf")).softmax(-1)
+        att = att.masked_fill(torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1), float("-inf")).softmax(-1)
         x = x + self.proj((att @ v).transpose(1, 2).reshape(B, T, C))
         return x + self.fc_proj(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
 
@@ -69,7 +70,7 @@ class Gpt2(nn.Module):
         self.ln_f = nn.LayerNorm(d)
 
     def forward(self, tokens, targets):
-        x = self.wte(tokens) + self.wpe(torch.arange(tokens.shape[1]))
+        x = self.wte(tokens) + self.wpe(torch.arange(tokens.shape[1], device=tokens.device))
         for b in self.blocks:
             x = b(x)
         logits = self.ln_f(x) @ self.wte.weight.t()  # tied head
@@ -87,8 +88,8 @@ class RmsNorm(nn.Module):
 
 def rope(x, theta=10000.0):
     T, D = x.shape[-2], x.shape[-1]
-    inv = 1.0 / theta ** (torch.arange(0, D, 2, dtype=torch.float32) / D)
-    ang = torch.arange(T, dtype=torch.float32)[:, None] * inv[None, :]
+    inv = 1.0 / theta ** (torch.arange(0, D, 2, dtype=torch.float32, device=x.device) / D)
+    ang = torch.arange(T, dtype=torch.float32, device=x.device)[:, None] * inv[None, :]
     cos, sin = torch.cat((ang, ang), -1).cos(), torch.cat((ang, ang), -1).sin()
     x1, x2 = x[..., :D // 2], x[..., D // 2:]
     return x * cos + torch.cat((-x2, x1), -1) * sin
@@ -114,7 +115,7 @@ class LlamaBlock(nn.Module):
         v = self.v(h).view(B, T, self.kv, self.hd).transpose(1, 2)
         k, v = (t.repeat_interleave(self.h // self.kv, dim=1) for t in (k, v))
         att = (q @ k.transpose(-2, -1)) / math.sqrt(self.hd)
-        att = att.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf")).softmax(-1)
+        att = att.masked_fill(torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1), float("-inf")).softmax(-1)
         x = x + self.o((att @ v).transpose(1, 2).reshape(B, T, C))
         h = self.norm2(x)
         return x + self.down(F.silu(self.gate(h)) * self.up(h))
@@ -139,7 +140,7 @@ class Llama(nn.Module):
 
 def batch(step, rank, B=2):
     g = torch.Generator().manual_seed(1000 * step + rank)
-    seq = torch.randint(0, VOCAB, (B, CTX + 1), generator=g)
+    seq = torch.randint(0, VOCAB, (B, CTX + 1), generator=g).to(DEVICE)
     return seq[:, :-1], seq[:, 1:]
 
 
@@ -164,7 +165,7 @@ def rel(a, b):
 
 def train_against_torch(make, cfg, steps, label, accum=1):
     torch.manual_seed(7)
-    model = make()
+    model = make().to(DEVICE)
     reference = copy.deepcopy(model)
     opt = torch.optim.AdamW(reference.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
     cfg["gradient_accumulation_steps"] = accum
@@ -191,8 +192,8 @@ def train_against_torch(make, cfg, steps, label, accum=1):
     moved = 0.0
     initial = dict(make_initial(make).named_parameters())
     for name, ref_p in reference.named_parameters():
-        e = rel(masters[name], ref_p.detach())
-        moved = max(moved, rel(ref_p.detach(), initial[name].detach()))
+        e = rel(masters[name], ref_p.detach().cpu())
+        moved = max(moved, rel(ref_p.detach().cpu(), initial[name].detach()))
         if e > worst:
             worst, worst_name = e, name
     assert worst <= 1e-5, "%s: weight %s off by %.3g relative" % (label, worst_name, worst)
@@ -359,9 +360,50 @@ def test_bad_input(scratch):
         raise AssertionError("stage 7 was accepted")
 
 
+def test_cuda(scratch):
+    # The model on a GPU: the engine runs there on torch's stream. The
+    # reference trains a deep copy on the same GPU with torch's AdamW, so both
+    # sides run torch's own CUDA kernels for the model; the optimizers differ
+    # (zinf's Adam on the host or the GPU against torch's), within 1e-5.
+    global DEVICE
+    DEVICE = torch.device("cuda", 0)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        for make, name in ((Gpt2, "gpt2"), (Llama, "llama")):
+            cfg = config(0)
+            del cfg["zinf"]["device"]  # the model's device decides
+            train_against_torch(make, cfg, 10, name + " cuda, stage 0").close()
+        nvme = os.path.join(scratch, "nvme-cuda-%d" % RANK)
+        shutil.rmtree(nvme, ignore_errors=True)
+        os.makedirs(nvme)
+        for cfg, label in ((offload(config(2), "cpu"), "stage 2, optimizer cpu"),
+                           (offload(config(3), "cpu", "cpu"), "stage 3, cpu and cpu"),
+                           (offload(config(3), "nvme", "nvme", [nvme]), "stage 3, nvme and nvme")):
+            cfg["zinf"]["device"] = "cuda"
+            train_against_torch(Llama, cfg, 4, "llama cuda " + label).close()
+        # A config that names another device than the model's is refused.
+        try:
+            zinf.torch.initialize(Gpt2().to(DEVICE), config(0))  # zinf.device "cpu"
+        except ValueError as e:
+            assert "zinf.device" in str(e), str(e)
+        else:
+            raise AssertionError("a CUDA model was accepted with zinf.device cpu")
+    finally:
+        DEVICE = torch.device("cpu")
+
+
 def main():
     scratch = sys.argv[1] if len(sys.argv) > 1 else "/tmp"
     os.makedirs(scratch, exist_ok=True)
+    if "--cuda" in sys.argv[2:]:
+        if not torch.cuda.is_available():
+            print("SKIP: torch sees no CUDA GPU (torch %s)" % torch.__version__)
+            sys.exit(77)
+        print("zinf.torch on %s, rank %d of %d" % (torch.cuda.get_device_name(0), RANK, WORLD))
+        test_cuda(scratch)
+        print("ok")
+        return
     print("zinf.torch, rank %d of %d" % (RANK, WORLD))
     test_matches_torch_adamw(scratch)
     if WORLD == 1:
