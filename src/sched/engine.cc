@@ -347,10 +347,6 @@ Result<std::unique_ptr<Engine>> Engine::Create(const Config& config, Device& dev
     }
     if (config.gradient_clipping > 0) return refuse("gradient_clipping = 0 (clipping needs the global norm first)");
     if (config.fp16.enabled) return refuse("no fp16 (the loss scale's overflow check needs every gradient first)");
-    if (z.stage >= 1 && world > 1) {
-      return refuse("one rank, or stage 0 (with sharded state the new shards' all-gathers would interleave with "
-                    "backward's reductions)");
-    }
   }
   ZINF_ASSIGN_OR_RETURN(BatchSizes batch, ResolveBatchSizes(config, world));
   const OptimizerConfig& oc = config.optimizer;

@@ -6,7 +6,10 @@
 // never do without the key), the parameters are bit-identical to the same
 // run with updates at the boundary and to the optimizer on the device, a
 // non-finite norm stops the engine, and the key is refused where it cannot
-// hold.
+// hold. The same binary runs under mpirun (2 and 4 ranks), each rank with its
+// own gradients, in checking mode: the communicator compares every
+// collective's kind and order across the ranks, so a collective enqueued
+// out of turn on one rank (a new shard's all-gather, say) fails the run.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -20,6 +23,7 @@
 
 #include "common/float16.h"
 #include "cpu/host_device.h"
+#include "cpu/mpi_comm.h"
 #include "sched/engine_testing.h"
 #include "sched/engine_test_util.h"
 #include "test_util.h"
@@ -37,6 +41,17 @@ constexpr int kUnits = 4;
 constexpr int kMicro = 2;
 
 Config Parse(const std::string& json) { return Must(ParseConfig(json)); }
+
+// Every rank of an mpirun, or one rank without it. After the ranks stopped
+// together (a non-finite norm), the broken communicator is replaced. The
+// last one is never destroyed: MPI is finalized at exit, before statics go.
+Communicator& Comm() {
+  static auto* comm = new std::unique_ptr<Communicator>;
+  if (!*comm || !(*comm)->Health().ok()) {
+    *comm = Must(CreateMpiCommunicator(CommOptions{.timeout_seconds = 60, .checking = true}));
+  }
+  return **comm;
+}
 
 // `extra` goes inside zero_optimization; `top` at the top level.
 std::string ConfigJson(int stage, const std::string& offload, bool bf16, bool active, const std::string& extra = "",
@@ -64,9 +79,11 @@ struct TrainResult {
 // last unit's update (the first backward finishes) has begun. With
 // `nan_step` >= 0, that step's last micro-step gives unit 1 a NaN gradient.
 TrainResult Train(const Config& config, int steps, int wait_ms, int nan_step = -1) {
-  auto device = Must(CreateHostDevice(DeviceOptions{.spec = "cpu", .memory_budget = 128 << 20, .checking = true, .seed = 9}));
+  const int rank = Comm().rank();
+  auto device = Must(CreateHostDevice(
+      DeviceOptions{.spec = "cpu", .memory_budget = 128 << 20, .checking = true, .seed = 9 + 7919ull * rank}));
   auto stream = Must(device->CreateStream());
-  auto engine = Must(Engine::Create(config, *device));
+  auto engine = Must(Engine::Create(config, *device, &Comm()));
   std::atomic<int64_t> started_boundary{0};  // the latest boundary whose last unit's update began
   sched::testing::SetHostUpdateHook([&](int unit, int64_t boundary) {
     if (unit == kUnits - 1) started_boundary = boundary;
@@ -77,30 +94,41 @@ TrainResult Train(const Config& config, int steps, int wait_ms, int nan_step = -
     (void)Must(engine->AddUnit("unit" + std::to_string(u), {{"w", {kSizes[u]}, DType::kFloat32, w.data()}}));
   }
   TrainResult run;
+  // With a poisoned step the engine stops, on every rank, at whichever call
+  // comes next (a peer's stop reaches a rank as Unavailable): the first
+  // failure is kept and the run ends. Without one, every call must succeed.
+  auto ok = [&](const Status& s) {
+    if (s.ok()) return true;
+    EXPECT_GE(nan_step, 0) << s.ToString();
+    if (run.failure.ok()) run.failure = s;
+    return false;
+  };
   for (int step = 0; step < steps && run.failure.ok(); ++step) {
     for (int k = 0; k < kMicro && run.failure.ok(); ++k) {
       const uint64_t g = static_cast<uint64_t>(step) * kMicro + k;
-      for (int u = 0; u < kUnits; ++u) {
-        (void)Must(engine->Fetch(u, *stream));
-        MustOk(engine->Release(u, *stream));
+      bool going = true;
+      for (int u = 0; u < kUnits && going; ++u) {
+        going = ok(engine->Fetch(u, *stream).status()) && ok(engine->Release(u, *stream));
       }
-      for (int u = kUnits - 1; u >= 0; --u) {
-        (void)Must(engine->Fetch(u, *stream));
-        const UnitPointers gp = Must(engine->GradBuffers(u));
+      for (int u = kUnits - 1; u >= 0 && going; --u) {
+        if (!ok(engine->Fetch(u, *stream).status())) break;
+        const Result<UnitPointers> grads = engine->GradBuffers(u);
+        if (!ok(grads.status())) break;
+        const UnitPointers gp = *grads;
         const bool poison = step == nan_step && k == kMicro - 1 && u == 1;
-        MustOk(stream->Enqueue([g, u, gp, poison](const StreamContext& ctx) {
+        MustOk(stream->Enqueue([g, u, gp, poison, rank](const StreamContext& ctx) {
           void* p = ctx.Host(gp.data);
           for (int64_t i = 0; i < gp.num_elems; ++i) {
-            float v = 0.01f * Uniform(33, g * 16 + u, i);
+            float v = 0.01f * Uniform(33 + rank, g * 16 + u, i);
             if (poison && i == 7) v = std::numeric_limits<float>::quiet_NaN();
             if (gp.dtype == DType::kFloat32) static_cast<float*>(p)[i] = v;
             else static_cast<uint16_t*>(p)[i] = FloatToBf16Bits(v);
           }
           return Status::Ok();
         }));
-        MustOk(engine->GradsReady(u, *stream));
-        MustOk(engine->Release(u, *stream));
+        going = ok(engine->GradsReady(u, *stream)) && ok(engine->Release(u, *stream));
       }
+      if (!going) break;
       if (k == kMicro - 1 && wait_ms > 0) {
         const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(wait_ms);
         while (started_boundary.load() < step + 1 && std::chrono::steady_clock::now() < until) {
@@ -109,8 +137,9 @@ TrainResult Train(const Config& config, int steps, int wait_ms, int nan_step = -
         if (started_boundary.load() >= step + 1) ++run.boundaries_updated_before_step;
       }
       Result<bool> stepped = engine->Step();
-      if (!stepped.ok()) run.failure = stepped.status();
-      else EXPECT_EQ(*stepped, k == kMicro - 1);
+      if (ok(stepped.status())) {
+        EXPECT_EQ(*stepped, k == kMicro - 1);
+      }
     }
     if (nan_step >= 0 && run.failure.ok()) (void)engine->Synchronize();  // the decision is made by now
   }
@@ -173,7 +202,12 @@ TEST(ActiveOffloadTest, UpdatesBeginDuringBackwardWithTheSameBits) {
 TEST(ActiveOffloadTest, ANonFiniteGradientNormStopsTheEngine) {
   const TrainResult r = Train(Parse(ConfigJson(2, "cpu", true, true)), 4, 0, /*nan_step=*/1);
   ASSERT_FALSE(r.failure.ok());
-  EXPECT_EQ(r.failure.code(), StatusCode::kFailedPrecondition);
+  // Here, or at a peer whose stop reached this rank first ("rank R stopped: ...").
+  if (r.failure.code() == StatusCode::kUnavailable && Comm().size() > 1) {
+    EXPECT_NE(r.failure.message().find(" stopped: FailedPrecondition: "), std::string::npos) << r.failure.ToString();
+  } else {
+    EXPECT_EQ(r.failure.code(), StatusCode::kFailedPrecondition) << r.failure.ToString();
+  }
   EXPECT_NE(r.failure.message().find("optimizer step 2 is not finite"), std::string::npos) << r.failure.message();
   EXPECT_NE(r.failure.message().find("resume from the last complete checkpoint"), std::string::npos);
   // Without the key the step is skipped and training goes on.
