@@ -480,11 +480,14 @@ class Engine:
         check(_capi.lib().zinf_engine_step(self._engine, ctypes.byref(boundary)), "step")
         return bool(boundary.value)
 
-    def stats(self):
-        """The metrics of the step just taken (lr, grad_norm, loss_scale, bytes moved, ...): waits for the
-        device, as the front-end's Fetch does anyway (torch computes on the host between zinf's calls)."""
+    def stats(self, wait=True):
+        """The metrics of the step just taken (lr, grad_norm, loss_scale, bytes moved, timeline, ...).
+        wait=True waits for the device and the engine's host work first; wait=False does not: the metrics
+        are then those of the latest step that has finished, and "behind" counts the steps enqueued since
+        (a training loop on a GPU can log every step without stalling it)."""
         L = _capi.lib()
-        check(L.zinf_engine_synchronize(self._engine), "stats")
+        if wait:
+            check(L.zinf_engine_synchronize(self._engine), "stats")
         out = ctypes.c_void_p()
         check(_capi.lib().zinf_engine_stats_json(self._engine, ctypes.byref(out)), "stats")
         return json.loads(_capi.take_string(out))

@@ -262,7 +262,10 @@ def test_device_budget(scratch):
         engine.backward(loss)
         engine.step()
         losses.append(loss.item())
+        early = engine.stats(wait=False)  # the latest finished step's, and how many are still running
+        assert early["boundary"] >= 1 and early["boundary"] + early["behind"] == step + 1, early
         stats = engine.stats()
+        assert stats["behind"] == 0 and stats["boundary"] == step + 1, stats
         assert stats["device_bytes_in_use"] <= budget, stats
     print("  device budget %d KiB for %d KiB of parameters: losses %s" % (
         budget >> 10, state >> 10, " ".join("%.4f" % x for x in losses)))
