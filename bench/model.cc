@@ -270,7 +270,7 @@ int Run(const Options& opt) {
       uint32_t bits[2];
       for (uint32_t& out_bits : bits) {
         x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-        const float v = static_cast<float>(x >> 40) / static_cast<float>(1 << 23) * 2.0f - 1.0f;
+        const float v = static_cast<float>(x >> 40) / static_cast<float>(1 << 24) * 2.0f - 1.0f;  // 24 bits
         out_bits = bf16_products ? FloatToBf16Bits(v) : std::bit_cast<uint32_t>(v);
       }
       w = bf16_products ? bits[0] | bits[1] << 16 : bits[0];
