@@ -115,29 +115,89 @@ Status LaunchCast(const void* src, void* dst, DType dst_dtype, size_t n, cudaStr
 
 // ---- gradient norm partials and accumulation ----
 
-// kNormBlocksPerCta norm blocks per thread block, one thread per lane: thread
-// (b, l) adds the squares of block b's elements l, l + 16, l + 32, ... in
-// order, as the CPU's lane l does; lane 0 then combines the 16 lanes.
-constexpr int kNormBlocksPerCta = 8;
+// One thread block per norm block. The sum is a chain per lane (lane l adds
+// the squares of elements l, l + 16, l + 32, ... in order, as the CPU's lane
+// l does), so only 16 threads can add; what keeps the memory busy is the
+// rest of the block: warps 1-7 load the next kNormChunk elements into
+// shared memory while warp 0's first 16 lanes add the current ones (two
+// buffers, one barrier a chunk). Lane 0 then combines the 16 lanes.
+constexpr int kNormThreads = 256;
+constexpr int kNormLoaders = kNormThreads - 32;
+constexpr int kNormChunk = 4096;  // elements a stage: 16 KiB, 256 per lane
+static_assert(kNormChunk % cpu::kNormLanes == 0 && cpu::kNormBlockElems % kNormChunk == 0,
+              "a chunk starts every lane at its own elements");
 
-__global__ void SumSquaresBlocksKernel(const float* __restrict__ data, size_t n, size_t num_blocks,
-                                       double* __restrict__ out) {
-  __shared__ double lanes[kNormBlocksPerCta][cpu::kNormLanes];
-  const int local = threadIdx.x / cpu::kNormLanes;
-  const int lane = threadIdx.x % cpu::kNormLanes;
-  const size_t block = static_cast<size_t>(blockIdx.x) * kNormBlocksPerCta + local;
-  double acc = 0.0;
-  if (block < num_blocks) {
-    const size_t begin = block * cpu::kNormBlockElems;
-    const size_t end = begin + cpu::kNormBlockElems < n ? begin + cpu::kNormBlockElems : n;
-    for (size_t i = begin + lane; i < end; i += cpu::kNormLanes) {
-      const double x = data[i];
-      acc += x * x;  // exact square; --fmad=false keeps the add separate (an fma would round the same)
+// Elements [0, count) of src into dst by the loaders (t = 0 .. kNormLoaders - 1):
+// every load of a thread issued before its first store.
+__device__ inline void LoadNormChunk(float* __restrict__ dst, const float* __restrict__ src, int count, bool vec,
+                                     int t) {
+  if (vec) {
+    constexpr int kPer = (kNormChunk / 4 + kNormLoaders - 1) / kNormLoaders;
+    const int quads = count / 4;
+    float4 v[kPer];
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      const int q = t + k * kNormLoaders;
+      if (q < quads) v[k] = reinterpret_cast<const float4*>(src)[q];
+    }
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      const int q = t + k * kNormLoaders;
+      if (q < quads) reinterpret_cast<float4*>(dst)[q] = v[k];
+    }
+    for (int i = quads * 4 + t; i < count; i += kNormLoaders) dst[i] = src[i];
+  } else {
+    constexpr int kPer = (kNormChunk + kNormLoaders - 1) / kNormLoaders;
+    float v[kPer];
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      const int i = t + k * kNormLoaders;
+      if (i < count) v[k] = src[i];
+    }
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      const int i = t + k * kNormLoaders;
+      if (i < count) dst[i] = v[k];
     }
   }
-  lanes[local][lane] = acc;
+}
+
+__global__ void __launch_bounds__(kNormThreads)
+    SumSquaresBlocksKernel(const float* __restrict__ data, size_t n, double* __restrict__ out) {
+  __shared__ __align__(16) float stage[2][kNormChunk];
+  __shared__ double lanes[cpu::kNormLanes];
+  const size_t begin = static_cast<size_t>(blockIdx.x) * cpu::kNormBlockElems;
+  const size_t left = n - begin;
+  const int count = static_cast<int>(left < cpu::kNormBlockElems ? left : cpu::kNormBlockElems);
+  const int chunks = (count + kNormChunk - 1) / kNormChunk;
+  const float* src = data + begin;
+  const bool vec = (reinterpret_cast<uintptr_t>(data) & 15) == 0;  // begin is a multiple of 4 elements
+  const bool loader = threadIdx.x >= 32;
+  const int lane = static_cast<int>(threadIdx.x);
+  auto chunk_count = [&](int c) { return count - c * kNormChunk < kNormChunk ? count - c * kNormChunk : kNormChunk; };
+  if (loader) LoadNormChunk(stage[0], src, chunk_count(0), vec, threadIdx.x - 32);
   __syncthreads();
-  if (lane == 0 && block < num_blocks) out[block] = cpu::CombineNormLanes(lanes[local]);
+  double acc = 0.0;
+  for (int c = 0; c < chunks; ++c) {
+    if (loader) {
+      if (c + 1 < chunks) {
+        LoadNormChunk(stage[(c + 1) & 1], src + static_cast<size_t>(c + 1) * kNormChunk, chunk_count(c + 1), vec,
+                      threadIdx.x - 32);
+      }
+    } else if (lane < cpu::kNormLanes) {
+      const float* x = stage[c & 1];
+      const int m = chunk_count(c);
+#pragma unroll 8
+      for (int i = lane; i < m; i += cpu::kNormLanes) {
+        const double v = x[i];
+        acc += v * v;  // exact square; --fmad=false keeps the add separate (an fma would round the same)
+      }
+    }
+    __syncthreads();
+  }
+  if (lane < cpu::kNormLanes) lanes[lane] = acc;
+  __syncthreads();
+  if (lane == 0) out[blockIdx.x] = cpu::CombineNormLanes(lanes);
 }
 
 __global__ void AddInPlaceKernel(float* __restrict__ a, const float* __restrict__ b, size_t n) {
@@ -590,10 +650,11 @@ Status SumSquaresBlocks(const float* data, size_t n, double* block_partials, voi
   if (n == 0) return Status::Ok();
   if (!data || !block_partials) return InvalidArgument("gpu::SumSquaresBlocks: null data or block_partials");
   const size_t num_blocks = (n + cpu::kNormBlockElems - 1) / cpu::kNormBlockElems;
-  const size_t ctas = (num_blocks + kNormBlocksPerCta - 1) / kNormBlocksPerCta;
-  if (ctas > 0x7fffffffu) return InvalidArgument("gpu::SumSquaresBlocks: " + std::to_string(n) + " elements is too many");
-  SumSquaresBlocksKernel<<<static_cast<unsigned>(ctas), kNormBlocksPerCta * cpu::kNormLanes, 0,
-                           static_cast<cudaStream_t>(stream)>>>(data, n, num_blocks, block_partials);
+  if (num_blocks > 0x7fffffffu) {
+    return InvalidArgument("gpu::SumSquaresBlocks: " + std::to_string(n) + " elements is too many");
+  }
+  SumSquaresBlocksKernel<<<static_cast<unsigned>(num_blocks), kNormThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      data, n, block_partials);
   return ZINF_CHECK_LAUNCH("SumSquaresBlocksKernel");
 }
 

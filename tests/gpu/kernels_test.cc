@@ -199,24 +199,32 @@ TEST_F(GpuKernelTest, NormPartialsMatchTheCpuBitForBit) {
       x[65536 + 5] = INFINITY;
       x[2 * 65536 + 77] = NAN;
     }
-    const size_t blocks = NumNormBlocks(n);
-    std::vector<double> cpu(blocks), cpu_scalar(blocks);
-    ASSERT_TRUE(zinf::SumSquaresBlocks(arena, x.data(), DType::kFloat32, n, cpu).ok());
-    ASSERT_TRUE(zinf::SumSquaresBlocks(arena, x.data(), DType::kFloat32, n, cpu_scalar, SimdLevel::kScalar).ok());
     DeviceArray<float> gx(x);
-    DeviceArray<double> gout(std::vector<double>(blocks, -1.0));
-    ASSERT_TRUE(SumSquaresBlocks(gx.get(), n, gout.get(), nullptr).ok());
-    const std::vector<double> gpu = gout.ToHost();
-    for (size_t b = 0; b < blocks; ++b) {
-      uint64_t g, c, s;
-      std::memcpy(&g, &gpu[b], 8);
-      std::memcpy(&c, &cpu[b], 8);
-      std::memcpy(&s, &cpu_scalar[b], 8);
-      EXPECT_EQ(c, s) << "block " << b << ": the CPU levels disagree";
-      if (std::isnan(cpu[b])) {
-        EXPECT_TRUE(std::isnan(gpu[b])) << "block " << b;
-      } else {
-        EXPECT_EQ(g, c) << "block " << b << ": gpu " << gpu[b] << " cpu " << cpu[b];
+    // From the start (16-byte aligned: vector loads) and from element 1
+    // (4-byte aligned: the scalar loads).
+    for (size_t skip : {size_t{0}, size_t{1}}) {
+      if (skip >= n) continue;
+      SCOPED_TRACE(::testing::Message() << "from element " << skip);
+      const size_t m = n - skip;
+      const size_t blocks = NumNormBlocks(m);
+      std::vector<double> cpu(blocks), cpu_scalar(blocks);
+      ASSERT_TRUE(zinf::SumSquaresBlocks(arena, x.data() + skip, DType::kFloat32, m, cpu).ok());
+      ASSERT_TRUE(
+          zinf::SumSquaresBlocks(arena, x.data() + skip, DType::kFloat32, m, cpu_scalar, SimdLevel::kScalar).ok());
+      DeviceArray<double> gout(std::vector<double>(blocks, -1.0));
+      ASSERT_TRUE(SumSquaresBlocks(gx.get() + skip, m, gout.get(), nullptr).ok());
+      const std::vector<double> gpu = gout.ToHost();
+      for (size_t b = 0; b < blocks; ++b) {
+        uint64_t g, c, s;
+        std::memcpy(&g, &gpu[b], 8);
+        std::memcpy(&c, &cpu[b], 8);
+        std::memcpy(&s, &cpu_scalar[b], 8);
+        EXPECT_EQ(c, s) << "block " << b << ": the CPU levels disagree";
+        if (std::isnan(cpu[b])) {
+          EXPECT_TRUE(std::isnan(gpu[b])) << "block " << b;
+        } else {
+          EXPECT_EQ(g, c) << "block " << b << ": gpu " << gpu[b] << " cpu " << cpu[b];
+        }
       }
     }
   }
