@@ -185,12 +185,10 @@ class IoEngine::Impl {
       req->callback(st);
       req->callback = nullptr;
     }
-    {
-      std::lock_guard<std::mutex> lock(req->mu);
-      req->status = st;
-      req->done = true;
-    }
-    req->cv.notify_all();
+    // The busy interval closes before waiters wake too: a caller whose
+    // Wait() returned finds the stretch that held its request. (The
+    // destructor, which waits for no requests in flight, then joins this
+    // worker before anything here goes.)
     {
       std::lock_guard<std::mutex> lock(inflight_mu);
       if (--inflight_requests == 0) {
@@ -200,6 +198,12 @@ class IoEngine::Impl {
         busy_intervals.push_back(busy);
       }
     }
+    {
+      std::lock_guard<std::mutex> lock(req->mu);
+      req->status = st;
+      req->done = true;
+    }
+    req->cv.notify_all();
     inflight_cv.notify_all();
   }
 
