@@ -547,6 +547,9 @@ TEST_F(MpiCommTest, MismatchedCountsWithoutCheckingFailAndBreakTheCommunicator) 
 TEST_F(MpiCommTest, AbortStopsEveryRankWithTheCause) {
   const int victim = n_ - 1;
   ASSERT_TRUE(comm_->Health().ok());
+  // Every rank has seen a healthy communicator before the victim aborts.
+  ASSERT_TRUE(comm_->Barrier(*stream_).ok());
+  ASSERT_TRUE(stream_->Synchronize().ok());
   if (rank_ == victim) {
     if (n_ > 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the others are waiting by now
     comm_->Abort(OutOfMemory("test: a rank-local shortage"));
