@@ -358,10 +358,13 @@ class Engine:
     # weight) are kept as (offset, shape, strides): the buffer is released
     # after forward and fetched again for backward, maybe elsewhere.
     def _pack(self, unit, t):
-        if unit.fetched and t.device == self.device and t.numel() > 0:
-            start = t.untyped_storage().data_ptr() if hasattr(t, "untyped_storage") else t.storage().data_ptr()
-            if unit.base <= start < unit.base + unit.bytes:
-                return (_SavedInUnit, t.data_ptr() - unit.base, tuple(t.shape), t.stride(), t.dtype)
+        # A tensor whose first element lies in the unit's buffer is a view of
+        # it (nothing else shares that memory). data_ptr() rather than the
+        # storage: building a storage object costs more than the whole test.
+        if unit.fetched:
+            start = t.data_ptr()
+            if unit.base <= start < unit.base + unit.bytes and t.numel() > 0 and t.device == self.device:
+                return (_SavedInUnit, start - unit.base, tuple(t.shape), t.stride(), t.dtype)
         return t
 
     def _unpack(self, unit, packed):
