@@ -64,6 +64,7 @@ struct Options {
   std::string matmul = "fp32";
   std::string attention = "auto";
   bool checkpointing = false;
+  int64_t loss_chunk_rows = 0;  // 0: the model's choice (model::LossChunkRows)
   bool json = false;
   std::string device = "cpu";
   bool breakdown = false;  // each op's time (the stages mark their ops)
@@ -156,12 +157,14 @@ int Run(const Options& opt) {
     return Fail(InvalidArgument("--device must be cpu, cuda or cuda:N (got '" + opt.device + "')"));
   }
   if (opt.peak_tflops < 0) return Fail(InvalidArgument("--peak-tflops must be >= 0"));
+  if (opt.loss_chunk_rows < 0) return Fail(InvalidArgument("--loss-chunk-rows must be >= 0 (0: the model's choice)"));
   const int threads = opt.threads > 0 ? opt.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   GptRunOptions o;
   o.batch_size = opt.micro_batch;
   o.seq_len = opt.seq_len;
   o.num_threads = threads;
   o.activation_checkpointing = opt.checkpointing;
+  o.loss_chunk_rows = opt.loss_chunk_rows;
   o.param_dtype = *dtype;
   o.grad_dtype = *grad_dtype;
   o.matmul_dtype = *matmul;
@@ -319,10 +322,11 @@ int Run(const Options& opt) {
   if (!opt.json) {
     std::printf("# zinf bench model: %s on %s\n", c.ToString().c_str(), dev.name().c_str());
     std::printf("# micro-batch %lld x seq %lld = %lld tokens; params %s, grads %s, matmul operands %s; %.*s attention; "
-                "%d thread(s); checkpointing %s; median of %d steps after 1 warm-up\n",
+                "%d thread(s); checkpointing %s; loss in chunks of %lld rows; median of %d steps after 1 warm-up\n",
                 static_cast<long long>(opt.micro_batch), static_cast<long long>(opt.seq_len),
                 static_cast<long long>(BT), opt.dtype.c_str(), opt.grad_dtype.c_str(), opt.matmul.c_str(),
-                static_cast<int>(attention.size()), attention.data(), threads, opt.checkpointing ? "on" : "off", opt.steps);
+                static_cast<int>(attention.size()), attention.data(), threads, opt.checkpointing ? "on" : "off",
+                static_cast<long long>(model::LossChunkRows(c, o)), opt.steps);
     std::printf("# FLOPs/step = 6*N*tokens + 12*L*C*T*tokens (attention) = %.4g + %.4g = %.4g (forward 1/3)\n",
                 6.0 * n_params * BT, flops - 6.0 * n_params * BT, flops);
     std::printf("# activations: %s\n", activation_text.c_str());
@@ -422,6 +426,7 @@ int Run(const Options& opt) {
                         {"matmul", opt.matmul},
                         {"attention", std::string(attention)},
                         {"checkpointing", opt.checkpointing},
+                        {"loss_chunk_rows", model::LossChunkRows(c, o)},
                         {"steps", opt.steps},
                         {"flops_per_step", flops},
                         {"flops_formula", "6*N*tokens + 12*L*C*T*tokens"},
@@ -510,6 +515,10 @@ void RegisterModel(CLI::App& bench, int* exit_code) {
       ->check(CLI::IsMember({"auto", "plain", "flash"}))
       ->capture_default_str();
   cmd->add_flag("--checkpointing", opt->checkpointing, "Recompute each block's forward in its backward");
+  cmd->add_option("--loss-chunk-rows", opt->loss_chunk_rows,
+                  "Rows of LM-head logits held at once (0: every row when their fp32 logits fit in 256 MiB, else "
+                  "as many as fit; fewer than batch x seq computes each chunk's logits again in backward)")
+      ->capture_default_str();
   cmd->add_option("--device", opt->device, "cpu, cuda or cuda:N")->capture_default_str();
   cmd->add_flag("--breakdown", opt->breakdown, "Each op's time per step (matmul, attention, norm, casts, ...)");
   cmd->add_option("--peak-tflops", opt->peak_tflops,

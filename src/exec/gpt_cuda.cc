@@ -130,12 +130,19 @@ class CudaStages final : public model::GptStages {
     ZINF_ASSIGN_OR_RETURN(const float* head, Head(pf, embedding));
     float* lnf = F32(layout_.lnf);
     float* probs = F32(layout_.probs);
+    Op("norm");
     ZINF_RETURN_IF_ERROR(NormForward(lnf, F32(layout_.lnf_mean), F32(layout_.lnf_rstd),
                                      F32(layout_.residual) + L * BT * C, pf + f.w, TensorAt(pf, f.b)));
-    ZINF_RETURN_IF_ERROR(Gemm(false, true, BT, V, C, 1.0f, lnf, C, head, C, 0.0f, probs, V));  // logits
-    Op("loss");
-    ZINF_RETURN_IF_ERROR(
-        SoftmaxCrossEntropyForward(probs, I32(layout_.targets), probs, F32(layout_.losses), BT, V, s_));
+    // The logits and the loss, loss_chunk_rows rows at a time (with several
+    // chunks, backward computes each chunk's logits again).
+    for (int64_t r0 = 0; r0 < BT; r0 += layout_.loss_chunk_rows) {
+      const int64_t rows = std::min(layout_.loss_chunk_rows, BT - r0);
+      Op("matmul");
+      ZINF_RETURN_IF_ERROR(Gemm(false, true, rows, V, C, 1.0f, lnf + r0 * C, C, head, C, 0.0f, probs, V));
+      Op("loss");
+      ZINF_RETURN_IF_ERROR(SoftmaxCrossEntropyForward(probs, I32(layout_.targets) + r0, probs,
+                                                      F32(layout_.losses) + r0, rows, V, s_));
+    }
     ZINF_RETURN_IF_ERROR(MeanLoss(F32(layout_.losses), I32(layout_.targets), BT, loss, count_, s_));
     EndOps();
     head_forward_done_ = true;
@@ -158,13 +165,27 @@ class CudaStages final : public model::GptStages {
     // A tied head's gradient is wte's, in unit 0; an untied one is lm_head_w's.
     float* ghead = config_.tied_head ? embedding_grad32_ + e.wte : gf + f.lm_head;
     float* dlogits = F32(layout_.probs);  // in place over the probabilities
-    // scale · (p - onehot) with scale = loss_scale / targets, the count on the device.
-    Op("loss");
-    ZINF_RETURN_IF_ERROR(SoftmaxCrossEntropyBackward(dlogits, I32(layout_.targets), dlogits, BT, V, 1.0f, s_));
-    ZINF_RETURN_IF_ERROR(ScaleByCount(dlogits, static_cast<size_t>(BT * V), loss_scale, count_, s_));
     float* dlnf = F32(layout_.dbuf);
-    ZINF_RETURN_IF_ERROR(Gemm(false, false, BT, C, V, 1.0f, dlogits, V, head, C, 0.0f, dlnf, C));
-    ZINF_RETURN_IF_ERROR(Gemm(true, false, V, C, BT, 1.0f, dlogits, V, F32(layout_.lnf), C, 1.0f, ghead, C));
+    const float* lnf = F32(layout_.lnf);
+    const bool chunked = layout_.loss_chunk_rows < BT;
+    for (int64_t r0 = 0; r0 < BT; r0 += layout_.loss_chunk_rows) {
+      const int64_t rows = std::min(layout_.loss_chunk_rows, BT - r0);
+      if (chunked) {  // this chunk's probabilities again (forward kept the last chunk's only)
+        Op("matmul");
+        ZINF_RETURN_IF_ERROR(Gemm(false, true, rows, V, C, 1.0f, lnf + r0 * C, C, head, C, 0.0f, dlogits, V));
+        Op("loss");
+        ZINF_RETURN_IF_ERROR(SoftmaxCrossEntropyForward(dlogits, I32(layout_.targets) + r0, dlogits,
+                                                        F32(layout_.losses) + r0, rows, V, s_));
+      }
+      // scale · (p - onehot) with scale = loss_scale / targets, the count on the device.
+      Op("loss");
+      ZINF_RETURN_IF_ERROR(
+          SoftmaxCrossEntropyBackward(dlogits, I32(layout_.targets) + r0, dlogits, rows, V, 1.0f, s_));
+      ZINF_RETURN_IF_ERROR(ScaleByCount(dlogits, static_cast<size_t>(rows * V), loss_scale, count_, s_));
+      Op("matmul");
+      ZINF_RETURN_IF_ERROR(Gemm(false, false, rows, C, V, 1.0f, dlogits, V, head, C, 0.0f, dlnf + r0 * C, C));
+      ZINF_RETURN_IF_ERROR(Gemm(true, false, V, C, rows, 1.0f, dlogits, V, lnf + r0 * C, C, 1.0f, ghead, C));
+    }
     float* dres = F32(layout_.dres);
     Op("norm");
     ZINF_RETURN_IF_ERROR(device_.Memset(dres, 0, BT * C * sizeof(float), stream_));

@@ -97,6 +97,14 @@ AttentionTensors FlashAttentionTensors(const GptConfig& c, const ActivationLayou
   return t;
 }
 
+int64_t LossChunkRows(const GptConfig& c, const GptRunOptions& o) {
+  const int64_t BT = o.batch_size * (o.seq_len ? o.seq_len : c.max_seq_len);
+  const int64_t V = std::max<int64_t>(1, c.vocab_size);
+  int64_t rows = o.loss_chunk_rows;
+  if (rows <= 0) rows = static_cast<uint64_t>(BT) * V * 4 <= kLossChunkBytes ? BT : kLossChunkBytes / (V * 4);
+  return std::clamp<int64_t>(rows, 1, std::max<int64_t>(1, BT));
+}
+
 ActivationLayout ActivationLayout::For(const GptConfig& c, const GptRunOptions& o) {
   const int64_t B = o.batch_size, T = o.seq_len ? o.seq_len : c.max_seq_len, C = c.embed_dim;
   const int64_t L = c.num_layers, H = c.num_heads, V = c.vocab_size, BT = B * T;
@@ -132,7 +140,8 @@ ActivationLayout ActivationLayout::For(const GptConfig& c, const GptRunOptions& 
   l.lnf = p.Take(F32Bytes(BT * C));
   l.lnf_mean = p.Take(F32Bytes(BT));
   l.lnf_rstd = p.Take(F32Bytes(BT));
-  l.probs = p.Take(F32Bytes(BT * V));
+  l.loss_chunk_rows = LossChunkRows(c, o);
+  l.probs = p.Take(F32Bytes(l.loss_chunk_rows * V));
   l.losses = p.Take(F32Bytes(BT));
   l.saved_bytes = p.at();
 
@@ -157,7 +166,8 @@ ActivationLayout ActivationLayout::For(const GptConfig& c, const GptRunOptions& 
     // head (logits' gradient [B·T, V], wte [V, C]) and, for the plain
     // attention, one batch row's (scores H × T × T, the row's qkv T × 3C);
     // flash attention rounds its tiles itself.
-    l.bf16_operand_elems = std::max({BT * std::max({FC, S, Q, C}), C * std::max(FC, S), I * C, Q * C, BT * V, V * C});
+    l.bf16_operand_elems =
+        std::max({BT * std::max({FC, S, Q, C}), C * std::max(FC, S), I * C, Q * C, l.loss_chunk_rows * V, V * C});
     if (!flash) l.bf16_operand_elems = std::max({l.bf16_operand_elems, H * T * T, T * S});
     l.bf16_a = p.Take(static_cast<uint64_t>(l.bf16_operand_elems) * 2);
     l.bf16_b = p.Take(static_cast<uint64_t>(l.bf16_operand_elems) * 2);
@@ -426,11 +436,17 @@ Result<float> GptModel::HeadForward(const int32_t* targets, const void* final_no
   MarkOp(prof, "norm");
   NormForward(lnf, F32(layout_.lnf_mean), F32(layout_.lnf_rstd), F32(layout_.residual) + L * BT * C, pf + f.w,
               TensorAt(pf, f.b));
-  MarkOp(prof, "matmul");
-  ParallelGemm<float>(threads_, false, true, BT, V, C, 1.0f, lnf, C, head, C, 0.0f, probs, V);  // logits
-  MarkOp(prof, "loss");
-  num_targets_ = SoftmaxCrossEntropyForward<float>(threads_, probs, F32(layout_.losses), probs, I32(layout_.targets),
-                                                   BT, V);
+  // The logits and the loss, loss_chunk_rows rows at a time (with several
+  // chunks, backward computes each chunk's logits again).
+  num_targets_ = 0;
+  for (int64_t r0 = 0; r0 < BT; r0 += layout_.loss_chunk_rows) {
+    const int64_t rows = std::min(layout_.loss_chunk_rows, BT - r0);
+    MarkOp(prof, "matmul");
+    ParallelGemm<float>(threads_, false, true, rows, V, C, 1.0f, lnf + r0 * C, C, head, C, 0.0f, probs, V);
+    MarkOp(prof, "loss");
+    num_targets_ += SoftmaxCrossEntropyForward<float>(threads_, probs, F32(layout_.losses) + r0, probs,
+                                                      I32(layout_.targets) + r0, rows, V);
+  }
   double sum = 0;
   const float* losses = F32(layout_.losses);
   for (int64_t r = 0; r < BT; ++r) sum += losses[r];
@@ -460,12 +476,24 @@ Status GptModel::HeadBackward(float loss_scale, const void* final_norm, const vo
   float* ghead = config_.tied_head ? embedding_grad32_ + e.wte : gf + f.lm_head;
   float* dlogits = F32(layout_.probs);  // in place over the probabilities
   const float scale = num_targets_ ? loss_scale / static_cast<float>(num_targets_) : 0.0f;
-  MarkOp(prof, "loss");
-  SoftmaxCrossEntropyBackward<float>(threads_, dlogits, dlogits, I32(layout_.targets), BT, V, scale);
   float* dlnf = F32(layout_.dbuf);
-  MarkOp(prof, "matmul");
-  ParallelGemm<float>(threads_, false, false, BT, C, V, 1.0f, dlogits, V, head, C, 0.0f, dlnf, C);
-  ParallelGemm<float>(threads_, true, false, V, C, BT, 1.0f, dlogits, V, F32(layout_.lnf), C, 1.0f, ghead, C);
+  const float* lnf = F32(layout_.lnf);
+  const bool chunked = layout_.loss_chunk_rows < BT;
+  for (int64_t r0 = 0; r0 < BT; r0 += layout_.loss_chunk_rows) {
+    const int64_t rows = std::min(layout_.loss_chunk_rows, BT - r0);
+    if (chunked) {  // this chunk's probabilities again (forward kept the last chunk's only)
+      MarkOp(prof, "matmul");
+      ParallelGemm<float>(threads_, false, true, rows, V, C, 1.0f, lnf + r0 * C, C, head, C, 0.0f, dlogits, V);
+      MarkOp(prof, "loss");
+      SoftmaxCrossEntropyForward<float>(threads_, dlogits, F32(layout_.losses) + r0, dlogits,
+                                        I32(layout_.targets) + r0, rows, V);
+    }
+    MarkOp(prof, "loss");
+    SoftmaxCrossEntropyBackward<float>(threads_, dlogits, dlogits, I32(layout_.targets) + r0, rows, V, scale);
+    MarkOp(prof, "matmul");
+    ParallelGemm<float>(threads_, false, false, rows, C, V, 1.0f, dlogits, V, head, C, 0.0f, dlnf + r0 * C, C);
+    ParallelGemm<float>(threads_, true, false, V, C, rows, 1.0f, dlogits, V, lnf + r0 * C, C, 1.0f, ghead, C);
+  }
   float* dres = F32(layout_.dres);
   MarkOp(prof, "norm");
   threads_.ForChunks(BT * C, kConvertGrain, [&](int64_t i0, int64_t i1) { std::memset(dres + i0, 0, F32Bytes(i1 - i0)); });

@@ -74,10 +74,22 @@ struct GptRunOptions {
   // rounding before OpenBLAS's fp32 product on the CPU: gemm.h).
   DType matmul_dtype = DType::kFloat32;
   AttentionKernel attention = AttentionKernel::kAuto;
+  // Rows of the LM head's logits held at once: 0 chooses (all B·T rows when
+  // their fp32 logits take at most kLossChunkBytes, else as many as fit
+  // there); fewer rows than B·T compute the loss chunk by chunk and compute
+  // each chunk's logits again in backward (one more head product), so no
+  // [B·T, V] tensor is ever held.
+  int64_t loss_chunk_rows = 0;
   // zinf bench model --breakdown: every stage marks its ops here (it must
   // outlive the model); null: no marks.
   OpProfile* profile = nullptr;
 };
+
+// The logits bytes above which the loss is computed in row chunks (when
+// GptRunOptions::loss_chunk_rows is 0).
+inline constexpr uint64_t kLossChunkBytes = uint64_t{256} << 20;
+// The rows of logits held at once for this model and batch (1 .. B·T).
+int64_t LossChunkRows(const GptConfig& c, const GptRunOptions& o);
 
 // kPlain or kFlash: what `o.attention` means for this model.
 AttentionKernel ResolveAttention(const GptConfig& c, const GptRunOptions& o);
@@ -113,7 +125,10 @@ struct ActivationLayout {
   uint64_t block_stride = 0;         // bytes between consecutive block sets
   int64_t block_sets = 0;            // L, or 1 with checkpointing
   Block block{};                     // offsets inside a block set
+  // probs: loss_chunk_rows rows of logits, then probabilities, then their
+  // gradient ([loss_chunk_rows, V]); losses: every row's [B·T].
   uint64_t lnf = 0, lnf_mean = 0, lnf_rstd = 0, probs = 0, losses = 0;
+  int64_t loss_chunk_rows = 0;
   // datt: scratch of att's size (plain), or flash's δ [B, H, T].
   uint64_t dres = 0, dbuf = 0, dqkv = 0, datt = 0, dfch = 0;
   uint64_t wide_embedding = 0, wide_unit = 0, grad_embedding = 0, grad_unit = 0;  // conversion, when used

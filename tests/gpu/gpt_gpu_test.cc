@@ -71,6 +71,7 @@ struct Case {
   float loss_scale = 1.0f;  // backpropagates loss_scale · loss (fp16 loss scaling)
   DType matmul = DType::kFloat32;  // the products' operands (GptRunOptions::matmul_dtype)
   AttentionKernel attention = AttentionKernel::kAuto;
+  int64_t loss_chunk_rows = 0;  // GptRunOptions::loss_chunk_rows (0: every row of these small models)
 };
 
 // One forward + backward on host buffers (test::Step with a loss scale).
@@ -126,6 +127,7 @@ TEST_P(GptOnCudaTest, LossAndGradientsMatchTheCpuModel) {
   o.accumulate_grads = k.bf16;  // accumulate onto a non-zero start: exercises the fp32 accumulator's load
   o.matmul_dtype = k.matmul;
   o.attention = k.attention;
+  o.loss_chunk_rows = k.loss_chunk_rows;
   EXPECT_EQ(ResolveAttention(c, o) == AttentionKernel::kFlash, std::string(k.name).starts_with("flash")) << k.name;
   const int64_t BT = o.batch_size * c.max_seq_len;
   auto params = MakeParams(c, 21);
@@ -296,6 +298,10 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GptOnCudaTest,
                                                 DType::kBFloat16},
                                            Case{"flash_attention_d128_checkpointing_bf16", Shape(97, 130, 256, 2, 2),
                                                 true, true, 1.0f, DType::kBFloat16},
+                                           Case{"odd_vocab_loss_in_chunks", Shape(97, 67, 48, 3, 6), false, false,
+                                                1024.0f, DType::kFloat32, AttentionKernel::kAuto, 50},
+                                           Case{"bf16_matmul_loss_in_chunks", Shape(97, 40, 64, 2, 4), false, true,
+                                                1.0f, DType::kBFloat16, AttentionKernel::kAuto, 33},
                                            Case{"tiny_llama", Preset("tiny-llama"), false, false},
                                            Case{"tiny_llama_checkpointing", Preset("tiny-llama"), true, false},
                                            Case{"tiny_llama_bf16_accumulate", Preset("tiny-llama"), false, true},

@@ -251,6 +251,57 @@ TEST(GptModelTest, CheckpointingGivesTheSameBitsAndSavesMemory) {
   EXPECT_EQ(a.scratch_bytes, b.scratch_bytes);
 }
 
+// The loss in row chunks: each chunk's logits are computed again in
+// backward, so the loss and the gradients are the whole product's up to the
+// order of the head gradient's sums over rows (a chunk's partial added to
+// it, not every row at once) and what the products do with fewer rows; the
+// logits held shrink to one chunk's.
+TEST(GptModelTest, LossInRowChunksMatchesTheWholeAndHoldsOneChunk) {
+  const GptConfig c = Chunky();
+  GptRunOptions o;
+  o.batch_size = 3;  // 288 rows: chunks of 100, 100 and 88
+  o.num_threads = 2;
+  const StepResult whole = RunStep(c, o);
+  GptRunOptions chunked = o;
+  chunked.loss_chunk_rows = 100;
+  const StepResult parts = RunStep(c, chunked);
+  EXPECT_NEAR(parts.loss, whole.loss, 1e-6 * std::fabs(whole.loss));
+  for (size_t u = 0; u < whole.grads.size(); ++u) {
+    const double rel = RelativeDifference(parts.grads[u], whole.grads[u]);
+    std::printf("  unit %zu: chunked-loss gradient relative difference %.3g\n", u, rel);
+    EXPECT_LT(rel, 1e-6) << "unit " << u;
+  }
+  // One chunk is the whole when there is no more than one.
+  chunked.loss_chunk_rows = 288;
+  ExpectBitIdentical(whole, RunStep(c, chunked));
+
+  GptRunOptions hundred = o;
+  hundred.loss_chunk_rows = 100;
+  const ActivationLayout a = ActivationLayout::For(c, o), b = ActivationLayout::For(c, hundred);
+  EXPECT_EQ(a.loss_chunk_rows, 288);
+  EXPECT_EQ(b.loss_chunk_rows, 100);
+  EXPECT_GE(a.saved_bytes - b.saved_bytes, static_cast<uint64_t>(188 * c.vocab_size * 4));
+}
+
+// Who chooses the chunk: the logits of every row when they take at most
+// kLossChunkBytes, else as many rows as fit there; a given row count is
+// kept within 1 .. B·T.
+TEST(GptModelTest, LossChunkRowsFollowTheLogitsBytes) {
+  GptConfig c = Chunky();
+  GptRunOptions o;
+  o.batch_size = 4;
+  EXPECT_EQ(LossChunkRows(c, o), 4 * 96);
+  c.vocab_size = 128256;
+  c.max_seq_len = 2048;
+  const int64_t fit = static_cast<int64_t>(kLossChunkBytes / (128256 * 4));
+  EXPECT_EQ(LossChunkRows(c, o), fit);
+  EXPECT_LE(static_cast<uint64_t>(fit) * 128256 * 4, kLossChunkBytes);
+  o.loss_chunk_rows = 1 << 20;
+  EXPECT_EQ(LossChunkRows(c, o), 4 * 2048);
+  o.loss_chunk_rows = 7;
+  EXPECT_EQ(LossChunkRows(c, o), 7);
+}
+
 // 16-bit parameters are widened exactly, so the model must give the bits of
 // an fp32 run on the widened values; 16-bit gradients are the fp32 ones
 // rounded once.

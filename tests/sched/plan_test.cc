@@ -271,8 +271,9 @@ TEST(PlanTest, GptModel) {
 }
 
 // bf16 matrix-product operands add their two rounded copies, each the span of
-// the largest operand: for gpt2 at 2 × 1024 tokens the logits' gradient,
-// [B·T, V]; the plan counts them.
+// the largest operand: for gpt2 at 2 × 1024 tokens one loss chunk's logits
+// gradient, [LossChunkRows, V] (the whole [B·T, V] would take 411 MB of
+// fp32 logits, so the loss is computed in chunks); the plan counts them.
 TEST(PlanTest, Bf16MatmulCountsTheOperandCopies) {
   auto c = model::GptPreset("gpt2");
   ASSERT_TRUE(c.ok());
@@ -284,8 +285,10 @@ TEST(PlanTest, Bf16MatmulCountsTheOperandCopies) {
   const model::ActivationLayout fp32_layout = model::ActivationLayout::For(*c, o);
   o.matmul_dtype = DType::kBFloat16;
   const model::ActivationLayout bf16_layout = model::ActivationLayout::For(*c, o);
-  const uint64_t copy = 2ull * 1024 * c->vocab_size * 2;  // B·T·V bf16 elements
-  EXPECT_EQ(bf16_layout.bf16_operand_elems, 2 * 1024 * c->vocab_size);
+  const int64_t chunk = model::LossChunkRows(*c, o);
+  EXPECT_LT(chunk, 2 * 1024);
+  const uint64_t copy = static_cast<uint64_t>(chunk) * c->vocab_size * 2;  // a chunk's logits, bf16
+  EXPECT_EQ(bf16_layout.bf16_operand_elems, chunk * c->vocab_size);
   EXPECT_GE(bf16_layout.total_bytes - fp32_layout.total_bytes, 2 * copy);
   EXPECT_LE(bf16_layout.total_bytes - fp32_layout.total_bytes, 2 * copy + 128);  // alignment
 
