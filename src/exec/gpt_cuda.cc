@@ -90,6 +90,7 @@ class CudaStages final : public model::GptStages {
   }
 
   Status EmbedForward(const int32_t* tokens, const void* embedding) override {
+    Op(model::kStageOther);  // until the stage's first op
     const int64_t B = options_.batch_size, T = options_.seq_len, C = config_.embed_dim;
     Op("embedding");
     ZINF_RETURN_IF_ERROR(device_.CopyOnDevice(I32(layout_.tokens), tokens, B * T * sizeof(int32_t), stream_));
@@ -107,6 +108,7 @@ class CudaStages final : public model::GptStages {
   }
 
   Status BlockForward(int layer, const void* block) override {
+    Op(model::kStageOther);  // until the stage's first op
     if (forward_next_ < 0 || layer != forward_next_ || layer >= config_.num_layers) {
       return FailedPrecondition("gpt model: BlockForward(" + std::to_string(layer) + ") out of order");
     }
@@ -118,6 +120,7 @@ class CudaStages final : public model::GptStages {
   }
 
   Status HeadForward(const int32_t* targets, const void* final_norm, const void* embedding, float* loss) override {
+    Op(model::kStageOther);  // until the stage's first op
     if (forward_next_ != config_.num_layers) {
       return FailedPrecondition("gpt model: HeadForward before the forward of every block");
     }
@@ -151,6 +154,7 @@ class CudaStages final : public model::GptStages {
 
   Status HeadBackward(float loss_scale, const void* final_norm, const void* embedding, void* final_norm_grad,
                       void* embedding_grad) override {
+    Op(model::kStageOther);  // until the stage's first op
     if (!head_forward_done_ || backward_next_ != -2) {
       return FailedPrecondition("gpt model: HeadBackward needs a completed forward (HeadForward) first");
     }
@@ -199,6 +203,7 @@ class CudaStages final : public model::GptStages {
   }
 
   Status BlockBackward(int layer, const void* block, void* block_grad) override {
+    Op(model::kStageOther);  // until the stage's first op
     if (backward_next_ < 0 || layer != backward_next_) {
       return FailedPrecondition("gpt model: BlockBackward(" + std::to_string(layer) + ") out of order");
     }
@@ -260,6 +265,7 @@ class CudaStages final : public model::GptStages {
   }
 
   Status EmbedBackward(void* embedding_grad) override {
+    Op(model::kStageOther);  // until the stage's first op
     if (backward_next_ != -1) return FailedPrecondition("gpt model: EmbedBackward before the backward of every block");
     const int64_t B = options_.batch_size, T = options_.seq_len, C = config_.embed_dim;
     const EmbeddingLayout e = EmbeddingLayout::For(config_);

@@ -59,6 +59,7 @@ class HostStages final : public GptStages {
   template <class Fn>
   Status Enqueue(Fn fn) {
     return stream_.Enqueue([model = model_, arena = arena_, fn = std::move(fn)](const StreamContext& ctx) -> Status {
+      MarkOp(model->options().profile, kStageOther);  // the task's time before the stage's first op
       void* host = ctx.Host(arena);
       if (!host) return Unimplemented("gpt model: device memory is not reachable from host tasks");
       model->BindActivations(host);

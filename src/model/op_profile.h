@@ -29,6 +29,10 @@ class OpProfile {
   virtual std::map<std::string, double> Take(int* lost = nullptr) = 0;
 };
 
+// The op every stage starts in, until its first named op: a stage's time
+// outside its named ops shows as this one, not between the stages.
+inline constexpr const char* kStageOther = "other";
+
 inline void MarkOp(OpProfile* p, const char* op) {
   if (p) p->Mark(op);
 }

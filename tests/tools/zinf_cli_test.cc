@@ -147,16 +147,13 @@ TEST(ZinfCliTest, ModelBenchTakesAShapeAndFeedsThePlan) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const nlohmann::json with_peak = nlohmann::json::parse(r.output);
   EXPECT_NEAR(with_peak.at("mfu").get<double>(), with_peak.at("tflop_per_s").get<double>() / 0.5, 1e-12);
-  // --breakdown: each op's time per step; the ops fill the stages. (A shape
-  // of some milliseconds a step: in a sub-millisecond one, handing each
-  // stage to the stream's worker and waiting for it would be half the time.
-  // Medians of 5 steps: a load spike in one step moves neither.)
+  // --breakdown: each op's time per step; the ops fill the stages.
   r = zinf::test::RunCommand(zinf::test::BinaryDir() +
                              "/zinf bench model --preset tiny --layers 2 --d-model 128 --heads 4 --vocab 1024 "
                              "--seq-len 64 --micro-batch 2 --steps 5 --breakdown --json 2>/dev/null");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const nlohmann::json ops = nlohmann::json::parse(r.output);
-  double step_seconds = 0, op_total = 0;
+  double step_seconds = 0, op_total = 0, other = 0;
   for (const auto& p : ops.at("phases")) {
     if (p.at("phase") == "step") step_seconds = p.at("seconds").get<double>();
   }
@@ -165,12 +162,17 @@ TEST(ZinfCliTest, ModelBenchTakesAShapeAndFeedsThePlan) {
     names.insert(op.at("op").get<std::string>());
     EXPECT_GE(op.at("seconds").get<double>(), 0.0) << op.dump();
     op_total += op.at("seconds").get<double>();
+    if (op.at("op") == "other") other = op.at("seconds").get<double>();
   }
   for (const char* op : {"matmul", "attention", "norm", "loss", "embedding", "activation", "residual"}) {
     EXPECT_TRUE(names.count(op)) << op << ": " << ops.at("ops").dump();
   }
   EXPECT_EQ(ops.at("ops_lost_marks"), 0);
-  EXPECT_GT(op_total, 0.5 * step_seconds) << ops.dump();
+  // Inside the stages the named ops hold the time: a stage's work before
+  // its first mark would show as "other". (Between the stages, handing
+  // each to the stream's worker, is the machine's: not checked.)
+  EXPECT_GT(op_total, 0.0) << ops.dump();
+  EXPECT_LT(other, 0.05 * op_total) << ops.dump();
   EXPECT_LT(op_total, 1.05 * step_seconds) << ops.dump();
   // A device it cannot use: one line, exit 2. CUDA: on a GPU the reference
   // is cuBLAS's product; without one, a failure naming CUDA.
