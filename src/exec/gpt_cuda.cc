@@ -9,6 +9,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <utility>
@@ -270,8 +271,12 @@ class CudaStages final : public model::GptStages {
     const int64_t B = options_.batch_size, T = options_.seq_len, C = config_.embed_dim;
     const EmbeddingLayout e = EmbeddingLayout::For(config_);
     Op("embedding");
+    // The rows' sort keys in dbuf, which no block needs any more (8 bytes a
+    // row, rounded up to a power of two, against its 4 · max(C, Q, I)).
+    const uint64_t dbuf_bytes = static_cast<uint64_t>(B * T) * std::max({C, config_.q_dim(), config_.mlp_dim()}) * 4;
     ZINF_RETURN_IF_ERROR(EmbeddingBackward(F32(layout_.dres), I32(layout_.tokens), embedding_grad32_ + e.wte,
-                                           TensorAt(embedding_grad32_, e.wpe), B * T, T, C, s_));
+                                           TensorAt(embedding_grad32_, e.wpe), B * T, T, C, F32(layout_.dbuf),
+                                           dbuf_bytes, s_));
     ZINF_RETURN_IF_ERROR(EndGrad(embedding_grad, embedding_grad32_, e.num_elems));
     EndOps();
     embedding_grad32_ = nullptr;

@@ -5,9 +5,9 @@
 // bf16 operands), with GptModel's activation layout in a device arena and
 // GptModel's stage order. RoPE's table is the CPU model's, built on the host
 // and copied to the device once. Every call enqueues on the stream and
-// returns; nothing waits for the device. The elementwise and row math is the
-// CPU's; the matrix products and the atomic embedding scatter-add differ
-// from the CPU in rounding only. Flash attention (bf16 operands) takes heads
+// returns; nothing waits for the device. The elementwise and row math, and
+// the embedding gradient's sums (rows in order, no atomics), are the CPU's;
+// the matrix products differ from the CPU in rounding only. Flash attention (bf16 operands) takes heads
 // of 64 and 128 (kInvalidArgument otherwise); the plain attention any head
 // size. No CUDA header leaks from here.
 // Thread-safety: one thread at a time (one stream's order).

@@ -466,15 +466,59 @@ __global__ void EmbeddingForwardKernel(const int32_t* __restrict__ tokens, const
   }
 }
 
-__global__ void EmbeddingBackwardKernel(const float* __restrict__ dout, const int32_t* __restrict__ tokens,
-                                        float* dwte, float* dwpe, int64_t rows, int64_t seq_len, int64_t channels) {
-  const size_t n = static_cast<size_t>(rows) * static_cast<size_t>(channels);
+// Embedding backward without atomics. Keys (token << 32 | row) for the
+// rows, the padding up to a power of two all ones (sorted last).
+__global__ void EmbeddingKeysKernel(const int32_t* __restrict__ tokens, uint64_t* __restrict__ keys, int64_t rows,
+                                    int64_t n) {
+  for (size_t i = GlobalThread(); i < static_cast<size_t>(n); i += GridStride()) {
+    const int64_t r = static_cast<int64_t>(i);
+    keys[i] = r < rows ? (static_cast<uint64_t>(static_cast<uint32_t>(tokens[r])) << 32) | static_cast<uint64_t>(r)
+                       : ~uint64_t{0};
+  }
+}
+
+// One compare-exchange step (j, k) of an ascending bitonic sort of n keys.
+__global__ void BitonicStepKernel(uint64_t* keys, int64_t n, int64_t j, int64_t k) {
+  for (size_t t = GlobalThread(); t < static_cast<size_t>(n); t += GridStride()) {
+    const int64_t i = static_cast<int64_t>(t), l = i ^ j;
+    if (l <= i) continue;
+    const uint64_t a = keys[i], b = keys[l];
+    const bool ascending = (i & k) == 0;
+    if ((a > b) == ascending) {
+      keys[i] = b;
+      keys[l] = a;
+    }
+  }
+}
+
+// A thread block per sorted position that starts a token's run: its
+// channels, each the run's rows added in increasing row order.
+__global__ void EmbeddingTokenGradKernel(const float* __restrict__ dout, const uint64_t* __restrict__ keys,
+                                         float* __restrict__ dwte, int64_t rows, int64_t channels) {
+  for (int64_t i = blockIdx.x; i < rows; i += gridDim.x) {
+    const uint64_t token = keys[i] >> 32;
+    if (i > 0 && (keys[i - 1] >> 32) == token) continue;
+    float* te = dwte + static_cast<int64_t>(token) * channels;
+    for (int64_t c = threadIdx.x; c < channels; c += blockDim.x) {
+      float acc = te[c];
+      for (int64_t j = i; j < rows && (keys[j] >> 32) == token; ++j) {
+        acc += dout[static_cast<int64_t>(keys[j] & 0xffffffffu) * channels + c];
+      }
+      te[c] = acc;
+    }
+  }
+}
+
+// A thread per (position, channel): rows t, t + seq_len, ... in order.
+__global__ void EmbeddingPositionGradKernel(const float* __restrict__ dout, float* __restrict__ dwpe, int64_t rows,
+                                            int64_t seq_len, int64_t channels) {
+  const size_t n = static_cast<size_t>(rows < seq_len ? rows : seq_len) * static_cast<size_t>(channels);
   for (size_t i = GlobalThread(); i < n; i += GridStride()) {
-    const int64_t r = static_cast<int64_t>(i / static_cast<size_t>(channels));
+    const int64_t t = static_cast<int64_t>(i / static_cast<size_t>(channels));
     const int64_t c = static_cast<int64_t>(i % static_cast<size_t>(channels));
-    const float d = dout[i];
-    atomicAdd(dwte + static_cast<int64_t>(tokens[r]) * channels + c, d);
-    if (dwpe) atomicAdd(dwpe + (r % seq_len) * channels + c, d);
+    float acc = dwpe[i];
+    for (int64_t r = t; r < rows; r += seq_len) acc += dout[r * channels + c];
+    dwpe[i] = acc;
   }
 }
 
@@ -756,16 +800,43 @@ Status EmbeddingForward(const int32_t* tokens, const float* wte, const float* wp
   return ZINF_CHECK_LAUNCH("EmbeddingForwardKernel");
 }
 
+size_t EmbeddingBackwardWorkspaceBytes(int64_t rows) {
+  size_t n = 1;
+  while (static_cast<int64_t>(n) < rows) n <<= 1;
+  return n * sizeof(uint64_t);
+}
+
 Status EmbeddingBackward(const float* dout, const int32_t* tokens, float* dwte, float* dwpe, int64_t rows,
-                         int64_t seq_len, int64_t channels, void* stream) {
+                         int64_t seq_len, int64_t channels, void* workspace, size_t workspace_bytes, void* stream) {
   ZINF_RETURN_IF_ERROR(CheckRows("gpu::EmbeddingBackward", rows, channels, "channels"));
   if (seq_len < 1) return InvalidArgument("gpu::EmbeddingBackward: seq_len " + std::to_string(seq_len));
+  if (rows >= (int64_t{1} << 31)) {
+    return InvalidArgument("gpu::EmbeddingBackward: " + std::to_string(rows) + " rows (at most 2^31 - 1)");
+  }
   if (rows == 0) return Status::Ok();
   if (!dout || !tokens || !dwte) return InvalidArgument("gpu::EmbeddingBackward: null dout, tokens or dwte");
-  const size_t n = static_cast<size_t>(rows) * static_cast<size_t>(channels);
-  EmbeddingBackwardKernel<<<BlocksFor(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(dout, tokens, dwte, dwpe,
-                                                                                             rows, seq_len, channels);
-  return ZINF_CHECK_LAUNCH("EmbeddingBackwardKernel");
+  const size_t need = EmbeddingBackwardWorkspaceBytes(rows);
+  if (!workspace || workspace_bytes < need || reinterpret_cast<uintptr_t>(workspace) % alignof(uint64_t) != 0) {
+    return InvalidArgument("gpu::EmbeddingBackward: the workspace must hold " + std::to_string(need) +
+                           " bytes, 8-byte aligned (given " + std::to_string(workspace_bytes) + ")");
+  }
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  const int64_t n = static_cast<int64_t>(need / sizeof(uint64_t));
+  auto* keys = static_cast<uint64_t*>(workspace);
+  EmbeddingKeysKernel<<<BlocksFor(n), kThreads, 0, s>>>(tokens, keys, rows, n);
+  ZINF_RETURN_IF_ERROR(ZINF_CHECK_LAUNCH("EmbeddingKeysKernel"));
+  for (int64_t k = 2; k <= n; k <<= 1) {
+    for (int64_t j = k >> 1; j > 0; j >>= 1) {
+      BitonicStepKernel<<<BlocksFor(n), kThreads, 0, s>>>(keys, n, j, k);
+      ZINF_RETURN_IF_ERROR(ZINF_CHECK_LAUNCH("BitonicStepKernel"));
+    }
+  }
+  EmbeddingTokenGradKernel<<<BlocksForRows(rows), kThreads, 0, s>>>(dout, keys, dwte, rows, channels);
+  ZINF_RETURN_IF_ERROR(ZINF_CHECK_LAUNCH("EmbeddingTokenGradKernel"));
+  if (!dwpe) return Status::Ok();
+  const size_t positions = static_cast<size_t>(std::min(rows, seq_len)) * static_cast<size_t>(channels);
+  EmbeddingPositionGradKernel<<<BlocksFor(positions), kThreads, 0, s>>>(dout, dwpe, rows, seq_len, channels);
+  return ZINF_CHECK_LAUNCH("EmbeddingPositionGradKernel");
 }
 
 Status ResidualForward(const float* a, const float* b, float* out, size_t n, void* stream) {

@@ -4,8 +4,7 @@
 // ZINF_HOST_DEVICE per-element functions as the CPU code (math/adam_math.h,
 // common/float16.h, math/gpt_math.h), and the row reductions add in the same
 // order as the CPU layers (model/layers.cc), so a kernel and its CPU twin
-// agree bit for bit except where noted (the log of the cross-entropy loss
-// and the atomic scatter-add of EmbeddingBackward).
+// agree bit for bit except where noted (the log of the cross-entropy loss).
 //
 // Every function enqueues work on `stream` (a cudaStream_t; nullptr is the
 // legacy default stream) and returns without waiting; all pointers are
@@ -88,12 +87,18 @@ Status SoftmaxCrossEntropyBackward(const float* probs, const int32_t* targets, f
 Status EmbeddingForward(const int32_t* tokens, const float* wte, const float* wpe, float* out, int64_t rows,
                         int64_t seq_len, int64_t channels, void* stream);
 // dwte[tokens[r]] += dout[r]; dwpe[r % seq_len] += dout[r] when dwpe is not
-// null. The scatter-add uses atomicAdd, so the order in which the rows of a
-// repeated token (or position) are added is not fixed: the result is not
-// bit-deterministic from run to run, only within the rounding of a
-// reordered sum of the same terms.
+// null; each element adds its rows in increasing r, as the CPU
+// EncoderBackward does, so the two agree bit for bit and a run repeats
+// itself (no atomics). The rows are ordered by (token, row) first, a
+// bitonic sort of 64-bit keys in `workspace` (device memory of at least
+// EmbeddingBackwardWorkspaceBytes(rows) bytes, 8-byte aligned, free for
+// this call's work on `stream`); then one thread block per distinct token
+// adds its rows, and one thread per (position, channel) its batch rows.
+// rows < 2^31.
 Status EmbeddingBackward(const float* dout, const int32_t* tokens, float* dwte, float* dwpe, int64_t rows,
-                         int64_t seq_len, int64_t channels, void* stream);
+                         int64_t seq_len, int64_t channels, void* workspace, size_t workspace_bytes, void* stream);
+// 8 bytes per row, the rows rounded up to a power of two.
+size_t EmbeddingBackwardWorkspaceBytes(int64_t rows);
 
 // ---- the rest of the GPT layers (model/layers.h), for the model on CUDA.
 // The matrix products are cuBLAS's (exec/gpt_cuda.cc); these are the pieces

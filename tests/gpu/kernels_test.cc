@@ -6,16 +6,13 @@
 // Tolerances:
 //   Adam, casts, GELU, LayerNorm (forward and backward), column sums, the
 //   causal attention softmax (forward and backward), softmax probabilities,
-//   the cross-entropy gradient, embedding forward: 0 ulp
+//   the cross-entropy gradient, embedding forward and backward: 0 ulp
 //   (bits equal; a NaN matches any NaN, as NaN payloads are not specified).
 //   The kernels evaluate the same per-element functions with contraction
 //   off, and the row and column sums add in the CPU layers' order.
 //   Cross-entropy loss: |gpu - cpu| <= 1e-6 · max(1, |cpu|). The loss takes
 //   a log, which is the device's logf (within 1 ulp) on the GPU and the C
 //   library's on the CPU; a few ulp after the two additions that follow.
-//   Embedding backward: the atomic scatter-add sums the same k terms
-//   (including the initial value) in another order, so each element is
-//   within (k - 1) · FLT_EPSILON · Σ|terms| of the CPU's ordered sum.
 #include "gpu/kernels.h"
 
 #include <cuda_runtime.h>
@@ -429,8 +426,7 @@ TEST_F(GpuKernelTest, EmbeddingMatchesTheCpuLayers) {
   model::EncoderBackward(threads_, dwte.data(), dwpe.data(), dout.data(), tokens.data(), kBatch, kSeqLen, kChannels);
 
   DeviceArray<int32_t> gtokens(tokens);
-  DeviceArray<float> gwte(wte), gwpe(wpe), gdout(dout), gout(Zeros<float>(out.size())), gdwte(dwte0),
-      gdwpe(dwpe0);
+  DeviceArray<float> gwte(wte), gwpe(wpe), gdout(dout), gout(Zeros<float>(out.size()));
   ASSERT_TRUE(EmbeddingForward(gtokens.get(), gwte.get(), gwpe.get(), gout.get(), rows, kSeqLen, kChannels, nullptr)
                   .ok());
   ExpectSameFloats(gout.ToHost(), out, "out");
@@ -443,28 +439,36 @@ TEST_F(GpuKernelTest, EmbeddingMatchesTheCpuLayers) {
       ASSERT_TRUE(SameFloat(gathered[r * kChannels + c], wte[tokens[r] * kChannels + c])) << r << ", " << c;
   }
 
-  ASSERT_TRUE(EmbeddingBackward(gdout.get(), gtokens.get(), gdwte.get(), gdwpe.get(), rows, kSeqLen, kChannels,
-                                nullptr)
-                  .ok());
-  // The error bound of each element: (k - 1) · FLT_EPSILON · Σ|terms|.
-  std::vector<double> te_abs(dwte0.size()), pe_abs(dwpe0.size());
-  std::vector<int> te_terms(dwte0.size(), 1), pe_terms(dwpe0.size(), 1);
-  for (size_t i = 0; i < dwte0.size(); ++i) te_abs[i] = std::fabs(dwte0[i]);
-  for (size_t i = 0; i < dwpe0.size(); ++i) pe_abs[i] = std::fabs(dwpe0[i]);
-  for (int64_t r = 0; r < rows; ++r) {
+  // Backward adds each element's rows in row order, as the CPU does: the
+  // same bits, run after run (twice here, and with a batch of rows that is
+  // not a power of two, so the sort's padding is in play).
+  for (int run = 0; run < 2; ++run) {
+    SCOPED_TRACE("run " + std::to_string(run));
+    DeviceArray<float> gdwte_run(dwte0), gdwpe_run(dwpe0);
+    DeviceArray<uint64_t> work(Zeros<uint64_t>(EmbeddingBackwardWorkspaceBytes(rows) / 8));
+    ASSERT_TRUE(EmbeddingBackward(gdout.get(), gtokens.get(), gdwte_run.get(), gdwpe_run.get(), rows, kSeqLen,
+                                  kChannels, work.get(), EmbeddingBackwardWorkspaceBytes(rows), nullptr)
+                    .ok());
+    ExpectSameFloats(gdwte_run.ToHost(), dwte, "dwte");
+    ExpectSameFloats(gdwpe_run.ToHost(), dwpe, "dwpe");
+  }
+  const int64_t odd_rows = rows - 3;  // a partial last sequence
+  std::vector<float> dwte_odd = dwte0, dwpe_odd = dwpe0;
+  std::vector<float> dout_odd(dout.begin(), dout.begin() + odd_rows * kChannels);
+  std::vector<int32_t> tokens_odd(tokens.begin(), tokens.begin() + odd_rows);
+  for (int64_t r = 0; r < odd_rows; ++r) {
     for (int64_t c = 0; c < kChannels; ++c) {
-      const double d = std::fabs(dout[r * kChannels + c]);
-      te_abs[tokens[r] * kChannels + c] += d;
-      ++te_terms[tokens[r] * kChannels + c];
-      pe_abs[(r % kSeqLen) * kChannels + c] += d;
-      ++pe_terms[(r % kSeqLen) * kChannels + c];
+      dwte_odd[tokens_odd[r] * kChannels + c] += dout_odd[r * kChannels + c];
+      dwpe_odd[(r % kSeqLen) * kChannels + c] += dout_odd[r * kChannels + c];
     }
   }
-  const std::vector<float> gpu_dwte = gdwte.ToHost(), gpu_dwpe = gdwpe.ToHost();
-  for (size_t i = 0; i < dwte.size(); ++i)
-    EXPECT_NEAR(gpu_dwte[i], dwte[i], (te_terms[i] - 1) * FLT_EPSILON * te_abs[i]) << "dwte " << i;
-  for (size_t i = 0; i < dwpe.size(); ++i)
-    EXPECT_NEAR(gpu_dwpe[i], dwpe[i], (pe_terms[i] - 1) * FLT_EPSILON * pe_abs[i]) << "dwpe " << i;
+  DeviceArray<float> gdwte_odd(dwte0), gdwpe_odd(dwpe0);
+  DeviceArray<uint64_t> work(Zeros<uint64_t>(EmbeddingBackwardWorkspaceBytes(odd_rows) / 8));
+  ASSERT_TRUE(EmbeddingBackward(gdout.get(), gtokens.get(), gdwte_odd.get(), gdwpe_odd.get(), odd_rows, kSeqLen,
+                                kChannels, work.get(), EmbeddingBackwardWorkspaceBytes(odd_rows), nullptr)
+                  .ok());
+  ExpectSameFloats(gdwte_odd.ToHost(), dwte_odd, "dwte, odd rows");
+  ExpectSameFloats(gdwpe_odd.ToHost(), dwpe_odd, "dwpe, odd rows");
 }
 
 TEST(GpuKernelArgsTest, RowKernelsRefuseBadShapes) {
@@ -473,6 +477,18 @@ TEST(GpuKernelArgsTest, RowKernelsRefuseBadShapes) {
   EXPECT_EQ(LayerNormForward(&x, &x, &x, &x, &x, &x, 1, 0, nullptr).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(SoftmaxCrossEntropyForward(&x, &t, &x, &x, -1, 4, nullptr).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(EmbeddingForward(&t, &x, nullptr, &x, 1, 0, 1, nullptr).code(), StatusCode::kInvalidArgument);
+  // Embedding backward's sort keys: 8 bytes a row, rows rounded up to a
+  // power of two; a smaller or misaligned workspace is refused before any
+  // launch.
+  EXPECT_EQ(EmbeddingBackwardWorkspaceBytes(1), 8u);
+  EXPECT_EQ(EmbeddingBackwardWorkspaceBytes(128), 1024u);
+  EXPECT_EQ(EmbeddingBackwardWorkspaceBytes(129), 2048u);
+  uint64_t small[2] = {};
+  EXPECT_EQ(EmbeddingBackward(&x, &t, &x, nullptr, 3, 3, 1, small, sizeof small, nullptr).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(EmbeddingBackward(&x, &t, &x, nullptr, 2, 2, 1, reinterpret_cast<char*>(small) + 4, 12, nullptr).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(EmbeddingBackward(&x, &t, &x, nullptr, 2, 2, 1, nullptr, 0, nullptr).code(), StatusCode::kInvalidArgument);
   EXPECT_TRUE(LayerNormForward(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 0, 8, nullptr).ok());
 }
 
