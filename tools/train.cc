@@ -754,6 +754,7 @@ int Run(const TrainOptions& opt) {
     model::GptRunOptions one = ro;
     one.param_dtype = DType::kFloat32;
     one.batch_size = 1;
+    one.loss_chunk_rows = std::numeric_limits<int64_t>::max();  // every row's probabilities: the sample reads row n - 1
     auto gen = Must(model::GptModel::Create(mc, one), "sampling model");
     std::vector<char> a(gen->activation_bytes() + 64);
     gen->BindActivations(reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(a.data()) + 63) & ~uintptr_t{63}));

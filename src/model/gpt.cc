@@ -163,7 +163,8 @@ ActivationLayout ActivationLayout::For(const GptConfig& c, const GptRunOptions& 
   }
   if (o.matmul_dtype == DType::kBFloat16) {
     // Linear layers (activations [B·T, 4C] at most, weights [C, 4C]), the LM
-    // head (logits' gradient [B·T, V], wte [V, C]) and, for the plain
+    // head (one loss chunk's logits gradient [loss_chunk_rows, V], wte
+    // [V, C]) and, for the plain
     // attention, one batch row's (scores H × T × T, the row's qkv T × 3C);
     // flash attention rounds its tiles itself.
     l.bf16_operand_elems =

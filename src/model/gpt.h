@@ -189,8 +189,9 @@ class GptModel {
   Status Backward(std::span<const void* const> unit_params, std::span<void* const> unit_grads,
                   float loss_scale = 1.0f);
 
-  // After HeadForward: the softmax of the logits, [B·T, V] (overwritten by
-  // HeadBackward).
+  // After HeadForward: the softmax of the logits of the last loss chunk,
+  // rows [B·T − n, B·T) × V for its n rows (overwritten by HeadBackward):
+  // every row when loss_chunk_rows ≥ B·T, as a caller reading any row sets.
   const float* probabilities() const;
 
  private:
