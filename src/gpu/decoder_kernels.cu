@@ -55,21 +55,47 @@ __device__ inline int64_t HalfWarpRowStride() { return static_cast<int64_t>(Grid
 
 // ---- RMSNorm ----
 
+// The calling lane's elements c = lane, lane + 16, ... below `end`, in
+// increasing order: load(c) of a batch of kRowBatch of them is issued before
+// use(c, loaded) of any, so the loads are in flight together and a use may
+// store to its own element (x and y, or dy and dx, may be one buffer: without
+// the batch, each load would wait for the store before it).
+constexpr int kRowBatch = 8;
+template <class Load, class Use>
+__device__ inline void ForLaneBatches(int lane, int64_t end, const Load& load, const Use& use) {
+  using Loaded = decltype(load(int64_t{0}));
+  int64_t c = lane;
+  for (; c + (kRowBatch - 1) * kLanes < end; c += kRowBatch * kLanes) {
+    Loaded v[kRowBatch];
+#pragma unroll
+    for (int k = 0; k < kRowBatch; ++k) v[k] = load(c + k * kLanes);
+#pragma unroll
+    for (int k = 0; k < kRowBatch; ++k) use(c + k * kLanes, v[k]);
+  }
+  for (; c < end; c += kLanes) use(c, load(c));
+}
+
 // x and y may be the same buffer: not __restrict__.
 __global__ void RmsNormForwardKernel(const float* x, const float* __restrict__ w, float* y, float* __restrict__ rstd,
                                      StridedRows rows, float eps) {
   const unsigned mask = HalfWarpMask();
   const int lane = static_cast<int>(threadIdx.x % kLanes);
   const int64_t n = rows.n, full = n / kLanes * kLanes, tail = n - full;
+  struct XW {
+    float x, w;
+  };
   for (int64_t r = HalfWarpRow(); r < rows.rows; r += HalfWarpRowStride()) {
     const int64_t at = rows.Offset(r);
     const float* xr = x + at;
     float acc = 0.0f;  // LaneSumSquares: lane `lane`
-    for (int64_t c = lane; c < full; c += kLanes) acc += xr[c] * xr[c];
+    ForLaneBatches(
+        lane, full, [&](int64_t c) { return xr[c]; }, [&](int64_t, float v) { acc += v * v; });
     const float tail_x = lane < tail ? xr[full + lane] : 0.0f;
     const float s = model::RmsNormRstd(LaneSumThenTail(mask, acc, tail_x * tail_x, tail), n, eps);
     float* yr = y + at;
-    for (int64_t c = lane; c < n; c += kLanes) yr[c] = model::RmsNormOutput(xr[c], s, w[c]);
+    ForLaneBatches(
+        lane, n, [&](int64_t c) { return XW{xr[c], w[c]}; },
+        [&](int64_t c, XW v) { yr[c] = model::RmsNormOutput(v.x, s, v.w); });
     if (lane == 0) rstd[r] = s;
   }
 }
@@ -81,21 +107,28 @@ __global__ void RmsNormBackwardRowsKernel(const float* dy, const float* __restri
   const unsigned mask = HalfWarpMask();
   const int lane = static_cast<int>(threadIdx.x % kLanes);
   const int64_t n = rows.n, full = n / kLanes * kLanes, tail = n - full;
+  struct Terms {
+    float dy, w, x, dx;
+  };
   for (int64_t r = HalfWarpRow(); r < rows.rows; r += HalfWarpRowStride()) {
     const int64_t at = rows.Offset(r);
     const float* dyr = dy + at;
     const float* xr = x + at;
     const float s = rstd[r];
     float acc = 0.0f;  // RmsNormGradDot: lane `lane`
-    for (int64_t c = lane; c < full; c += kLanes) acc += model::RmsNormGradDotTerm(dyr[c], w[c], xr[c], s);
+    ForLaneBatches(
+        lane, full, [&](int64_t c) { return Terms{dyr[c], w[c], xr[c], 0.0f}; },
+        [&](int64_t, Terms v) { acc += model::RmsNormGradDotTerm(v.dy, v.w, v.x, s); });
     const float tail_term =
         lane < tail ? model::RmsNormGradDotTerm(dyr[full + lane], w[full + lane], xr[full + lane], s) : 0.0f;
     const float dot = LaneSumThenTail(mask, acc, tail_term, tail);
     float* dxr = dx + at;
-    for (int64_t c = lane; c < n; c += kLanes) {
-      const float g = model::RmsNormInputGrad(dyr[c], w[c], xr[c], s, dot, n);
-      dxr[c] = accumulate ? dxr[c] + g : g;
-    }
+    ForLaneBatches(
+        lane, n, [&](int64_t c) { return Terms{dyr[c], w[c], xr[c], accumulate ? dxr[c] : 0.0f}; },
+        [&](int64_t c, Terms v) {
+          const float g = model::RmsNormInputGrad(v.dy, v.w, v.x, s, dot, n);
+          dxr[c] = accumulate ? v.dx + g : g;
+        });
   }
 }
 

@@ -157,12 +157,13 @@ void CheckRmsNorm(const model::ModelThreads& th, int64_t elems, int64_t offset, 
 }
 
 // Dense rows: shorter than the 16 lanes, one lane group with and without a
-// tail, a long row, and the column chunks of lane_math.h (1000 rows: 16
+// tail, long rows (a lane's elements go by in batches of 8: 773 ends in a
+// part batch and a tail, 2048 is a model's row), and the column chunks of lane_math.h (1000 rows: 16
 // chunks of 64; 9001 rows: 127 chunks of 71).
 TEST_F(DecoderKernelTest, RmsNormOnDenseRowsMatchesTheCpuBitForBit) {
   uint64_t seed = 100;
   for (const auto& [R, n] : {std::pair<int64_t, int64_t>{37, 1}, {37, 15}, {37, 16}, {37, 17}, {37, 773},
-                            {1000, 64}, {9001, 40}}) {
+                            {1000, 64}, {9001, 40}, {64, 2048}}) {
     CheckRmsNorm(threads_, R * n, 0, RowSet::Dense(R, n), true, false, seed += 10);
     CheckRmsNorm(threads_, R * n, 0, RowSet::Dense(R, n), false, true, seed += 10);
   }
