@@ -10,6 +10,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <string>
 #include <utility>
@@ -91,7 +92,7 @@ class CudaStages final : public model::GptStages {
   }
 
   Status EmbedForward(const int32_t* tokens, const void* embedding) override {
-    Op(model::kStageOther);  // until the stage's first op
+    BeginStage();
     const int64_t B = options_.batch_size, T = options_.seq_len, C = config_.embed_dim;
     Op("embedding");
     ZINF_RETURN_IF_ERROR(device_.CopyOnDevice(I32(layout_.tokens), tokens, B * T * sizeof(int32_t), stream_));
@@ -109,7 +110,7 @@ class CudaStages final : public model::GptStages {
   }
 
   Status BlockForward(int layer, const void* block) override {
-    Op(model::kStageOther);  // until the stage's first op
+    BeginStage();
     if (forward_next_ < 0 || layer != forward_next_ || layer >= config_.num_layers) {
       return FailedPrecondition("gpt model: BlockForward(" + std::to_string(layer) + ") out of order");
     }
@@ -121,7 +122,7 @@ class CudaStages final : public model::GptStages {
   }
 
   Status HeadForward(const int32_t* targets, const void* final_norm, const void* embedding, float* loss) override {
-    Op(model::kStageOther);  // until the stage's first op
+    BeginStage();
     if (forward_next_ != config_.num_layers) {
       return FailedPrecondition("gpt model: HeadForward before the forward of every block");
     }
@@ -155,7 +156,7 @@ class CudaStages final : public model::GptStages {
 
   Status HeadBackward(float loss_scale, const void* final_norm, const void* embedding, void* final_norm_grad,
                       void* embedding_grad) override {
-    Op(model::kStageOther);  // until the stage's first op
+    BeginStage();
     if (!head_forward_done_ || backward_next_ != -2) {
       return FailedPrecondition("gpt model: HeadBackward needs a completed forward (HeadForward) first");
     }
@@ -184,12 +185,20 @@ class CudaStages final : public model::GptStages {
       }
       // scale · (p - onehot) with scale = loss_scale / targets, the count on the device.
       Op("loss");
-      ZINF_RETURN_IF_ERROR(
-          SoftmaxCrossEntropyBackward(dlogits, I32(layout_.targets) + r0, dlogits, rows, V, 1.0f, s_));
-      ZINF_RETURN_IF_ERROR(ScaleByCount(dlogits, static_cast<size_t>(rows * V), loss_scale, count_, s_));
+      if (bf16_) {  // straight into the bf16 operand copy, which both products read
+        uint16_t* dlogits16 = reinterpret_cast<uint16_t*>(arena_ + layout_.bf16_a);
+        ZINF_RETURN_IF_ERROR(SoftmaxCrossEntropyBackwardBf16(dlogits, I32(layout_.targets) + r0, dlogits16, rows, V,
+                                                             loss_scale, count_, s_));
+        bf16_copies_[2] = Bf16Copy{dlogits, dlogits16, rows * V};
+      } else {
+        ZINF_RETURN_IF_ERROR(
+            SoftmaxCrossEntropyBackward(dlogits, I32(layout_.targets) + r0, dlogits, rows, V, 1.0f, s_));
+        ZINF_RETURN_IF_ERROR(ScaleByCount(dlogits, static_cast<size_t>(rows * V), loss_scale, count_, s_));
+      }
       Op("matmul");
       ZINF_RETURN_IF_ERROR(Gemm(false, false, rows, C, V, 1.0f, dlogits, V, head, C, 0.0f, dlnf + r0 * C, C));
       ZINF_RETURN_IF_ERROR(Gemm(true, false, V, C, rows, 1.0f, dlogits, V, lnf + r0 * C, C, 1.0f, ghead, C));
+      bf16_copies_[2] = {};  // the next chunk's products overwrite the copy
     }
     float* dres = F32(layout_.dres);
     Op("norm");
@@ -204,7 +213,7 @@ class CudaStages final : public model::GptStages {
   }
 
   Status BlockBackward(int layer, const void* block, void* block_grad) override {
-    Op(model::kStageOther);  // until the stage's first op
+    BeginStage();
     if (backward_next_ < 0 || layer != backward_next_) {
       return FailedPrecondition("gpt model: BlockBackward(" + std::to_string(layer) + ") out of order");
     }
@@ -266,7 +275,7 @@ class CudaStages final : public model::GptStages {
   }
 
   Status EmbedBackward(void* embedding_grad) override {
-    Op(model::kStageOther);  // until the stage's first op
+    BeginStage();
     if (backward_next_ != -1) return FailedPrecondition("gpt model: EmbedBackward before the backward of every block");
     const int64_t B = options_.batch_size, T = options_.seq_len, C = config_.embed_dim;
     const EmbeddingLayout e = EmbeddingLayout::For(config_);
@@ -293,6 +302,16 @@ class CudaStages final : public model::GptStages {
   // Products inside an op of their own (the plain attention's QKᵀ and PV)
   // are that op's time, not "matmul"'s.
   const char* product_op_ = nullptr;
+  // bf16 roundings of fp32 ranges, for the products' operands (Bf16CopyOf):
+  // the bf16 parameters widened last into the unit's and the embedding's
+  // copies (Widen), and the loss gradient of HeadBackward's chunk, which is
+  // only ever a product operand and so is written in bf16 alone.
+  struct Bf16Copy {
+    const float* fp32 = nullptr;
+    const uint16_t* bf16 = nullptr;
+    int64_t n = 0;
+  };
+  std::array<Bf16Copy, 3> bf16_copies_{};
   struct ProductsAre {
     CudaStages* self;
     ProductsAre(CudaStages* s, const char* op) : self(s) { self->product_op_ = op; }
@@ -301,12 +320,36 @@ class CudaStages final : public model::GptStages {
   int32_t* I32(uint64_t offset) const { return reinterpret_cast<int32_t*>(arena_ + offset); }
 
   // 16-bit parameters widened into the arena; fp32 ones used in place.
+  // bf16 parameters are also kept as their widened copy's bf16 rounding
+  // (rounding a widened bf16 value gives it back): a product operand inside
+  // the copy is the parameters themselves, uncast.
   Result<const float*> Widen(const void* params, int64_t n, uint64_t wide_offset) {
     if (options_.param_dtype == DType::kFloat32) return static_cast<const float*>(params);
     Op("cast");
     float* dst = F32(wide_offset);
     ZINF_RETURN_IF_ERROR(Cast(params, options_.param_dtype, dst, DType::kFloat32, static_cast<size_t>(n), s_));
+    if (options_.param_dtype == DType::kBFloat16) {
+      bf16_copies_[wide_offset == layout_.wide_embedding ? 1 : 0] =
+          Bf16Copy{dst, static_cast<const uint16_t*>(params), n};
+    }
     return static_cast<const float*>(dst);
+  }
+  // A stage's start: its time is op `other` until its first named op, and no
+  // bf16 copy of an earlier stage stands for its operands any more.
+  void BeginStage() {
+    Op(model::kStageOther);
+    bf16_copies_ = {};
+  }
+  // The bf16 rounding of [x, x + span) where one is kept, or null. Only a
+  // 16-byte-aligned one: the products' fast kernels need it.
+  const void* Bf16CopyOf(const float* x, int64_t span) const {
+    for (const Bf16Copy& p : bf16_copies_) {
+      if (p.fp32 != nullptr && x >= p.fp32 && x + span <= p.fp32 + p.n) {
+        const uint16_t* at = p.bf16 + (x - p.fp32);
+        return reinterpret_cast<uintptr_t>(at) % 16 == 0 ? at : nullptr;
+      }
+    }
+    return nullptr;
   }
   // The fp32 gradient to add into: the buffer itself (fp32) or the arena's
   // accumulator (16-bit), zeroed or loaded per accumulate_grads.
@@ -377,9 +420,11 @@ class CudaStages final : public model::GptStages {
   // The bf16 copy of `count` row-major [rows, cols] matrices with leading
   // dimension ld, `stride` elements apart: every element of their span
   // (those between the rows too) rounded, so the copy keeps ld and stride.
+  // An operand with a kept bf16 rounding (Bf16CopyOf) is that, uncast.
   Result<const void*> Bf16Operand(const float* x, int64_t rows, int64_t cols, int64_t ld, int64_t stride,
                                   int64_t count, uint64_t slot) {
     const int64_t span = (count - 1) * stride + (rows - 1) * ld + cols;
+    if (const void* copy = Bf16CopyOf(x, span)) return copy;
     if (span > layout_.bf16_operand_elems) {
       return Internal("gpt model on CUDA: a bf16 operand of " + std::to_string(span) +
                       " elements exceeds the layout's copies of " + std::to_string(layout_.bf16_operand_elems));

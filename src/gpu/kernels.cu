@@ -4,11 +4,11 @@
 // --use_fast_math), so each element rounds the same operations in the same
 // order as the CPU twin.
 //
-// Row kernels (LayerNorm, softmax + cross-entropy) run one warp-sized block
-// per row (grid-stride over rows), so an SM holds as many rows as it holds
-// blocks. Their row sums and maxima reproduce the 16-lane
-// order of model/layers.cc (LaneSum, LaneMax, LaneExpSum) exactly: with
-// full = n - n % 16,
+// LayerNorm's row kernels run one warp-sized block per row (grid-stride
+// over rows), so an SM holds as many rows as it holds blocks; the loss runs
+// a 256-thread block per row of the vocabulary (LossRowLanes). Their row
+// sums and maxima reproduce the 16-lane order of model/layers.cc (LaneSum,
+// LaneMax, LaneExpSum) exactly: with full = n - n % 16,
 //   thread j < 16 accumulates lane j: acc_j = ((0 + t[j]) + t[j+16]) + ...
 //     over the indices below `full`, in increasing order;
 //   thread 16 accumulates the tail: tail = ((0 + t[full]) + t[full+1]) + ...;
@@ -17,12 +17,11 @@
 //   (for a maximum, m starts at -inf, takes the tail in order, then the
 //   lanes 0..15, each step `a > m ? a : m`).
 // That is the CPU's sequence of additions, so the sums, and everything
-// computed from them, are bit-identical to the CPU layers. It limits a row
-// reduction to 17 threads (a lane thread loads its elements a batch ahead
-// where nothing else reads them); the elementwise passes of a row use the
-// whole block. Column sums (LayerNorm's dw, db, the bias gradients) add in
-// lane_math.h's row chunks, the chunks of a column in parallel, then the
-// partials in chunk order, as the CPU does.
+// computed from them, are bit-identical to the CPU layers. It limits the
+// additions of a row to 17 threads; the loads and the elementwise passes of
+// a row use the whole block. Column sums (LayerNorm's dw, db, the bias
+// gradients) add in lane_math.h's row chunks, the chunks of a column in
+// parallel, then the partials in chunk order, as the CPU does.
 #include "gpu/kernels.h"
 
 #include <cuda_runtime.h>
@@ -216,10 +215,6 @@ __global__ void GeluBackwardKernel(const float* x, const float* dy, float* dx, s
 
 // ---- row reductions in the CPU's lane order (see the top of this file) ----
 
-// A lane thread's elements loaded ahead of their use, in LaneMax and
-// LaneExpSum: the loads of a batch are in flight together.
-constexpr int kLaneBatch = 8;
-
 // Σ term(i) for i in [0, n) in the lane order; every thread of the block
 // gets the sum. `scratch` is shared memory of kLanes + 1 floats. Must be
 // called by all threads of the block (it synchronises). term(i) is called
@@ -242,72 +237,6 @@ __device__ float LaneSum(const Term& term, int64_t n, float* scratch) {
   s = s + scratch[kLanes];
   __syncthreads();  // scratch may be reused by the caller's next reduction
   return s;
-}
-
-// f(i, x[i]) for the calling lane thread's elements i = lane, lane + 16, ...
-// below `full`, in increasing order; the loads of kLaneBatch of them are
-// issued before their calls, so a call may store to its own element.
-template <class F>
-__device__ void ForLaneElements(const float* x, int64_t full, const F& f) {
-  int64_t i = threadIdx.x;
-  for (; i + (kLaneBatch - 1) * kLanes < full; i += kLaneBatch * kLanes) {
-    float v[kLaneBatch];
-#pragma unroll
-    for (int k = 0; k < kLaneBatch; ++k) v[k] = x[i + k * kLanes];
-#pragma unroll
-    for (int k = 0; k < kLaneBatch; ++k) f(i + k * kLanes, v[k]);
-  }
-  for (; i < full; i += kLanes) f(i, x[i]);
-}
-
-// out[i] = exp(x[i] - row_max), returning Σ out[i] in the lane order (as
-// LaneSum over that term), a lane's elements loaded a batch before they are
-// written: out may be x, each element being read and written by one thread.
-__device__ float LaneExpSum(const float* x, float* out, float row_max, int64_t n, float* scratch) {
-  const int64_t full = n - n % kLanes;
-  if (threadIdx.x < kLanes) {
-    float acc = 0.0f;
-    ForLaneElements(x, full, [&](int64_t i, float v) {
-      const float e = model::SoftmaxExp(v, row_max);
-      out[i] = e;
-      acc += e;
-    });
-    scratch[threadIdx.x] = acc;
-  } else if (threadIdx.x == kLanes) {
-    float tail = 0.0f;
-    for (int64_t i = full; i < n; ++i) {
-      const float e = model::SoftmaxExp(x[i], row_max);
-      out[i] = e;
-      tail += e;
-    }
-    scratch[kLanes] = tail;
-  }
-  __syncthreads();
-  float s = 0.0f;
-  for (int j = 0; j < kLanes; ++j) s += scratch[j];
-  s = s + scratch[kLanes];
-  __syncthreads();
-  return s;
-}
-
-// max_i x[i] in the lane order of layers.cc's LaneMax (tail first, then the
-// lanes 0..15); every thread gets it.
-__device__ float LaneMax(const float* x, int64_t n, float* scratch) {
-  const int64_t full = n - n % kLanes;
-  if (threadIdx.x < kLanes) {
-    float acc = -INFINITY;
-    ForLaneElements(x, full, [&](int64_t, float v) { acc = v > acc ? v : acc; });
-    scratch[threadIdx.x] = acc;
-  } else if (threadIdx.x == kLanes) {
-    float m = -INFINITY;
-    for (int64_t i = full; i < n; ++i) m = x[i] > m ? x[i] : m;
-    scratch[kLanes] = m;
-  }
-  __syncthreads();
-  float m = scratch[kLanes];
-  for (int j = 0; j < kLanes; ++j) m = scratch[j] > m ? scratch[j] : m;
-  __syncthreads();
-  return m;
 }
 
 // ---- LayerNorm ----
@@ -420,24 +349,103 @@ __global__ void __launch_bounds__(kColumnWarps * 32)
 
 // ---- softmax + cross-entropy ----
 
-__global__ void SoftmaxCrossEntropyForwardKernel(const float* logits, const int32_t* __restrict__ targets,
-                                                 float* probs, float* __restrict__ losses, int64_t rows,
-                                                 int64_t vocab) {
+// The row reductions of the loss over a whole block. A row of the vocabulary
+// is long (32K to 256K) and there are few of them (a loss chunk), so 16 lane
+// threads a row would leave the memory idle. Here every thread of the block
+// loads: the row goes by in tiles of kLossTile elements, each thread loading
+// its kLossPerThread elements of the tile at once (load(i)), mapping each
+// (value(i, v), which may store to element i: it runs in the thread that
+// loaded it) into shared memory; then thread j < 16 folds lane j's elements
+// of the tile in increasing order and thread 16 the tail's, exactly the
+// sequence of layers.cc's lane loops (a tile starts at a multiple of 16, so
+// element i is the tile's i % 16 lane). On return scratch[j] holds lane j's
+// accumulator (j < 16) and scratch[16] the tail's, each started from `init`.
+constexpr unsigned kLossThreads = 256;
+constexpr int kLossPerThread = 8;
+constexpr int kLossTile = kLossThreads * kLossPerThread;
+static_assert(kLossTile % kLanes == 0);
+
+template <class Load, class Value, class Fold>
+__device__ void LossRowLanes(int64_t n, float init, const Load& load, const Value& value, const Fold& fold,
+                             float* tile, float* scratch) {
+  const int64_t full = n - n % kLanes;
+  float acc = init;  // lane threadIdx.x (< 16), or the tail (16)
+  for (int64_t t0 = 0; t0 < n; t0 += kLossTile) {
+    float v[kLossPerThread];
+#pragma unroll
+    for (int k = 0; k < kLossPerThread; ++k) {
+      const int64_t i = t0 + threadIdx.x + k * kLossThreads;
+      v[k] = i < n ? load(i) : 0.0f;
+    }
+#pragma unroll
+    for (int k = 0; k < kLossPerThread; ++k) {
+      const int64_t i = t0 + threadIdx.x + k * kLossThreads;
+      if (i < n) tile[threadIdx.x + k * kLossThreads] = value(i, v[k]);
+    }
+    __syncthreads();
+    const int64_t len = min(static_cast<int64_t>(kLossTile), n - t0);
+    const int64_t lanes_end = min(len, full - t0);  // the tile's elements below `full`
+    if (threadIdx.x < kLanes) {
+      for (int64_t k = threadIdx.x; k < lanes_end; k += kLanes) acc = fold(acc, tile[k]);
+    } else if (threadIdx.x == kLanes) {
+      for (int64_t k = max(lanes_end, int64_t{0}); k < len; ++k) acc = fold(acc, tile[k]);
+    }
+    __syncthreads();  // the tile is refilled next
+  }
+  if (threadIdx.x <= kLanes) scratch[threadIdx.x] = acc;
+  __syncthreads();
+}
+
+__global__ void __launch_bounds__(kLossThreads)
+    SoftmaxCrossEntropyForwardKernel(const float* logits, const int32_t* __restrict__ targets, float* probs,
+                                     float* __restrict__ losses, int64_t rows, int64_t vocab) {
+  __shared__ float tile[kLossTile];
   __shared__ float scratch[kLanes + 1];
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const float* xr = logits + r * vocab;
     float* pr = probs + r * vocab;
     const int32_t t = targets[r];
     // The target's logit is read before the (possibly in-place) softmax
-    // overwrites it; LaneMax synchronises the block after the read.
+    // overwrites it; the maximum's barriers come between.
     const float target_logit = t >= 0 ? xr[t] : 0.0f;
-    const float row_max = LaneMax(xr, vocab, scratch);
-    // Each element is read and written by the same thread, so in place is safe.
-    const float sum = LaneExpSum(xr, pr, row_max, vocab, scratch);
+    // LaneMax: each lane and the tail from -inf, then the tail first and the
+    // lanes 0..15 in order.
+    const auto max_of = [](float m, float a) { return a > m ? a : m; };
+    LossRowLanes(
+        vocab, -INFINITY, [&](int64_t i) { return xr[i]; }, [](int64_t, float x) { return x; }, max_of, tile,
+        scratch);
+    float row_max = scratch[kLanes];
+    for (int j = 0; j < kLanes; ++j) row_max = max_of(row_max, scratch[j]);
+    __syncthreads();
+    // LaneExpSum: out[i] = exp(x[i] - max), stored by the thread that loaded
+    // x[i]; the lanes from 0 in order, then the tail.
+    LossRowLanes(
+        vocab, 0.0f, [&](int64_t i) { return xr[i]; },
+        [&](int64_t i, float x) {
+          const float e = model::SoftmaxExp(x, row_max);
+          pr[i] = e;
+          return e;
+        },
+        [](float a, float e) { return a + e; }, tile, scratch);
+    float sum = 0.0f;
+    for (int j = 0; j < kLanes; ++j) sum += scratch[j];
+    sum = sum + scratch[kLanes];
     const float inv_sum = 1.0f / sum;
-    for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) pr[j] *= inv_sum;
+    for (int64_t t0 = 0; t0 < vocab; t0 += kLossTile) {
+      float v[kLossPerThread];
+#pragma unroll
+      for (int k = 0; k < kLossPerThread; ++k) {
+        const int64_t i = t0 + threadIdx.x + k * kLossThreads;
+        v[k] = i < vocab ? pr[i] : 0.0f;
+      }
+#pragma unroll
+      for (int k = 0; k < kLossPerThread; ++k) {
+        const int64_t i = t0 + threadIdx.x + k * kLossThreads;
+        if (i < vocab) pr[i] = v[k] * inv_sum;
+      }
+    }
     if (threadIdx.x == 0) losses[r] = t >= 0 ? model::CrossEntropyLoss(row_max, sum, target_logit) : 0.0f;
-    __syncthreads();  // the row's last reads of pr before the next row
+    __syncthreads();  // scratch and the row's last reads before the next row
   }
 }
 
@@ -449,6 +457,27 @@ __global__ void SoftmaxCrossEntropyBackwardKernel(const float* probs, const int3
     const int64_t j = static_cast<int64_t>(i % static_cast<size_t>(vocab));
     const int32_t t = targets[r];
     dlogits[i] = t < 0 ? 0.0f : model::CrossEntropyLogitGrad(probs[i], j == t, scale);
+  }
+}
+
+// SoftmaxCrossEntropyBackwardKernel with scale 1, ScaleByCountKernel and
+// the fp32 -> bf16 cast in one pass: the same operations per element, in
+// the same order. A block row (blockIdx.y) per logits row.
+__global__ void SoftmaxCrossEntropyBackwardBf16Kernel(const float* __restrict__ probs,
+                                                      const int32_t* __restrict__ targets,
+                                                      uint16_t* __restrict__ dlogits, int64_t rows, int64_t vocab,
+                                                      float scale, const float* __restrict__ count) {
+  const float c = *count;
+  const float k = c > 0 ? scale / c : 0.0f;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
+    const int32_t t = targets[r];
+    const float* p = probs + r * vocab;
+    uint16_t* d = dlogits + r * vocab;
+    for (int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < vocab; j += stride) {
+      const float g = t < 0 ? 0.0f : model::CrossEntropyLogitGrad(p[j], j == t, 1.0f);
+      d[j] = FloatToBf16Bits(k * g);
+    }
   }
 }
 
@@ -771,7 +800,7 @@ Status SoftmaxCrossEntropyForward(const float* logits, const int32_t* targets, f
   if (rows == 0) return Status::Ok();
   if (!logits || !targets || !probs || !losses)
     return InvalidArgument("gpu::SoftmaxCrossEntropyForward: null logits, targets, probs or losses");
-  SoftmaxCrossEntropyForwardKernel<<<BlocksForRows(rows), kRowThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+  SoftmaxCrossEntropyForwardKernel<<<BlocksForRows(rows), kLossThreads, 0, static_cast<cudaStream_t>(stream)>>>(
       logits, targets, probs, losses, rows, vocab);
   return ZINF_CHECK_LAUNCH("SoftmaxCrossEntropyForwardKernel");
 }
@@ -786,6 +815,20 @@ Status SoftmaxCrossEntropyBackward(const float* probs, const int32_t* targets, f
   SoftmaxCrossEntropyBackwardKernel<<<BlocksFor(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
       probs, targets, dlogits, rows, vocab, scale);
   return ZINF_CHECK_LAUNCH("SoftmaxCrossEntropyBackwardKernel");
+}
+
+Status SoftmaxCrossEntropyBackwardBf16(const float* probs, const int32_t* targets, uint16_t* dlogits, int64_t rows,
+                                       int64_t vocab, float scale, const float* count, void* stream) {
+  ZINF_RETURN_IF_ERROR(CheckRows("gpu::SoftmaxCrossEntropyBackwardBf16", rows, vocab, "vocab"));
+  if (rows == 0) return Status::Ok();
+  if (!probs || !targets || !dlogits || !count)
+    return InvalidArgument("gpu::SoftmaxCrossEntropyBackwardBf16: null probs, targets, dlogits or count");
+  // Blocks across a row: enough for 4 elements a thread, at most 64.
+  const int64_t across = std::min<int64_t>(64, (vocab + 4 * kThreads - 1) / (4 * kThreads));
+  const dim3 grid(static_cast<unsigned>(across), static_cast<unsigned>(std::min<int64_t>(rows, 65535)));
+  SoftmaxCrossEntropyBackwardBf16Kernel<<<grid, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      probs, targets, dlogits, rows, vocab, scale, count);
+  return ZINF_CHECK_LAUNCH("SoftmaxCrossEntropyBackwardBf16Kernel");
 }
 
 Status EmbeddingForward(const int32_t* tokens, const float* wte, const float* wpe, float* out, int64_t rows,

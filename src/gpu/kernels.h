@@ -79,6 +79,12 @@ Status SoftmaxCrossEntropyForward(const float* logits, const int32_t* targets, f
 // overwritten, and may be probs (in place).
 Status SoftmaxCrossEntropyBackward(const float* probs, const int32_t* targets, float* dlogits, int64_t rows,
                                    int64_t vocab, float scale, void* stream);
+// SoftmaxCrossEntropyBackward with scale 1, then ScaleByCount(scale, count),
+// then the cast to bf16 (rounded to nearest even), in one pass: dlogits [rows,
+// vocab] as bf16 bits, the same bits as those three in turn. For a product on
+// bf16 operands, which is all the fp32 gradient would be used for.
+Status SoftmaxCrossEntropyBackwardBf16(const float* probs, const int32_t* targets, uint16_t* dlogits, int64_t rows,
+                                       int64_t vocab, float scale, const float* count, void* stream);
 
 // out[r] = wte[tokens[r]] + wpe[r % seq_len] for each of `rows` rows of
 // `channels` (rows = batch · seq_len); wpe may be null (a plain gather,

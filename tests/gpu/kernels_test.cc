@@ -27,6 +27,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/float16.h"
 #include "cpu/adam.h"
 #include "cpu/kernels.h"
 #include "cpu/norm.h"
@@ -367,7 +368,10 @@ TEST_F(GpuKernelTest, CausalSoftmaxMatchesTheCpuRowsBitForBit) {
 
 TEST_F(GpuKernelTest, SoftmaxCrossEntropyMatchesTheCpuLayers) {
   const int64_t kRows = 29;
-  for (int64_t vocab : {int64_t{1}, int64_t{16}, int64_t{31}, int64_t{1000}, int64_t{50257}}) {
+  // The loss kernel goes by tiles of 2048: one whole tile, a tile and 17
+  // (its lanes end one element into the second tile, then the tail), many.
+  for (int64_t vocab : {int64_t{1}, int64_t{16}, int64_t{31}, int64_t{1000}, int64_t{2048}, int64_t{2065},
+                        int64_t{50257}}) {
     SCOPED_TRACE(::testing::Message() << "vocab " << vocab);
     const size_t n = static_cast<size_t>(kRows * vocab);
     const std::vector<float> logits = RandomFloats(30 + vocab, n, -8.0f, 8.0f);
@@ -408,6 +412,43 @@ TEST_F(GpuKernelTest, SoftmaxCrossEntropyMatchesTheCpuLayers) {
         SoftmaxCrossEntropyBackward(glogits.get(), gtargets.get(), glogits.get(), kRows, vocab, kScale, nullptr).ok());
     ExpectSameFloats(glogits.ToHost(), dlogits, "in-place dlogits");
   }
+}
+
+// The fused loss gradient for bf16 products: the CPU's backward with scale
+// 1, then (scale / count) times it, then rounded to bf16, bit for bit; rows
+// without a target are zeros; no count gives zeros too.
+TEST_F(GpuKernelTest, SoftmaxCrossEntropyBackwardBf16IsTheThreeStepsFused) {
+  const int64_t kRows = 23;
+  for (int64_t vocab : {int64_t{1}, int64_t{31}, int64_t{1000}, int64_t{50257}}) {
+    SCOPED_TRACE(::testing::Message() << "vocab " << vocab);
+    const size_t n = static_cast<size_t>(kRows * vocab);
+    const std::vector<float> logits = RandomFloats(60 + vocab, n, -8.0f, 8.0f);
+    std::vector<int32_t> targets(kRows);
+    for (int64_t r = 0; r < kRows; ++r)
+      targets[r] = r % 5 == 2 ? -1 : static_cast<int32_t>(SplitMix64(vocab * 7 + r) % vocab);
+    std::vector<float> probs(n), losses(kRows), dlogits(n);
+    const int64_t valid = model::SoftmaxCrossEntropyForward(threads_, probs.data(), losses.data(), logits.data(),
+                                                            targets.data(), kRows, vocab);
+    model::SoftmaxCrossEntropyBackward(threads_, dlogits.data(), probs.data(), targets.data(), kRows, vocab, 1.0f);
+    const float kLossScale = 1024.0f;
+    for (const float count : {static_cast<float>(valid), 0.0f}) {
+      const float k = count > 0 ? kLossScale / count : 0.0f;
+      std::vector<uint16_t> want(n);
+      for (size_t i = 0; i < n; ++i) want[i] = FloatToBf16Bits(k * dlogits[i]);
+      DeviceArray<float> gprobs(probs), gcount(std::vector<float>{count});
+      DeviceArray<int32_t> gtargets(targets);
+      DeviceArray<uint16_t> gout(std::vector<uint16_t>(n, 0xffff));
+      ASSERT_TRUE(SoftmaxCrossEntropyBackwardBf16(gprobs.get(), gtargets.get(), gout.get(), kRows, vocab, kLossScale,
+                                                  gcount.get(), nullptr)
+                      .ok());
+      const std::vector<uint16_t> got = gout.ToHost();
+      size_t differ = 0;
+      for (size_t i = 0; i < n; ++i) differ += got[i] != want[i];
+      EXPECT_EQ(differ, 0u) << "count " << count;
+    }
+  }
+  EXPECT_EQ(SoftmaxCrossEntropyBackwardBf16(nullptr, nullptr, nullptr, 1, 1, 1.0f, nullptr, nullptr).code(),
+            StatusCode::kInvalidArgument);
 }
 
 TEST_F(GpuKernelTest, EmbeddingMatchesTheCpuLayers) {
