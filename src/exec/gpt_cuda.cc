@@ -135,6 +135,7 @@ class CudaStages final : public model::GptStages {
     ZINF_ASSIGN_OR_RETURN(const float* head, Head(pf, embedding));
     float* lnf = F32(layout_.lnf);
     float* probs = F32(layout_.probs);
+    const int64_t ld = layout_.logits_ld;  // rows of the logits, 16-byte-aligned in bf16
     Op("norm");
     ZINF_RETURN_IF_ERROR(NormForward(lnf, F32(layout_.lnf_mean), F32(layout_.lnf_rstd),
                                      F32(layout_.residual) + L * BT * C, pf + f.w, TensorAt(pf, f.b)));
@@ -143,10 +144,10 @@ class CudaStages final : public model::GptStages {
     for (int64_t r0 = 0; r0 < BT; r0 += layout_.loss_chunk_rows) {
       const int64_t rows = std::min(layout_.loss_chunk_rows, BT - r0);
       Op("matmul");
-      ZINF_RETURN_IF_ERROR(Gemm(false, true, rows, V, C, 1.0f, lnf + r0 * C, C, head, C, 0.0f, probs, V));
+      ZINF_RETURN_IF_ERROR(Gemm(false, true, rows, V, C, 1.0f, lnf + r0 * C, C, head, C, 0.0f, probs, ld));
       Op("loss");
       ZINF_RETURN_IF_ERROR(SoftmaxCrossEntropyForward(probs, I32(layout_.targets) + r0, probs,
-                                                      F32(layout_.losses) + r0, rows, V, s_));
+                                                      F32(layout_.losses) + r0, rows, V, ld, s_));
     }
     ZINF_RETURN_IF_ERROR(MeanLoss(F32(layout_.losses), I32(layout_.targets), BT, loss, count_, s_));
     EndOps();
@@ -171,6 +172,7 @@ class CudaStages final : public model::GptStages {
     // A tied head's gradient is wte's, in unit 0; an untied one is lm_head_w's.
     float* ghead = config_.tied_head ? embedding_grad32_ + e.wte : gf + f.lm_head;
     float* dlogits = F32(layout_.probs);  // in place over the probabilities
+    const int64_t ld = layout_.logits_ld;
     float* dlnf = F32(layout_.dbuf);
     const float* lnf = F32(layout_.lnf);
     const bool chunked = layout_.loss_chunk_rows < BT;
@@ -178,26 +180,26 @@ class CudaStages final : public model::GptStages {
       const int64_t rows = std::min(layout_.loss_chunk_rows, BT - r0);
       if (chunked) {  // this chunk's probabilities again (forward kept the last chunk's only)
         Op("matmul");
-        ZINF_RETURN_IF_ERROR(Gemm(false, true, rows, V, C, 1.0f, lnf + r0 * C, C, head, C, 0.0f, dlogits, V));
+        ZINF_RETURN_IF_ERROR(Gemm(false, true, rows, V, C, 1.0f, lnf + r0 * C, C, head, C, 0.0f, dlogits, ld));
         Op("loss");
         ZINF_RETURN_IF_ERROR(SoftmaxCrossEntropyForward(dlogits, I32(layout_.targets) + r0, dlogits,
-                                                        F32(layout_.losses) + r0, rows, V, s_));
+                                                        F32(layout_.losses) + r0, rows, V, ld, s_));
       }
       // scale · (p - onehot) with scale = loss_scale / targets, the count on the device.
       Op("loss");
       if (bf16_) {  // straight into the bf16 operand copy, which both products read
         uint16_t* dlogits16 = reinterpret_cast<uint16_t*>(arena_ + layout_.bf16_a);
         ZINF_RETURN_IF_ERROR(SoftmaxCrossEntropyBackwardBf16(dlogits, I32(layout_.targets) + r0, dlogits16, rows, V,
-                                                             loss_scale, count_, s_));
-        bf16_copies_[2] = Bf16Copy{dlogits, dlogits16, rows * V};
+                                                             ld, loss_scale, count_, s_));
+        bf16_copies_[2] = Bf16Copy{dlogits, dlogits16, rows * ld};
       } else {
         ZINF_RETURN_IF_ERROR(
-            SoftmaxCrossEntropyBackward(dlogits, I32(layout_.targets) + r0, dlogits, rows, V, 1.0f, s_));
-        ZINF_RETURN_IF_ERROR(ScaleByCount(dlogits, static_cast<size_t>(rows * V), loss_scale, count_, s_));
+            SoftmaxCrossEntropyBackward(dlogits, I32(layout_.targets) + r0, dlogits, rows, V, ld, 1.0f, s_));
+        ZINF_RETURN_IF_ERROR(ScaleByCount(dlogits, static_cast<size_t>(rows * ld), loss_scale, count_, s_));
       }
       Op("matmul");
-      ZINF_RETURN_IF_ERROR(Gemm(false, false, rows, C, V, 1.0f, dlogits, V, head, C, 0.0f, dlnf + r0 * C, C));
-      ZINF_RETURN_IF_ERROR(Gemm(true, false, V, C, rows, 1.0f, dlogits, V, lnf + r0 * C, C, 1.0f, ghead, C));
+      ZINF_RETURN_IF_ERROR(Gemm(false, false, rows, C, V, 1.0f, dlogits, ld, head, C, 0.0f, dlnf + r0 * C, C));
+      ZINF_RETURN_IF_ERROR(Gemm(true, false, V, C, rows, 1.0f, dlogits, ld, lnf + r0 * C, C, 1.0f, ghead, C));
       bf16_copies_[2] = {};  // the next chunk's products overwrite the copy
     }
     float* dres = F32(layout_.dres);

@@ -398,12 +398,12 @@ __device__ void LossRowLanes(int64_t n, float init, const Load& load, const Valu
 
 __global__ void __launch_bounds__(kLossThreads)
     SoftmaxCrossEntropyForwardKernel(const float* logits, const int32_t* __restrict__ targets, float* probs,
-                                     float* __restrict__ losses, int64_t rows, int64_t vocab) {
+                                     float* __restrict__ losses, int64_t rows, int64_t vocab, int64_t ld) {
   __shared__ float tile[kLossTile];
   __shared__ float scratch[kLanes + 1];
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const float* xr = logits + r * vocab;
-    float* pr = probs + r * vocab;
+    const float* xr = logits + r * ld;
+    float* pr = probs + r * ld;
     const int32_t t = targets[r];
     // The target's logit is read before the (possibly in-place) softmax
     // overwrites it; the maximum's barriers come between.
@@ -450,11 +450,13 @@ __global__ void __launch_bounds__(kLossThreads)
 }
 
 __global__ void SoftmaxCrossEntropyBackwardKernel(const float* probs, const int32_t* __restrict__ targets,
-                                                  float* dlogits, int64_t rows, int64_t vocab, float scale) {
+                                                  float* dlogits, int64_t rows, int64_t vocab, int64_t ld,
+                                                  float scale) {
   const size_t n = static_cast<size_t>(rows) * static_cast<size_t>(vocab);
-  for (size_t i = GlobalThread(); i < n; i += GridStride()) {
-    const int64_t r = static_cast<int64_t>(i / static_cast<size_t>(vocab));
-    const int64_t j = static_cast<int64_t>(i % static_cast<size_t>(vocab));
+  for (size_t e = GlobalThread(); e < n; e += GridStride()) {
+    const int64_t r = static_cast<int64_t>(e / static_cast<size_t>(vocab));
+    const int64_t j = static_cast<int64_t>(e % static_cast<size_t>(vocab));
+    const int64_t i = r * ld + j;
     const int32_t t = targets[r];
     dlogits[i] = t < 0 ? 0.0f : model::CrossEntropyLogitGrad(probs[i], j == t, scale);
   }
@@ -466,14 +468,14 @@ __global__ void SoftmaxCrossEntropyBackwardKernel(const float* probs, const int3
 __global__ void SoftmaxCrossEntropyBackwardBf16Kernel(const float* __restrict__ probs,
                                                       const int32_t* __restrict__ targets,
                                                       uint16_t* __restrict__ dlogits, int64_t rows, int64_t vocab,
-                                                      float scale, const float* __restrict__ count) {
+                                                      int64_t ld, float scale, const float* __restrict__ count) {
   const float c = *count;
   const float k = c > 0 ? scale / c : 0.0f;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
     const int32_t t = targets[r];
-    const float* p = probs + r * vocab;
-    uint16_t* d = dlogits + r * vocab;
+    const float* p = probs + r * ld;
+    uint16_t* d = dlogits + r * ld;
     for (int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < vocab; j += stride) {
       const float g = t < 0 ? 0.0f : model::CrossEntropyLogitGrad(p[j], j == t, 1.0f);
       d[j] = FloatToBf16Bits(k * g);
@@ -794,32 +796,41 @@ Status LayerNormBackward(const float* dy, const float* x, const float* w, const 
   return ZINF_CHECK_LAUNCH("LayerNormBackwardColumnsKernel");
 }
 
+static Status CheckLossRows(const char* fn, int64_t rows, int64_t vocab, int64_t ld) {
+  ZINF_RETURN_IF_ERROR(CheckRows(fn, rows, vocab, "vocab"));
+  if (ld < vocab) {
+    return InvalidArgument(std::string(fn) + ": row stride " + std::to_string(ld) + " below vocab " +
+                           std::to_string(vocab));
+  }
+  return Status::Ok();
+}
+
 Status SoftmaxCrossEntropyForward(const float* logits, const int32_t* targets, float* probs, float* losses,
-                                  int64_t rows, int64_t vocab, void* stream) {
-  ZINF_RETURN_IF_ERROR(CheckRows("gpu::SoftmaxCrossEntropyForward", rows, vocab, "vocab"));
+                                  int64_t rows, int64_t vocab, int64_t ld, void* stream) {
+  ZINF_RETURN_IF_ERROR(CheckLossRows("gpu::SoftmaxCrossEntropyForward", rows, vocab, ld));
   if (rows == 0) return Status::Ok();
   if (!logits || !targets || !probs || !losses)
     return InvalidArgument("gpu::SoftmaxCrossEntropyForward: null logits, targets, probs or losses");
   SoftmaxCrossEntropyForwardKernel<<<BlocksForRows(rows), kLossThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-      logits, targets, probs, losses, rows, vocab);
+      logits, targets, probs, losses, rows, vocab, ld);
   return ZINF_CHECK_LAUNCH("SoftmaxCrossEntropyForwardKernel");
 }
 
 Status SoftmaxCrossEntropyBackward(const float* probs, const int32_t* targets, float* dlogits, int64_t rows,
-                                   int64_t vocab, float scale, void* stream) {
-  ZINF_RETURN_IF_ERROR(CheckRows("gpu::SoftmaxCrossEntropyBackward", rows, vocab, "vocab"));
+                                   int64_t vocab, int64_t ld, float scale, void* stream) {
+  ZINF_RETURN_IF_ERROR(CheckLossRows("gpu::SoftmaxCrossEntropyBackward", rows, vocab, ld));
   if (rows == 0) return Status::Ok();
   if (!probs || !targets || !dlogits)
     return InvalidArgument("gpu::SoftmaxCrossEntropyBackward: null probs, targets or dlogits");
   const size_t n = static_cast<size_t>(rows) * static_cast<size_t>(vocab);
   SoftmaxCrossEntropyBackwardKernel<<<BlocksFor(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-      probs, targets, dlogits, rows, vocab, scale);
+      probs, targets, dlogits, rows, vocab, ld, scale);
   return ZINF_CHECK_LAUNCH("SoftmaxCrossEntropyBackwardKernel");
 }
 
 Status SoftmaxCrossEntropyBackwardBf16(const float* probs, const int32_t* targets, uint16_t* dlogits, int64_t rows,
-                                       int64_t vocab, float scale, const float* count, void* stream) {
-  ZINF_RETURN_IF_ERROR(CheckRows("gpu::SoftmaxCrossEntropyBackwardBf16", rows, vocab, "vocab"));
+                                       int64_t vocab, int64_t ld, float scale, const float* count, void* stream) {
+  ZINF_RETURN_IF_ERROR(CheckLossRows("gpu::SoftmaxCrossEntropyBackwardBf16", rows, vocab, ld));
   if (rows == 0) return Status::Ok();
   if (!probs || !targets || !dlogits || !count)
     return InvalidArgument("gpu::SoftmaxCrossEntropyBackwardBf16: null probs, targets, dlogits or count");
@@ -827,7 +838,7 @@ Status SoftmaxCrossEntropyBackwardBf16(const float* probs, const int32_t* target
   const int64_t across = std::min<int64_t>(64, (vocab + 4 * kThreads - 1) / (4 * kThreads));
   const dim3 grid(static_cast<unsigned>(across), static_cast<unsigned>(std::min<int64_t>(rows, 65535)));
   SoftmaxCrossEntropyBackwardBf16Kernel<<<grid, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-      probs, targets, dlogits, rows, vocab, scale, count);
+      probs, targets, dlogits, rows, vocab, ld, scale, count);
   return ZINF_CHECK_LAUNCH("SoftmaxCrossEntropyBackwardBf16Kernel");
 }
 

@@ -70,21 +70,23 @@ Status LayerNormBackward(const float* dy, const float* x, const float* w, const 
 
 // Per row r of logits [rows, vocab]: probs[r] = softmax(logits[r]) and
 // losses[r] = cross-entropy of targets[r]; a negative target is ignored
-// (loss 0). probs may be logits (in place). Targets must be < vocab (not
-// checked on the device). The loss uses the device's logf (within 1 ulp), so
-// it may differ from the CPU's in the last bits; probs are bit-identical.
+// (loss 0). Rows are ld >= vocab elements apart in logits and probs (a
+// padded stride keeps a product's rows 16-byte aligned); probs may be
+// logits (in place). Targets must be < vocab (not checked on the device).
+// The loss uses the device's logf (within 1 ulp), so it may differ from the
+// CPU's in the last bits; probs are bit-identical.
 Status SoftmaxCrossEntropyForward(const float* logits, const int32_t* targets, float* probs, float* losses,
-                                  int64_t rows, int64_t vocab, void* stream);
-// dlogits[r] = scale · (probs[r] - onehot(targets[r])), 0 for ignored rows;
-// overwritten, and may be probs (in place).
+                                  int64_t rows, int64_t vocab, int64_t ld, void* stream);
+// dlogits[r] = scale · (probs[r] - onehot(targets[r])), 0 for ignored rows
+// (rows ld apart); overwritten, and may be probs (in place).
 Status SoftmaxCrossEntropyBackward(const float* probs, const int32_t* targets, float* dlogits, int64_t rows,
-                                   int64_t vocab, float scale, void* stream);
+                                   int64_t vocab, int64_t ld, float scale, void* stream);
 // SoftmaxCrossEntropyBackward with scale 1, then ScaleByCount(scale, count),
-// then the cast to bf16 (rounded to nearest even), in one pass: dlogits [rows,
-// vocab] as bf16 bits, the same bits as those three in turn. For a product on
-// bf16 operands, which is all the fp32 gradient would be used for.
+// then the cast to bf16 (rounded to nearest even), in one pass: dlogits
+// (rows ld apart) as bf16 bits, the same bits as those three in turn. For a
+// product on bf16 operands, which is all the fp32 gradient would be used for.
 Status SoftmaxCrossEntropyBackwardBf16(const float* probs, const int32_t* targets, uint16_t* dlogits, int64_t rows,
-                                       int64_t vocab, float scale, const float* count, void* stream);
+                                       int64_t vocab, int64_t ld, float scale, const float* count, void* stream);
 
 // out[r] = wte[tokens[r]] + wpe[r % seq_len] for each of `rows` rows of
 // `channels` (rows = batch · seq_len); wpe may be null (a plain gather,

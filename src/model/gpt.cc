@@ -141,7 +141,8 @@ ActivationLayout ActivationLayout::For(const GptConfig& c, const GptRunOptions& 
   l.lnf_mean = p.Take(F32Bytes(BT));
   l.lnf_rstd = p.Take(F32Bytes(BT));
   l.loss_chunk_rows = LossChunkRows(c, o);
-  l.probs = p.Take(F32Bytes(l.loss_chunk_rows * V));
+  l.logits_ld = (V + 7) / 8 * 8;
+  l.probs = p.Take(F32Bytes(l.loss_chunk_rows * l.logits_ld));
   l.losses = p.Take(F32Bytes(BT));
   l.saved_bytes = p.at();
 
@@ -168,7 +169,7 @@ ActivationLayout ActivationLayout::For(const GptConfig& c, const GptRunOptions& 
     // attention, one batch row's (scores H × T × T, the row's qkv T × 3C);
     // flash attention rounds its tiles itself.
     l.bf16_operand_elems =
-        std::max({BT * std::max({FC, S, Q, C}), C * std::max(FC, S), I * C, Q * C, l.loss_chunk_rows * V, V * C});
+        std::max({BT * std::max({FC, S, Q, C}), C * std::max(FC, S), I * C, Q * C, l.loss_chunk_rows * l.logits_ld, V * C});
     if (!flash) l.bf16_operand_elems = std::max({l.bf16_operand_elems, H * T * T, T * S});
     l.bf16_a = p.Take(static_cast<uint64_t>(l.bf16_operand_elems) * 2);
     l.bf16_b = p.Take(static_cast<uint64_t>(l.bf16_operand_elems) * 2);

@@ -126,9 +126,13 @@ struct ActivationLayout {
   int64_t block_sets = 0;            // L, or 1 with checkpointing
   Block block{};                     // offsets inside a block set
   // probs: loss_chunk_rows rows of logits, then probabilities, then their
-  // gradient ([loss_chunk_rows, V]); losses: every row's [B·T].
+  // gradient ([loss_chunk_rows, V]); losses: every row's [B·T]. probs holds
+  // loss_chunk_rows · logits_ld floats: the CPU model's rows are dense (V
+  // apart), the CUDA stages' logits_ld apart (V rounded up to a multiple of
+  // 8, so that a row of the bf16 copy starts 16-byte aligned, as cuBLAS's
+  // fast products need).
   uint64_t lnf = 0, lnf_mean = 0, lnf_rstd = 0, probs = 0, losses = 0;
-  int64_t loss_chunk_rows = 0;
+  int64_t loss_chunk_rows = 0, logits_ld = 0;
   // datt: scratch of att's size (plain), or flash's δ [B, H, T].
   uint64_t dres = 0, dbuf = 0, dqkv = 0, datt = 0, dfch = 0;
   uint64_t wide_embedding = 0, wide_unit = 0, grad_embedding = 0, grad_unit = 0;  // conversion, when used

@@ -389,10 +389,11 @@ TEST_F(GpuKernelTest, SoftmaxCrossEntropyMatchesTheCpuLayers) {
         gdlogits(Zeros<float>(n));
     DeviceArray<int32_t> gtargets(targets);
     ASSERT_TRUE(SoftmaxCrossEntropyForward(glogits.get(), gtargets.get(), gprobs.get(), glosses.get(), kRows, vocab,
-                                           nullptr)
+                                           vocab, nullptr)
                     .ok());
-    ASSERT_TRUE(
-        SoftmaxCrossEntropyBackward(gprobs.get(), gtargets.get(), gdlogits.get(), kRows, vocab, kScale, nullptr).ok());
+    ASSERT_TRUE(SoftmaxCrossEntropyBackward(gprobs.get(), gtargets.get(), gdlogits.get(), kRows, vocab, vocab, kScale,
+                                            nullptr)
+                    .ok());
     const std::vector<float> gpu_probs = gprobs.ToHost();
     ExpectSameFloats(gpu_probs, probs, "probs");
     ExpectSameFloats(gdlogits.ToHost(), dlogits, "dlogits");
@@ -404,13 +405,48 @@ TEST_F(GpuKernelTest, SoftmaxCrossEntropyMatchesTheCpuLayers) {
 
     // In place (probs = logits, then dlogits = probs) gives the same bits.
     ASSERT_TRUE(SoftmaxCrossEntropyForward(glogits.get(), gtargets.get(), glogits.get(), glosses.get(), kRows, vocab,
-                                           nullptr)
+                                           vocab, nullptr)
                     .ok());
     ExpectSameFloats(glogits.ToHost(), gpu_probs, "in-place probs");
     ExpectSameFloats(glosses.ToHost(), gpu_losses, "in-place losses");
-    ASSERT_TRUE(
-        SoftmaxCrossEntropyBackward(glogits.get(), gtargets.get(), glogits.get(), kRows, vocab, kScale, nullptr).ok());
+    ASSERT_TRUE(SoftmaxCrossEntropyBackward(glogits.get(), gtargets.get(), glogits.get(), kRows, vocab, vocab, kScale,
+                                            nullptr)
+                    .ok());
     ExpectSameFloats(glogits.ToHost(), dlogits, "in-place dlogits");
+
+    // Rows ld = vocab + 5 apart (in place): each row's bits as above, the
+    // padding between the rows untouched.
+    const int64_t ld = vocab + 5;
+    constexpr float kPad = 7.0f;
+    std::vector<float> padded(static_cast<size_t>(kRows * ld), kPad);
+    for (int64_t r = 0; r < kRows; ++r) std::copy_n(logits.data() + r * vocab, vocab, padded.data() + r * ld);
+    DeviceArray<float> gpadded(padded);
+    const auto rows_of = [&](const std::vector<float>& x) {
+      std::vector<float> dense(n);
+      for (int64_t r = 0; r < kRows; ++r) std::copy_n(x.data() + r * ld, vocab, dense.data() + r * vocab);
+      return dense;
+    };
+    const auto padding_kept = [&](const std::vector<float>& x) {
+      for (int64_t r = 0; r < kRows; ++r) {
+        for (int64_t j = vocab; j < ld; ++j) {
+          if (x[r * ld + j] != kPad) return false;
+        }
+      }
+      return true;
+    };
+    ASSERT_TRUE(SoftmaxCrossEntropyForward(gpadded.get(), gtargets.get(), gpadded.get(), glosses.get(), kRows, vocab,
+                                           ld, nullptr)
+                    .ok());
+    std::vector<float> host = gpadded.ToHost();
+    ExpectSameFloats(rows_of(host), probs, "probs with a row stride");
+    EXPECT_TRUE(padding_kept(host));
+    ExpectSameFloats(glosses.ToHost(), gpu_losses, "losses with a row stride");
+    ASSERT_TRUE(SoftmaxCrossEntropyBackward(gpadded.get(), gtargets.get(), gpadded.get(), kRows, vocab, ld, kScale,
+                                            nullptr)
+                    .ok());
+    host = gpadded.ToHost();
+    ExpectSameFloats(rows_of(host), dlogits, "dlogits with a row stride");
+    EXPECT_TRUE(padding_kept(host));
   }
 }
 
@@ -421,6 +457,7 @@ TEST_F(GpuKernelTest, SoftmaxCrossEntropyBackwardBf16IsTheThreeStepsFused) {
   const int64_t kRows = 23;
   for (int64_t vocab : {int64_t{1}, int64_t{31}, int64_t{1000}, int64_t{50257}}) {
     SCOPED_TRACE(::testing::Message() << "vocab " << vocab);
+    const int64_t ld = (vocab + 7) / 8 * 8;  // as the CUDA stages pad the logits' rows
     const size_t n = static_cast<size_t>(kRows * vocab);
     const std::vector<float> logits = RandomFloats(60 + vocab, n, -8.0f, 8.0f);
     std::vector<int32_t> targets(kRows);
@@ -433,21 +470,28 @@ TEST_F(GpuKernelTest, SoftmaxCrossEntropyBackwardBf16IsTheThreeStepsFused) {
     const float kLossScale = 1024.0f;
     for (const float count : {static_cast<float>(valid), 0.0f}) {
       const float k = count > 0 ? kLossScale / count : 0.0f;
-      std::vector<uint16_t> want(n);
-      for (size_t i = 0; i < n; ++i) want[i] = FloatToBf16Bits(k * dlogits[i]);
-      DeviceArray<float> gprobs(probs), gcount(std::vector<float>{count});
+      // Rows ld apart in probs and the result; the result's padding untouched.
+      std::vector<uint16_t> want(static_cast<size_t>(kRows * ld), 0xffff);
+      std::vector<float> probs_ld(static_cast<size_t>(kRows * ld), 0.0f);
+      for (int64_t r = 0; r < kRows; ++r) {
+        for (int64_t j = 0; j < vocab; ++j) {
+          want[r * ld + j] = FloatToBf16Bits(k * dlogits[r * vocab + j]);
+          probs_ld[r * ld + j] = probs[r * vocab + j];
+        }
+      }
+      DeviceArray<float> gprobs(probs_ld), gcount(std::vector<float>{count});
       DeviceArray<int32_t> gtargets(targets);
-      DeviceArray<uint16_t> gout(std::vector<uint16_t>(n, 0xffff));
-      ASSERT_TRUE(SoftmaxCrossEntropyBackwardBf16(gprobs.get(), gtargets.get(), gout.get(), kRows, vocab, kLossScale,
-                                                  gcount.get(), nullptr)
+      DeviceArray<uint16_t> gout(std::vector<uint16_t>(want.size(), 0xffff));
+      ASSERT_TRUE(SoftmaxCrossEntropyBackwardBf16(gprobs.get(), gtargets.get(), gout.get(), kRows, vocab, ld,
+                                                  kLossScale, gcount.get(), nullptr)
                       .ok());
       const std::vector<uint16_t> got = gout.ToHost();
       size_t differ = 0;
-      for (size_t i = 0; i < n; ++i) differ += got[i] != want[i];
+      for (size_t i = 0; i < want.size(); ++i) differ += got[i] != want[i];
       EXPECT_EQ(differ, 0u) << "count " << count;
     }
   }
-  EXPECT_EQ(SoftmaxCrossEntropyBackwardBf16(nullptr, nullptr, nullptr, 1, 1, 1.0f, nullptr, nullptr).code(),
+  EXPECT_EQ(SoftmaxCrossEntropyBackwardBf16(nullptr, nullptr, nullptr, 1, 1, 1, 1.0f, nullptr, nullptr).code(),
             StatusCode::kInvalidArgument);
 }
 
@@ -516,7 +560,13 @@ TEST(GpuKernelArgsTest, RowKernelsRefuseBadShapes) {
   float x = 0;
   int32_t t = 0;
   EXPECT_EQ(LayerNormForward(&x, &x, &x, &x, &x, &x, 1, 0, nullptr).code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(SoftmaxCrossEntropyForward(&x, &t, &x, &x, -1, 4, nullptr).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(SoftmaxCrossEntropyForward(&x, &t, &x, &x, -1, 4, 4, nullptr).code(), StatusCode::kInvalidArgument);
+  // A row stride below the vocabulary.
+  EXPECT_EQ(SoftmaxCrossEntropyForward(&x, &t, &x, &x, 1, 4, 3, nullptr).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(SoftmaxCrossEntropyBackward(&x, &t, &x, 1, 4, 3, 1.0f, nullptr).code(), StatusCode::kInvalidArgument);
+  uint16_t h = 0;
+  EXPECT_EQ(SoftmaxCrossEntropyBackwardBf16(&x, &t, &h, 1, 4, 3, 1.0f, &x, nullptr).code(),
+            StatusCode::kInvalidArgument);
   EXPECT_EQ(EmbeddingForward(&t, &x, nullptr, &x, 1, 0, 1, nullptr).code(), StatusCode::kInvalidArgument);
   // Embedding backward's sort keys: 8 bytes a row, rows rounded up to a
   // power of two; a smaller or misaligned workspace is refused before any

@@ -272,7 +272,7 @@ TEST(PlanTest, GptModel) {
 
 // bf16 matrix-product operands add their two rounded copies, each the span of
 // the largest operand: for gpt2 at 2 × 1024 tokens one loss chunk's logits
-// gradient, [LossChunkRows, V] (the whole [B·T, V] would take 411 MB of
+// gradient, [LossChunkRows, V rounded up to 8] (the whole [B·T, V] would take 411 MB of
 // fp32 logits, so the loss is computed in chunks); the plan counts them.
 TEST(PlanTest, Bf16MatmulCountsTheOperandCopies) {
   auto c = model::GptPreset("gpt2");
@@ -287,8 +287,11 @@ TEST(PlanTest, Bf16MatmulCountsTheOperandCopies) {
   const model::ActivationLayout bf16_layout = model::ActivationLayout::For(*c, o);
   const int64_t chunk = model::LossChunkRows(*c, o);
   EXPECT_LT(chunk, 2 * 1024);
-  const uint64_t copy = static_cast<uint64_t>(chunk) * c->vocab_size * 2;  // a chunk's logits, bf16
-  EXPECT_EQ(bf16_layout.bf16_operand_elems, chunk * c->vocab_size);
+  // The logits' rows are V = 50257 rounded up to a multiple of 8 apart, so
+  // that each row of the bf16 copy starts 16-byte aligned.
+  EXPECT_EQ(bf16_layout.logits_ld, 50264);
+  const uint64_t copy = static_cast<uint64_t>(chunk) * bf16_layout.logits_ld * 2;  // a chunk's logits, bf16
+  EXPECT_EQ(bf16_layout.bf16_operand_elems, chunk * bf16_layout.logits_ld);
   EXPECT_GE(bf16_layout.total_bytes - fp32_layout.total_bytes, 2 * copy);
   EXPECT_LE(bf16_layout.total_bytes - fp32_layout.total_bytes, 2 * copy + 128);  // alignment
 
