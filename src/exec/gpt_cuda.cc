@@ -314,6 +314,7 @@ class CudaStages final : public model::GptStages {
     int64_t n = 0;
   };
   std::array<Bf16Copy, 3> bf16_copies_{};
+  const void* last_b16_ = nullptr;  // the B operand of the last bf16 product
   struct ProductsAre {
     CudaStages* self;
     ProductsAre(CudaStages* s, const char* op) : self(s) { self->product_op_ = op; }
@@ -393,6 +394,7 @@ class CudaStages final : public model::GptStages {
       Op(product_op_ ? product_op_ : "matmul operand cast");
       ZINF_ASSIGN_OR_RETURN(const void* a16, Bf16Operand(a, ta ? k : m, ta ? m : k, lda, sa, count, layout_.bf16_a));
       ZINF_ASSIGN_OR_RETURN(const void* b16, Bf16Operand(b, tb ? n : k, tb ? k : n, ldb, sb, count, layout_.bf16_b));
+      last_b16_ = b16;
       Op(product_op_ ? product_op_ : "matmul");
       ZINF_CUBLAS_RETURN_IF_ERROR(
           blas_->gemm_strided_batched_ex(handle_, op_b, op_a, static_cast<int>(n), static_cast<int>(m),
@@ -445,10 +447,17 @@ class CudaStages final : public model::GptStages {
     }
     return Gemm(false, false, rows, out_dim, in_dim, 1.0f, inp, in_dim, w, out_dim, bias ? 1.0f : 0.0f, out, out_dim);
   }
+  // The weight gradient comes first (the two products are independent; dinp
+  // is neither dout nor inp): with bf16 operands it rounds dout into the B
+  // copy, which the input gradient's product then takes as its A operand
+  // instead of rounding dout again.
   Status LinearBackward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w,
                         int64_t rows, int64_t in_dim, int64_t out_dim) {
-    ZINF_RETURN_IF_ERROR(Gemm(false, true, rows, in_dim, out_dim, 1.0f, dout, out_dim, w, out_dim, 0.0f, dinp, in_dim));
     ZINF_RETURN_IF_ERROR(Gemm(true, false, in_dim, out_dim, rows, 1.0f, inp, in_dim, dout, out_dim, 1.0f, dw, out_dim));
+    if (bf16_) bf16_copies_[2] = Bf16Copy{dout, static_cast<const uint16_t*>(last_b16_), rows * out_dim};
+    const Status st = Gemm(false, true, rows, in_dim, out_dim, 1.0f, dout, out_dim, w, out_dim, 0.0f, dinp, in_dim);
+    bf16_copies_[2] = {};
+    ZINF_RETURN_IF_ERROR(st);
     if (dbias) {
       Op("bias gradient");
       ZINF_RETURN_IF_ERROR(ColumnSumAccumulate(dout, dbias, rows, out_dim, s_));
