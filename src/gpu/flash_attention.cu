@@ -1,15 +1,15 @@
 // Flash attention on tensor cores (math/attention_math.h has the algorithm
 // and the per-element steps; model/flash_attention.cc is the CPU twin, block
-// for block). bf16 operands through WMMA 16×16×16 fragments with fp32
-// accumulation; the inputs stay fp32 in memory and are rounded to bf16 (to
-// nearest even, common/float16.h) as their tiles enter shared memory.
+// for block). bf16 operands with fp32 accumulation (mma.sync in the
+// forward, WMMA 16×16×16 fragments in the backward); the inputs stay fp32
+// in memory and are rounded to bf16 (to nearest even, common/float16.h) as
+// their tiles enter shared memory.
 //
 // Blocks of kFlashBlock = 64 queries and 64 keys, four warps of 16 rows
 // each. Per thread block:
 //   forward: one (batch row, head, query block), over the key blocks up to
-//     the diagonal; each warp keeps its rows' output in shared memory (fp32)
-//     so the online softmax can rescale it, and its max and sum in registers
-//     (two lanes per row, 32 columns each).
+//     the diagonal; each warp keeps its rows' scores, output, max and sum in
+//     registers (mma.sync m16n8k16; see the forward's section below).
 //   backward: δ by one warp per row; dK and dV by one (batch row, kv head,
 //     key block) over the group's heads and the query blocks from the
 //     diagonal on, accumulated in registers; dQ by one (batch row, head,
@@ -56,11 +56,9 @@ using FragC = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
 template <int D>
 struct Pitch {
   static constexpr int kTile = D + 8;      // bf16 [64][D] tiles of q, k, v, dO
-  static constexpr int kScore = kB + 4;    // fp32 [16][64] scores per warp
   static constexpr int kProb = kB + 8;     // bf16 [16][64] p or ds per warp
   static constexpr int kOut = D + 4;       // fp32 [16][D] output per warp
   static constexpr int kTileBytes = kB * kTile * 2;
-  static constexpr int kScoreBytes = kWarpRows * kScore * 4;
   static constexpr int kProbBytes = kWarpRows * kProb * 2;
   static constexpr int kOutBytes = kWarpRows * kOut * 4;
 };
@@ -92,26 +90,6 @@ __device__ void LoadTile(bf16* tile, const float* base, int64_t stride, int64_t 
     const int r = e / D, d = e % D;
     const float x = r < count ? base[(first + r) * stride + d] : 0.0f;
     tile[r * Pitch<D>::kTile + d] = ToBf16(x);
-  }
-}
-
-// The [16][64] product of the warp's 16 rows of `a` (a [64][D] tile) with
-// the 64 rows of `b` transposed, stored fp32 at `out` (pitch kScore).
-template <int D>
-__device__ void RowsTimesTileT(const bf16* a_rows, const bf16* b, float* out) {
-#pragma unroll
-  for (int n = 0; n < kB / 16; ++n) {
-    FragC acc;
-    wmma::fill_fragment(acc, 0.0f);
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      FragA fa;
-      FragBCol fb;
-      wmma::load_matrix_sync(fa, a_rows + kk * 16, Pitch<D>::kTile);
-      wmma::load_matrix_sync(fb, b + n * 16 * Pitch<D>::kTile + kk * 16, Pitch<D>::kTile);
-      wmma::mma_sync(acc, fa, fb, acc);
-    }
-    wmma::store_matrix_sync(out + n * 16, acc, Pitch<D>::kScore, wmma::mem_row_major);
   }
 }
 
@@ -149,18 +127,63 @@ __device__ void StoreFragments(FragC (&acc)[D / 16], float* stage) {
   for (int n = 0; n < D / 16; ++n) wmma::store_matrix_sync(stage + n * 16, acc[n], Pitch<D>::kOut, wmma::mem_row_major);
 }
 
+// ---- forward: registers and mma.sync ----
+//
+// The forward keeps a warp's 16 query rows in registers throughout, as
+// FlashAttention-2 does: m16n8k16 products (bf16 operands, fp32
+// accumulators), where thread (g, c) = (lane / 4, lane % 4) of a warp holds
+// rows g and g + 8 of each 16 × 8 accumulator tile, columns 2c and 2c + 1.
+// A row's maximum and sum combine its four threads by two shuffles, and the
+// score tiles of a 16-key step are the probabilities' operand as they stand
+// (rounded to bf16). Shared memory holds the tiles only: q, k, and v
+// transposed ([D][64 keys]) so that both products read bf16 pairs.
+constexpr int kVtPitch = kB + 8;  // bf16 [D][64] transposed v
+
+__device__ inline void MmaBf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two bf16 values as an operand register: lo at the lower half (the lower
+// column or key), each rounded to nearest even.
+__device__ inline uint32_t PackBf16(float lo, float hi) {
+  return static_cast<uint32_t>(FloatToBf16Bits(lo)) | static_cast<uint32_t>(FloatToBf16Bits(hi)) << 16;
+}
+__device__ inline uint32_t SharedPair(const bf16* p) { return *reinterpret_cast<const uint32_t*>(p); }
+
+// Rows [first, first + count) of one head (count <= 64) rounded into a
+// transposed tile: tile[d · kVtPitch + row]; rows past count are zero.
+template <int D>
+__device__ void LoadTileTransposed(bf16* tile, const float* base, int64_t stride, int64_t first, int count) {
+  for (int e = threadIdx.x; e < kB * D; e += kThreadsFa) {
+    const int r = e / D, d = e % D;
+    const float x = r < count ? base[(first + r) * stride + d] : 0.0f;
+    tile[d * kVtPitch + r] = ToBf16(x);
+  }
+}
+
+// The maximum, or the sum, of a row over its four threads.
+__device__ inline float RowMax4(float x) {
+  x = fmaxf(x, __shfl_xor_sync(kFull, x, 1));
+  return fmaxf(x, __shfl_xor_sync(kFull, x, 2));
+}
+__device__ inline float RowSum4(float x) {
+  x += __shfl_xor_sync(kFull, x, 1);
+  return x + __shfl_xor_sync(kFull, x, 2);
+}
+
 template <int D>
 __global__ void __launch_bounds__(kThreadsFa) FlashForwardKernel(AttentionShape s, AttentionTensors t) {
   using P = Pitch<D>;
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* qs = reinterpret_cast<bf16*>(smem);
   bf16* ks = reinterpret_cast<bf16*>(smem + P::kTileBytes);
-  bf16* vs = reinterpret_cast<bf16*>(smem + 2 * P::kTileBytes);
+  bf16* vt = reinterpret_cast<bf16*>(smem + 2 * P::kTileBytes);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  float* sw = reinterpret_cast<float*>(smem + 3 * P::kTileBytes + warp * P::kScoreBytes);
-  bf16* pw = reinterpret_cast<bf16*>(smem + 3 * P::kTileBytes + kWarps * P::kScoreBytes + warp * P::kProbBytes);
-  float* ow = reinterpret_cast<float*>(smem + 3 * P::kTileBytes + kWarps * (P::kScoreBytes + P::kProbBytes) +
-                                       warp * P::kOutBytes);
+  const int g = lane >> 2, c = lane & 3;
 
   const int64_t T = s.seq_len, H = s.heads, G = s.heads / s.kv_heads;
   const int64_t nb = (T + kB - 1) / kB;
@@ -168,55 +191,106 @@ __global__ void __launch_bounds__(kThreadsFa) FlashForwardKernel(AttentionShape 
   const int64_t b = blockIdx.y / H, h = blockIdx.y % H, hk = h / G;
   const int64_t row0 = b * T, i0 = qb * kB;
   LoadTile<D>(qs, t.q + h * D, t.q_stride, row0 + i0, static_cast<int>(Min64(kB, T - i0)));
-  for (int e = lane; e < kWarpRows * D; e += 32) ow[(e / D) * P::kOut + e % D] = 0.0f;
+  __syncthreads();
+  // The warp's query operands for each 16-wide step along D.
+  uint32_t qf[D / 16][4];
+  const bf16* qw = qs + warp * kWarpRows * P::kTile + 2 * c;
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    qf[kk][0] = SharedPair(qw + g * P::kTile + kk * 16);
+    qf[kk][1] = SharedPair(qw + (g + 8) * P::kTile + kk * 16);
+    qf[kk][2] = SharedPair(qw + g * P::kTile + kk * 16 + 8);
+    qf[kk][3] = SharedPair(qw + (g + 8) * P::kTile + kk * 16 + 8);
+  }
 
-  // Lane pair (2r, 2r + 1) holds row r: columns [32 half, 32 half + 32).
-  const int r = lane >> 1, half = lane & 1;
-  const int64_t i = i0 + warp * kWarpRows + r;
-  float m = -INFINITY, l = 0.0f;
+  // The thread's two rows (index 0: row g of the warp's 16, 1: row g + 8).
+  const int64_t rows[2] = {i0 + warp * kWarpRows + g, i0 + warp * kWarpRows + g + 8};
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  float o[D / 8][4];
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+
   for (int64_t kb = 0; kb <= qb; ++kb) {
     const int64_t j0 = kb * kB;
     const int keys = static_cast<int>(Min64(kB, T - j0));
     __syncthreads();  // every warp is done with the previous k and v
     LoadTile<D>(ks, t.k + hk * D, t.kv_stride, row0 + j0, keys);
-    LoadTile<D>(vs, t.v + hk * D, t.kv_stride, row0 + j0, keys);
+    LoadTileTransposed<D>(vt, t.v + hk * D, t.kv_stride, row0 + j0, keys);
     __syncthreads();
-    RowsTimesTileT<D>(qs + warp * kWarpRows * P::kTile, ks, sw);
-    __syncwarp();
-    float row_max = -INFINITY;
-    for (int c = half * 32; c < half * 32 + 32; ++c) {
-      if (model::FlashVisible(i, j0 + c, T)) row_max = fmaxf(row_max, sw[r * P::kScore + c] * s.scale);
-    }
-    row_max = fmaxf(row_max, __shfl_xor_sync(kFull, row_max, 1));
-    const float m_new = fmaxf(m, row_max);
-    const float alpha = model::FlashRescale(m, m_new);
-    float sum = 0.0f;
-    for (int c = half * 32; c < half * 32 + 32; ++c) {
-      const float p =
-          model::FlashVisible(i, j0 + c, T) ? model::FlashProb(sw[r * P::kScore + c] * s.scale, m_new) : 0.0f;
-      sum += p;
-      pw[r * P::kProb + c] = ToBf16(p);
-    }
-    sum += __shfl_xor_sync(kFull, sum, 1);
-    l = l * alpha + sum;
-    m = m_new;
-    for (int d = half * (D / 2); d < half * (D / 2) + D / 2; ++d) ow[r * P::kOut + d] *= alpha;
-    __syncwarp();
-    FragC acc[D / 16];
+
+    // Scores q·k of the warp's rows against the 64 keys, 8 keys a tile.
+    float sc[kB / 8][4];
 #pragma unroll
-    for (int n = 0; n < D / 16; ++n) wmma::load_matrix_sync(acc[n], ow + n * 16, P::kOut, wmma::mem_row_major);
-    ProbTimesTile<D>(acc, pw, vs);
-    StoreFragments<D>(acc, ow);
-    __syncwarp();
+    for (int n = 0; n < kB / 8; ++n) {
+      sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
+      const bf16* kr = ks + (n * 8 + g) * P::kTile + 2 * c;
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) MmaBf16(sc[n], qf[kk], SharedPair(kr + kk * 16), SharedPair(kr + kk * 16 + 8));
+    }
+    // Element e of a tile: row rows[e / 2], key j0 + 8n + 2c + e % 2.
+    float row_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int n = 0; n < kB / 8; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        sc[n][e] *= s.scale;
+        if (model::FlashVisible(rows[e / 2], j0 + n * 8 + 2 * c + e % 2, T)) {
+          row_max[e / 2] = fmaxf(row_max[e / 2], sc[n][e]);
+        }
+      }
+    }
+    float alpha[2], sum[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const float m_new = fmaxf(m[k], RowMax4(row_max[k]));
+      alpha[k] = model::FlashRescale(m[k], m_new);
+      m[k] = m_new;
+    }
+#pragma unroll
+    for (int n = 0; n < kB / 8; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const bool visible = model::FlashVisible(rows[e / 2], j0 + n * 8 + 2 * c + e % 2, T);
+        sc[n][e] = visible ? model::FlashProb(sc[n][e], m[e / 2]) : 0.0f;
+        sum[e / 2] += sc[n][e];
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < 2; ++k) l[k] = l[k] * alpha[k] + RowSum4(sum[k]);
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      o[n][0] *= alpha[0];
+      o[n][1] *= alpha[0];
+      o[n][2] *= alpha[1];
+      o[n][3] *= alpha[1];
+    }
+    // o += p v, 16 keys a step: the score tiles 2kk and 2kk + 1 are the
+    // operand's left and right halves.
+#pragma unroll
+    for (int kk = 0; kk < kB / 16; ++kk) {
+      const uint32_t pf[4] = {PackBf16(sc[2 * kk][0], sc[2 * kk][1]), PackBf16(sc[2 * kk][2], sc[2 * kk][3]),
+                              PackBf16(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
+                              PackBf16(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n) {
+        const bf16* vr = vt + (n * 8 + g) * kVtPitch + kk * 16 + 2 * c;
+        MmaBf16(o[n], pf, SharedPair(vr), SharedPair(vr + 8));
+      }
+    }
   }
-  // Normalize in place (the row's lanes), then write coalesced.
-  const float inv = 1.0f / l;
-  for (int d = half * (D / 2); d < half * (D / 2) + D / 2; ++d) ow[r * P::kOut + d] *= inv;
-  if (half == 0 && i < T) t.lse[(b * H + h) * T + i] = model::FlashLse(m, l);
-  __syncwarp();
-  const int64_t first = i0 + warp * kWarpRows;
-  StoreRows<D>(t.out + h * D, t.out_stride, row0 + first, static_cast<int>(Min64(kWarpRows, T - first)), ow,
-               1.0f, lane);
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    const int64_t i = rows[k];
+    if (i >= T) continue;
+    const float inv = 1.0f / l[k];
+    if (c == 0) t.lse[(b * H + h) * T + i] = model::FlashLse(m[k], l[k]);
+    float* out = t.out + (row0 + i) * t.out_stride + h * D + 2 * c;
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      out[n * 8] = o[n][2 * k] * inv;
+      out[n * 8 + 1] = o[n][2 * k + 1] * inv;
+    }
+  }
 }
 
 // δ = dO · O per (token, head), one warp each.
@@ -426,8 +500,7 @@ __global__ void __launch_bounds__(kThreadsFa) FlashBackwardQKernel(AttentionShap
 
 template <int D>
 constexpr int ForwardSmem() {
-  using P = Pitch<D>;
-  return 3 * P::kTileBytes + kWarps * (P::kScoreBytes + P::kProbBytes + P::kOutBytes);
+  return 2 * Pitch<D>::kTileBytes + D * kVtPitch * 2;
 }
 template <int D>
 constexpr int BackwardKvSmem() {
