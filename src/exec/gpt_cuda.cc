@@ -392,8 +392,14 @@ class CudaStages final : public model::GptStages {
     const cublasOperation_t op_a = ta ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
     if (bf16_) {
       Op(product_op_ ? product_op_ : "matmul operand cast");
-      ZINF_ASSIGN_OR_RETURN(const void* a16, Bf16Operand(a, ta ? k : m, ta ? m : k, lda, sa, count, layout_.bf16_a));
-      ZINF_ASSIGN_OR_RETURN(const void* b16, Bf16Operand(b, tb ? n : k, tb ? k : n, ldb, sb, count, layout_.bf16_b));
+      // Each operand rounds into a copy the other does not stand in: either
+      // may be a kept rounding in a copy (LinearBackward's dout in B's,
+      // HeadBackward's loss gradient in A's).
+      const int64_t b_span = Span(tb ? n : k, tb ? k : n, ldb, sb, count);
+      const uint64_t a_slot = InCopy(Bf16CopyOf(b, b_span), layout_.bf16_a) ? layout_.bf16_b : layout_.bf16_a;
+      ZINF_ASSIGN_OR_RETURN(const void* a16, Bf16Operand(a, ta ? k : m, ta ? m : k, lda, sa, count, a_slot));
+      const uint64_t b_slot = InCopy(a16, layout_.bf16_b) ? layout_.bf16_a : layout_.bf16_b;
+      ZINF_ASSIGN_OR_RETURN(const void* b16, Bf16Operand(b, tb ? n : k, tb ? k : n, ldb, sb, count, b_slot));
       last_b16_ = b16;
       Op(product_op_ ? product_op_ : "matmul");
       ZINF_CUBLAS_RETURN_IF_ERROR(
@@ -421,13 +427,23 @@ class CudaStages final : public model::GptStages {
         "cublasSgemmStridedBatched");
     return Status::Ok();
   }
+  // The elements from the first of `count` row-major [rows, cols] matrices
+  // (leading dimension ld, `stride` elements apart) to the last one's end.
+  static int64_t Span(int64_t rows, int64_t cols, int64_t ld, int64_t stride, int64_t count) {
+    return (count - 1) * stride + (rows - 1) * ld + cols;
+  }
+  // Whether p points into the bf16 operand copy at `slot`.
+  bool InCopy(const void* p, uint64_t slot) const {
+    const char* at = static_cast<const char*>(p);
+    return at >= arena_ + slot && at < arena_ + slot + layout_.bf16_operand_elems * 2;
+  }
   // The bf16 copy of `count` row-major [rows, cols] matrices with leading
   // dimension ld, `stride` elements apart: every element of their span
   // (those between the rows too) rounded, so the copy keeps ld and stride.
   // An operand with a kept bf16 rounding (Bf16CopyOf) is that, uncast.
   Result<const void*> Bf16Operand(const float* x, int64_t rows, int64_t cols, int64_t ld, int64_t stride,
                                   int64_t count, uint64_t slot) {
-    const int64_t span = (count - 1) * stride + (rows - 1) * ld + cols;
+    const int64_t span = Span(rows, cols, ld, stride, count);
     if (const void* copy = Bf16CopyOf(x, span)) return copy;
     if (span > layout_.bf16_operand_elems) {
       return Internal("gpt model on CUDA: a bf16 operand of " + std::to_string(span) +

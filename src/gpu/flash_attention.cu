@@ -156,8 +156,26 @@ __device__ inline uint32_t SharedPair(const bf16* p) { return *reinterpret_cast<
 
 // Rows [first, first + count) of one head (count <= 64) rounded into a
 // transposed tile: tile[d · kVtPitch + row]; rows past count are zero.
+// Four values per load where base and stride allow it, as LoadTile; a
+// warp's 32 loads are 8 rows' 64 contiguous bytes each (4 quads), so that
+// its transposed stores spread over the banks (at most two to a bank).
 template <int D>
 __device__ void LoadTileTransposed(bf16* tile, const float* base, int64_t stride, int64_t first, int count) {
+  if (((reinterpret_cast<uintptr_t>(base) | static_cast<uintptr_t>(stride * 4)) & 15) == 0) {
+    constexpr int kQuads = D / 4, kQuadGroups = kQuads / 4;
+#pragma unroll 4
+    for (int e = threadIdx.x; e < kB * kQuads; e += kThreadsFa) {
+      const int group = e / 32, lane = e % 32;
+      const int r = group / kQuadGroups * 8 + lane % 8, d = (group % kQuadGroups * 4 + lane / 8) * 4;
+      const float4 x = r < count ? *reinterpret_cast<const float4*>(base + (first + r) * stride + d)
+                                 : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      tile[d * kVtPitch + r] = ToBf16(x.x);
+      tile[(d + 1) * kVtPitch + r] = ToBf16(x.y);
+      tile[(d + 2) * kVtPitch + r] = ToBf16(x.z);
+      tile[(d + 3) * kVtPitch + r] = ToBf16(x.w);
+    }
+    return;
+  }
   for (int e = threadIdx.x; e < kB * D; e += kThreadsFa) {
     const int r = e / D, d = e % D;
     const float x = r < count ? base[(first + r) * stride + d] : 0.0f;
