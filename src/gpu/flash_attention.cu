@@ -1,25 +1,21 @@
 // Flash attention on tensor cores (math/attention_math.h has the algorithm
 // and the per-element steps; model/flash_attention.cc is the CPU twin, block
-// for block). bf16 operands with fp32 accumulation (mma.sync in the
-// forward, WMMA 16×16×16 fragments in the backward); the inputs stay fp32
-// in memory and are rounded to bf16 (to nearest even, common/float16.h) as
-// their tiles enter shared memory.
+// for block). bf16 operands with fp32 accumulation through mma.sync
+// m16n8k16; the inputs stay fp32 in memory and are rounded to bf16 (to
+// nearest even, common/float16.h) as their tiles enter shared memory.
 //
 // Blocks of kFlashBlock = 64 queries and 64 keys, four warps of 16 rows
-// each. Per thread block:
+// each, every warp's scores, probabilities and accumulators in registers
+// (see "warp products" below). Per thread block:
 //   forward: one (batch row, head, query block), over the key blocks up to
-//     the diagonal; each warp keeps its rows' scores, output, max and sum in
-//     registers (mma.sync m16n8k16; see the forward's section below).
+//     the diagonal, with the online softmax's max and sum per row.
 //   backward: δ by one warp per row; dK and dV by one (batch row, kv head,
 //     key block) over the group's heads and the query blocks from the
-//     diagonal on, accumulated in registers; dQ by one (batch row, head,
-//     query block), recomputing p and ds. The backward scores come 16
-//     columns at a time (small fp32 scratch: two thread blocks per SM). No
-//     atomics: every gradient is written once by one block, so the results
-//     repeat bit for bit.
+//     diagonal on; dQ by one (batch row, head, query block), recomputing p
+//     and ds. No atomics: every gradient is written once by one block, so
+//     the results repeat bit for bit.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
-#include <mma.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -33,7 +29,6 @@
 namespace zinf::gpu {
 namespace {
 
-namespace wmma = nvcuda::wmma;
 using bf16 = __nv_bfloat16;
 using model::AttentionShape;
 using model::AttentionTensors;
@@ -41,26 +36,18 @@ using model::AttentionTensors;
 constexpr int kB = model::kFlashBlock;
 constexpr int kWarps = 4;
 constexpr int kThreadsFa = kWarps * 32;
-constexpr int kWarpRows = kB / kWarps;  // 16, one fragment's height
-static_assert(kWarpRows == 16, "one WMMA row of fragments per warp");
+constexpr int kWarpRows = kB / kWarps;  // 16, one mma tile's height
+static_assert(kWarpRows == 16, "one row of mma tiles per warp");
 constexpr unsigned kFull = 0xffffffffu;
 
-using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major>;
-using FragBRow = wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major>;
-using FragBCol = wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major>;
-using FragC = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
 
-// Shared-memory pitches (elements): padded rows keep WMMA's 32-byte
-// alignment (16 rows × pitch × element size is a multiple of 32) and spread
-// the banks.
+// Shared-memory tiles: bf16 [64][D] rows of q, k, v or dO, padded so that
+// the eight rows an ldmatrix or a row of pair loads touches fall in
+// different banks (the pitch is 4 words past a multiple of 32).
 template <int D>
 struct Pitch {
-  static constexpr int kTile = D + 8;      // bf16 [64][D] tiles of q, k, v, dO
-  static constexpr int kProb = kB + 8;     // bf16 [16][64] p or ds per warp
-  static constexpr int kOut = D + 4;       // fp32 [16][D] output per warp
+  static constexpr int kTile = D + 8;
   static constexpr int kTileBytes = kB * kTile * 2;
-  static constexpr int kProbBytes = kWarpRows * kProb * 2;
-  static constexpr int kOutBytes = kWarpRows * kOut * 4;
 };
 
 __device__ inline int64_t Min64(int64_t a, int64_t b) { return a < b ? a : b; }
@@ -93,51 +80,17 @@ __device__ void LoadTile(bf16* tile, const float* base, int64_t stride, int64_t 
   }
 }
 
-// acc[n] += p (a warp's [16][64] bf16, pitch kProb) × tile (a [64][D] tile),
-// for the D / 16 column fragments n.
-template <int D>
-__device__ void ProbTimesTile(FragC (&acc)[D / 16], const bf16* p, const bf16* tile) {
-#pragma unroll
-  for (int kk = 0; kk < kB / 16; ++kk) {
-    FragA fa;
-    wmma::load_matrix_sync(fa, p + kk * 16, Pitch<D>::kProb);
-#pragma unroll
-    for (int n = 0; n < D / 16; ++n) {
-      FragBRow fb;
-      wmma::load_matrix_sync(fb, tile + kk * 16 * Pitch<D>::kTile + n * 16, Pitch<D>::kTile);
-      wmma::mma_sync(acc[n], fa, fb, acc[n]);
-    }
-  }
-}
-
-// Writes a warp's 16 rows of D fp32 values from the staging buffer to
-// base + (first + r) · stride for the rows below `count`, times `scale`;
-// lanes run along the row (coalesced).
-template <int D>
-__device__ void StoreRows(float* base, int64_t stride, int64_t first, int count, const float* stage, float scale,
-                          int lane) {
-  for (int r = 0; r < kWarpRows && r < count; ++r) {
-    for (int d = lane; d < D; d += 32) base[(first + r) * stride + d] = stage[r * Pitch<D>::kOut + d] * scale;
-  }
-}
-
-template <int D>
-__device__ void StoreFragments(FragC (&acc)[D / 16], float* stage) {
-#pragma unroll
-  for (int n = 0; n < D / 16; ++n) wmma::store_matrix_sync(stage + n * 16, acc[n], Pitch<D>::kOut, wmma::mem_row_major);
-}
-
-// ---- forward: registers and mma.sync ----
+// ---- warp products: mma.sync m16n8k16, bf16 operands, fp32 accumulators ----
 //
-// The forward keeps a warp's 16 query rows in registers throughout, as
-// FlashAttention-2 does: m16n8k16 products (bf16 operands, fp32
-// accumulators), where thread (g, c) = (lane / 4, lane % 4) of a warp holds
-// rows g and g + 8 of each 16 × 8 accumulator tile, columns 2c and 2c + 1.
-// A row's maximum and sum combine its four threads by two shuffles, and the
-// score tiles of a 16-key step are the probabilities' operand as they stand
-// (rounded to bf16). Shared memory holds the tiles only: q, k, and v
-// transposed ([D][64 keys]) so that both products read bf16 pairs.
-constexpr int kVtPitch = kB + 8;  // bf16 [D][64] transposed v
+// Thread (g, c) = (lane / 4, lane % 4) of a warp holds rows g and g + 8 of
+// each 16 × 8 accumulator tile, columns 2c and 2c + 1 (elements 0, 1: row g;
+// 2, 3: row g + 8). An A operand (16 rows × 16 of k) is four registers of
+// bf16 pairs: (g, 2c), (g + 8, 2c), (g, 2c + 8), (g + 8, 2c + 8). So the
+// accumulator tiles of 16 k-columns (two tiles side by side) are, packed,
+// the next product's A operand, which keeps scores, probabilities and
+// outputs in registers (as FlashAttention-2 does). B operands come from the
+// shared tiles: a tile's rows as B's columns (q kᵀ: pairs along D), or a
+// tile as B itself (p v: ldmatrix transposed).
 
 __device__ inline void MmaBf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm volatile(
@@ -154,33 +107,47 @@ __device__ inline uint32_t PackBf16(float lo, float hi) {
 }
 __device__ inline uint32_t SharedPair(const bf16* p) { return *reinterpret_cast<const uint32_t*>(p); }
 
-// Rows [first, first + count) of one head (count <= 64) rounded into a
-// transposed tile: tile[d · kVtPitch + row]; rows past count are zero.
-// Four values per load where base and stride allow it, as LoadTile; a
-// warp's 32 loads are 8 rows' 64 contiguous bytes each (4 quads), so that
-// its transposed stores spread over the banks (at most two to a bank).
+// The A operand of tile rows [row0, row0 + 16), k-step kk (16 columns).
 template <int D>
-__device__ void LoadTileTransposed(bf16* tile, const float* base, int64_t stride, int64_t first, int count) {
-  if (((reinterpret_cast<uintptr_t>(base) | static_cast<uintptr_t>(stride * 4)) & 15) == 0) {
-    constexpr int kQuads = D / 4, kQuadGroups = kQuads / 4;
-#pragma unroll 4
-    for (int e = threadIdx.x; e < kB * kQuads; e += kThreadsFa) {
-      const int group = e / 32, lane = e % 32;
-      const int r = group / kQuadGroups * 8 + lane % 8, d = (group % kQuadGroups * 4 + lane / 8) * 4;
-      const float4 x = r < count ? *reinterpret_cast<const float4*>(base + (first + r) * stride + d)
-                                 : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      tile[d * kVtPitch + r] = ToBf16(x.x);
-      tile[(d + 1) * kVtPitch + r] = ToBf16(x.y);
-      tile[(d + 2) * kVtPitch + r] = ToBf16(x.z);
-      tile[(d + 3) * kVtPitch + r] = ToBf16(x.w);
-    }
-    return;
-  }
-  for (int e = threadIdx.x; e < kB * D; e += kThreadsFa) {
-    const int r = e / D, d = e % D;
-    const float x = r < count ? base[(first + r) * stride + d] : 0.0f;
-    tile[d * kVtPitch + r] = ToBf16(x);
-  }
+__device__ inline void RowsOperand(uint32_t (&a)[4], const bf16* tile, int row0, int kk, int g, int c) {
+  const bf16* p = tile + (row0 + g) * Pitch<D>::kTile + kk * 16 + 2 * c;
+  a[0] = SharedPair(p);
+  a[1] = SharedPair(p + 8 * Pitch<D>::kTile);
+  a[2] = SharedPair(p + 8);
+  a[3] = SharedPair(p + 8 * Pitch<D>::kTile + 8);
+}
+
+// acc += a · (tile rows [n0, n0 + 8))ᵀ over k-step kk: B[k][n] = tile[n0 + n][k].
+template <int D>
+__device__ inline void MmaRowsT(float (&acc)[4], const uint32_t (&a)[4], const bf16* tile, int n0, int kk, int g,
+                                int c) {
+  const bf16* p = tile + (n0 + g) * Pitch<D>::kTile + kk * 16 + 2 * c;
+  MmaBf16(acc, a, SharedPair(p), SharedPair(p + 8));
+}
+
+// acc[n], acc[n + 1] += a · tile[k0 .. k0 + 16)[8n .. 8n + 16): B is the
+// tile itself (rows k, columns n), read transposed by ldmatrix (thread
+// 8i + r gives row r of 8×8 matrix i: rows k0 + 8 (i & 1) + r, columns from
+// 8 (n + (i >> 1))).
+template <int D>
+__device__ inline void MmaTile(float (&acc)[D / 8][4], int n, const uint32_t (&a)[4], const bf16* tile, int k0,
+                               int lane) {
+  const int i = lane / 8;
+  const bf16* row = tile + (k0 + (i & 1) * 8 + lane % 8) * Pitch<D>::kTile + (n + (i >> 1)) * 8;
+  uint32_t b[4];
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
+               : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(row))));
+  MmaBf16(acc[n], a, b[0], b[1]);
+  MmaBf16(acc[n + 1], a, b[2], b[3]);
+}
+
+// The A operand of accumulator tiles 2kk and 2kk + 1 (16 columns), rounded.
+__device__ inline void TilesOperand(uint32_t (&a)[4], const float (&lo)[4], const float (&hi)[4]) {
+  a[0] = PackBf16(lo[0], lo[1]);
+  a[1] = PackBf16(lo[2], lo[3]);
+  a[2] = PackBf16(hi[0], hi[1]);
+  a[3] = PackBf16(hi[2], hi[3]);
 }
 
 // The maximum, or the sum, of a row over its four threads.
@@ -193,13 +160,30 @@ __device__ inline float RowSum4(float x) {
   return x + __shfl_xor_sync(kFull, x, 2);
 }
 
+// Rows `rows` (the thread's two, global positions) of a D-wide accumulator,
+// times `scale`, to base + (row0 + row) · stride + 2c, for rows below T.
+template <int D>
+__device__ inline void StoreRows(const float (&acc)[D / 8][4], const int64_t (&rows)[2], int64_t T, float* base,
+                                 int64_t row0, int64_t stride, float scale, int c) {
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    if (rows[k] >= T) continue;
+    float* out = base + (row0 + rows[k]) * stride + 2 * c;
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      out[n * 8] = acc[n][2 * k] * scale;
+      out[n * 8 + 1] = acc[n][2 * k + 1] * scale;
+    }
+  }
+}
+
 template <int D>
 __global__ void __launch_bounds__(kThreadsFa) FlashForwardKernel(AttentionShape s, AttentionTensors t) {
   using P = Pitch<D>;
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* qs = reinterpret_cast<bf16*>(smem);
   bf16* ks = reinterpret_cast<bf16*>(smem + P::kTileBytes);
-  bf16* vt = reinterpret_cast<bf16*>(smem + 2 * P::kTileBytes);
+  bf16* vs = reinterpret_cast<bf16*>(smem + 2 * P::kTileBytes);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane >> 2, c = lane & 3;
 
@@ -210,16 +194,9 @@ __global__ void __launch_bounds__(kThreadsFa) FlashForwardKernel(AttentionShape 
   const int64_t row0 = b * T, i0 = qb * kB;
   LoadTile<D>(qs, t.q + h * D, t.q_stride, row0 + i0, static_cast<int>(Min64(kB, T - i0)));
   __syncthreads();
-  // The warp's query operands for each 16-wide step along D.
-  uint32_t qf[D / 16][4];
-  const bf16* qw = qs + warp * kWarpRows * P::kTile + 2 * c;
+  uint32_t qf[D / 16][4];  // the warp's query rows, for each 16-wide step along D
 #pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) {
-    qf[kk][0] = SharedPair(qw + g * P::kTile + kk * 16);
-    qf[kk][1] = SharedPair(qw + (g + 8) * P::kTile + kk * 16);
-    qf[kk][2] = SharedPair(qw + g * P::kTile + kk * 16 + 8);
-    qf[kk][3] = SharedPair(qw + (g + 8) * P::kTile + kk * 16 + 8);
-  }
+  for (int kk = 0; kk < D / 16; ++kk) RowsOperand<D>(qf[kk], qs, warp * kWarpRows, kk, g, c);
 
   // The thread's two rows (index 0: row g of the warp's 16, 1: row g + 8).
   const int64_t rows[2] = {i0 + warp * kWarpRows + g, i0 + warp * kWarpRows + g + 8};
@@ -233,19 +210,18 @@ __global__ void __launch_bounds__(kThreadsFa) FlashForwardKernel(AttentionShape 
     const int keys = static_cast<int>(Min64(kB, T - j0));
     __syncthreads();  // every warp is done with the previous k and v
     LoadTile<D>(ks, t.k + hk * D, t.kv_stride, row0 + j0, keys);
-    LoadTileTransposed<D>(vt, t.v + hk * D, t.kv_stride, row0 + j0, keys);
+    LoadTile<D>(vs, t.v + hk * D, t.kv_stride, row0 + j0, keys);
     __syncthreads();
 
-    // Scores q·k of the warp's rows against the 64 keys, 8 keys a tile.
+    // Scores q·k of the warp's rows against the 64 keys, 8 keys a tile;
+    // element e of tile n: row rows[e / 2], key j0 + 8n + 2c + e % 2.
     float sc[kB / 8][4];
 #pragma unroll
     for (int n = 0; n < kB / 8; ++n) {
       sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
-      const bf16* kr = ks + (n * 8 + g) * P::kTile + 2 * c;
 #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) MmaBf16(sc[n], qf[kk], SharedPair(kr + kk * 16), SharedPair(kr + kk * 16 + 8));
+      for (int kk = 0; kk < D / 16; ++kk) MmaRowsT<D>(sc[n], qf[kk], ks, n * 8, kk, g, c);
     }
-    // Element e of a tile: row rows[e / 2], key j0 + 8n + 2c + e % 2.
     float row_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int n = 0; n < kB / 8; ++n) {
@@ -282,33 +258,26 @@ __global__ void __launch_bounds__(kThreadsFa) FlashForwardKernel(AttentionShape 
       o[n][2] *= alpha[1];
       o[n][3] *= alpha[1];
     }
-    // o += p v, 16 keys a step: the score tiles 2kk and 2kk + 1 are the
-    // operand's left and right halves.
+    // o += p v, 16 keys a step.
 #pragma unroll
     for (int kk = 0; kk < kB / 16; ++kk) {
-      const uint32_t pf[4] = {PackBf16(sc[2 * kk][0], sc[2 * kk][1]), PackBf16(sc[2 * kk][2], sc[2 * kk][3]),
-                              PackBf16(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
-                              PackBf16(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+      uint32_t pf[4];
+      TilesOperand(pf, sc[2 * kk], sc[2 * kk + 1]);
 #pragma unroll
-      for (int n = 0; n < D / 8; ++n) {
-        const bf16* vr = vt + (n * 8 + g) * kVtPitch + kk * 16 + 2 * c;
-        MmaBf16(o[n], pf, SharedPair(vr), SharedPair(vr + 8));
-      }
+      for (int n = 0; n < D / 8; n += 2) MmaTile<D>(o, n, pf, vs, kk * 16, lane);
     }
   }
+  const float inv[2] = {1.0f / l[0], 1.0f / l[1]};
 #pragma unroll
   for (int k = 0; k < 2; ++k) {
-    const int64_t i = rows[k];
-    if (i >= T) continue;
-    const float inv = 1.0f / l[k];
-    if (c == 0) t.lse[(b * H + h) * T + i] = model::FlashLse(m[k], l[k]);
-    float* out = t.out + (row0 + i) * t.out_stride + h * D + 2 * c;
+    if (c == 0 && rows[k] < T) t.lse[(b * H + h) * T + rows[k]] = model::FlashLse(m[k], l[k]);
 #pragma unroll
     for (int n = 0; n < D / 8; ++n) {
-      out[n * 8] = o[n][2 * k] * inv;
-      out[n * 8 + 1] = o[n][2 * k + 1] * inv;
+      o[n][2 * k] *= inv[k];
+      o[n][2 * k + 1] *= inv[k];
     }
   }
+  StoreRows<D>(o, rows, T, t.out + h * D, row0, t.out_stride, 1.0f, c);
 }
 
 // δ = dO · O per (token, head), one warp each.
@@ -338,52 +307,22 @@ __device__ void LoadStats(float* lse_s, float* delta_s, const AttentionTensors& 
   }
 }
 
-// Backward scores come 16 columns at a time: a warp's [16][16] tile of
-// q·k and of dO·v (fp32, pitch kSub), turned into p and ds at once, so the
-// fp32 scratch stays small and two thread blocks fit an SM.
-constexpr int kSub = 16 + 4;
-constexpr int kSubBytes = kWarpRows * kSub * 4;
-
-// The [16][16] products a_rows · b_tileᵀ of the warp's rows of two pairs
-// of tiles, for the 16 b rows from b_row: (a1, b1) into s1, (a2, b2) into s2.
-template <int D>
-__device__ void TwoProductsT(const bf16* a1, const bf16* b1, float* s1, const bf16* a2, const bf16* b2, float* s2) {
-  FragC c1, c2;
-  wmma::fill_fragment(c1, 0.0f);
-  wmma::fill_fragment(c2, 0.0f);
-#pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) {
-    FragA fa;
-    FragBCol fb;
-    wmma::load_matrix_sync(fa, a1 + kk * 16, Pitch<D>::kTile);
-    wmma::load_matrix_sync(fb, b1 + kk * 16, Pitch<D>::kTile);
-    wmma::mma_sync(c1, fa, fb, c1);
-    wmma::load_matrix_sync(fa, a2 + kk * 16, Pitch<D>::kTile);
-    wmma::load_matrix_sync(fb, b2 + kk * 16, Pitch<D>::kTile);
-    wmma::mma_sync(c2, fa, fb, c2);
-  }
-  wmma::store_matrix_sync(s1, c1, kSub, wmma::mem_row_major);
-  wmma::store_matrix_sync(s2, c2, kSub, wmma::mem_row_major);
-}
-
+// dK and dV of one (batch row, kv head, key block): each warp's 16 keys over
+// the group's heads and the query blocks from the diagonal on, kQc query
+// columns a pass (their scores and score gradients in registers).
 template <int D>
 __global__ void __launch_bounds__(kThreadsFa) FlashBackwardKvKernel(AttentionShape s, AttentionTensors t) {
   using P = Pitch<D>;
+  constexpr int kQc = D == 64 ? 64 : 32;
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* ks = reinterpret_cast<bf16*>(smem);
   bf16* vs = reinterpret_cast<bf16*>(smem + P::kTileBytes);
   bf16* qs = reinterpret_cast<bf16*>(smem + 2 * P::kTileBytes);
   bf16* dos = reinterpret_cast<bf16*>(smem + 3 * P::kTileBytes);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  unsigned char* wbase = smem + 4 * P::kTileBytes;
-  float* st = reinterpret_cast<float*>(wbase + warp * 2 * kSubBytes);  // (q kᵀ)ᵀ, 16 query columns
-  float* dpt = st + kWarpRows * kSub;                                  // (dO vᵀ)ᵀ
-  wbase += kWarps * 2 * kSubBytes;
-  bf16* pt = reinterpret_cast<bf16*>(wbase + warp * 2 * P::kProbBytes);
-  bf16* dst = pt + kWarpRows * P::kProb;
-  wbase += kWarps * 2 * P::kProbBytes;
-  float* lse_s = reinterpret_cast<float*>(wbase);
+  float* lse_s = reinterpret_cast<float*>(smem + 4 * P::kTileBytes);
   float* delta_s = lse_s + kB;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane >> 2, c = lane & 3;
 
   const int64_t T = s.seq_len, H = s.heads, G = s.heads / s.kv_heads;
   const int64_t nb = (T + kB - 1) / kB;
@@ -394,17 +333,16 @@ __global__ void __launch_bounds__(kThreadsFa) FlashBackwardKvKernel(AttentionSha
   LoadTile<D>(ks, t.k + hk * D, t.kv_stride, row0 + j0, keys);
   LoadTile<D>(vs, t.v + hk * D, t.kv_stride, row0 + j0, keys);
 
-  FragC dk[D / 16], dv[D / 16];
+  const int kr = warp * kWarpRows;  // the warp's keys in the tile
+  const int64_t key[2] = {j0 + kr + g, j0 + kr + g + 8};
+  float dk[D / 8][4], dv[D / 8][4];
 #pragma unroll
-  for (int n = 0; n < D / 16; ++n) {
-    wmma::fill_fragment(dk[n], 0.0f);
-    wmma::fill_fragment(dv[n], 0.0f);
+  for (int n = 0; n < D / 8; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk[n][e] = dv[n][e] = 0.0f;
   }
-  // Lane pair (2r, 2r + 1) holds key row r: 8 query columns each.
-  const int r = lane >> 1, c0 = (lane & 1) * 8;
-  const int64_t j = j0 + warp * kWarpRows + r;
-  for (int64_t g = 0; g < G; ++g) {
-    const int64_t h = hk * G + g;
+  for (int64_t gh = 0; gh < G; ++gh) {
+    const int64_t h = hk * G + gh;
     for (int64_t qb = kb; qb < nb; ++qb) {
       const int64_t i0 = qb * kB;
       const int rows = static_cast<int>(Min64(kB, T - i0));
@@ -413,41 +351,63 @@ __global__ void __launch_bounds__(kThreadsFa) FlashBackwardKvKernel(AttentionSha
       LoadTile<D>(dos, t.dout + h * D, t.out_stride, row0 + i0, rows);
       LoadStats(lse_s, delta_s, t, (b * H + h) * T + i0, rows);
       __syncthreads();
+#pragma unroll 1
+      for (int q0 = 0; q0 < kB; q0 += kQc) {
+        // (q kᵀ)ᵀ and (dO vᵀ)ᵀ: the warp's keys against kQc queries;
+        // element e of tile n: key key[e / 2], query column q0 + 8n + 2c + e % 2.
+        float st[kQc / 8][4], dpt[kQc / 8][4];
 #pragma unroll
-      for (int n = 0; n < kB / 16; ++n) {
-        TwoProductsT<D>(ks + warp * kWarpRows * P::kTile, qs + n * 16 * P::kTile, st,
-                        vs + warp * kWarpRows * P::kTile, dos + n * 16 * P::kTile, dpt);
-        __syncwarp();
-        for (int cc = c0; cc < c0 + 8; ++cc) {
-          const int c = n * 16 + cc;
-          float p = 0.0f, ds = 0.0f;
-          if (model::FlashVisible(i0 + c, j, T)) {
-            p = model::FlashProb(st[r * kSub + cc] * s.scale, lse_s[c]);
-            ds = model::FlashScoreGrad(p, dpt[r * kSub + cc], delta_s[c]);
-          }
-          pt[r * P::kProb + c] = ToBf16(p);
-          dst[r * P::kProb + c] = ToBf16(ds);
+        for (int n = 0; n < kQc / 8; ++n) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) st[n][e] = dpt[n][e] = 0.0f;
         }
-        __syncwarp();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+          uint32_t ka[4], va[4];
+          RowsOperand<D>(ka, ks, kr, kk, g, c);
+          RowsOperand<D>(va, vs, kr, kk, g, c);
+#pragma unroll
+          for (int n = 0; n < kQc / 8; ++n) {
+            MmaRowsT<D>(st[n], ka, qs, q0 + n * 8, kk, g, c);
+            MmaRowsT<D>(dpt[n], va, dos, q0 + n * 8, kk, g, c);
+          }
+        }
+        // p and ds in place of the scores and their gradients.
+#pragma unroll
+        for (int n = 0; n < kQc / 8; ++n) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int col = q0 + n * 8 + 2 * c + e % 2;
+            float p = 0.0f, ds = 0.0f;
+            if (model::FlashVisible(i0 + col, key[e / 2], T)) {
+              p = model::FlashProb(st[n][e] * s.scale, lse_s[col]);
+              ds = model::FlashScoreGrad(p, dpt[n][e], delta_s[col]);
+            }
+            st[n][e] = p;
+            dpt[n][e] = ds;
+          }
+        }
+        // dV += pᵀ dO and dK += dsᵀ q, 16 queries a step.
+#pragma unroll
+        for (int kk = 0; kk < kQc / 16; ++kk) {
+          uint32_t pa[4], da[4];
+          TilesOperand(pa, st[2 * kk], st[2 * kk + 1]);
+          TilesOperand(da, dpt[2 * kk], dpt[2 * kk + 1]);
+#pragma unroll
+          for (int n = 0; n < D / 8; n += 2) {
+            MmaTile<D>(dv, n, pa, dos, q0 + kk * 16, lane);
+            MmaTile<D>(dk, n, da, qs, q0 + kk * 16, lane);
+          }
+        }
       }
-      ProbTimesTile<D>(dv, pt, dos);  // dV += pᵀ dO
-      ProbTimesTile<D>(dk, dst, qs);  // dK += dsᵀ q
     }
   }
-  // Stage through the tiles' memory, free once every warp is done.
-  __syncthreads();
-  float* stage = reinterpret_cast<float*>(smem + warp * P::kOutBytes);
-  const int64_t first = j0 + warp * kWarpRows;
-  const int count = static_cast<int>(Min64(kWarpRows, T - first));
-  StoreFragments<D>(dv, stage);
-  __syncwarp();
-  StoreRows<D>(t.dv + hk * D, t.kv_stride, row0 + first, count, stage, 1.0f, lane);
-  __syncwarp();
-  StoreFragments<D>(dk, stage);
-  __syncwarp();
-  StoreRows<D>(t.dk + hk * D, t.kv_stride, row0 + first, count, stage, s.scale, lane);
+  StoreRows<D>(dv, key, T, t.dv + hk * D, row0, t.kv_stride, 1.0f, c);
+  StoreRows<D>(dk, key, T, t.dk + hk * D, row0, t.kv_stride, s.scale, c);
 }
 
+// dQ of one (batch row, head, query block): each warp's 16 queries over the
+// key blocks up to the diagonal, recomputing p and ds.
 template <int D>
 __global__ void __launch_bounds__(kThreadsFa) FlashBackwardQKernel(AttentionShape s, AttentionTensors t) {
   using P = Pitch<D>;
@@ -456,15 +416,10 @@ __global__ void __launch_bounds__(kThreadsFa) FlashBackwardQKernel(AttentionShap
   bf16* dos = reinterpret_cast<bf16*>(smem + P::kTileBytes);
   bf16* ks = reinterpret_cast<bf16*>(smem + 2 * P::kTileBytes);
   bf16* vs = reinterpret_cast<bf16*>(smem + 3 * P::kTileBytes);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  unsigned char* wbase = smem + 4 * P::kTileBytes;
-  float* sw = reinterpret_cast<float*>(wbase + warp * 2 * kSubBytes);  // q kᵀ, 16 key columns
-  float* dpw = sw + kWarpRows * kSub;                                  // dO vᵀ
-  wbase += kWarps * 2 * kSubBytes;
-  bf16* dsw = reinterpret_cast<bf16*>(wbase + warp * P::kProbBytes);
-  wbase += kWarps * P::kProbBytes;
-  float* lse_s = reinterpret_cast<float*>(wbase);
+  float* lse_s = reinterpret_cast<float*>(smem + 4 * P::kTileBytes);
   float* delta_s = lse_s + kB;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane >> 2, c = lane & 3;
 
   const int64_t T = s.seq_len, H = s.heads, G = s.heads / s.kv_heads;
   const int64_t nb = (T + kB - 1) / kB;
@@ -476,12 +431,12 @@ __global__ void __launch_bounds__(kThreadsFa) FlashBackwardQKernel(AttentionShap
   LoadTile<D>(dos, t.dout + h * D, t.out_stride, row0 + i0, rows);
   LoadStats(lse_s, delta_s, t, (b * H + h) * T + i0, rows);
 
-  FragC dq[D / 16];
+  const int qr = warp * kWarpRows;  // the warp's queries in the tile
+  const int local[2] = {qr + g, qr + g + 8};
+  const int64_t query[2] = {i0 + local[0], i0 + local[1]};
+  float dq[D / 8][4];
 #pragma unroll
-  for (int n = 0; n < D / 16; ++n) wmma::fill_fragment(dq[n], 0.0f);
-  const int r = lane >> 1, c0 = (lane & 1) * 8;
-  const int row = warp * kWarpRows + r;
-  const int64_t i = i0 + row;
+  for (int n = 0; n < D / 8; ++n) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
   for (int64_t kb = 0; kb <= qb; ++kb) {
     const int64_t j0 = kb * kB;
     const int keys = static_cast<int>(Min64(kB, T - j0));
@@ -489,47 +444,56 @@ __global__ void __launch_bounds__(kThreadsFa) FlashBackwardQKernel(AttentionShap
     LoadTile<D>(ks, t.k + hk * D, t.kv_stride, row0 + j0, keys);
     LoadTile<D>(vs, t.v + hk * D, t.kv_stride, row0 + j0, keys);
     __syncthreads();
+    // q kᵀ and dO vᵀ; element e of tile n: query query[e / 2], key j0 + 8n + 2c + e % 2.
+    float sc[kB / 8][4], dp[kB / 8][4];
 #pragma unroll
-    for (int n = 0; n < kB / 16; ++n) {
-      TwoProductsT<D>(qs + warp * kWarpRows * P::kTile, ks + n * 16 * P::kTile, sw, dos + warp * kWarpRows * P::kTile,
-                      vs + n * 16 * P::kTile, dpw);
-      __syncwarp();
-      for (int cc = c0; cc < c0 + 8; ++cc) {
-        const int c = n * 16 + cc;
-        float ds = 0.0f;
-        if (model::FlashVisible(i, j0 + c, T)) {
-          const float p = model::FlashProb(sw[r * kSub + cc] * s.scale, lse_s[row]);
-          ds = model::FlashScoreGrad(p, dpw[r * kSub + cc], delta_s[row]);
-        }
-        dsw[r * P::kProb + c] = ToBf16(ds);
-      }
-      __syncwarp();
+    for (int n = 0; n < kB / 8; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) sc[n][e] = dp[n][e] = 0.0f;
     }
-    ProbTimesTile<D>(dq, dsw, ks);  // dQ += ds k
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t qa[4], da[4];
+      RowsOperand<D>(qa, qs, qr, kk, g, c);
+      RowsOperand<D>(da, dos, qr, kk, g, c);
+#pragma unroll
+      for (int n = 0; n < kB / 8; ++n) {
+        MmaRowsT<D>(sc[n], qa, ks, n * 8, kk, g, c);
+        MmaRowsT<D>(dp[n], da, vs, n * 8, kk, g, c);
+      }
+    }
+    // ds in place of the scores.
+#pragma unroll
+    for (int n = 0; n < kB / 8; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float ds = 0.0f;
+        if (model::FlashVisible(query[e / 2], j0 + n * 8 + 2 * c + e % 2, T)) {
+          const float p = model::FlashProb(sc[n][e] * s.scale, lse_s[local[e / 2]]);
+          ds = model::FlashScoreGrad(p, dp[n][e], delta_s[local[e / 2]]);
+        }
+        sc[n][e] = ds;
+      }
+    }
+    // dQ += ds k, 16 keys a step.
+#pragma unroll
+    for (int kk = 0; kk < kB / 16; ++kk) {
+      uint32_t dsa[4];
+      TilesOperand(dsa, sc[2 * kk], sc[2 * kk + 1]);
+#pragma unroll
+      for (int n = 0; n < D / 8; n += 2) MmaTile<D>(dq, n, dsa, ks, kk * 16, lane);
+    }
   }
-  __syncthreads();
-  float* stage = reinterpret_cast<float*>(smem + warp * P::kOutBytes);
-  const int64_t first = i0 + warp * kWarpRows;
-  StoreFragments<D>(dq, stage);
-  __syncwarp();
-  StoreRows<D>(t.dq + h * D, t.q_stride, row0 + first, static_cast<int>(Min64(kWarpRows, T - first)), stage, s.scale,
-               lane);
+  StoreRows<D>(dq, query, T, t.dq + h * D, row0, t.q_stride, s.scale, c);
 }
 
 template <int D>
 constexpr int ForwardSmem() {
-  return 2 * Pitch<D>::kTileBytes + D * kVtPitch * 2;
+  return 3 * Pitch<D>::kTileBytes;
 }
 template <int D>
-constexpr int BackwardKvSmem() {
-  using P = Pitch<D>;
-  static_assert(kWarps * P::kOutBytes <= 4 * P::kTileBytes, "the output staging fits the tiles");
-  return 4 * P::kTileBytes + kWarps * 2 * (kSubBytes + P::kProbBytes) + 2 * kB * 4;
-}
-template <int D>
-constexpr int BackwardQSmem() {
-  using P = Pitch<D>;
-  return 4 * P::kTileBytes + kWarps * (2 * kSubBytes + P::kProbBytes) + 2 * kB * 4;
+constexpr int BackwardSmem() {
+  return 4 * Pitch<D>::kTileBytes + 2 * kB * 4;
 }
 
 Status Check(const char* fn, const AttentionShape& s, const AttentionTensors& t, bool backward) {
@@ -569,10 +533,10 @@ Status Backward(const AttentionShape& s, const AttentionTensors& t, void* stream
   if (err != cudaSuccess) return CudaError(err, "launch of FlashDeltaKernel", __FILE__, __LINE__);
   const unsigned nb = static_cast<unsigned>((s.seq_len + kB - 1) / kB);
   ZINF_RETURN_IF_ERROR(Launch(FlashBackwardKvKernel<D>, "FlashBackwardKvKernel",
-                              dim3(nb, static_cast<unsigned>(s.batch * s.kv_heads)), BackwardKvSmem<D>(), stream, s,
+                              dim3(nb, static_cast<unsigned>(s.batch * s.kv_heads)), BackwardSmem<D>(), stream, s,
                               t));
   return Launch(FlashBackwardQKernel<D>, "FlashBackwardQKernel", dim3(nb, static_cast<unsigned>(s.batch * s.heads)),
-                BackwardQSmem<D>(), stream, s, t);
+                BackwardSmem<D>(), stream, s, t);
 }
 
 }  // namespace
