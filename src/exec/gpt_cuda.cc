@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <span>
 #include <string>
 #include <utility>
 
@@ -114,7 +115,8 @@ class CudaStages final : public model::GptStages {
     if (forward_next_ < 0 || layer != forward_next_ || layer >= config_.num_layers) {
       return FailedPrecondition("gpt model: BlockForward(" + std::to_string(layer) + ") out of order");
     }
-    ZINF_ASSIGN_OR_RETURN(const float* p, Widen(block, BlockLayout::For(config_).num_elems, layout_.wide_unit));
+    const BlockLayout w = BlockLayout::For(config_);
+    ZINF_ASSIGN_OR_RETURN(const float* p, Widen(block, w.num_elems, layout_.wide_unit, BlockProducts(w)));
     ZINF_RETURN_IF_ERROR(RunBlockForward(layer, p));
     EndOps();
     ++forward_next_;
@@ -131,7 +133,7 @@ class CudaStages final : public model::GptStages {
     Op("loss");
     ZINF_RETURN_IF_ERROR(device_.CopyOnDevice(I32(layout_.targets), targets, BT * sizeof(int32_t), stream_));
     const FinalNormLayout f = FinalNormLayout::For(config_);
-    ZINF_ASSIGN_OR_RETURN(const float* pf, Widen(final_norm, f.num_elems, layout_.wide_unit));
+    ZINF_ASSIGN_OR_RETURN(const float* pf, Widen(final_norm, f.num_elems, layout_.wide_unit, HeadProducts(f)));
     ZINF_ASSIGN_OR_RETURN(const float* head, Head(pf, embedding));
     float* lnf = F32(layout_.lnf);
     float* probs = F32(layout_.probs);
@@ -165,7 +167,7 @@ class CudaStages final : public model::GptStages {
     const int64_t BT = B * T, L = config_.num_layers;
     const FinalNormLayout f = FinalNormLayout::For(config_);
     const EmbeddingLayout e = EmbeddingLayout::For(config_);
-    ZINF_ASSIGN_OR_RETURN(const float* pf, Widen(final_norm, f.num_elems, layout_.wide_unit));
+    ZINF_ASSIGN_OR_RETURN(const float* pf, Widen(final_norm, f.num_elems, layout_.wide_unit, HeadProducts(f)));
     ZINF_ASSIGN_OR_RETURN(const float* head, Head(pf, embedding));
     ZINF_ASSIGN_OR_RETURN(float* gf, BeginGrad(final_norm_grad, f.num_elems, layout_.grad_unit));
     ZINF_ASSIGN_OR_RETURN(embedding_grad32_, BeginGrad(embedding_grad, e.num_elems, layout_.grad_embedding));
@@ -223,7 +225,7 @@ class CudaStages final : public model::GptStages {
     const int64_t B = options_.batch_size, T = options_.seq_len, C = c.embed_dim;
     const int64_t BT = B * T, Q = c.q_dim(), S = c.qkv_dim(), I = c.mlp_dim(), FC = c.fc_dim();
     const BlockLayout w = BlockLayout::For(c);
-    ZINF_ASSIGN_OR_RETURN(const float* p, Widen(block, w.num_elems, layout_.wide_unit));
+    ZINF_ASSIGN_OR_RETURN(const float* p, Widen(block, w.num_elems, layout_.wide_unit, BlockProducts(w)));
     if (options_.activation_checkpointing && checkpoint_layer_ != layer) ZINF_RETURN_IF_ERROR(RunBlockForward(layer, p));
     ZINF_ASSIGN_OR_RETURN(float* g, BeginGrad(block_grad, w.num_elems, layout_.grad_unit));
     const ActivationLayout::Block a = layout_.BlockAt(layer);
@@ -325,17 +327,55 @@ class CudaStages final : public model::GptStages {
   // 16-bit parameters widened into the arena; fp32 ones used in place.
   // bf16 parameters are also kept as their widened copy's bf16 rounding
   // (rounding a widened bf16 value gives it back): a product operand inside
-  // the copy is the parameters themselves, uncast.
-  Result<const float*> Widen(const void* params, int64_t n, uint64_t wide_offset) {
+  // the copy is the parameters themselves, uncast. So with bf16 products the
+  // `products` ranges (tensors only ever a product's operand: the linear
+  // layers' and the head's weights) are not widened at all, when each of
+  // them starts 16-byte aligned (else Bf16CopyOf would not stand for them).
+  struct Range {
+    int64_t at = 0, n = 0;  // elements
+  };
+  Result<const float*> Widen(const void* params, int64_t n, uint64_t wide_offset,
+                             std::span<const Range> products = {}) {
     if (options_.param_dtype == DType::kFloat32) return static_cast<const float*>(params);
     Op("cast");
     float* dst = F32(wide_offset);
-    ZINF_RETURN_IF_ERROR(Cast(params, options_.param_dtype, dst, DType::kFloat32, static_cast<size_t>(n), s_));
-    if (options_.param_dtype == DType::kBFloat16) {
-      bf16_copies_[wide_offset == layout_.wide_embedding ? 1 : 0] =
-          Bf16Copy{dst, static_cast<const uint16_t*>(params), n};
+    const bool bf16_params = options_.param_dtype == DType::kBFloat16;
+    const auto* p16 = static_cast<const uint16_t*>(params);
+    bool skip = bf16_ && bf16_params;
+    for (const Range& r : products) skip = skip && reinterpret_cast<uintptr_t>(p16 + r.at) % 16 == 0;
+    // The ranges widened: all of it, or the gaps between the products (in
+    // increasing order).
+    int64_t from = 0;
+    const auto widen_to = [&](int64_t to) -> Status {
+      if (to > from) {
+        ZINF_RETURN_IF_ERROR(Cast(static_cast<const char*>(params) + from * DTypeSizeBytes(options_.param_dtype),
+                                  options_.param_dtype, dst + from, DType::kFloat32, static_cast<size_t>(to - from),
+                                  s_));
+      }
+      return Status::Ok();
+    };
+    if (skip) {
+      for (const Range& r : products) {
+        ZINF_RETURN_IF_ERROR(widen_to(r.at));
+        from = r.at + r.n;
+      }
     }
+    ZINF_RETURN_IF_ERROR(widen_to(n));
+    if (bf16_params) bf16_copies_[wide_offset == layout_.wide_embedding ? 1 : 0] = Bf16Copy{dst, p16, n};
     return static_cast<const float*>(dst);
+  }
+  // The untied head's weights, which only products read (none when tied).
+  std::span<const Range> HeadProducts(const FinalNormLayout& f) {
+    head_range_ = Range{f.lm_head, config_.vocab_size * config_.embed_dim};
+    return config_.tied_head ? std::span<const Range>{} : std::span<const Range>{&head_range_, 1};
+  }
+  Range head_range_;
+  // The ranges of a block's tensors that only products read.
+  std::array<Range, 4> BlockProducts(const BlockLayout& w) const {
+    const model::GptConfig& c = config_;
+    const int64_t C = c.embed_dim;
+    return {Range{w.qkv_w, C * c.qkv_dim()}, Range{w.attn_proj_w, c.q_dim() * C}, Range{w.fc_w, C * c.fc_dim()},
+            Range{w.fc_proj_w, c.mlp_dim() * C}};
   }
   // A stage's start: its time is op `other` until its first named op, and no
   // bf16 copy of an earlier stage stands for its operands any more.
@@ -516,7 +556,9 @@ class CudaStages final : public model::GptStages {
   Result<const float*> Head(const float* final_norm32, const void* embedding) {
     if (!config_.tied_head) return final_norm32 + FinalNormLayout::For(config_).lm_head;
     const EmbeddingLayout e = EmbeddingLayout::For(config_);
-    ZINF_ASSIGN_OR_RETURN(const float* pe, Widen(embedding, e.num_elems, layout_.wide_embedding));
+    // The head stages read wte only as the head's product operand.
+    const Range wte[] = {{e.wte, config_.vocab_size * config_.embed_dim}};
+    ZINF_ASSIGN_OR_RETURN(const float* pe, Widen(embedding, e.num_elems, layout_.wide_embedding, wte));
     return pe + e.wte;
   }
 

@@ -144,7 +144,21 @@ __global__ void __launch_bounds__(kColumnWarps * 32)
     float acc = 0.0f;
     if (c < rows.n) {
       const int64_t r1 = R < (k + 1) * chunk ? R : (k + 1) * chunk;
-      for (int64_t r = k * chunk; r < r1; ++r) {
+      // The chunk's rows in order, kRowBatch rows' loads in flight at once.
+      int64_t r = k * chunk;
+      for (; r + kRowBatch <= r1; r += kRowBatch) {
+        float d[kRowBatch], xv[kRowBatch], s[kRowBatch];
+#pragma unroll
+        for (int b = 0; b < kRowBatch; ++b) {
+          const int64_t at = rows.Offset(r + b) + c;
+          d[b] = dy[at];
+          xv[b] = x[at];
+          s[b] = rstd[r + b];
+        }
+#pragma unroll
+        for (int b = 0; b < kRowBatch; ++b) acc += model::RmsNormWeightGradTerm(d[b], xv[b], s[b]);
+      }
+      for (; r < r1; ++r) {
         const int64_t at = rows.Offset(r) + c;
         acc += model::RmsNormWeightGradTerm(dy[at], x[at], rstd[r]);
       }

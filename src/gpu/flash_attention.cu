@@ -60,16 +60,27 @@ __device__ inline bf16 ToBf16(float x) { return __ushort_as_bfloat16(FloatToBf16
 template <int D>
 __device__ void LoadTile(bf16* tile, const float* base, int64_t stride, int64_t first, int count) {
   if (((reinterpret_cast<uintptr_t>(base) | static_cast<uintptr_t>(stride * 4)) & 15) == 0) {
-    constexpr int kQuads = D / 4;
-#pragma unroll 4
-    for (int e = threadIdx.x; e < kB * kQuads; e += kThreadsFa) {
-      const int r = e / kQuads, d = e % kQuads * 4;
-      const float4 x = r < count ? *reinterpret_cast<const float4*>(base + (first + r) * stride + d)
-                                 : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      uint2 packed;  // element d at the lower address
-      packed.x = FloatToBf16Bits(x.x) | static_cast<uint32_t>(FloatToBf16Bits(x.y)) << 16;
-      packed.y = FloatToBf16Bits(x.z) | static_cast<uint32_t>(FloatToBf16Bits(x.w)) << 16;
-      *reinterpret_cast<uint2*>(tile + r * Pitch<D>::kTile + d) = packed;
+    // A thread's quads in batches of kBatch, each batch's loads issued
+    // before any of its stores, so that they are in flight together.
+    constexpr int kQuads = D / 4, kPerThread = kB * kQuads / kThreadsFa, kBatch = 4;
+    static_assert(kB * kQuads % kThreadsFa == 0 && kPerThread % kBatch == 0);
+#pragma unroll
+    for (int b0 = 0; b0 < kPerThread; b0 += kBatch) {
+      float4 x[kBatch];
+#pragma unroll
+      for (int k = 0; k < kBatch; ++k) {
+        const int e = threadIdx.x + (b0 + k) * kThreadsFa, r = e / kQuads, d = e % kQuads * 4;
+        x[k] = r < count ? *reinterpret_cast<const float4*>(base + (first + r) * stride + d)
+                         : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
+#pragma unroll
+      for (int k = 0; k < kBatch; ++k) {
+        const int e = threadIdx.x + (b0 + k) * kThreadsFa, r = e / kQuads, d = e % kQuads * 4;
+        uint2 packed;  // element d at the lower address
+        packed.x = FloatToBf16Bits(x[k].x) | static_cast<uint32_t>(FloatToBf16Bits(x[k].y)) << 16;
+        packed.y = FloatToBf16Bits(x[k].z) | static_cast<uint32_t>(FloatToBf16Bits(x[k].w)) << 16;
+        *reinterpret_cast<uint2*>(tile + r * Pitch<D>::kTile + d) = packed;
+      }
     }
     return;
   }
