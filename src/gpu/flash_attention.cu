@@ -224,6 +224,9 @@ __global__ void __launch_bounds__(kThreadsFa) FlashForwardKernel(AttentionShape 
     LoadTile<D>(vs, t.v + hk * D, t.kv_stride, row0 + j0, keys);
     __syncthreads();
 
+    // Only the diagonal block and a last, partial query block hide scores
+    // (a key past T is in the last key block, which is the diagonal one).
+    const bool masked = kb == qb || i0 + kB > T;
     // Scores q·k of the warp's rows against the 64 keys, 8 keys a tile;
     // element e of tile n: row rows[e / 2], key j0 + 8n + 2c + e % 2.
     float sc[kB / 8][4];
@@ -239,7 +242,7 @@ __global__ void __launch_bounds__(kThreadsFa) FlashForwardKernel(AttentionShape 
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         sc[n][e] *= s.scale;
-        if (model::FlashVisible(rows[e / 2], j0 + n * 8 + 2 * c + e % 2, T)) {
+        if (!masked || model::FlashVisible(rows[e / 2], j0 + n * 8 + 2 * c + e % 2, T)) {
           row_max[e / 2] = fmaxf(row_max[e / 2], sc[n][e]);
         }
       }
@@ -255,7 +258,7 @@ __global__ void __launch_bounds__(kThreadsFa) FlashForwardKernel(AttentionShape 
     for (int n = 0; n < kB / 8; ++n) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const bool visible = model::FlashVisible(rows[e / 2], j0 + n * 8 + 2 * c + e % 2, T);
+        const bool visible = !masked || model::FlashVisible(rows[e / 2], j0 + n * 8 + 2 * c + e % 2, T);
         sc[n][e] = visible ? model::FlashProb(sc[n][e], m[e / 2]) : 0.0f;
         sum[e / 2] += sc[n][e];
       }
@@ -362,6 +365,7 @@ __global__ void __launch_bounds__(kThreadsFa) FlashBackwardKvKernel(AttentionSha
       LoadTile<D>(dos, t.dout + h * D, t.out_stride, row0 + i0, rows);
       LoadStats(lse_s, delta_s, t, (b * H + h) * T + i0, rows);
       __syncthreads();
+      const bool masked = qb == kb || i0 + kB > T;  // as in the forward
 #pragma unroll 1
       for (int q0 = 0; q0 < kB; q0 += kQc) {
         // (q kᵀ)ᵀ and (dO vᵀ)ᵀ: the warp's keys against kQc queries;
@@ -390,7 +394,7 @@ __global__ void __launch_bounds__(kThreadsFa) FlashBackwardKvKernel(AttentionSha
           for (int e = 0; e < 4; ++e) {
             const int col = q0 + n * 8 + 2 * c + e % 2;
             float p = 0.0f, ds = 0.0f;
-            if (model::FlashVisible(i0 + col, key[e / 2], T)) {
+            if (!masked || model::FlashVisible(i0 + col, key[e / 2], T)) {
               p = model::FlashProb(st[n][e] * s.scale, lse_s[col]);
               ds = model::FlashScoreGrad(p, dpt[n][e], delta_s[col]);
             }
@@ -455,6 +459,7 @@ __global__ void __launch_bounds__(kThreadsFa) FlashBackwardQKernel(AttentionShap
     LoadTile<D>(ks, t.k + hk * D, t.kv_stride, row0 + j0, keys);
     LoadTile<D>(vs, t.v + hk * D, t.kv_stride, row0 + j0, keys);
     __syncthreads();
+    const bool masked = kb == qb || i0 + kB > T;  // as in the forward
     // q kᵀ and dO vᵀ; element e of tile n: query query[e / 2], key j0 + 8n + 2c + e % 2.
     float sc[kB / 8][4], dp[kB / 8][4];
 #pragma unroll
@@ -479,7 +484,7 @@ __global__ void __launch_bounds__(kThreadsFa) FlashBackwardQKernel(AttentionShap
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         float ds = 0.0f;
-        if (model::FlashVisible(query[e / 2], j0 + n * 8 + 2 * c + e % 2, T)) {
+        if (!masked || model::FlashVisible(query[e / 2], j0 + n * 8 + 2 * c + e % 2, T)) {
           const float p = model::FlashProb(sc[n][e] * s.scale, lse_s[local[e / 2]]);
           ds = model::FlashScoreGrad(p, dp[n][e], delta_s[local[e / 2]]);
         }
