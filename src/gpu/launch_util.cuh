@@ -1,11 +1,12 @@
 // What the kernel files of src/gpu share: a launch check that names the
-// kernel, file and line, and the indices of a grid-stride loop. Include from
-// .cu files only.
+// kernel, file and line, the row-shape check, and the indices of a
+// grid-stride loop. Include from .cu files only.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 #include "gpu/cuda_check.h"
@@ -19,6 +20,14 @@ inline Status CheckLaunch(const char* kernel, const char* file, int line) {
   return CudaError(err, (std::string("launch of ") + kernel).c_str(), file, line);
 }
 #define ZINF_CHECK_LAUNCH(kernel) ::zinf::gpu::CheckLaunch(kernel, __FILE__, __LINE__)
+
+// kInvalidArgument naming `fn` unless rows >= 0 and cols >= 1.
+inline Status CheckRows(const char* fn, int64_t rows, int64_t cols, const char* cols_name) {
+  if (rows < 0 || cols < 1)
+    return InvalidArgument(std::string(fn) + ": rows " + std::to_string(rows) + ", " + cols_name + " " +
+                           std::to_string(cols) + " (need rows >= 0, " + cols_name + " >= 1)");
+  return Status::Ok();
+}
 
 __device__ inline size_t GlobalThread() { return static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; }
 __device__ inline size_t GridStride() { return static_cast<size_t>(gridDim.x) * blockDim.x; }
