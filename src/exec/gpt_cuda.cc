@@ -562,6 +562,28 @@ class CudaStages final : public model::GptStages {
     return pe + e.wte;
   }
 
+  // With bf16 products, flash attention reads bf16 copies of qkv (the A
+  // copy) and, in backward, of d(atty) (the B copy): rounded once here, not
+  // in every tile of every block that loads them (the same operands, so the
+  // same bits). The copies' time is the attention's.
+  Status FlashCopies(model::AttentionTensors& t, bool backward) {
+    if (!bf16_) return Status::Ok();
+    const int64_t BT = options_.batch_size * options_.seq_len;
+    auto* qkv16 = reinterpret_cast<uint16_t*>(arena_ + layout_.bf16_a);
+    ZINF_RETURN_IF_ERROR(Cast(t.q, DType::kFloat32, qkv16, DType::kBFloat16,
+                              static_cast<size_t>(BT * config_.qkv_dim()), s_));
+    t.q16 = qkv16;
+    t.k16 = qkv16 + (t.k - t.q);
+    t.v16 = qkv16 + (t.v - t.q);
+    if (backward) {
+      auto* dout16 = reinterpret_cast<uint16_t*>(arena_ + layout_.bf16_b);
+      ZINF_RETURN_IF_ERROR(Cast(t.dout, DType::kFloat32, dout16, DType::kBFloat16,
+                                static_cast<size_t>(BT * config_.q_dim()), s_));
+      t.dout16 = dout16;
+    }
+    return Status::Ok();
+  }
+
   // The attention of block set `a`: flash (gpu/kernels.h), or the plain
   // products and softmax over the saved T × T probabilities
   // (model::AttentionForward / AttentionBackward), per batch row. Query head
@@ -575,8 +597,9 @@ class CudaStages final : public model::GptStages {
     Op("attention");
     const ProductsAre products(this, "attention");
     if (flash_) {
-      return FlashAttentionForward(model::FlashAttentionShape(config_, options_),
-                                   model::FlashAttentionTensors(config_, layout_, a, arena_, false), s_);
+      model::AttentionTensors t = model::FlashAttentionTensors(config_, layout_, a, arena_, false);
+      ZINF_RETURN_IF_ERROR(FlashCopies(t, false));
+      return FlashAttentionForward(model::FlashAttentionShape(config_, options_), t, s_);
     }
     float* out = F32(a.atty);
     float* att = F32(a.att);
@@ -610,8 +633,9 @@ class CudaStages final : public model::GptStages {
     Op("attention");
     const ProductsAre products(this, "attention");
     if (flash_) {
-      return FlashAttentionBackward(model::FlashAttentionShape(config_, options_),
-                                    model::FlashAttentionTensors(config_, layout_, a_set, arena_, true), s_);
+      model::AttentionTensors t = model::FlashAttentionTensors(config_, layout_, a_set, arena_, true);
+      ZINF_RETURN_IF_ERROR(FlashCopies(t, true));
+      return FlashAttentionBackward(model::FlashAttentionShape(config_, options_), t, s_);
     }
     float* dqkv = F32(layout_.dqkv);
     float* datt = F32(layout_.datt);

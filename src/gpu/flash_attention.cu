@@ -2,7 +2,11 @@
 // and the per-element steps; model/flash_attention.cc is the CPU twin, block
 // for block). bf16 operands with fp32 accumulation through mma.sync
 // m16n8k16; the inputs stay fp32 in memory and are rounded to bf16 (to
-// nearest even, common/float16.h) as their tiles enter shared memory.
+// nearest even, common/float16.h) as their tiles enter shared memory, or
+// come as bf16 copies made beforehand (AttentionTensors::q16 ...), which
+// cp.async copies into two buffers a tile: the next block's tiles are in
+// flight while the warps multiply this block's. Both read the same operands
+// and multiply them in the same order, so they give the same bits.
 //
 // Blocks of kFlashBlock = 64 queries and 64 keys, four warps of 16 rows
 // each, every warp's scores, probabilities and accumulators in registers
@@ -89,6 +93,50 @@ __device__ void LoadTile(bf16* tile, const float* base, int64_t stride, int64_t 
     const float x = r < count ? base[(first + r) * stride + d] : 0.0f;
     tile[r * Pitch<D>::kTile + d] = ToBf16(x);
   }
+}
+
+// ---- bf16 copies: cp.async, 16 bytes (or 4) a copy, zero past the rows ----
+
+__device__ inline void CpAsync16(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
+                   static_cast<uint32_t>(__cvta_generic_to_shared(dst))),
+               "l"(src), "r"(valid ? 16 : 0)
+               : "memory");
+}
+__device__ inline void CpAsync4(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(
+                   static_cast<uint32_t>(__cvta_generic_to_shared(dst))),
+               "l"(src), "r"(valid ? 4 : 0)
+               : "memory");
+}
+__device__ inline void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+// Waits for the thread's own copies; a __syncthreads after it shows every
+// thread's.
+__device__ inline void CpAsyncWaitAll() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
+// LoadTile's rows from a bf16 copy (16-byte aligned, stride a multiple of 8),
+// as copies in flight: rows past count are zero-filled (a copy of 0 bytes
+// from row `first`, which exists).
+template <int D>
+__device__ void IssueTile(bf16* tile, const uint16_t* base, int64_t stride, int64_t first, int count) {
+  constexpr int kChunks = D / 8;  // 16-byte chunks a row
+  static_assert(kB * kChunks % kThreadsFa == 0);
+#pragma unroll
+  for (int e = threadIdx.x; e < kB * kChunks; e += kThreadsFa) {
+    const int r = e / kChunks, d = e % kChunks * 8;
+    const bool valid = r < count;
+    CpAsync16(tile + r * Pitch<D>::kTile + d, base + (first + (valid ? r : 0)) * stride + d, valid);
+  }
+}
+
+// A tile from the fp32 tensor (rounded; done when this returns) or from its
+// bf16 copy (in flight until CpAsyncWaitAll): the head's columns start at
+// `col` in both.
+template <int D, bool kAsync>
+__device__ void FetchTile(bf16* tile, const float* x32, const uint16_t* x16, int64_t col, int64_t stride,
+                          int64_t first, int count) {
+  if constexpr (kAsync) IssueTile<D>(tile, x16 + col, stride, first, count);
+  else LoadTile<D>(tile, x32 + col, stride, first, count);
 }
 
 // ---- warp products: mma.sync m16n8k16, bf16 operands, fp32 accumulators ----
@@ -188,13 +236,21 @@ __device__ inline void StoreRows(const float (&acc)[D / 8][4], const int64_t (&r
   }
 }
 
-template <int D>
+// Tiles a kernel keeps a buffer each of (`fixed`) and those it refills per
+// block (`fetched`), twice over when the bf16 copies are copied ahead.
+template <int D, bool kAsync>
+__host__ __device__ constexpr int TileBytes(int fixed, int fetched) {
+  return (fixed + (kAsync ? 2 : 1) * fetched) * Pitch<D>::kTileBytes;
+}
+
+template <int D, bool kAsync>
 __global__ void __launch_bounds__(kThreadsFa) FlashForwardKernel(AttentionShape s, AttentionTensors t) {
   using P = Pitch<D>;
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* qs = reinterpret_cast<bf16*>(smem);
-  bf16* ks = reinterpret_cast<bf16*>(smem + P::kTileBytes);
-  bf16* vs = reinterpret_cast<bf16*>(smem + 2 * P::kTileBytes);
+  // Buffer i's k and v (i = 0, and 1 with kAsync).
+  auto ks = [&](int i) { return reinterpret_cast<bf16*>(smem + (1 + 2 * i) * P::kTileBytes); };
+  auto vs = [&](int i) { return reinterpret_cast<bf16*>(smem + (2 + 2 * i) * P::kTileBytes); };
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane >> 2, c = lane & 3;
 
@@ -203,7 +259,18 @@ __global__ void __launch_bounds__(kThreadsFa) FlashForwardKernel(AttentionShape 
   const int64_t qb = nb - 1 - blockIdx.x;  // the longest rows first
   const int64_t b = blockIdx.y / H, h = blockIdx.y % H, hk = h / G;
   const int64_t row0 = b * T, i0 = qb * kB;
-  LoadTile<D>(qs, t.q + h * D, t.q_stride, row0 + i0, static_cast<int>(Min64(kB, T - i0)));
+  auto fetch_kv = [&](int64_t kb, int i) {
+    const int64_t j0 = kb * kB;
+    const int keys = static_cast<int>(Min64(kB, T - j0));
+    FetchTile<D, kAsync>(ks(i), t.k, t.k16, hk * D, t.kv_stride, row0 + j0, keys);
+    FetchTile<D, kAsync>(vs(i), t.v, t.v16, hk * D, t.kv_stride, row0 + j0, keys);
+  };
+  FetchTile<D, kAsync>(qs, t.q, t.q16, h * D, t.q_stride, row0 + i0, static_cast<int>(Min64(kB, T - i0)));
+  if constexpr (kAsync) {
+    fetch_kv(0, 0);
+    CpAsyncCommit();
+    CpAsyncWaitAll();
+  }
   __syncthreads();
   uint32_t qf[D / 16][4];  // the warp's query rows, for each 16-wide step along D
 #pragma unroll
@@ -218,11 +285,26 @@ __global__ void __launch_bounds__(kThreadsFa) FlashForwardKernel(AttentionShape 
 
   for (int64_t kb = 0; kb <= qb; ++kb) {
     const int64_t j0 = kb * kB;
-    const int keys = static_cast<int>(Min64(kB, T - j0));
-    __syncthreads();  // every warp is done with the previous k and v
-    LoadTile<D>(ks, t.k + hk * D, t.kv_stride, row0 + j0, keys);
-    LoadTile<D>(vs, t.v + hk * D, t.kv_stride, row0 + j0, keys);
-    __syncthreads();
+    int buf = 0;
+    if constexpr (kAsync) {
+      // Block kb's tiles have landed, and every warp is done with block
+      // kb - 1's buffer, which block kb + 1's then fill.
+      if (kb > 0) {
+        CpAsyncWaitAll();
+        __syncthreads();
+      }
+      if (kb < qb) {
+        fetch_kv(kb + 1, (kb + 1) & 1);
+        CpAsyncCommit();
+      }
+      buf = static_cast<int>(kb & 1);
+    } else {
+      __syncthreads();  // every warp is done with the previous k and v
+      fetch_kv(kb, 0);
+      __syncthreads();
+    }
+    const bf16* kt = ks(buf);
+    const bf16* vt = vs(buf);
 
     // Only the diagonal block and a last, partial query block hide scores
     // (a key past T is in the last key block, which is the diagonal one).
@@ -234,7 +316,7 @@ __global__ void __launch_bounds__(kThreadsFa) FlashForwardKernel(AttentionShape 
     for (int n = 0; n < kB / 8; ++n) {
       sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
 #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) MmaRowsT<D>(sc[n], qf[kk], ks, n * 8, kk, g, c);
+      for (int kk = 0; kk < D / 16; ++kk) MmaRowsT<D>(sc[n], qf[kk], kt, n * 8, kk, g, c);
     }
     float row_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
@@ -278,7 +360,7 @@ __global__ void __launch_bounds__(kThreadsFa) FlashForwardKernel(AttentionShape 
       uint32_t pf[4];
       TilesOperand(pf, sc[2 * kk], sc[2 * kk + 1]);
 #pragma unroll
-      for (int n = 0; n < D / 8; n += 2) MmaTile<D>(o, n, pf, vs, kk * 16, lane);
+      for (int n = 0; n < D / 8; n += 2) MmaTile<D>(o, n, pf, vt, kk * 16, lane);
     }
   }
   const float inv[2] = {1.0f / l[0], 1.0f / l[1]};
@@ -313,28 +395,38 @@ __global__ void FlashDeltaKernel(AttentionShape s, AttentionTensors t) {
 }
 
 // Loads the statistics of rows [first, first + count) of (b, h) into
-// shared memory (0 past count).
-__device__ void LoadStats(float* lse_s, float* delta_s, const AttentionTensors& t, int64_t stat0, int count) {
+// shared memory (0 past count); with kAsync, as copies in flight.
+template <bool kAsync>
+__device__ void FetchStats(float* lse_s, float* delta_s, const AttentionTensors& t, int64_t stat0, int count) {
   for (int c = threadIdx.x; c < kB; c += kThreadsFa) {
-    lse_s[c] = c < count ? t.lse[stat0 + c] : 0.0f;
-    delta_s[c] = c < count ? t.delta[stat0 + c] : 0.0f;
+    const bool valid = c < count;
+    if constexpr (kAsync) {
+      CpAsync4(lse_s + c, t.lse + stat0 + (valid ? c : 0), valid);
+      CpAsync4(delta_s + c, t.delta + stat0 + (valid ? c : 0), valid);
+    } else {
+      lse_s[c] = valid ? t.lse[stat0 + c] : 0.0f;
+      delta_s[c] = valid ? t.delta[stat0 + c] : 0.0f;
+    }
   }
 }
+constexpr int kStatsBytes = 2 * kB * 4;  // lse and δ of a query block
 
 // dK and dV of one (batch row, kv head, key block): each warp's 16 keys over
 // the group's heads and the query blocks from the diagonal on, kQc query
 // columns a pass (their scores and score gradients in registers).
-template <int D>
+template <int D, bool kAsync>
 __global__ void __launch_bounds__(kThreadsFa) FlashBackwardKvKernel(AttentionShape s, AttentionTensors t) {
   using P = Pitch<D>;
   constexpr int kQc = D == 64 ? 64 : 32;
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* ks = reinterpret_cast<bf16*>(smem);
   bf16* vs = reinterpret_cast<bf16*>(smem + P::kTileBytes);
-  bf16* qs = reinterpret_cast<bf16*>(smem + 2 * P::kTileBytes);
-  bf16* dos = reinterpret_cast<bf16*>(smem + 3 * P::kTileBytes);
-  float* lse_s = reinterpret_cast<float*>(smem + 4 * P::kTileBytes);
-  float* delta_s = lse_s + kB;
+  // Buffer i's q, dO, lse and δ (i = 0, and 1 with kAsync).
+  auto qs = [&](int i) { return reinterpret_cast<bf16*>(smem + (2 + 2 * i) * P::kTileBytes); };
+  auto dos = [&](int i) { return reinterpret_cast<bf16*>(smem + (3 + 2 * i) * P::kTileBytes); };
+  auto lses = [&](int i) {
+    return reinterpret_cast<float*>(smem + TileBytes<D, kAsync>(2, 2) + i * kStatsBytes);
+  };
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane >> 2, c = lane & 3;
 
@@ -344,8 +436,22 @@ __global__ void __launch_bounds__(kThreadsFa) FlashBackwardKvKernel(AttentionSha
   const int64_t b = blockIdx.y / s.kv_heads, hk = blockIdx.y % s.kv_heads;
   const int64_t row0 = b * T, j0 = kb * kB;
   const int keys = static_cast<int>(Min64(kB, T - j0));
-  LoadTile<D>(ks, t.k + hk * D, t.kv_stride, row0 + j0, keys);
-  LoadTile<D>(vs, t.v + hk * D, t.kv_stride, row0 + j0, keys);
+  FetchTile<D, kAsync>(ks, t.k, t.k16, hk * D, t.kv_stride, row0 + j0, keys);
+  FetchTile<D, kAsync>(vs, t.v, t.v16, hk * D, t.kv_stride, row0 + j0, keys);
+  // Step `it` of the loop below: the group's head it / nq, query block
+  // kb + it % nq.
+  const int64_t nq = nb - kb, steps = G * nq;
+  auto fetch_q = [&](int64_t it, int i) {
+    const int64_t h = hk * G + it / nq, i0 = (kb + it % nq) * kB;
+    const int rows = static_cast<int>(Min64(kB, T - i0));
+    FetchTile<D, kAsync>(qs(i), t.q, t.q16, h * D, t.q_stride, row0 + i0, rows);
+    FetchTile<D, kAsync>(dos(i), t.dout, t.dout16, h * D, t.out_stride, row0 + i0, rows);
+    FetchStats<kAsync>(lses(i), lses(i) + kB, t, (b * H + h) * T + i0, rows);
+  };
+  if constexpr (kAsync) {
+    fetch_q(0, 0);
+    CpAsyncCommit();
+  }
 
   const int kr = warp * kWarpRows;  // the warp's keys in the tile
   const int64_t key[2] = {j0 + kr + g, j0 + kr + g + 8};
@@ -355,64 +461,75 @@ __global__ void __launch_bounds__(kThreadsFa) FlashBackwardKvKernel(AttentionSha
 #pragma unroll
     for (int e = 0; e < 4; ++e) dk[n][e] = dv[n][e] = 0.0f;
   }
-  for (int64_t gh = 0; gh < G; ++gh) {
-    const int64_t h = hk * G + gh;
-    for (int64_t qb = kb; qb < nb; ++qb) {
-      const int64_t i0 = qb * kB;
-      const int rows = static_cast<int>(Min64(kB, T - i0));
-      __syncthreads();  // every warp is done with the previous q and dO
-      LoadTile<D>(qs, t.q + h * D, t.q_stride, row0 + i0, rows);
-      LoadTile<D>(dos, t.dout + h * D, t.out_stride, row0 + i0, rows);
-      LoadStats(lse_s, delta_s, t, (b * H + h) * T + i0, rows);
+  for (int64_t it = 0; it < steps; ++it) {
+    const int64_t qb = kb + it % nq, i0 = qb * kB;
+    int buf = 0;
+    if constexpr (kAsync) {
+      // Step it's tiles (and, at step 0, k and v) have landed, and every
+      // warp is done with step it - 1's buffer, which step it + 1's fill.
+      CpAsyncWaitAll();
       __syncthreads();
-      const bool masked = qb == kb || i0 + kB > T;  // as in the forward
+      if (it + 1 < steps) {
+        fetch_q(it + 1, (it + 1) & 1);
+        CpAsyncCommit();
+      }
+      buf = static_cast<int>(it & 1);
+    } else {
+      __syncthreads();  // every warp is done with the previous q and dO
+      fetch_q(it, 0);
+      __syncthreads();
+    }
+    const bf16* qt = qs(buf);
+    const bf16* dot = dos(buf);
+    const float* lse_s = lses(buf);
+    const float* delta_s = lse_s + kB;
+    const bool masked = qb == kb || i0 + kB > T;  // as in the forward
 #pragma unroll 1
-      for (int q0 = 0; q0 < kB; q0 += kQc) {
-        // (q kᵀ)ᵀ and (dO vᵀ)ᵀ: the warp's keys against kQc queries;
-        // element e of tile n: key key[e / 2], query column q0 + 8n + 2c + e % 2.
-        float st[kQc / 8][4], dpt[kQc / 8][4];
+    for (int q0 = 0; q0 < kB; q0 += kQc) {
+      // (q kᵀ)ᵀ and (dO vᵀ)ᵀ: the warp's keys against kQc queries;
+      // element e of tile n: key key[e / 2], query column q0 + 8n + 2c + e % 2.
+      float st[kQc / 8][4], dpt[kQc / 8][4];
+#pragma unroll
+      for (int n = 0; n < kQc / 8; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) st[n][e] = dpt[n][e] = 0.0f;
+      }
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t ka[4], va[4];
+        RowsOperand<D>(ka, ks, kr, kk, g, c);
+        RowsOperand<D>(va, vs, kr, kk, g, c);
 #pragma unroll
         for (int n = 0; n < kQc / 8; ++n) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) st[n][e] = dpt[n][e] = 0.0f;
+          MmaRowsT<D>(st[n], ka, qt, q0 + n * 8, kk, g, c);
+          MmaRowsT<D>(dpt[n], va, dot, q0 + n * 8, kk, g, c);
         }
+      }
+      // p and ds in place of the scores and their gradients.
 #pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-          uint32_t ka[4], va[4];
-          RowsOperand<D>(ka, ks, kr, kk, g, c);
-          RowsOperand<D>(va, vs, kr, kk, g, c);
+      for (int n = 0; n < kQc / 8; ++n) {
 #pragma unroll
-          for (int n = 0; n < kQc / 8; ++n) {
-            MmaRowsT<D>(st[n], ka, qs, q0 + n * 8, kk, g, c);
-            MmaRowsT<D>(dpt[n], va, dos, q0 + n * 8, kk, g, c);
+        for (int e = 0; e < 4; ++e) {
+          const int col = q0 + n * 8 + 2 * c + e % 2;
+          float p = 0.0f, ds = 0.0f;
+          if (!masked || model::FlashVisible(i0 + col, key[e / 2], T)) {
+            p = model::FlashProb(st[n][e] * s.scale, lse_s[col]);
+            ds = model::FlashScoreGrad(p, dpt[n][e], delta_s[col]);
           }
+          st[n][e] = p;
+          dpt[n][e] = ds;
         }
-        // p and ds in place of the scores and their gradients.
+      }
+      // dV += pᵀ dO and dK += dsᵀ q, 16 queries a step.
 #pragma unroll
-        for (int n = 0; n < kQc / 8; ++n) {
+      for (int kk = 0; kk < kQc / 16; ++kk) {
+        uint32_t pa[4], da[4];
+        TilesOperand(pa, st[2 * kk], st[2 * kk + 1]);
+        TilesOperand(da, dpt[2 * kk], dpt[2 * kk + 1]);
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int col = q0 + n * 8 + 2 * c + e % 2;
-            float p = 0.0f, ds = 0.0f;
-            if (!masked || model::FlashVisible(i0 + col, key[e / 2], T)) {
-              p = model::FlashProb(st[n][e] * s.scale, lse_s[col]);
-              ds = model::FlashScoreGrad(p, dpt[n][e], delta_s[col]);
-            }
-            st[n][e] = p;
-            dpt[n][e] = ds;
-          }
-        }
-        // dV += pᵀ dO and dK += dsᵀ q, 16 queries a step.
-#pragma unroll
-        for (int kk = 0; kk < kQc / 16; ++kk) {
-          uint32_t pa[4], da[4];
-          TilesOperand(pa, st[2 * kk], st[2 * kk + 1]);
-          TilesOperand(da, dpt[2 * kk], dpt[2 * kk + 1]);
-#pragma unroll
-          for (int n = 0; n < D / 8; n += 2) {
-            MmaTile<D>(dv, n, pa, dos, q0 + kk * 16, lane);
-            MmaTile<D>(dk, n, da, qs, q0 + kk * 16, lane);
-          }
+        for (int n = 0; n < D / 8; n += 2) {
+          MmaTile<D>(dv, n, pa, dot, q0 + kk * 16, lane);
+          MmaTile<D>(dk, n, da, qt, q0 + kk * 16, lane);
         }
       }
     }
@@ -423,15 +540,16 @@ __global__ void __launch_bounds__(kThreadsFa) FlashBackwardKvKernel(AttentionSha
 
 // dQ of one (batch row, head, query block): each warp's 16 queries over the
 // key blocks up to the diagonal, recomputing p and ds.
-template <int D>
+template <int D, bool kAsync>
 __global__ void __launch_bounds__(kThreadsFa) FlashBackwardQKernel(AttentionShape s, AttentionTensors t) {
   using P = Pitch<D>;
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* qs = reinterpret_cast<bf16*>(smem);
   bf16* dos = reinterpret_cast<bf16*>(smem + P::kTileBytes);
-  bf16* ks = reinterpret_cast<bf16*>(smem + 2 * P::kTileBytes);
-  bf16* vs = reinterpret_cast<bf16*>(smem + 3 * P::kTileBytes);
-  float* lse_s = reinterpret_cast<float*>(smem + 4 * P::kTileBytes);
+  // Buffer i's k and v (i = 0, and 1 with kAsync).
+  auto ks = [&](int i) { return reinterpret_cast<bf16*>(smem + (2 + 2 * i) * P::kTileBytes); };
+  auto vs = [&](int i) { return reinterpret_cast<bf16*>(smem + (3 + 2 * i) * P::kTileBytes); };
+  float* lse_s = reinterpret_cast<float*>(smem + TileBytes<D, kAsync>(2, 2));
   float* delta_s = lse_s + kB;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane >> 2, c = lane & 3;
@@ -442,9 +560,19 @@ __global__ void __launch_bounds__(kThreadsFa) FlashBackwardQKernel(AttentionShap
   const int64_t b = blockIdx.y / H, h = blockIdx.y % H, hk = h / G;
   const int64_t row0 = b * T, i0 = qb * kB;
   const int rows = static_cast<int>(Min64(kB, T - i0));
-  LoadTile<D>(qs, t.q + h * D, t.q_stride, row0 + i0, rows);
-  LoadTile<D>(dos, t.dout + h * D, t.out_stride, row0 + i0, rows);
-  LoadStats(lse_s, delta_s, t, (b * H + h) * T + i0, rows);
+  FetchTile<D, kAsync>(qs, t.q, t.q16, h * D, t.q_stride, row0 + i0, rows);
+  FetchTile<D, kAsync>(dos, t.dout, t.dout16, h * D, t.out_stride, row0 + i0, rows);
+  FetchStats<kAsync>(lse_s, delta_s, t, (b * H + h) * T + i0, rows);
+  auto fetch_kv = [&](int64_t kb, int i) {
+    const int64_t j0 = kb * kB;
+    const int keys = static_cast<int>(Min64(kB, T - j0));
+    FetchTile<D, kAsync>(ks(i), t.k, t.k16, hk * D, t.kv_stride, row0 + j0, keys);
+    FetchTile<D, kAsync>(vs(i), t.v, t.v16, hk * D, t.kv_stride, row0 + j0, keys);
+  };
+  if constexpr (kAsync) {
+    fetch_kv(0, 0);
+    CpAsyncCommit();
+  }
 
   const int qr = warp * kWarpRows;  // the warp's queries in the tile
   const int local[2] = {qr + g, qr + g + 8};
@@ -454,11 +582,24 @@ __global__ void __launch_bounds__(kThreadsFa) FlashBackwardQKernel(AttentionShap
   for (int n = 0; n < D / 8; ++n) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
   for (int64_t kb = 0; kb <= qb; ++kb) {
     const int64_t j0 = kb * kB;
-    const int keys = static_cast<int>(Min64(kB, T - j0));
-    __syncthreads();
-    LoadTile<D>(ks, t.k + hk * D, t.kv_stride, row0 + j0, keys);
-    LoadTile<D>(vs, t.v + hk * D, t.kv_stride, row0 + j0, keys);
-    __syncthreads();
+    int buf = 0;
+    if constexpr (kAsync) {
+      // As in the forward (block 0's tiles come with q, dO and the
+      // statistics).
+      CpAsyncWaitAll();
+      __syncthreads();
+      if (kb < qb) {
+        fetch_kv(kb + 1, (kb + 1) & 1);
+        CpAsyncCommit();
+      }
+      buf = static_cast<int>(kb & 1);
+    } else {
+      __syncthreads();
+      fetch_kv(kb, 0);
+      __syncthreads();
+    }
+    const bf16* kt = ks(buf);
+    const bf16* vt = vs(buf);
     const bool masked = kb == qb || i0 + kB > T;  // as in the forward
     // q kᵀ and dO vᵀ; element e of tile n: query query[e / 2], key j0 + 8n + 2c + e % 2.
     float sc[kB / 8][4], dp[kB / 8][4];
@@ -474,8 +615,8 @@ __global__ void __launch_bounds__(kThreadsFa) FlashBackwardQKernel(AttentionShap
       RowsOperand<D>(da, dos, qr, kk, g, c);
 #pragma unroll
       for (int n = 0; n < kB / 8; ++n) {
-        MmaRowsT<D>(sc[n], qa, ks, n * 8, kk, g, c);
-        MmaRowsT<D>(dp[n], da, vs, n * 8, kk, g, c);
+        MmaRowsT<D>(sc[n], qa, kt, n * 8, kk, g, c);
+        MmaRowsT<D>(dp[n], da, vt, n * 8, kk, g, c);
       }
     }
     // ds in place of the scores.
@@ -497,19 +638,23 @@ __global__ void __launch_bounds__(kThreadsFa) FlashBackwardQKernel(AttentionShap
       uint32_t dsa[4];
       TilesOperand(dsa, sc[2 * kk], sc[2 * kk + 1]);
 #pragma unroll
-      for (int n = 0; n < D / 8; n += 2) MmaTile<D>(dq, n, dsa, ks, kk * 16, lane);
+      for (int n = 0; n < D / 8; n += 2) MmaTile<D>(dq, n, dsa, kt, kk * 16, lane);
     }
   }
   StoreRows<D>(dq, query, T, t.dq + h * D, row0, t.q_stride, s.scale, c);
 }
 
-template <int D>
+template <int D, bool kAsync>
 constexpr int ForwardSmem() {
-  return 3 * Pitch<D>::kTileBytes;
+  return TileBytes<D, kAsync>(1, 2);
 }
-template <int D>
-constexpr int BackwardSmem() {
-  return 4 * Pitch<D>::kTileBytes + 2 * kB * 4;
+template <int D, bool kAsync>
+constexpr int BackwardKvSmem() {
+  return TileBytes<D, kAsync>(2, 2) + (kAsync ? 2 : 1) * kStatsBytes;
+}
+template <int D, bool kAsync>
+constexpr int BackwardQSmem() {
+  return TileBytes<D, kAsync>(2, 2) + kStatsBytes;
 }
 
 Status Check(const char* fn, const AttentionShape& s, const AttentionTensors& t, bool backward) {
@@ -520,6 +665,34 @@ Status Check(const char* fn, const AttentionShape& s, const AttentionTensors& t,
   }
   if (s.batch * s.heads > 65535) return InvalidArgument(std::string(fn) + ": batch · heads above 65535");
   return Status::Ok();
+}
+
+// Whether the kernels read the bf16 copies (AttentionTensors::q16 ...):
+// q16, k16 and v16 (and dout16 in backward) all given, each 16-byte aligned
+// with a stride that is a multiple of 8, or none of them.
+Result<bool> ReadsCopies(const char* fn, const AttentionTensors& t, bool backward) {
+  struct Copy {
+    const char* name;
+    const uint16_t* p;
+    int64_t stride;
+  };
+  const Copy copies[] = {{"q16", t.q16, t.q_stride}, {"k16", t.k16, t.kv_stride}, {"v16", t.v16, t.kv_stride},
+                         {"dout16", t.dout16, t.out_stride}};
+  const int n = backward ? 4 : 3;
+  int given = 0;
+  for (int i = 0; i < n; ++i) given += copies[i].p != nullptr;
+  if (given == 0) return false;
+  if (given < n) {
+    return InvalidArgument(std::string(fn) + ": bf16 copies of q, k, v" + (backward ? " and dout" : "") +
+                           " go together (" + std::to_string(given) + " of " + std::to_string(n) + " given)");
+  }
+  for (int i = 0; i < n; ++i) {
+    if (reinterpret_cast<uintptr_t>(copies[i].p) % 16 != 0 || copies[i].stride % 8 != 0) {
+      return InvalidArgument(std::string(fn) + ": bf16 copy " + copies[i].name + " must be 16-byte aligned with a " +
+                             "stride that is a multiple of 8 (stride " + std::to_string(copies[i].stride) + ")");
+    }
+  }
+  return true;
 }
 
 // Launches kernel<<<grid, 128, smem>>> after raising its shared-memory limit.
@@ -533,13 +706,13 @@ Status Launch(Kernel kernel, const char* name, dim3 grid, int smem, void* stream
   return CudaError(err, (std::string("launch of ") + name).c_str(), __FILE__, __LINE__);
 }
 
-template <int D>
+template <int D, bool kAsync>
 Status Forward(const AttentionShape& s, const AttentionTensors& t, void* stream) {
   const dim3 grid(static_cast<unsigned>((s.seq_len + kB - 1) / kB), static_cast<unsigned>(s.batch * s.heads));
-  return Launch(FlashForwardKernel<D>, "FlashForwardKernel", grid, ForwardSmem<D>(), stream, s, t);
+  return Launch(FlashForwardKernel<D, kAsync>, "FlashForwardKernel", grid, ForwardSmem<D, kAsync>(), stream, s, t);
 }
 
-template <int D>
+template <int D, bool kAsync>
 Status Backward(const AttentionShape& s, const AttentionTensors& t, void* stream) {
   const cudaStream_t cs = static_cast<cudaStream_t>(stream);
   const int64_t warps = s.batch * s.seq_len * s.heads;
@@ -548,23 +721,33 @@ Status Backward(const AttentionShape& s, const AttentionTensors& t, void* stream
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return CudaError(err, "launch of FlashDeltaKernel", __FILE__, __LINE__);
   const unsigned nb = static_cast<unsigned>((s.seq_len + kB - 1) / kB);
-  ZINF_RETURN_IF_ERROR(Launch(FlashBackwardKvKernel<D>, "FlashBackwardKvKernel",
-                              dim3(nb, static_cast<unsigned>(s.batch * s.kv_heads)), BackwardSmem<D>(), stream, s,
-                              t));
-  return Launch(FlashBackwardQKernel<D>, "FlashBackwardQKernel", dim3(nb, static_cast<unsigned>(s.batch * s.heads)),
-                BackwardSmem<D>(), stream, s, t);
+  ZINF_RETURN_IF_ERROR(Launch(FlashBackwardKvKernel<D, kAsync>, "FlashBackwardKvKernel",
+                              dim3(nb, static_cast<unsigned>(s.batch * s.kv_heads)), BackwardKvSmem<D, kAsync>(),
+                              stream, s, t));
+  return Launch(FlashBackwardQKernel<D, kAsync>, "FlashBackwardQKernel",
+                dim3(nb, static_cast<unsigned>(s.batch * s.heads)), BackwardQSmem<D, kAsync>(), stream, s, t);
 }
 
 }  // namespace
 
 Status FlashAttentionForward(const AttentionShape& shape, const AttentionTensors& tensors, void* stream) {
-  ZINF_RETURN_IF_ERROR(Check("gpu::FlashAttentionForward", shape, tensors, false));
-  return shape.head_dim == 64 ? Forward<64>(shape, tensors, stream) : Forward<128>(shape, tensors, stream);
+  const char* fn = "gpu::FlashAttentionForward";
+  ZINF_RETURN_IF_ERROR(Check(fn, shape, tensors, false));
+  ZINF_ASSIGN_OR_RETURN(const bool copies, ReadsCopies(fn, tensors, false));
+  if (shape.head_dim == 64) {
+    return copies ? Forward<64, true>(shape, tensors, stream) : Forward<64, false>(shape, tensors, stream);
+  }
+  return copies ? Forward<128, true>(shape, tensors, stream) : Forward<128, false>(shape, tensors, stream);
 }
 
 Status FlashAttentionBackward(const AttentionShape& shape, const AttentionTensors& tensors, void* stream) {
-  ZINF_RETURN_IF_ERROR(Check("gpu::FlashAttentionBackward", shape, tensors, true));
-  return shape.head_dim == 64 ? Backward<64>(shape, tensors, stream) : Backward<128>(shape, tensors, stream);
+  const char* fn = "gpu::FlashAttentionBackward";
+  ZINF_RETURN_IF_ERROR(Check(fn, shape, tensors, true));
+  ZINF_ASSIGN_OR_RETURN(const bool copies, ReadsCopies(fn, tensors, true));
+  if (shape.head_dim == 64) {
+    return copies ? Backward<64, true>(shape, tensors, stream) : Backward<64, false>(shape, tensors, stream);
+  }
+  return copies ? Backward<128, true>(shape, tensors, stream) : Backward<128, false>(shape, tensors, stream);
 }
 
 }  // namespace zinf::gpu

@@ -66,6 +66,16 @@ struct AttentionTensors {
   float* dq = nullptr;
   float* dk = nullptr;
   float* dv = nullptr;
+  // Optional, read by the CUDA kernels alone: bf16 roundings (to nearest
+  // even) of q, k, v (with q_stride and kv_stride) and of dout (out_stride),
+  // 16-byte aligned with strides a multiple of 8. With q16, k16 and v16 set
+  // (and dout16 too, in backward) the kernels copy their tiles from these
+  // instead of rounding the fp32 tensors as the tiles load: the same
+  // operands, so the same results bit for bit, from half the bytes.
+  const uint16_t* q16 = nullptr;
+  const uint16_t* k16 = nullptr;
+  const uint16_t* v16 = nullptr;
+  const uint16_t* dout16 = nullptr;
 };
 
 // The value a product's operand carries: x itself, or x rounded to bf16.

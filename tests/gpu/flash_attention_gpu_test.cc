@@ -8,6 +8,8 @@
 // in their own order, and where that moves a p or ds across a bf16 rounding
 // boundary the rounded operand differs by one bf16 ulp (2^-8 relative).
 // Measured on an H100: at most 1.4e-4 (T = 1030, four heads on one kv head).
+// The kernels that read bf16 copies of the inputs (AttentionTensors::q16
+// ...) must give the bits of those that round the fp32 inputs themselves.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -52,13 +54,32 @@ class DeviceFloats {
   size_t n_;
 };
 
+// How the kernels get their operands: by rounding the fp32 tensors as the
+// tiles load, or from bf16 copies made beforehand (AttentionTensors::q16 ...).
+enum class Operands { kRoundedAtLoad, kBf16Copies };
+
 // Forward and backward on the GPU; with forward_only, dqkv stays empty.
-AttentionResult OnGpu(const AttentionProblem& p, bool forward_only = false) {
+AttentionResult OnGpu(const AttentionProblem& p, bool forward_only = false,
+                      Operands operands = Operands::kRoundedAtLoad) {
   DeviceFloats qkv(p.qkv.size(), p.qkv.data()), dout(p.dout.size(), p.dout.data());
   DeviceFloats out(p.OutElems()), lse(p.StatElems()), delta(p.StatElems()), dqkv(p.qkv.size());
   // dqkv's columns are all written (q, k and v of every head), so the NaN
   // fill would show a missed one.
-  const model::AttentionTensors t = p.Tensors(qkv.get(), out.get(), lse.get(), dout.get(), delta.get(), dqkv.get());
+  model::AttentionTensors t = p.Tensors(qkv.get(), out.get(), lse.get(), dout.get(), delta.get(), dqkv.get());
+  // The bf16 copies (as the model makes them: gpu::Cast of all of qkv, and
+  // of dout), in buffers of their own.
+  DeviceFloats qkv16((p.qkv.size() + 1) / 2), dout16((p.dout.size() + 1) / 2);
+  if (operands == Operands::kBf16Copies) {
+    Status st = Cast(qkv.get(), DType::kFloat32, qkv16.get(), DType::kBFloat16, p.qkv.size(), nullptr);
+    EXPECT_TRUE(st.ok()) << st.ToString();
+    st = Cast(dout.get(), DType::kFloat32, dout16.get(), DType::kBFloat16, p.dout.size(), nullptr);
+    EXPECT_TRUE(st.ok()) << st.ToString();
+    const auto* q16 = reinterpret_cast<const uint16_t*>(qkv16.get());
+    t.q16 = q16;
+    t.k16 = q16 + (t.k - t.q);
+    t.v16 = q16 + (t.v - t.q);
+    t.dout16 = reinterpret_cast<const uint16_t*>(dout16.get());
+  }
   AttentionResult r;
   Status st = FlashAttentionForward(p.shape, t, nullptr);
   EXPECT_TRUE(st.ok()) << st.ToString();
@@ -99,6 +120,30 @@ TEST_F(FlashAttentionGpuTest, MatchesTheCpuTwin) {
     EXPECT_LE(e_out, 1e-3);
     EXPECT_LE(e_lse, 1e-3);
     EXPECT_LE(e_grad, 1e-3);
+  }
+}
+
+// The bf16 copies hold the operands the fp32 path rounds as it loads, and
+// the products take them in the same order: the same bits, through the
+// other kernels (cp.async, two buffers a tile). Ragged T, a group of query
+// heads on one kv head, both head dims, one and several key blocks.
+TEST_F(FlashAttentionGpuTest, Bf16CopiesGiveTheSameBits) {
+  struct Case {
+    int64_t B, T, H, Hkv, D;
+  };
+  for (const Case& c : {Case{2, 200, 4, 2, 64}, Case{1, 130, 2, 2, 128}, Case{1, 5, 1, 1, 64}, Case{1, 1030, 4, 1, 128},
+                        Case{3, 64, 2, 2, 64}, Case{1, 257, 8, 2, 128}}) {
+    SCOPED_TRACE(::testing::Message() << "B=" << c.B << " T=" << c.T << " H=" << c.H << " Hkv=" << c.Hkv
+                                      << " D=" << c.D);
+    const AttentionProblem p = AttentionProblem::Random(c.B, c.T, c.H, c.Hkv, c.D, 90 + c.T, 2.0f);
+    const AttentionResult a = OnGpu(p), b = OnGpu(p, false, Operands::kBf16Copies);
+    EXPECT_EQ(0, std::memcmp(a.out.data(), b.out.data(), a.out.size() * sizeof(float)));
+    EXPECT_EQ(0, std::memcmp(a.lse.data(), b.lse.data(), a.lse.size() * sizeof(float)));
+    EXPECT_EQ(0, std::memcmp(a.dqkv.data(), b.dqkv.data(), a.dqkv.size() * sizeof(float)));
+    // And both against the twin, as above (NaN in any of them fails here).
+    const AttentionResult twin = p.Twin(ModelThreads(4, DType::kBFloat16));
+    EXPECT_LE(ScaledMaxError(b.out, twin.out), 1e-3);
+    EXPECT_LE(ScaledMaxError(b.dqkv, twin.dqkv), 1e-3);
   }
 }
 
@@ -149,6 +194,36 @@ TEST(FlashAttentionGpuArgsTest, RefusesOtherHeadDims) {
                                           nullptr);
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(st.message().find("head_dim 32"), std::string::npos) << st.ToString();
+}
+
+// bf16 copies come all together, aligned; refused before any launch.
+TEST(FlashAttentionGpuArgsTest, RefusesPartialOrMisalignedCopies) {
+  AttentionProblem p = AttentionProblem::Random(1, 8, 2, 2, 64, 1);
+  std::vector<float> out(p.OutElems()), lse(p.StatElems()), delta(p.StatElems()), dqkv(p.qkv.size());
+  alignas(16) static uint16_t copy[4096];
+  model::AttentionTensors t = p.Tensors(p.qkv.data(), out.data(), lse.data(), p.dout.data(), delta.data(), dqkv.data());
+  t.q16 = copy;
+  t.k16 = copy + 128;
+  Status st = FlashAttentionForward(p.shape, t, nullptr);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("2 of 3 given"), std::string::npos) << st.ToString();
+
+  t.v16 = copy + 256;  // complete for forward, but not for backward (no dout16)
+  st = FlashAttentionBackward(p.shape, t, nullptr);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("3 of 4 given"), std::string::npos) << st.ToString();
+
+  t.v16 = copy + 257;  // 2 bytes past a 16-byte boundary
+  st = FlashAttentionForward(p.shape, t, nullptr);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("v16 must be 16-byte aligned"), std::string::npos) << st.ToString();
+
+  t.v16 = copy + 256;
+  t.dout16 = copy + 512;
+  t.q_stride = t.kv_stride = p.QkvStride() + 1;  // not a multiple of 8
+  st = FlashAttentionBackward(p.shape, t, nullptr);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("q16 must be 16-byte aligned"), std::string::npos) << st.ToString();
 }
 
 }  // namespace
