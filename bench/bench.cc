@@ -15,6 +15,7 @@ void RegisterOffload(CLI::App& bench, int* exit_code);
 void RegisterCheckpoint(CLI::App& bench, int* exit_code);
 void RegisterStage3(CLI::App& bench, int* exit_code);
 void RegisterTokenizer(CLI::App& bench, int* exit_code);
+void RegisterAttention(CLI::App& bench, int* exit_code);
 
 void RegisterAll(CLI::App& bench, int* exit_code) {
   RegisterMembw(bench, exit_code);
@@ -23,6 +24,7 @@ void RegisterAll(CLI::App& bench, int* exit_code) {
   RegisterComm(bench, exit_code);
   RegisterCopy(bench, exit_code);
   RegisterModel(bench, exit_code);
+  RegisterAttention(bench, exit_code);
   RegisterOffload(bench, exit_code);
   RegisterCheckpoint(bench, exit_code);
   RegisterStage3(bench, exit_code);

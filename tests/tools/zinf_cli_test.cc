@@ -194,6 +194,30 @@ TEST(ZinfCliTest, ModelBenchTakesAShapeAndFeedsThePlan) {
   EXPECT_EQ(r.exit_code, 2) << r.output;
 }
 
+// bench attention: on a GPU both ways of taking the operands, their ratio,
+// and the same bits; without one, exit 1 naming CUDA. A shape the kernels
+// cannot take is refused first, with exit 2.
+TEST(ZinfCliTest, AttentionBenchComparesBothWaysOrNamesCuda) {
+  auto r = RunZinf("bench attention --preset tiny --heads 4 --head-dim 64 --seq-len 130 --micro-batch 1 --reps 2 --json");
+  if (r.exit_code == 0) {
+    const nlohmann::json j = nlohmann::json::parse(r.output.substr(r.output.find('{')));
+    EXPECT_TRUE(j.at("same_bits").get<bool>()) << r.output;
+    EXPECT_GT(j.at("speedup").get<double>(), 0.0) << r.output;
+    EXPECT_EQ(j.at("kv_heads").get<int>(), 4) << r.output;
+  } else {
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_NE(r.output.find("CUDA"), std::string::npos) << r.output;
+  }
+  r = RunZinf("bench attention --preset tiny --head-dim 32");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("head_dim 32"), std::string::npos) << r.output;
+  r = RunZinf("bench attention --heads 6 --kv-heads 4");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("does not divide"), std::string::npos) << r.output;
+  r = RunZinf("bench attention --preset no-such-model");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+}
+
 // bench offload with the optimizer on NVMe: the bytes per step it reports are
 // the state's (and, under a short host budget, swapped gradients too), and
 // the bound is timed for those bytes.

@@ -1,0 +1,148 @@
+// `zinf bench attention`: the CUDA flash attention's forward and backward on
+// one shape (a model preset's heads, or --heads/--kv-heads/--head-dim), in
+// both ways its kernels take their bf16 operands, measured in one run:
+//   reference: the fp32 q, k, v and dO rounded as each tile loads (one
+//     buffer a tile: load, then multiply);
+//   bf16 copies: qkv and dO rounded once by the cast kernel (its time
+//     counted), tiles copied by cp.async into two buffers, the next block's
+//     in flight while the warps multiply this one's (what the model runs
+//     with bf16 products).
+// The two must give the same bits (checked: a mismatch exits 1). TFLOP/s
+// count the causal products done: 4·D FLOPs per visible (query, key) pair
+// forward (q·k and p·v), 10·D backward (five products).
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "bench/bench.h"
+#include "common/build_config.h"
+#include "math/attention_math.h"
+#include "model/gpt_config.h"
+
+#if ZINF_HAVE_CUDA
+#include "gpu/cuda_probe.h"
+#include "gpu/flash_attention_timing.h"
+#endif
+
+namespace zinf::bench {
+namespace {
+
+struct Options {
+  std::string preset = "llama-3.2-1b";
+  int64_t heads = 0, kv_heads = 0, head_dim = 0;  // override the preset's (0: keep)
+  int64_t seq_len = 2048;
+  int64_t micro_batch = 2;
+  int reps = 5;
+  bool json = false;
+};
+
+int Fail(const Status& st) {
+  std::fprintf(stderr, "zinf bench attention: %s\n", st.ToString().c_str());
+  return st.code() == StatusCode::kInvalidArgument || st.code() == StatusCode::kNotFound ? 2 : 1;
+}
+
+Result<model::AttentionShape> ShapeOf(const Options& opt) {
+  ZINF_ASSIGN_OR_RETURN(const model::GptConfig c, model::GptPreset(opt.preset));
+  model::AttentionShape s;
+  s.batch = opt.micro_batch;
+  s.seq_len = opt.seq_len;
+  s.heads = opt.heads > 0 ? opt.heads : c.num_heads;
+  s.kv_heads = opt.kv_heads > 0 ? opt.kv_heads : opt.heads > 0 ? s.heads : c.kv_heads();
+  s.head_dim = opt.head_dim > 0 ? opt.head_dim : c.head_dim();
+  if (s.batch < 1 || s.seq_len < 1) return InvalidArgument("--micro-batch and --seq-len must be positive");
+  if (s.head_dim != 64 && s.head_dim != 128) {
+    return InvalidArgument("head_dim " + std::to_string(s.head_dim) + ": the CUDA kernels take 64 or 128");
+  }
+  if (s.heads % s.kv_heads != 0) {
+    return InvalidArgument("--kv-heads " + std::to_string(s.kv_heads) + " does not divide --heads " +
+                           std::to_string(s.heads));
+  }
+  if (opt.reps < 1) return InvalidArgument("--reps must be >= 1");
+  s.scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
+  return s;
+}
+
+int Run(const Options& opt) {
+  const Result<model::AttentionShape> shape = ShapeOf(opt);
+  if (!shape.ok()) return Fail(shape.status());
+  const model::AttentionShape& s = *shape;
+#if !ZINF_HAVE_CUDA
+  (void)s;
+  return Fail(Unavailable("needs a CUDA device; this zinf was built without CUDA"));
+#else
+  if (gpu::CudaDeviceCount() == 0) return Fail(Unavailable("needs a CUDA device; none found"));
+  const double pairs = static_cast<double>(s.batch * s.heads) * static_cast<double>(s.seq_len) *
+                       static_cast<double>(s.seq_len + 1) / 2;
+  const double fwd_flops = 4.0 * s.head_dim * pairs, bwd_flops = 10.0 * s.head_dim * pairs;
+  const Result<gpu::FlashTiming> ref = gpu::TimeFlashAttention(s, false, opt.reps);
+  if (!ref.ok()) return Fail(ref.status());
+  const Result<gpu::FlashTiming> cp = gpu::TimeFlashAttention(s, true, opt.reps);
+  if (!cp.ok()) return Fail(cp.status());
+  const bool same_bits = ref->result_hash == cp->result_hash;
+  const double ratio = (ref->forward + ref->backward) / (cp->forward + cp->backward);
+  if (opt.json) {
+    auto way = [&](const gpu::FlashTiming& t) {
+      return nlohmann::json{{"forward_ms", t.forward * 1e3},
+                            {"backward_ms", t.backward * 1e3},
+                            {"forward_tflops", fwd_flops / t.forward / 1e12},
+                            {"backward_tflops", bwd_flops / t.backward / 1e12}};
+    };
+    nlohmann::json j = {{"command", "bench attention"},
+                        {"batch", s.batch},
+                        {"seq_len", s.seq_len},
+                        {"heads", s.heads},
+                        {"kv_heads", s.kv_heads},
+                        {"head_dim", s.head_dim},
+                        {"reps", opt.reps},
+                        {"reference", way(*ref)},
+                        {"bf16_copies", way(*cp)},
+                        {"casts_ms", cp->casts * 1e3},
+                        {"speedup", ratio},
+                        {"same_bits", same_bits}};
+    std::printf("%s\n", j.dump(2).c_str());
+  } else {
+    std::printf("# zinf bench attention: B=%lld T=%lld heads=%lld kv_heads=%lld head_dim=%lld, causal, median of %d\n",
+                static_cast<long long>(s.batch), static_cast<long long>(s.seq_len), static_cast<long long>(s.heads),
+                static_cast<long long>(s.kv_heads), static_cast<long long>(s.head_dim), opt.reps);
+    std::printf("# FLOPs: forward %.4g, backward %.4g (4·D and 10·D per visible pair)\n", fwd_flops, bwd_flops);
+    std::printf("%-26s %12s %10s %12s %10s\n", "operands", "forward ms", "TFLOP/s", "backward ms", "TFLOP/s");
+    auto row = [&](const char* name, const gpu::FlashTiming& t) {
+      std::printf("%-26s %12.3f %10.1f %12.3f %10.1f\n", name, t.forward * 1e3, fwd_flops / t.forward / 1e12,
+                  t.backward * 1e3, bwd_flops / t.backward / 1e12);
+    };
+    row("rounded at load (ref)", *ref);
+    row("bf16 copies, cp.async", *cp);
+    std::printf("# the copies' casts: %.3f ms of the above; forward + backward: %.2fx the reference\n",
+                cp->casts * 1e3, ratio);
+    std::printf("# same bits: %s\n", same_bits ? "yes" : "NO");
+  }
+  if (!same_bits) {
+    std::fprintf(stderr, "zinf bench attention: the two ways gave different bits (a bug)\n");
+    return 1;
+  }
+  return 0;
+#endif
+}
+
+}  // namespace
+
+void RegisterAttention(CLI::App& bench, int* exit_code) {
+  auto opt = std::make_shared<Options>();
+  CLI::App* cmd = bench.add_subcommand(
+      "attention", "CUDA flash attention: bf16 copies with cp.async vs rounding at load, forward and backward");
+  cmd->add_option("--preset", opt->preset, "Model preset whose heads to take")->capture_default_str();
+  cmd->add_option("--heads", opt->heads, "Query heads (default: the preset's)");
+  cmd->add_option("--kv-heads", opt->kv_heads, "Key/value heads (default: the preset's, or --heads when given)");
+  cmd->add_option("--head-dim", opt->head_dim, "64 or 128 (default: the preset's)");
+  cmd->add_option("--seq-len", opt->seq_len, "Tokens per sequence")->capture_default_str();
+  cmd->add_option("--micro-batch", opt->micro_batch, "Sequences")->capture_default_str();
+  cmd->add_option("--reps", opt->reps, "Timed repetitions (median reported)")->capture_default_str();
+  cmd->add_flag("--json", opt->json, "Print one JSON object instead of the table");
+  cmd->callback([opt, exit_code] { *exit_code = Run(*opt); });
+}
+
+}  // namespace zinf::bench
