@@ -193,7 +193,7 @@ class CudaStages final : public model::GptStages {
         uint16_t* dlogits16 = reinterpret_cast<uint16_t*>(arena_ + layout_.bf16_a);
         ZINF_RETURN_IF_ERROR(SoftmaxCrossEntropyBackwardBf16(dlogits, I32(layout_.targets) + r0, dlogits16, rows, V,
                                                              ld, loss_scale, count_, s_));
-        bf16_copies_[2] = Bf16Copy{dlogits, dlogits16, rows * ld};
+        bf16_copies_[kProductInput] = Bf16Copy{dlogits, dlogits16, rows * ld};
       } else {
         ZINF_RETURN_IF_ERROR(
             SoftmaxCrossEntropyBackward(dlogits, I32(layout_.targets) + r0, dlogits, rows, V, ld, 1.0f, s_));
@@ -202,7 +202,7 @@ class CudaStages final : public model::GptStages {
       Op("matmul");
       ZINF_RETURN_IF_ERROR(Gemm(false, false, rows, C, V, 1.0f, dlogits, ld, head, C, 0.0f, dlnf + r0 * C, C));
       ZINF_RETURN_IF_ERROR(Gemm(true, false, V, C, rows, 1.0f, dlogits, ld, lnf + r0 * C, C, 1.0f, ghead, C));
-      bf16_copies_[2] = {};  // the next chunk's products overwrite the copy
+      bf16_copies_[kProductInput] = {};  // the next chunk's products overwrite the copy
     }
     float* dres = F32(layout_.dres);
     Op("norm");
@@ -234,12 +234,23 @@ class CudaStages final : public model::GptStages {
     float* dbuf = F32(layout_.dbuf);
     float* dfch = F32(layout_.dfch);
     float* dqkv = F32(layout_.dqkv);
+    if (bf16_) {  // the block's tensors its forward kept in bf16 alone
+      OnlyBf16(kLn1, F32(a.ln1), BT * C);
+      OnlyBf16(kLn2, F32(a.ln2), BT * C);
+      OnlyBf16(kActivation, F32(a.fch_gelu), BT * I);
+    }
     // MLP: out = res_mid + fc_proj(act(fc(norm2(res_mid)))).
     if (c.mlp == model::MlpKind::kSwiGlu) {
       ZINF_RETURN_IF_ERROR(LinearBackward(dbuf, g + w.fc_proj_w, TensorAt(g, w.fc_proj_b), dres, F32(a.fch_gelu),
                                           p + w.fc_proj_w, BT, I, C));
       Op("activation");
-      ZINF_RETURN_IF_ERROR(SwiGluBackward(F32(a.fch), dbuf, dfch, BT, I, s_));
+      // dfch is then only the fc products' operand (an fc bias's gradient
+      // would read it in fp32).
+      if (bf16_ && TensorAt(g, w.fc_b) == nullptr) {
+        ZINF_RETURN_IF_ERROR(SwiGluBackwardBf16(F32(a.fch), dbuf, OnlyBf16(kActivationGrad, dfch, BT * FC), BT, I, s_));
+      } else {
+        ZINF_RETURN_IF_ERROR(SwiGluBackward(F32(a.fch), dbuf, dfch, BT, I, s_));
+      }
     } else {
       ZINF_RETURN_IF_ERROR(LinearBackward(dfch, g + w.fc_proj_w, TensorAt(g, w.fc_proj_b), dres, F32(a.fch_gelu),
                                           p + w.fc_proj_w, BT, I, C));
@@ -308,14 +319,35 @@ class CudaStages final : public model::GptStages {
   const char* product_op_ = nullptr;
   // bf16 roundings of fp32 ranges, for the products' operands (Bf16CopyOf):
   // the bf16 parameters widened last into the unit's and the embedding's
-  // copies (Widen), and the loss gradient of HeadBackward's chunk, which is
-  // only ever a product operand and so is written in bf16 alone.
+  // copies (Widen); a product's input rounded by the product before it
+  // (LinearBackward's dout), or the loss gradient of HeadBackward's chunk;
+  // and, with bf16 products, the tensors that are only ever a product's
+  // operand, which their kernels write in bf16 alone (`only`: the fp32 range
+  // names them but holds no fp32 values), in the first half of their fp32
+  // place: a block's norm outputs (ln1, ln2) and MLP activation (fch_gelu),
+  // and SwiGLU's gradient (dfch, without an fc bias, whose gradient would
+  // read it).
   struct Bf16Copy {
     const float* fp32 = nullptr;
     const uint16_t* bf16 = nullptr;
     int64_t n = 0;
+    bool only = false;
   };
-  std::array<Bf16Copy, 3> bf16_copies_{};
+  enum CopySlot { kUnitParams, kEmbeddingParams, kProductInput, kLn1, kLn2, kActivation, kActivationGrad, kCopySlots };
+  std::array<Bf16Copy, kCopySlots> bf16_copies_{};
+  // The fp32 place of a bf16-only tensor of n elements: its bf16 values
+  // start there (registered as the copy of the range).
+  uint16_t* OnlyBf16(CopySlot slot, float* place, int64_t n) {
+    bf16_copies_[slot] = Bf16Copy{place, reinterpret_cast<uint16_t*>(place), n, true};
+    return reinterpret_cast<uint16_t*>(place);
+  }
+  // Whether x falls in a bf16-only tensor's range.
+  bool InBf16Only(const float* x) const {
+    for (const Bf16Copy& p : bf16_copies_) {
+      if (p.only && x >= p.fp32 && x < p.fp32 + p.n) return true;
+    }
+    return false;
+  }
   const void* last_b16_ = nullptr;  // the B operand of the last bf16 product
   struct ProductsAre {
     CudaStages* self;
@@ -361,7 +393,9 @@ class CudaStages final : public model::GptStages {
       }
     }
     ZINF_RETURN_IF_ERROR(widen_to(n));
-    if (bf16_params) bf16_copies_[wide_offset == layout_.wide_embedding ? 1 : 0] = Bf16Copy{dst, p16, n};
+    if (bf16_params) {
+      bf16_copies_[wide_offset == layout_.wide_embedding ? kEmbeddingParams : kUnitParams] = Bf16Copy{dst, p16, n};
+    }
     return static_cast<const float*>(dst);
   }
   // The untied head's weights, which only products read (none when tied).
@@ -485,6 +519,10 @@ class CudaStages final : public model::GptStages {
                                   int64_t count, uint64_t slot) {
     const int64_t span = Span(rows, cols, ld, stride, count);
     if (const void* copy = Bf16CopyOf(x, span)) return copy;
+    if (InBf16Only(x)) {  // its fp32 range holds no fp32 values to round
+      return Internal("gpt model on CUDA: a bf16 operand of " + std::to_string(span) +
+                      " elements inside a tensor kept in bf16 alone, but not 16-byte aligned in it or not within it");
+    }
     if (span > layout_.bf16_operand_elems) {
       return Internal("gpt model on CUDA: a bf16 operand of " + std::to_string(span) +
                       " elements exceeds the layout's copies of " + std::to_string(layout_.bf16_operand_elems));
@@ -510,9 +548,9 @@ class CudaStages final : public model::GptStages {
   Status LinearBackward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w,
                         int64_t rows, int64_t in_dim, int64_t out_dim) {
     ZINF_RETURN_IF_ERROR(Gemm(true, false, in_dim, out_dim, rows, 1.0f, inp, in_dim, dout, out_dim, 1.0f, dw, out_dim));
-    if (bf16_) bf16_copies_[2] = Bf16Copy{dout, static_cast<const uint16_t*>(last_b16_), rows * out_dim};
+    if (bf16_) bf16_copies_[kProductInput] = Bf16Copy{dout, static_cast<const uint16_t*>(last_b16_), rows * out_dim};
     const Status st = Gemm(false, true, rows, in_dim, out_dim, 1.0f, dout, out_dim, w, out_dim, 0.0f, dinp, in_dim);
-    bf16_copies_[2] = {};
+    bf16_copies_[kProductInput] = {};
     ZINF_RETURN_IF_ERROR(st);
     if (dbias) {
       Op("bias gradient");
@@ -524,13 +562,21 @@ class CudaStages final : public model::GptStages {
   // The config's norm over [B·T, C] (model::GptModel::NormForward and
   // NormBackward): LayerNorm, or RMSNorm, which leaves b, mean and gb unused.
   // The backward adds into dinp, gw and gb.
-  Status NormForward(float* out, float* mean, float* rstd, const float* in, const float* w, const float* b) {
+  // With a copy slot (and bf16 products) `out` is kept in bf16 alone: it
+  // is only ever a product's operand.
+  Status NormForward(float* out, float* mean, float* rstd, const float* in, const float* w, const float* b,
+                     CopySlot only = kCopySlots) {
     const int64_t BT = options_.batch_size * options_.seq_len, C = config_.embed_dim;
+    const StridedRows rows = StridedRows::Dense(BT, C);
+    const float eps = static_cast<float>(config_.norm_eps);
+    const bool rms = config_.norm == model::NormKind::kRmsNorm;
     Op("norm");
-    if (config_.norm == model::NormKind::kRmsNorm) {
-      return RmsNormForward(in, w, out, rstd, StridedRows::Dense(BT, C), static_cast<float>(config_.norm_eps), s_);
+    if (bf16_ && only != kCopySlots) {
+      uint16_t* out16 = OnlyBf16(only, out, BT * C);
+      return rms ? RmsNormForwardBf16(in, w, out16, rstd, rows, eps, s_)
+                 : LayerNormForwardBf16(in, w, b, out16, mean, rstd, BT, C, s_);
     }
-    return LayerNormForward(in, w, b, out, mean, rstd, BT, C, s_);
+    return rms ? RmsNormForward(in, w, out, rstd, rows, eps, s_) : LayerNormForward(in, w, b, out, mean, rstd, BT, C, s_);
   }
   Status NormBackward(float* dinp, float* gw, float* gb, const float* dout, const float* in, const float* w,
                       const float* mean, const float* rstd) {
@@ -689,7 +735,7 @@ class CudaStages final : public model::GptStages {
     float* qkv = F32(a.qkv);
     const size_t n = static_cast<size_t>(BT * C);
     ZINF_RETURN_IF_ERROR(
-        NormForward(F32(a.ln1), F32(a.ln1_mean), F32(a.ln1_rstd), in, p + w.ln1_w, TensorAt(p, w.ln1_b)));
+        NormForward(F32(a.ln1), F32(a.ln1_mean), F32(a.ln1_rstd), in, p + w.ln1_w, TensorAt(p, w.ln1_b), kLn1));
     ZINF_RETURN_IF_ERROR(LinearForward(qkv, F32(a.ln1), p + w.qkv_w, TensorAt(p, w.qkv_b), BT, C, S));
     if (c.qk_norm) {
       // q and k before their norm are kept (qk_pre, a copy of the whole qkv)
@@ -712,11 +758,16 @@ class CudaStages final : public model::GptStages {
         LinearForward(res_mid, F32(a.atty), p + w.attn_proj_w, TensorAt(p, w.attn_proj_b), BT, Q, C));
     Op("residual");
     ZINF_RETURN_IF_ERROR(ResidualForward(res_mid, in, res_mid, n, s_));
-    ZINF_RETURN_IF_ERROR(
-        NormForward(F32(a.ln2), F32(a.ln2_mean), F32(a.ln2_rstd), res_mid, p + w.ln2_w, TensorAt(p, w.ln2_b)));
+    ZINF_RETURN_IF_ERROR(NormForward(F32(a.ln2), F32(a.ln2_mean), F32(a.ln2_rstd), res_mid, p + w.ln2_w,
+                                     TensorAt(p, w.ln2_b), kLn2));
     ZINF_RETURN_IF_ERROR(LinearForward(F32(a.fch), F32(a.ln2), p + w.fc_w, TensorAt(p, w.fc_b), BT, C, FC));
     Op("activation");
-    if (c.mlp == model::MlpKind::kSwiGlu) {
+    const bool swiglu = c.mlp == model::MlpKind::kSwiGlu;
+    if (bf16_) {  // only ever the next product's operand: kept in bf16 alone
+      uint16_t* act16 = OnlyBf16(kActivation, F32(a.fch_gelu), BT * I);
+      ZINF_RETURN_IF_ERROR(swiglu ? SwiGluForwardBf16(F32(a.fch), act16, BT, I, s_)
+                                  : GeluForwardBf16(F32(a.fch), act16, static_cast<size_t>(BT * I), s_));
+    } else if (swiglu) {
       ZINF_RETURN_IF_ERROR(SwiGluForward(F32(a.fch), F32(a.fch_gelu), BT, I, s_));
     } else {
       ZINF_RETURN_IF_ERROR(GeluForward(F32(a.fch), F32(a.fch_gelu), static_cast<size_t>(BT * I), s_));

@@ -75,8 +75,9 @@ __device__ inline void ForLaneBatches(int lane, int64_t end, const Load& load, c
   for (; c < end; c += kLanes) use(c, load(c));
 }
 
-// x and y may be the same buffer: not __restrict__.
-__global__ void RmsNormForwardKernel(const float* x, const float* __restrict__ w, float* y, float* __restrict__ rstd,
+// x and y may be the same buffer (Out = float): not __restrict__.
+template <class Out>
+__global__ void RmsNormForwardKernel(const float* x, const float* __restrict__ w, Out* y, float* __restrict__ rstd,
                                      StridedRows rows, float eps) {
   const unsigned mask = HalfWarpMask();
   const int lane = static_cast<int>(threadIdx.x % kLanes);
@@ -92,10 +93,10 @@ __global__ void RmsNormForwardKernel(const float* x, const float* __restrict__ w
         lane, full, [&](int64_t c) { return xr[c]; }, [&](int64_t, float v) { acc += v * v; });
     const float tail_x = lane < tail ? xr[full + lane] : 0.0f;
     const float s = model::RmsNormRstd(LaneSumThenTail(mask, acc, tail_x * tail_x, tail), n, eps);
-    float* yr = y + at;
+    Out* yr = y + at;
     ForLaneBatches(
         lane, n, [&](int64_t c) { return XW{xr[c], w[c]}; },
-        [&](int64_t c, XW v) { yr[c] = model::RmsNormOutput(v.x, s, v.w); });
+        [&](int64_t c, XW v) { StoreAs(yr + c, model::RmsNormOutput(v.x, s, v.w)); });
     if (lane == 0) rstd[r] = s;
   }
 }
@@ -198,29 +199,30 @@ __global__ void RopeKernel(float* x, StridedRows rows, int64_t seq_len, const fl
 
 // ---- SwiGLU ----
 
-__global__ void SwiGluForwardKernel(const float* __restrict__ x, float* __restrict__ out, int64_t rows,
-                                    int64_t inter) {
+template <class Out>
+__global__ void SwiGluForwardKernel(const float* __restrict__ x, Out* __restrict__ out, int64_t rows, int64_t inter) {
   const size_t n = static_cast<size_t>(rows) * static_cast<size_t>(inter);
   for (size_t e = GlobalThread(); e < n; e += GridStride()) {
     const int64_t r = static_cast<int64_t>(e / static_cast<size_t>(inter));
     const int64_t i = static_cast<int64_t>(e % static_cast<size_t>(inter));
     const float* gate = x + r * 2 * inter;
-    out[e] = model::SwiGlu(gate[i], gate[inter + i]);
+    StoreAs(out + e, model::SwiGlu(gate[i], gate[inter + i]));
   }
 }
 
-__global__ void SwiGluBackwardKernel(const float* __restrict__ x, const float* __restrict__ dy,
-                                     float* __restrict__ dx, int64_t rows, int64_t inter) {
+template <class Out>
+__global__ void SwiGluBackwardKernel(const float* __restrict__ x, const float* __restrict__ dy, Out* __restrict__ dx,
+                                     int64_t rows, int64_t inter) {
   const size_t n = static_cast<size_t>(rows) * static_cast<size_t>(inter);
   for (size_t e = GlobalThread(); e < n; e += GridStride()) {
     const int64_t r = static_cast<int64_t>(e / static_cast<size_t>(inter));
     const int64_t i = static_cast<int64_t>(e % static_cast<size_t>(inter));
     const float* gate = x + r * 2 * inter;
-    float* dgate = dx + r * 2 * inter;
+    Out* dgate = dx + r * 2 * inter;
     float dg, du;
     model::SwiGluGrad(gate[i], gate[inter + i], dy[e], dg, du);
-    dgate[i] = dg;
-    dgate[inter + i] = du;
+    StoreAs(dgate + i, dg);
+    StoreAs(dgate + inter + i, du);
   }
 }
 
@@ -259,17 +261,35 @@ Status CheckSwiGlu(const char* fn, int64_t rows, int64_t inter) {
   return Status::Ok();
 }
 
+// The rows' extent in elements: the last row's end.
+int64_t Extent(const StridedRows& rows) { return rows.rows == 0 ? 0 : rows.Offset(rows.rows - 1) + rows.n; }
+
+template <class Out>
+Status LaunchRmsNormForward(const char* fn, const float* x, const float* w, Out* y, float* rstd,
+                            const StridedRows& rows, float eps, void* stream) {
+  ZINF_RETURN_IF_ERROR(CheckRows(fn, rows));
+  if (!(eps > 0.0f)) return InvalidArgument(std::string(fn) + ": eps must be positive");
+  if (rows.rows == 0) return Status::Ok();
+  if (!x || !w || !y || !rstd) return InvalidArgument(std::string(fn) + ": null x, w, y or rstd");
+  RmsNormForwardKernel<Out><<<BlocksForHalfWarpRows(rows.rows), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      x, w, y, rstd, rows, eps);
+  return ZINF_CHECK_LAUNCH("RmsNormForwardKernel");
+}
+
 }  // namespace
 
 Status RmsNormForward(const float* x, const float* w, float* y, float* rstd, const StridedRows& rows, float eps,
                       void* stream) {
-  ZINF_RETURN_IF_ERROR(CheckRows("gpu::RmsNormForward", rows));
-  if (!(eps > 0.0f)) return InvalidArgument("gpu::RmsNormForward: eps must be positive");
-  if (rows.rows == 0) return Status::Ok();
-  if (!x || !w || !y || !rstd) return InvalidArgument("gpu::RmsNormForward: null x, w, y or rstd");
-  RmsNormForwardKernel<<<BlocksForHalfWarpRows(rows.rows), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-      x, w, y, rstd, rows, eps);
-  return ZINF_CHECK_LAUNCH("RmsNormForwardKernel");
+  return LaunchRmsNormForward("gpu::RmsNormForward", x, w, y, rstd, rows, eps, stream);
+}
+
+Status RmsNormForwardBf16(const float* x, const float* w, uint16_t* y, float* rstd, const StridedRows& rows, float eps,
+                          void* stream) {
+  const size_t extent = static_cast<size_t>(rows.rows >= 0 && rows.n >= 1 ? Extent(rows) : 0);
+  if (x && y && Overlap(x, extent * 4, y, extent * 2)) {
+    return InvalidArgument("gpu::RmsNormForwardBf16: y overlaps x");
+  }
+  return LaunchRmsNormForward("gpu::RmsNormForwardBf16", x, w, y, rstd, rows, eps, stream);
 }
 
 Status RmsNormBackward(const float* dy, const float* x, const float* w, const float* rstd, float* dx,
@@ -299,22 +319,49 @@ Status RopeBackward(float* dx, const StridedRows& rows, int64_t seq_len, const f
   return Rope("gpu::RopeBackward", true, dx, rows, seq_len, cos, sin, stream);
 }
 
-Status SwiGluForward(const float* x, float* out, int64_t rows, int64_t inter, void* stream) {
-  ZINF_RETURN_IF_ERROR(CheckSwiGlu("gpu::SwiGluForward", rows, inter));
+namespace {
+
+template <class Out>
+Status LaunchSwiGluForward(const char* fn, const float* x, Out* out, int64_t rows, int64_t inter, void* stream) {
+  ZINF_RETURN_IF_ERROR(CheckSwiGlu(fn, rows, inter));
   if (rows == 0) return Status::Ok();
-  if (!x || !out) return InvalidArgument("gpu::SwiGluForward: null x or out");
+  if (!x || !out) return InvalidArgument(std::string(fn) + ": null x or out");
   const size_t n = static_cast<size_t>(rows) * static_cast<size_t>(inter);
-  SwiGluForwardKernel<<<BlocksFor(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(x, out, rows, inter);
+  if (Overlap(x, 2 * n * 4, out, n * sizeof(Out))) return InvalidArgument(std::string(fn) + ": out overlaps x");
+  SwiGluForwardKernel<Out><<<BlocksFor(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(x, out, rows, inter);
   return ZINF_CHECK_LAUNCH("SwiGluForwardKernel");
 }
 
-Status SwiGluBackward(const float* x, const float* dy, float* dx, int64_t rows, int64_t inter, void* stream) {
-  ZINF_RETURN_IF_ERROR(CheckSwiGlu("gpu::SwiGluBackward", rows, inter));
+template <class Out>
+Status LaunchSwiGluBackward(const char* fn, const float* x, const float* dy, Out* dx, int64_t rows, int64_t inter,
+                            void* stream) {
+  ZINF_RETURN_IF_ERROR(CheckSwiGlu(fn, rows, inter));
   if (rows == 0) return Status::Ok();
-  if (!x || !dy || !dx) return InvalidArgument("gpu::SwiGluBackward: null x, dy or dx");
+  if (!x || !dy || !dx) return InvalidArgument(std::string(fn) + ": null x, dy or dx");
   const size_t n = static_cast<size_t>(rows) * static_cast<size_t>(inter);
-  SwiGluBackwardKernel<<<BlocksFor(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(x, dy, dx, rows, inter);
+  if (Overlap(x, 2 * n * 4, dx, 2 * n * sizeof(Out)) || Overlap(dy, n * 4, dx, 2 * n * sizeof(Out))) {
+    return InvalidArgument(std::string(fn) + ": dx overlaps x or dy");
+  }
+  SwiGluBackwardKernel<Out><<<BlocksFor(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(x, dy, dx, rows, inter);
   return ZINF_CHECK_LAUNCH("SwiGluBackwardKernel");
+}
+
+}  // namespace
+
+Status SwiGluForward(const float* x, float* out, int64_t rows, int64_t inter, void* stream) {
+  return LaunchSwiGluForward("gpu::SwiGluForward", x, out, rows, inter, stream);
+}
+
+Status SwiGluForwardBf16(const float* x, uint16_t* out, int64_t rows, int64_t inter, void* stream) {
+  return LaunchSwiGluForward("gpu::SwiGluForwardBf16", x, out, rows, inter, stream);
+}
+
+Status SwiGluBackward(const float* x, const float* dy, float* dx, int64_t rows, int64_t inter, void* stream) {
+  return LaunchSwiGluBackward("gpu::SwiGluBackward", x, dy, dx, rows, inter, stream);
+}
+
+Status SwiGluBackwardBf16(const float* x, const float* dy, uint16_t* dx, int64_t rows, int64_t inter, void* stream) {
+  return LaunchSwiGluBackward("gpu::SwiGluBackwardBf16", x, dy, dx, rows, inter, stream);
 }
 
 }  // namespace zinf::gpu

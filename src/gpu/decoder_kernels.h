@@ -39,6 +39,11 @@ struct StridedRows {
 // 1/rms. y may be x (in place); w has n elements.
 Status RmsNormForward(const float* x, const float* w, float* y, float* rstd, const StridedRows& rows, float eps,
                       void* stream);
+// As RmsNormForward, with y written as bf16 rounded to nearest even (the
+// rounding a bf16 product's operand takes), at the same element offsets;
+// y must not overlap x.
+Status RmsNormForwardBf16(const float* x, const float* w, uint16_t* y, float* rstd, const StridedRows& rows, float eps,
+                          void* stream);
 // The gradients of RmsNormForward given dy and the stored rstd
 // (model::RmsNormBackward): dw [n] accumulates (+=), each column summed in
 // ColumnChunkRows' chunks; dx is added to when accumulate_dx, else written,
@@ -61,5 +66,10 @@ Status RopeBackward(float* dx, const StridedRows& rows, int64_t seq_len, const f
 Status SwiGluForward(const float* x, float* out, int64_t rows, int64_t inter, void* stream);
 // dx [rows, 2I] (overwritten; must not overlap x or dy) from dy [rows, I].
 Status SwiGluBackward(const float* x, const float* dy, float* dx, int64_t rows, int64_t inter, void* stream);
+// The two above with the output written as bf16 rounded to nearest even
+// (for an output that is only ever a bf16 product's operand); the output
+// must not overlap the inputs.
+Status SwiGluForwardBf16(const float* x, uint16_t* out, int64_t rows, int64_t inter, void* stream);
+Status SwiGluBackwardBf16(const float* x, const float* dy, uint16_t* dx, int64_t rows, int64_t inter, void* stream);
 
 }  // namespace zinf::gpu

@@ -204,8 +204,9 @@ __global__ void AddInPlaceKernel(float* __restrict__ a, const float* __restrict_
 
 // ---- GELU ----
 
-__global__ void GeluForwardKernel(const float* x, float* y, size_t n) {
-  for (size_t i = GlobalThread(); i < n; i += GridStride()) y[i] = model::Gelu(x[i]);
+template <class Out>
+__global__ void GeluForwardKernel(const float* x, Out* y, size_t n) {
+  for (size_t i = GlobalThread(); i < n; i += GridStride()) StoreAs(y + i, model::Gelu(x[i]));
 }
 
 __global__ void GeluBackwardKernel(const float* x, const float* dy, float* dx, size_t n) {
@@ -240,8 +241,9 @@ __device__ float LaneSum(const Term& term, int64_t n, float* scratch) {
 
 // ---- LayerNorm ----
 
+template <class Out>
 __global__ void LayerNormForwardKernel(const float* __restrict__ x, const float* __restrict__ w,
-                                       const float* __restrict__ b, float* __restrict__ y, float* __restrict__ mean,
+                                       const float* __restrict__ b, Out* __restrict__ y, float* __restrict__ mean,
                                        float* __restrict__ rstd, int64_t rows, int64_t cols) {
   __shared__ float scratch[kLanes + 1];
   const float fc = static_cast<float>(cols);
@@ -256,9 +258,9 @@ __global__ void LayerNormForwardKernel(const float* __restrict__ x, const float*
                           cols, scratch) /
                       fc;
     const float s = model::LayerNormRstd(var);
-    float* yr = y + r * cols;
+    Out* yr = y + r * cols;
     for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
-      yr[c] = model::LayerNormAffine(model::LayerNormNormalize(xr[c], m, s), w[c], b[c]);
+      StoreAs(yr + c, model::LayerNormAffine(model::LayerNormNormalize(xr[c], m, s), w[c], b[c]));
     if (threadIdx.x == 0) {
       mean[r] = m;
       rstd[r] = s;
@@ -598,7 +600,15 @@ Status Cast(const void* src, DType src_dtype, void* dst, DType dst_dtype, size_t
 Status GeluForward(const float* x, float* y, size_t n, void* stream) {
   if (n == 0) return Status::Ok();
   if (!x || !y) return InvalidArgument("gpu::GeluForward: null x or y");
-  GeluForwardKernel<<<BlocksFor(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(x, y, n);
+  GeluForwardKernel<float><<<BlocksFor(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(x, y, n);
+  return ZINF_CHECK_LAUNCH("GeluForwardKernel");
+}
+
+Status GeluForwardBf16(const float* x, uint16_t* y, size_t n, void* stream) {
+  if (n == 0) return Status::Ok();
+  if (!x || !y) return InvalidArgument("gpu::GeluForwardBf16: null x or y");
+  if (Overlap(x, n * 4, y, n * 2)) return InvalidArgument("gpu::GeluForwardBf16: y overlaps x");
+  GeluForwardKernel<uint16_t><<<BlocksFor(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(x, y, n);
   return ZINF_CHECK_LAUNCH("GeluForwardKernel");
 }
 
@@ -609,15 +619,32 @@ Status GeluBackward(const float* x, const float* dy, float* dx, size_t n, void* 
   return ZINF_CHECK_LAUNCH("GeluBackwardKernel");
 }
 
-Status LayerNormForward(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd,
-                        int64_t rows, int64_t cols, void* stream) {
-  ZINF_RETURN_IF_ERROR(CheckRows("gpu::LayerNormForward", rows, cols, "cols"));
+namespace {
+
+template <class Out>
+Status LaunchLayerNormForward(const char* fn, const float* x, const float* w, const float* b, Out* y, float* mean,
+                              float* rstd, int64_t rows, int64_t cols, void* stream) {
+  ZINF_RETURN_IF_ERROR(CheckRows(fn, rows, cols, "cols"));
   if (rows == 0) return Status::Ok();
   if (!x || !w || !b || !y || !mean || !rstd)
-    return InvalidArgument("gpu::LayerNormForward: null x, w, b, y, mean or rstd");
-  LayerNormForwardKernel<<<BlocksForRows(rows), kRowThreads, 0, static_cast<cudaStream_t>(stream)>>>(x, w, b, y, mean,
-                                                                                                  rstd, rows, cols);
+    return InvalidArgument(std::string(fn) + ": null x, w, b, y, mean or rstd");
+  const size_t n = static_cast<size_t>(rows) * static_cast<size_t>(cols);
+  if (Overlap(x, n * 4, y, n * sizeof(Out))) return InvalidArgument(std::string(fn) + ": y overlaps x");
+  LayerNormForwardKernel<Out><<<BlocksForRows(rows), kRowThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      x, w, b, y, mean, rstd, rows, cols);
   return ZINF_CHECK_LAUNCH("LayerNormForwardKernel");
+}
+
+}  // namespace
+
+Status LayerNormForward(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd,
+                        int64_t rows, int64_t cols, void* stream) {
+  return LaunchLayerNormForward("gpu::LayerNormForward", x, w, b, y, mean, rstd, rows, cols, stream);
+}
+
+Status LayerNormForwardBf16(const float* x, const float* w, const float* b, uint16_t* y, float* mean, float* rstd,
+                            int64_t rows, int64_t cols, void* stream) {
+  return LaunchLayerNormForward("gpu::LayerNormForwardBf16", x, w, b, y, mean, rstd, rows, cols, stream);
 }
 
 Status LayerNormBackward(const float* dy, const float* x, const float* w, const float* mean, const float* rstd,

@@ -54,6 +54,9 @@ Status AddInPlace(float* a, const float* b, size_t n, void* stream);
 
 // y = gelu(x) (tanh form), elementwise; y may be x.
 Status GeluForward(const float* x, float* y, size_t n, void* stream);
+// As GeluForward, with y written as bf16 rounded to nearest even (for an
+// output that is only ever a bf16 product's operand); y must not overlap x.
+Status GeluForwardBf16(const float* x, uint16_t* y, size_t n, void* stream);
 // dx = gelu'(x) · dy, overwritten; dx may be dy.
 Status GeluBackward(const float* x, const float* dy, float* dx, size_t n, void* stream);
 
@@ -62,6 +65,9 @@ Status GeluBackward(const float* x, const float* dy, float* dx, size_t n, void* 
 // overwritten and must not overlap x.
 Status LayerNormForward(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd,
                         int64_t rows, int64_t cols, void* stream);
+// As LayerNormForward, with y written as bf16 rounded to nearest even.
+Status LayerNormForwardBf16(const float* x, const float* w, const float* b, uint16_t* y, float* mean, float* rstd,
+                            int64_t rows, int64_t cols, void* stream);
 // The gradients of LayerNormForward given dy and the stored mean and rstd:
 // dx [rows, cols], dw [cols] and db [cols] all accumulate (+=), as on the CPU.
 // dw and db are each column summed in row order, then added.

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <string>
 
+#include "common/float16.h"
 #include "gpu/cuda_check.h"
 
 namespace zinf::gpu {
@@ -27,6 +28,18 @@ inline Status CheckRows(const char* fn, int64_t rows, int64_t cols, const char* 
     return InvalidArgument(std::string(fn) + ": rows " + std::to_string(rows) + ", " + cols_name + " " +
                            std::to_string(cols) + " (need rows >= 0, " + cols_name + " >= 1)");
   return Status::Ok();
+}
+
+// An output element as fp32, or as its bf16 rounding to nearest even
+// (common/float16.h, as the CPU rounds a product's operand): the kernels
+// whose output is only ever a bf16 product's operand write it so directly.
+__device__ inline void StoreAs(float* p, float v) { *p = v; }
+__device__ inline void StoreAs(uint16_t* p, float v) { *p = FloatToBf16Bits(v); }
+
+// Whether the byte ranges [a, a + a_bytes) and [b, b + b_bytes) overlap.
+inline bool Overlap(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
+  const auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
+  return x < y + b_bytes && y < x + a_bytes;
 }
 
 __device__ inline size_t GlobalThread() { return static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; }

@@ -20,9 +20,11 @@
 #include <cstring>
 #include <iterator>
 #include <limits>
+#include <string>
 #include <utility>
 #include <vector>
 
+#include "common/float16.h"
 #include "gpu/cuda_probe.h"
 #include "model/decoder_layers.h"
 #include "model/gpt_config.h"
@@ -243,6 +245,80 @@ TEST_F(DecoderKernelTest, SwiGluMatchesTheCpuBitForBit) {
   }
 }
 
+// A device buffer of bf16 bits (all ones at first: NaN, so an element a
+// kernel missed shows), freed on destruction.
+class DeviceBf16 {
+ public:
+  explicit DeviceBf16(size_t n) : n_(n) {
+    EXPECT_EQ(cudaMalloc(&p_, std::max<size_t>(n_, 1) * 2), cudaSuccess);
+    EXPECT_EQ(cudaMemset(p_, 0xff, std::max<size_t>(n_, 1) * 2), cudaSuccess);
+  }
+  ~DeviceBf16() { cudaFree(p_); }
+  DeviceBf16(const DeviceBf16&) = delete;
+  DeviceBf16& operator=(const DeviceBf16&) = delete;
+  uint16_t* get() const { return p_; }
+  std::vector<uint16_t> ToHost() const {
+    std::vector<uint16_t> host(n_);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    if (n_ > 0) {
+      EXPECT_EQ(cudaMemcpy(host.data(), p_, n_ * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+    }
+    return host;
+  }
+
+ private:
+  uint16_t* p_ = nullptr;
+  size_t n_;
+};
+
+// Every element of a bf16 output is the fp32 output rounded to nearest
+// even, as the CPU rounds a product's operand (NaN to some NaN).
+void ExpectRoundingOf(const std::vector<uint16_t>& got, const std::vector<float>& fp32, const char* what) {
+  ASSERT_EQ(got.size(), fp32.size()) << what;
+  size_t mismatches = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const uint16_t want = FloatToBf16Bits(fp32[i]);
+    if (got[i] == want || (std::isnan(fp32[i]) && std::isnan(Bf16BitsToFloat(got[i])))) continue;
+    if (++mismatches <= 5) {
+      ADD_FAILURE() << what << "[" << i << "]: 0x" << std::hex << got[i] << " vs 0x" << want << std::dec << " ("
+                    << fp32[i] << ")";
+    }
+  }
+  EXPECT_EQ(mismatches, 0u) << what;
+}
+
+// The bf16-output kernels (a norm's output or SwiGLU's, forward and
+// backward, kept in bf16 alone with bf16 products): the fp32 kernels'
+// results rounded, and the same rstd. Dense rows as the model's, with tails.
+TEST_F(DecoderKernelTest, Bf16OutputsAreTheFp32OutputsRounded) {
+  for (const auto& [R, n] : {std::pair<int64_t, int64_t>{37, 15}, {37, 773}, {64, 2048}, {1000, 64}}) {
+    SCOPED_TRACE(::testing::Message() << "rms rows " << R << ", n " << n);
+    const size_t elems = static_cast<size_t>(R * n);
+    DeviceFloats gx(RandomFloats(900 + n, elems, -3.0f, 5.0f)), gw(RandomFloats(901 + n, n, 0.5f, 1.5f));
+    DeviceFloats gy{std::vector<float>(elems)}, grstd{std::vector<float>(R)}, grstd16{std::vector<float>(R)};
+    DeviceBf16 gy16(elems);
+    ASSERT_TRUE(RmsNormForward(gx.get(), gw.get(), gy.get(), grstd.get(), StridedRows::Dense(R, n), 1e-5f, nullptr).ok());
+    ASSERT_TRUE(
+        RmsNormForwardBf16(gx.get(), gw.get(), gy16.get(), grstd16.get(), StridedRows::Dense(R, n), 1e-5f, nullptr)
+            .ok());
+    ExpectRoundingOf(gy16.ToHost(), gy.ToHost(), "rmsnorm y");
+    ExpectSameFloats(grstd16.ToHost(), grstd.ToHost(), "rmsnorm rstd");
+  }
+  for (const auto& [rows, inter] : {std::pair<int64_t, int64_t>{37, 17}, {129, 300}, {64, 2048}}) {
+    SCOPED_TRACE(::testing::Message() << "swiglu rows " << rows << ", inter " << inter);
+    const size_t n_in = static_cast<size_t>(rows * 2 * inter), n_out = static_cast<size_t>(rows * inter);
+    DeviceFloats gx(RandomFloats(950 + inter, n_in, -12.0f, 12.0f)), gdy(RandomFloats(951 + inter, n_out, -1.0f, 1.0f));
+    DeviceFloats gout{std::vector<float>(n_out)}, gdx{std::vector<float>(n_in)};
+    DeviceBf16 gout16(n_out), gdx16(n_in);
+    ASSERT_TRUE(SwiGluForward(gx.get(), gout.get(), rows, inter, nullptr).ok());
+    ASSERT_TRUE(SwiGluForwardBf16(gx.get(), gout16.get(), rows, inter, nullptr).ok());
+    ASSERT_TRUE(SwiGluBackward(gx.get(), gdy.get(), gdx.get(), rows, inter, nullptr).ok());
+    ASSERT_TRUE(SwiGluBackwardBf16(gx.get(), gdy.get(), gdx16.get(), rows, inter, nullptr).ok());
+    ExpectRoundingOf(gout16.ToHost(), gout.ToHost(), "swiglu");
+    ExpectRoundingOf(gdx16.ToHost(), gdx.ToHost(), "swiglu grad");
+  }
+}
+
 // Argument checks happen before any CUDA call, so these run without a GPU.
 TEST(DecoderKernelArgsTest, KernelsRefuseBadShapes) {
   float x = 0;
@@ -257,6 +333,16 @@ TEST(DecoderKernelArgsTest, KernelsRefuseBadShapes) {
   EXPECT_EQ(RopeBackward(&x, StridedRows::Dense(2, 4), 0, &x, &x, nullptr).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(SwiGluForward(&x, &x, 4, 0, nullptr).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(SwiGluBackward(&x, &x, &x, -1, 4, nullptr).code(), StatusCode::kInvalidArgument);
+  // A bf16 output may not overlap the fp32 input (it would be read after
+  // another thread's write).
+  float buf[64] = {};
+  auto* half = reinterpret_cast<uint16_t*>(buf);
+  Status st = RmsNormForwardBf16(buf, buf, half + 8, buf + 40, StridedRows::Dense(2, 8), 1e-6f, nullptr);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("y overlaps x"), std::string::npos) << st.ToString();
+  EXPECT_EQ(SwiGluForwardBf16(buf, half + 4, 2, 4, nullptr).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(SwiGluBackwardBf16(buf, buf + 32, half + 64, 2, 4, nullptr).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(SwiGluBackwardBf16(buf, buf + 48, half + 16, 2, 4, nullptr).code(), StatusCode::kInvalidArgument);
   // Nothing to do is no error, and touches no device.
   EXPECT_TRUE(RmsNormForward(nullptr, nullptr, nullptr, nullptr, StridedRows::Dense(0, 8), 1e-6f, nullptr).ok());
   EXPECT_TRUE(SwiGluForward(nullptr, nullptr, 0, 8, nullptr).ok());

@@ -293,6 +293,46 @@ TEST_F(GpuKernelTest, GeluMatchesTheCpuLayersBitForBit) {
   ExpectSameFloats(ddx.ToHost(), cpu_dx, "gelu grad");
 }
 
+// GELU's and LayerNorm's bf16-output forms (with bf16 products the model
+// keeps those outputs in bf16 alone): the fp32 kernels' outputs rounded to
+// nearest even, and the same statistics.
+TEST_F(GpuKernelTest, Bf16OutputsAreTheFp32OutputsRounded) {
+  auto expect_rounding = [](const std::vector<uint16_t>& got, const std::vector<float>& fp32, const char* what) {
+    ASSERT_EQ(got.size(), fp32.size());
+    size_t differ = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      differ += got[i] != FloatToBf16Bits(fp32[i]) && !(std::isnan(fp32[i]) && std::isnan(Bf16BitsToFloat(got[i])));
+    }
+    EXPECT_EQ(differ, 0u) << what;
+  };
+  constexpr size_t kN = 65537;
+  std::vector<float> x = RandomFloats(30, kN, -12.0f, 12.0f);
+  x[0] = std::numeric_limits<float>::infinity();
+  x[1] = 1e-40f;
+  DeviceArray<float> gx(x), gy(Zeros<float>(kN));
+  DeviceArray<uint16_t> gy16(std::vector<uint16_t>(kN, 0xffff));
+  ASSERT_TRUE(GeluForward(gx.get(), gy.get(), kN, nullptr).ok());
+  ASSERT_TRUE(GeluForwardBf16(gx.get(), gy16.get(), kN, nullptr).ok());
+  expect_rounding(gy16.ToHost(), gy.ToHost(), "gelu");
+  for (const auto& [kRows, cols] : {std::pair<int64_t, int64_t>{37, 17}, {1000, 768}}) {
+    SCOPED_TRACE(::testing::Message() << "rows " << kRows << ", cols " << cols);
+    const size_t n = static_cast<size_t>(kRows * cols);
+    DeviceArray<float> lx(RandomFloats(31 + cols, n, -3.0f, 5.0f)), lw(RandomFloats(32 + cols, cols, 0.5f, 1.5f));
+    DeviceArray<float> lb(RandomFloats(33 + cols, cols, -0.5f, 0.5f)), ly(Zeros<float>(n));
+    DeviceArray<float> mean(Zeros<float>(kRows)), rstd(Zeros<float>(kRows)), mean16(Zeros<float>(kRows)),
+        rstd16(Zeros<float>(kRows));
+    DeviceArray<uint16_t> ly16(std::vector<uint16_t>(n, 0xffff));
+    ASSERT_TRUE(
+        LayerNormForward(lx.get(), lw.get(), lb.get(), ly.get(), mean.get(), rstd.get(), kRows, cols, nullptr).ok());
+    ASSERT_TRUE(LayerNormForwardBf16(lx.get(), lw.get(), lb.get(), ly16.get(), mean16.get(), rstd16.get(), kRows, cols,
+                                     nullptr)
+                    .ok());
+    expect_rounding(ly16.ToHost(), ly.ToHost(), "layernorm y");
+    ExpectSameFloats(mean16.ToHost(), mean.ToHost(), "mean");
+    ExpectSameFloats(rstd16.ToHost(), rstd.ToHost(), "rstd");
+  }
+}
+
 // Rows in one column chunk (37), several (1000: 16 chunks of 64 rows, the
 // last partial) and the most (9001: 127 chunks of 71 rows; lane_math.h).
 TEST_F(GpuKernelTest, LayerNormMatchesTheCpuLayersBitForBit) {
@@ -581,6 +621,13 @@ TEST(GpuKernelArgsTest, RowKernelsRefuseBadShapes) {
             StatusCode::kInvalidArgument);
   EXPECT_EQ(EmbeddingBackward(&x, &t, &x, nullptr, 2, 2, 1, nullptr, 0, nullptr).code(), StatusCode::kInvalidArgument);
   EXPECT_TRUE(LayerNormForward(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 0, 8, nullptr).ok());
+  // A bf16 output over its fp32 input is refused (another thread's write
+  // would land before the read).
+  float buf[32] = {};
+  auto* half = reinterpret_cast<uint16_t*>(buf);
+  EXPECT_EQ(GeluForwardBf16(buf, half + 2, 16, nullptr).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(LayerNormForwardBf16(buf, buf, buf, half + 2, buf + 24, buf + 28, 2, 8, nullptr).code(),
+            StatusCode::kInvalidArgument);
 }
 
 }  // namespace
