@@ -26,6 +26,7 @@
 #if ZINF_HAVE_CUDA
 #include "gpu/cuda_probe.h"
 #include "gpu/flash_attention_timing.h"
+#include "gpu/kernels.h"
 #endif
 
 namespace zinf::bench {
@@ -82,6 +83,8 @@ int Run(const Options& opt) {
   if (!ref.ok()) return Fail(ref.status());
   const Result<gpu::FlashTiming> cp = gpu::TimeFlashAttention(s, true, opt.reps);
   if (!cp.ok()) return Fail(cp.status());
+  const Result<bool> two_buffers = gpu::FlashAttentionCopiesFit(s.head_dim);
+  if (!two_buffers.ok()) return Fail(two_buffers.status());
   const bool same_bits = ref->result_hash == cp->result_hash;
   const double ratio = (ref->forward + ref->backward) / (cp->forward + cp->backward);
   if (opt.json) {
@@ -102,7 +105,8 @@ int Run(const Options& opt) {
                         {"bf16_copies", way(*cp)},
                         {"casts_ms", cp->casts * 1e3},
                         {"speedup", ratio},
-                        {"same_bits", same_bits}};
+                        {"same_bits", same_bits},
+                        {"two_buffer_kernels", *two_buffers}};
     std::printf("%s\n", j.dump(2).c_str());
   } else {
     std::printf("# zinf bench attention: B=%lld T=%lld heads=%lld kv_heads=%lld head_dim=%lld, causal, median of %d\n",
@@ -119,6 +123,11 @@ int Run(const Options& opt) {
     std::printf("# the copies' casts: %.3f ms of the above; forward + backward: %.2fx the reference\n",
                 cp->casts * 1e3, ratio);
     std::printf("# same bits: %s\n", same_bits ? "yes" : "NO");
+    if (!*two_buffers) {
+      std::printf("# this GPU's shared memory per block is too small for the two-buffer kernels at head_dim %lld:\n"
+                  "# the copies' path ran the one-buffer kernels (only the casts differ)\n",
+                  static_cast<long long>(s.head_dim));
+    }
   }
   if (!same_bits) {
     std::fprintf(stderr, "zinf bench attention: the two ways gave different bits (a bug)\n");

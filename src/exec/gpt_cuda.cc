@@ -180,19 +180,24 @@ class CudaStages final : public model::GptStages {
     const bool chunked = layout_.loss_chunk_rows < BT;
     for (int64_t r0 = 0; r0 < BT; r0 += layout_.loss_chunk_rows) {
       const int64_t rows = std::min(layout_.loss_chunk_rows, BT - r0);
-      if (chunked) {  // this chunk's probabilities again (forward kept the last chunk's only)
+      if (chunked) {  // this chunk's logits again (forward kept the last chunk's probabilities only)
         Op("matmul");
         ZINF_RETURN_IF_ERROR(Gemm(false, true, rows, V, C, 1.0f, lnf + r0 * C, C, head, C, 0.0f, dlogits, ld));
-        Op("loss");
-        ZINF_RETURN_IF_ERROR(SoftmaxCrossEntropyForward(dlogits, I32(layout_.targets) + r0, dlogits,
-                                                        F32(layout_.losses) + r0, rows, V, ld, s_));
+        if (!bf16_) {
+          Op("loss");
+          ZINF_RETURN_IF_ERROR(SoftmaxCrossEntropyForward(dlogits, I32(layout_.targets) + r0, dlogits,
+                                                          F32(layout_.losses) + r0, rows, V, ld, s_));
+        }
       }
       // scale · (p - onehot) with scale = loss_scale / targets, the count on the device.
       Op("loss");
       if (bf16_) {  // straight into the bf16 operand copy, which both products read
         uint16_t* dlogits16 = reinterpret_cast<uint16_t*>(arena_ + layout_.bf16_a);
-        ZINF_RETURN_IF_ERROR(SoftmaxCrossEntropyBackwardBf16(dlogits, I32(layout_.targets) + r0, dlogits16, rows, V,
-                                                             ld, loss_scale, count_, s_));
+        const int32_t* targets = I32(layout_.targets) + r0;
+        // From the logits when chunked (their probabilities not stored), else from forward's probabilities.
+        ZINF_RETURN_IF_ERROR(
+            chunked ? SoftmaxCrossEntropyGradBf16(dlogits, targets, dlogits16, rows, V, ld, loss_scale, count_, s_)
+                    : SoftmaxCrossEntropyBackwardBf16(dlogits, targets, dlogits16, rows, V, ld, loss_scale, count_, s_));
         bf16_copies_[kProductInput] = Bf16Copy{dlogits, dlogits16, rows * ld};
       } else {
         ZINF_RETURN_IF_ERROR(

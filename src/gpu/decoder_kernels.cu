@@ -261,9 +261,6 @@ Status CheckSwiGlu(const char* fn, int64_t rows, int64_t inter) {
   return Status::Ok();
 }
 
-// The rows' extent in elements: the last row's end.
-int64_t Extent(const StridedRows& rows) { return rows.rows == 0 ? 0 : rows.Offset(rows.rows - 1) + rows.n; }
-
 template <class Out>
 Status LaunchRmsNormForward(const char* fn, const float* x, const float* w, Out* y, float* rstd,
                             const StridedRows& rows, float eps, void* stream) {
@@ -271,6 +268,12 @@ Status LaunchRmsNormForward(const char* fn, const float* x, const float* w, Out*
   if (!(eps > 0.0f)) return InvalidArgument(std::string(fn) + ": eps must be positive");
   if (rows.rows == 0) return Status::Ok();
   if (!x || !w || !y || !rstd) return InvalidArgument(std::string(fn) + ": null x, w, y or rstd");
+  if constexpr (sizeof(Out) != sizeof(float)) {  // a narrower y may not overlap x (y == x is fine in fp32)
+    const size_t extent = static_cast<size_t>(rows.Offset(rows.rows - 1) + rows.n);
+    if (Overlap(x, extent * sizeof(float), y, extent * sizeof(Out))) {
+      return InvalidArgument(std::string(fn) + ": y overlaps x");
+    }
+  }
   RmsNormForwardKernel<Out><<<BlocksForHalfWarpRows(rows.rows), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
       x, w, y, rstd, rows, eps);
   return ZINF_CHECK_LAUNCH("RmsNormForwardKernel");
@@ -285,10 +288,6 @@ Status RmsNormForward(const float* x, const float* w, float* y, float* rstd, con
 
 Status RmsNormForwardBf16(const float* x, const float* w, uint16_t* y, float* rstd, const StridedRows& rows, float eps,
                           void* stream) {
-  const size_t extent = static_cast<size_t>(rows.rows >= 0 && rows.n >= 1 ? Extent(rows) : 0);
-  if (x && y && Overlap(x, extent * 4, y, extent * 2)) {
-    return InvalidArgument("gpu::RmsNormForwardBf16: y overlaps x");
-  }
   return LaunchRmsNormForward("gpu::RmsNormForwardBf16", x, w, y, rstd, rows, eps, stream);
 }
 

@@ -695,6 +695,17 @@ Result<bool> ReadsCopies(const char* fn, const AttentionTensors& t, bool backwar
   return true;
 }
 
+// Whether a block of the current device may take `bytes` of shared memory.
+// The two-buffer kernels for head_dim 128 take up to 103 KiB, past the
+// 99 KiB of sm_86, sm_89 and sm_120 parts: those run the one-buffer kernels,
+// which read the fp32 inputs (the same bits either way).
+Result<bool> BlockSmemFits(int bytes) {
+  int device = 0, optin = 0;
+  ZINF_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  ZINF_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  return bytes <= optin;
+}
+
 // Launches kernel<<<grid, 128, smem>>> after raising its shared-memory limit.
 template <class Kernel>
 Status Launch(Kernel kernel, const char* name, dim3 grid, int smem, void* stream, const AttentionShape& s,
@@ -730,10 +741,24 @@ Status Backward(const AttentionShape& s, const AttentionTensors& t, void* stream
 
 }  // namespace
 
+Result<bool> FlashAttentionCopiesFit(int64_t head_dim) {
+  if (head_dim != 64 && head_dim != 128) {
+    return InvalidArgument("gpu::FlashAttentionCopiesFit: head_dim " + std::to_string(head_dim));
+  }
+  static_assert(BackwardKvSmem<128, true>() >= BackwardQSmem<128, true>() &&
+                BackwardKvSmem<128, true>() >= ForwardSmem<128, true>() &&
+                BackwardKvSmem<64, true>() >= BackwardQSmem<64, true>() &&
+                BackwardKvSmem<64, true>() >= ForwardSmem<64, true>());
+  return BlockSmemFits(head_dim == 64 ? BackwardKvSmem<64, true>() : BackwardKvSmem<128, true>());
+}
+
 Status FlashAttentionForward(const AttentionShape& shape, const AttentionTensors& tensors, void* stream) {
   const char* fn = "gpu::FlashAttentionForward";
   ZINF_RETURN_IF_ERROR(Check(fn, shape, tensors, false));
-  ZINF_ASSIGN_OR_RETURN(const bool copies, ReadsCopies(fn, tensors, false));
+  ZINF_ASSIGN_OR_RETURN(bool copies, ReadsCopies(fn, tensors, false));
+  if (copies) {
+    ZINF_ASSIGN_OR_RETURN(copies, FlashAttentionCopiesFit(shape.head_dim));
+  }
   if (shape.head_dim == 64) {
     return copies ? Forward<64, true>(shape, tensors, stream) : Forward<64, false>(shape, tensors, stream);
   }
@@ -743,7 +768,10 @@ Status FlashAttentionForward(const AttentionShape& shape, const AttentionTensors
 Status FlashAttentionBackward(const AttentionShape& shape, const AttentionTensors& tensors, void* stream) {
   const char* fn = "gpu::FlashAttentionBackward";
   ZINF_RETURN_IF_ERROR(Check(fn, shape, tensors, true));
-  ZINF_ASSIGN_OR_RETURN(const bool copies, ReadsCopies(fn, tensors, true));
+  ZINF_ASSIGN_OR_RETURN(bool copies, ReadsCopies(fn, tensors, true));
+  if (copies) {
+    ZINF_ASSIGN_OR_RETURN(copies, FlashAttentionCopiesFit(shape.head_dim));
+  }
   if (shape.head_dim == 64) {
     return copies ? Backward<64, true>(shape, tensors, stream) : Backward<64, false>(shape, tensors, stream);
   }

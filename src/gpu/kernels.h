@@ -93,6 +93,14 @@ Status SoftmaxCrossEntropyBackward(const float* probs, const int32_t* targets, f
 // product on bf16 operands, which is all the fp32 gradient would be used for.
 Status SoftmaxCrossEntropyBackwardBf16(const float* probs, const int32_t* targets, uint16_t* dlogits, int64_t rows,
                                        int64_t vocab, int64_t ld, float scale, const float* count, void* stream);
+// The same bf16 gradient straight from the logits: SoftmaxCrossEntropyForward's
+// probabilities, computed as it does but not stored, then
+// SoftmaxCrossEntropyBackwardBf16 — the same bits as those two, in one
+// kernel that reads the logits three times and writes only dlogits. For a
+// chunked loss, whose backward computes each chunk's logits again. logits
+// and dlogits must not overlap.
+Status SoftmaxCrossEntropyGradBf16(const float* logits, const int32_t* targets, uint16_t* dlogits, int64_t rows,
+                                   int64_t vocab, int64_t ld, float scale, const float* count, void* stream);
 
 // out[r] = wte[tokens[r]] + wpe[r % seq_len] for each of `rows` rows of
 // `channels` (rows = batch · seq_len); wpe may be null (a plain gather,
@@ -148,10 +156,16 @@ Status BusyWait(double seconds, void* stream);
 // tensors.lse; backward fills tensors.delta and overwrites dq, dk and dv.
 // Matches the CPU twin (model/flash_attention.h, bf16 operands) up to the
 // order of the sums; deterministic (no atomics). kInvalidArgument for a bad
-// shape (CheckAttentionShape) or another head_dim.
+// shape (CheckAttentionShape) or another head_dim. With the bf16 copies of
+// AttentionTensors (q16 ...) the kernels copy their tiles from those into
+// two buffers a tile, where the device's shared memory per block allows it
+// (FlashAttentionCopiesFit), else they read the fp32 tensors: the same bits.
 Status FlashAttentionForward(const model::AttentionShape& shape, const model::AttentionTensors& tensors,
                              void* stream);
 Status FlashAttentionBackward(const model::AttentionShape& shape, const model::AttentionTensors& tensors,
                               void* stream);
+// Whether the current device runs the two-buffer kernels that read bf16
+// copies, forward and backward, for this head_dim (64 or 128).
+Result<bool> FlashAttentionCopiesFit(int64_t head_dim);
 
 }  // namespace zinf::gpu

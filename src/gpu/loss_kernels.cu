@@ -171,6 +171,60 @@ __global__ void SoftmaxCrossEntropyBackwardBf16Kernel(const float* __restrict__ 
   }
 }
 
+// SoftmaxCrossEntropyForwardKernel's maximum and exp-sum passes (the exps
+// not stored), then per element its probability (the same exp, times the
+// same 1 / sum) into SoftmaxCrossEntropyBackwardBf16Kernel's gradient.
+__global__ void __launch_bounds__(kLossThreads)
+    SoftmaxCrossEntropyGradBf16Kernel(const float* __restrict__ logits, const int32_t* __restrict__ targets,
+                                      uint16_t* __restrict__ dlogits, int64_t rows, int64_t vocab, int64_t ld,
+                                      float scale, const float* __restrict__ count) {
+  __shared__ float tile[kLossTile];
+  __shared__ float scratch[kLanes + 1];
+  const float c = *count;
+  const float k = c > 0 ? scale / c : 0.0f;
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float* xr = logits + r * ld;
+    uint16_t* d = dlogits + r * ld;
+    const int32_t t = targets[r];
+    if (t < 0) {  // an ignored row's gradient is zero
+      for (int64_t j = threadIdx.x; j < vocab; j += kLossThreads) d[j] = FloatToBf16Bits(k * 0.0f);
+      continue;
+    }
+    const auto max_of = [](float m, float a) { return a > m ? a : m; };
+    LossRowLanes(
+        vocab, -INFINITY, [&](int64_t i) { return xr[i]; }, [](int64_t, float x) { return x; }, max_of, tile,
+        scratch);
+    float row_max = scratch[kLanes];
+    for (int j = 0; j < kLanes; ++j) row_max = max_of(row_max, scratch[j]);
+    __syncthreads();
+    LossRowLanes(
+        vocab, 0.0f, [&](int64_t i) { return xr[i]; },
+        [&](int64_t, float x) { return model::SoftmaxExp(x, row_max); }, [](float a, float e) { return a + e; }, tile,
+        scratch);
+    float sum = 0.0f;
+    for (int j = 0; j < kLanes; ++j) sum += scratch[j];
+    sum = sum + scratch[kLanes];
+    const float inv_sum = 1.0f / sum;
+    for (int64_t t0 = 0; t0 < vocab; t0 += kLossTile) {
+      float v[kLossPerThread];
+#pragma unroll
+      for (int q = 0; q < kLossPerThread; ++q) {
+        const int64_t i = t0 + threadIdx.x + q * kLossThreads;
+        v[q] = i < vocab ? xr[i] : 0.0f;
+      }
+#pragma unroll
+      for (int q = 0; q < kLossPerThread; ++q) {
+        const int64_t i = t0 + threadIdx.x + q * kLossThreads;
+        if (i < vocab) {
+          const float p = model::SoftmaxExp(v[q], row_max) * inv_sum;
+          d[i] = FloatToBf16Bits(k * model::CrossEntropyLogitGrad(p, i == t, 1.0f));
+        }
+      }
+    }
+    __syncthreads();  // scratch before the next row
+  }
+}
+
 // One thread: the losses summed in double in row order, as GptModel does.
 __global__ void MeanLossKernel(const float* losses, const int32_t* targets, int64_t rows, float* loss, float* count) {
   double sum = 0;
@@ -235,6 +289,21 @@ Status SoftmaxCrossEntropyBackwardBf16(const float* probs, const int32_t* target
   SoftmaxCrossEntropyBackwardBf16Kernel<<<grid, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
       probs, targets, dlogits, rows, vocab, ld, scale, count);
   return ZINF_CHECK_LAUNCH("SoftmaxCrossEntropyBackwardBf16Kernel");
+}
+
+Status SoftmaxCrossEntropyGradBf16(const float* logits, const int32_t* targets, uint16_t* dlogits, int64_t rows,
+                                   int64_t vocab, int64_t ld, float scale, const float* count, void* stream) {
+  const char* fn = "gpu::SoftmaxCrossEntropyGradBf16";
+  ZINF_RETURN_IF_ERROR(CheckLossRows(fn, rows, vocab, ld));
+  if (rows == 0) return Status::Ok();
+  if (!logits || !targets || !dlogits || !count) {
+    return InvalidArgument(std::string(fn) + ": null logits, targets, dlogits or count");
+  }
+  const size_t n = static_cast<size_t>((rows - 1) * ld + vocab);
+  if (Overlap(logits, n * 4, dlogits, n * 2)) return InvalidArgument(std::string(fn) + ": dlogits overlaps logits");
+  SoftmaxCrossEntropyGradBf16Kernel<<<BlocksForRows(rows), kLossThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      logits, targets, dlogits, rows, vocab, ld, scale, count);
+  return ZINF_CHECK_LAUNCH("SoftmaxCrossEntropyGradBf16Kernel");
 }
 
 Status MeanLoss(const float* losses, const int32_t* targets, int64_t rows, float* loss, float* count, void* stream) {

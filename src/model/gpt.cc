@@ -167,7 +167,8 @@ ActivationLayout ActivationLayout::For(const GptConfig& c, const GptRunOptions& 
     // head (one loss chunk's logits gradient [loss_chunk_rows, V], wte
     // [V, C]) and, for the plain
     // attention, one batch row's (scores H × T × T, the row's qkv T × 3C);
-    // flash attention rounds its tiles itself.
+    // flash attention's copies of qkv [B·T, S] and d(atty) [B·T, Q] fit in
+    // the linear layers' size.
     l.bf16_operand_elems =
         std::max({BT * std::max({FC, S, Q, C}), C * std::max(FC, S), I * C, Q * C, l.loss_chunk_rows * l.logits_ld, V * C});
     if (!flash) l.bf16_operand_elems = std::max({l.bf16_operand_elems, H * T * T, T * S});

@@ -340,6 +340,9 @@ TEST(DecoderKernelArgsTest, KernelsRefuseBadShapes) {
   Status st = RmsNormForwardBf16(buf, buf, half + 8, buf + 40, StridedRows::Dense(2, 8), 1e-6f, nullptr);
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(st.message().find("y overlaps x"), std::string::npos) << st.ToString();
+  // A bad shape is refused before the overlap is measured from it.
+  EXPECT_EQ(RmsNormForwardBf16(buf, buf, half + 64, buf + 40, StridedRows{2, 8, 0, 8}, 1e-6f, nullptr).code(),
+            StatusCode::kInvalidArgument);
   EXPECT_EQ(SwiGluForwardBf16(buf, half + 4, 2, 4, nullptr).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(SwiGluBackwardBf16(buf, buf + 32, half + 64, 2, 4, nullptr).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(SwiGluBackwardBf16(buf, buf + 48, half + 16, 2, 4, nullptr).code(), StatusCode::kInvalidArgument);

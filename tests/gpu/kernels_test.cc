@@ -535,6 +535,50 @@ TEST_F(GpuKernelTest, SoftmaxCrossEntropyBackwardBf16IsTheThreeStepsFused) {
             StatusCode::kInvalidArgument);
 }
 
+// The chunked loss's backward gradient straight from the logits: the bits
+// of the softmax kernel's probabilities through the fused bf16 gradient,
+// padding untouched, ignored rows zero, and a zero count.
+TEST_F(GpuKernelTest, SoftmaxCrossEntropyGradBf16IsForwardThenBackwardBf16) {
+  const int64_t kRows = 19;
+  for (int64_t vocab : {int64_t{1}, int64_t{17}, int64_t{2049}, int64_t{50257}}) {
+    SCOPED_TRACE(::testing::Message() << "vocab " << vocab);
+    const int64_t ld = (vocab + 7) / 8 * 8;
+    const size_t n = static_cast<size_t>(kRows * ld);
+    std::vector<float> logits = RandomFloats(80 + vocab, n, -30.0f, 30.0f);
+    logits[3] = -std::numeric_limits<float>::infinity();
+    std::vector<int32_t> targets(kRows);
+    for (int64_t r = 0; r < kRows; ++r)
+      targets[r] = r % 4 == 1 ? -1 : static_cast<int32_t>(SplitMix64(vocab * 3 + r) % vocab);
+    for (const float count : {11.0f, 0.0f}) {
+      DeviceArray<float> gl(logits), gprobs(Zeros<float>(n)), glosses(Zeros<float>(kRows)),
+          gcount(std::vector<float>{count});
+      DeviceArray<int32_t> gt(targets);
+      DeviceArray<uint16_t> want(std::vector<uint16_t>(n, 0xffff)), got(std::vector<uint16_t>(n, 0xffff));
+      ASSERT_TRUE(SoftmaxCrossEntropyForward(gl.get(), gt.get(), gprobs.get(), glosses.get(), kRows, vocab, ld, nullptr)
+                      .ok());
+      ASSERT_TRUE(SoftmaxCrossEntropyBackwardBf16(gprobs.get(), gt.get(), want.get(), kRows, vocab, ld, 512.0f,
+                                                  gcount.get(), nullptr)
+                      .ok());
+      ASSERT_TRUE(
+          SoftmaxCrossEntropyGradBf16(gl.get(), gt.get(), got.get(), kRows, vocab, ld, 512.0f, gcount.get(), nullptr)
+              .ok());
+      const std::vector<uint16_t> a = want.ToHost(), b = got.ToHost();
+      size_t differ = 0;
+      for (size_t i = 0; i < n; ++i) differ += a[i] != b[i];
+      EXPECT_EQ(differ, 0u) << "count " << count;
+    }
+  }
+  float buf[16] = {};
+  EXPECT_EQ(SoftmaxCrossEntropyGradBf16(buf, nullptr, reinterpret_cast<uint16_t*>(buf), 1, 8, 8, 1.0f, buf, nullptr)
+                .code(),
+            StatusCode::kInvalidArgument);
+  const int32_t target = 0;
+  const Status st = SoftmaxCrossEntropyGradBf16(buf, &target, reinterpret_cast<uint16_t*>(buf + 2), 1, 8, 8, 1.0f,
+                                                buf + 12, nullptr);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("overlaps"), std::string::npos) << st.ToString();
+}
+
 TEST_F(GpuKernelTest, EmbeddingMatchesTheCpuLayers) {
   const int64_t kBatch = 16, kSeqLen = 8, kChannels = 33, kVocab = 13;  // each token repeats about 10 times
   const int64_t rows = kBatch * kSeqLen;
