@@ -147,9 +147,10 @@ __device__ void FetchTile(bf16* tile, const float* x32, const uint16_t* x16, int
 // bf16 pairs: (g, 2c), (g + 8, 2c), (g, 2c + 8), (g + 8, 2c + 8). So the
 // accumulator tiles of 16 k-columns (two tiles side by side) are, packed,
 // the next product's A operand, which keeps scores, probabilities and
-// outputs in registers (as FlashAttention-2 does). B operands come from the
-// shared tiles: a tile's rows as B's columns (q kᵀ: pairs along D), or a
-// tile as B itself (p v: ldmatrix transposed).
+// outputs in registers (as FlashAttention-2 does). A operands from a tile
+// (q, k, v or dO rows) and B operands come from the shared tiles by
+// ldmatrix, four 8×8 matrices an instruction: a tile's rows as B's columns
+// (q kᵀ: pairs along D), or a tile as B itself (p v: transposed).
 
 __device__ inline void MmaBf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm volatile(
@@ -164,24 +165,37 @@ __device__ inline void MmaBf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b
 __device__ inline uint32_t PackBf16(float lo, float hi) {
   return static_cast<uint32_t>(FloatToBf16Bits(lo)) | static_cast<uint32_t>(FloatToBf16Bits(hi)) << 16;
 }
-__device__ inline uint32_t SharedPair(const bf16* p) { return *reinterpret_cast<const uint32_t*>(p); }
 
-// The A operand of tile rows [row0, row0 + 16), k-step kk (16 columns).
-template <int D>
-__device__ inline void RowsOperand(uint32_t (&a)[4], const bf16* tile, int row0, int kk, int g, int c) {
-  const bf16* p = tile + (row0 + g) * Pitch<D>::kTile + kk * 16 + 2 * c;
-  a[0] = SharedPair(p);
-  a[1] = SharedPair(p + 8 * Pitch<D>::kTile);
-  a[2] = SharedPair(p + 8);
-  a[3] = SharedPair(p + 8 * Pitch<D>::kTile + 8);
+// ldmatrix, not transposed: thread 8i + r gives the address of row r of
+// 8×8 matrix i, and each thread receives, of matrix i, into m[i], row
+// lane / 4's columns 2 (lane % 4) and 2 (lane % 4) + 1: the layout of the
+// mma operands' registers, so one instruction loads four of them.
+__device__ inline void LoadMatrices(uint32_t (&m)[4], const bf16* row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(m[0]), "=r"(m[1]), "=r"(m[2]), "=r"(m[3])
+               : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(row))));
 }
 
-// acc += a · (tile rows [n0, n0 + 8))ᵀ over k-step kk: B[k][n] = tile[n0 + n][k].
+// The A operand of tile rows [row0, row0 + 16), k-step kk (16 columns):
+// matrix i holds rows row0 + 8 (i & 1), columns kk·16 + 8 (i >> 1).
 template <int D>
-__device__ inline void MmaRowsT(float (&acc)[4], const uint32_t (&a)[4], const bf16* tile, int n0, int kk, int g,
-                                int c) {
-  const bf16* p = tile + (n0 + g) * Pitch<D>::kTile + kk * 16 + 2 * c;
-  MmaBf16(acc, a, SharedPair(p), SharedPair(p + 8));
+__device__ inline void RowsOperand(uint32_t (&a)[4], const bf16* tile, int row0, int kk, int lane) {
+  const int i = lane / 8;
+  LoadMatrices(a, tile + (row0 + (i & 1) * 8 + lane % 8) * Pitch<D>::kTile + kk * 16 + (i >> 1) * 8);
+}
+
+// acc0 += a · (tile rows [n0, n0 + 8))ᵀ and acc1 += a · (rows [n0 + 8,
+// n0 + 16))ᵀ over k-step kk: B[k][n] = tile[n0 + n][k], so a B operand is
+// two matrices of 8 rows (keys or queries) by 8 columns, matrix i holding
+// rows n0 + 8 (i >> 1), columns kk·16 + 8 (i & 1).
+template <int D>
+__device__ inline void MmaRowsT2(float (&acc0)[4], float (&acc1)[4], const uint32_t (&a)[4], const bf16* tile, int n0,
+                                 int kk, int lane) {
+  const int i = lane / 8;
+  uint32_t b[4];
+  LoadMatrices(b, tile + (n0 + (i >> 1) * 8 + lane % 8) * Pitch<D>::kTile + kk * 16 + (i & 1) * 8);
+  MmaBf16(acc0, a, b[0], b[1]);
+  MmaBf16(acc1, a, b[2], b[3]);
 }
 
 // acc[n], acc[n + 1] += a · tile[k0 .. k0 + 16)[8n .. 8n + 16): B is the
@@ -274,7 +288,7 @@ __global__ void __launch_bounds__(kThreadsFa) FlashForwardKernel(AttentionShape 
   __syncthreads();
   uint32_t qf[D / 16][4];  // the warp's query rows, for each 16-wide step along D
 #pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) RowsOperand<D>(qf[kk], qs, warp * kWarpRows, kk, g, c);
+  for (int kk = 0; kk < D / 16; ++kk) RowsOperand<D>(qf[kk], qs, warp * kWarpRows, kk, lane);
 
   // The thread's two rows (index 0: row g of the warp's 16, 1: row g + 8).
   const int64_t rows[2] = {i0 + warp * kWarpRows + g, i0 + warp * kWarpRows + g + 8};
@@ -313,10 +327,11 @@ __global__ void __launch_bounds__(kThreadsFa) FlashForwardKernel(AttentionShape 
     // element e of tile n: row rows[e / 2], key j0 + 8n + 2c + e % 2.
     float sc[kB / 8][4];
 #pragma unroll
-    for (int n = 0; n < kB / 8; ++n) {
+    for (int n = 0; n < kB / 8; n += 2) {
       sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
+      sc[n + 1][0] = sc[n + 1][1] = sc[n + 1][2] = sc[n + 1][3] = 0.0f;
 #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) MmaRowsT<D>(sc[n], qf[kk], kt, n * 8, kk, g, c);
+      for (int kk = 0; kk < D / 16; ++kk) MmaRowsT2<D>(sc[n], sc[n + 1], qf[kk], kt, n * 8, kk, lane);
     }
     float row_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
@@ -497,12 +512,12 @@ __global__ void __launch_bounds__(kThreadsFa) FlashBackwardKvKernel(AttentionSha
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
         uint32_t ka[4], va[4];
-        RowsOperand<D>(ka, ks, kr, kk, g, c);
-        RowsOperand<D>(va, vs, kr, kk, g, c);
+        RowsOperand<D>(ka, ks, kr, kk, lane);
+        RowsOperand<D>(va, vs, kr, kk, lane);
 #pragma unroll
-        for (int n = 0; n < kQc / 8; ++n) {
-          MmaRowsT<D>(st[n], ka, qt, q0 + n * 8, kk, g, c);
-          MmaRowsT<D>(dpt[n], va, dot, q0 + n * 8, kk, g, c);
+        for (int n = 0; n < kQc / 8; n += 2) {
+          MmaRowsT2<D>(st[n], st[n + 1], ka, qt, q0 + n * 8, kk, lane);
+          MmaRowsT2<D>(dpt[n], dpt[n + 1], va, dot, q0 + n * 8, kk, lane);
         }
       }
       // p and ds in place of the scores and their gradients.
@@ -611,12 +626,12 @@ __global__ void __launch_bounds__(kThreadsFa) FlashBackwardQKernel(AttentionShap
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       uint32_t qa[4], da[4];
-      RowsOperand<D>(qa, qs, qr, kk, g, c);
-      RowsOperand<D>(da, dos, qr, kk, g, c);
+      RowsOperand<D>(qa, qs, qr, kk, lane);
+      RowsOperand<D>(da, dos, qr, kk, lane);
 #pragma unroll
-      for (int n = 0; n < kB / 8; ++n) {
-        MmaRowsT<D>(sc[n], qa, kt, n * 8, kk, g, c);
-        MmaRowsT<D>(dp[n], da, vt, n * 8, kk, g, c);
+      for (int n = 0; n < kB / 8; n += 2) {
+        MmaRowsT2<D>(sc[n], sc[n + 1], qa, kt, n * 8, kk, lane);
+        MmaRowsT2<D>(dp[n], dp[n + 1], da, vt, n * 8, kk, lane);
       }
     }
     // ds in place of the scores.
