@@ -139,6 +139,30 @@ __device__ void FetchTile(bf16* tile, const float* x32, const uint16_t* x16, int
   else LoadTile<D>(tile, x32 + col, stride, first, count);
 }
 
+// The start of step `it` of a loop over `steps` blocks of fetched tiles;
+// returns the buffer whose tiles the step reads. With kAsync: waits for the
+// step's copies (issued a step before, or before the loop for step 0), and
+// once every warp is past the barrier, so done with the previous step's
+// buffer, issues the next step's copies into it (fetch(step, buffer)).
+// Otherwise the step's tiles load now, between two barriers, into buffer 0.
+template <bool kAsync, class Fetch>
+__device__ inline int BeginStep(int64_t it, int64_t steps, const Fetch& fetch) {
+  if constexpr (kAsync) {
+    CpAsyncWaitAll();
+    __syncthreads();
+    if (it + 1 < steps) {
+      fetch(it + 1, static_cast<int>((it + 1) & 1));
+      CpAsyncCommit();
+    }
+    return static_cast<int>(it & 1);
+  } else {
+    __syncthreads();  // every warp is done with the previous step's tiles
+    fetch(it, 0);
+    __syncthreads();
+    return 0;
+  }
+}
+
 // ---- warp products: mma.sync m16n8k16, bf16 operands, fp32 accumulators ----
 //
 // Thread (g, c) = (lane / 4, lane % 4) of a warp holds rows g and g + 8 of
@@ -299,24 +323,7 @@ __global__ void __launch_bounds__(kThreadsFa) FlashForwardKernel(AttentionShape 
 
   for (int64_t kb = 0; kb <= qb; ++kb) {
     const int64_t j0 = kb * kB;
-    int buf = 0;
-    if constexpr (kAsync) {
-      // Block kb's tiles have landed, and every warp is done with block
-      // kb - 1's buffer, which block kb + 1's then fill.
-      if (kb > 0) {
-        CpAsyncWaitAll();
-        __syncthreads();
-      }
-      if (kb < qb) {
-        fetch_kv(kb + 1, (kb + 1) & 1);
-        CpAsyncCommit();
-      }
-      buf = static_cast<int>(kb & 1);
-    } else {
-      __syncthreads();  // every warp is done with the previous k and v
-      fetch_kv(kb, 0);
-      __syncthreads();
-    }
+    const int buf = BeginStep<kAsync>(kb, qb + 1, fetch_kv);
     const bf16* kt = ks(buf);
     const bf16* vt = vs(buf);
 
@@ -478,22 +485,7 @@ __global__ void __launch_bounds__(kThreadsFa) FlashBackwardKvKernel(AttentionSha
   }
   for (int64_t it = 0; it < steps; ++it) {
     const int64_t qb = kb + it % nq, i0 = qb * kB;
-    int buf = 0;
-    if constexpr (kAsync) {
-      // Step it's tiles (and, at step 0, k and v) have landed, and every
-      // warp is done with step it - 1's buffer, which step it + 1's fill.
-      CpAsyncWaitAll();
-      __syncthreads();
-      if (it + 1 < steps) {
-        fetch_q(it + 1, (it + 1) & 1);
-        CpAsyncCommit();
-      }
-      buf = static_cast<int>(it & 1);
-    } else {
-      __syncthreads();  // every warp is done with the previous q and dO
-      fetch_q(it, 0);
-      __syncthreads();
-    }
+    const int buf = BeginStep<kAsync>(it, steps, fetch_q);  // at step 0 k and v land too
     const bf16* qt = qs(buf);
     const bf16* dot = dos(buf);
     const float* lse_s = lses(buf);
@@ -597,22 +589,7 @@ __global__ void __launch_bounds__(kThreadsFa) FlashBackwardQKernel(AttentionShap
   for (int n = 0; n < D / 8; ++n) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
   for (int64_t kb = 0; kb <= qb; ++kb) {
     const int64_t j0 = kb * kB;
-    int buf = 0;
-    if constexpr (kAsync) {
-      // As in the forward (block 0's tiles come with q, dO and the
-      // statistics).
-      CpAsyncWaitAll();
-      __syncthreads();
-      if (kb < qb) {
-        fetch_kv(kb + 1, (kb + 1) & 1);
-        CpAsyncCommit();
-      }
-      buf = static_cast<int>(kb & 1);
-    } else {
-      __syncthreads();
-      fetch_kv(kb, 0);
-      __syncthreads();
-    }
+    const int buf = BeginStep<kAsync>(kb, qb + 1, fetch_kv);  // block 0's tiles come with q, dO and the statistics
     const bf16* kt = ks(buf);
     const bf16* vt = vs(buf);
     const bool masked = kb == qb || i0 + kB > T;  // as in the forward

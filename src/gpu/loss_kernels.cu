@@ -84,6 +84,35 @@ __device__ void LossRowLanes(int64_t n, float init, const Load& load, const Valu
   __syncthreads();
 }
 
+// A row's maximum (LaneMax: each lane and the tail from -inf, then the
+// tail first and the lanes 0..15 in order) and its sum of exp(x - max)
+// (LaneExpSum: the lanes from 0 in order, then the tail). store(i, e) sees
+// each exp in the thread that computed it. Every thread of the block calls
+// it; scratch is free again when it returns.
+template <class Store>
+__device__ void RowMaxExpSum(const float* xr, int64_t vocab, const Store& store, float* tile, float* scratch,
+                             float& row_max, float& sum) {
+  const auto max_of = [](float m, float a) { return a > m ? a : m; };
+  LossRowLanes(
+      vocab, -INFINITY, [&](int64_t i) { return xr[i]; }, [](int64_t, float x) { return x; }, max_of, tile, scratch);
+  float m = scratch[kLanes];
+  for (int j = 0; j < kLanes; ++j) m = max_of(m, scratch[j]);
+  __syncthreads();
+  LossRowLanes(
+      vocab, 0.0f, [&](int64_t i) { return xr[i]; },
+      [&](int64_t i, float x) {
+        const float e = model::SoftmaxExp(x, m);
+        store(i, e);
+        return e;
+      },
+      [](float a, float e) { return a + e; }, tile, scratch);
+  float s = 0.0f;
+  for (int j = 0; j < kLanes; ++j) s += scratch[j];
+  row_max = m;
+  sum = s + scratch[kLanes];
+  __syncthreads();
+}
+
 __global__ void __launch_bounds__(kLossThreads)
     SoftmaxCrossEntropyForwardKernel(const float* logits, const int32_t* __restrict__ targets, float* probs,
                                      float* __restrict__ losses, int64_t rows, int64_t vocab, int64_t ld) {
@@ -96,28 +125,9 @@ __global__ void __launch_bounds__(kLossThreads)
     // The target's logit is read before the (possibly in-place) softmax
     // overwrites it; the maximum's barriers come between.
     const float target_logit = t >= 0 ? xr[t] : 0.0f;
-    // LaneMax: each lane and the tail from -inf, then the tail first and the
-    // lanes 0..15 in order.
-    const auto max_of = [](float m, float a) { return a > m ? a : m; };
-    LossRowLanes(
-        vocab, -INFINITY, [&](int64_t i) { return xr[i]; }, [](int64_t, float x) { return x; }, max_of, tile,
-        scratch);
-    float row_max = scratch[kLanes];
-    for (int j = 0; j < kLanes; ++j) row_max = max_of(row_max, scratch[j]);
-    __syncthreads();
-    // LaneExpSum: out[i] = exp(x[i] - max), stored by the thread that loaded
-    // x[i]; the lanes from 0 in order, then the tail.
-    LossRowLanes(
-        vocab, 0.0f, [&](int64_t i) { return xr[i]; },
-        [&](int64_t i, float x) {
-          const float e = model::SoftmaxExp(x, row_max);
-          pr[i] = e;
-          return e;
-        },
-        [](float a, float e) { return a + e; }, tile, scratch);
-    float sum = 0.0f;
-    for (int j = 0; j < kLanes; ++j) sum += scratch[j];
-    sum = sum + scratch[kLanes];
+    // out[i] = exp(x[i] - max), stored by the thread that loaded x[i].
+    float row_max, sum;
+    RowMaxExpSum(xr, vocab, [&](int64_t i, float e) { pr[i] = e; }, tile, scratch, row_max, sum);
     const float inv_sum = 1.0f / sum;
     for (int64_t t0 = 0; t0 < vocab; t0 += kLossTile) {
       float v[kLossPerThread];
@@ -190,20 +200,8 @@ __global__ void __launch_bounds__(kLossThreads)
       for (int64_t j = threadIdx.x; j < vocab; j += kLossThreads) d[j] = FloatToBf16Bits(k * 0.0f);
       continue;
     }
-    const auto max_of = [](float m, float a) { return a > m ? a : m; };
-    LossRowLanes(
-        vocab, -INFINITY, [&](int64_t i) { return xr[i]; }, [](int64_t, float x) { return x; }, max_of, tile,
-        scratch);
-    float row_max = scratch[kLanes];
-    for (int j = 0; j < kLanes; ++j) row_max = max_of(row_max, scratch[j]);
-    __syncthreads();
-    LossRowLanes(
-        vocab, 0.0f, [&](int64_t i) { return xr[i]; },
-        [&](int64_t, float x) { return model::SoftmaxExp(x, row_max); }, [](float a, float e) { return a + e; }, tile,
-        scratch);
-    float sum = 0.0f;
-    for (int j = 0; j < kLanes; ++j) sum += scratch[j];
-    sum = sum + scratch[kLanes];
+    float row_max, sum;
+    RowMaxExpSum(xr, vocab, [](int64_t, float) {}, tile, scratch, row_max, sum);
     const float inv_sum = 1.0f / sum;
     for (int64_t t0 = 0; t0 < vocab; t0 += kLossTile) {
       float v[kLossPerThread];
