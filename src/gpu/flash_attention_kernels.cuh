@@ -1,0 +1,643 @@
+// Flash attention's kernels on tensor cores (math/attention_math.h has the algorithm
+// and the per-element steps; model/flash_attention.cc is the CPU twin, block
+// for block). bf16 operands with fp32 accumulation through mma.sync
+// m16n8k16; the inputs stay fp32 in memory and are rounded to bf16 (to
+// nearest even, common/float16.h) as their tiles enter shared memory, or
+// come as bf16 copies made beforehand (AttentionTensors::q16 ...), which
+// cp.async copies into two buffers a tile: the next block's tiles are in
+// flight while the warps multiply this block's. Both read the same operands
+// and multiply them in the same order, so they give the same bits.
+//
+// Blocks of kFlashBlock = 64 queries and 64 keys, four warps of 16 rows
+// each, every warp's scores, probabilities and accumulators in registers
+// (see "warp products" below). Per thread block:
+//   forward: one (batch row, head, query block), over the key blocks up to
+//     the diagonal, with the online softmax's max and sum per row.
+//   backward: δ by one warp per row; dK and dV by one (batch row, kv head,
+//     key block) over the group's heads and the query blocks from the
+//     diagonal on; dQ by one (batch row, head, query block), recomputing p
+//     and ds. No atomics: every gradient is written once by one block, so
+//     the results repeat bit for bit.
+//
+// The kernels use only the instructions of gpu/simt.cuh, so this header
+// compiles under nvcc (flash_attention.cu launches them) and in a host
+// compiler against the CPU emulation (tests/gpu/flash_attention_emu_test.cc).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "common/float16.h"
+#include "gpu/simt.cuh"
+#include "math/attention_math.h"
+
+namespace zinf::gpu::flash {
+
+
+using simt::bf16;
+using model::AttentionShape;
+using model::AttentionTensors;
+
+constexpr int kB = model::kFlashBlock;
+constexpr int kWarps = 4;
+constexpr int kThreadsFa = kWarps * 32;
+constexpr int kWarpRows = kB / kWarps;  // 16, one mma tile's height
+static_assert(kWarpRows == 16, "one row of mma tiles per warp");
+
+
+// Shared-memory tiles: bf16 [64][D] rows of q, k, v or dO, padded so that
+// the eight rows an ldmatrix or a row of pair loads touches fall in
+// different banks (the pitch is 4 words past a multiple of 32).
+template <int D>
+struct Pitch {
+  static constexpr int kTile = D + 8;
+  static constexpr int kTileBytes = kB * kTile * 2;
+};
+
+__device__ inline int64_t Min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+__device__ inline bf16 ToBf16(float x) { return simt::Bf16FromBits(FloatToBf16Bits(x)); }
+
+// Rows [first, first + count) of one head (count <= 64), D values each at
+// base + row · stride, rounded into a [64][D + 8] bf16 tile; rows past
+// count are zero. Four values per load where base and stride allow it.
+template <int D>
+__device__ void LoadTile(bf16* tile, const float* base, int64_t stride, int64_t first, int count) {
+  if (((reinterpret_cast<uintptr_t>(base) | static_cast<uintptr_t>(stride * 4)) & 15) == 0) {
+    // A thread's quads in batches of kBatch, each batch's loads issued
+    // before any of its stores, so that they are in flight together.
+    constexpr int kQuads = D / 4, kPerThread = kB * kQuads / kThreadsFa, kBatch = 4;
+    static_assert(kB * kQuads % kThreadsFa == 0 && kPerThread % kBatch == 0);
+#pragma unroll
+    for (int b0 = 0; b0 < kPerThread; b0 += kBatch) {
+      float4 x[kBatch];
+#pragma unroll
+      for (int k = 0; k < kBatch; ++k) {
+        const int e = threadIdx.x + (b0 + k) * kThreadsFa, r = e / kQuads, d = e % kQuads * 4;
+        x[k] = r < count ? *reinterpret_cast<const float4*>(base + (first + r) * stride + d)
+                         : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
+#pragma unroll
+      for (int k = 0; k < kBatch; ++k) {
+        const int e = threadIdx.x + (b0 + k) * kThreadsFa, r = e / kQuads, d = e % kQuads * 4;
+        uint2 packed;  // element d at the lower address
+        packed.x = FloatToBf16Bits(x[k].x) | static_cast<uint32_t>(FloatToBf16Bits(x[k].y)) << 16;
+        packed.y = FloatToBf16Bits(x[k].z) | static_cast<uint32_t>(FloatToBf16Bits(x[k].w)) << 16;
+        *reinterpret_cast<uint2*>(tile + r * Pitch<D>::kTile + d) = packed;
+      }
+    }
+    return;
+  }
+  for (int e = threadIdx.x; e < kB * D; e += kThreadsFa) {
+    const int r = e / D, d = e % D;
+    const float x = r < count ? base[(first + r) * stride + d] : 0.0f;
+    tile[r * Pitch<D>::kTile + d] = ToBf16(x);
+  }
+}
+
+// ---- bf16 copies: cp.async, 16 bytes (or 4) a copy, zero past the rows ----
+
+// LoadTile's rows from a bf16 copy (16-byte aligned, stride a multiple of 8),
+// as copies in flight: rows past count are zero-filled (a copy of 0 bytes
+// from row `first`, which exists).
+template <int D>
+__device__ void IssueTile(bf16* tile, const uint16_t* base, int64_t stride, int64_t first, int count) {
+  constexpr int kChunks = D / 8;  // 16-byte chunks a row
+  static_assert(kB * kChunks % kThreadsFa == 0);
+#pragma unroll
+  for (int e = threadIdx.x; e < kB * kChunks; e += kThreadsFa) {
+    const int r = e / kChunks, d = e % kChunks * 8;
+    const bool valid = r < count;
+    simt::CpAsync16(tile + r * Pitch<D>::kTile + d, base + (first + (valid ? r : 0)) * stride + d, valid);
+  }
+}
+
+// A tile from the fp32 tensor (rounded; done when this returns) or from its
+// bf16 copy (in flight until CpAsyncWaitAll): the head's columns start at
+// `col` in both.
+template <int D, bool kAsync>
+__device__ void FetchTile(bf16* tile, const float* x32, const uint16_t* x16, int64_t col, int64_t stride,
+                          int64_t first, int count) {
+  if constexpr (kAsync) IssueTile<D>(tile, x16 + col, stride, first, count);
+  else LoadTile<D>(tile, x32 + col, stride, first, count);
+}
+
+// The start of step `it` of a loop over `steps` blocks of fetched tiles;
+// returns the buffer whose tiles the step reads. With kAsync: waits for the
+// step's copies (issued a step before, or before the loop for step 0), and
+// once every warp is past the barrier, so done with the previous step's
+// buffer, issues the next step's copies into it (fetch(step, buffer)).
+// Otherwise the step's tiles load now, between two barriers, into buffer 0.
+template <bool kAsync, class Fetch>
+__device__ inline int BeginStep(int64_t it, int64_t steps, const Fetch& fetch) {
+  if constexpr (kAsync) {
+    simt::CpAsyncWaitAll();
+    simt::SyncThreads();
+    if (it + 1 < steps) {
+      fetch(it + 1, static_cast<int>((it + 1) & 1));
+      simt::CpAsyncCommit();
+    }
+    return static_cast<int>(it & 1);
+  } else {
+    simt::SyncThreads();  // every warp is done with the previous step's tiles
+    fetch(it, 0);
+    simt::SyncThreads();
+    return 0;
+  }
+}
+
+// ---- warp products: mma.sync m16n8k16, bf16 operands, fp32 accumulators ----
+//
+// Thread (g, c) = (lane / 4, lane % 4) of a warp holds rows g and g + 8 of
+// each 16 × 8 accumulator tile, columns 2c and 2c + 1 (elements 0, 1: row g;
+// 2, 3: row g + 8). An A operand (16 rows × 16 of k) is four registers of
+// bf16 pairs: (g, 2c), (g + 8, 2c), (g, 2c + 8), (g + 8, 2c + 8). So the
+// accumulator tiles of 16 k-columns (two tiles side by side) are, packed,
+// the next product's A operand, which keeps scores, probabilities and
+// outputs in registers (as FlashAttention-2 does). A operands from a tile
+// (q, k, v or dO rows) and B operands come from the shared tiles by
+// ldmatrix, four 8×8 matrices an instruction: a tile's rows as B's columns
+// (q kᵀ: pairs along D), or a tile as B itself (p v: transposed).
+
+// Two bf16 values as an operand register: lo at the lower half (the lower
+// column or key), each rounded to nearest even.
+__device__ inline uint32_t PackBf16(float lo, float hi) {
+  return static_cast<uint32_t>(FloatToBf16Bits(lo)) | static_cast<uint32_t>(FloatToBf16Bits(hi)) << 16;
+}
+
+// The A operand of tile rows [row0, row0 + 16), k-step kk (16 columns):
+// matrix i holds rows row0 + 8 (i & 1), columns kk·16 + 8 (i >> 1).
+template <int D>
+__device__ inline void RowsOperand(uint32_t (&a)[4], const bf16* tile, int row0, int kk, int lane) {
+  const int i = lane / 8;
+  simt::LoadMatrices(a, tile + (row0 + (i & 1) * 8 + lane % 8) * Pitch<D>::kTile + kk * 16 + (i >> 1) * 8);
+}
+
+// acc0 += a · (tile rows [n0, n0 + 8))ᵀ and acc1 += a · (rows [n0 + 8,
+// n0 + 16))ᵀ over k-step kk: B[k][n] = tile[n0 + n][k], so a B operand is
+// two matrices of 8 rows (keys or queries) by 8 columns, matrix i holding
+// rows n0 + 8 (i >> 1), columns kk·16 + 8 (i & 1).
+template <int D>
+__device__ inline void MmaRowsT2(float (&acc0)[4], float (&acc1)[4], const uint32_t (&a)[4], const bf16* tile, int n0,
+                                 int kk, int lane) {
+  const int i = lane / 8;
+  uint32_t b[4];
+  simt::LoadMatrices(b, tile + (n0 + (i >> 1) * 8 + lane % 8) * Pitch<D>::kTile + kk * 16 + (i & 1) * 8);
+  simt::MmaBf16(acc0, a, b[0], b[1]);
+  simt::MmaBf16(acc1, a, b[2], b[3]);
+}
+
+// acc[n], acc[n + 1] += a · tile[k0 .. k0 + 16)[8n .. 8n + 16): B is the
+// tile itself (rows k, columns n), read transposed by ldmatrix (thread
+// 8i + r gives row r of 8×8 matrix i: rows k0 + 8 (i & 1) + r, columns from
+// 8 (n + (i >> 1))).
+template <int D>
+__device__ inline void MmaTile(float (&acc)[D / 8][4], int n, const uint32_t (&a)[4], const bf16* tile, int k0,
+                               int lane) {
+  const int i = lane / 8;
+  const bf16* row = tile + (k0 + (i & 1) * 8 + lane % 8) * Pitch<D>::kTile + (n + (i >> 1)) * 8;
+  uint32_t b[4];
+  simt::LoadMatricesTrans(b, row);
+  simt::MmaBf16(acc[n], a, b[0], b[1]);
+  simt::MmaBf16(acc[n + 1], a, b[2], b[3]);
+}
+
+// The A operand of accumulator tiles 2kk and 2kk + 1 (16 columns), rounded.
+__device__ inline void TilesOperand(uint32_t (&a)[4], const float (&lo)[4], const float (&hi)[4]) {
+  a[0] = PackBf16(lo[0], lo[1]);
+  a[1] = PackBf16(lo[2], lo[3]);
+  a[2] = PackBf16(hi[0], hi[1]);
+  a[3] = PackBf16(hi[2], hi[3]);
+}
+
+// The maximum, or the sum, of a row over its four threads.
+__device__ inline float RowMax4(float x) {
+  x = fmaxf(x, simt::ShflXor(x, 1));
+  return fmaxf(x, simt::ShflXor(x, 2));
+}
+__device__ inline float RowSum4(float x) {
+  x += simt::ShflXor(x, 1);
+  return x + simt::ShflXor(x, 2);
+}
+
+// Rows `rows` (the thread's two, global positions) of a D-wide accumulator,
+// times `scale`, to base + (row0 + row) · stride + 2c, for rows below T.
+template <int D>
+__device__ inline void StoreRows(const float (&acc)[D / 8][4], const int64_t (&rows)[2], int64_t T, float* base,
+                                 int64_t row0, int64_t stride, float scale, int c) {
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    if (rows[k] >= T) continue;
+    float* out = base + (row0 + rows[k]) * stride + 2 * c;
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      out[n * 8] = acc[n][2 * k] * scale;
+      out[n * 8 + 1] = acc[n][2 * k + 1] * scale;
+    }
+  }
+}
+
+// Tiles a kernel keeps a buffer each of (`fixed`) and those it refills per
+// block (`fetched`), twice over when the bf16 copies are copied ahead.
+template <int D, bool kAsync>
+__host__ __device__ constexpr int TileBytes(int fixed, int fetched) {
+  return (fixed + (kAsync ? 2 : 1) * fetched) * Pitch<D>::kTileBytes;
+}
+
+template <int D, bool kAsync>
+__global__ void __launch_bounds__(kThreadsFa) FlashForwardKernel(AttentionShape s, AttentionTensors t) {
+  using P = Pitch<D>;
+  ZINF_DYNAMIC_SMEM(smem);
+  bf16* qs = reinterpret_cast<bf16*>(smem);
+  // Buffer i's k and v (i = 0, and 1 with kAsync).
+  auto ks = [&](int i) { return reinterpret_cast<bf16*>(smem + (1 + 2 * i) * P::kTileBytes); };
+  auto vs = [&](int i) { return reinterpret_cast<bf16*>(smem + (2 + 2 * i) * P::kTileBytes); };
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane >> 2, c = lane & 3;
+
+  const int64_t T = s.seq_len, H = s.heads, G = s.heads / s.kv_heads;
+  const int64_t nb = (T + kB - 1) / kB;
+  const int64_t qb = nb - 1 - blockIdx.x;  // the longest rows first
+  const int64_t b = blockIdx.y / H, h = blockIdx.y % H, hk = h / G;
+  const int64_t row0 = b * T, i0 = qb * kB;
+  auto fetch_kv = [&](int64_t kb, int i) {
+    const int64_t j0 = kb * kB;
+    const int keys = static_cast<int>(Min64(kB, T - j0));
+    FetchTile<D, kAsync>(ks(i), t.k, t.k16, hk * D, t.kv_stride, row0 + j0, keys);
+    FetchTile<D, kAsync>(vs(i), t.v, t.v16, hk * D, t.kv_stride, row0 + j0, keys);
+  };
+  FetchTile<D, kAsync>(qs, t.q, t.q16, h * D, t.q_stride, row0 + i0, static_cast<int>(Min64(kB, T - i0)));
+  if constexpr (kAsync) {
+    fetch_kv(0, 0);
+    simt::CpAsyncCommit();
+    simt::CpAsyncWaitAll();
+  }
+  simt::SyncThreads();
+  uint32_t qf[D / 16][4];  // the warp's query rows, for each 16-wide step along D
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) RowsOperand<D>(qf[kk], qs, warp * kWarpRows, kk, lane);
+
+  // The thread's two rows (index 0: row g of the warp's 16, 1: row g + 8).
+  const int64_t rows[2] = {i0 + warp * kWarpRows + g, i0 + warp * kWarpRows + g + 8};
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  float o[D / 8][4];
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+
+  for (int64_t kb = 0; kb <= qb; ++kb) {
+    const int64_t j0 = kb * kB;
+    const int buf = BeginStep<kAsync>(kb, qb + 1, fetch_kv);
+    const bf16* kt = ks(buf);
+    const bf16* vt = vs(buf);
+
+    // Only the diagonal block and a last, partial query block hide scores
+    // (a key past T is in the last key block, which is the diagonal one).
+    const bool masked = kb == qb || i0 + kB > T;
+    // Scores q·k of the warp's rows against the 64 keys, 8 keys a tile;
+    // element e of tile n: row rows[e / 2], key j0 + 8n + 2c + e % 2.
+    float sc[kB / 8][4];
+#pragma unroll
+    for (int n = 0; n < kB / 8; n += 2) {
+      sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
+      sc[n + 1][0] = sc[n + 1][1] = sc[n + 1][2] = sc[n + 1][3] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) MmaRowsT2<D>(sc[n], sc[n + 1], qf[kk], kt, n * 8, kk, lane);
+    }
+    float row_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int n = 0; n < kB / 8; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        sc[n][e] *= s.scale;
+        if (!masked || model::FlashVisible(rows[e / 2], j0 + n * 8 + 2 * c + e % 2, T)) {
+          row_max[e / 2] = fmaxf(row_max[e / 2], sc[n][e]);
+        }
+      }
+    }
+    float alpha[2], sum[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const float m_new = fmaxf(m[k], RowMax4(row_max[k]));
+      alpha[k] = model::FlashRescale(m[k], m_new);
+      m[k] = m_new;
+    }
+#pragma unroll
+    for (int n = 0; n < kB / 8; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const bool visible = !masked || model::FlashVisible(rows[e / 2], j0 + n * 8 + 2 * c + e % 2, T);
+        sc[n][e] = visible ? model::FlashProb(sc[n][e], m[e / 2]) : 0.0f;
+        sum[e / 2] += sc[n][e];
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < 2; ++k) l[k] = l[k] * alpha[k] + RowSum4(sum[k]);
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      o[n][0] *= alpha[0];
+      o[n][1] *= alpha[0];
+      o[n][2] *= alpha[1];
+      o[n][3] *= alpha[1];
+    }
+    // o += p v, 16 keys a step.
+#pragma unroll
+    for (int kk = 0; kk < kB / 16; ++kk) {
+      uint32_t pf[4];
+      TilesOperand(pf, sc[2 * kk], sc[2 * kk + 1]);
+#pragma unroll
+      for (int n = 0; n < D / 8; n += 2) MmaTile<D>(o, n, pf, vt, kk * 16, lane);
+    }
+  }
+  const float inv[2] = {1.0f / l[0], 1.0f / l[1]};
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    if (c == 0 && rows[k] < T) t.lse[(b * H + h) * T + rows[k]] = model::FlashLse(m[k], l[k]);
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      o[n][2 * k] *= inv[k];
+      o[n][2 * k + 1] *= inv[k];
+    }
+  }
+  StoreRows<D>(o, rows, T, t.out + h * D, row0, t.out_stride, 1.0f, c);
+}
+
+// δ = dO · O per (token, head), one warp each.
+template <int D>
+__global__ void FlashDeltaKernel(AttentionShape s, AttentionTensors t) {
+  const int64_t rows = s.batch * s.seq_len * s.heads;
+  const int lane = threadIdx.x % 32;
+  for (int64_t w = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32; w < rows;
+       w += static_cast<int64_t>(gridDim.x) * blockDim.x / 32) {
+    const int64_t h = w % s.heads, token = w / s.heads;  // token = b · T + i
+    const float* dout = t.dout + token * t.out_stride + h * D;
+    const float* out = t.out + token * t.out_stride + h * D;
+    float acc = 0.0f;
+    for (int d = lane; d < D; d += 32) acc += dout[d] * out[d];
+    for (int o = 16; o > 0; o /= 2) acc += simt::ShflXor(acc, o);
+    const int64_t b = token / s.seq_len, i = token % s.seq_len;
+    if (lane == 0) t.delta[(b * s.heads + h) * s.seq_len + i] = acc;
+  }
+}
+
+// Loads the statistics of rows [first, first + count) of (b, h) into
+// shared memory (0 past count); with kAsync, as copies in flight.
+template <bool kAsync>
+__device__ void FetchStats(float* lse_s, float* delta_s, const AttentionTensors& t, int64_t stat0, int count) {
+  for (int c = threadIdx.x; c < kB; c += kThreadsFa) {
+    const bool valid = c < count;
+    if constexpr (kAsync) {
+      simt::CpAsync4(lse_s + c, t.lse + stat0 + (valid ? c : 0), valid);
+      simt::CpAsync4(delta_s + c, t.delta + stat0 + (valid ? c : 0), valid);
+    } else {
+      lse_s[c] = valid ? t.lse[stat0 + c] : 0.0f;
+      delta_s[c] = valid ? t.delta[stat0 + c] : 0.0f;
+    }
+  }
+}
+constexpr int kStatsBytes = 2 * kB * 4;  // lse and δ of a query block
+
+// dK and dV of one (batch row, kv head, key block): each warp's 16 keys over
+// the group's heads and the query blocks from the diagonal on, kQc query
+// columns a pass (their scores and score gradients in registers).
+template <int D, bool kAsync>
+__global__ void __launch_bounds__(kThreadsFa) FlashBackwardKvKernel(AttentionShape s, AttentionTensors t) {
+  using P = Pitch<D>;
+  constexpr int kQc = D == 64 ? 64 : 32;
+  ZINF_DYNAMIC_SMEM(smem);
+  bf16* ks = reinterpret_cast<bf16*>(smem);
+  bf16* vs = reinterpret_cast<bf16*>(smem + P::kTileBytes);
+  // Buffer i's q, dO, lse and δ (i = 0, and 1 with kAsync).
+  auto qs = [&](int i) { return reinterpret_cast<bf16*>(smem + (2 + 2 * i) * P::kTileBytes); };
+  auto dos = [&](int i) { return reinterpret_cast<bf16*>(smem + (3 + 2 * i) * P::kTileBytes); };
+  auto lses = [&](int i) {
+    return reinterpret_cast<float*>(smem + TileBytes<D, kAsync>(2, 2) + i * kStatsBytes);
+  };
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane >> 2, c = lane & 3;
+
+  const int64_t T = s.seq_len, H = s.heads, G = s.heads / s.kv_heads;
+  const int64_t nb = (T + kB - 1) / kB;
+  const int64_t kb = blockIdx.x;  // the most query blocks first
+  const int64_t b = blockIdx.y / s.kv_heads, hk = blockIdx.y % s.kv_heads;
+  const int64_t row0 = b * T, j0 = kb * kB;
+  const int keys = static_cast<int>(Min64(kB, T - j0));
+  FetchTile<D, kAsync>(ks, t.k, t.k16, hk * D, t.kv_stride, row0 + j0, keys);
+  FetchTile<D, kAsync>(vs, t.v, t.v16, hk * D, t.kv_stride, row0 + j0, keys);
+  // Step `it` of the loop below: the group's head it / nq, query block
+  // kb + it % nq.
+  const int64_t nq = nb - kb, steps = G * nq;
+  auto fetch_q = [&](int64_t it, int i) {
+    const int64_t h = hk * G + it / nq, i0 = (kb + it % nq) * kB;
+    const int rows = static_cast<int>(Min64(kB, T - i0));
+    FetchTile<D, kAsync>(qs(i), t.q, t.q16, h * D, t.q_stride, row0 + i0, rows);
+    FetchTile<D, kAsync>(dos(i), t.dout, t.dout16, h * D, t.out_stride, row0 + i0, rows);
+    FetchStats<kAsync>(lses(i), lses(i) + kB, t, (b * H + h) * T + i0, rows);
+  };
+  if constexpr (kAsync) {
+    fetch_q(0, 0);
+    simt::CpAsyncCommit();
+  }
+
+  const int kr = warp * kWarpRows;  // the warp's keys in the tile
+  const int64_t key[2] = {j0 + kr + g, j0 + kr + g + 8};
+  float dk[D / 8][4], dv[D / 8][4];
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk[n][e] = dv[n][e] = 0.0f;
+  }
+  for (int64_t it = 0; it < steps; ++it) {
+    const int64_t qb = kb + it % nq, i0 = qb * kB;
+    const int buf = BeginStep<kAsync>(it, steps, fetch_q);  // at step 0 k and v land too
+    const bf16* qt = qs(buf);
+    const bf16* dot = dos(buf);
+    const float* lse_s = lses(buf);
+    const float* delta_s = lse_s + kB;
+    const bool masked = qb == kb || i0 + kB > T;  // as in the forward
+#pragma unroll 1
+    for (int q0 = 0; q0 < kB; q0 += kQc) {
+      // (q kᵀ)ᵀ and (dO vᵀ)ᵀ: the warp's keys against kQc queries;
+      // element e of tile n: key key[e / 2], query column q0 + 8n + 2c + e % 2.
+      float st[kQc / 8][4], dpt[kQc / 8][4];
+#pragma unroll
+      for (int n = 0; n < kQc / 8; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) st[n][e] = dpt[n][e] = 0.0f;
+      }
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t ka[4], va[4];
+        RowsOperand<D>(ka, ks, kr, kk, lane);
+        RowsOperand<D>(va, vs, kr, kk, lane);
+#pragma unroll
+        for (int n = 0; n < kQc / 8; n += 2) {
+          MmaRowsT2<D>(st[n], st[n + 1], ka, qt, q0 + n * 8, kk, lane);
+          MmaRowsT2<D>(dpt[n], dpt[n + 1], va, dot, q0 + n * 8, kk, lane);
+        }
+      }
+      // p and ds in place of the scores and their gradients.
+#pragma unroll
+      for (int n = 0; n < kQc / 8; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int col = q0 + n * 8 + 2 * c + e % 2;
+          float p = 0.0f, ds = 0.0f;
+          if (!masked || model::FlashVisible(i0 + col, key[e / 2], T)) {
+            p = model::FlashProb(st[n][e] * s.scale, lse_s[col]);
+            ds = model::FlashScoreGrad(p, dpt[n][e], delta_s[col]);
+          }
+          st[n][e] = p;
+          dpt[n][e] = ds;
+        }
+      }
+      // dV += pᵀ dO and dK += dsᵀ q, 16 queries a step.
+#pragma unroll
+      for (int kk = 0; kk < kQc / 16; ++kk) {
+        uint32_t pa[4], da[4];
+        TilesOperand(pa, st[2 * kk], st[2 * kk + 1]);
+        TilesOperand(da, dpt[2 * kk], dpt[2 * kk + 1]);
+#pragma unroll
+        for (int n = 0; n < D / 8; n += 2) {
+          MmaTile<D>(dv, n, pa, dot, q0 + kk * 16, lane);
+          MmaTile<D>(dk, n, da, qt, q0 + kk * 16, lane);
+        }
+      }
+    }
+  }
+  StoreRows<D>(dv, key, T, t.dv + hk * D, row0, t.kv_stride, 1.0f, c);
+  StoreRows<D>(dk, key, T, t.dk + hk * D, row0, t.kv_stride, s.scale, c);
+}
+
+// dQ of one (batch row, head, query block): each warp's 16 queries over the
+// key blocks up to the diagonal, recomputing p and ds.
+template <int D, bool kAsync>
+__global__ void __launch_bounds__(kThreadsFa) FlashBackwardQKernel(AttentionShape s, AttentionTensors t) {
+  using P = Pitch<D>;
+  ZINF_DYNAMIC_SMEM(smem);
+  bf16* qs = reinterpret_cast<bf16*>(smem);
+  bf16* dos = reinterpret_cast<bf16*>(smem + P::kTileBytes);
+  // Buffer i's k and v (i = 0, and 1 with kAsync).
+  auto ks = [&](int i) { return reinterpret_cast<bf16*>(smem + (2 + 2 * i) * P::kTileBytes); };
+  auto vs = [&](int i) { return reinterpret_cast<bf16*>(smem + (3 + 2 * i) * P::kTileBytes); };
+  float* lse_s = reinterpret_cast<float*>(smem + TileBytes<D, kAsync>(2, 2));
+  float* delta_s = lse_s + kB;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane >> 2, c = lane & 3;
+
+  const int64_t T = s.seq_len, H = s.heads, G = s.heads / s.kv_heads;
+  const int64_t nb = (T + kB - 1) / kB;
+  const int64_t qb = nb - 1 - blockIdx.x;
+  const int64_t b = blockIdx.y / H, h = blockIdx.y % H, hk = h / G;
+  const int64_t row0 = b * T, i0 = qb * kB;
+  const int rows = static_cast<int>(Min64(kB, T - i0));
+  FetchTile<D, kAsync>(qs, t.q, t.q16, h * D, t.q_stride, row0 + i0, rows);
+  FetchTile<D, kAsync>(dos, t.dout, t.dout16, h * D, t.out_stride, row0 + i0, rows);
+  FetchStats<kAsync>(lse_s, delta_s, t, (b * H + h) * T + i0, rows);
+  auto fetch_kv = [&](int64_t kb, int i) {
+    const int64_t j0 = kb * kB;
+    const int keys = static_cast<int>(Min64(kB, T - j0));
+    FetchTile<D, kAsync>(ks(i), t.k, t.k16, hk * D, t.kv_stride, row0 + j0, keys);
+    FetchTile<D, kAsync>(vs(i), t.v, t.v16, hk * D, t.kv_stride, row0 + j0, keys);
+  };
+  if constexpr (kAsync) {
+    fetch_kv(0, 0);
+    simt::CpAsyncCommit();
+  }
+
+  const int qr = warp * kWarpRows;  // the warp's queries in the tile
+  const int local[2] = {qr + g, qr + g + 8};
+  const int64_t query[2] = {i0 + local[0], i0 + local[1]};
+  float dq[D / 8][4];
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
+  for (int64_t kb = 0; kb <= qb; ++kb) {
+    const int64_t j0 = kb * kB;
+    const int buf = BeginStep<kAsync>(kb, qb + 1, fetch_kv);  // block 0's tiles come with q, dO and the statistics
+    const bf16* kt = ks(buf);
+    const bf16* vt = vs(buf);
+    const bool masked = kb == qb || i0 + kB > T;  // as in the forward
+    // q kᵀ and dO vᵀ; element e of tile n: query query[e / 2], key j0 + 8n + 2c + e % 2.
+    float sc[kB / 8][4], dp[kB / 8][4];
+#pragma unroll
+    for (int n = 0; n < kB / 8; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) sc[n][e] = dp[n][e] = 0.0f;
+    }
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t qa[4], da[4];
+      RowsOperand<D>(qa, qs, qr, kk, lane);
+      RowsOperand<D>(da, dos, qr, kk, lane);
+#pragma unroll
+      for (int n = 0; n < kB / 8; n += 2) {
+        MmaRowsT2<D>(sc[n], sc[n + 1], qa, kt, n * 8, kk, lane);
+        MmaRowsT2<D>(dp[n], dp[n + 1], da, vt, n * 8, kk, lane);
+      }
+    }
+    // ds in place of the scores.
+#pragma unroll
+    for (int n = 0; n < kB / 8; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float ds = 0.0f;
+        if (!masked || model::FlashVisible(query[e / 2], j0 + n * 8 + 2 * c + e % 2, T)) {
+          const float p = model::FlashProb(sc[n][e] * s.scale, lse_s[local[e / 2]]);
+          ds = model::FlashScoreGrad(p, dp[n][e], delta_s[local[e / 2]]);
+        }
+        sc[n][e] = ds;
+      }
+    }
+    // dQ += ds k, 16 keys a step.
+#pragma unroll
+    for (int kk = 0; kk < kB / 16; ++kk) {
+      uint32_t dsa[4];
+      TilesOperand(dsa, sc[2 * kk], sc[2 * kk + 1]);
+#pragma unroll
+      for (int n = 0; n < D / 8; n += 2) MmaTile<D>(dq, n, dsa, kt, kk * 16, lane);
+    }
+  }
+  StoreRows<D>(dq, query, T, t.dq + h * D, row0, t.q_stride, s.scale, c);
+}
+
+template <int D, bool kAsync>
+constexpr int ForwardSmem() {
+  return TileBytes<D, kAsync>(1, 2);
+}
+template <int D, bool kAsync>
+constexpr int BackwardKvSmem() {
+  return TileBytes<D, kAsync>(2, 2) + (kAsync ? 2 : 1) * kStatsBytes;
+}
+template <int D, bool kAsync>
+constexpr int BackwardQSmem() {
+  return TileBytes<D, kAsync>(2, 2) + kStatsBytes;
+}
+
+// A kernel's launch: grid, threads a block and dynamic shared memory.
+struct LaunchShape {
+  unsigned grid_x, grid_y;
+  unsigned threads;
+  int smem;
+};
+inline unsigned QueryBlocks(const AttentionShape& s) { return static_cast<unsigned>((s.seq_len + kB - 1) / kB); }
+// FlashForwardKernel, FlashBackwardKvKernel and FlashBackwardQKernel: a
+// block per (query or key block, batch row · head or kv head).
+template <int D, bool kAsync>
+LaunchShape ForwardLaunch(const AttentionShape& s) {
+  return {QueryBlocks(s), static_cast<unsigned>(s.batch * s.heads), kThreadsFa, ForwardSmem<D, kAsync>()};
+}
+template <int D, bool kAsync>
+LaunchShape BackwardKvLaunch(const AttentionShape& s) {
+  return {QueryBlocks(s), static_cast<unsigned>(s.batch * s.kv_heads), kThreadsFa, BackwardKvSmem<D, kAsync>()};
+}
+template <int D, bool kAsync>
+LaunchShape BackwardQLaunch(const AttentionShape& s) {
+  return {QueryBlocks(s), static_cast<unsigned>(s.batch * s.heads), kThreadsFa, BackwardQSmem<D, kAsync>()};
+}
+// FlashDeltaKernel: eight rows (warps) a block, at most 65535 blocks.
+inline LaunchShape DeltaLaunch(const AttentionShape& s) {
+  const int64_t warps = s.batch * s.seq_len * s.heads;
+  const int64_t blocks = (warps + 7) / 8;
+  return {static_cast<unsigned>(blocks < 65535 ? blocks : 65535), 1, 256, 0};
+}
+
+}  // namespace zinf::gpu::flash

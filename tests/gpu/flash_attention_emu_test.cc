@@ -1,0 +1,146 @@
+// flash attention's CUDA kernels (gpu/flash_attention_kernels.cuh), run
+// without a GPU through the SIMT emulation (gpu/simt_emu.h), launched with
+// the shapes flash_attention.cu gives them, against the CPU twin
+// (model/flash_attention.h):
+//   - both operand paths: tiles rounded from fp32 as they load, and bf16
+//     copies brought in by cp.async into two buffers a tile;
+//   - cp.async landing at once and only at the wait, and threads scheduled
+//     in shuffled orders: a missing barrier or wait changes the results;
+//   - ragged T, groups of query heads on one kv head, head_dim 64 and 128.
+// The emulation adds each mma's products in k order, so within the
+// tolerance of the GPU test (tests/gpu/flash_attention_gpu_test.cc), not bit
+// for bit with a GPU; the two operand paths, each schedule and each copy
+// timing must give the same bits as one another.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <vector>
+
+#include "common/float16.h"
+#include "gpu/flash_attention_kernels.cuh"
+#include "model/attention_problem.h"
+
+namespace zinf::gpu {
+namespace {
+
+using model::AttentionShape;
+using model::AttentionTensors;
+using model::ModelThreads;
+using model::test::AttentionProblem;
+using model::test::AttentionResult;
+using model::test::ScaledMaxError;
+
+Status Run(const flash::LaunchShape& l, const emu::LaunchConfig& base, const std::function<void()>& kernel) {
+  emu::LaunchConfig c = base;
+  c.grid = emu::Dim3{l.grid_x, l.grid_y, 1};
+  c.block = emu::Dim3{l.threads, 1, 1};
+  c.smem_bytes = static_cast<size_t>(l.smem);
+  return emu::Launch(c, kernel);
+}
+
+// Forward then backward, as FlashAttentionForward and FlashAttentionBackward
+// launch them (flash_attention.cu).
+template <int D, bool kAsync>
+Status Emulate(const AttentionShape& s, const AttentionTensors& t, const emu::LaunchConfig& base) {
+  ZINF_RETURN_IF_ERROR(Run(flash::ForwardLaunch<D, kAsync>(s), base, [&] { flash::FlashForwardKernel<D, kAsync>(s, t); }));
+  ZINF_RETURN_IF_ERROR(Run(flash::DeltaLaunch(s), base, [&] { flash::FlashDeltaKernel<D>(s, t); }));
+  ZINF_RETURN_IF_ERROR(
+      Run(flash::BackwardKvLaunch<D, kAsync>(s), base, [&] { flash::FlashBackwardKvKernel<D, kAsync>(s, t); }));
+  return Run(flash::BackwardQLaunch<D, kAsync>(s), base, [&] { flash::FlashBackwardQKernel<D, kAsync>(s, t); });
+}
+
+struct Variant {
+  bool copies;  // the bf16 copies through cp.async
+  emu::CopyTiming timing;
+  uint64_t schedule_seed;
+};
+
+AttentionResult OnEmulator(const AttentionProblem& p, const Variant& v) {
+  AttentionResult r;
+  r.out.assign(p.OutElems(), NAN);  // unwritten shows
+  r.lse.assign(p.StatElems(), NAN);
+  r.dqkv.assign(p.qkv.size(), NAN);
+  std::vector<float> delta(p.StatElems(), NAN);
+  AttentionTensors t = p.Tensors(p.qkv.data(), r.out.data(), r.lse.data(), p.dout.data(), delta.data(), r.dqkv.data());
+  // The copies as the model makes them: every element rounded to nearest
+  // even, 16-byte aligned (as operator new gives them).
+  std::vector<uint16_t> qkv16(p.qkv.size()), dout16(p.dout.size());
+  if (v.copies) {
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(qkv16.data()) % 16, 0u);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(dout16.data()) % 16, 0u);
+    for (size_t i = 0; i < p.qkv.size(); ++i) qkv16[i] = FloatToBf16Bits(p.qkv[i]);
+    for (size_t i = 0; i < p.dout.size(); ++i) dout16[i] = FloatToBf16Bits(p.dout[i]);
+    t.q16 = qkv16.data();
+    t.k16 = qkv16.data() + (t.k - t.q);
+    t.v16 = qkv16.data() + (t.v - t.q);
+    t.dout16 = dout16.data();
+  }
+  emu::LaunchConfig base;
+  base.copies = v.timing;
+  base.schedule_seed = v.schedule_seed;
+  const int64_t D = p.shape.head_dim;
+  Status st;
+  if (D == 64) st = v.copies ? Emulate<64, true>(p.shape, t, base) : Emulate<64, false>(p.shape, t, base);
+  else st = v.copies ? Emulate<128, true>(p.shape, t, base) : Emulate<128, false>(p.shape, t, base);
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  return r;
+}
+
+bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+struct Case {
+  int64_t B, T, H, Hkv, D;
+};
+
+void CheckCase(const Case& c, const std::vector<Variant>& variants) {
+  SCOPED_TRACE(::testing::Message() << "B=" << c.B << " T=" << c.T << " H=" << c.H << " Hkv=" << c.Hkv
+                                    << " D=" << c.D);
+  const AttentionProblem p = AttentionProblem::Random(c.B, c.T, c.H, c.Hkv, c.D, 40 + c.T, 2.0f);
+  const AttentionResult twin = p.Twin(ModelThreads(1, DType::kBFloat16));
+  const AttentionResult first = OnEmulator(p, variants[0]);
+  const double e_out = ScaledMaxError(first.out, twin.out), e_lse = ScaledMaxError(first.lse, twin.lse);
+  const double e_grad = ScaledMaxError(first.dqkv, twin.dqkv);
+  std::printf("  B=%lld T=%lld H=%lld Hkv=%lld D=%lld: error out %.2e lse %.2e dqkv %.2e\n",
+              static_cast<long long>(c.B), static_cast<long long>(c.T), static_cast<long long>(c.H),
+              static_cast<long long>(c.Hkv), static_cast<long long>(c.D), e_out, e_lse, e_grad);
+  EXPECT_LE(e_out, 1e-3);
+  EXPECT_LE(e_lse, 1e-3);
+  EXPECT_LE(e_grad, 1e-3);
+  for (size_t i = 1; i < variants.size(); ++i) {
+    const Variant& v = variants[i];
+    SCOPED_TRACE(::testing::Message() << "copies " << v.copies << ", copies land "
+                                      << (v.timing == emu::CopyTiming::kAtIssue ? "at issue" : "at the wait")
+                                      << ", schedule " << v.schedule_seed);
+    const AttentionResult r = OnEmulator(p, v);
+    EXPECT_TRUE(SameBits(r.out, first.out));
+    EXPECT_TRUE(SameBits(r.lse, first.lse));
+    EXPECT_TRUE(SameBits(r.dqkv, first.dqkv));
+  }
+}
+
+const std::vector<Variant> kAllVariants = {
+    {false, emu::CopyTiming::kAtWait, 0},  {true, emu::CopyTiming::kAtWait, 0}, {true, emu::CopyTiming::kAtIssue, 0},
+    {true, emu::CopyTiming::kAtWait, 11},  {true, emu::CopyTiming::kAtIssue, 12},
+    {false, emu::CopyTiming::kAtWait, 13},
+};
+
+TEST(FlashAttentionEmuTest, HeadDim64MatchesTheTwinOnEveryPathAndSchedule) {
+  CheckCase(Case{1, 5, 1, 1, 64}, kAllVariants);    // one partial block
+  CheckCase(Case{1, 130, 4, 2, 64}, kAllVariants);  // ragged, two query heads a kv head
+}
+
+TEST(FlashAttentionEmuTest, HeadDim128MatchesTheTwinOnEveryPathAndSchedule) {
+  CheckCase(Case{2, 70, 2, 1, 128}, kAllVariants);
+}
+
+TEST(FlashAttentionEmuTest, WholeBlocksAndBatchRows) {
+  CheckCase(Case{3, 64, 2, 2, 64}, {kAllVariants[0], kAllVariants[1]});
+}
+
+}  // namespace
+}  // namespace zinf::gpu
