@@ -81,8 +81,8 @@ __device__ void LoadTile(bf16* tile, const float* base, int64_t stride, int64_t 
       for (int k = 0; k < kBatch; ++k) {
         const int e = threadIdx.x + (b0 + k) * kThreadsFa, r = e / kQuads, d = e % kQuads * 4;
         uint2 packed;  // element d at the lower address
-        packed.x = FloatToBf16Bits(x[k].x) | static_cast<uint32_t>(FloatToBf16Bits(x[k].y)) << 16;
-        packed.y = FloatToBf16Bits(x[k].z) | static_cast<uint32_t>(FloatToBf16Bits(x[k].w)) << 16;
+        packed.x = simt::PackBf16x2(x[k].x, x[k].y);
+        packed.y = simt::PackBf16x2(x[k].z, x[k].w);
         *reinterpret_cast<uint2*>(tile + r * Pitch<D>::kTile + d) = packed;
       }
     }
@@ -159,12 +159,6 @@ __device__ inline int BeginStep(int64_t it, int64_t steps, const Fetch& fetch) {
 // ldmatrix, four 8×8 matrices an instruction: a tile's rows as B's columns
 // (q kᵀ: pairs along D), or a tile as B itself (p v: transposed).
 
-// Two bf16 values as an operand register: lo at the lower half (the lower
-// column or key), each rounded to nearest even.
-__device__ inline uint32_t PackBf16(float lo, float hi) {
-  return static_cast<uint32_t>(FloatToBf16Bits(lo)) | static_cast<uint32_t>(FloatToBf16Bits(hi)) << 16;
-}
-
 // The A operand of tile rows [row0, row0 + 16), k-step kk (16 columns):
 // matrix i holds rows row0 + 8 (i & 1), columns kk·16 + 8 (i >> 1).
 template <int D>
@@ -204,10 +198,10 @@ __device__ inline void MmaTile(float (&acc)[D / 8][4], int n, const uint32_t (&a
 
 // The A operand of accumulator tiles 2kk and 2kk + 1 (16 columns), rounded.
 __device__ inline void TilesOperand(uint32_t (&a)[4], const float (&lo)[4], const float (&hi)[4]) {
-  a[0] = PackBf16(lo[0], lo[1]);
-  a[1] = PackBf16(lo[2], lo[3]);
-  a[2] = PackBf16(hi[0], hi[1]);
-  a[3] = PackBf16(hi[2], hi[3]);
+  a[0] = simt::PackBf16x2(lo[0], lo[1]);
+  a[1] = simt::PackBf16x2(lo[2], lo[3]);
+  a[2] = simt::PackBf16x2(hi[0], hi[1]);
+  a[3] = simt::PackBf16x2(hi[2], hi[3]);
 }
 
 // The maximum, or the sum, of a row over its four threads.
@@ -279,7 +273,8 @@ __global__ void __launch_bounds__(kThreadsFa) FlashForwardKernel(AttentionShape 
 
   // The thread's two rows (index 0: row g of the warp's 16, 1: row g + 8).
   const int64_t rows[2] = {i0 + warp * kWarpRows + g, i0 + warp * kWarpRows + g + 8};
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // m: the maximum of z, log2 units
+  const float log2_scale = model::FlashLog2Scale(s.scale);
   float o[D / 8][4];
 #pragma unroll
   for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
@@ -303,30 +298,30 @@ __global__ void __launch_bounds__(kThreadsFa) FlashForwardKernel(AttentionShape 
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) MmaRowsT2<D>(sc[n], sc[n + 1], qf[kk], kt, n * 8, kk, lane);
     }
+    // z in log2 units; a hidden score is -inf, which 2^(z - m) takes to 0.
     float row_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int n = 0; n < kB / 8; ++n) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        sc[n][e] *= s.scale;
-        if (!masked || model::FlashVisible(rows[e / 2], j0 + n * 8 + 2 * c + e % 2, T)) {
-          row_max[e / 2] = fmaxf(row_max[e / 2], sc[n][e]);
-        }
+        sc[n][e] *= log2_scale;
+        if (masked && !model::FlashVisible(rows[e / 2], j0 + n * 8 + 2 * c + e % 2, T)) sc[n][e] = -INFINITY;
+        row_max[e / 2] = fmaxf(row_max[e / 2], sc[n][e]);
       }
     }
-    float alpha[2], sum[2] = {0.0f, 0.0f};
+    float alpha[2], sum[2] = {0.0f, 0.0f}, m_sub[2];
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
       const float m_new = fmaxf(m[k], RowMax4(row_max[k]));
       alpha[k] = model::FlashRescale(m[k], m_new);
       m[k] = m_new;
+      m_sub[k] = m_new == -INFINITY ? 0.0f : m_new;  // a row past T sees no key: its p are 0, not NaN
     }
 #pragma unroll
     for (int n = 0; n < kB / 8; ++n) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const bool visible = !masked || model::FlashVisible(rows[e / 2], j0 + n * 8 + 2 * c + e % 2, T);
-        sc[n][e] = visible ? model::FlashProb(sc[n][e], m[e / 2]) : 0.0f;
+        sc[n][e] = model::FlashProb(sc[n][e], m_sub[e / 2]);
         sum[e / 2] += sc[n][e];
       }
     }
@@ -439,6 +434,7 @@ __global__ void __launch_bounds__(kThreadsFa) FlashBackwardKvKernel(AttentionSha
   }
 
   const int kr = warp * kWarpRows;  // the warp's keys in the tile
+  const float log2_scale = model::FlashLog2Scale(s.scale);
   const int64_t key[2] = {j0 + kr + g, j0 + kr + g + 8};
   float dk[D / 8][4], dv[D / 8][4];
 #pragma unroll
@@ -475,19 +471,23 @@ __global__ void __launch_bounds__(kThreadsFa) FlashBackwardKvKernel(AttentionSha
           MmaRowsT2<D>(dpt[n], dpt[n + 1], va, dot, q0 + n * 8, kk, lane);
         }
       }
-      // p and ds in place of the scores and their gradients.
+      // p and ds in place of the scores and their gradients (0 where
+      // hidden), from the statistics of the thread's query columns.
 #pragma unroll
       for (int n = 0; n < kQc / 8; ++n) {
+        float lse2[2], delta[2];
+#pragma unroll
+        for (int x = 0; x < 2; ++x) {
+          lse2[x] = model::FlashLse2(lse_s[q0 + n * 8 + 2 * c + x]);
+          delta[x] = delta_s[q0 + n * 8 + 2 * c + x];
+        }
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int col = q0 + n * 8 + 2 * c + e % 2;
-          float p = 0.0f, ds = 0.0f;
-          if (!masked || model::FlashVisible(i0 + col, key[e / 2], T)) {
-            p = model::FlashProb(st[n][e] * s.scale, lse_s[col]);
-            ds = model::FlashScoreGrad(p, dpt[n][e], delta_s[col]);
-          }
-          st[n][e] = p;
-          dpt[n][e] = ds;
+          const float p = model::FlashProb(st[n][e] * log2_scale, lse2[e % 2]);
+          const float ds = model::FlashScoreGrad(p, dpt[n][e], delta[e % 2]);
+          const bool hidden = masked && !model::FlashVisible(i0 + q0 + n * 8 + 2 * c + e % 2, key[e / 2], T);
+          st[n][e] = hidden ? 0.0f : p;
+          dpt[n][e] = hidden ? 0.0f : ds;
         }
       }
       // dV += pᵀ dO and dK += dsᵀ q, 16 queries a step.
@@ -547,6 +547,7 @@ __global__ void __launch_bounds__(kThreadsFa) FlashBackwardQKernel(AttentionShap
   const int qr = warp * kWarpRows;  // the warp's queries in the tile
   const int local[2] = {qr + g, qr + g + 8};
   const int64_t query[2] = {i0 + local[0], i0 + local[1]};
+  const float log2_scale = model::FlashLog2Scale(s.scale);
   float dq[D / 8][4];
 #pragma unroll
   for (int n = 0; n < D / 8; ++n) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
@@ -574,17 +575,17 @@ __global__ void __launch_bounds__(kThreadsFa) FlashBackwardQKernel(AttentionShap
         MmaRowsT2<D>(dp[n], dp[n + 1], da, vt, n * 8, kk, lane);
       }
     }
-    // ds in place of the scores.
+    // ds in place of the scores (0 where hidden).
+    const float lse2[2] = {model::FlashLse2(lse_s[local[0]]), model::FlashLse2(lse_s[local[1]])};
+    const float delta[2] = {delta_s[local[0]], delta_s[local[1]]};
 #pragma unroll
     for (int n = 0; n < kB / 8; ++n) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        float ds = 0.0f;
-        if (!masked || model::FlashVisible(query[e / 2], j0 + n * 8 + 2 * c + e % 2, T)) {
-          const float p = model::FlashProb(sc[n][e] * s.scale, lse_s[local[e / 2]]);
-          ds = model::FlashScoreGrad(p, dp[n][e], delta_s[local[e / 2]]);
-        }
-        sc[n][e] = ds;
+        const float p = model::FlashProb(sc[n][e] * log2_scale, lse2[e / 2]);
+        const float ds = model::FlashScoreGrad(p, dp[n][e], delta[e / 2]);
+        const bool hidden = masked && !model::FlashVisible(query[e / 2], j0 + n * 8 + 2 * c + e % 2, T);
+        sc[n][e] = hidden ? 0.0f : ds;
       }
     }
     // dQ += ds k, 16 keys a step.

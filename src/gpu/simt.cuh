@@ -22,6 +22,14 @@ namespace zinf::gpu::simt {
 using bf16 = __nv_bfloat16;
 
 __device__ inline bf16 Bf16FromBits(uint16_t bits) { return __ushort_as_bfloat16(bits); }
+// lo and hi rounded to bf16 (nearest even) in one register, lo in the lower
+// half: one cvt for two values. The bits of common/float16.h's
+// FloatToBf16Bits for every value but NaN (cvt gives the canonical 0x7fff).
+__device__ inline uint32_t PackBf16x2(float lo, float hi) {
+  uint32_t d;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(d) : "f"(hi), "f"(lo));  // the first source goes high
+  return d;
+}
 __device__ inline void SyncThreads() { __syncthreads(); }
 // The value of lane (this lane ^ lane_mask), all 32 lanes taking part.
 __device__ inline float ShflXor(float x, int lane_mask) { return __shfl_xor_sync(0xffffffffu, x, lane_mask); }
@@ -74,6 +82,7 @@ __device__ inline void CpAsyncWaitAll() { asm volatile("cp.async.wait_all;\n" ::
 
 #include <cstring>
 
+#include "common/float16.h"
 #include "gpu/simt_emu.h"
 
 #ifndef __global__
@@ -109,6 +118,9 @@ struct bf16 {
 };
 
 inline bf16 Bf16FromBits(uint16_t bits) { return bf16{bits}; }
+inline uint32_t PackBf16x2(float lo, float hi) {
+  return FloatToBf16Bits(lo) | static_cast<uint32_t>(FloatToBf16Bits(hi)) << 16;
+}
 inline void SyncThreads() { emu::SyncThreads(); }
 inline float ShflXor(float x, int lane_mask) {
   uint32_t u;

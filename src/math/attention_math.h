@@ -9,7 +9,8 @@
 // with s = scale · q·k over the keys j <= i (causal):
 //   forward, over the key blocks in order: m' = max(m, max_j s_j),
 //     α = exp(m - m'), p_j = exp(s_j - m'), l = α l + Σ_j p_j,
-//     o = α o + Σ_j p_j v_j; at the end o /= l and lse = m + log l.
+//     o = α o + Σ_j p_j v_j; at the end o /= l and lse = m + log l
+//     (computed in base 2: FlashExp2 below).
 //   backward, with δ_i = Σ_d dO_i,d · O_i,d and p_ij = exp(s_ij - lse_i):
 //     dV_j = Σ_i p_ij dO_i;  dp_ij = dO_i · v_j;  ds_ij = p_ij (dp_ij - δ_i);
 //     dQ_i = scale Σ_j ds_ij k_j;  dK_j = scale Σ_i ds_ij q_i.
@@ -88,17 +89,47 @@ ZINF_HOST_DEVICE inline bool FlashVisible(int64_t i, int64_t j, int64_t seq_len)
   return j <= i && i < seq_len;
 }
 
-// exp(m_old - m_new): the factor that rescales a row's running sum and
-// output when its maximum rises; 0 when the row had no score yet.
-ZINF_HOST_DEVICE inline float FlashRescale(float m_old, float m_new) {
-  return m_old == -INFINITY ? 0.0f : Exp(m_old - m_new);
+// The softmax works in base 2, as the GPU's special-function unit does:
+// a score is kept as z = log2(e) · s, so exp(s - m) = 2^(z - m₂) with m₂
+// the row's maximum of z. log2(e) folds into the scale (FlashLog2Scale),
+// so each score costs one multiply and one 2^x.
+inline constexpr float kFlashLog2e = 1.44269504088896341f;
+inline constexpr float kFlashLn2 = 0.693147180559945309f;
+
+// z per unit of q·k.
+ZINF_HOST_DEVICE inline float FlashLog2Scale(float scale) { return scale * kFlashLog2e; }
+
+// 2^x, with results below 2^-126 (and x = -inf) flushed to 0. On a GPU the
+// special-function unit's ex2.approx.ftz.f32 (about 2 ulp); on the CPU
+// Exp(x · ln 2) (gpt_math.h, within 2 ulp of exp, plus the rounding of the
+// product). The two differ by a few ulp of p, far below the bf16 rounding
+// p takes before it enters a product.
+ZINF_HOST_DEVICE inline float FlashExp2(float x) {
+#if defined(__CUDA_ARCH__)
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+#else
+  return x < -126.0f ? 0.0f : Exp(x * kFlashLn2);
+#endif
 }
 
-// p = exp(s - m) for a visible score.
-ZINF_HOST_DEVICE inline float FlashProb(float s, float m) { return Exp(s - m); }
+// 2^(m_old - m_new): the factor that rescales a row's running sum and
+// output when its maximum (of z) rises; 0 when the row had no score yet.
+ZINF_HOST_DEVICE inline float FlashRescale(float m_old, float m_new) {
+  return m_old == -INFINITY ? 0.0f : FlashExp2(m_old - m_new);
+}
 
-// The log-sum-exp kept for backward.
-ZINF_HOST_DEVICE inline float FlashLse(float m, float l) { return m + std::log(l); }
+// p = 2^(z - m) for a visible score z (log2 units) and the row's m: its
+// running maximum in forward, FlashLse2(lse) in backward.
+ZINF_HOST_DEVICE inline float FlashProb(float z, float m) { return FlashExp2(z - m); }
+
+// The log-sum-exp kept for backward, in natural units, from the row's
+// maximum of z and its sum l of 2^(z - m).
+ZINF_HOST_DEVICE inline float FlashLse(float m, float l) { return (m + std::log2(l)) * kFlashLn2; }
+
+// lse in log2 units, as backward subtracts it from z.
+ZINF_HOST_DEVICE inline float FlashLse2(float lse) { return lse * kFlashLog2e; }
 
 // d(score) from the probability, its gradient and the row's δ.
 ZINF_HOST_DEVICE inline float FlashScoreGrad(float p, float dp, float delta) { return p * (dp - delta); }

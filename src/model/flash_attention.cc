@@ -31,6 +31,7 @@ float Dot(const float* a, const float* b, int64_t n) {
 void FlashAttentionForward(const ModelThreads& th, const AttentionShape& s, const AttentionTensors& t) {
   const int64_t T = s.seq_len, H = s.heads, D = s.head_dim, G = s.heads / s.kv_heads, nb = NumBlocks(T);
   const bool bf16 = th.matmul_dtype() == DType::kBFloat16;
+  const float log2_scale = FlashLog2Scale(s.scale);
   th.ForChunks(s.batch * H * nb, 1, [&](int64_t task, int64_t) {
     const int64_t qb = task % nb, h = (task / nb) % H, b = task / (nb * H);
     const int64_t row0 = b * T, i0 = qb * kBlock, rows = std::min(kBlock, T - i0);
@@ -47,7 +48,7 @@ void FlashAttentionForward(const ModelThreads& th, const AttentionShape& s, cons
         float row_max = -INFINITY;
         for (int64_t c = 0; c < keys; ++c) {
           if (!FlashVisible(i, j0 + c, T)) continue;
-          sc[c] = Dot(&q[r * D], &k[c * D], D) * s.scale;
+          sc[c] = Dot(&q[r * D], &k[c * D], D) * log2_scale;
           row_max = std::max(row_max, sc[c]);
         }
         const float m_new = std::max(m[r], row_max);
@@ -90,11 +91,12 @@ void FlashAttentionBackward(const ModelThreads& th, const AttentionShape& s, con
     }
   });
   // One query row's p and ds against one key row, from the rounded operands.
+  const float log2_scale = FlashLog2Scale(s.scale);
   struct Grad {
     float p, ds;
   };
   auto grad = [&](const float* q, const float* k, const float* v, const float* dout, float lse, float delta) {
-    const float p = FlashProb(Dot(q, k, D) * s.scale, lse);
+    const float p = FlashProb(Dot(q, k, D) * log2_scale, FlashLse2(lse));
     return Grad{p, FlashScoreGrad(p, Dot(dout, v, D), delta)};
   };
   // dK, dV: one (batch row, kv head, key block) per task, over the group's
