@@ -232,7 +232,14 @@ class CudaStages final : public model::GptStages {
     const BlockLayout w = BlockLayout::For(c);
     ZINF_ASSIGN_OR_RETURN(const float* p, Widen(block, w.num_elems, layout_.wide_unit, BlockProducts(w)));
     if (options_.activation_checkpointing && checkpoint_layer_ != layer) ZINF_RETURN_IF_ERROR(RunBlockForward(layer, p));
-    ZINF_ASSIGN_OR_RETURN(float* g, BeginGrad(block_grad, w.num_elems, layout_.grad_unit));
+    const std::array<Range, 4> products = BlockProducts(w);
+    const bool direct = DirectGrads();
+    const std::span<const Range> direct_ranges = direct ? std::span<const Range>(products) : std::span<const Range>{};
+    ZINF_ASSIGN_OR_RETURN(float* g, BeginGrad(block_grad, w.num_elems, layout_.grad_unit, direct_ranges));
+    // A linear layer's weight gradient at offset `at` of the unit.
+    const auto dw = [&](int64_t at) {
+      return direct ? WeightGrad{nullptr, static_cast<uint16_t*>(block_grad) + at} : WeightGrad{g + at, nullptr};
+    };
     const ActivationLayout::Block a = layout_.BlockAt(layer);
     const float* in = F32(layout_.residual) + layer * BT * C;
     float* dres = F32(layout_.dres);  // d(block output) on entry, d(block input) on exit
@@ -246,7 +253,7 @@ class CudaStages final : public model::GptStages {
     }
     // MLP: out = res_mid + fc_proj(act(fc(norm2(res_mid)))).
     if (c.mlp == model::MlpKind::kSwiGlu) {
-      ZINF_RETURN_IF_ERROR(LinearBackward(dbuf, g + w.fc_proj_w, TensorAt(g, w.fc_proj_b), dres, F32(a.fch_gelu),
+      ZINF_RETURN_IF_ERROR(LinearBackward(dbuf, dw(w.fc_proj_w), TensorAt(g, w.fc_proj_b), dres, F32(a.fch_gelu),
                                           p + w.fc_proj_w, BT, I, C));
       Op("activation");
       // dfch is then only the fc products' operand (an fc bias's gradient
@@ -257,17 +264,17 @@ class CudaStages final : public model::GptStages {
         ZINF_RETURN_IF_ERROR(SwiGluBackward(F32(a.fch), dbuf, dfch, BT, I, s_));
       }
     } else {
-      ZINF_RETURN_IF_ERROR(LinearBackward(dfch, g + w.fc_proj_w, TensorAt(g, w.fc_proj_b), dres, F32(a.fch_gelu),
+      ZINF_RETURN_IF_ERROR(LinearBackward(dfch, dw(w.fc_proj_w), TensorAt(g, w.fc_proj_b), dres, F32(a.fch_gelu),
                                           p + w.fc_proj_w, BT, I, C));
       Op("activation");
       ZINF_RETURN_IF_ERROR(GeluBackward(F32(a.fch), dfch, dfch, static_cast<size_t>(BT * I), s_));
     }
     ZINF_RETURN_IF_ERROR(
-        LinearBackward(dbuf, g + w.fc_w, TensorAt(g, w.fc_b), dfch, F32(a.ln2), p + w.fc_w, BT, C, FC));
+        LinearBackward(dbuf, dw(w.fc_w), TensorAt(g, w.fc_b), dfch, F32(a.ln2), p + w.fc_w, BT, C, FC));
     ZINF_RETURN_IF_ERROR(NormBackward(dres, g + w.ln2_w, TensorAt(g, w.ln2_b), dbuf, F32(a.res_mid), p + w.ln2_w,
                                       F32(a.ln2_mean), F32(a.ln2_rstd)));
     // Attention: res_mid = in + attn_proj(attention(rope(qk_norm(qkv(norm1(in)))))).
-    ZINF_RETURN_IF_ERROR(LinearBackward(dbuf, g + w.attn_proj_w, TensorAt(g, w.attn_proj_b), dres, F32(a.atty),
+    ZINF_RETURN_IF_ERROR(LinearBackward(dbuf, dw(w.attn_proj_w), TensorAt(g, w.attn_proj_b), dres, F32(a.atty),
                                         p + w.attn_proj_w, BT, Q, C));
     ZINF_RETURN_IF_ERROR(AttentionBackward(a));
     if (c.positions == model::PositionKind::kRope) {
@@ -285,10 +292,10 @@ class CudaStages final : public model::GptStages {
                                            dqkv + Q, false, g + w.k_norm_w, KeyRows(), s_));
     }
     ZINF_RETURN_IF_ERROR(
-        LinearBackward(dbuf, g + w.qkv_w, TensorAt(g, w.qkv_b), dqkv, F32(a.ln1), p + w.qkv_w, BT, C, S));
+        LinearBackward(dbuf, dw(w.qkv_w), TensorAt(g, w.qkv_b), dqkv, F32(a.ln1), p + w.qkv_w, BT, C, S));
     ZINF_RETURN_IF_ERROR(NormBackward(dres, g + w.ln1_w, TensorAt(g, w.ln1_b), dbuf, in, p + w.ln1_w,
                                       F32(a.ln1_mean), F32(a.ln1_rstd)));
-    ZINF_RETURN_IF_ERROR(EndGrad(block_grad, g, w.num_elems));
+    ZINF_RETURN_IF_ERROR(EndGrad(block_grad, g, w.num_elems, direct_ranges));
     EndOps();
     --backward_next_;
     return Status::Ok();
@@ -382,22 +389,10 @@ class CudaStages final : public model::GptStages {
     for (const Range& r : products) skip = skip && reinterpret_cast<uintptr_t>(p16 + r.at) % 16 == 0;
     // The ranges widened: all of it, or the gaps between the products (in
     // increasing order).
-    int64_t from = 0;
-    const auto widen_to = [&](int64_t to) -> Status {
-      if (to > from) {
-        ZINF_RETURN_IF_ERROR(Cast(static_cast<const char*>(params) + from * DTypeSizeBytes(options_.param_dtype),
-                                  options_.param_dtype, dst + from, DType::kFloat32, static_cast<size_t>(to - from),
-                                  s_));
-      }
-      return Status::Ok();
-    };
-    if (skip) {
-      for (const Range& r : products) {
-        ZINF_RETURN_IF_ERROR(widen_to(r.at));
-        from = r.at + r.n;
-      }
-    }
-    ZINF_RETURN_IF_ERROR(widen_to(n));
+    ZINF_RETURN_IF_ERROR(ForGaps(n, skip ? products : std::span<const Range>{}, [&](int64_t from, int64_t to) {
+      return Cast(static_cast<const char*>(params) + from * DTypeSizeBytes(options_.param_dtype), options_.param_dtype,
+                  dst + from, DType::kFloat32, static_cast<size_t>(to - from), s_);
+    }));
     if (bf16_params) {
       bf16_copies_[wide_offset == layout_.wide_embedding ? kEmbeddingParams : kUnitParams] = Bf16Copy{dst, p16, n};
     }
@@ -434,22 +429,51 @@ class CudaStages final : public model::GptStages {
     return nullptr;
   }
   // The fp32 gradient to add into: the buffer itself (fp32) or the arena's
-  // accumulator (16-bit), zeroed or loaded per accumulate_grads.
-  Result<float*> BeginGrad(void* grad, int64_t n, uint64_t accumulator_offset) {
+  // accumulator (16-bit), zeroed or loaded per accumulate_grads. `direct`:
+  // ranges whose products write the bf16 gradient themselves (DirectGrads),
+  // which the accumulator leaves out.
+  Result<float*> BeginGrad(void* grad, int64_t n, uint64_t accumulator_offset, std::span<const Range> direct = {}) {
     const DType dtype = options_.grad_dtype;
     float* acc = dtype == DType::kFloat32 ? static_cast<float*>(grad) : F32(accumulator_offset);
     Op("gradient init");
-    if (!options_.accumulate_grads) {
-      ZINF_RETURN_IF_ERROR(device_.Memset(acc, 0, n * sizeof(float), stream_));
-    } else if (dtype != DType::kFloat32) {
-      ZINF_RETURN_IF_ERROR(Cast(grad, dtype, acc, DType::kFloat32, static_cast<size_t>(n), s_));
-    }
+    ZINF_RETURN_IF_ERROR(ForGaps(n, direct, [&](int64_t from, int64_t to) -> Status {
+      if (!options_.accumulate_grads) {
+        return device_.Memset(acc + from, 0, static_cast<uint64_t>(to - from) * sizeof(float), stream_);
+      }
+      if (dtype == DType::kFloat32) return Status::Ok();
+      return Cast(static_cast<const char*>(grad) + from * DTypeSizeBytes(dtype), dtype, acc + from, DType::kFloat32,
+                  static_cast<size_t>(to - from), s_);
+    }));
     return acc;
   }
-  Status EndGrad(void* grad, const float* acc, int64_t n) {
+  Status EndGrad(void* grad, const float* acc, int64_t n, std::span<const Range> direct = {}) {
     if (options_.grad_dtype == DType::kFloat32) return Status::Ok();
     Op("cast");
-    return Cast(acc, DType::kFloat32, grad, options_.grad_dtype, static_cast<size_t>(n), s_);
+    const DType dtype = options_.grad_dtype;
+    return ForGaps(n, direct, [&](int64_t from, int64_t to) {
+      return Cast(acc + from, DType::kFloat32, static_cast<char*>(grad) + from * DTypeSizeBytes(dtype), dtype,
+                  static_cast<size_t>(to - from), s_);
+    });
+  }
+  // With bf16 products, bf16 gradients and no accumulation across calls, a
+  // linear layer's weight gradient is written by its product in bf16, into
+  // the unit's gradient: the rounding of the same fp32 sums the accumulator
+  // would hold, without the accumulator's zeroing, read-modify-write and
+  // cast (12 bytes an element). The rest of the unit (norm weights, biases)
+  // goes through the accumulator as before.
+  bool DirectGrads() const {
+    return bf16_ && options_.grad_dtype == DType::kBFloat16 && !options_.accumulate_grads;
+  }
+  // fn(from, to) over [0, n) less the `skip` ranges (disjoint, in increasing
+  // order): each gap in turn.
+  template <class Fn>
+  static Status ForGaps(int64_t n, std::span<const Range> skip, const Fn& fn) {
+    int64_t from = 0;
+    for (const Range& r : skip) {
+      if (r.at > from) ZINF_RETURN_IF_ERROR(fn(from, r.at));
+      from = r.at + r.n;
+    }
+    return n > from ? fn(from, n) : Status::Ok();
   }
 
   // model::Gemm's contract, row-major. With bf16 operands (matmul_dtype)
@@ -464,10 +488,17 @@ class CudaStages final : public model::GptStages {
               const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
     return GemmBatched(ta, tb, m, n, k, alpha, a, lda, 0, b, ldb, 0, beta, c, ldc, 0, 1);
   }
+  // The same with bf16 products and a bf16 result: cuBLAS rounds each fp32
+  // sum to nearest even as it writes it.
+  Status GemmToBf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
+                    int64_t ldb, uint16_t* c, int64_t ldc) {
+    if (!bf16_) return Internal("gpt model on CUDA: a bf16 product result without bf16 products");
+    return GemmBatched(ta, tb, m, n, k, 1.0f, a, lda, 0, b, ldb, 0, 0.0f, c, ldc, 0, 1, CUDA_R_16BF);
+  }
   // `count` row-major products, operand i at a + i·sa, b + i·sb, c + i·sc.
   Status GemmBatched(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
-                     int64_t sa, const float* b, int64_t ldb, int64_t sb, float beta, float* c, int64_t ldc,
-                     int64_t sc, int64_t count) {
+                     int64_t sa, const float* b, int64_t ldb, int64_t sb, float beta, void* c, int64_t ldc,
+                     int64_t sc, int64_t count, cudaDataType c_type = CUDA_R_32F) {
     const cublasOperation_t op_a = ta ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
     if (bf16_) {
       Op(product_op_ ? product_op_ : "matmul operand cast");
@@ -484,7 +515,7 @@ class CudaStages final : public model::GptStages {
       ZINF_CUBLAS_RETURN_IF_ERROR(
           blas_->gemm_strided_batched_ex(handle_, op_b, op_a, static_cast<int>(n), static_cast<int>(m),
                                          static_cast<int>(k), &alpha, b16, CUDA_R_16BF, static_cast<int>(ldb), sb, a16,
-                                         CUDA_R_16BF, static_cast<int>(lda), sa, &beta, c, CUDA_R_32F,
+                                         CUDA_R_16BF, static_cast<int>(lda), sa, &beta, c, c_type,
                                          static_cast<int>(ldc), sc, static_cast<int>(count), CUBLAS_COMPUTE_32F,
                                          CUBLAS_GEMM_DEFAULT),
           "cublasGemmStridedBatchedEx (bf16 operands, fp32 accumulation)");
@@ -494,15 +525,16 @@ class CudaStages final : public model::GptStages {
     if (count == 1) {
       ZINF_CUBLAS_RETURN_IF_ERROR(blas_->sgemm(handle_, op_b, op_a, static_cast<int>(n), static_cast<int>(m),
                                                static_cast<int>(k), &alpha, b, static_cast<int>(ldb), a,
-                                               static_cast<int>(lda), &beta, c, static_cast<int>(ldc)),
+                                               static_cast<int>(lda), &beta, static_cast<float*>(c),
+                                               static_cast<int>(ldc)),
                                   "cublasSgemm");
       return Status::Ok();
     }
     ZINF_CUBLAS_RETURN_IF_ERROR(
         blas_->sgemm_strided_batched(handle_, op_b, op_a, static_cast<int>(n), static_cast<int>(m),
                                      static_cast<int>(k), &alpha, b, static_cast<int>(ldb), sb, a,
-                                     static_cast<int>(lda), sa, &beta, c, static_cast<int>(ldc), sc,
-                                     static_cast<int>(count)),
+                                     static_cast<int>(lda), sa, &beta, static_cast<float*>(c), static_cast<int>(ldc),
+                                     sc, static_cast<int>(count)),
         "cublasSgemmStridedBatched");
     return Status::Ok();
   }
@@ -549,10 +581,18 @@ class CudaStages final : public model::GptStages {
   // The weight gradient comes first (the two products are independent; dinp
   // is neither dout nor inp): with bf16 operands it rounds dout into the B
   // copy, which the input gradient's product then takes as its A operand
-  // instead of rounding dout again.
-  Status LinearBackward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w,
-                        int64_t rows, int64_t in_dim, int64_t out_dim) {
-    ZINF_RETURN_IF_ERROR(Gemm(true, false, in_dim, out_dim, rows, 1.0f, inp, in_dim, dout, out_dim, 1.0f, dw, out_dim));
+  // instead of rounding dout again. It adds into dw.f32, or, with
+  // DirectGrads, is written by its product in bf16 into dw.bf16.
+  struct WeightGrad {
+    float* f32 = nullptr;
+    uint16_t* bf16 = nullptr;
+  };
+  Status LinearBackward(float* dinp, WeightGrad dw, float* dbias, const float* dout, const float* inp,
+                        const float* w, int64_t rows, int64_t in_dim, int64_t out_dim) {
+    ZINF_RETURN_IF_ERROR(dw.bf16 ? GemmToBf16(true, false, in_dim, out_dim, rows, inp, in_dim, dout, out_dim, dw.bf16,
+                                              out_dim)
+                                 : Gemm(true, false, in_dim, out_dim, rows, 1.0f, inp, in_dim, dout, out_dim, 1.0f,
+                                        dw.f32, out_dim));
     if (bf16_) bf16_copies_[kProductInput] = Bf16Copy{dout, static_cast<const uint16_t*>(last_b16_), rows * out_dim};
     const Status st = Gemm(false, true, rows, in_dim, out_dim, 1.0f, dout, out_dim, w, out_dim, 0.0f, dinp, in_dim);
     bf16_copies_[kProductInput] = {};

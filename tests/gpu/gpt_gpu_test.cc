@@ -72,6 +72,10 @@ struct Case {
   DType matmul = DType::kFloat32;  // the products' operands (GptRunOptions::matmul_dtype)
   AttentionKernel attention = AttentionKernel::kAuto;
   int64_t loss_chunk_rows = 0;  // GptRunOptions::loss_chunk_rows (0: every row of these small models)
+  // bf16 only: the gradients overwritten, not accumulated; with bf16
+  // products the linear layers' weight gradients are then written by their
+  // products in bf16 (DirectGrads in exec/gpt_cuda.cc).
+  bool overwrite_grads = false;
 };
 
 // One forward + backward on host buffers (test::Step with a loss scale).
@@ -124,7 +128,8 @@ TEST_P(GptOnCudaTest, LossAndGradientsMatchTheCpuModel) {
   o.num_threads = 2;
   o.activation_checkpointing = k.checkpointing;
   o.param_dtype = o.grad_dtype = k.bf16 ? DType::kBFloat16 : DType::kFloat32;
-  o.accumulate_grads = k.bf16;  // accumulate onto a non-zero start: exercises the fp32 accumulator's load
+  // accumulate onto a non-zero start: exercises the fp32 accumulator's load
+  o.accumulate_grads = k.bf16 && !k.overwrite_grads;
   o.matmul_dtype = k.matmul;
   o.attention = k.attention;
   o.loss_chunk_rows = k.loss_chunk_rows;
@@ -166,7 +171,7 @@ TEST_P(GptOnCudaTest, LossAndGradientsMatchTheCpuModel) {
     void* g = d.Allocate(bytes, *stream).value();
     ASSERT_TRUE(d.CopyToDevice(p, k.bf16 ? static_cast<const void*>(params16[u].data()) : params[u].data(), bytes,
                                *stream).ok());
-    if (k.bf16) {
+    if (o.accumulate_grads) {
       ASSERT_TRUE(d.CopyToDevice(g, grads16[u].data(), bytes, *stream).ok());
     } else {
       ASSERT_TRUE(d.Memset(g, 0xff, bytes, *stream).ok());  // NaN: every element must be written
@@ -321,7 +326,14 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GptOnCudaTest,
                                                 Llama(97, 70, 128, 2, 4, 1, 128, 160), true, true, 1.0f,
                                                 DType::kBFloat16},
                                            Case{"bf16_matmul_gqa_llama_plain", Llama(97, 130, 256, 2, 4, 2, 64, 384),
-                                                false, false, 1.0f, DType::kBFloat16, AttentionKernel::kPlain}),
+                                                false, false, 1.0f, DType::kBFloat16, AttentionKernel::kPlain},
+                                           Case{"bf16_grads_from_products", Shape(97, 40, 64, 2, 4), false, true, 1.0f,
+                                                DType::kBFloat16, AttentionKernel::kAuto, 0, true},
+                                           Case{"odd_gqa_bf16_grads_from_products", OddGqa(), true, true, 1.0f,
+                                                DType::kBFloat16, AttentionKernel::kAuto, 0, true},
+                                           Case{"flash_gqa_llama_bf16_grads_from_products",
+                                                Llama(97, 130, 256, 2, 4, 2, 64, 384), false, true, 1.0f,
+                                                DType::kBFloat16, AttentionKernel::kAuto, 0, true}),
                          [](const ::testing::TestParamInfo<Case>& i) { return std::string(i.param.name); });
 
 }  // namespace
