@@ -168,12 +168,13 @@ for round in $(seq 1 "$ROUNDS"); do
     not_fired=$((not_fired + 1))
     continue
   fi
-  if [[ ($kind == kill || $kind == start) && $all_ok == 0 && "$(cat ck/latest 2>/dev/null)" == "step-${SHAPE[1]}" ]]
+  if [[ ($kind == kill || $kind == start) && "$(cat ck/latest 2>/dev/null)" == "step-${SHAPE[1]}" ]]
   then
     # Killed after the last checkpoint was complete: the training was over,
-    # so survivors that had left their last collective may end well. A
-    # start-up kill lands there when this run started faster than the
-    # reference run the delay is drawn from.
+    # so survivors that had left their last collective may end well, and a
+    # victim that had already exited (kill still finds a process that is
+    # being torn down) ends well too. A start-up kill lands there when this
+    # run started faster than the reference run the delay is drawn from.
     not_fired=$((not_fired + 1))
     continue
   fi
