@@ -11,6 +11,7 @@
 
 #include "common/float16.h"
 #include "gpu/cuda_check.h"
+#include "gpu/simt.cuh"
 
 namespace zinf::gpu {
 
@@ -42,7 +43,7 @@ inline bool Overlap(const void* a, size_t a_bytes, const void* b, size_t b_bytes
   return x < y + b_bytes && y < x + a_bytes;
 }
 
-__device__ inline size_t GlobalThread() { return static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; }
-__device__ inline size_t GridStride() { return static_cast<size_t>(gridDim.x) * blockDim.x; }
+using simt::GlobalThread;
+using simt::GridStride;
 
 }  // namespace zinf::gpu

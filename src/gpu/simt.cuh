@@ -7,6 +7,7 @@
 // (tests/gpu/flash_attention_emu_test.cc).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #if defined(__CUDACC__)
@@ -16,12 +17,25 @@
 
 // The block's dynamic shared memory, 128-byte aligned.
 #define ZINF_DYNAMIC_SMEM(name) extern __shared__ __align__(128) unsigned char name[]
+// A shared array of `count` T, the block's own: `name` indexes as T*.
+#define ZINF_STATIC_SMEM(T, name, count) __shared__ T name[count]
 
 namespace zinf::gpu::simt {
 
 using bf16 = __nv_bfloat16;
 
 __device__ inline bf16 Bf16FromBits(uint16_t bits) { return __ushort_as_bfloat16(bits); }
+template <class T>
+__host__ __device__ constexpr T Min(T a, T b) {
+  return a < b ? a : b;
+}
+template <class T>
+__host__ __device__ constexpr T Max(T a, T b) {
+  return a < b ? b : a;
+}
+// A grid-stride loop's first index and stride, over x.
+__device__ inline size_t GlobalThread() { return static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; }
+__device__ inline size_t GridStride() { return static_cast<size_t>(gridDim.x) * blockDim.x; }
 // lo and hi rounded to bf16 (nearest even) in one register, lo in the lower
 // half: one cvt for two values. The bits of common/float16.h's
 // FloatToBf16Bits for every value but NaN (cvt gives the canonical 0x7fff).
@@ -102,6 +116,11 @@ __device__ inline void CpAsyncWaitAll() { asm volatile("cp.async.wait_all;\n" ::
 #define blockDim (::zinf::gpu::emu::BlockDim())
 #define gridDim (::zinf::gpu::emu::GridDim())
 #define ZINF_DYNAMIC_SMEM(name) unsigned char* name = ::zinf::gpu::emu::DynamicSmem()
+// The array's place in the block's static shared memory, keyed by a
+// variable of the kernel's own (one per instantiation).
+#define ZINF_STATIC_SMEM(T, name, count)        \
+  static const char name##_static_smem_key = 0; \
+  T* name = static_cast<T*>(::zinf::gpu::emu::StaticSmem(&name##_static_smem_key, sizeof(T) * (count), alignof(T)))
 
 struct float4 {
   float x, y, z, w;
@@ -118,6 +137,16 @@ struct bf16 {
 };
 
 inline bf16 Bf16FromBits(uint16_t bits) { return bf16{bits}; }
+template <class T>
+constexpr T Min(T a, T b) {
+  return a < b ? a : b;
+}
+template <class T>
+constexpr T Max(T a, T b) {
+  return a < b ? b : a;
+}
+inline size_t GlobalThread() { return static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; }
+inline size_t GridStride() { return static_cast<size_t>(gridDim.x) * blockDim.x; }
 inline uint32_t PackBf16x2(float lo, float hi) {
   return FloatToBf16Bits(lo) | static_cast<uint32_t>(FloatToBf16Bits(hi)) << 16;
 }

@@ -96,6 +96,9 @@ struct Machine {
   std::vector<Thread> threads;
   std::vector<WarpState> warps;
   unsigned char* smem = nullptr;  // this block's, cfg.smem_bytes
+  unsigned char* static_smem = nullptr;  // kStaticSmemBytes
+  std::vector<std::pair<const void*, size_t>> static_arrays;  // key, offset: this block's
+  size_t static_used = 0;
   Dim3 block_idx;
   int live = 0;
   int barrier_arrived = 0;
@@ -216,7 +219,8 @@ LaneOut WarpCollective(WarpOp op, const LaneIn& in, Compute compute) {
 
 bool InSmem(const unsigned char* p, size_t bytes) {
   const Machine& m = M();
-  return p >= m.smem && p + bytes <= m.smem + m.cfg.smem_bytes;
+  return (p >= m.smem && p + bytes <= m.smem + m.cfg.smem_bytes) ||
+         (p >= m.static_smem && p + bytes <= m.static_smem + m.static_used);
 }
 
 void CheckShared(const void* p, size_t bytes, const char* what) {
@@ -309,6 +313,9 @@ std::string Stuck(const Machine& m) {
 Status RunBlock(Machine& m, uint64_t& rng) {
   const size_t n = m.threads.size();
   std::memset(m.smem, 0xff, m.cfg.smem_bytes);
+  std::memset(m.static_smem, 0xff, kStaticSmemBytes);
+  m.static_arrays.clear();
+  m.static_used = 0;
   m.live = static_cast<int>(n);
   m.barrier_arrived = 0;
   for (WarpState& w : m.warps) w.arrived = 0;
@@ -378,6 +385,10 @@ Status Launch(const LaunchConfig& config, const std::function<void()>& kernel) {
       static_cast<unsigned char*>(::operator new[](std::max<size_t>(config.smem_bytes, 1), std::align_val_t{128})),
       [](unsigned char* p) { ::operator delete[](p, std::align_val_t{128}); });
   m.smem = smem.get();
+  std::unique_ptr<unsigned char[], void (*)(unsigned char*)> static_smem(
+      static_cast<unsigned char*>(::operator new[](kStaticSmemBytes, std::align_val_t{128})),
+      [](unsigned char* p) { ::operator delete[](p, std::align_val_t{128}); });
+  m.static_smem = static_smem.get();
   uint64_t rng = config.schedule_seed;
   g_machine = &m;
   Status st = Status::Ok();
@@ -398,6 +409,20 @@ const Dim3& BlockIdx() { return M().block_idx; }
 const Dim3& BlockDim() { return M().cfg.block; }
 const Dim3& GridDim() { return M().cfg.grid; }
 unsigned char* DynamicSmem() { return M().smem; }
+
+void* StaticSmem(const void* key, size_t bytes, size_t align) {
+  Machine& m = M();
+  for (const auto& [k, offset] : m.static_arrays) {
+    if (k == key) return m.static_smem + offset;
+  }
+  const size_t offset = (m.static_used + align - 1) / align * align;
+  if (offset + bytes > kStaticSmemBytes) {
+    Fail("static shared memory past " + std::to_string(kStaticSmemBytes) + " bytes");
+  }
+  m.static_arrays.emplace_back(key, offset);
+  m.static_used = offset + bytes;
+  return m.static_smem + offset;
+}
 
 void SyncThreads() {
   Machine& m = M();

@@ -46,7 +46,8 @@ enum class CopyTiming {
 
 struct LaunchConfig {
   Dim3 grid, block;
-  size_t smem_bytes = 0;  // dynamic shared memory, filled with 0xff bytes (NaN) at each block's start
+  size_t smem_bytes = 0;  // dynamic shared memory, filled with 0xff bytes (NaN) at each block's start, as
+                          // the static shared memory is
   CopyTiming copies = CopyTiming::kAtWait;
   // 0: lockstep, every runnable thread once a pass in index order, so the
   // warps keep pace with one another; otherwise each pass runs the warps
@@ -67,6 +68,10 @@ const Dim3& BlockIdx();
 const Dim3& BlockDim();
 const Dim3& GridDim();
 unsigned char* DynamicSmem();
+// A static shared array of `bytes`: the same place for every thread of the
+// block that passes the same key (at most kStaticSmemBytes in all).
+void* StaticSmem(const void* key, size_t bytes, size_t align);
+inline constexpr size_t kStaticSmemBytes = 48 << 10;
 
 void SyncThreads();
 uint32_t ShflXor(uint32_t value, int lane_mask);
