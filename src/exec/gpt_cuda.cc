@@ -73,9 +73,13 @@ class CudaStages final : public model::GptStages {
     ZINF_CUBLAS_RETURN_IF_ERROR(blas_->create(&handle_), "cublasCreate");
     ZINF_CUBLAS_RETURN_IF_ERROR(blas_->set_stream(handle_, static_cast<cudaStream_t>(s_)), "cublasSetStream");
     // fp32 products: no TF32 (the CPU path computes in fp32). bf16 operands:
-    // the products name their compute type themselves (Gemm below).
-    ZINF_CUBLAS_RETURN_IF_ERROR(
-        blas_->set_math_mode(handle_, bf16_ ? CUBLAS_DEFAULT_MATH : CUBLAS_PEDANTIC_MATH), "cublasSetMathMode");
+    // the products name their compute type themselves (Gemm below), and a
+    // product with a bf16 result (GemmToBf16) adds in fp32 throughout:
+    // cuBLAS may not round a split-k partial to the output's type.
+    const cublasMath_t math = bf16_ ? static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH |
+                                                                CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)
+                                    : CUBLAS_PEDANTIC_MATH;
+    ZINF_CUBLAS_RETURN_IF_ERROR(blas_->set_math_mode(handle_, math), "cublasSetMathMode");
     ZINF_ASSIGN_OR_RETURN(void* c, device_.Allocate(sizeof(float), stream_));
     count_ = static_cast<float*>(c);
     if (config_.positions == model::PositionKind::kRope) {

@@ -99,11 +99,11 @@ inline constexpr float kFlashLn2 = 0.693147180559945309f;
 // z per unit of q·k.
 ZINF_HOST_DEVICE inline float FlashLog2Scale(float scale) { return scale * kFlashLog2e; }
 
-// 2^x, with results below 2^-126 (and x = -inf) flushed to 0. On a GPU the
-// special-function unit's ex2.approx.ftz.f32 (about 2 ulp); on the CPU
-// Exp(x · ln 2) (gpt_math.h, within 2 ulp of exp, plus the rounding of the
-// product). The two differ by a few ulp of p, far below the bf16 rounding
-// p takes before it enters a product.
+// 2^x, and 0 for x = -inf. On a GPU the special-function unit's
+// ex2.approx.ftz.f32 (about 2 ulp; results below 2^-126 flushed to 0); on
+// the CPU Exp(x · ln 2) (gpt_math.h, within 2 ulp of exp, plus the rounding
+// of the product; 0 below about 2^-125.5). The two differ by a few ulp of
+// p, far below the bf16 rounding p takes before it enters a product.
 ZINF_HOST_DEVICE inline float FlashExp2(float x) {
 #if defined(__CUDA_ARCH__)
   float y;
