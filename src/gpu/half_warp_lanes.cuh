@@ -5,11 +5,13 @@
 // order (the lanes 0..15 from zero, then the tail from zero, then the two
 // added) gives every thread the CPU row function's sum bit for bit. Used by
 // the causal softmax (gpu/kernels.cu) and the RMSNorm rows
-// (gpu/decoder_kernels.cu). Device code only; include from .cu files.
+// (gpu/decoder_kernels.cuh). Over gpu/simt.cuh: device code, or the CPU
+// emulation in a host compiler.
 #pragma once
 
 #include <cstdint>
 
+#include "gpu/simt.cuh"
 #include "math/lane_math.h"
 
 namespace zinf::gpu {
@@ -17,9 +19,7 @@ namespace zinf::gpu {
 // The shuffle mask of the calling thread's half-warp.
 __device__ inline unsigned HalfWarpMask() { return 0xffffu << (threadIdx.x & 16u); }
 // Thread `lane` (0..15) of the calling half-warp's value of v.
-__device__ inline float LaneOf(unsigned mask, float v, int lane) {
-  return __shfl_sync(mask, v, lane, model::kLanes);
-}
+__device__ inline float LaneOf(unsigned mask, float v, int lane) { return simt::ShflIdx(mask, v, lane, model::kLanes); }
 // Σ over the 16 lanes in order, then + Σ over the `tail` tail values in order
 // (tail < 16; thread k holds tail value k). Every thread of the half-warp
 // must call it.

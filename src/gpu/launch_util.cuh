@@ -31,11 +31,7 @@ inline Status CheckRows(const char* fn, int64_t rows, int64_t cols, const char* 
   return Status::Ok();
 }
 
-// An output element as fp32, or as its bf16 rounding to nearest even
-// (common/float16.h, as the CPU rounds a product's operand): the kernels
-// whose output is only ever a bf16 product's operand write it so directly.
-__device__ inline void StoreAs(float* p, float v) { *p = v; }
-__device__ inline void StoreAs(uint16_t* p, float v) { *p = FloatToBf16Bits(v); }
+using simt::StoreAs;
 
 // Whether the byte ranges [a, a + a_bytes) and [b, b + b_bytes) overlap.
 inline bool Overlap(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {

@@ -15,6 +15,8 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include "common/float16.h"
+
 // The block's dynamic shared memory, 128-byte aligned.
 #define ZINF_DYNAMIC_SMEM(name) extern __shared__ __align__(128) unsigned char name[]
 // A shared array of `count` T, the block's own: `name` indexes as T*.
@@ -33,6 +35,11 @@ template <class T>
 __host__ __device__ constexpr T Max(T a, T b) {
   return a < b ? b : a;
 }
+// An output element as fp32, or as its bf16 rounding to nearest even
+// (common/float16.h, as the CPU rounds a product's operand): the kernels
+// whose output is only ever a bf16 product's operand write it so directly.
+__device__ inline void StoreAs(float* p, float v) { *p = v; }
+__device__ inline void StoreAs(uint16_t* p, float v) { *p = FloatToBf16Bits(v); }
 // A grid-stride loop's first index and stride, over x.
 __device__ inline size_t GlobalThread() { return static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; }
 __device__ inline size_t GridStride() { return static_cast<size_t>(gridDim.x) * blockDim.x; }
@@ -47,6 +54,11 @@ __device__ inline uint32_t PackBf16x2(float lo, float hi) {
 __device__ inline void SyncThreads() { __syncthreads(); }
 // The value of lane (this lane ^ lane_mask), all 32 lanes taking part.
 __device__ inline float ShflXor(float x, int lane_mask) { return __shfl_xor_sync(0xffffffffu, x, lane_mask); }
+// The value of lane (this lane / width) · width + src_lane % width, the
+// lanes of `members` taking part (each with the same arguments).
+__device__ inline float ShflIdx(unsigned members, float x, int src_lane, int width) {
+  return __shfl_sync(members, x, src_lane, width);
+}
 
 // d += a · b over the warp's m16n8k16 tile: bf16 operands, fp32 accumulators.
 __device__ inline void MmaBf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
@@ -145,6 +157,8 @@ template <class T>
 constexpr T Max(T a, T b) {
   return a < b ? b : a;
 }
+inline void StoreAs(float* p, float v) { *p = v; }
+inline void StoreAs(uint16_t* p, float v) { *p = FloatToBf16Bits(v); }
 inline size_t GlobalThread() { return static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; }
 inline size_t GridStride() { return static_cast<size_t>(gridDim.x) * blockDim.x; }
 inline uint32_t PackBf16x2(float lo, float hi) {
@@ -155,6 +169,13 @@ inline float ShflXor(float x, int lane_mask) {
   uint32_t u;
   std::memcpy(&u, &x, 4);
   u = emu::ShflXor(u, lane_mask);
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+inline float ShflIdx(unsigned members, float x, int src_lane, int width) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  u = emu::ShflIdx(members, u, src_lane, width);
   std::memcpy(&x, &u, 4);
   return x;
 }

@@ -6,6 +6,7 @@
 #include <ucontext.h>
 
 #include <algorithm>
+#include <bit>
 #include <cstring>
 #include <memory>
 #include <new>
@@ -33,11 +34,12 @@ constexpr int kWarpSize = 32;
 constexpr size_t kStackBytes = size_t{256} << 10;
 
 enum class Wait { kNone, kWarp, kBlock };
-enum class WarpOp { kShfl, kMma, kLdm, kLdmTrans };
+enum class WarpOp { kShfl, kShflIdx, kMma, kLdm, kLdmTrans };
 
 const char* OpName(WarpOp op) {
   switch (op) {
     case WarpOp::kShfl: return "shfl.xor";
+    case WarpOp::kShflIdx: return "shfl.idx";
     case WarpOp::kMma: return "mma.sync m16n8k16";
     case WarpOp::kLdm: return "ldmatrix.x4";
     case WarpOp::kLdmTrans: return "ldmatrix.x4.trans";
@@ -59,6 +61,7 @@ struct Thread {
   bool done = false;
   Wait wait = Wait::kNone;
   uint64_t wait_gen = 0;
+  size_t wait_group = 0;  // with Wait::kWarp: the index of the group in its warp
   std::vector<PendingCopy> copies;
   void* fake_stack = nullptr;  // AddressSanitizer's, across switches
 };
@@ -69,20 +72,32 @@ struct LaneIn {
   uint32_t b[2];
   float c[4];
   const unsigned char* p;
-  int mask;
+  int arg;  // shfl: the lane mask (xor) or source lane (idx)
 };
 struct LaneOut {
   uint32_t r[4];
   float d[4];
 };
 
-struct WarpState {
+// The lanes of a warp that take part in one instruction (its member
+// mask: all 32 but for a shfl with a narrower mask, e.g. a half-warp's).
+struct Group {
+  uint32_t members = 0;
   WarpOp op = WarpOp::kShfl;
-  int mask = 0;  // shfl.xor's, the same for every lane
+  int arg = 0, width = kWarpSize;  // shfl's, the same for every member
   int arrived = 0;
   uint64_t gen = 0;
   LaneIn in[kWarpSize];
   LaneOut out[kWarpSize];
+};
+struct WarpState {
+  std::vector<Group> groups;  // one per member mask in use (a warp's halves may be at different shuffles)
+  bool Waiting(int lane) const {
+    for (const Group& g : groups) {
+      if (g.arrived > 0 && (g.members >> lane & 1u)) return true;
+    }
+    return false;
+  }
 };
 
 // Thrown inside a fiber for a broken rule; caught at the fiber's base.
@@ -163,9 +178,10 @@ void Finish(Thread& t) {
   ApplyCopies(t);  // copies complete whether or not the thread waited
   t.done = true;
   --m.live;
-  const WarpState& w = m.warps[static_cast<size_t>(t.warp)];
-  if (w.arrived > 0 && m.error.empty()) {
-    m.error = Where(t) + ": returned while its warp waits at " + OpName(w.op);
+  for (const Group& g : m.warps[static_cast<size_t>(t.warp)].groups) {
+    if (g.arrived > 0 && (g.members >> t.lane & 1u) && m.error.empty()) {
+      m.error = Where(t) + ": returned while its warp waits at " + OpName(g.op);
+    }
   }
   if (m.barrier_arrived > 0 && m.barrier_arrived == m.live) {  // the exited thread counts as arrived
     m.barrier_arrived = 0;
@@ -188,34 +204,57 @@ void Entry() {
   ToScheduler(t, true);
 }
 
-// The warp instruction `op` with this lane's operands: waits for the other
-// 31 lanes, the last of which computes every lane's result.
+// The warp instruction `op` over the lanes of `members` (this lane among
+// them), with this lane's operands: waits for the other members, the last
+// of which computes every member's result.
 template <class Compute>
-LaneOut WarpCollective(WarpOp op, const LaneIn& in, Compute compute) {
+LaneOut WarpCollective(WarpOp op, uint32_t members, int width, const LaneIn& in, Compute compute) {
   Machine& m = M();
   Thread& t = Current();
+  if (!(members >> t.lane & 1u)) Fail(std::string(OpName(op)) + " with a member mask that leaves out the lane itself");
   WarpState& w = m.warps[static_cast<size_t>(t.warp)];
   const size_t first = static_cast<size_t>(t.warp) * kWarpSize;
-  for (size_t i = first; i < first + kWarpSize; ++i) {
-    if (m.threads[i].done) Fail(std::string(OpName(op)) + " while lane " + std::to_string(i - first) + " has returned");
+  for (int l = 0; l < kWarpSize; ++l) {
+    if ((members >> l & 1u) && m.threads[first + static_cast<size_t>(l)].done) {
+      Fail(std::string(OpName(op)) + " while lane " + std::to_string(l) + " of its mask has returned");
+    }
   }
-  if (w.arrived == 0) {
-    w.op = op;
-    w.mask = in.mask;
-  } else if (w.op != op || w.mask != in.mask) {
-    Fail(std::string("divergent warp: this lane at ") + OpName(op) + ", others at " + OpName(w.op) +
-         (w.op == op ? " with another lane mask" : ""));
+  size_t gi = w.groups.size();
+  for (size_t i = 0; i < w.groups.size(); ++i) {
+    const Group& g = w.groups[i];
+    if (g.members == members) {
+      gi = i;
+    } else if (g.arrived > 0 && (g.members & members) != 0) {
+      Fail(std::string("divergent warp: ") + OpName(op) + " over lanes " + std::to_string(members) +
+           " while lanes of it wait at " + OpName(g.op) + " over " + std::to_string(g.members));
+    }
   }
-  w.in[t.lane] = in;
-  if (++w.arrived == kWarpSize) {
-    compute(w);
-    w.arrived = 0;
-    ++w.gen;
+  if (gi == w.groups.size()) {
+    w.groups.emplace_back();
+    w.groups.back().members = members;
+  }
+  Group& g = w.groups[gi];
+  if (g.arrived == 0) {
+    g.op = op;
+    g.arg = in.arg;
+    g.width = width;
+  } else if (g.op != op || g.arg != in.arg || g.width != width) {
+    Fail(std::string("divergent warp: this lane at ") + OpName(op) + ", others at " + OpName(g.op) +
+         (g.op == op ? " with another lane argument" : ""));
+  }
+  g.in[t.lane] = in;
+  if (++g.arrived == std::popcount(members)) {
+    compute(g);
+    g.arrived = 0;
+    ++g.gen;
   } else {
-    WaitFor(Wait::kWarp, w.gen);
+    t.wait_group = gi;
+    WaitFor(Wait::kWarp, g.gen);
   }
-  return w.out[t.lane];
+  return m.warps[static_cast<size_t>(t.warp)].groups[gi].out[t.lane];
 }
+
+constexpr uint32_t kAllLanes = 0xffffffffu;
 
 bool InSmem(const unsigned char* p, size_t bytes) {
   const Machine& m = M();
@@ -271,7 +310,7 @@ bool Runnable(const Machine& m, const Thread& t) {
   if (t.done) return false;
   switch (t.wait) {
     case Wait::kNone: return true;
-    case Wait::kWarp: return m.warps[static_cast<size_t>(t.warp)].gen != t.wait_gen;
+    case Wait::kWarp: return m.warps[static_cast<size_t>(t.warp)].groups[t.wait_group].gen != t.wait_gen;
     case Wait::kBlock: return m.barrier_gen != t.wait_gen;
   }
   return false;
@@ -292,9 +331,9 @@ std::string Stuck(const Machine& m) {
                   std::to_string(m.block_idx.z) + "): " + std::to_string(at_barrier) + " threads at __syncthreads, " +
                   std::to_string(at_warp) + " at warp instructions";
   if (example) {
-    const WarpState& w = m.warps[static_cast<size_t>(example->warp)];
-    s += " (warp " + std::to_string(example->warp) + " at " + OpName(w.op) + ", " + std::to_string(w.arrived) +
-         " of 32 lanes arrived)";
+    const Group& g = m.warps[static_cast<size_t>(example->warp)].groups[example->wait_group];
+    s += " (warp " + std::to_string(example->warp) + " at " + OpName(g.op) + ", " + std::to_string(g.arrived) +
+         " of " + std::to_string(std::popcount(g.members)) + " lanes arrived)";
   }
   return s;
 }
@@ -318,7 +357,7 @@ Status RunBlock(Machine& m, uint64_t& rng) {
   m.static_used = 0;
   m.live = static_cast<int>(n);
   m.barrier_arrived = 0;
-  for (WarpState& w : m.warps) w.arrived = 0;
+  for (WarpState& w : m.warps) w.groups.clear();
   const Dim3 bd = m.cfg.block;
   for (size_t i = 0; i < n; ++i) {
     Thread& t = m.threads[i];
@@ -438,9 +477,9 @@ uint32_t ShflXor(uint32_t value, int lane_mask) {
   if (lane_mask < 0 || lane_mask >= kWarpSize) Fail("shfl.xor lane mask " + std::to_string(lane_mask));
   LaneIn in{};
   in.a[0] = value;
-  in.mask = lane_mask;
-  return WarpCollective(WarpOp::kShfl, in, [](WarpState& w) {
-           for (int l = 0; l < kWarpSize; ++l) w.out[l].r[0] = w.in[l ^ w.in[l].mask].a[0];
+  in.arg = lane_mask;
+  return WarpCollective(WarpOp::kShfl, kAllLanes, kWarpSize, in, [](Group& g) {
+           for (int l = 0; l < kWarpSize; ++l) g.out[l].r[0] = g.in[l ^ g.arg].a[0];
          }).r[0];
 }
 
@@ -450,7 +489,7 @@ void MmaBf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   in.b[0] = b0;
   in.b[1] = b1;
   std::copy(d, d + 4, in.c);
-  const LaneOut out = WarpCollective(WarpOp::kMma, in, [](WarpState& w) {
+  const LaneOut out = WarpCollective(WarpOp::kMma, kAllLanes, kWarpSize, in, [](Group& w) {
     float A[16][16], B[16][8], C[16][8];
     for (int l = 0; l < kWarpSize; ++l) {  // the PTX fragment layouts of m16n8k16
       const int g = l / 4, c = l % 4;
@@ -483,7 +522,8 @@ void LoadMatrices(uint32_t (&m)[4], const void* row, bool trans) {
   CheckShared(row, 16, trans ? "ldmatrix.x4.trans" : "ldmatrix.x4");
   LaneIn in{};
   in.p = static_cast<const unsigned char*>(row);
-  const LaneOut out = WarpCollective(trans ? WarpOp::kLdmTrans : WarpOp::kLdm, in, [trans](WarpState& w) {
+  const LaneOut out =
+      WarpCollective(trans ? WarpOp::kLdmTrans : WarpOp::kLdm, kAllLanes, kWarpSize, in, [trans](Group& w) {
     for (int l = 0; l < kWarpSize; ++l) {
       const int g = l / 4, c = l % 4;
       for (int i = 0; i < 4; ++i) {  // matrix i's rows come from lanes 8i .. 8i + 7
@@ -499,6 +539,26 @@ void LoadMatrices(uint32_t (&m)[4], const void* row, bool trans) {
     }
   });
   std::copy(out.r, out.r + 4, m);
+}
+
+uint32_t ShflIdx(uint32_t members, uint32_t value, int src_lane, int width) {
+  if (width < 1 || width > kWarpSize || (width & (width - 1)) != 0) {
+    Fail("shfl.idx width " + std::to_string(width) + " (a power of two up to 32)");
+  }
+  LaneIn in{};
+  in.a[0] = value;
+  in.arg = src_lane;
+  return WarpCollective(WarpOp::kShflIdx, members, width, in, [](Group& g) {
+           for (int l = 0; l < kWarpSize; ++l) {
+             if (!(g.members >> l & 1u)) continue;
+             const int src = l / g.width * g.width + g.arg % g.width;
+             if (!(g.members >> src & 1u)) {
+               throw Broken{Where(Current()) + ": shfl.idx from lane " + std::to_string(src) +
+                            ", outside the member mask"};
+             }
+             g.out[l].r[0] = g.in[src].a[0];
+           }
+         }).r[0];
 }
 
 void CpAsync(void* dst, const void* src, int bytes, int src_bytes) {

@@ -5,7 +5,8 @@
 // after another. The warp-wide instructions the kernels use (gpu/simt.cuh)
 // wait for all 32 lanes of the warp, then compute every lane's result:
 //   mma.sync m16n8k16 (bf16 operands, fp32 accumulators), ldmatrix .x4 and
-//   .x4.trans, shfl.xor over the full warp;
+//   .x4.trans, shfl.xor over the full warp, shfl.idx over any member mask
+//   (a half-warp's: the lanes of a mask wait for one another alone);
 // __syncthreads waits for the block's live threads (a thread that returned
 // counts as arrived, as on sm_70 and later). cp.async copies land either as
 // they are issued or only at the issuing thread's wait (CopyTiming), so a
@@ -75,6 +76,10 @@ inline constexpr size_t kStaticSmemBytes = 48 << 10;
 
 void SyncThreads();
 uint32_t ShflXor(uint32_t value, int lane_mask);
+// shfl.sync.idx over the lanes of `members` (this lane among them, each
+// calling with the same mask, source lane and width): the value of lane
+// (this lane / width) · width + src_lane % width, which must be a member.
+uint32_t ShflIdx(uint32_t members, uint32_t value, int src_lane, int width);
 // d = a · b + c for the warp's m16n8k16 tile (each lane's fragment).
 void MmaBf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
 // ldmatrix.sync.aligned.m8n8.x4(.trans).shared.b16; `row` is this lane's

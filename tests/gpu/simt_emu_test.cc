@@ -114,6 +114,22 @@ TEST(SimtEmuTest, ShflXorAndSyncThreads) {
   for (unsigned t = 0; t < 128; ++t) EXPECT_EQ(out[t], static_cast<float>(((t + 32) % 128) ^ 5)) << t;
 }
 
+// Each half-warp shuffles over its own mask, the halves at different
+// instructions: lane j of a half reads lane src of its half.
+TEST(SimtEmuTest, HalfWarpsShuffleOnTheirOwn) {
+  std::vector<float> out(32);
+  const Status st = emu::Launch(OneBlock(32), [&] {
+    const unsigned t = threadIdx.x, members = 0xffffu << (t & 16u);
+    float v = static_cast<float>(t);
+    if (t < 16) v = simt::ShflIdx(members, v, 3, 16) + 100.0f;  // one more shuffle than the upper half
+    out[t] = simt::ShflIdx(members, v, 5, 16);
+  });
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  for (unsigned t = 0; t < 32; ++t) EXPECT_EQ(out[t], t < 16 ? 103.0f : 21.0f) << t;
+  const Status outside = emu::Launch(OneBlock(32), [] { (void)simt::ShflIdx(0x0000ffffu, 1.0f, 20, 32); });
+  EXPECT_NE(outside.ToString().find("outside the member mask"), std::string::npos) << outside.ToString();
+}
+
 TEST(SimtEmuTest, CpAsyncLandsAtIssueOrAtTheWait) {
   alignas(16) const float src[4] = {1, 2, 3, 4};
   for (CopyTiming timing : {CopyTiming::kAtIssue, CopyTiming::kAtWait}) {

@@ -1,0 +1,234 @@
+// The kernels of gpu/decoder_kernels.h (launched by decoder_kernels.cu).
+// Built as gpu/kernels.cu is
+// (--fmad=false, IEEE division and sqrt), so each element rounds the same
+// operations in the same order as model/decoder_layers.cc.
+//
+// RMSNorm rows run on a half-warp each (gpu/half_warp_lanes.cuh): thread j
+// sums lane j of the row's squares (or of backward's Σ g x̂ terms), thread k
+// the tail element k, and the shuffled combination is RmsNormRow's and
+// RmsNormGradDot's order exactly. A row of the head norm (D = 64 or 128)
+// is four or eight elements a thread; a model row of C is C / 16. Each
+// element is read and then written by the one thread that holds it, so the
+// forward may run in place and the backward may write dx over dy. The weight
+// gradient sums columns in ColumnChunkRows' chunks: a block per 32 columns,
+// its warps taking the chunks in turn, the chunk partials then added in
+// chunk order by warp 0, as the CPU's column loop does.
+//
+// RoPE and SwiGLU are elementwise: a thread per rotated pair, a thread per
+// output element (grid-stride loops of 256-thread blocks).
+//
+// The kernels use only gpu/simt.cuh's instructions, so this header also
+// compiles in a host compiler against the CPU emulation
+// (tests/gpu/decoder_kernels_emu_test.cc).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "gpu/decoder_kernels.h"
+#include "gpu/half_warp_lanes.cuh"
+#include "gpu/simt.cuh"
+#include "math/decoder_math.h"
+#include "math/lane_math.h"
+
+namespace zinf::gpu::decoder {
+
+using model::kLanes;
+
+constexpr unsigned kThreads = 256;
+constexpr size_t kMaxBlocks = size_t{1} << 16;
+constexpr int64_t kHalfWarpsPerBlock = kThreads / kLanes;
+// The weight gradient's block: 32 warps, so each takes at most four of the
+// (at most 128) chunks; the q/k norm has only D / 32 column tiles.
+constexpr int kColumnWarps = 32;
+
+// Blocks of kThreads for n elements (grid-stride beyond kMaxBlocks), and
+// for `rows` half-warp rows.
+inline unsigned BlocksFor(size_t n) {
+  const size_t b = (n + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(b < kMaxBlocks ? b : kMaxBlocks);
+}
+inline unsigned BlocksForHalfWarpRows(int64_t rows) {
+  const int64_t b = (rows + kHalfWarpsPerBlock - 1) / kHalfWarpsPerBlock;
+  return static_cast<unsigned>(b < static_cast<int64_t>(kMaxBlocks) ? b : static_cast<int64_t>(kMaxBlocks));
+}
+
+// The calling half-warp's first row and the stride between its rows.
+__device__ inline int64_t HalfWarpRow() { return static_cast<int64_t>(simt::GlobalThread() / kLanes); }
+__device__ inline int64_t HalfWarpRowStride() { return static_cast<int64_t>(simt::GridStride() / kLanes); }
+
+// ---- RMSNorm ----
+
+// The calling lane's elements c = lane, lane + 16, ... below `end`, in
+// increasing order: load(c) of a batch of kRowBatch of them is issued before
+// use(c, loaded) of any, so the loads are in flight together and a use may
+// store to its own element (x and y, or dy and dx, may be one buffer: without
+// the batch, each load would wait for the store before it).
+constexpr int kRowBatch = 8;
+template <class Load, class Use>
+__device__ inline void ForLaneBatches(int lane, int64_t end, const Load& load, const Use& use) {
+  using Loaded = decltype(load(int64_t{0}));
+  int64_t c = lane;
+  for (; c + (kRowBatch - 1) * kLanes < end; c += kRowBatch * kLanes) {
+    Loaded v[kRowBatch];
+#pragma unroll
+    for (int k = 0; k < kRowBatch; ++k) v[k] = load(c + k * kLanes);
+#pragma unroll
+    for (int k = 0; k < kRowBatch; ++k) use(c + k * kLanes, v[k]);
+  }
+  for (; c < end; c += kLanes) use(c, load(c));
+}
+
+// x and y may be the same buffer (Out = float): not __restrict__.
+template <class Out>
+__global__ void RmsNormForwardKernel(const float* x, const float* __restrict__ w, Out* y, float* __restrict__ rstd,
+                                     StridedRows rows, float eps) {
+  const unsigned mask = HalfWarpMask();
+  const int lane = static_cast<int>(threadIdx.x % kLanes);
+  const int64_t n = rows.n, full = n / kLanes * kLanes, tail = n - full;
+  struct XW {
+    float x, w;
+  };
+  for (int64_t r = HalfWarpRow(); r < rows.rows; r += HalfWarpRowStride()) {
+    const int64_t at = rows.Offset(r);
+    const float* xr = x + at;
+    float acc = 0.0f;  // LaneSumSquares: lane `lane`
+    ForLaneBatches(
+        lane, full, [&](int64_t c) { return xr[c]; }, [&](int64_t, float v) { acc += v * v; });
+    const float tail_x = lane < tail ? xr[full + lane] : 0.0f;
+    const float s = model::RmsNormRstd(LaneSumThenTail(mask, acc, tail_x * tail_x, tail), n, eps);
+    Out* yr = y + at;
+    ForLaneBatches(
+        lane, n, [&](int64_t c) { return XW{xr[c], w[c]}; },
+        [&](int64_t c, XW v) { simt::StoreAs(yr + c, model::RmsNormOutput(v.x, s, v.w)); });
+    if (lane == 0) rstd[r] = s;
+  }
+}
+
+// dy and dx may be the same buffer: not __restrict__.
+__global__ void RmsNormBackwardRowsKernel(const float* dy, const float* __restrict__ x, const float* __restrict__ w,
+                                          const float* __restrict__ rstd, float* dx, bool accumulate,
+                                          StridedRows rows) {
+  const unsigned mask = HalfWarpMask();
+  const int lane = static_cast<int>(threadIdx.x % kLanes);
+  const int64_t n = rows.n, full = n / kLanes * kLanes, tail = n - full;
+  struct Terms {
+    float dy, w, x, dx;
+  };
+  for (int64_t r = HalfWarpRow(); r < rows.rows; r += HalfWarpRowStride()) {
+    const int64_t at = rows.Offset(r);
+    const float* dyr = dy + at;
+    const float* xr = x + at;
+    const float s = rstd[r];
+    float acc = 0.0f;  // RmsNormGradDot: lane `lane`
+    ForLaneBatches(
+        lane, full, [&](int64_t c) { return Terms{dyr[c], w[c], xr[c], 0.0f}; },
+        [&](int64_t, Terms v) { acc += model::RmsNormGradDotTerm(v.dy, v.w, v.x, s); });
+    const float tail_term =
+        lane < tail ? model::RmsNormGradDotTerm(dyr[full + lane], w[full + lane], xr[full + lane], s) : 0.0f;
+    const float dot = LaneSumThenTail(mask, acc, tail_term, tail);
+    float* dxr = dx + at;
+    ForLaneBatches(
+        lane, n, [&](int64_t c) { return Terms{dyr[c], w[c], xr[c], accumulate ? dxr[c] : 0.0f}; },
+        [&](int64_t c, Terms v) {
+          const float g = model::RmsNormInputGrad(v.dy, v.w, v.x, s, dot, n);
+          dxr[c] = accumulate ? v.dx + g : g;
+        });
+  }
+}
+
+__global__ void __launch_bounds__(kColumnWarps * 32)
+    RmsNormWeightGradKernel(const float* __restrict__ dy, const float* __restrict__ x,
+                            const float* __restrict__ rstd, float* __restrict__ dw, StridedRows rows) {
+  using Partials = float[32];
+  ZINF_STATIC_SMEM(Partials, part, model::kMaxColumnChunks);
+  const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * 32 + lane;
+  const int64_t R = rows.rows;
+  const int64_t chunk = model::ColumnChunkRows(R), chunks = (R + chunk - 1) / chunk;
+  for (int64_t k = warp; k < chunks; k += kColumnWarps) {
+    float acc = 0.0f;
+    if (c < rows.n) {
+      const int64_t r1 = R < (k + 1) * chunk ? R : (k + 1) * chunk;
+      // The chunk's rows in order, kRowBatch rows' loads in flight at once.
+      int64_t r = k * chunk;
+      for (; r + kRowBatch <= r1; r += kRowBatch) {
+        float d[kRowBatch], xv[kRowBatch], s[kRowBatch];
+#pragma unroll
+        for (int b = 0; b < kRowBatch; ++b) {
+          const int64_t at = rows.Offset(r + b) + c;
+          d[b] = dy[at];
+          xv[b] = x[at];
+          s[b] = rstd[r + b];
+        }
+#pragma unroll
+        for (int b = 0; b < kRowBatch; ++b) acc += model::RmsNormWeightGradTerm(d[b], xv[b], s[b]);
+      }
+      for (; r < r1; ++r) {
+        const int64_t at = rows.Offset(r) + c;
+        acc += model::RmsNormWeightGradTerm(dy[at], x[at], rstd[r]);
+      }
+    }
+    part[k][lane] = acc;
+  }
+  simt::SyncThreads();
+  if (warp == 0 && c < rows.n) {
+    float acc = 0.0f;
+    for (int64_t k = 0; k < chunks; ++k) acc += part[k][lane];
+    dw[c] += acc;
+  }
+}
+
+// ---- RoPE ----
+
+template <bool kBackward>
+__global__ void RopeKernel(float* x, StridedRows rows, int64_t seq_len, const float* __restrict__ cos_table,
+                           const float* __restrict__ sin_table) {
+  const int64_t half = rows.n / 2;
+  const size_t total = static_cast<size_t>(rows.rows) * static_cast<size_t>(half);
+  for (size_t e = simt::GlobalThread(); e < total; e += simt::GridStride()) {
+    const int64_t r = static_cast<int64_t>(e / static_cast<size_t>(half));
+    const int64_t i = static_cast<int64_t>(e % static_cast<size_t>(half));
+    float* v = x + rows.Offset(r);
+    const int64_t at = ((r / rows.per_token) % seq_len) * half + i;
+    float a = v[i], b = v[i + half];
+    if constexpr (kBackward) {
+      model::RopeRotateBack(a, b, cos_table[at], sin_table[at]);
+    } else {
+      model::RopeRotate(a, b, cos_table[at], sin_table[at]);
+    }
+    v[i] = a;
+    v[i + half] = b;
+  }
+}
+
+// ---- SwiGLU ----
+
+template <class Out>
+__global__ void SwiGluForwardKernel(const float* __restrict__ x, Out* __restrict__ out, int64_t rows, int64_t inter) {
+  const size_t n = static_cast<size_t>(rows) * static_cast<size_t>(inter);
+  for (size_t e = simt::GlobalThread(); e < n; e += simt::GridStride()) {
+    const int64_t r = static_cast<int64_t>(e / static_cast<size_t>(inter));
+    const int64_t i = static_cast<int64_t>(e % static_cast<size_t>(inter));
+    const float* gate = x + r * 2 * inter;
+    simt::StoreAs(out + e, model::SwiGlu(gate[i], gate[inter + i]));
+  }
+}
+
+template <class Out>
+__global__ void SwiGluBackwardKernel(const float* __restrict__ x, const float* __restrict__ dy, Out* __restrict__ dx,
+                                     int64_t rows, int64_t inter) {
+  const size_t n = static_cast<size_t>(rows) * static_cast<size_t>(inter);
+  for (size_t e = simt::GlobalThread(); e < n; e += simt::GridStride()) {
+    const int64_t r = static_cast<int64_t>(e / static_cast<size_t>(inter));
+    const int64_t i = static_cast<int64_t>(e % static_cast<size_t>(inter));
+    const float* gate = x + r * 2 * inter;
+    Out* dgate = dx + r * 2 * inter;
+    float dg, du;
+    model::SwiGluGrad(gate[i], gate[inter + i], dy[e], dg, du);
+    simt::StoreAs(dgate + i, dg);
+    simt::StoreAs(dgate + inter + i, du);
+  }
+}
+
+}  // namespace zinf::gpu::decoder

@@ -1,0 +1,150 @@
+// The decoder kernels (gpu/decoder_kernels.cuh: RMSNorm rows on half-warps,
+// its weight gradient, SwiGLU, each with fp32 or bf16 outputs), run without
+// a GPU through the SIMT emulation (gpu/simt_emu.h), launched as
+// decoder_kernels.cu launches them, against the CPU layers
+// (model/decoder_layers.h) bit for bit — the kernels add in the CPU's
+// 16-lane order through half-warp shuffles, which the emulation keeps — and
+// the bf16 outputs against the fp32 ones rounded. The same comparisons as
+// tests/gpu/decoder_kernels_test.cc's, which need a GPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "common/float16.h"
+#include "gpu/decoder_kernels.cuh"
+#include "model/decoder_layers.h"
+#include "model/parallel.h"
+#include "test_util.h"
+
+namespace zinf::gpu {
+namespace {
+
+using model::RowSet;
+using test::SplitMix64;
+
+std::vector<float> RandomFloats(uint64_t seed, size_t n, float lo, float hi) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) {
+    v[i] = lo + (hi - lo) * static_cast<float>(SplitMix64(seed * 0x9e3779b97f4a7c15ull + i) >> 40) / 16777216.0f;
+  }
+  return v;
+}
+
+Status Emulate(unsigned blocks, unsigned threads, uint64_t seed, const std::function<void()>& kernel) {
+  emu::LaunchConfig c;
+  c.grid = emu::Dim3{blocks, 1, 1};
+  c.block = emu::Dim3{threads, 1, 1};
+  c.schedule_seed = seed;
+  return emu::Launch(c, kernel);
+}
+
+StridedRows Strided(const RowSet& r) { return StridedRows{r.rows, r.n, r.per_token, r.token_stride}; }
+
+size_t DifferentBits(const std::vector<float>& a, const std::vector<float>& b) {
+  size_t d = a.size() == b.size() ? 0 : 1;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) d += FloatToBits(a[i]) != FloatToBits(b[i]);
+  return d;
+}
+size_t NotRounded(const std::vector<uint16_t>& got, const std::vector<float>& fp32) {
+  size_t d = got.size() == fp32.size() ? 0 : 1;
+  for (size_t i = 0; i < got.size() && i < fp32.size(); ++i) d += got[i] != FloatToBf16Bits(fp32[i]);
+  return d;
+}
+
+// RMSNorm forward (fp32 and bf16 out) and backward (dx added to a separate
+// buffer, and the weight gradient) over `rows` of a buffer of `elems`.
+void CheckRmsNorm(int64_t elems, const RowSet& rows, uint64_t seed) {
+  SCOPED_TRACE(::testing::Message() << "rows " << rows.rows << ", n " << rows.n << ", per_token " << rows.per_token);
+  const float eps = 1e-6f;
+  const size_t n = static_cast<size_t>(elems);
+  const model::ModelThreads th(1);
+  const std::vector<float> x = RandomFloats(seed, n, -3.0f, 5.0f);
+  const std::vector<float> w = RandomFloats(seed + 1, static_cast<size_t>(rows.n), 0.5f, 1.5f);
+  const std::vector<float> dy = RandomFloats(seed + 3, n, -1.0f, 1.0f);
+  const std::vector<float> dx0 = RandomFloats(seed + 4, n, -0.1f, 0.1f);
+  const std::vector<float> dw0 = RandomFloats(seed + 5, static_cast<size_t>(rows.n), -0.1f, 0.1f);
+  // The CPU: y over a copy of x (rows not in the set keep x's values).
+  std::vector<float> y = x, rstd(static_cast<size_t>(rows.rows)), dx = dx0, dw = dw0;
+  model::RmsNormForward<float>(th, y.data(), rstd.data(), x.data(), w.data(), rows, eps);
+  model::RmsNormBackward<float>(th, dx.data(), true, dw.data(), dy.data(), x.data(), w.data(), rstd.data(), rows);
+
+  const StridedRows s = Strided(rows);
+  std::vector<float> gy = x, grstd(rstd.size(), NAN), gdx = dx0, gdw = dw0;
+  std::vector<uint16_t> gy16(n, 0xffff);
+  std::vector<float> grstd16(rstd.size(), NAN);
+  const unsigned row_blocks = decoder::BlocksForHalfWarpRows(rows.rows);
+  for (uint64_t sched : {uint64_t{0}, uint64_t{3}}) {
+    SCOPED_TRACE(::testing::Message() << "schedule " << sched);
+    ASSERT_TRUE(Emulate(row_blocks, decoder::kThreads, sched, [&] {
+                  decoder::RmsNormForwardKernel<float>(x.data(), w.data(), gy.data(), grstd.data(), s, eps);
+                }).ok());
+    ASSERT_TRUE(Emulate(row_blocks, decoder::kThreads, sched, [&] {
+                  decoder::RmsNormForwardKernel<uint16_t>(x.data(), w.data(), gy16.data(), grstd16.data(), s, eps);
+                }).ok());
+    EXPECT_EQ(DifferentBits(gy, y), 0u) << "y";
+    EXPECT_EQ(DifferentBits(grstd, rstd), 0u) << "rstd";
+    EXPECT_EQ(DifferentBits(grstd16, rstd), 0u) << "rstd (bf16 y)";
+    size_t unrounded = 0;
+    for (int64_t r = 0; r < rows.rows; ++r) {
+      for (int64_t c = 0; c < rows.n; ++c) {
+        const size_t at = static_cast<size_t>(rows.Offset(r) + c);
+        unrounded += gy16[at] != FloatToBf16Bits(y[at]);
+      }
+    }
+    EXPECT_EQ(unrounded, 0u) << "bf16 y";
+  }
+  // Backward: the weight gradient first (as the launch does), then the rows.
+  ASSERT_TRUE(Emulate(static_cast<unsigned>((rows.n + 31) / 32), decoder::kColumnWarps * 32, 7, [&] {
+                decoder::RmsNormWeightGradKernel(dy.data(), x.data(), rstd.data(), gdw.data(), s);
+              }).ok());
+  ASSERT_TRUE(Emulate(row_blocks, decoder::kThreads, 7, [&] {
+                decoder::RmsNormBackwardRowsKernel(dy.data(), x.data(), w.data(), rstd.data(), gdx.data(), true, s);
+              }).ok());
+  EXPECT_EQ(DifferentBits(gdw, dw), 0u) << "dw";
+  EXPECT_EQ(DifferentBits(gdx, dx), 0u) << "dx";
+}
+
+// Dense rows: shorter than the 16 lanes, with and without a tail, a part
+// batch of 8 and a tail (773), a model's row (2048), several column chunks
+// (1000 rows); and the key heads of a fused qkv.
+TEST(DecoderKernelsEmuTest, RmsNormMatchesTheCpuBitForBit) {
+  uint64_t seed = 100;
+  for (const auto& [R, n] : {std::pair<int64_t, int64_t>{37, 1}, {37, 15}, {37, 17}, {9, 773}, {4, 2048}, {1000, 8}}) {
+    CheckRmsNorm(R * n, RowSet::Dense(R, n), seed += 10);
+  }
+  const int64_t tokens = 13, heads = 4, kv_heads = 2, D = 20, stride = (heads + 2 * kv_heads) * D;
+  CheckRmsNorm(tokens * stride, RowSet{tokens * kv_heads, D, kv_heads, stride}, seed += 10);
+}
+
+TEST(DecoderKernelsEmuTest, SwiGluMatchesTheCpuBitForBit) {
+  const model::ModelThreads th(1);
+  for (const auto& [rows, inter] : {std::pair<int64_t, int64_t>{37, 1}, {37, 17}, {29, 300}}) {
+    SCOPED_TRACE(::testing::Message() << "rows " << rows << ", inter " << inter);
+    const size_t n_in = static_cast<size_t>(rows * 2 * inter), n_out = static_cast<size_t>(rows * inter);
+    const std::vector<float> x = RandomFloats(700 + inter, n_in, -12.0f, 12.0f);
+    const std::vector<float> dy = RandomFloats(701 + inter, n_out, -1.0f, 1.0f);
+    std::vector<float> out(n_out), dx(n_in);
+    model::SwiGluForward<float>(th, out.data(), x.data(), rows, inter);
+    model::SwiGluBackward<float>(th, dx.data(), x.data(), dy.data(), rows, inter);
+
+    std::vector<float> gout(n_out, NAN), gdx(n_in, NAN);
+    std::vector<uint16_t> gout16(n_out, 0xffff), gdx16(n_in, 0xffff);
+    const unsigned blocks = decoder::BlocksFor(n_out);
+    ASSERT_TRUE(Emulate(blocks, decoder::kThreads, 0, [&] {
+                  decoder::SwiGluForwardKernel<float>(x.data(), gout.data(), rows, inter);
+                  decoder::SwiGluForwardKernel<uint16_t>(x.data(), gout16.data(), rows, inter);
+                  decoder::SwiGluBackwardKernel<float>(x.data(), dy.data(), gdx.data(), rows, inter);
+                  decoder::SwiGluBackwardKernel<uint16_t>(x.data(), dy.data(), gdx16.data(), rows, inter);
+                }).ok());
+    EXPECT_EQ(DifferentBits(gout, out), 0u) << "swiglu";
+    EXPECT_EQ(DifferentBits(gdx, dx), 0u) << "swiglu grad";
+    EXPECT_EQ(NotRounded(gout16, out), 0u) << "bf16 swiglu";
+    EXPECT_EQ(NotRounded(gdx16, dx), 0u) << "bf16 swiglu grad";
+  }
+}
+
+}  // namespace
+}  // namespace zinf::gpu
