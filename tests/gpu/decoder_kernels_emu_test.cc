@@ -2,7 +2,7 @@
 // its weight gradient, SwiGLU, each with fp32 or bf16 outputs), run without
 // a GPU through the SIMT emulation (gpu/simt_emu.h), launched as
 // decoder_kernels.cu launches them, against the CPU layers
-// (model/decoder_layers.h) bit for bit — the kernels add in the CPU's
+// (model/decoder_layers.h) bit for bit (RoPE too) — the kernels add in the CPU's
 // 16-lane order through half-warp shuffles, which the emulation keeps — and
 // the bf16 outputs against the fp32 ones rounded. The same comparisons as
 // tests/gpu/decoder_kernels_test.cc's, which need a GPU.
@@ -143,6 +143,35 @@ TEST(DecoderKernelsEmuTest, SwiGluMatchesTheCpuBitForBit) {
     EXPECT_EQ(DifferentBits(gdx, dx), 0u) << "swiglu grad";
     EXPECT_EQ(NotRounded(gout16, out), 0u) << "bf16 swiglu";
     EXPECT_EQ(NotRounded(gdx16, dx), 0u) << "bf16 swiglu grad";
+  }
+}
+
+// RoPE forward and back over the query heads of a fused qkv, positions
+// wrapping over two batch rows, against the CPU with the same table.
+TEST(DecoderKernelsEmuTest, RopeMatchesTheCpuBitForBit) {
+  const model::ModelThreads th(1);
+  const int64_t seq_len = 7, tokens = 2 * seq_len, heads = 3, kv_heads = 1, D = 20, stride = (heads + 2 * kv_heads) * D;
+  const RowSet rows{tokens * heads, D, heads, stride};
+  model::RopeTable table;
+  table.seq_len = seq_len;
+  table.half = D / 2;
+  table.cos = RandomFloats(41, static_cast<size_t>(seq_len * D / 2), -1.0f, 1.0f);
+  table.sin = RandomFloats(42, static_cast<size_t>(seq_len * D / 2), -1.0f, 1.0f);
+  const std::vector<float> x = RandomFloats(43, static_cast<size_t>(tokens * stride), -2.0f, 2.0f);
+  for (bool backward : {false, true}) {
+    SCOPED_TRACE(backward ? "backward" : "forward");
+    std::vector<float> want = x, got = x;
+    if (backward) model::RopeBackward<float>(th, want.data(), rows, seq_len, table);
+    else model::RopeForward<float>(th, want.data(), rows, seq_len, table);
+    const unsigned blocks = decoder::BlocksFor(static_cast<size_t>(rows.rows * D / 2));
+    ASSERT_TRUE(Emulate(blocks, decoder::kThreads, 0, [&] {
+                  if (backward) {
+                    decoder::RopeKernel<true>(got.data(), Strided(rows), seq_len, table.cos.data(), table.sin.data());
+                  } else {
+                    decoder::RopeKernel<false>(got.data(), Strided(rows), seq_len, table.cos.data(), table.sin.data());
+                  }
+                }).ok());
+    EXPECT_EQ(DifferentBits(got, want), 0u);
   }
 }
 
