@@ -79,9 +79,10 @@ Status Launch(Kernel kernel, const char* name, const LaunchShape& l, void* strea
   return CudaError(err, (std::string("launch of ") + name).c_str(), __FILE__, __LINE__);
 }
 
-template <int D, bool kAsync>
+template <int D, bool kAsync, int kM>
 Status Forward(const AttentionShape& s, const AttentionTensors& t, void* stream) {
-  return Launch(FlashForwardKernel<D, kAsync>, "FlashForwardKernel", ForwardLaunch<D, kAsync>(s), stream, s, t);
+  return Launch(FlashForwardKernel<D, kAsync, kM>, "FlashForwardKernel", ForwardLaunch<D, kAsync, kM>(s), stream, s,
+                t);
 }
 
 template <int D, bool kAsync>
@@ -105,7 +106,8 @@ Result<bool> FlashAttentionCopiesFit(int64_t head_dim) {
   return BlockSmemFits(head_dim == 64 ? BackwardKvSmem<64, true>() : BackwardKvSmem<128, true>());
 }
 
-Status FlashAttentionForward(const AttentionShape& shape, const AttentionTensors& tensors, void* stream) {
+Status FlashAttentionForward(const AttentionShape& shape, const AttentionTensors& tensors, void* stream,
+                             int query_tiles) {
   const char* fn = "gpu::FlashAttentionForward";
   ZINF_RETURN_IF_ERROR(Check(fn, shape, tensors, false));
   ZINF_ASSIGN_OR_RETURN(bool copies, ReadsCopies(fn, tensors, false));
@@ -113,9 +115,22 @@ Status FlashAttentionForward(const AttentionShape& shape, const AttentionTensors
     ZINF_ASSIGN_OR_RETURN(copies, FlashAttentionCopiesFit(shape.head_dim));
   }
   if (shape.head_dim == 64) {
-    return copies ? Forward<64, true>(shape, tensors, stream) : Forward<64, false>(shape, tensors, stream);
+    if (query_tiles != 0 && query_tiles != 1 && query_tiles != 2) {
+      return InvalidArgument(std::string(fn) + ": query_tiles " + std::to_string(query_tiles) +
+                             " (0 for the default, 1 or 2 at head_dim 64)");
+    }
+    static_assert(kForwardTiles<64> == 2);
+    if (query_tiles == 1) {
+      return copies ? Forward<64, true, 1>(shape, tensors, stream) : Forward<64, false, 1>(shape, tensors, stream);
+    }
+    return copies ? Forward<64, true, 2>(shape, tensors, stream) : Forward<64, false, 2>(shape, tensors, stream);
   }
-  return copies ? Forward<128, true>(shape, tensors, stream) : Forward<128, false>(shape, tensors, stream);
+  if (query_tiles != 0 && query_tiles != 1) {
+    return InvalidArgument(std::string(fn) + ": query_tiles " + std::to_string(query_tiles) +
+                           " (0 for the default or 1 at head_dim 128)");
+  }
+  static_assert(kForwardTiles<128> == 1);
+  return copies ? Forward<128, true, 1>(shape, tensors, stream) : Forward<128, false, 1>(shape, tensors, stream);
 }
 
 Status FlashAttentionBackward(const AttentionShape& shape, const AttentionTensors& tensors, void* stream) {

@@ -170,28 +170,37 @@ __device__ inline void RowsOperand(uint32_t (&a)[4], const bf16* tile, int row0,
 // acc0 += a · (tile rows [n0, n0 + 8))ᵀ and acc1 += a · (rows [n0 + 8,
 // n0 + 16))ᵀ over k-step kk: B[k][n] = tile[n0 + n][k], so a B operand is
 // two matrices of 8 rows (keys or queries) by 8 columns, matrix i holding
-// rows n0 + 8 (i >> 1), columns kk·16 + 8 (i & 1).
+// rows n0 + 8 (i >> 1), columns kk·16 + 8 (i & 1). RowsB loads the two B
+// operands (b[0..1] for acc0, b[2..3] for acc1).
+template <int D>
+__device__ inline void RowsB(uint32_t (&b)[4], const bf16* tile, int n0, int kk, int lane) {
+  const int i = lane / 8;
+  simt::LoadMatrices(b, tile + (n0 + (i >> 1) * 8 + lane % 8) * Pitch<D>::kTile + kk * 16 + (i & 1) * 8);
+}
 template <int D>
 __device__ inline void MmaRowsT2(float (&acc0)[4], float (&acc1)[4], const uint32_t (&a)[4], const bf16* tile, int n0,
                                  int kk, int lane) {
-  const int i = lane / 8;
   uint32_t b[4];
-  simt::LoadMatrices(b, tile + (n0 + (i >> 1) * 8 + lane % 8) * Pitch<D>::kTile + kk * 16 + (i & 1) * 8);
+  RowsB<D>(b, tile, n0, kk, lane);
   simt::MmaBf16(acc0, a, b[0], b[1]);
   simt::MmaBf16(acc1, a, b[2], b[3]);
 }
 
-// acc[n], acc[n + 1] += a · tile[k0 .. k0 + 16)[8n .. 8n + 16): B is the
+// acc[n], acc[n + 1] += a · tile[k0 .. k0 + 16)[8n .. 8n + 16) (TileB loads
+// the two B operands): B is the
 // tile itself (rows k, columns n), read transposed by ldmatrix (thread
 // 8i + r gives row r of 8×8 matrix i: rows k0 + 8 (i & 1) + r, columns from
 // 8 (n + (i >> 1))).
 template <int D>
+__device__ inline void TileB(uint32_t (&b)[4], const bf16* tile, int k0, int n, int lane) {
+  const int i = lane / 8;
+  simt::LoadMatricesTrans(b, tile + (k0 + (i & 1) * 8 + lane % 8) * Pitch<D>::kTile + (n + (i >> 1)) * 8);
+}
+template <int D>
 __device__ inline void MmaTile(float (&acc)[D / 8][4], int n, const uint32_t (&a)[4], const bf16* tile, int k0,
                                int lane) {
-  const int i = lane / 8;
-  const bf16* row = tile + (k0 + (i & 1) * 8 + lane % 8) * Pitch<D>::kTile + (n + (i >> 1)) * 8;
   uint32_t b[4];
-  simt::LoadMatricesTrans(b, row);
+  TileB<D>(b, tile, k0, n, lane);
   simt::MmaBf16(acc[n], a, b[0], b[1]);
   simt::MmaBf16(acc[n + 1], a, b[2], b[3]);
 }
@@ -238,122 +247,179 @@ __host__ __device__ constexpr int TileBytes(int fixed, int fetched) {
   return (fixed + (kAsync ? 2 : 1) * fetched) * Pitch<D>::kTileBytes;
 }
 
-template <int D, bool kAsync>
+// The forward of one (batch row, head, block of kM · 64 queries): each warp
+// takes kM row tiles of 16 (rows warp · 16 kM ...), so every B operand a
+// warp loads from shared memory (k for q kᵀ, v for p v) feeds kM products;
+// the key blocks are 64 keys, as the CPU twin's. A warp skips a key block
+// all of whose keys are past its last row (the blocks of 128 queries reach
+// one key block past the first half's diagonal), so each row sees the key
+// blocks the twin gives it, in the same order: kM = 1 and 2 give the same
+// bits.
+template <int D, bool kAsync, int kM>
 __global__ void __launch_bounds__(kThreadsFa) FlashForwardKernel(AttentionShape s, AttentionTensors t) {
   using P = Pitch<D>;
+  constexpr int kQ = kB * kM;  // queries a block
   ZINF_DYNAMIC_SMEM(smem);
-  bf16* qs = reinterpret_cast<bf16*>(smem);
+  bf16* qs = reinterpret_cast<bf16*>(smem);  // kM tiles of 64 rows, one after another
   // Buffer i's k and v (i = 0, and 1 with kAsync).
-  auto ks = [&](int i) { return reinterpret_cast<bf16*>(smem + (1 + 2 * i) * P::kTileBytes); };
-  auto vs = [&](int i) { return reinterpret_cast<bf16*>(smem + (2 + 2 * i) * P::kTileBytes); };
+  auto ks = [&](int i) { return reinterpret_cast<bf16*>(smem + (kM + 2 * i) * P::kTileBytes); };
+  auto vs = [&](int i) { return reinterpret_cast<bf16*>(smem + (kM + 1 + 2 * i) * P::kTileBytes); };
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane >> 2, c = lane & 3;
 
   const int64_t T = s.seq_len, H = s.heads, G = s.heads / s.kv_heads;
-  const int64_t nb = (T + kB - 1) / kB;
-  const int64_t qb = nb - 1 - blockIdx.x;  // the longest rows first
+  const int64_t nq = (T + kQ - 1) / kQ;
+  const int64_t qb = nq - 1 - blockIdx.x;  // the longest rows first
   const int64_t b = blockIdx.y / H, h = blockIdx.y % H, hk = h / G;
-  const int64_t row0 = b * T, i0 = qb * kB;
+  const int64_t row0 = b * T, i0 = qb * kQ;
+  const int64_t steps = (Min64(i0 + kQ, T) - 1) / kB + 1;  // key blocks up to the block's last row
   auto fetch_kv = [&](int64_t kb, int i) {
     const int64_t j0 = kb * kB;
     const int keys = static_cast<int>(Min64(kB, T - j0));
     FetchTile<D, kAsync>(ks(i), t.k, t.k16, hk * D, t.kv_stride, row0 + j0, keys);
     FetchTile<D, kAsync>(vs(i), t.v, t.v16, hk * D, t.kv_stride, row0 + j0, keys);
   };
-  FetchTile<D, kAsync>(qs, t.q, t.q16, h * D, t.q_stride, row0 + i0, static_cast<int>(Min64(kB, T - i0)));
+#pragma unroll
+  for (int m = 0; m < kM; ++m) {  // rows past T are zero (a tile wholly past T reads row i0, which exists)
+    const int64_t first = i0 + m * kB;
+    const int rows = static_cast<int>(Min64(kB, T - first));
+    FetchTile<D, kAsync>(qs + m * kB * P::kTile, t.q, t.q16, h * D, t.q_stride, row0 + (rows > 0 ? first : i0),
+                         rows);
+  }
   if constexpr (kAsync) {
     fetch_kv(0, 0);
     simt::CpAsyncCommit();
     simt::CpAsyncWaitAll();
   }
   simt::SyncThreads();
-  uint32_t qf[D / 16][4];  // the warp's query rows, for each 16-wide step along D
+  const int wr = warp * kWarpRows * kM;  // the warp's first row in the block
+  uint32_t qf[kM][D / 16][4];            // the warp's query rows, each tile, each 16-wide step along D
 #pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) RowsOperand<D>(qf[kk], qs, warp * kWarpRows, kk, lane);
+  for (int m = 0; m < kM; ++m) {
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) RowsOperand<D>(qf[m][kk], qs, wr + m * kWarpRows, kk, lane);
+  }
 
-  // The thread's two rows (index 0: row g of the warp's 16, 1: row g + 8).
-  const int64_t rows[2] = {i0 + warp * kWarpRows + g, i0 + warp * kWarpRows + g + 8};
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // m: the maximum of z, log2 units
+  // The thread's two rows of each tile (index 0: row g of the tile's 16, 1: row g + 8).
+  int64_t rows[kM][2];
+  float m_run[kM][2], l[kM][2];  // m_run: the maximum of z, log2 units
+  float o[kM][D / 8][4];
+#pragma unroll
+  for (int m = 0; m < kM; ++m) {
+    rows[m][0] = i0 + wr + m * kWarpRows + g;
+    rows[m][1] = rows[m][0] + 8;
+    m_run[m][0] = m_run[m][1] = -INFINITY;
+    l[m][0] = l[m][1] = 0.0f;
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) o[m][n][0] = o[m][n][1] = o[m][n][2] = o[m][n][3] = 0.0f;
+  }
   const float log2_scale = model::FlashLog2Scale(s.scale);
-  float o[D / 8][4];
-#pragma unroll
-  for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  const int64_t warp_last = i0 + wr + kWarpRows * kM - 1;
 
-  for (int64_t kb = 0; kb <= qb; ++kb) {
+  for (int64_t kb = 0; kb < steps; ++kb) {
     const int64_t j0 = kb * kB;
-    const int buf = BeginStep<kAsync>(kb, qb + 1, fetch_kv);
+    const int buf = BeginStep<kAsync>(kb, steps, fetch_kv);
+    if (j0 > warp_last) continue;  // every key past the warp's rows (the other warps still use the tiles)
     const bf16* kt = ks(buf);
     const bf16* vt = vs(buf);
 
-    // Only the diagonal block and a last, partial query block hide scores
-    // (a key past T is in the last key block, which is the diagonal one).
-    const bool masked = kb == qb || i0 + kB > T;
+    // Only blocks reaching past the block's first row (the diagonal ones)
+    // and a last, partial query block hide scores (a key past T is in the
+    // last key block, which is a diagonal one).
+    const bool masked = j0 + kB - 1 > i0 || i0 + kQ > T;
     // Scores q·k of the warp's rows against the 64 keys, 8 keys a tile;
-    // element e of tile n: row rows[e / 2], key j0 + 8n + 2c + e % 2.
-    float sc[kB / 8][4];
+    // element e of tile n: row rows[m][e / 2], key j0 + 8n + 2c + e % 2.
+    // Each B operand (two 8-key tiles of k) is loaded once for the kM row tiles.
+    float sc[kM][kB / 8][4];
+#pragma unroll
+    for (int m = 0; m < kM; ++m) {
+#pragma unroll
+      for (int n = 0; n < kB / 8; ++n) sc[m][n][0] = sc[m][n][1] = sc[m][n][2] = sc[m][n][3] = 0.0f;
+    }
 #pragma unroll
     for (int n = 0; n < kB / 8; n += 2) {
-      sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
-      sc[n + 1][0] = sc[n + 1][1] = sc[n + 1][2] = sc[n + 1][3] = 0.0f;
 #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) MmaRowsT2<D>(sc[n], sc[n + 1], qf[kk], kt, n * 8, kk, lane);
-    }
-    // z in log2 units; a hidden score is -inf, which 2^(z - m) takes to 0.
-    float row_max[2] = {-INFINITY, -INFINITY};
+      for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t kf[4];
+        RowsB<D>(kf, kt, n * 8, kk, lane);
 #pragma unroll
-    for (int n = 0; n < kB / 8; ++n) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        sc[n][e] *= log2_scale;
-        if (masked && !model::FlashVisible(rows[e / 2], j0 + n * 8 + 2 * c + e % 2, T)) sc[n][e] = -INFINITY;
-        row_max[e / 2] = fmaxf(row_max[e / 2], sc[n][e]);
+        for (int m = 0; m < kM; ++m) {
+          simt::MmaBf16(sc[m][n], qf[m][kk], kf[0], kf[1]);
+          simt::MmaBf16(sc[m][n + 1], qf[m][kk], kf[2], kf[3]);
+        }
       }
     }
-    float alpha[2], sum[2] = {0.0f, 0.0f}, m_sub[2];
+    uint32_t pf[kM][kB / 16][4];  // p as the A operands of p v, 16 keys a step
 #pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      const float m_new = fmaxf(m[k], RowMax4(row_max[k]));
-      alpha[k] = model::FlashRescale(m[k], m_new);
-      m[k] = m_new;
-      m_sub[k] = m_new == -INFINITY ? 0.0f : m_new;  // a row past T sees no key: its p are 0, not NaN
-    }
+    for (int m = 0; m < kM; ++m) {
+      // z in log2 units; a hidden score is -inf, which 2^(z - m) takes to 0.
+      float row_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-    for (int n = 0; n < kB / 8; ++n) {
+      for (int n = 0; n < kB / 8; ++n) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        sc[n][e] = model::FlashProb(sc[n][e], m_sub[e / 2]);
-        sum[e / 2] += sc[n][e];
+        for (int e = 0; e < 4; ++e) {
+          sc[m][n][e] *= log2_scale;
+          if (masked && !model::FlashVisible(rows[m][e / 2], j0 + n * 8 + 2 * c + e % 2, T)) sc[m][n][e] = -INFINITY;
+          row_max[e / 2] = fmaxf(row_max[e / 2], sc[m][n][e]);
+        }
       }
-    }
+      float alpha[2], sum[2] = {0.0f, 0.0f}, m_sub[2];
 #pragma unroll
-    for (int k = 0; k < 2; ++k) l[k] = l[k] * alpha[k] + RowSum4(sum[k]);
+      for (int k = 0; k < 2; ++k) {
+        const float m_new = fmaxf(m_run[m][k], RowMax4(row_max[k]));
+        alpha[k] = model::FlashRescale(m_run[m][k], m_new);
+        m_run[m][k] = m_new;
+        m_sub[k] = m_new == -INFINITY ? 0.0f : m_new;  // a row past T sees no key: its p are 0, not NaN
+      }
 #pragma unroll
-    for (int n = 0; n < D / 8; ++n) {
-      o[n][0] *= alpha[0];
-      o[n][1] *= alpha[0];
-      o[n][2] *= alpha[1];
-      o[n][3] *= alpha[1];
+      for (int n = 0; n < kB / 8; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          sc[m][n][e] = model::FlashProb(sc[m][n][e], m_sub[e / 2]);
+          sum[e / 2] += sc[m][n][e];
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < 2; ++k) l[m][k] = l[m][k] * alpha[k] + RowSum4(sum[k]);
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n) {
+        o[m][n][0] *= alpha[0];
+        o[m][n][1] *= alpha[0];
+        o[m][n][2] *= alpha[1];
+        o[m][n][3] *= alpha[1];
+      }
+#pragma unroll
+      for (int kk = 0; kk < kB / 16; ++kk) TilesOperand(pf[m][kk], sc[m][2 * kk], sc[m][2 * kk + 1]);
     }
-    // o += p v, 16 keys a step.
+    // o += p v, 16 keys a step; each B operand (v) loaded once for the kM tiles.
 #pragma unroll
     for (int kk = 0; kk < kB / 16; ++kk) {
-      uint32_t pf[4];
-      TilesOperand(pf, sc[2 * kk], sc[2 * kk + 1]);
 #pragma unroll
-      for (int n = 0; n < D / 8; n += 2) MmaTile<D>(o, n, pf, vt, kk * 16, lane);
+      for (int n = 0; n < D / 8; n += 2) {
+        uint32_t vf[4];
+        TileB<D>(vf, vt, kk * 16, n, lane);
+#pragma unroll
+        for (int m = 0; m < kM; ++m) {
+          simt::MmaBf16(o[m][n], pf[m][kk], vf[0], vf[1]);
+          simt::MmaBf16(o[m][n + 1], pf[m][kk], vf[2], vf[3]);
+        }
+      }
     }
   }
-  const float inv[2] = {1.0f / l[0], 1.0f / l[1]};
 #pragma unroll
-  for (int k = 0; k < 2; ++k) {
-    if (c == 0 && rows[k] < T) t.lse[(b * H + h) * T + rows[k]] = model::FlashLse(m[k], l[k]);
+  for (int m = 0; m < kM; ++m) {
+    const float inv[2] = {1.0f / l[m][0], 1.0f / l[m][1]};
 #pragma unroll
-    for (int n = 0; n < D / 8; ++n) {
-      o[n][2 * k] *= inv[k];
-      o[n][2 * k + 1] *= inv[k];
+    for (int k = 0; k < 2; ++k) {
+      if (c == 0 && rows[m][k] < T) t.lse[(b * H + h) * T + rows[m][k]] = model::FlashLse(m_run[m][k], l[m][k]);
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n) {
+        o[m][n][2 * k] *= inv[k];
+        o[m][n][2 * k + 1] *= inv[k];
+      }
     }
+    StoreRows<D>(o[m], rows[m], T, t.out + h * D, row0, t.out_stride, 1.0f, c);
   }
-  StoreRows<D>(o, rows, T, t.out + h * D, row0, t.out_stride, 1.0f, c);
 }
 
 // δ = dO · O per (token, head), one warp each.
@@ -600,9 +666,13 @@ __global__ void __launch_bounds__(kThreadsFa) FlashBackwardQKernel(AttentionShap
   StoreRows<D>(dq, query, T, t.dq + h * D, row0, t.q_stride, s.scale, c);
 }
 
+// The forward's query tiles a block: 2 (128 queries) for head_dim 64, whose
+// registers allow it, 1 for 128.
+template <int D>
+constexpr int kForwardTiles = D == 64 ? 2 : 1;
 template <int D, bool kAsync>
 constexpr int ForwardSmem() {
-  return TileBytes<D, kAsync>(1, 2);
+  return TileBytes<D, kAsync>(kForwardTiles<D>, 2);
 }
 template <int D, bool kAsync>
 constexpr int BackwardKvSmem() {
@@ -620,11 +690,14 @@ struct LaunchShape {
   int smem;
 };
 inline unsigned QueryBlocks(const AttentionShape& s) { return static_cast<unsigned>((s.seq_len + kB - 1) / kB); }
-// FlashForwardKernel, FlashBackwardKvKernel and FlashBackwardQKernel: a
-// block per (query or key block, batch row · head or kv head).
-template <int D, bool kAsync>
+// FlashForwardKernel<D, kAsync, kForwardTiles<D>>, FlashBackwardKvKernel
+// and FlashBackwardQKernel: a block per (query or key block, batch row ·
+// head or kv head).
+template <int D, bool kAsync, int kM = kForwardTiles<D>>
 LaunchShape ForwardLaunch(const AttentionShape& s) {
-  return {QueryBlocks(s), static_cast<unsigned>(s.batch * s.heads), kThreadsFa, ForwardSmem<D, kAsync>()};
+  constexpr int64_t kQ = kB * kM;
+  return {static_cast<unsigned>((s.seq_len + kQ - 1) / kQ), static_cast<unsigned>(s.batch * s.heads), kThreadsFa,
+          TileBytes<D, kAsync>(kM, 2)};
 }
 template <int D, bool kAsync>
 LaunchShape BackwardKvLaunch(const AttentionShape& s) {

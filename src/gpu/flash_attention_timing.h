@@ -23,7 +23,8 @@ struct FlashTiming {
 
 // On the current device; the inputs are uniform in [-range, range] from
 // `seed` (the same for both ways). reps >= 1, after one warm-up.
+// query_tiles: FlashAttentionForward's (0: the default).
 Result<FlashTiming> TimeFlashAttention(const model::AttentionShape& shape, bool bf16_copies, int reps,
-                                       uint64_t seed = 1, float range = 2.0f);
+                                       uint64_t seed = 1, float range = 2.0f, int query_tiles = 0);
 
 }  // namespace zinf::gpu

@@ -160,8 +160,12 @@ Status BusyWait(double seconds, void* stream);
 // AttentionTensors (q16 ...) the kernels copy their tiles from those into
 // two buffers a tile, where the device's shared memory per block allows it
 // (FlashAttentionCopiesFit), else they read the fp32 tensors: the same bits.
+// query_tiles: the forward's queries a thread block, in 64-row tiles (0: the
+// default, 2 at head_dim 64, where each warp's k and v operands then feed
+// two row tiles, and 1 at 128; 1 or 2 at 64 for a comparison): the same
+// bits either way.
 Status FlashAttentionForward(const model::AttentionShape& shape, const model::AttentionTensors& tensors,
-                             void* stream);
+                             void* stream, int query_tiles = 0);
 Status FlashAttentionBackward(const model::AttentionShape& shape, const model::AttentionTensors& tensors,
                               void* stream);
 // Whether the current device runs the two-buffer kernels that read bf16

@@ -33,7 +33,7 @@ using model::test::AttentionProblem;
 using model::test::AttentionResult;
 using model::test::ScaledMaxError;
 
-Status Run(const flash::LaunchShape& l, const emu::LaunchConfig& base, const std::function<void()>& kernel) {
+Status Launch(const flash::LaunchShape& l, const emu::LaunchConfig& base, const std::function<void()>& kernel) {
   emu::LaunchConfig c = base;
   c.grid = emu::Dim3{l.grid_x, l.grid_y, 1};
   c.block = emu::Dim3{l.threads, 1, 1};
@@ -45,11 +45,12 @@ Status Run(const flash::LaunchShape& l, const emu::LaunchConfig& base, const std
 // launch them (flash_attention.cu).
 template <int D, bool kAsync>
 Status Emulate(const AttentionShape& s, const AttentionTensors& t, const emu::LaunchConfig& base) {
-  ZINF_RETURN_IF_ERROR(Run(flash::ForwardLaunch<D, kAsync>(s), base, [&] { flash::FlashForwardKernel<D, kAsync>(s, t); }));
-  ZINF_RETURN_IF_ERROR(Run(flash::DeltaLaunch(s), base, [&] { flash::FlashDeltaKernel<D>(s, t); }));
+  ZINF_RETURN_IF_ERROR(Launch(flash::ForwardLaunch<D, kAsync>(s), base,
+                           [&] { flash::FlashForwardKernel<D, kAsync, flash::kForwardTiles<D>>(s, t); }));
+  ZINF_RETURN_IF_ERROR(Launch(flash::DeltaLaunch(s), base, [&] { flash::FlashDeltaKernel<D>(s, t); }));
   ZINF_RETURN_IF_ERROR(
-      Run(flash::BackwardKvLaunch<D, kAsync>(s), base, [&] { flash::FlashBackwardKvKernel<D, kAsync>(s, t); }));
-  return Run(flash::BackwardQLaunch<D, kAsync>(s), base, [&] { flash::FlashBackwardQKernel<D, kAsync>(s, t); });
+      Launch(flash::BackwardKvLaunch<D, kAsync>(s), base, [&] { flash::FlashBackwardKvKernel<D, kAsync>(s, t); }));
+  return Launch(flash::BackwardQLaunch<D, kAsync>(s), base, [&] { flash::FlashBackwardQKernel<D, kAsync>(s, t); });
 }
 
 struct Variant {
@@ -140,6 +141,37 @@ TEST(FlashAttentionEmuTest, HeadDim128MatchesTheTwinOnEveryPathAndSchedule) {
 
 TEST(FlashAttentionEmuTest, WholeBlocksAndBatchRows) {
   CheckCase(Case{3, 64, 2, 2, 64}, {kAllVariants[0], kAllVariants[1]});
+}
+
+// The head_dim 64 forward takes 128 queries a block (two row tiles a warp);
+// with one (64 queries, as head_dim 128) every row sees the same key blocks
+// in the same order, so the bits are the same.
+TEST(FlashAttentionEmuTest, TwoRowTilesAWarpGiveTheBitsOfOne) {
+  static_assert(flash::kForwardTiles<64> == 2);
+  for (const int64_t T : {int64_t{5}, int64_t{64}, int64_t{130}, int64_t{200}}) {
+    SCOPED_TRACE(::testing::Message() << "T=" << T);
+    const AttentionProblem p = AttentionProblem::Random(2, T, 4, 2, 64, 60 + T, 2.0f);
+    auto forward = [&](bool two) {
+      AttentionResult r;
+      r.out.assign(p.OutElems(), NAN);
+      r.lse.assign(p.StatElems(), NAN);
+      const AttentionTensors t = p.Tensors(p.qkv.data(), r.out.data(), r.lse.data(), nullptr, nullptr, nullptr);
+      emu::LaunchConfig base;
+      base.schedule_seed = 21;
+      const Status st =
+          two ? Launch(flash::ForwardLaunch<64, false>(p.shape), base,
+                    [&] { flash::FlashForwardKernel<64, false, 2>(p.shape, t); })
+              : Launch(flash::LaunchShape{flash::QueryBlocks(p.shape), static_cast<unsigned>(2 * 4), flash::kThreadsFa,
+                                       flash::TileBytes<64, false>(1, 2)},
+                    base, [&] { flash::FlashForwardKernel<64, false, 1>(p.shape, t); });
+      EXPECT_TRUE(st.ok()) << st.ToString();
+      return r;
+    };
+    const AttentionResult one = forward(false), two = forward(true);
+    EXPECT_TRUE(SameBits(one.out, two.out));
+    EXPECT_TRUE(SameBits(one.lse, two.lse));
+    EXPECT_LE(ScaledMaxError(two.out, p.Twin(ModelThreads(1, DType::kBFloat16)).out), 1e-3);
+  }
 }
 
 }  // namespace

@@ -152,6 +152,27 @@ TEST_F(FlashAttentionGpuTest, Bf16CopiesGiveTheSameBits) {
   }
 }
 
+// head_dim 64: the forward's blocks of 128 queries (two row tiles a warp,
+// the default) and of 64 give the same bits; each row sees the same key
+// blocks in the same order.
+TEST_F(FlashAttentionGpuTest, ForwardQueryTilesGiveTheSameBits) {
+  for (const int64_t T : {int64_t{5}, int64_t{130}, int64_t{200}, int64_t{1030}}) {
+    SCOPED_TRACE(::testing::Message() << "T=" << T);
+    const AttentionProblem p = AttentionProblem::Random(2, T, 4, 2, 64, 70 + T, 2.0f);
+    std::vector<float> outs[2], lses[2];
+    for (int tiles : {1, 2}) {
+      DeviceFloats qkv(p.qkv.size(), p.qkv.data()), out(p.OutElems()), lse(p.StatElems());
+      const model::AttentionTensors t = p.Tensors(qkv.get(), out.get(), lse.get(), nullptr, nullptr, nullptr);
+      const Status st = FlashAttentionForward(p.shape, t, nullptr, tiles);
+      ASSERT_TRUE(st.ok()) << st.ToString();
+      outs[tiles - 1] = out.ToHost();
+      lses[tiles - 1] = lse.ToHost();
+    }
+    EXPECT_EQ(0, std::memcmp(outs[0].data(), outs[1].data(), outs[0].size() * sizeof(float)));
+    EXPECT_EQ(0, std::memcmp(lses[0].data(), lses[1].data(), lses[0].size() * sizeof(float)));
+  }
+}
+
 TEST_F(FlashAttentionGpuTest, RepeatsBitForBit) {
   const AttentionProblem p = AttentionProblem::Random(2, 300, 4, 2, 128, 8);
   const AttentionResult a = OnGpu(p), b = OnGpu(p);
@@ -189,6 +210,19 @@ TEST_F(FlashAttentionGpuTest, LongContextRowsMatchADirectEvaluation) {
   }
   std::printf("  T=8192: max |out - direct| = %.2e\n", worst);
   EXPECT_LE(worst, 1e-2);  // p is rounded to bf16 before it weighs v: 2^-9 relative per term
+}
+
+TEST(FlashAttentionGpuArgsTest, RefusesQueryTilesTheHeadDimCannotTake) {
+  AttentionProblem p = AttentionProblem::Random(1, 8, 2, 2, 128, 1);
+  std::vector<float> out(p.OutElems()), lse(p.StatElems());
+  const model::AttentionTensors t = p.Tensors(p.qkv.data(), out.data(), lse.data(), nullptr, nullptr, nullptr);
+  Status st = FlashAttentionForward(p.shape, t, nullptr, 2);  // head_dim 128 takes one tile
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
+  EXPECT_NE(st.message().find("query_tiles 2"), std::string::npos) << st.ToString();
+  p = AttentionProblem::Random(1, 8, 2, 2, 64, 1);
+  st = FlashAttentionForward(p.shape, p.Tensors(p.qkv.data(), out.data(), lse.data(), nullptr, nullptr, nullptr),
+                             nullptr, 3);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
 }
 
 TEST(FlashAttentionGpuArgsTest, RefusesOtherHeadDims) {

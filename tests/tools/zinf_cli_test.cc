@@ -195,7 +195,7 @@ TEST(ZinfCliTest, ModelBenchTakesAShapeAndFeedsThePlan) {
 }
 
 // bench attention: on a GPU both ways of taking the operands, their ratio,
-// and the same bits; without one, exit 1 naming CUDA. A shape the kernels
+// the forward's 64-query blocks at head_dim 64, and the same bits; without one, exit 1 naming CUDA. A shape the kernels
 // cannot take is refused first, with exit 2.
 TEST(ZinfCliTest, AttentionBenchComparesBothWaysOrNamesCuda) {
   auto r = RunZinf("bench attention --preset tiny --heads 4 --head-dim 64 --seq-len 130 --micro-batch 1 --reps 2 --json");
@@ -204,6 +204,7 @@ TEST(ZinfCliTest, AttentionBenchComparesBothWaysOrNamesCuda) {
     EXPECT_TRUE(j.at("same_bits").get<bool>()) << r.output;
     EXPECT_GT(j.at("speedup").get<double>(), 0.0) << r.output;
     EXPECT_EQ(j.at("kv_heads").get<int>(), 4) << r.output;
+    EXPECT_GT(j.at("bf16_copies_64_query_blocks").at("forward_ms").get<double>(), 0.0) << r.output;  // head_dim 64
   } else {
     EXPECT_EQ(r.exit_code, 1) << r.output;
     EXPECT_NE(r.output.find("CUDA"), std::string::npos) << r.output;
