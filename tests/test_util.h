@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "common/float16.h"
 #include "zinf/dtype.h"
@@ -26,6 +27,17 @@ inline uint64_t SplitMix64(uint64_t x) {
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
   return x ^ (x >> 31);
+}
+
+// n floats uniform in [lo, hi) (24 random bits each), element i drawn from
+// (seed, i) alone.
+inline std::vector<float> UniformFloats(uint64_t seed, size_t n, float lo, float hi) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) {
+    const uint64_t bits = SplitMix64(seed * 0x100000001b3ull ^ i);
+    v[i] = lo + (hi - lo) * static_cast<float>(bits >> 40) / 16777216.0f;
+  }
+  return v;
 }
 
 // Element i of `data` (fp32, bf16 or fp16 storage) as fp32.

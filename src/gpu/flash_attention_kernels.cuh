@@ -205,6 +205,31 @@ __device__ inline void MmaTile(float (&acc)[D / 8][4], int n, const uint32_t (&a
   simt::MmaBf16(acc[n + 1], a, b[2], b[3]);
 }
 
+// The two score products of a backward pass over D, started from zero:
+// sa = (a_tile rows [row0, row0 + 16)) · (ta rows [col0, col0 + kN))ᵀ and
+// sb likewise from b_tile and tb (the scores and their gradients, or
+// their transposes), the A operands loaded once a 16-wide step.
+template <int D, int kN>
+__device__ inline void ScorePair(float (&sa)[kN / 8][4], float (&sb)[kN / 8][4], const bf16* a_tile,
+                                 const bf16* b_tile, int row0, const bf16* ta, const bf16* tb, int col0, int lane) {
+#pragma unroll
+  for (int n = 0; n < kN / 8; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) sa[n][e] = sb[n][e] = 0.0f;
+  }
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    uint32_t fa[4], fb[4];
+    RowsOperand<D>(fa, a_tile, row0, kk, lane);
+    RowsOperand<D>(fb, b_tile, row0, kk, lane);
+#pragma unroll
+    for (int n = 0; n < kN / 8; n += 2) {
+      MmaRowsT2<D>(sa[n], sa[n + 1], fa, ta, col0 + n * 8, kk, lane);
+      MmaRowsT2<D>(sb[n], sb[n + 1], fb, tb, col0 + n * 8, kk, lane);
+    }
+  }
+}
+
 // The A operand of accumulator tiles 2kk and 2kk + 1 (16 columns), rounded.
 __device__ inline void TilesOperand(uint32_t (&a)[4], const float (&lo)[4], const float (&hi)[4]) {
   a[0] = simt::PackBf16x2(lo[0], lo[1]);
@@ -521,22 +546,7 @@ __global__ void __launch_bounds__(kThreadsFa) FlashBackwardKvKernel(AttentionSha
       // (q kᵀ)ᵀ and (dO vᵀ)ᵀ: the warp's keys against kQc queries;
       // element e of tile n: key key[e / 2], query column q0 + 8n + 2c + e % 2.
       float st[kQc / 8][4], dpt[kQc / 8][4];
-#pragma unroll
-      for (int n = 0; n < kQc / 8; ++n) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) st[n][e] = dpt[n][e] = 0.0f;
-      }
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        uint32_t ka[4], va[4];
-        RowsOperand<D>(ka, ks, kr, kk, lane);
-        RowsOperand<D>(va, vs, kr, kk, lane);
-#pragma unroll
-        for (int n = 0; n < kQc / 8; n += 2) {
-          MmaRowsT2<D>(st[n], st[n + 1], ka, qt, q0 + n * 8, kk, lane);
-          MmaRowsT2<D>(dpt[n], dpt[n + 1], va, dot, q0 + n * 8, kk, lane);
-        }
-      }
+      ScorePair<D, kQc>(st, dpt, ks, vs, kr, qt, dot, q0, lane);
       // p and ds in place of the scores and their gradients (0 where
       // hidden), from the statistics of the thread's query columns.
 #pragma unroll
@@ -625,22 +635,7 @@ __global__ void __launch_bounds__(kThreadsFa) FlashBackwardQKernel(AttentionShap
     const bool masked = kb == qb || i0 + kB > T;  // as in the forward
     // q kᵀ and dO vᵀ; element e of tile n: query query[e / 2], key j0 + 8n + 2c + e % 2.
     float sc[kB / 8][4], dp[kB / 8][4];
-#pragma unroll
-    for (int n = 0; n < kB / 8; ++n) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) sc[n][e] = dp[n][e] = 0.0f;
-    }
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      uint32_t qa[4], da[4];
-      RowsOperand<D>(qa, qs, qr, kk, lane);
-      RowsOperand<D>(da, dos, qr, kk, lane);
-#pragma unroll
-      for (int n = 0; n < kB / 8; n += 2) {
-        MmaRowsT2<D>(sc[n], sc[n + 1], qa, kt, n * 8, kk, lane);
-        MmaRowsT2<D>(dp[n], dp[n + 1], da, vt, n * 8, kk, lane);
-      }
-    }
+    ScorePair<D, kB>(sc, dp, qs, dos, qr, kt, vt, 0, lane);
     // ds in place of the scores (0 where hidden).
     const float lse2[2] = {model::FlashLse2(lse_s[local[0]]), model::FlashLse2(lse_s[local[1]])};
     const float delta[2] = {delta_s[local[0]], delta_s[local[1]]};

@@ -44,23 +44,36 @@ constexpr int kLossPerThread = 8;
 constexpr int kLossTile = kLossThreads * kLossPerThread;
 static_assert(kLossTile % kLanes == 0);
 
+// The tile of a row from t0 (kLossTile elements, those below n): each
+// thread's kLossPerThread loads (load(i)) are issued before any of its
+// use(i, loaded), so they are in flight together.
+template <class Load, class Use>
+__device__ inline void RowTile(int64_t t0, int64_t n, const Load& load, const Use& use) {
+  float v[kLossPerThread];
+#pragma unroll
+  for (int k = 0; k < kLossPerThread; ++k) {
+    const int64_t i = t0 + threadIdx.x + k * kLossThreads;
+    v[k] = i < n ? load(i) : 0.0f;
+  }
+#pragma unroll
+  for (int k = 0; k < kLossPerThread; ++k) {
+    const int64_t i = t0 + threadIdx.x + k * kLossThreads;
+    if (i < n) use(i, v[k]);
+  }
+}
+// Every element of a row, a tile at a time.
+template <class Load, class Use>
+__device__ void ForRowTiles(int64_t n, const Load& load, const Use& use) {
+  for (int64_t t0 = 0; t0 < n; t0 += kLossTile) RowTile(t0, n, load, use);
+}
+
 template <class Load, class Value, class Fold>
 __device__ void LossRowLanes(int64_t n, float init, const Load& load, const Value& value, const Fold& fold,
                              float* tile, float* scratch) {
   const int64_t full = n - n % kLanes;
   float acc = init;  // lane threadIdx.x (< 16), or the tail (16)
   for (int64_t t0 = 0; t0 < n; t0 += kLossTile) {
-    float v[kLossPerThread];
-#pragma unroll
-    for (int k = 0; k < kLossPerThread; ++k) {
-      const int64_t i = t0 + threadIdx.x + k * kLossThreads;
-      v[k] = i < n ? load(i) : 0.0f;
-    }
-#pragma unroll
-    for (int k = 0; k < kLossPerThread; ++k) {
-      const int64_t i = t0 + threadIdx.x + k * kLossThreads;
-      if (i < n) tile[threadIdx.x + k * kLossThreads] = value(i, v[k]);
-    }
+    RowTile(t0, n, load, [&](int64_t i, float x) { tile[i - t0] = value(i, x); });
     simt::SyncThreads();
     const int64_t len = simt::Min(static_cast<int64_t>(kLossTile), n - t0);
     const int64_t lanes_end = simt::Min(len, full - t0);  // the tile's elements below `full`
@@ -120,19 +133,7 @@ __global__ void __launch_bounds__(kLossThreads)
     float row_max, sum;
     RowMaxExpSum(xr, vocab, [&](int64_t i, float e) { pr[i] = e; }, tile, scratch, row_max, sum);
     const float inv_sum = 1.0f / sum;
-    for (int64_t t0 = 0; t0 < vocab; t0 += kLossTile) {
-      float v[kLossPerThread];
-#pragma unroll
-      for (int k = 0; k < kLossPerThread; ++k) {
-        const int64_t i = t0 + threadIdx.x + k * kLossThreads;
-        v[k] = i < vocab ? pr[i] : 0.0f;
-      }
-#pragma unroll
-      for (int k = 0; k < kLossPerThread; ++k) {
-        const int64_t i = t0 + threadIdx.x + k * kLossThreads;
-        if (i < vocab) pr[i] = v[k] * inv_sum;
-      }
-    }
+    ForRowTiles(vocab, [&](int64_t i) { return pr[i]; }, [&](int64_t i, float e) { pr[i] = e * inv_sum; });
     if (threadIdx.x == 0) losses[r] = t >= 0 ? model::CrossEntropyLoss(row_max, sum, target_logit) : 0.0f;
     simt::SyncThreads();  // scratch and the row's last reads before the next row
   }
@@ -194,22 +195,12 @@ __global__ void __launch_bounds__(kLossThreads)
     float row_max, sum;
     RowMaxExpSum(xr, vocab, [](int64_t, float) {}, tile, scratch, row_max, sum);
     const float inv_sum = 1.0f / sum;
-    for (int64_t t0 = 0; t0 < vocab; t0 += kLossTile) {
-      float v[kLossPerThread];
-#pragma unroll
-      for (int q = 0; q < kLossPerThread; ++q) {
-        const int64_t i = t0 + threadIdx.x + q * kLossThreads;
-        v[q] = i < vocab ? xr[i] : 0.0f;
-      }
-#pragma unroll
-      for (int q = 0; q < kLossPerThread; ++q) {
-        const int64_t i = t0 + threadIdx.x + q * kLossThreads;
-        if (i < vocab) {
-          const float p = model::SoftmaxExp(v[q], row_max) * inv_sum;
+    ForRowTiles(
+        vocab, [&](int64_t i) { return xr[i]; },
+        [&](int64_t i, float x) {
+          const float p = model::SoftmaxExp(x, row_max) * inv_sum;
           d[i] = FloatToBf16Bits(k * model::CrossEntropyLogitGrad(p, i == t, 1.0f));
-        }
-      }
-    }
+        });
     simt::SyncThreads();  // scratch before the next row
   }
 }

@@ -23,15 +23,8 @@ namespace zinf::gpu {
 namespace {
 
 using model::RowSet;
+using test::UniformFloats;
 using test::SplitMix64;
-
-std::vector<float> RandomFloats(uint64_t seed, size_t n, float lo, float hi) {
-  std::vector<float> v(n);
-  for (size_t i = 0; i < n; ++i) {
-    v[i] = lo + (hi - lo) * static_cast<float>(SplitMix64(seed * 0x9e3779b97f4a7c15ull + i) >> 40) / 16777216.0f;
-  }
-  return v;
-}
 
 Status Emulate(unsigned blocks, unsigned threads, uint64_t seed, const std::function<void()>& kernel) {
   emu::LaunchConfig c;
@@ -61,11 +54,11 @@ void CheckRmsNorm(int64_t elems, const RowSet& rows, uint64_t seed) {
   const float eps = 1e-6f;
   const size_t n = static_cast<size_t>(elems);
   const model::ModelThreads th(1);
-  const std::vector<float> x = RandomFloats(seed, n, -3.0f, 5.0f);
-  const std::vector<float> w = RandomFloats(seed + 1, static_cast<size_t>(rows.n), 0.5f, 1.5f);
-  const std::vector<float> dy = RandomFloats(seed + 3, n, -1.0f, 1.0f);
-  const std::vector<float> dx0 = RandomFloats(seed + 4, n, -0.1f, 0.1f);
-  const std::vector<float> dw0 = RandomFloats(seed + 5, static_cast<size_t>(rows.n), -0.1f, 0.1f);
+  const std::vector<float> x = UniformFloats(seed, n, -3.0f, 5.0f);
+  const std::vector<float> w = UniformFloats(seed + 1, static_cast<size_t>(rows.n), 0.5f, 1.5f);
+  const std::vector<float> dy = UniformFloats(seed + 3, n, -1.0f, 1.0f);
+  const std::vector<float> dx0 = UniformFloats(seed + 4, n, -0.1f, 0.1f);
+  const std::vector<float> dw0 = UniformFloats(seed + 5, static_cast<size_t>(rows.n), -0.1f, 0.1f);
   // The CPU: y over a copy of x (rows not in the set keep x's values).
   std::vector<float> y = x, rstd(static_cast<size_t>(rows.rows)), dx = dx0, dw = dw0;
   model::RmsNormForward<float>(th, y.data(), rstd.data(), x.data(), w.data(), rows, eps);
@@ -124,8 +117,8 @@ TEST(DecoderKernelsEmuTest, SwiGluMatchesTheCpuBitForBit) {
   for (const auto& [rows, inter] : {std::pair<int64_t, int64_t>{37, 1}, {37, 17}, {29, 300}}) {
     SCOPED_TRACE(::testing::Message() << "rows " << rows << ", inter " << inter);
     const size_t n_in = static_cast<size_t>(rows * 2 * inter), n_out = static_cast<size_t>(rows * inter);
-    const std::vector<float> x = RandomFloats(700 + inter, n_in, -12.0f, 12.0f);
-    const std::vector<float> dy = RandomFloats(701 + inter, n_out, -1.0f, 1.0f);
+    const std::vector<float> x = UniformFloats(700 + inter, n_in, -12.0f, 12.0f);
+    const std::vector<float> dy = UniformFloats(701 + inter, n_out, -1.0f, 1.0f);
     std::vector<float> out(n_out), dx(n_in);
     model::SwiGluForward<float>(th, out.data(), x.data(), rows, inter);
     model::SwiGluBackward<float>(th, dx.data(), x.data(), dy.data(), rows, inter);
@@ -155,9 +148,9 @@ TEST(DecoderKernelsEmuTest, RopeMatchesTheCpuBitForBit) {
   model::RopeTable table;
   table.seq_len = seq_len;
   table.half = D / 2;
-  table.cos = RandomFloats(41, static_cast<size_t>(seq_len * D / 2), -1.0f, 1.0f);
-  table.sin = RandomFloats(42, static_cast<size_t>(seq_len * D / 2), -1.0f, 1.0f);
-  const std::vector<float> x = RandomFloats(43, static_cast<size_t>(tokens * stride), -2.0f, 2.0f);
+  table.cos = UniformFloats(41, static_cast<size_t>(seq_len * D / 2), -1.0f, 1.0f);
+  table.sin = UniformFloats(42, static_cast<size_t>(seq_len * D / 2), -1.0f, 1.0f);
+  const std::vector<float> x = UniformFloats(43, static_cast<size_t>(tokens * stride), -2.0f, 2.0f);
   for (bool backward : {false, true}) {
     SCOPED_TRACE(backward ? "backward" : "forward");
     std::vector<float> want = x, got = x;

@@ -35,16 +35,9 @@ namespace zinf::gpu {
 namespace {
 
 using model::RowSet;
+using test::UniformFloats;
 using test::SplitMix64;
 
-std::vector<float> RandomFloats(uint64_t seed, size_t n, float lo, float hi) {
-  std::vector<float> v(n);
-  for (size_t i = 0; i < n; ++i) {
-    const uint64_t bits = SplitMix64(seed * 0x100000001b3ull ^ i);
-    v[i] = lo + (hi - lo) * static_cast<float>(bits >> 40) / 16777216.0f;
-  }
-  return v;
-}
 
 uint32_t Bits(float f) {
   uint32_t u;
@@ -128,13 +121,13 @@ void CheckRmsNorm(const model::ModelThreads& th, int64_t elems, int64_t offset, 
                                     << (in_place_forward ? ", forward in place" : ""));
   const float eps = 1e-6f;
   const size_t n = static_cast<size_t>(elems);
-  const std::vector<float> x = RandomFloats(seed, n, -3.0f, 5.0f);
-  const std::vector<float> w = RandomFloats(seed + 1, static_cast<size_t>(rows.n), 0.5f, 1.5f);
-  std::vector<float> y = in_place_forward ? x : RandomFloats(seed + 2, n, -1.0f, 1.0f);
+  const std::vector<float> x = UniformFloats(seed, n, -3.0f, 5.0f);
+  const std::vector<float> w = UniformFloats(seed + 1, static_cast<size_t>(rows.n), 0.5f, 1.5f);
+  std::vector<float> y = in_place_forward ? x : UniformFloats(seed + 2, n, -1.0f, 1.0f);
   std::vector<float> rstd(static_cast<size_t>(rows.rows));
-  std::vector<float> dy = RandomFloats(seed + 3, n, -1.0f, 1.0f);
-  std::vector<float> dx = RandomFloats(seed + 4, n, -0.1f, 0.1f);
-  std::vector<float> dw = RandomFloats(seed + 5, static_cast<size_t>(rows.n), -0.1f, 0.1f);  // accumulates
+  std::vector<float> dy = UniformFloats(seed + 3, n, -1.0f, 1.0f);
+  std::vector<float> dx = UniformFloats(seed + 4, n, -0.1f, 0.1f);
+  std::vector<float> dw = UniformFloats(seed + 5, static_cast<size_t>(rows.n), -0.1f, 0.1f);  // accumulates
 
   DeviceFloats gx(x), gw(w), gy(y), grstd(rstd), gdy(dy), gdx(dx), gdw(dw);
   // The forward's input is x (or, in place, y holding x).
@@ -202,7 +195,7 @@ TEST_F(DecoderKernelTest, RopeMatchesTheCpuBitForBit) {
       const int64_t batch = 3, seq_len = 37;
       const model::RopeTable table = model::RopeTable::For(c, seq_len);
       const Qkv q{batch * seq_len, heads, kv_heads, head_dim};
-      std::vector<float> x = RandomFloats(500 + head_dim + heads, static_cast<size_t>(q.elems()), -2.0f, 2.0f);
+      std::vector<float> x = UniformFloats(500 + head_dim + heads, static_cast<size_t>(q.elems()), -2.0f, 2.0f);
       DeviceFloats gx(x), gcos(table.cos), gsin(table.sin);
 
       model::RopeForward<float>(threads_, x.data(), q.QueryRows(), seq_len, table);
@@ -228,11 +221,11 @@ TEST_F(DecoderKernelTest, SwiGluMatchesTheCpuBitForBit) {
   for (const auto& [rows, inter] : {std::pair<int64_t, int64_t>{37, 1}, {37, 17}, {129, 300}}) {
     SCOPED_TRACE(::testing::Message() << "rows " << rows << ", inter " << inter);
     const size_t n_in = static_cast<size_t>(rows * 2 * inter), n_out = static_cast<size_t>(rows * inter);
-    std::vector<float> x = RandomFloats(700 + inter, n_in, -12.0f, 12.0f);
+    std::vector<float> x = UniformFloats(700 + inter, n_in, -12.0f, 12.0f);
     const float specials[] = {0.0f, -0.0f, 100.0f, -100.0f, 1e-40f, -90.0f, 90.0f,
                               std::numeric_limits<float>::infinity()};
     for (size_t i = 0; i < std::size(specials) && i < n_in; ++i) x[i * 3 % n_in] = specials[i];
-    const std::vector<float> dy = RandomFloats(701 + inter, n_out, -1.0f, 1.0f);
+    const std::vector<float> dy = UniformFloats(701 + inter, n_out, -1.0f, 1.0f);
     std::vector<float> out(n_out), dx(n_in);
     model::SwiGluForward<float>(threads_, out.data(), x.data(), rows, inter);
     model::SwiGluBackward<float>(threads_, dx.data(), x.data(), dy.data(), rows, inter);
@@ -294,7 +287,7 @@ TEST_F(DecoderKernelTest, Bf16OutputsAreTheFp32OutputsRounded) {
   for (const auto& [R, n] : {std::pair<int64_t, int64_t>{37, 15}, {37, 773}, {64, 2048}, {1000, 64}}) {
     SCOPED_TRACE(::testing::Message() << "rms rows " << R << ", n " << n);
     const size_t elems = static_cast<size_t>(R * n);
-    DeviceFloats gx(RandomFloats(900 + n, elems, -3.0f, 5.0f)), gw(RandomFloats(901 + n, n, 0.5f, 1.5f));
+    DeviceFloats gx(UniformFloats(900 + n, elems, -3.0f, 5.0f)), gw(UniformFloats(901 + n, n, 0.5f, 1.5f));
     DeviceFloats gy{std::vector<float>(elems)}, grstd{std::vector<float>(R)}, grstd16{std::vector<float>(R)};
     DeviceBf16 gy16(elems);
     ASSERT_TRUE(RmsNormForward(gx.get(), gw.get(), gy.get(), grstd.get(), StridedRows::Dense(R, n), 1e-5f, nullptr).ok());
@@ -307,7 +300,7 @@ TEST_F(DecoderKernelTest, Bf16OutputsAreTheFp32OutputsRounded) {
   for (const auto& [rows, inter] : {std::pair<int64_t, int64_t>{37, 17}, {129, 300}, {64, 2048}}) {
     SCOPED_TRACE(::testing::Message() << "swiglu rows " << rows << ", inter " << inter);
     const size_t n_in = static_cast<size_t>(rows * 2 * inter), n_out = static_cast<size_t>(rows * inter);
-    DeviceFloats gx(RandomFloats(950 + inter, n_in, -12.0f, 12.0f)), gdy(RandomFloats(951 + inter, n_out, -1.0f, 1.0f));
+    DeviceFloats gx(UniformFloats(950 + inter, n_in, -12.0f, 12.0f)), gdy(UniformFloats(951 + inter, n_out, -1.0f, 1.0f));
     DeviceFloats gout{std::vector<float>(n_out)}, gdx{std::vector<float>(n_in)};
     DeviceBf16 gout16(n_out), gdx16(n_in);
     ASSERT_TRUE(SwiGluForward(gx.get(), gout.get(), rows, inter, nullptr).ok());

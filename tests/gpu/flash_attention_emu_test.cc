@@ -31,6 +31,7 @@ using model::AttentionTensors;
 using model::ModelThreads;
 using model::test::AttentionProblem;
 using model::test::AttentionResult;
+using model::test::ExpectCloseToTwin;
 using model::test::ScaledMaxError;
 
 Status Launch(const flash::LaunchShape& l, const emu::LaunchConfig& base, const std::function<void()>& kernel) {
@@ -99,19 +100,10 @@ struct Case {
 };
 
 void CheckCase(const Case& c, const std::vector<Variant>& variants) {
-  SCOPED_TRACE(::testing::Message() << "B=" << c.B << " T=" << c.T << " H=" << c.H << " Hkv=" << c.Hkv
-                                    << " D=" << c.D);
   const AttentionProblem p = AttentionProblem::Random(c.B, c.T, c.H, c.Hkv, c.D, 40 + c.T, 2.0f);
-  const AttentionResult twin = p.Twin(ModelThreads(1, DType::kBFloat16));
+  SCOPED_TRACE(p.Describe());
   const AttentionResult first = OnEmulator(p, variants[0]);
-  const double e_out = ScaledMaxError(first.out, twin.out), e_lse = ScaledMaxError(first.lse, twin.lse);
-  const double e_grad = ScaledMaxError(first.dqkv, twin.dqkv);
-  std::printf("  B=%lld T=%lld H=%lld Hkv=%lld D=%lld: error out %.2e lse %.2e dqkv %.2e\n",
-              static_cast<long long>(c.B), static_cast<long long>(c.T), static_cast<long long>(c.H),
-              static_cast<long long>(c.Hkv), static_cast<long long>(c.D), e_out, e_lse, e_grad);
-  EXPECT_LE(e_out, 1e-3);
-  EXPECT_LE(e_lse, 1e-3);
-  EXPECT_LE(e_grad, 1e-3);
+  ExpectCloseToTwin(p, first, p.Twin(ModelThreads(1, DType::kBFloat16)), 1e-3);
   for (size_t i = 1; i < variants.size(); ++i) {
     const Variant& v = variants[i];
     SCOPED_TRACE(::testing::Message() << "copies " << v.copies << ", copies land "

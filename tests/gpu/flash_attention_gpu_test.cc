@@ -29,6 +29,7 @@ using model::AttentionShape;
 using model::ModelThreads;
 using model::test::AttentionProblem;
 using model::test::AttentionResult;
+using model::test::ExpectCloseToTwin;
 using model::test::ScaledMaxError;
 
 class DeviceFloats {
@@ -107,19 +108,9 @@ TEST_F(FlashAttentionGpuTest, MatchesTheCpuTwin) {
   };
   for (const Case& c : {Case{2, 200, 4, 2, 64}, Case{1, 130, 2, 2, 128}, Case{1, 5, 1, 1, 64}, Case{1, 1030, 4, 1, 128},
                         Case{3, 64, 2, 2, 64}}) {
-    SCOPED_TRACE(::testing::Message() << "B=" << c.B << " T=" << c.T << " H=" << c.H << " Hkv=" << c.Hkv
-                                      << " D=" << c.D);
     const AttentionProblem p = AttentionProblem::Random(c.B, c.T, c.H, c.Hkv, c.D, 40 + c.T, 2.0f);
-    const AttentionResult twin = p.Twin(ModelThreads(4, DType::kBFloat16));
-    const AttentionResult gpu = OnGpu(p);
-    const double e_out = ScaledMaxError(gpu.out, twin.out), e_lse = ScaledMaxError(gpu.lse, twin.lse);
-    const double e_grad = ScaledMaxError(gpu.dqkv, twin.dqkv);
-    std::printf("  B=%lld T=%lld H=%lld Hkv=%lld D=%lld: error out %.2e lse %.2e dqkv %.2e\n",
-                static_cast<long long>(c.B), static_cast<long long>(c.T), static_cast<long long>(c.H),
-                static_cast<long long>(c.Hkv), static_cast<long long>(c.D), e_out, e_lse, e_grad);
-    EXPECT_LE(e_out, 1e-3);
-    EXPECT_LE(e_lse, 1e-3);
-    EXPECT_LE(e_grad, 1e-3);
+    SCOPED_TRACE(p.Describe());
+    ExpectCloseToTwin(p, OnGpu(p), p.Twin(ModelThreads(4, DType::kBFloat16)), 1e-3);
   }
 }
 

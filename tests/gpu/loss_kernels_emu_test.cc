@@ -26,15 +26,8 @@
 namespace zinf::gpu {
 namespace {
 
+using test::UniformFloats;
 using test::SplitMix64;
-
-std::vector<float> RandomFloats(uint64_t seed, size_t n, float lo, float hi) {
-  std::vector<float> v(n);
-  for (size_t i = 0; i < n; ++i) {
-    v[i] = lo + (hi - lo) * static_cast<float>(SplitMix64(seed * 0x9e3779b97f4a7c15ull + i) >> 40) / 16777216.0f;
-  }
-  return v;
-}
 
 Status Emulate(emu::Dim3 grid, unsigned threads, uint64_t seed, const std::function<void()>& kernel) {
   emu::LaunchConfig c;
@@ -50,7 +43,7 @@ struct Problem {
   std::vector<int32_t> targets;
 
   Problem(int64_t r, int64_t v) : rows(r), vocab(v), ld((v + 7) / 8 * 8) {
-    logits = RandomFloats(30 + v, static_cast<size_t>(rows * ld), -30.0f, 30.0f);
+    logits = UniformFloats(30 + v, static_cast<size_t>(rows * ld), -30.0f, 30.0f);
     for (int64_t i = 0; i < rows; ++i) {
       for (int64_t j = vocab; j < ld; ++j) logits[i * ld + j] = NAN;  // never read
     }

@@ -6,7 +6,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <string>
 #include <vector>
+
+#include <gtest/gtest.h>
 
 #include "math/attention_math.h"
 #include "model/flash_attention.h"
@@ -24,6 +28,12 @@ struct AttentionProblem {
   std::vector<float> qkv, dout;
 
   int64_t QkvStride() const { return (shape.heads + 2 * shape.kv_heads) * shape.head_dim; }
+  // "B=.. T=.. H=.. Hkv=.. D=..", for traces and printed errors.
+  std::string Describe() const {
+    return "B=" + std::to_string(shape.batch) + " T=" + std::to_string(shape.seq_len) + " H=" +
+           std::to_string(shape.heads) + " Hkv=" + std::to_string(shape.kv_heads) + " D=" +
+           std::to_string(shape.head_dim);
+  }
   int64_t Tokens() const { return shape.batch * shape.seq_len; }
   size_t OutElems() const { return static_cast<size_t>(Tokens() * shape.heads * shape.head_dim); }
   size_t StatElems() const { return static_cast<size_t>(shape.batch * shape.heads * shape.seq_len); }
@@ -88,6 +98,18 @@ inline double ScaledMaxError(const std::vector<float>& a, const std::vector<floa
     scale = std::max(scale, std::fabs(static_cast<double>(b[i])));
   }
   return err / (scale > 0 ? scale : 1.0);
+}
+
+// got's out, lse and dqkv against the twin's, each error printed and at
+// most `tolerance` (a result without dqkv is only compared forward).
+inline void ExpectCloseToTwin(const AttentionProblem& p, const AttentionResult& got, const AttentionResult& twin,
+                              double tolerance) {
+  const double e_out = ScaledMaxError(got.out, twin.out), e_lse = ScaledMaxError(got.lse, twin.lse);
+  const double e_grad = got.dqkv.empty() ? 0.0 : ScaledMaxError(got.dqkv, twin.dqkv);
+  std::printf("  %s: error out %.2e lse %.2e dqkv %.2e\n", p.Describe().c_str(), e_out, e_lse, e_grad);
+  EXPECT_LE(e_out, tolerance);
+  EXPECT_LE(e_lse, tolerance);
+  EXPECT_LE(e_grad, tolerance);
 }
 
 }  // namespace zinf::model::test
