@@ -61,11 +61,26 @@ EOF
 }
 
 # run OUT RANKS VICTIM FAULT -- zinf train arguments: mpirun in the background
+# mpirun can outlive its ranks: after a rank is killed inside MPI_Init it
+# was seen waiting on with every rank exited, deaf to SIGTERM. So once each
+# rank has written its exit code, mpirun gets 5 s to leave before it is
+# killed; and the 120 s limit ends with SIGKILL if SIGTERM does not.
 run() {
   local out=$1 n=$2 victim=$3 fault=$4; shift 4
   rm -rf "$out" && mkdir -p "$out"
-  OUT=$DIR/$out VICTIM=$victim FAULT=$fault timeout 120 "${MPI[@]}" -x OUT -x VICTIM -x FAULT -x ZINF_LOG_LEVEL \
-    -np "$n" ./rank.sh "$ZINF" train "$@" > "$out/mpirun.log" 2>&1
+  OUT=$DIR/$out VICTIM=$victim FAULT=$fault timeout -k 5 120 "${MPI[@]}" -x OUT -x VICTIM -x FAULT -x ZINF_LOG_LEVEL \
+    -np "$n" ./rank.sh "$ZINF" train "$@" > "$out/mpirun.log" 2>&1 &
+  local pid=$! ticks=0
+  while kill -0 "$pid" 2>/dev/null; do
+    if [[ $(find "$out" -maxdepth 1 -name 'rc.*' | wc -l) -ge $n ]] && ((++ticks > 50)); then
+      echo "mpirun still running 5 s after its $n ranks exited: killed" >> "$out/mpirun.log"
+      pkill -KILL -P "$pid"  # mpirun, the child of timeout
+      wait "$pid" || true
+      return 0  # the ranks' verdicts are in their files
+    fi
+    sleep 0.1
+  done
+  wait "$pid"
 }
 
 mkdir -p nvme
