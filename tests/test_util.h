@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -52,6 +53,36 @@ inline float LoadAsFloat(const void* data, DType dtype, int64_t i) {
   std::memcpy(&h, p + 2 * i, 2);
   return dtype == DType::kBFloat16 ? Bf16BitsToFloat(h) : HalfBitsToFloat(h);
 }
+
+// n elements of T (value-initialized) starting `offset` elements past a
+// 64-byte boundary, whatever the allocator's own alignment: vector
+// accesses need the boundary, and offset 1 takes it away on purpose.
+template <class T>
+class OffsetBuffer {
+ public:
+  OffsetBuffer(size_t n, size_t offset) : storage_(n + offset + 64 / sizeof(T)) {
+    const auto base = reinterpret_cast<uintptr_t>(storage_.data());
+    data_ = storage_.data() + ((64 - base % 64) % 64) / sizeof(T) + offset;
+    n_ = n;
+  }
+  OffsetBuffer(const std::vector<T>& values, size_t offset) : OffsetBuffer(values.size(), offset) {
+    std::copy(values.begin(), values.end(), data_);
+  }
+  // Moves keep the heap block data_ points into; a copy would not.
+  OffsetBuffer(OffsetBuffer&&) = default;
+  OffsetBuffer& operator=(OffsetBuffer&&) = default;
+  OffsetBuffer(const OffsetBuffer&) = delete;
+  OffsetBuffer& operator=(const OffsetBuffer&) = delete;
+  T* data() { return data_; }
+  const T* data() const { return data_; }
+  size_t size() const { return n_; }
+  std::vector<T> Values() const { return std::vector<T>(data_, data_ + n_); }
+
+ private:
+  std::vector<T> storage_;
+  T* data_ = nullptr;
+  size_t n_ = 0;
+};
 
 inline std::string SourceDir() { return ZINF_TEST_SOURCE_DIR; }
 inline std::string BinaryDir() { return ZINF_TEST_BINARY_DIR; }

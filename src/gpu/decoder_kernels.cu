@@ -36,10 +36,12 @@ Status Rope(const char* fn, bool backward, float* x, const StridedRows& rows, in
   if (!x || !cos || !sin) return InvalidArgument(std::string(fn) + ": null x, cos or sin");
   const size_t n = static_cast<size_t>(rows.rows) * static_cast<size_t>(rows.n / 2);
   auto s = static_cast<cudaStream_t>(stream);
+  const bool vector = RopeVector(x, rows, cos, sin);
+  const unsigned blocks = elementwise::BlocksForElements(n, vector);
   if (backward) {
-    RopeKernel<true><<<BlocksFor(n), kThreads, 0, s>>>(x, rows, seq_len, cos, sin);
+    RopeKernel<true><<<blocks, kThreads, 0, s>>>(x, rows, seq_len, cos, sin, vector);
   } else {
-    RopeKernel<false><<<BlocksFor(n), kThreads, 0, s>>>(x, rows, seq_len, cos, sin);
+    RopeKernel<false><<<blocks, kThreads, 0, s>>>(x, rows, seq_len, cos, sin, vector);
   }
   return ZINF_CHECK_LAUNCH("RopeKernel");
 }
@@ -118,7 +120,9 @@ Status LaunchSwiGluForward(const char* fn, const float* x, Out* out, int64_t row
   if (!x || !out) return InvalidArgument(std::string(fn) + ": null x or out");
   const size_t n = static_cast<size_t>(rows) * static_cast<size_t>(inter);
   if (Overlap(x, 2 * n * 4, out, n * sizeof(Out))) return InvalidArgument(std::string(fn) + ": out overlaps x");
-  SwiGluForwardKernel<Out><<<BlocksFor(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(x, out, rows, inter);
+  const bool vector = SwiGluVector(x, x, out, inter);
+  SwiGluForwardKernel<Out><<<elementwise::BlocksForElements(n, vector), kThreads, 0,
+                             static_cast<cudaStream_t>(stream)>>>(x, out, rows, inter, vector);
   return ZINF_CHECK_LAUNCH("SwiGluForwardKernel");
 }
 
@@ -132,7 +136,9 @@ Status LaunchSwiGluBackward(const char* fn, const float* x, const float* dy, Out
   if (Overlap(x, 2 * n * 4, dx, 2 * n * sizeof(Out)) || Overlap(dy, n * 4, dx, 2 * n * sizeof(Out))) {
     return InvalidArgument(std::string(fn) + ": dx overlaps x or dy");
   }
-  SwiGluBackwardKernel<Out><<<BlocksFor(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(x, dy, dx, rows, inter);
+  const bool vector = SwiGluVector(x, dy, dx, inter);
+  SwiGluBackwardKernel<Out><<<elementwise::BlocksForElements(n, vector), kThreads, 0,
+                              static_cast<cudaStream_t>(stream)>>>(x, dy, dx, rows, inter, vector);
   return ZINF_CHECK_LAUNCH("SwiGluBackwardKernel");
 }
 

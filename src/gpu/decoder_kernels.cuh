@@ -14,8 +14,9 @@
 // its warps taking the chunks in turn, the chunk partials then added in
 // chunk order by warp 0, as the CPU's column loop does.
 //
-// RoPE and SwiGLU are elementwise: a thread per rotated pair, a thread per
-// output element (grid-stride loops of 256-thread blocks).
+// RoPE and SwiGLU are elementwise (gpu/elementwise.cuh's loop): eight
+// rotated pairs or outputs a thread through 16-byte accesses where the
+// shapes and alignment allow it, else one a thread.
 //
 // The kernels use only gpu/simt.cuh's instructions, so this header also
 // compiles in a host compiler against the CPU emulation
@@ -26,6 +27,7 @@
 #include <cstdint>
 
 #include "gpu/decoder_kernels.h"
+#include "gpu/elementwise.cuh"
 #include "gpu/half_warp_lanes.cuh"
 #include "gpu/simt.cuh"
 #include "math/decoder_math.h"
@@ -42,12 +44,7 @@ constexpr int64_t kHalfWarpsPerBlock = kThreads / kLanes;
 // (at most 128) chunks; the q/k norm has only D / 32 column tiles.
 constexpr int kColumnWarps = 32;
 
-// Blocks of kThreads for n elements (grid-stride beyond kMaxBlocks), and
-// for `rows` half-warp rows.
-inline unsigned BlocksFor(size_t n) {
-  const size_t b = (n + kThreads - 1) / kThreads;
-  return static_cast<unsigned>(b < kMaxBlocks ? b : kMaxBlocks);
-}
+// Blocks of kThreads for `rows` half-warp rows (grid-stride beyond kMaxBlocks).
 inline unsigned BlocksForHalfWarpRows(int64_t rows) {
   const int64_t b = (rows + kHalfWarpsPerBlock - 1) / kHalfWarpsPerBlock;
   return static_cast<unsigned>(b < static_cast<int64_t>(kMaxBlocks) ? b : static_cast<int64_t>(kMaxBlocks));
@@ -181,54 +178,128 @@ __global__ void __launch_bounds__(kColumnWarps * 32)
 
 // ---- RoPE ----
 
+// Row r's pairs (i, i + n/2), rotated by position (r / per_token) % seq_len;
+// with `vector`, eight pairs a thread (half = n/2 a multiple of 8, every row
+// and the tables 16-byte aligned: RopeVector).
 template <bool kBackward>
 __global__ void RopeKernel(float* x, StridedRows rows, int64_t seq_len, const float* __restrict__ cos_table,
-                           const float* __restrict__ sin_table) {
+                           const float* __restrict__ sin_table, bool vector) {
   const int64_t half = rows.n / 2;
   const size_t total = static_cast<size_t>(rows.rows) * static_cast<size_t>(half);
-  for (size_t e = simt::GlobalThread(); e < total; e += simt::GridStride()) {
-    const int64_t r = static_cast<int64_t>(e / static_cast<size_t>(half));
-    const int64_t i = static_cast<int64_t>(e % static_cast<size_t>(half));
-    float* v = x + rows.Offset(r);
-    const int64_t at = ((r / rows.per_token) % seq_len) * half + i;
-    float a = v[i], b = v[i + half];
+  const auto rotate = [](float& a, float& b, float cos_t, float sin_t) {
     if constexpr (kBackward) {
-      model::RopeRotateBack(a, b, cos_table[at], sin_table[at]);
+      model::RopeRotateBack(a, b, cos_t, sin_t);
     } else {
-      model::RopeRotate(a, b, cos_table[at], sin_table[at]);
+      model::RopeRotate(a, b, cos_t, sin_t);
     }
-    v[i] = a;
-    v[i + half] = b;
-  }
+  };
+  elementwise::ForEach(
+      total, vector,
+      [&](size_t e) {
+        using elementwise::kVec;
+        const int64_t r = static_cast<int64_t>(e / static_cast<size_t>(half));
+        const int64_t i = static_cast<int64_t>(e % static_cast<size_t>(half));
+        float* v = x + rows.Offset(r);
+        const int64_t at = ((r / rows.per_token) % seq_len) * half + i;
+        float a[kVec], b[kVec], ct[kVec], st[kVec];
+        elementwise::Load8(v + i, a);
+        elementwise::Load8(v + i + half, b);
+        elementwise::Load8(cos_table + at, ct);
+        elementwise::Load8(sin_table + at, st);
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) rotate(a[k], b[k], ct[k], st[k]);
+        elementwise::Store8(v + i, a);
+        elementwise::Store8(v + i + half, b);
+      },
+      [&](size_t e) {
+        const int64_t r = static_cast<int64_t>(e / static_cast<size_t>(half));
+        const int64_t i = static_cast<int64_t>(e % static_cast<size_t>(half));
+        float* v = x + rows.Offset(r);
+        const int64_t at = ((r / rows.per_token) % seq_len) * half + i;
+        float a = v[i], b = v[i + half];
+        rotate(a, b, cos_table[at], sin_table[at]);
+        v[i] = a;
+        v[i + half] = b;
+      });
+}
+inline bool RopeVector(const float* x, const StridedRows& rows, const float* cos_table, const float* sin_table) {
+  using elementwise::Aligned16;
+  return rows.n % (2 * elementwise::kVec) == 0 && rows.token_stride % 4 == 0 && Aligned16(x) &&
+         Aligned16(cos_table) && Aligned16(sin_table);
 }
 
 // ---- SwiGLU ----
+//
+// x holds rows of [gate | up], 2 · inter each; out (and dy) rows of inter.
+// With `vector`, eight outputs a thread (inter a multiple of 8, the arrays
+// 16-byte aligned: SwiGluVector).
 
 template <class Out>
-__global__ void SwiGluForwardKernel(const float* __restrict__ x, Out* __restrict__ out, int64_t rows, int64_t inter) {
+__global__ void SwiGluForwardKernel(const float* __restrict__ x, Out* __restrict__ out, int64_t rows, int64_t inter,
+                                    bool vector) {
   const size_t n = static_cast<size_t>(rows) * static_cast<size_t>(inter);
-  for (size_t e = simt::GlobalThread(); e < n; e += simt::GridStride()) {
-    const int64_t r = static_cast<int64_t>(e / static_cast<size_t>(inter));
-    const int64_t i = static_cast<int64_t>(e % static_cast<size_t>(inter));
-    const float* gate = x + r * 2 * inter;
-    simt::StoreAs(out + e, model::SwiGlu(gate[i], gate[inter + i]));
-  }
+  elementwise::ForEach(
+      n, vector,
+      [&](size_t e) {
+        using elementwise::kVec;
+        const int64_t r = static_cast<int64_t>(e / static_cast<size_t>(inter));
+        const int64_t i = static_cast<int64_t>(e % static_cast<size_t>(inter));
+        const float* gate = x + r * 2 * inter + i;
+        float g[kVec], u[kVec];
+        elementwise::Load8(gate, g);
+        elementwise::Load8(gate + inter, u);
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) g[k] = model::SwiGlu(g[k], u[k]);
+        elementwise::Store8(out + e, g);
+      },
+      [&](size_t e) {
+        const int64_t r = static_cast<int64_t>(e / static_cast<size_t>(inter));
+        const int64_t i = static_cast<int64_t>(e % static_cast<size_t>(inter));
+        const float* gate = x + r * 2 * inter;
+        simt::StoreAs(out + e, model::SwiGlu(gate[i], gate[inter + i]));
+      });
 }
 
 template <class Out>
 __global__ void SwiGluBackwardKernel(const float* __restrict__ x, const float* __restrict__ dy, Out* __restrict__ dx,
-                                     int64_t rows, int64_t inter) {
+                                     int64_t rows, int64_t inter, bool vector) {
   const size_t n = static_cast<size_t>(rows) * static_cast<size_t>(inter);
-  for (size_t e = simt::GlobalThread(); e < n; e += simt::GridStride()) {
-    const int64_t r = static_cast<int64_t>(e / static_cast<size_t>(inter));
-    const int64_t i = static_cast<int64_t>(e % static_cast<size_t>(inter));
-    const float* gate = x + r * 2 * inter;
-    Out* dgate = dx + r * 2 * inter;
-    float dg, du;
-    model::SwiGluGrad(gate[i], gate[inter + i], dy[e], dg, du);
-    simt::StoreAs(dgate + i, dg);
-    simt::StoreAs(dgate + inter + i, du);
-  }
+  elementwise::ForEach(
+      n, vector,
+      [&](size_t e) {
+        using elementwise::kVec;
+        const int64_t r = static_cast<int64_t>(e / static_cast<size_t>(inter));
+        const int64_t i = static_cast<int64_t>(e % static_cast<size_t>(inter));
+        const float* gate = x + r * 2 * inter + i;
+        Out* dgate = dx + r * 2 * inter + i;
+        float g[kVec], u[kVec], d[kVec];
+        elementwise::Load8(gate, g);
+        elementwise::Load8(gate + inter, u);
+        elementwise::Load8(dy + e, d);
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) {
+          float dg, du;
+          model::SwiGluGrad(g[k], u[k], d[k], dg, du);
+          g[k] = dg;
+          u[k] = du;
+        }
+        elementwise::Store8(dgate, g);
+        elementwise::Store8(dgate + inter, u);
+      },
+      [&](size_t e) {
+        const int64_t r = static_cast<int64_t>(e / static_cast<size_t>(inter));
+        const int64_t i = static_cast<int64_t>(e % static_cast<size_t>(inter));
+        const float* gate = x + r * 2 * inter;
+        Out* dgate = dx + r * 2 * inter;
+        float dg, du;
+        model::SwiGluGrad(gate[i], gate[inter + i], dy[e], dg, du);
+        simt::StoreAs(dgate + i, dg);
+        simt::StoreAs(dgate + inter + i, du);
+      });
+}
+inline bool SwiGluVector(const void* x, const void* dy, const void* out, int64_t inter) {
+  using elementwise::Aligned16;
+  return inter % elementwise::kVec == 0 && Aligned16(x) && Aligned16(dy) && Aligned16(out);
 }
 
 }  // namespace zinf::gpu::decoder

@@ -1,8 +1,10 @@
 // The kernels of gpu/kernels.h. Elementwise kernels are grid-stride loops
 // (256 threads a block, at most 65536 blocks) over the shared per-element
-// functions; built with --fmad=false and IEEE division and sqrt (no
-// --use_fast_math), so each element rounds the same operations in the same
-// order as the CPU twin.
+// functions; the casts, residual add, GELU and bias broadcast take eight
+// elements a thread through 16-byte accesses where the arrays allow it
+// (gpu/elementwise_kernels.cuh). Built with --fmad=false and IEEE division
+// and sqrt (no --use_fast_math), so each element rounds the same operations
+// in the same order as the CPU twin.
 //
 // LayerNorm's row kernels run one warp-sized block per row (grid-stride
 // over rows), so an SM holds as many rows as it holds blocks (the loss's
@@ -34,6 +36,7 @@
 #include "common/float16.h"
 #include "math/norm_math.h"
 #include "gpu/cuda_check.h"
+#include "gpu/elementwise_kernels.cuh"
 #include "gpu/half_warp_lanes.cuh"
 #include "gpu/launch_util.cuh"
 #include "math/gpt_math.h"
@@ -87,25 +90,23 @@ Status LaunchAdam(const AdamStepConstants& c, float* p, float* m, float* v, cons
   return ZINF_CHECK_LAUNCH("AdamKernel");
 }
 
-// ---- casts ----
-
-template <DType kSrc, DType kDst>
-__global__ void CastKernel(const void* __restrict__ src, void* __restrict__ dst, size_t n) {
-  for (size_t i = GlobalThread(); i < n; i += GridStride()) StoreFromFloat<kDst>(dst, i, LoadAsFloat<kSrc>(src, i));
-}
+// ---- casts (gpu/elementwise_kernels.cuh) ----
 
 template <DType kSrc>
 Status LaunchCast(const void* src, void* dst, DType dst_dtype, size_t n, cudaStream_t stream) {
-  const unsigned blocks = BlocksFor(n);
+  using elementwise::CastKernel;
+  const bool vector = elementwise::CastVector(src, dst);
+  const unsigned blocks = elementwise::BlocksForElements(n, vector);
+  constexpr unsigned kT = elementwise::kThreads;
   switch (dst_dtype) {
     case DType::kFloat32:
-      CastKernel<kSrc, DType::kFloat32><<<blocks, kThreads, 0, stream>>>(src, dst, n);
+      CastKernel<kSrc, DType::kFloat32><<<blocks, kT, 0, stream>>>(src, dst, n, vector);
       break;
     case DType::kBFloat16:
-      CastKernel<kSrc, DType::kBFloat16><<<blocks, kThreads, 0, stream>>>(src, dst, n);
+      CastKernel<kSrc, DType::kBFloat16><<<blocks, kT, 0, stream>>>(src, dst, n, vector);
       break;
     case DType::kFloat16:
-      CastKernel<kSrc, DType::kFloat16><<<blocks, kThreads, 0, stream>>>(src, dst, n);
+      CastKernel<kSrc, DType::kFloat16><<<blocks, kT, 0, stream>>>(src, dst, n, vector);
       break;
   }
   return ZINF_CHECK_LAUNCH("CastKernel");
@@ -196,21 +197,6 @@ __global__ void __launch_bounds__(kNormThreads)
   if (lane < cpu::kNormLanes) lanes[lane] = acc;
   __syncthreads();
   if (lane == 0) out[blockIdx.x] = cpu::CombineNormLanes(lanes);
-}
-
-__global__ void AddInPlaceKernel(float* __restrict__ a, const float* __restrict__ b, size_t n) {
-  for (size_t i = GlobalThread(); i < n; i += GridStride()) a[i] = a[i] + b[i];
-}
-
-// ---- GELU ----
-
-template <class Out>
-__global__ void GeluForwardKernel(const float* x, Out* y, size_t n) {
-  for (size_t i = GlobalThread(); i < n; i += GridStride()) StoreAs(y + i, model::Gelu(x[i]));
-}
-
-__global__ void GeluBackwardKernel(const float* x, const float* dy, float* dx, size_t n) {
-  for (size_t i = GlobalThread(); i < n; i += GridStride()) dx[i] = model::GeluGrad(x[i]) * dy[i];
 }
 
 // ---- row reductions in the CPU's lane order (see the top of this file) ----
@@ -420,14 +406,6 @@ __global__ void EmbeddingPositionGradKernel(const float* __restrict__ dout, floa
 
 // ---- the rest of the GPT layers ----
 
-__global__ void ResidualKernel(const float* a, const float* b, float* out, size_t n) {
-  for (size_t i = GlobalThread(); i < n; i += GridStride()) out[i] = a[i] + b[i];
-}
-
-__global__ void BroadcastRowKernel(const float* __restrict__ row, float* __restrict__ out, size_t n, int64_t cols) {
-  for (size_t i = GlobalThread(); i < n; i += GridStride()) out[i] = row[static_cast<int64_t>(i) % cols];
-}
-
 // The CPU's ColumnSumAccumulate in its row chunks, as the LayerNorm columns.
 __global__ void __launch_bounds__(kColumnWarps * 32)
     ColumnSumKernel(const float* __restrict__ x, float* __restrict__ out, int64_t rows, int64_t cols) {
@@ -576,8 +554,10 @@ Status SumSquaresBlocks(const float* data, size_t n, double* block_partials, voi
 Status AddInPlace(float* a, const float* b, size_t n, void* stream) {
   if (n == 0) return Status::Ok();
   if (!a || !b) return InvalidArgument("gpu::AddInPlace: null a or b");
-  AddInPlaceKernel<<<BlocksFor(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(a, b, n);
-  return ZINF_CHECK_LAUNCH("AddInPlaceKernel");
+  const bool vector = elementwise::AddVector(a, b, a);
+  elementwise::AddKernel<<<elementwise::BlocksForElements(n, vector), elementwise::kThreads, 0,
+                           static_cast<cudaStream_t>(stream)>>>(a, b, a, n, vector);
+  return ZINF_CHECK_LAUNCH("AddKernel");
 }
 
 Status Cast(const void* src, DType src_dtype, void* dst, DType dst_dtype, size_t n, void* stream) {
@@ -586,6 +566,10 @@ Status Cast(const void* src, DType src_dtype, void* dst, DType dst_dtype, size_t
   if (n == 0) return Status::Ok();
   if (!src || !dst) return InvalidArgument("gpu::Cast: null src or dst");
   auto s = static_cast<cudaStream_t>(stream);
+  if (src_dtype == dst_dtype) {  // a copy: every bit kept, a NaN's payload too (as the CPU's)
+    ZINF_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, n * DTypeSizeBytes(src_dtype), cudaMemcpyDeviceToDevice, s));
+    return Status::Ok();
+  }
   switch (src_dtype) {
     case DType::kFloat32:
       return LaunchCast<DType::kFloat32>(src, dst, dst_dtype, n, s);
@@ -600,7 +584,9 @@ Status Cast(const void* src, DType src_dtype, void* dst, DType dst_dtype, size_t
 Status GeluForward(const float* x, float* y, size_t n, void* stream) {
   if (n == 0) return Status::Ok();
   if (!x || !y) return InvalidArgument("gpu::GeluForward: null x or y");
-  GeluForwardKernel<float><<<BlocksFor(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(x, y, n);
+  const bool vector = elementwise::Aligned16(x) && elementwise::Aligned16(y);
+  elementwise::GeluForwardKernel<float><<<elementwise::BlocksForElements(n, vector), elementwise::kThreads, 0,
+                                           static_cast<cudaStream_t>(stream)>>>(x, y, n, vector);
   return ZINF_CHECK_LAUNCH("GeluForwardKernel");
 }
 
@@ -608,14 +594,18 @@ Status GeluForwardBf16(const float* x, uint16_t* y, size_t n, void* stream) {
   if (n == 0) return Status::Ok();
   if (!x || !y) return InvalidArgument("gpu::GeluForwardBf16: null x or y");
   if (Overlap(x, n * 4, y, n * 2)) return InvalidArgument("gpu::GeluForwardBf16: y overlaps x");
-  GeluForwardKernel<uint16_t><<<BlocksFor(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(x, y, n);
+  const bool vector = elementwise::Aligned16(x) && elementwise::Aligned16(y);
+  elementwise::GeluForwardKernel<uint16_t><<<elementwise::BlocksForElements(n, vector), elementwise::kThreads, 0,
+                                           static_cast<cudaStream_t>(stream)>>>(x, y, n, vector);
   return ZINF_CHECK_LAUNCH("GeluForwardKernel");
 }
 
 Status GeluBackward(const float* x, const float* dy, float* dx, size_t n, void* stream) {
   if (n == 0) return Status::Ok();
   if (!x || !dy || !dx) return InvalidArgument("gpu::GeluBackward: null x, dy or dx");
-  GeluBackwardKernel<<<BlocksFor(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(x, dy, dx, n);
+  const bool vector = elementwise::AddVector(x, dy, dx);
+  elementwise::GeluBackwardKernel<<<elementwise::BlocksForElements(n, vector), elementwise::kThreads, 0,
+                                    static_cast<cudaStream_t>(stream)>>>(x, dy, dx, n, vector);
   return ZINF_CHECK_LAUNCH("GeluBackwardKernel");
 }
 
@@ -715,8 +705,10 @@ Status EmbeddingBackward(const float* dout, const int32_t* tokens, float* dwte, 
 Status ResidualForward(const float* a, const float* b, float* out, size_t n, void* stream) {
   if (n == 0) return Status::Ok();
   if (!a || !b || !out) return InvalidArgument("gpu::ResidualForward: null a, b or out");
-  ResidualKernel<<<BlocksFor(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(a, b, out, n);
-  return ZINF_CHECK_LAUNCH("ResidualKernel");
+  const bool vector = elementwise::AddVector(a, b, out);
+  elementwise::AddKernel<<<elementwise::BlocksForElements(n, vector), elementwise::kThreads, 0,
+                           static_cast<cudaStream_t>(stream)>>>(a, b, out, n, vector);
+  return ZINF_CHECK_LAUNCH("AddKernel");
 }
 
 Status BroadcastRow(const float* row, float* out, int64_t rows, int64_t cols, void* stream) {
@@ -724,7 +716,9 @@ Status BroadcastRow(const float* row, float* out, int64_t rows, int64_t cols, vo
   if (rows == 0) return Status::Ok();
   if (!row || !out) return InvalidArgument("gpu::BroadcastRow: null row or out");
   const size_t n = static_cast<size_t>(rows) * static_cast<size_t>(cols);
-  BroadcastRowKernel<<<BlocksFor(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(row, out, n, cols);
+  const bool vector = elementwise::BroadcastVector(row, out, cols);
+  elementwise::BroadcastRowKernel<<<elementwise::BlocksForElements(n, vector), elementwise::kThreads, 0,
+                                    static_cast<cudaStream_t>(stream)>>>(row, out, n, cols, vector);
   return ZINF_CHECK_LAUNCH("BroadcastRowKernel");
 }
 

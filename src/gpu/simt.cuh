@@ -51,6 +51,16 @@ __device__ inline uint32_t PackBf16x2(float lo, float hi) {
   asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(d) : "f"(hi), "f"(lo));  // the first source goes high
   return d;
 }
+// 16 bytes of global memory as four 32-bit words, in one access (the
+// address 16-byte aligned): the elementwise kernels' vector loads and stores.
+struct Words4 {
+  uint32_t x, y, z, w;
+};
+__device__ inline Words4 Load16(const void* p) {
+  const uint4 u = *static_cast<const uint4*>(p);
+  return Words4{u.x, u.y, u.z, u.w};
+}
+__device__ inline void Store16(void* p, const Words4& v) { *static_cast<uint4*>(p) = make_uint4(v.x, v.y, v.z, v.w); }
 __device__ inline void SyncThreads() { __syncthreads(); }
 // The value of lane (this lane ^ lane_mask), all 32 lanes taking part.
 __device__ inline float ShflXor(float x, int lane_mask) { return __shfl_xor_sync(0xffffffffu, x, lane_mask); }
@@ -163,6 +173,19 @@ inline size_t GlobalThread() { return static_cast<size_t>(blockIdx.x) * blockDim
 inline size_t GridStride() { return static_cast<size_t>(gridDim.x) * blockDim.x; }
 inline uint32_t PackBf16x2(float lo, float hi) {
   return FloatToBf16Bits(lo) | static_cast<uint32_t>(FloatToBf16Bits(hi)) << 16;
+}
+struct Words4 {
+  uint32_t x, y, z, w;
+};
+inline Words4 Load16(const void* p) {
+  emu::CheckAligned(p, 16, "16-byte global load");
+  Words4 v;
+  std::memcpy(&v, p, 16);
+  return v;
+}
+inline void Store16(void* p, const Words4& v) {
+  emu::CheckAligned(p, 16, "16-byte global store");
+  std::memcpy(p, &v, 16);
 }
 inline void SyncThreads() { emu::SyncThreads(); }
 inline float ShflXor(float x, int lane_mask) {

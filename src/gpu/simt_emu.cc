@@ -580,4 +580,10 @@ void CpAsync(void* dst, const void* src, int bytes, int src_bytes) {
 
 void CpAsyncWaitAll() { ApplyCopies(Current()); }
 
+void CheckAligned(const void* p, int bytes, const char* what) {
+  if (reinterpret_cast<uintptr_t>(p) % static_cast<uintptr_t>(bytes) != 0) {
+    Fail(std::string(what) + " at an address not " + std::to_string(bytes) + "-byte aligned");
+  }
+}
+
 }  // namespace zinf::gpu::emu

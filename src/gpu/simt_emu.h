@@ -89,5 +89,8 @@ void LoadMatrices(uint32_t (&m)[4], const void* row, bool trans);
 // first src_bytes are copied and the rest zero-filled.
 void CpAsync(void* dst, const void* src, int bytes, int src_bytes);
 void CpAsyncWaitAll();
+// An error of the launch unless p is `bytes`-aligned (a vector access of
+// global memory, which the hardware faults on otherwise).
+void CheckAligned(const void* p, int bytes, const char* what);
 
 }  // namespace zinf::gpu::emu

@@ -112,59 +112,95 @@ TEST(DecoderKernelsEmuTest, RmsNormMatchesTheCpuBitForBit) {
   CheckRmsNorm(tokens * stride, RowSet{tokens * kv_heads, D, kv_heads, stride}, seed += 10);
 }
 
+// SwiGLU forward and backward, fp32 and bf16 outputs, in groups of eight
+// where inter and the alignment allow it (inter 304; also launched on one
+// block, so a thread takes several groups) and one output a thread
+// otherwise (inter 1, 17, 300; and 304 with every array one element off
+// its alignment).
 TEST(DecoderKernelsEmuTest, SwiGluMatchesTheCpuBitForBit) {
   const model::ModelThreads th(1);
-  for (const auto& [rows, inter] : {std::pair<int64_t, int64_t>{37, 1}, {37, 17}, {29, 300}}) {
-    SCOPED_TRACE(::testing::Message() << "rows " << rows << ", inter " << inter);
+  struct Case {
+    int64_t rows, inter;
+    size_t offset;  // elements every array starts past a 16-byte boundary
+    bool vector;
+  };
+  for (const Case& k : {Case{37, 1, 0, false}, Case{37, 17, 0, false}, Case{29, 300, 0, false},
+                        Case{29, 304, 0, true}, Case{29, 304, 1, false}}) {
+    const int64_t rows = k.rows, inter = k.inter;
+    SCOPED_TRACE(::testing::Message() << "rows " << rows << ", inter " << inter << ", offset " << k.offset);
     const size_t n_in = static_cast<size_t>(rows * 2 * inter), n_out = static_cast<size_t>(rows * inter);
-    const std::vector<float> x = UniformFloats(700 + inter, n_in, -12.0f, 12.0f);
-    const std::vector<float> dy = UniformFloats(701 + inter, n_out, -1.0f, 1.0f);
+    const test::OffsetBuffer<float> xb(UniformFloats(700 + inter, n_in, -12.0f, 12.0f), k.offset);
+    const test::OffsetBuffer<float> dyb(UniformFloats(701 + inter, n_out, -1.0f, 1.0f), k.offset);
+    const float* x = xb.data();
+    const float* dy = dyb.data();
     std::vector<float> out(n_out), dx(n_in);
-    model::SwiGluForward<float>(th, out.data(), x.data(), rows, inter);
-    model::SwiGluBackward<float>(th, dx.data(), x.data(), dy.data(), rows, inter);
+    model::SwiGluForward<float>(th, out.data(), x, rows, inter);
+    model::SwiGluBackward<float>(th, dx.data(), x, dy, rows, inter);
 
-    std::vector<float> gout(n_out, NAN), gdx(n_in, NAN);
-    std::vector<uint16_t> gout16(n_out, 0xffff), gdx16(n_in, 0xffff);
-    const unsigned blocks = decoder::BlocksFor(n_out);
-    ASSERT_TRUE(Emulate(blocks, decoder::kThreads, 0, [&] {
-                  decoder::SwiGluForwardKernel<float>(x.data(), gout.data(), rows, inter);
-                  decoder::SwiGluForwardKernel<uint16_t>(x.data(), gout16.data(), rows, inter);
-                  decoder::SwiGluBackwardKernel<float>(x.data(), dy.data(), gdx.data(), rows, inter);
-                  decoder::SwiGluBackwardKernel<uint16_t>(x.data(), dy.data(), gdx16.data(), rows, inter);
-                }).ok());
-    EXPECT_EQ(DifferentBits(gout, out), 0u) << "swiglu";
-    EXPECT_EQ(DifferentBits(gdx, dx), 0u) << "swiglu grad";
-    EXPECT_EQ(NotRounded(gout16, out), 0u) << "bf16 swiglu";
-    EXPECT_EQ(NotRounded(gdx16, dx), 0u) << "bf16 swiglu grad";
+    for (const bool one_block : {false, true}) {
+      SCOPED_TRACE(one_block ? "one block" : "the launch's grid");
+      test::OffsetBuffer<float> gout(n_out, k.offset), gdx(n_in, k.offset);
+      test::OffsetBuffer<uint16_t> gout16(n_out, k.offset), gdx16(n_in, k.offset);
+      float* go = gout.data();
+      float* gd = gdx.data();
+      uint16_t* go16 = gout16.data();
+      uint16_t* gd16 = gdx16.data();
+      const bool vf = decoder::SwiGluVector(x, x, go, inter) && decoder::SwiGluVector(x, x, go16, inter);
+      const bool vb = decoder::SwiGluVector(x, dy, gd, inter) && decoder::SwiGluVector(x, dy, gd16, inter);
+      ASSERT_EQ(vf, k.vector);
+      ASSERT_EQ(vb, k.vector);
+      const unsigned blocks = one_block ? 1 : elementwise::BlocksForElements(n_out, k.vector);
+      ASSERT_TRUE(Emulate(blocks, decoder::kThreads, 0, [&] {
+                    decoder::SwiGluForwardKernel<float>(x, go, rows, inter, vf);
+                    decoder::SwiGluForwardKernel<uint16_t>(x, go16, rows, inter, vf);
+                    decoder::SwiGluBackwardKernel<float>(x, dy, gd, rows, inter, vb);
+                    decoder::SwiGluBackwardKernel<uint16_t>(x, dy, gd16, rows, inter, vb);
+                  }).ok());
+      EXPECT_EQ(DifferentBits(gout.Values(), out), 0u) << "swiglu";
+      EXPECT_EQ(DifferentBits(gdx.Values(), dx), 0u) << "swiglu grad";
+      EXPECT_EQ(NotRounded(gout16.Values(), out), 0u) << "bf16 swiglu";
+      EXPECT_EQ(NotRounded(gdx16.Values(), dx), 0u) << "bf16 swiglu grad";
+    }
   }
 }
 
 // RoPE forward and back over the query heads of a fused qkv, positions
-// wrapping over two batch rows, against the CPU with the same table.
+// wrapping over two batch rows, against the CPU with the same table: head
+// size 20 one pair a thread, 32 eight pairs a thread.
 TEST(DecoderKernelsEmuTest, RopeMatchesTheCpuBitForBit) {
   const model::ModelThreads th(1);
-  const int64_t seq_len = 7, tokens = 2 * seq_len, heads = 3, kv_heads = 1, D = 20, stride = (heads + 2 * kv_heads) * D;
-  const RowSet rows{tokens * heads, D, heads, stride};
-  model::RopeTable table;
-  table.seq_len = seq_len;
-  table.half = D / 2;
-  table.cos = UniformFloats(41, static_cast<size_t>(seq_len * D / 2), -1.0f, 1.0f);
-  table.sin = UniformFloats(42, static_cast<size_t>(seq_len * D / 2), -1.0f, 1.0f);
-  const std::vector<float> x = UniformFloats(43, static_cast<size_t>(tokens * stride), -2.0f, 2.0f);
-  for (bool backward : {false, true}) {
-    SCOPED_TRACE(backward ? "backward" : "forward");
-    std::vector<float> want = x, got = x;
-    if (backward) model::RopeBackward<float>(th, want.data(), rows, seq_len, table);
-    else model::RopeForward<float>(th, want.data(), rows, seq_len, table);
-    const unsigned blocks = decoder::BlocksFor(static_cast<size_t>(rows.rows * D / 2));
-    ASSERT_TRUE(Emulate(blocks, decoder::kThreads, 0, [&] {
-                  if (backward) {
-                    decoder::RopeKernel<true>(got.data(), Strided(rows), seq_len, table.cos.data(), table.sin.data());
-                  } else {
-                    decoder::RopeKernel<false>(got.data(), Strided(rows), seq_len, table.cos.data(), table.sin.data());
-                  }
-                }).ok());
-    EXPECT_EQ(DifferentBits(got, want), 0u);
+  for (const int64_t D : {int64_t{20}, int64_t{32}}) {
+    SCOPED_TRACE(::testing::Message() << "head size " << D);
+    const int64_t seq_len = 7, tokens = 2 * seq_len, heads = 3, kv_heads = 1, stride = (heads + 2 * kv_heads) * D;
+    const RowSet rows{tokens * heads, D, heads, stride};
+    model::RopeTable table;
+    table.seq_len = seq_len;
+    table.half = D / 2;
+    table.cos = UniformFloats(41, static_cast<size_t>(seq_len * D / 2), -1.0f, 1.0f);
+    table.sin = UniformFloats(42, static_cast<size_t>(seq_len * D / 2), -1.0f, 1.0f);
+    const test::OffsetBuffer<float> cos_t(table.cos, 0), sin_t(table.sin, 0);
+    const std::vector<float> x = UniformFloats(43, static_cast<size_t>(tokens * stride), -2.0f, 2.0f);
+    const bool vector = decoder::RopeVector(test::OffsetBuffer<float>(x, 0).data(), Strided(rows), cos_t.data(),
+                                            sin_t.data());
+    ASSERT_EQ(vector, D == 32);
+    for (bool backward : {false, true}) {
+      SCOPED_TRACE(backward ? "backward" : "forward");
+      std::vector<float> want = x;
+      test::OffsetBuffer<float> got(x, 0);
+      if (backward) model::RopeBackward<float>(th, want.data(), rows, seq_len, table);
+      else model::RopeForward<float>(th, want.data(), rows, seq_len, table);
+      const unsigned blocks = elementwise::BlocksForElements(static_cast<size_t>(rows.rows * D / 2), vector);
+      ASSERT_TRUE(Emulate(blocks, decoder::kThreads, 0, [&] {
+                    if (backward) {
+                      decoder::RopeKernel<true>(got.data(), Strided(rows), seq_len, cos_t.data(), sin_t.data(),
+                                                vector);
+                    } else {
+                      decoder::RopeKernel<false>(got.data(), Strided(rows), seq_len, cos_t.data(), sin_t.data(),
+                                                 vector);
+                    }
+                  }).ok());
+      EXPECT_EQ(DifferentBits(got.Values(), want), 0u);
+    }
   }
 }
 
