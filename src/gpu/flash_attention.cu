@@ -22,7 +22,12 @@ Status Check(const char* fn, const AttentionShape& s, const AttentionTensors& t,
     return InvalidArgument(std::string(fn) + ": head_dim " + std::to_string(s.head_dim) +
                            " (the CUDA kernels take 64 or 128)");
   }
-  if (s.batch * s.heads > 65535) return InvalidArgument(std::string(fn) + ": batch · heads above 65535");
+  // The grid (LaunchShape): batch · heads blocks along x, the query blocks along y (at most 65535).
+  if (s.batch * s.heads > 0x7fffffff) return InvalidArgument(std::string(fn) + ": batch · heads above 2^31 - 1");
+  if ((s.seq_len + kB - 1) / kB > 65535) {
+    return InvalidArgument(std::string(fn) + ": seq_len " + std::to_string(s.seq_len) + " above " +
+                           std::to_string(65535 * kB) + " (65535 blocks of " + std::to_string(kB) + " queries)");
+  }
   return Status::Ok();
 }
 

@@ -153,9 +153,8 @@ TEST(FlashAttentionEmuTest, TwoRowTilesAWarpGiveTheBitsOfOne) {
       const Status st =
           two ? Launch(flash::ForwardLaunch<64, false>(p.shape), base,
                     [&] { flash::FlashForwardKernel<64, false, 2>(p.shape, t); })
-              : Launch(flash::LaunchShape{flash::QueryBlocks(p.shape), static_cast<unsigned>(2 * 4), flash::kThreadsFa,
-                                       flash::TileBytes<64, false>(1, 2)},
-                    base, [&] { flash::FlashForwardKernel<64, false, 1>(p.shape, t); });
+              : Launch(flash::ForwardLaunch<64, false, 1>(p.shape), base,
+                    [&] { flash::FlashForwardKernel<64, false, 1>(p.shape, t); });
       EXPECT_TRUE(st.ok()) << st.ToString();
       return r;
     };
