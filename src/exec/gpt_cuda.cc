@@ -15,11 +15,13 @@
 #include <span>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "gpu/cublas_lib.h"
 #include "gpu/cuda_check.h"
 #include "gpu/decoder_kernels.h"
 #include "gpu/kernels.h"
+#include "model/gemm.h"
 
 namespace zinf::gpu {
 namespace {
@@ -516,13 +518,26 @@ class CudaStages final : public model::GptStages {
       ZINF_ASSIGN_OR_RETURN(const void* b16, Bf16Operand(b, tb ? n : k, tb ? k : n, ldb, sb, count, b_slot));
       last_b16_ = b16;
       Op(product_op_ ? product_op_ : "matmul");
-      ZINF_CUBLAS_RETURN_IF_ERROR(
-          blas_->gemm_strided_batched_ex(handle_, op_b, op_a, static_cast<int>(n), static_cast<int>(m),
-                                         static_cast<int>(k), &alpha, b16, CUDA_R_16BF, static_cast<int>(ldb), sb, a16,
-                                         CUDA_R_16BF, static_cast<int>(lda), sa, &beta, c, c_type,
-                                         static_cast<int>(ldc), sc, static_cast<int>(count), CUBLAS_COMPUTE_32F,
-                                         CUBLAS_GEMM_DEFAULT),
-          "cublasGemmStridedBatchedEx (bf16 operands, fp32 accumulation)");
+      // A single product whose sizes are not multiples of 8 (the GPT-2 LM
+      // head's V = 50257) runs as pieces of whole multiples and remainders
+      // (model::AlignedGemmPieces): cuBLAS's fast bf16 kernels need them. k
+      // is cut only into an fp32 result (a bf16 one would round between the
+      // parts).
+      const std::vector<model::GemmPiece> pieces =
+          count == 1 ? model::AlignedGemmPieces(m, n, k, 8, c_type == CUDA_R_32F)
+                     : std::vector<model::GemmPiece>{{0, m, 0, n, 0, k}};
+      const size_t c_size = c_type == CUDA_R_32F ? 4 : 2;
+      for (const model::GemmPiece& p : pieces) {
+        const float piece_beta = p.k0 == 0 ? beta : 1.0f;
+        ZINF_CUBLAS_RETURN_IF_ERROR(
+            blas_->gemm_strided_batched_ex(
+                handle_, op_b, op_a, static_cast<int>(p.n), static_cast<int>(p.m), static_cast<int>(p.k), &alpha,
+                static_cast<const uint16_t*>(b16) + p.BOffset(tb, ldb), CUDA_R_16BF, static_cast<int>(ldb), sb,
+                static_cast<const uint16_t*>(a16) + p.AOffset(ta, lda), CUDA_R_16BF, static_cast<int>(lda), sa,
+                &piece_beta, static_cast<char*>(c) + p.COffset(ldc) * c_size, c_type, static_cast<int>(ldc), sc,
+                static_cast<int>(count), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+            "cublasGemmStridedBatchedEx (bf16 operands, fp32 accumulation)");
+      }
       return Status::Ok();
     }
     Op(product_op_ ? product_op_ : "matmul");

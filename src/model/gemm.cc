@@ -82,6 +82,31 @@ void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, F alpha, 
 // 1024 × 768 with k = V, becomes two 512-row tiles). On this 2-core VM the
 // tiles of the three LM-head products ran at 0.94-1.08 of one
 // OpenBLAS-threaded call, 0.96-0.99 single-threaded.
+std::vector<GemmPiece> AlignedGemmPieces(int64_t m, int64_t n, int64_t k, int64_t align, bool split_k) {
+  struct Part {
+    int64_t at, size;
+  };
+  // [0, size) as one part, or a whole-multiple part and the remainder.
+  const auto parts = [align](int64_t size, bool split) {
+    std::vector<Part> p;
+    const int64_t whole = size / align * align;
+    if (split && size > align && whole != size) {
+      p.push_back({0, whole});
+      p.push_back({whole, size - whole});
+    } else {
+      p.push_back({0, size});
+    }
+    return p;
+  };
+  std::vector<GemmPiece> pieces;
+  for (const Part& pm : parts(m, true)) {
+    for (const Part& pn : parts(n, true)) {
+      for (const Part& pk : parts(k, split_k)) pieces.push_back({pm.at, pm.size, pn.at, pn.size, pk.at, pk.size});
+    }
+  }
+  return pieces;
+}
+
 GemmTiles GemmTilesFor(int64_t m, int64_t n, int64_t k) {
   // Larger tiles where a dimension is long enough to give 16 of them anyway
   // (the LM head's V): less repacking of the other operand.

@@ -32,6 +32,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "model/parallel.h"
 
@@ -63,6 +64,23 @@ struct GemmTiles {
   int64_t tile_m = 0, tile_n = 0;
 };
 GemmTiles GemmTilesFor(int64_t m, int64_t n, int64_t k);
+
+// A product cut where its sizes are not multiples of `align`, for a GPU
+// library whose fast kernels need them (cuBLAS on bf16 operands: at the
+// GPT-2 vocabulary, 50257, the LM head's products ran at about a tenth of
+// their speed on an H100): each of m, n (and k, with split_k) larger than
+// align and not a multiple of it becomes a part of whole multiples and a
+// remainder below align. The pieces cover C once per k part; a product of
+// aligned sizes is one piece. With k split, a (m, n) block's second k part
+// adds onto the first (beta 1), so the caller's beta goes to k0 == 0 only;
+// offsets are in elements of row-major storage, as Gemm's arguments.
+struct GemmPiece {
+  int64_t m0 = 0, m = 0, n0 = 0, n = 0, k0 = 0, k = 0;
+  int64_t AOffset(bool trans_a, int64_t lda) const { return trans_a ? k0 * lda + m0 : m0 * lda + k0; }
+  int64_t BOffset(bool trans_b, int64_t ldb) const { return trans_b ? n0 * ldb + k0 : k0 * ldb + n0; }
+  int64_t COffset(int64_t ldc) const { return m0 * ldc + n0; }
+};
+std::vector<GemmPiece> AlignedGemmPieces(int64_t m, int64_t n, int64_t k, int64_t align, bool split_k);
 
 void UseSingleThreadedBlas();
 void SetBlasThreads(int num_threads);

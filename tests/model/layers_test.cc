@@ -227,6 +227,55 @@ TEST(LayerGradTest, ParallelGemmMatchesPlainLoops) {
   }
 }
 
+// AlignedGemmPieces: the pieces of an unaligned product, run one Gemm each at
+// their offsets, give the whole product (every transposition, leading
+// dimensions wider than the operands, beta 0 and 1, k cut or not); each
+// size is a multiple of the alignment or below it; an aligned product is
+// one piece.
+TEST(LayerGradTest, AlignedGemmPiecesMakeTheWholeProduct) {
+  EXPECT_EQ(AlignedGemmPieces(64, 128, 32, 8, true).size(), 1u);
+  EXPECT_EQ(AlignedGemmPieces(5, 7, 3, 8, true).size(), 1u);  // each below the alignment
+  EXPECT_EQ(AlignedGemmPieces(67, 129, 35, 8, false).size(), 4u);
+  std::mt19937_64 rng(11);
+  const int64_t m = 67, n = 129, k = 35, pad = 3;
+  for (bool split_k : {false, true}) {
+    const std::vector<GemmPiece> pieces = AlignedGemmPieces(m, n, k, 8, split_k);
+    ASSERT_EQ(pieces.size(), split_k ? 8u : 4u);
+    for (const GemmPiece& p : pieces) {
+      for (const int64_t size : {p.m, p.n, split_k ? p.k : 0}) EXPECT_TRUE(size % 8 == 0 || size < 8) << size;
+      if (!split_k) {
+        EXPECT_EQ(p.k, k);
+      }
+    }
+    for (bool ta : {false, true}) {
+      for (bool tb : {false, true}) {
+        for (float beta : {0.0f, 1.0f}) {
+          SCOPED_TRACE(::testing::Message() << "split_k=" << split_k << " ta=" << ta << " tb=" << tb
+                                            << " beta=" << beta);
+          const int64_t lda = (ta ? m : k) + pad, ldb = (tb ? k : n) + pad, ldc = n + pad;
+          const Vec a64 = Random((ta ? k : m) * lda, rng), b64 = Random((tb ? n : k) * ldb, rng);
+          const Vec c64 = Random(m * ldc, rng);
+          const std::vector<float> a(a64.begin(), a64.end()), b(b64.begin(), b64.end()), c0(c64.begin(), c64.end());
+          std::vector<float> whole = c0, cut = c0;
+          Gemm<float>(ta, tb, m, n, k, 0.5f, a.data(), lda, b.data(), ldb, beta, whole.data(), ldc);
+          for (const GemmPiece& p : pieces) {
+            Gemm<float>(ta, tb, p.m, p.n, p.k, 0.5f, a.data() + p.AOffset(ta, lda), lda, b.data() + p.BOffset(tb, ldb),
+                        ldb, p.k0 == 0 ? beta : 1.0f, cut.data() + p.COffset(ldc), ldc);
+          }
+          double max_err = 0;
+          for (int64_t i = 0; i < m; ++i) {
+            for (int64_t j = 0; j < ldc; ++j) {  // the padding columns too: untouched
+              max_err = std::max(max_err, std::abs(static_cast<double>(cut[i * ldc + j]) - whole[i * ldc + j]));
+            }
+          }
+          // k cut: the two parts' sums rounded apart (|terms| <= 1, k = 35).
+          EXPECT_LT(max_err, split_k ? 1e-5 : 1e-6);
+        }
+      }
+    }
+  }
+}
+
 // bf16 operands: bit for bit the fp32 product of the operands rounded to
 // bf16 (to nearest even, as every 16-bit store in zinf), for every
 // transposition and leading dimensions wider than the operands, through
