@@ -90,11 +90,11 @@ Status Forward(const AttentionShape& s, const AttentionTensors& t, void* stream)
                 t);
 }
 
-template <int D, bool kAsync>
+template <int D, bool kAsync, int kKvMin = kKvMinBlocks<D>>
 Status Backward(const AttentionShape& s, const AttentionTensors& t, void* stream) {
   ZINF_RETURN_IF_ERROR(Launch(FlashDeltaKernel<D>, "FlashDeltaKernel", DeltaLaunch(s), stream, s, t));
-  ZINF_RETURN_IF_ERROR(
-      Launch(FlashBackwardKvKernel<D, kAsync>, "FlashBackwardKvKernel", BackwardKvLaunch<D, kAsync>(s), stream, s, t));
+  ZINF_RETURN_IF_ERROR(Launch(FlashBackwardKvKernel<D, kAsync, kKvMin>, "FlashBackwardKvKernel",
+                              BackwardKvLaunch<D, kAsync>(s), stream, s, t));
   return Launch(FlashBackwardQKernel<D, kAsync>, "FlashBackwardQKernel", BackwardQLaunch<D, kAsync>(s), stream, s, t);
 }
 
@@ -138,7 +138,8 @@ Status FlashAttentionForward(const AttentionShape& shape, const AttentionTensors
   return copies ? Forward<128, true, 1>(shape, tensors, stream) : Forward<128, false, 1>(shape, tensors, stream);
 }
 
-Status FlashAttentionBackward(const AttentionShape& shape, const AttentionTensors& tensors, void* stream) {
+Status FlashAttentionBackward(const AttentionShape& shape, const AttentionTensors& tensors, void* stream,
+                              int kv_min_blocks) {
   const char* fn = "gpu::FlashAttentionBackward";
   ZINF_RETURN_IF_ERROR(Check(fn, shape, tensors, true));
   ZINF_ASSIGN_OR_RETURN(bool copies, ReadsCopies(fn, tensors, true));
@@ -146,8 +147,21 @@ Status FlashAttentionBackward(const AttentionShape& shape, const AttentionTensor
     ZINF_ASSIGN_OR_RETURN(copies, FlashAttentionCopiesFit(shape.head_dim));
   }
   if (shape.head_dim == 64) {
+    if (kv_min_blocks != 0 && kv_min_blocks != 1 && kv_min_blocks != 3) {
+      return InvalidArgument(std::string(fn) + ": kv_min_blocks " + std::to_string(kv_min_blocks) +
+                             " (0 for the default, 1 or 3 at head_dim 64)");
+    }
+    static_assert(kKvMinBlocks<64> == 3);
+    if (kv_min_blocks == 1) {
+      return copies ? Backward<64, true, 1>(shape, tensors, stream) : Backward<64, false, 1>(shape, tensors, stream);
+    }
     return copies ? Backward<64, true>(shape, tensors, stream) : Backward<64, false>(shape, tensors, stream);
   }
+  if (kv_min_blocks != 0 && kv_min_blocks != 1) {
+    return InvalidArgument(std::string(fn) + ": kv_min_blocks " + std::to_string(kv_min_blocks) +
+                           " (0 for the default or 1 at head_dim 128)");
+  }
+  static_assert(kKvMinBlocks<128> == 1);
   return copies ? Backward<128, true>(shape, tensors, stream) : Backward<128, false>(shape, tensors, stream);
 }
 

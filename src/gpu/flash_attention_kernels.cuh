@@ -482,11 +482,18 @@ __device__ void FetchStats(float* lse_s, float* delta_s, const AttentionTensors&
 }
 constexpr int kStatsBytes = 2 * kB * 4;  // lse and δ of a query block
 
+// The blocks a SM the dK/dV kernel's registers are capped for (its
+// __launch_bounds__ minimum): at head_dim 64, three (168 registers a
+// thread, with a few spilled, by ptxas for sm_90) where uncapped it takes
+// 186 and two fit; at 128, no cap (240 registers, two a SM).
+template <int D>
+constexpr int kKvMinBlocks = D == 64 ? 3 : 1;
+
 // dK and dV of one (batch row, kv head, key block): each warp's 16 keys over
 // the group's heads and the query blocks from the diagonal on, kQc query
 // columns a pass (their scores and score gradients in registers).
-template <int D, bool kAsync>
-__global__ void __launch_bounds__(kThreadsFa) FlashBackwardKvKernel(AttentionShape s, AttentionTensors t) {
+template <int D, bool kAsync, int kMinBlocks = kKvMinBlocks<D>>
+__global__ void __launch_bounds__(kThreadsFa, kMinBlocks) FlashBackwardKvKernel(AttentionShape s, AttentionTensors t) {
   using P = Pitch<D>;
   constexpr int kQc = D == 64 ? 64 : 32;
   ZINF_DYNAMIC_SMEM(smem);

@@ -69,7 +69,7 @@ Result<std::vector<float>> Download(const void* p, int64_t n) {
 }  // namespace
 
 Result<FlashTiming> TimeFlashAttention(const model::AttentionShape& s, bool bf16_copies, int reps, uint64_t seed,
-                                       float range, int query_tiles) {
+                                       float range, FlashVariant variant) {
   if (reps < 1) return InvalidArgument("TimeFlashAttention: reps must be positive");
   const int64_t BT = s.batch * s.seq_len, Q = s.heads * s.head_dim, K = s.kv_heads * s.head_dim, S = Q + 2 * K;
   const int64_t stats = s.batch * s.heads * s.seq_len;
@@ -116,14 +116,14 @@ Result<FlashTiming> TimeFlashAttention(const model::AttentionShape& s, bool bf16
   };
   auto forward = [&]() -> Status {
     if (bf16_copies) ZINF_RETURN_IF_ERROR(cast_qkv());
-    return FlashAttentionForward(s, bf16_copies ? copies : t, r.stream, query_tiles);
+    return FlashAttentionForward(s, bf16_copies ? copies : t, r.stream, variant.query_tiles);
   };
   auto backward = [&]() -> Status {
     if (bf16_copies) {
       ZINF_RETURN_IF_ERROR(cast_qkv());
       ZINF_RETURN_IF_ERROR(cast_dout());
     }
-    return FlashAttentionBackward(s, bf16_copies ? copies : t, r.stream);
+    return FlashAttentionBackward(s, bf16_copies ? copies : t, r.stream, variant.kv_min_blocks);
   };
 
   ZINF_RETURN_IF_ERROR(forward());  // warm-up

@@ -21,10 +21,17 @@ struct FlashTiming {
   uint64_t result_hash = 0;
 };
 
+// The kernels' build variants to time (gpu/kernels.h; 0: the defaults):
+// FlashAttentionForward's query_tiles, FlashAttentionBackward's
+// kv_min_blocks.
+struct FlashVariant {
+  int query_tiles = 0;
+  int kv_min_blocks = 0;
+};
+
 // On the current device; the inputs are uniform in [-range, range] from
 // `seed` (the same for both ways). reps >= 1, after one warm-up.
-// query_tiles: FlashAttentionForward's (0: the default).
 Result<FlashTiming> TimeFlashAttention(const model::AttentionShape& shape, bool bf16_copies, int reps,
-                                       uint64_t seed = 1, float range = 2.0f, int query_tiles = 0);
+                                       uint64_t seed = 1, float range = 2.0f, FlashVariant variant = {});
 
 }  // namespace zinf::gpu

@@ -163,11 +163,14 @@ Status BusyWait(double seconds, void* stream);
 // query_tiles: the forward's queries a thread block, in 64-row tiles (0: the
 // default, 2 at head_dim 64, where each warp's k and v operands then feed
 // two row tiles, and 1 at 128; 1 or 2 at 64 for a comparison): the same
-// bits either way.
+// bits either way. kv_min_blocks: the dK/dV kernel's register cap, as the
+// blocks a SM it is built to keep (0: the default, 3 at head_dim 64, where
+// its registers go from 186 to 168 a thread, and 1, no cap, at 128; 1 at
+// 64 for a comparison): the same bits either way.
 Status FlashAttentionForward(const model::AttentionShape& shape, const model::AttentionTensors& tensors,
                              void* stream, int query_tiles = 0);
 Status FlashAttentionBackward(const model::AttentionShape& shape, const model::AttentionTensors& tensors,
-                              void* stream);
+                              void* stream, int kv_min_blocks = 0);
 // Whether the current device runs the two-buffer kernels that read bf16
 // copies, forward and backward, for this head_dim (64 or 128).
 Result<bool> FlashAttentionCopiesFit(int64_t head_dim);

@@ -61,7 +61,7 @@ enum class Operands { kRoundedAtLoad, kBf16Copies };
 
 // Forward and backward on the GPU; with forward_only, dqkv stays empty.
 AttentionResult OnGpu(const AttentionProblem& p, bool forward_only = false,
-                      Operands operands = Operands::kRoundedAtLoad) {
+                      Operands operands = Operands::kRoundedAtLoad, int kv_min_blocks = 0) {
   DeviceFloats qkv(p.qkv.size(), p.qkv.data()), dout(p.dout.size(), p.dout.data());
   DeviceFloats out(p.OutElems()), lse(p.StatElems()), delta(p.StatElems()), dqkv(p.qkv.size());
   // dqkv's columns are all written (q, k and v of every head), so the NaN
@@ -85,7 +85,7 @@ AttentionResult OnGpu(const AttentionProblem& p, bool forward_only = false,
   Status st = FlashAttentionForward(p.shape, t, nullptr);
   EXPECT_TRUE(st.ok()) << st.ToString();
   if (!forward_only) {
-    st = FlashAttentionBackward(p.shape, t, nullptr);
+    st = FlashAttentionBackward(p.shape, t, nullptr, kv_min_blocks);
     EXPECT_TRUE(st.ok()) << st.ToString();
     r.dqkv = dqkv.ToHost();
   }
@@ -164,6 +164,19 @@ TEST_F(FlashAttentionGpuTest, ForwardQueryTilesGiveTheSameBits) {
   }
 }
 
+// head_dim 64: the dK/dV kernel capped at 168 registers (three blocks a
+// SM, the default) and uncapped give the same bits, on both operand paths.
+TEST_F(FlashAttentionGpuTest, BackwardKvRegisterCapGivesTheSameBits) {
+  for (const int64_t T : {int64_t{5}, int64_t{130}, int64_t{1030}}) {
+    SCOPED_TRACE(::testing::Message() << "T=" << T);
+    const AttentionProblem p = AttentionProblem::Random(2, T, 4, 2, 64, 90 + T, 2.0f);
+    for (const Operands operands : {Operands::kRoundedAtLoad, Operands::kBf16Copies}) {
+      const AttentionResult capped = OnGpu(p, false, operands, 3), uncapped = OnGpu(p, false, operands, 1);
+      EXPECT_EQ(0, std::memcmp(capped.dqkv.data(), uncapped.dqkv.data(), capped.dqkv.size() * sizeof(float)));
+    }
+  }
+}
+
 TEST_F(FlashAttentionGpuTest, RepeatsBitForBit) {
   const AttentionProblem p = AttentionProblem::Random(2, 300, 4, 2, 128, 8);
   const AttentionResult a = OnGpu(p), b = OnGpu(p);
@@ -214,6 +227,19 @@ TEST(FlashAttentionGpuArgsTest, RefusesQueryTilesTheHeadDimCannotTake) {
   st = FlashAttentionForward(p.shape, p.Tensors(p.qkv.data(), out.data(), lse.data(), nullptr, nullptr, nullptr),
                              nullptr, 3);
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
+}
+
+TEST(FlashAttentionGpuArgsTest, RefusesKvMinBlocksTheHeadDimCannotTake) {
+  for (const auto& [D, blocks] : {std::pair<int64_t, int>{64, 2}, {64, 4}, {128, 3}}) {
+    SCOPED_TRACE(::testing::Message() << "head_dim " << D << ", kv_min_blocks " << blocks);
+    AttentionProblem p = AttentionProblem::Random(1, 8, 2, 2, D, 1);
+    std::vector<float> out(p.OutElems()), lse(p.StatElems()), delta(p.StatElems()), dqkv(p.qkv.size());
+    const model::AttentionTensors t =
+        p.Tensors(p.qkv.data(), out.data(), lse.data(), p.dout.data(), delta.data(), dqkv.data());
+    const Status st = FlashAttentionBackward(p.shape, t, nullptr, blocks);
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
+    EXPECT_NE(st.message().find("kv_min_blocks " + std::to_string(blocks)), std::string::npos) << st.ToString();
+  }
 }
 
 TEST(FlashAttentionGpuArgsTest, RefusesOtherHeadDims) {
