@@ -57,24 +57,38 @@ __device__ inline int64_t HalfWarpRowStride() { return static_cast<int64_t>(simt
 // ---- RMSNorm ----
 
 // The calling lane's elements c = lane, lane + 16, ... below `end`, in
-// increasing order: load(c) of a batch of kRowBatch of them is issued before
+// increasing order: load(c) of a batch of kBatch of them is issued before
 // use(c, loaded) of any, so the loads are in flight together and a use may
 // store to its own element (x and y, or dy and dx, may be one buffer: without
-// the batch, each load would wait for the store before it).
+// the batch, each load would wait for the store before it). What is left
+// after the batches of kBatch goes in batches of kRowBatch, then singly. A
+// row of a model's width (2048: 128 elements a lane) is a few round trips to
+// memory in batches of 32 where it was 16 in batches of 8; a row kernel's
+// grid is one half-warp a row, too few threads to hide the latency
+// otherwise (4096 rows: 16 warps a SM on an H100).
 constexpr int kRowBatch = 8;
-template <class Load, class Use>
-__device__ inline void ForLaneBatches(int lane, int64_t end, const Load& load, const Use& use) {
+template <int kBatch, class Load, class Use>
+__device__ inline int64_t LaneBatchesOf(int64_t c, int64_t end, const Load& load, const Use& use) {
   using Loaded = decltype(load(int64_t{0}));
-  int64_t c = lane;
-  for (; c + (kRowBatch - 1) * kLanes < end; c += kRowBatch * kLanes) {
-    Loaded v[kRowBatch];
+  for (; c + (kBatch - 1) * kLanes < end; c += kBatch * kLanes) {
+    Loaded v[kBatch];
 #pragma unroll
-    for (int k = 0; k < kRowBatch; ++k) v[k] = load(c + k * kLanes);
+    for (int k = 0; k < kBatch; ++k) v[k] = load(c + k * kLanes);
 #pragma unroll
-    for (int k = 0; k < kRowBatch; ++k) use(c + k * kLanes, v[k]);
+    for (int k = 0; k < kBatch; ++k) use(c + k * kLanes, v[k]);
   }
+  return c;
+}
+template <int kBatch = kRowBatch, class Load, class Use>
+__device__ inline void ForLaneBatches(int lane, int64_t end, const Load& load, const Use& use) {
+  int64_t c = LaneBatchesOf<kBatch>(lane, end, load, use);
+  if constexpr (kBatch > kRowBatch) c = LaneBatchesOf<kRowBatch>(c, end, load, use);
   for (; c < end; c += kLanes) use(c, load(c));
 }
+// The batches of the row kernels: 32 single floats or pairs (forward), 16
+// sets of four (backward's dy, w, x and dx): at most 64 registers of loads.
+constexpr int kForwardRowBatch = 32;
+constexpr int kBackwardRowBatch = 16;
 
 // x and y may be the same buffer (Out = float): not __restrict__.
 template <class Out>
@@ -90,12 +104,12 @@ __global__ void RmsNormForwardKernel(const float* x, const float* __restrict__ w
     const int64_t at = rows.Offset(r);
     const float* xr = x + at;
     float acc = 0.0f;  // LaneSumSquares: lane `lane`
-    ForLaneBatches(
+    ForLaneBatches<kForwardRowBatch>(
         lane, full, [&](int64_t c) { return xr[c]; }, [&](int64_t, float v) { acc += v * v; });
     const float tail_x = lane < tail ? xr[full + lane] : 0.0f;
     const float s = model::RmsNormRstd(LaneSumThenTail(mask, acc, tail_x * tail_x, tail), n, eps);
     Out* yr = y + at;
-    ForLaneBatches(
+    ForLaneBatches<kForwardRowBatch>(
         lane, n, [&](int64_t c) { return XW{xr[c], w[c]}; },
         [&](int64_t c, XW v) { simt::StoreAs(yr + c, model::RmsNormOutput(v.x, s, v.w)); });
     if (lane == 0) rstd[r] = s;
@@ -118,14 +132,14 @@ __global__ void RmsNormBackwardRowsKernel(const float* dy, const float* __restri
     const float* xr = x + at;
     const float s = rstd[r];
     float acc = 0.0f;  // RmsNormGradDot: lane `lane`
-    ForLaneBatches(
+    ForLaneBatches<kBackwardRowBatch>(
         lane, full, [&](int64_t c) { return Terms{dyr[c], w[c], xr[c], 0.0f}; },
         [&](int64_t, Terms v) { acc += model::RmsNormGradDotTerm(v.dy, v.w, v.x, s); });
     const float tail_term =
         lane < tail ? model::RmsNormGradDotTerm(dyr[full + lane], w[full + lane], xr[full + lane], s) : 0.0f;
     const float dot = LaneSumThenTail(mask, acc, tail_term, tail);
     float* dxr = dx + at;
-    ForLaneBatches(
+    ForLaneBatches<kBackwardRowBatch>(
         lane, n, [&](int64_t c) { return Terms{dyr[c], w[c], xr[c], accumulate ? dxr[c] : 0.0f}; },
         [&](int64_t c, Terms v) {
           const float g = model::RmsNormInputGrad(v.dy, v.w, v.x, s, dot, n);

@@ -101,11 +101,13 @@ void CheckRmsNorm(int64_t elems, const RowSet& rows, uint64_t seed) {
 }
 
 // Dense rows: shorter than the 16 lanes, with and without a tail, a part
-// batch of 8 and a tail (773), a model's row (2048), several column chunks
-// (1000 rows); and the key heads of a fused qkv.
+// batch and a tail (773), the large batches, then batches of 8, then single
+// elements, then a tail (1480: 92 elements a lane), a model's row (2048),
+// several column chunks (1000 rows); and the key heads of a fused qkv.
 TEST(DecoderKernelsEmuTest, RmsNormMatchesTheCpuBitForBit) {
   uint64_t seed = 100;
-  for (const auto& [R, n] : {std::pair<int64_t, int64_t>{37, 1}, {37, 15}, {37, 17}, {9, 773}, {4, 2048}, {1000, 8}}) {
+  for (const auto& [R, n] : {std::pair<int64_t, int64_t>{37, 1}, {37, 15}, {37, 17}, {9, 773}, {5, 1480}, {4, 2048},
+                             {1000, 8}}) {
     CheckRmsNorm(R * n, RowSet::Dense(R, n), seed += 10);
   }
   const int64_t tokens = 13, heads = 4, kv_heads = 2, D = 20, stride = (heads + 2 * kv_heads) * D;
