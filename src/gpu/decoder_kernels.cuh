@@ -50,45 +50,7 @@ inline unsigned BlocksForHalfWarpRows(int64_t rows) {
   return static_cast<unsigned>(b < static_cast<int64_t>(kMaxBlocks) ? b : static_cast<int64_t>(kMaxBlocks));
 }
 
-// The calling half-warp's first row and the stride between its rows.
-__device__ inline int64_t HalfWarpRow() { return static_cast<int64_t>(simt::GlobalThread() / kLanes); }
-__device__ inline int64_t HalfWarpRowStride() { return static_cast<int64_t>(simt::GridStride() / kLanes); }
-
 // ---- RMSNorm ----
-
-// The calling lane's elements c = lane, lane + 16, ... below `end`, in
-// increasing order: load(c) of a batch of kBatch of them is issued before
-// use(c, loaded) of any, so the loads are in flight together and a use may
-// store to its own element (x and y, or dy and dx, may be one buffer: without
-// the batch, each load would wait for the store before it). What is left
-// after the batches of kBatch goes in batches of kRowBatch, then singly. A
-// row of a model's width (2048: 128 elements a lane) is a few round trips to
-// memory in batches of 32 where it was 16 in batches of 8; a row kernel's
-// grid is one half-warp a row, too few threads to hide the latency
-// otherwise (4096 rows: 16 warps a SM on an H100).
-constexpr int kRowBatch = 8;
-template <int kBatch, class Load, class Use>
-__device__ inline int64_t LaneBatchesOf(int64_t c, int64_t end, const Load& load, const Use& use) {
-  using Loaded = decltype(load(int64_t{0}));
-  for (; c + (kBatch - 1) * kLanes < end; c += kBatch * kLanes) {
-    Loaded v[kBatch];
-#pragma unroll
-    for (int k = 0; k < kBatch; ++k) v[k] = load(c + k * kLanes);
-#pragma unroll
-    for (int k = 0; k < kBatch; ++k) use(c + k * kLanes, v[k]);
-  }
-  return c;
-}
-template <int kBatch = kRowBatch, class Load, class Use>
-__device__ inline void ForLaneBatches(int lane, int64_t end, const Load& load, const Use& use) {
-  int64_t c = LaneBatchesOf<kBatch>(lane, end, load, use);
-  if constexpr (kBatch > kRowBatch) c = LaneBatchesOf<kRowBatch>(c, end, load, use);
-  for (; c < end; c += kLanes) use(c, load(c));
-}
-// The batches of the row kernels: 32 single floats or pairs (forward), 16
-// sets of four (backward's dy, w, x and dx): at most 64 registers of loads.
-constexpr int kForwardRowBatch = 32;
-constexpr int kBackwardRowBatch = 16;
 
 // x and y may be the same buffer (Out = float): not __restrict__.
 template <class Out>

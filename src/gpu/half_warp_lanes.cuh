@@ -4,8 +4,9 @@
 // k < n % 16 the tail element k. Combining them by shuffles in the CPU's
 // order (the lanes 0..15 from zero, then the tail from zero, then the two
 // added) gives every thread the CPU row function's sum bit for bit. Used by
-// the causal softmax (gpu/kernels.cu) and the RMSNorm rows
-// (gpu/decoder_kernels.cuh). Over gpu/simt.cuh: device code, or the CPU
+// the causal softmax (gpu/kernels.cu), the RMSNorm rows
+// (gpu/decoder_kernels.cuh) and the LayerNorm rows
+// (gpu/layernorm_kernels.cuh). Over gpu/simt.cuh: device code, or the CPU
 // emulation in a host compiler.
 #pragma once
 
@@ -30,5 +31,45 @@ __device__ inline float LaneSumThenTail(unsigned mask, float lane_acc, float tai
   for (int k = 0; k < tail; ++k) t += LaneOf(mask, tail_value, k);
   return s + t;
 }
+
+// The calling half-warp's first row and the stride between its rows.
+__device__ inline int64_t HalfWarpRow() { return static_cast<int64_t>(simt::GlobalThread() / model::kLanes); }
+__device__ inline int64_t HalfWarpRowStride() { return static_cast<int64_t>(simt::GridStride() / model::kLanes); }
+
+// The calling lane's elements c = lane, lane + 16, ... below `end`, in
+// increasing order: load(c) of a batch of kBatch of them is issued before
+// use(c, loaded) of any, so the loads are in flight together and a use may
+// store to its own element (x and y, or dy and dx, may be one buffer: without
+// the batch, each load would wait for the store before it). What is left
+// after the batches of kBatch goes in batches of kRowBatch, then singly. A
+// row of a model's width (2048: 128 elements a lane) is a few round trips to
+// memory in batches of 32 where it was 16 in batches of 8; a row kernel's
+// grid is one half-warp a row, too few threads to hide the latency
+// otherwise (4096 rows: 16 warps a SM on an H100). Used by the RMSNorm
+// (gpu/decoder_kernels.cuh) and LayerNorm (gpu/layernorm_kernels.cuh) rows.
+constexpr int kRowBatch = 8;
+template <int kBatch, class Load, class Use>
+__device__ inline int64_t LaneBatchesOf(int64_t c, int64_t end, const Load& load, const Use& use) {
+  using Loaded = decltype(load(int64_t{0}));
+  for (; c + (kBatch - 1) * model::kLanes < end; c += kBatch * model::kLanes) {
+    Loaded v[kBatch];
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) v[k] = load(c + k * model::kLanes);
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) use(c + k * model::kLanes, v[k]);
+  }
+  return c;
+}
+template <int kBatch = kRowBatch, class Load, class Use>
+__device__ inline void ForLaneBatches(int lane, int64_t end, const Load& load, const Use& use) {
+  int64_t c = LaneBatchesOf<kBatch>(lane, end, load, use);
+  if constexpr (kBatch > kRowBatch) c = LaneBatchesOf<kRowBatch>(c, end, load, use);
+  for (; c < end; c += model::kLanes) use(c, load(c));
+}
+// The batches of the norms' row kernels: 32 single floats or pairs
+// (forward), 16 sets of up to four (backward's dy, w, x and dx): at most 64
+// registers of loads.
+constexpr int kForwardRowBatch = 32;
+constexpr int kBackwardRowBatch = 16;
 
 }  // namespace zinf::gpu

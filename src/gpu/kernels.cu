@@ -6,21 +6,15 @@
 // and sqrt (no --use_fast_math), so each element rounds the same operations
 // in the same order as the CPU twin.
 //
-// LayerNorm's row kernels run one warp-sized block per row (grid-stride
-// over rows), so an SM holds as many rows as it holds blocks (the loss's
-// rows are gpu/loss_kernels.cu's). Their row sums reproduce the 16-lane
-// order of model/layers.cc (LaneSum) exactly: with full = n - n % 16,
-//   thread j < 16 accumulates lane j: acc_j = ((0 + t[j]) + t[j+16]) + ...
-//     over the indices below `full`, in increasing order;
-//   thread 16 accumulates the tail: tail = ((0 + t[full]) + t[full+1]) + ...;
-//   then every thread combines them from shared memory in one fixed order:
-//     s = (((0 + acc_0) + acc_1) + ... + acc_15) + tail
-//   (for a maximum, m starts at -inf, takes the tail in order, then the
-//   lanes 0..15, each step `a > m ? a : m`).
-// That is the CPU's sequence of additions, so the sums, and everything
-// computed from them, are bit-identical to the CPU layers. It limits the
-// additions of a row to 17 threads; the loads and the elementwise passes of
-// a row use the whole block. Column sums (LayerNorm's dw, db, the bias
+// The row sums (LayerNorm's, in gpu/layernorm_kernels.cuh, and the causal
+// softmax's) run on half-warps and reproduce the 16-lane order of
+// model/layers.cc exactly (gpu/half_warp_lanes.cuh): with full = n - n % 16,
+// lane j accumulates acc_j = ((0 + t[j]) + t[j+16]) + ... over the indices
+// below `full`; the tail is ((0 + t[full]) + t[full+1]) + ...; the row's sum
+// is (((0 + acc_0) + acc_1) + ... + acc_15) + tail (a maximum takes the
+// same order with `a > m ? a : m` from -inf). That is the CPU's sequence of
+// additions, so the sums, and everything computed from them, are
+// bit-identical to the CPU layers. Column sums (LayerNorm's dw, db, the bias
 // gradients) add in lane_math.h's row chunks, the chunks of a column in
 // parallel, then the partials in chunk order, as the CPU does.
 #include "gpu/kernels.h"
@@ -37,6 +31,7 @@
 #include "math/norm_math.h"
 #include "gpu/cuda_check.h"
 #include "gpu/elementwise_kernels.cuh"
+#include "gpu/layernorm_kernels.cuh"
 #include "gpu/half_warp_lanes.cuh"
 #include "gpu/launch_util.cuh"
 #include "math/gpt_math.h"
@@ -53,7 +48,6 @@ unsigned BlocksFor(size_t n) {
   return static_cast<unsigned>(std::min<size_t>((n + kThreads - 1) / kThreads, kMaxBlocks));
 }
 unsigned BlocksForRows(int64_t rows) { return static_cast<unsigned>(std::min<int64_t>(rows, 65535)); }
-constexpr unsigned kRowThreads = 32;  // a row kernel's block: the 17 reduction threads and 15 more
 // Column kernels: a block per 32 columns (the grid takes 2^31 - 1 of them).
 unsigned ColumnTiles(int64_t cols) { return static_cast<unsigned>((cols + 31) / 32); }
 
@@ -199,81 +193,7 @@ __global__ void __launch_bounds__(kNormThreads)
   if (lane == 0) out[blockIdx.x] = cpu::CombineNormLanes(lanes);
 }
 
-// ---- row reductions in the CPU's lane order (see the top of this file) ----
-
-// Σ term(i) for i in [0, n) in the lane order; every thread of the block
-// gets the sum. `scratch` is shared memory of kLanes + 1 floats. Must be
-// called by all threads of the block (it synchronises). term(i) is called
-// exactly once per i, so it may store a per-element result.
-template <class Term>
-__device__ float LaneSum(const Term& term, int64_t n, float* scratch) {
-  const int64_t full = n - n % kLanes;
-  if (threadIdx.x < kLanes) {
-    float acc = 0.0f;
-    for (int64_t i = threadIdx.x; i < full; i += kLanes) acc += term(i);
-    scratch[threadIdx.x] = acc;
-  } else if (threadIdx.x == kLanes) {
-    float tail = 0.0f;
-    for (int64_t i = full; i < n; ++i) tail += term(i);
-    scratch[kLanes] = tail;
-  }
-  __syncthreads();
-  float s = 0.0f;
-  for (int j = 0; j < kLanes; ++j) s += scratch[j];
-  s = s + scratch[kLanes];
-  __syncthreads();  // scratch may be reused by the caller's next reduction
-  return s;
-}
-
-// ---- LayerNorm ----
-
-template <class Out>
-__global__ void LayerNormForwardKernel(const float* __restrict__ x, const float* __restrict__ w,
-                                       const float* __restrict__ b, Out* __restrict__ y, float* __restrict__ mean,
-                                       float* __restrict__ rstd, int64_t rows, int64_t cols) {
-  __shared__ float scratch[kLanes + 1];
-  const float fc = static_cast<float>(cols);
-  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const float* xr = x + r * cols;
-    const float m = LaneSum([&](int64_t i) { return xr[i]; }, cols, scratch) / fc;
-    const float var = LaneSum(
-                          [&](int64_t i) {
-                            const float d = xr[i] - m;
-                            return d * d;
-                          },
-                          cols, scratch) /
-                      fc;
-    const float s = model::LayerNormRstd(var);
-    Out* yr = y + r * cols;
-    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
-      StoreAs(yr + c, model::LayerNormAffine(model::LayerNormNormalize(xr[c], m, s), w[c], b[c]));
-    if (threadIdx.x == 0) {
-      mean[r] = m;
-      rstd[r] = s;
-    }
-  }
-}
-
-__global__ void LayerNormBackwardRowsKernel(const float* __restrict__ dy, const float* __restrict__ x,
-                                            const float* __restrict__ w, const float* __restrict__ mean,
-                                            const float* __restrict__ rstd, float* __restrict__ dx, int64_t rows,
-                                            int64_t cols) {
-  __shared__ float scratch[kLanes + 1];
-  const float fc = static_cast<float>(cols);
-  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const float* xr = x + r * cols;
-    const float* dyr = dy + r * cols;
-    const float m = mean[r], s = rstd[r];
-    const float mean_g = LaneSum([&](int64_t i) { return dyr[i] * w[i]; }, cols, scratch) / fc;
-    const float mean_gx =
-        LaneSum([&](int64_t i) { return (dyr[i] * w[i]) * model::LayerNormNormalize(xr[i], m, s); }, cols,
-                scratch) /
-        fc;
-    float* dxr = dx + r * cols;
-    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
-      dxr[c] += model::LayerNormInputGrad(dyr[c] * w[c], model::LayerNormNormalize(xr[c], m, s), mean_g, mean_gx, s);
-  }
-}
+// ---- LayerNorm (the rows: gpu/layernorm_kernels.cuh) ----
 
 // Column sums in lane_math.h's row chunks: a block per 32 columns (lane c
 // of each warp is column c, so a row's 32 values are one coalesced load);
@@ -620,8 +540,8 @@ Status LaunchLayerNormForward(const char* fn, const float* x, const float* w, co
     return InvalidArgument(std::string(fn) + ": null x, w, b, y, mean or rstd");
   const size_t n = static_cast<size_t>(rows) * static_cast<size_t>(cols);
   if (Overlap(x, n * 4, y, n * sizeof(Out))) return InvalidArgument(std::string(fn) + ": y overlaps x");
-  LayerNormForwardKernel<Out><<<BlocksForRows(rows), kRowThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-      x, w, b, y, mean, rstd, rows, cols);
+  layernorm::LayerNormForwardKernel<Out><<<layernorm::BlocksForRows(rows), layernorm::kThreads, 0,
+                                            static_cast<cudaStream_t>(stream)>>>(x, w, b, y, mean, rstd, rows, cols);
   return ZINF_CHECK_LAUNCH("LayerNormForwardKernel");
 }
 
@@ -644,7 +564,8 @@ Status LayerNormBackward(const float* dy, const float* x, const float* w, const 
   if (!dy || !x || !w || !mean || !rstd || !dx || !dw || !db)
     return InvalidArgument("gpu::LayerNormBackward: null dy, x, w, mean, rstd, dx, dw or db");
   auto s = static_cast<cudaStream_t>(stream);
-  LayerNormBackwardRowsKernel<<<BlocksForRows(rows), kRowThreads, 0, s>>>(dy, x, w, mean, rstd, dx, rows, cols);
+  layernorm::LayerNormBackwardRowsKernel<<<layernorm::BlocksForRows(rows), layernorm::kThreads, 0, s>>>(
+      dy, x, w, mean, rstd, dx, rows, cols);
   ZINF_RETURN_IF_ERROR(ZINF_CHECK_LAUNCH("LayerNormBackwardRowsKernel"));
   LayerNormBackwardColumnsKernel<<<ColumnTiles(cols), kColumnWarps * 32, 0, s>>>(dy, x, mean, rstd, dw, db, rows,
                                                                                 cols);
