@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The CUDA model's figures in one pass (a GPU's time is scarce): its GPU
 # tests, then forward+backward MFU with each op's share, the attention
-# kernels' two operand paths, long context, and PyTorch on the same shapes
-# where its CUDA build is installed. Each part has a time limit, so a hang
+# kernels' variants, long context, each kernel's time under Nsight Compute
+# (bench/ncu_kernel_times.py) where ncu is installed, and PyTorch on the
+# same shapes where its CUDA build is installed. Each part has a time limit, so a hang
 # costs minutes, not the run; a failing part is reported and the rest go on.
 #
 #   bench/cuda_figures.sh [OUT]      (default OUT: ./cuda-figures; logs and one summary.txt)
@@ -53,6 +54,20 @@ part attention_d128 60 "$ZINF" bench attention --preset llama-3.2-3b --seq-len 4
   && tee -a "$summary" < "$OUT/attention_d128.txt"
 part t8192 120 "$ZINF" bench model --preset llama-3.2-1b --layers 2 --seq-len 8192 --micro-batch 1 "${flags[@]}" \
   --checkpointing && keep "$OUT/t8192.txt" 10
+
+# Nsight Compute where installed: every kernel's time in 2 layers of
+# llama-3.2-1b (one step), and the flash kernels' throughput and occupancy.
+if command -v ncu > /dev/null; then
+  two_layers=(bench model --preset llama-3.2-1b --layers 2 --steps 1 --seq-len 2048 --micro-batch 2 "${flags[@]:0:10}")
+  part ncu_kernels 240 ncu --clock-control none --metrics gpu__time_duration.sum --csv --page raw "$ZINF" \
+    "${two_layers[@]}" && python3 "$here/ncu_kernel_times.py" "$OUT/ncu_kernels.txt" --top 25 | tee -a "$summary"
+  part ncu_flash 180 ncu --clock-control none --section SpeedOfLight --section Occupancy --section LaunchStats \
+    -k regex:Flash -c 4 "$ZINF" "${two_layers[@]}" \
+    && grep -E "Flash|Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Theoretical Occupancy" \
+      "$OUT/ncu_flash.txt" | head -60 | tee -a "$summary"
+else
+  note "== ncu: not installed (skipped)"
+fi
 
 if "$PYTHON" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
   for p in "llama-3.2-1b 2" "gpt-1.3b 2"; do
