@@ -11,12 +11,15 @@
 
 #include <algorithm>
 #include <array>
+#include <map>
+#include <optional>
 #include <cmath>
 #include <span>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "common/logging.h"
 #include "gpu/cublas_lib.h"
 #include "gpu/cuda_check.h"
 #include "gpu/decoder_kernels.h"
@@ -54,6 +57,8 @@ class CudaStages final : public model::GptStages {
         arena_(static_cast<char*>(arena)) {}
   ~CudaStages() override {
     if (handle_) blas_->destroy(handle_);
+    if (lt_handle_) lt_->destroy(lt_handle_);
+    if (bias_grad_) device_.Free(bias_grad_, stream_).IgnoreError();
     if (count_) device_.Free(count_, stream_).IgnoreError();
     if (rope_cos_) device_.Free(rope_cos_, stream_).IgnoreError();
   }
@@ -84,6 +89,22 @@ class CudaStages final : public model::GptStages {
     ZINF_CUBLAS_RETURN_IF_ERROR(blas_->set_math_mode(handle_, math), "cublasSetMathMode");
     ZINF_ASSIGN_OR_RETURN(void* c, device_.Allocate(sizeof(float), stream_));
     count_ = static_cast<float*>(c);
+    if (bf16_ && config_.linear_bias) {
+      // Without cuBLASLt (its library missing), the biases run as kernels
+      // beside the products, as with fp32 products.
+      if (Result<const CublasLtLib*> lt = CublasLt(); lt.ok()) {
+        lt_ = *lt;
+        const cublasStatus_t st = lt_->create(&lt_handle_);
+        if (st != CUBLAS_STATUS_SUCCESS) {
+          lt_handle_ = nullptr;
+          return Internal(std::string("cuBLASLt cublasLtCreate: ") + lt_->status_name(st));
+        }
+        bias_grad_elems_ = std::max({config_.embed_dim, config_.qkv_dim(), config_.fc_dim()});
+        ZINF_ASSIGN_OR_RETURN(void* g, device_.Allocate(static_cast<uint64_t>(bias_grad_elems_) * sizeof(float),
+                                                        stream_));
+        bias_grad_ = static_cast<float*>(g);
+      }
+    }
     if (config_.positions == model::PositionKind::kRope) {
       // The CPU model's table (fp32, built on the host), uploaded once; the
       // host copy stays with the stages while the copy is in flight.
@@ -507,16 +528,9 @@ class CudaStages final : public model::GptStages {
                      int64_t sc, int64_t count, cudaDataType c_type = CUDA_R_32F) {
     const cublasOperation_t op_a = ta ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
     if (bf16_) {
-      Op(product_op_ ? product_op_ : "matmul operand cast");
-      // Each operand rounds into a copy the other does not stand in: either
-      // may be a kept rounding in a copy (LinearBackward's dout in B's,
-      // HeadBackward's loss gradient in A's).
-      const int64_t b_span = Span(tb ? n : k, tb ? k : n, ldb, sb, count);
-      const uint64_t a_slot = InCopy(Bf16CopyOf(b, b_span), layout_.bf16_a) ? layout_.bf16_b : layout_.bf16_a;
-      ZINF_ASSIGN_OR_RETURN(const void* a16, Bf16Operand(a, ta ? k : m, ta ? m : k, lda, sa, count, a_slot));
-      const uint64_t b_slot = InCopy(a16, layout_.bf16_b) ? layout_.bf16_a : layout_.bf16_b;
-      ZINF_ASSIGN_OR_RETURN(const void* b16, Bf16Operand(b, tb ? n : k, tb ? k : n, ldb, sb, count, b_slot));
-      last_b16_ = b16;
+      ZINF_ASSIGN_OR_RETURN(const Bf16Operands ops, OperandsInBf16(ta, tb, m, n, k, a, lda, sa, b, ldb, sb, count));
+      const void* a16 = ops.a;
+      const void* b16 = ops.b;
       Op(product_op_ ? product_op_ : "matmul");
       // A single product whose sizes are not multiples of 8 (the GPT-2 LM
       // head's V = 50257) runs as pieces of whole multiples and remainders
@@ -557,6 +571,130 @@ class CudaStages final : public model::GptStages {
         "cublasSgemmStridedBatched");
     return Status::Ok();
   }
+  // A product's bf16 operands (op "matmul operand cast" while they are
+  // made): each operand rounds into a copy the other does not stand in;
+  // either may be a kept rounding in a copy (LinearBackward's dout in B's,
+  // HeadBackward's loss gradient in A's). Sets last_b16_.
+  struct Bf16Operands {
+    const void* a = nullptr;
+    const void* b = nullptr;
+  };
+  Result<Bf16Operands> OperandsInBf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
+                                      int64_t sa, const float* b, int64_t ldb, int64_t sb, int64_t count) {
+    Op(product_op_ ? product_op_ : "matmul operand cast");
+    const int64_t b_span = Span(tb ? n : k, tb ? k : n, ldb, sb, count);
+    const uint64_t a_slot = InCopy(Bf16CopyOf(b, b_span), layout_.bf16_a) ? layout_.bf16_b : layout_.bf16_a;
+    Bf16Operands ops;
+    ZINF_ASSIGN_OR_RETURN(ops.a, Bf16Operand(a, ta ? k : m, ta ? m : k, lda, sa, count, a_slot));
+    const uint64_t b_slot = InCopy(ops.a, layout_.bf16_b) ? layout_.bf16_a : layout_.bf16_b;
+    ZINF_ASSIGN_OR_RETURN(ops.b, Bf16Operand(b, tb ? n : k, tb ? k : n, ldb, sb, count, b_slot));
+    last_b16_ = ops.b;
+    return ops;
+  }
+
+  // One bf16 product (row-major, as Gemm) through cuBLASLt with a fused
+  // epilogue: CUBLASLT_EPILOGUE_BIAS adds the fp32 `bias` (one value a
+  // column of C) to every row; CUBLASLT_EPILOGUE_BGRADA writes into `bias`
+  // the sums over k of B's columns, the bias gradient of a linear layer's
+  // weight-gradient product (dW = Xᵀ dY, db = Σ rows of dY), as cuBLASLt
+  // sees the product (column-major, the operands swapped: its A is our B).
+  // False, with nothing launched, where cuBLASLt has no algorithm for it
+  // (or its sizes need pieces, AlignedGemmPieces): the caller then runs the
+  // product and the bias kernel apart. The sums' order is cuBLASLt's, not
+  // the CPU's column chunks: the bias and its gradient agree with the CPU
+  // within the rounding of their sums, as the products do.
+  Result<bool> LtGemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
+                      int64_t ldb, float beta, void* c, cudaDataType c_type, int64_t ldc, cublasLtEpilogue_t epilogue,
+                      const float* bias) {
+    if (!lt_handle_ || model::AlignedGemmPieces(m, n, k, 8, false).size() != 1) return false;
+    // The bf16 operands are 16-byte aligned (Bf16CopyOf and the copies' slots).
+    const auto align = [](const void* p) { return static_cast<int64_t>(reinterpret_cast<uintptr_t>(p) % 16); };
+    const LtKey key{ta,  tb,  m,   n, k, lda, ldb, ldc, static_cast<int64_t>(c_type), static_cast<int64_t>(epilogue),
+                    beta != 0.0f, align(c), align(bias)};
+    if (auto known = lt_algos_.find(key); known != lt_algos_.end() && !known->second) return false;
+    ZINF_ASSIGN_OR_RETURN(const Bf16Operands ops, OperandsInBf16(ta, tb, m, n, k, a, lda, 0, b, ldb, 0, 1));
+    const void* a16 = ops.a;
+    const void* b16 = ops.b;
+    Op(product_op_ ? product_op_ : "matmul");
+    const CublasLtLib& lt = *lt_;
+    // Descriptors for this call, destroyed on every path.
+    struct Descs {
+      const CublasLtLib& lt;
+      cublasLtMatmulDesc_t op = nullptr;
+      cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+      ~Descs() {
+        if (op) lt.desc_destroy(op);
+        for (cublasLtMatrixLayout_t l : {a, b, c}) {
+          if (l) lt.layout_destroy(l);
+        }
+      }
+    } d{lt};
+    const auto check = [&](cublasStatus_t st, const char* what) -> Status {
+      if (st == CUBLAS_STATUS_SUCCESS) return Status::Ok();
+      return Internal(std::string("cuBLASLt ") + what + ": " + lt.status_name(st) + " (" + lt.status_string(st) + ")");
+    };
+    ZINF_RETURN_IF_ERROR(check(lt.desc_create(&d.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate"));
+    // Column-major: C[n, m] = op(B)[n, k] · op(A)[k, m], as GemmBatched calls cuBLAS.
+    const cublasOperation_t op_a = tb ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const int32_t bias_type = CUDA_R_32F;
+    const void* bias_ptr = bias;
+    ZINF_RETURN_IF_ERROR(check(lt.desc_set(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)), "TRANSA"));
+    ZINF_RETURN_IF_ERROR(check(lt.desc_set(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)), "TRANSB"));
+    ZINF_RETURN_IF_ERROR(check(lt.desc_set(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)),
+                               "EPILOGUE"));
+    ZINF_RETURN_IF_ERROR(
+        check(lt.desc_set(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_ptr, sizeof(bias_ptr)), "BIAS_POINTER"));
+    ZINF_RETURN_IF_ERROR(check(lt.desc_set(d.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)),
+                               "BIAS_DATA_TYPE"));
+    // Each operand as stored: our B is cuBLASLt's A, our A its B.
+    ZINF_RETURN_IF_ERROR(check(lt.layout_create(&d.a, CUDA_R_16BF, static_cast<uint64_t>(tb ? k : n),
+                                                static_cast<uint64_t>(tb ? n : k), ldb),
+                               "cublasLtMatrixLayoutCreate (A)"));
+    ZINF_RETURN_IF_ERROR(check(lt.layout_create(&d.b, CUDA_R_16BF, static_cast<uint64_t>(ta ? m : k),
+                                                static_cast<uint64_t>(ta ? k : m), lda),
+                               "cublasLtMatrixLayoutCreate (B)"));
+    ZINF_RETURN_IF_ERROR(check(lt.layout_create(&d.c, c_type, static_cast<uint64_t>(n), static_cast<uint64_t>(m), ldc),
+                               "cublasLtMatrixLayoutCreate (C)"));
+    auto found = lt_algos_.find(key);
+    if (found == lt_algos_.end()) {
+      cublasLtMatmulPreference_t pref = nullptr;
+      ZINF_RETURN_IF_ERROR(check(lt.pref_create(&pref), "cublasLtMatmulPreferenceCreate"));
+      const uint64_t workspace = 0;  // none: the arena holds every byte the model uses
+      // Split-k partials only in fp32, as the cuBLAS handle's math mode asks.
+      const uint32_t reductions = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+      cublasStatus_t st = lt.pref_set(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace));
+      if (st == CUBLAS_STATUS_SUCCESS) {
+        st = lt.pref_set(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &reductions, sizeof(reductions));
+      }
+      cublasLtMatmulHeuristicResult_t result{};
+      int returned = 0;
+      if (st == CUBLAS_STATUS_SUCCESS) st = lt.heuristic(lt_handle_, d.op, d.a, d.b, d.c, d.c, pref, 1, &result, &returned);
+      lt.pref_destroy(pref);
+      std::optional<cublasLtMatmulAlgo_t> algo;
+      if (st == CUBLAS_STATUS_SUCCESS && returned > 0 && result.state == CUBLAS_STATUS_SUCCESS) {
+        algo = result.algo;
+      } else {  // the shape, layout or alignment is not one cuBLASLt fuses: the kernels apart, from now on
+        ZINF_LOG_DEBUG("gpt model on CUDA: cuBLASLt has no algorithm for a {} x {} x {} product with epilogue {} ({}); "
+                       "the bias runs as its own kernel",
+                       m, n, k, static_cast<int>(epilogue), lt.status_name(st));
+      }
+      found = lt_algos_.emplace(key, algo).first;
+    }
+    if (!found->second) return false;
+    const float alpha = 1.0f;
+    const cublasStatus_t st = lt.matmul(lt_handle_, d.op, &alpha, b16, d.a, a16, d.b, &beta, c, d.c, c, d.c,
+                                        &*found->second, nullptr, 0, static_cast<cudaStream_t>(s_));
+    if (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE) {  // refused before any launch
+      ZINF_LOG_DEBUG("gpt model on CUDA: cublasLtMatmul refused a {} x {} x {} product with epilogue {} ({})", m, n, k,
+                     static_cast<int>(epilogue), lt.status_name(st));
+      found->second.reset();
+      return false;
+    }
+    ZINF_RETURN_IF_ERROR(check(st, "cublasLtMatmul"));
+    return true;
+  }
+  using LtKey = std::array<int64_t, 13>;
+
   // The elements from the first of `count` row-major [rows, cols] matrices
   // (leading dimension ld, `stride` elements apart) to the last one's end.
   static int64_t Span(int64_t rows, int64_t cols, int64_t ld, int64_t stride, int64_t count) {
@@ -591,6 +729,11 @@ class CudaStages final : public model::GptStages {
   // model::LinearForward / LinearBackward (dinp overwritten).
   Status LinearForward(float* out, const float* inp, const float* w, const float* bias, int64_t rows, int64_t in_dim,
                        int64_t out_dim) {
+    if (bias && bf16_ && lt_handle_) {  // the bias in the product's epilogue
+      ZINF_ASSIGN_OR_RETURN(const bool fused, LtGemm(false, false, rows, out_dim, in_dim, inp, in_dim, w, out_dim, 0.0f,
+                                                     out, CUDA_R_32F, out_dim, CUBLASLT_EPILOGUE_BIAS, bias));
+      if (fused) return Status::Ok();
+    }
     if (bias) {
       Op("bias");
       ZINF_RETURN_IF_ERROR(BroadcastRow(bias, out, rows, out_dim, s_));
@@ -608,17 +751,29 @@ class CudaStages final : public model::GptStages {
   };
   Status LinearBackward(float* dinp, WeightGrad dw, float* dbias, const float* dout, const float* inp,
                         const float* w, int64_t rows, int64_t in_dim, int64_t out_dim) {
-    ZINF_RETURN_IF_ERROR(dw.bf16 ? GemmToBf16(true, false, in_dim, out_dim, rows, inp, in_dim, dout, out_dim, dw.bf16,
-                                              out_dim)
-                                 : Gemm(true, false, in_dim, out_dim, rows, 1.0f, inp, in_dim, dout, out_dim, 1.0f,
-                                        dw.f32, out_dim));
+    // The bias gradient in the weight gradient's epilogue (into bias_grad_,
+    // then added to dbias), where cuBLASLt has an algorithm for it.
+    bool bias_fused = false;
+    if (dbias && bf16_ && lt_handle_ && out_dim <= bias_grad_elems_) {
+      ZINF_ASSIGN_OR_RETURN(
+          bias_fused, LtGemm(true, false, in_dim, out_dim, rows, inp, in_dim, dout, out_dim, dw.bf16 ? 0.0f : 1.0f,
+                             dw.bf16 ? static_cast<void*>(dw.bf16) : static_cast<void*>(dw.f32),
+                             dw.bf16 ? CUDA_R_16BF : CUDA_R_32F, out_dim, CUBLASLT_EPILOGUE_BGRADA, bias_grad_));
+    }
+    if (!bias_fused) {
+      ZINF_RETURN_IF_ERROR(dw.bf16 ? GemmToBf16(true, false, in_dim, out_dim, rows, inp, in_dim, dout, out_dim,
+                                                dw.bf16, out_dim)
+                                   : Gemm(true, false, in_dim, out_dim, rows, 1.0f, inp, in_dim, dout, out_dim, 1.0f,
+                                          dw.f32, out_dim));
+    }
     if (bf16_) bf16_copies_[kProductInput] = Bf16Copy{dout, static_cast<const uint16_t*>(last_b16_), rows * out_dim};
     const Status st = Gemm(false, true, rows, in_dim, out_dim, 1.0f, dout, out_dim, w, out_dim, 0.0f, dinp, in_dim);
     bf16_copies_[kProductInput] = {};
     ZINF_RETURN_IF_ERROR(st);
     if (dbias) {
       Op("bias gradient");
-      ZINF_RETURN_IF_ERROR(ColumnSumAccumulate(dout, dbias, rows, out_dim, s_));
+      ZINF_RETURN_IF_ERROR(bias_fused ? AddInPlace(dbias, bias_grad_, static_cast<size_t>(out_dim), s_)
+                                      : ColumnSumAccumulate(dout, dbias, rows, out_dim, s_));
     }
     return Status::Ok();
   }
@@ -855,6 +1010,14 @@ class CudaStages final : public model::GptStages {
   const bool flash_ = options_.attention == model::AttentionKernel::kFlash;
   const CublasLib* blas_ = nullptr;  // set by Init()
   cublasHandle_t handle_ = nullptr;
+  // cuBLASLt, for the linear layers' biases with bf16 products (LtGemm): the
+  // handle, a device buffer for one layer's bias gradient, and each
+  // product shape's algorithm (none: cuBLASLt has no algorithm for it).
+  const CublasLtLib* lt_ = nullptr;
+  cublasLtHandle_t lt_handle_ = nullptr;
+  float* bias_grad_ = nullptr;
+  int64_t bias_grad_elems_ = 0;
+  std::map<LtKey, std::optional<cublasLtMatmulAlgo_t>> lt_algos_;
   float* count_ = nullptr;  // device: the last HeadForward's number of targets
   model::RopeTable rope_;        // RoPE: the host table rope_cos_ and rope_sin_ were copied from
   float* rope_cos_ = nullptr;    // device [T, D/2]; one allocation with rope_sin_

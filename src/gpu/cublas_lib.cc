@@ -39,10 +39,43 @@ Result<CublasLib> Open() {
   return lib;
 }
 
+Result<CublasLtLib> OpenLt() {
+  const std::string soname = "libcublasLt.so." ZINF_CUBLAS_STR(CUBLAS_VER_MAJOR);
+  std::vector<std::string> candidates = {soname};
+#ifdef ZINF_CUDA_LIBRARY_DIR
+  candidates.push_back(std::string(ZINF_CUDA_LIBRARY_DIR) + "/" + soname);
+#endif
+  ZINF_ASSIGN_OR_RETURN(SharedLibrary so,
+                        SharedLibrary::Open("cuBLASLt", candidates, "needed by the CUDA model's fused products",
+                                            "install the CUDA Toolkit's cuBLAS or put its directory in LD_LIBRARY_PATH"));
+  CublasLtLib lib;
+  ZINF_RETURN_IF_ERROR(so.Resolve("cublasLtCreate", lib.create));
+  ZINF_RETURN_IF_ERROR(so.Resolve("cublasLtDestroy", lib.destroy));
+  ZINF_RETURN_IF_ERROR(so.Resolve("cublasLtMatmulDescCreate", lib.desc_create));
+  ZINF_RETURN_IF_ERROR(so.Resolve("cublasLtMatmulDescDestroy", lib.desc_destroy));
+  ZINF_RETURN_IF_ERROR(so.Resolve("cublasLtMatmulDescSetAttribute", lib.desc_set));
+  ZINF_RETURN_IF_ERROR(so.Resolve("cublasLtMatrixLayoutCreate", lib.layout_create));
+  ZINF_RETURN_IF_ERROR(so.Resolve("cublasLtMatrixLayoutDestroy", lib.layout_destroy));
+  ZINF_RETURN_IF_ERROR(so.Resolve("cublasLtMatmulPreferenceCreate", lib.pref_create));
+  ZINF_RETURN_IF_ERROR(so.Resolve("cublasLtMatmulPreferenceDestroy", lib.pref_destroy));
+  ZINF_RETURN_IF_ERROR(so.Resolve("cublasLtMatmulPreferenceSetAttribute", lib.pref_set));
+  ZINF_RETURN_IF_ERROR(so.Resolve("cublasLtMatmulAlgoGetHeuristic", lib.heuristic));
+  ZINF_RETURN_IF_ERROR(so.Resolve("cublasLtMatmul", lib.matmul));
+  ZINF_RETURN_IF_ERROR(so.Resolve("cublasLtGetStatusName", lib.status_name));
+  ZINF_RETURN_IF_ERROR(so.Resolve("cublasLtGetStatusString", lib.status_string));
+  return lib;
+}
+
 }  // namespace
 
 Result<const CublasLib*> Cublas() {
   static const Result<CublasLib> loaded = Open();  // once per process, thread-safe
+  if (!loaded.ok()) return loaded.status();
+  return &loaded.value();
+}
+
+Result<const CublasLtLib*> CublasLt() {
+  static const Result<CublasLtLib> loaded = OpenLt();
   if (!loaded.ok()) return loaded.status();
   return &loaded.value();
 }

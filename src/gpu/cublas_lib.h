@@ -4,6 +4,7 @@
 // which `zinf aio`, `zinf plan` and every HostDevice run would pay for nothing.
 #pragma once
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 
 #include "zinf/status.h"
@@ -34,10 +35,31 @@ struct CublasLib {
   decltype(&::cublasGetStatusString) status_string = nullptr;
 };
 
+// The cuBLASLt entry points zinf calls: products with a fused epilogue (a
+// bias added, a bias gradient summed) where cuBLAS's GEMM API has none.
+struct CublasLtLib {
+  decltype(&::cublasLtCreate) create = nullptr;
+  decltype(&::cublasLtDestroy) destroy = nullptr;
+  decltype(&::cublasLtMatmulDescCreate) desc_create = nullptr;
+  decltype(&::cublasLtMatmulDescDestroy) desc_destroy = nullptr;
+  decltype(&::cublasLtMatmulDescSetAttribute) desc_set = nullptr;
+  decltype(&::cublasLtMatrixLayoutCreate) layout_create = nullptr;
+  decltype(&::cublasLtMatrixLayoutDestroy) layout_destroy = nullptr;
+  decltype(&::cublasLtMatmulPreferenceCreate) pref_create = nullptr;
+  decltype(&::cublasLtMatmulPreferenceDestroy) pref_destroy = nullptr;
+  decltype(&::cublasLtMatmulPreferenceSetAttribute) pref_set = nullptr;
+  decltype(&::cublasLtMatmulAlgoGetHeuristic) heuristic = nullptr;
+  decltype(&::cublasLtMatmul) matmul = nullptr;
+  decltype(&::cublasLtGetStatusName) status_name = nullptr;
+  decltype(&::cublasLtGetStatusString) status_string = nullptr;
+};
+
 // Opens libcublas.so.<major of the headers built against> once per process
 // (the loader's search path first, then the toolkit's library directory
 // found at build time) and resolves every entry point. The error names the
 // library, each place tried and dlerror()'s reason, or the missing symbol.
 Result<const CublasLib*> Cublas();
+// libcublasLt.so.<major> likewise (libcublas loads it too: no further cost).
+Result<const CublasLtLib*> CublasLt();
 
 }  // namespace zinf::gpu
