@@ -89,16 +89,18 @@ class CudaStages final : public model::GptStages {
     ZINF_CUBLAS_RETURN_IF_ERROR(blas_->set_math_mode(handle_, math), "cublasSetMathMode");
     ZINF_ASSIGN_OR_RETURN(void* c, device_.Allocate(sizeof(float), stream_));
     count_ = static_cast<float*>(c);
-    if (bf16_ && config_.linear_bias) {
-      // Without cuBLASLt (its library missing), the biases run as kernels
-      // beside the products, as with fp32 products.
-      if (Result<const CublasLtLib*> lt = CublasLt(); lt.ok()) {
+    if (bf16_ && (config_.linear_bias || config_.qkv_bias)) {
+      // Without cuBLASLt (its library missing, or no handle), the biases run
+      // as kernels beside the products, as with fp32 products.
+      Result<const CublasLtLib*> lt = CublasLt();
+      if (!lt.ok()) ZINF_LOG_DEBUG("gpt model on CUDA: no fused biases: {}", lt.status().ToString());
+      cublasStatus_t st = CUBLAS_STATUS_NOT_INITIALIZED;
+      if (lt.ok() && (st = (*lt)->create(&lt_handle_)) != CUBLAS_STATUS_SUCCESS) {
+        lt_handle_ = nullptr;
+        ZINF_LOG_DEBUG("gpt model on CUDA: no fused biases: cublasLtCreate: {}", (*lt)->status_name(st));
+      }
+      if (lt_handle_) {
         lt_ = *lt;
-        const cublasStatus_t st = lt_->create(&lt_handle_);
-        if (st != CUBLAS_STATUS_SUCCESS) {
-          lt_handle_ = nullptr;
-          return Internal(std::string("cuBLASLt cublasLtCreate: ") + lt_->status_name(st));
-        }
         bias_grad_elems_ = std::max({config_.embed_dim, config_.qkv_dim(), config_.fc_dim()});
         ZINF_ASSIGN_OR_RETURN(void* g, device_.Allocate(static_cast<uint64_t>(bias_grad_elems_) * sizeof(float),
                                                         stream_));
@@ -598,23 +600,40 @@ class CudaStages final : public model::GptStages {
   // the sums over k of B's columns, the bias gradient of a linear layer's
   // weight-gradient product (dW = Xᵀ dY, db = Σ rows of dY), as cuBLASLt
   // sees the product (column-major, the operands swapped: its A is our B).
-  // False, with nothing launched, where cuBLASLt has no algorithm for it
-  // (or its sizes need pieces, AlignedGemmPieces): the caller then runs the
-  // product and the bias kernel apart. The sums' order is cuBLASLt's, not
-  // the CPU's column chunks: the bias and its gradient agree with the CPU
-  // within the rounding of their sums, as the products do.
+  // False where cuBLASLt has no algorithm for it, or its sizes are not
+  // multiples of 8 or the bias is not 16-byte aligned: the caller then runs
+  // the product and the bias kernel apart (the first time a shape is
+  // refused, its operands were rounded to bf16 already and are rounded
+  // again). The bias gradient is summed over the bf16 rounding of dout, the
+  // operand the product reads, in cuBLASLt's order, where the CPU sums fp32
+  // dout in column chunks: it agrees with the CPU's within bf16 rounding, as
+  // the weight gradient does.
   Result<bool> LtGemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
                       int64_t ldb, float beta, void* c, cudaDataType c_type, int64_t ldc, cublasLtEpilogue_t epilogue,
                       const float* bias) {
-    if (!lt_handle_ || model::AlignedGemmPieces(m, n, k, 8, false).size() != 1) return false;
-    // The bf16 operands are 16-byte aligned (Bf16CopyOf and the copies' slots).
-    const auto align = [](const void* p) { return static_cast<int64_t>(reinterpret_cast<uintptr_t>(p) % 16); };
-    const LtKey key{ta,  tb,  m,   n, k, lda, ldb, ldc, static_cast<int64_t>(c_type), static_cast<int64_t>(epilogue),
-                    beta != 0.0f, align(c), align(bias)};
-    if (auto known = lt_algos_.find(key); known != lt_algos_.end() && !known->second) return false;
+    // Sizes of whole multiples of 8, and a 16-byte-aligned bias (cuBLASLt's
+    // epilogue reads it in vectors).
+    if (!lt_handle_ || m % 8 != 0 || n % 8 != 0 || k % 8 != 0 || reinterpret_cast<uintptr_t>(bias) % 16 != 0) {
+      return false;
+    }
+    // Each pointer's alignment, up to cuBLASLt's default assumption of 256
+    // bytes: the algorithm is chosen for it (MIN_ALIGNMENT preferences), so
+    // it is part of the key.
+    const auto align = [](const void* p) {
+      uint32_t bytes = 256;
+      while (bytes > 1 && reinterpret_cast<uintptr_t>(p) % bytes != 0) bytes /= 2;
+      return bytes;
+    };
+    const auto c_bytes = align(c);
+    const LtKey shape{ta,  tb,  m,   n, k, lda, ldb, ldc, static_cast<int64_t>(c_type), static_cast<int64_t>(epilogue),
+                      beta != 0.0f, c_bytes, 0, 0};
+    if (auto known = lt_algos_.find(shape); known != lt_algos_.end() && !known->second) return false;
     ZINF_ASSIGN_OR_RETURN(const Bf16Operands ops, OperandsInBf16(ta, tb, m, n, k, a, lda, 0, b, ldb, 0, 1));
     const void* a16 = ops.a;
     const void* b16 = ops.b;
+    LtKey key = shape;
+    key[12] = align(a16);
+    key[13] = align(b16);
     Op(product_op_ ? product_op_ : "matmul");
     const CublasLtLib& lt = *lt_;
     // Descriptors for this call, destroyed on every path.
@@ -662,10 +681,16 @@ class CudaStages final : public model::GptStages {
       const uint64_t workspace = 0;  // none: the arena holds every byte the model uses
       // Split-k partials only in fp32, as the cuBLAS handle's math mode asks.
       const uint32_t reductions = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+      // cuBLASLt's A is our B (b16), its B our A (a16); C is D.
+      const uint32_t a_bytes = static_cast<uint32_t>(key[13]), b_bytes = static_cast<uint32_t>(key[12]);
       cublasStatus_t st = lt.pref_set(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace));
       if (st == CUBLAS_STATUS_SUCCESS) {
         st = lt.pref_set(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &reductions, sizeof(reductions));
       }
+      if (st == CUBLAS_STATUS_SUCCESS) st = lt.pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &a_bytes, 4);
+      if (st == CUBLAS_STATUS_SUCCESS) st = lt.pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &b_bytes, 4);
+      if (st == CUBLAS_STATUS_SUCCESS) st = lt.pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &c_bytes, 4);
+      if (st == CUBLAS_STATUS_SUCCESS) st = lt.pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &c_bytes, 4);
       cublasLtMatmulHeuristicResult_t result{};
       int returned = 0;
       if (st == CUBLAS_STATUS_SUCCESS) st = lt.heuristic(lt_handle_, d.op, d.a, d.b, d.c, d.c, pref, 1, &result, &returned);
@@ -674,9 +699,10 @@ class CudaStages final : public model::GptStages {
       if (st == CUBLAS_STATUS_SUCCESS && returned > 0 && result.state == CUBLAS_STATUS_SUCCESS) {
         algo = result.algo;
       } else {  // the shape, layout or alignment is not one cuBLASLt fuses: the kernels apart, from now on
-        ZINF_LOG_DEBUG("gpt model on CUDA: cuBLASLt has no algorithm for a {} x {} x {} product with epilogue {} ({}); "
-                       "the bias runs as its own kernel",
-                       m, n, k, static_cast<int>(epilogue), lt.status_name(st));
+        ZINF_LOG_DEBUG("gpt model on CUDA: cuBLASLt has no algorithm for a {} x {} x {} product with epilogue {} ({}, "
+                       "{} found); the bias runs as its own kernel",
+                       m, n, k, static_cast<int>(epilogue), lt.status_name(st), returned);
+        lt_algos_.emplace(shape, std::nullopt);  // whatever the operands' alignment
       }
       found = lt_algos_.emplace(key, algo).first;
     }
@@ -688,12 +714,15 @@ class CudaStages final : public model::GptStages {
       ZINF_LOG_DEBUG("gpt model on CUDA: cublasLtMatmul refused a {} x {} x {} product with epilogue {} ({})", m, n, k,
                      static_cast<int>(epilogue), lt.status_name(st));
       found->second.reset();
+      lt_algos_.emplace(shape, std::nullopt);
       return false;
     }
     ZINF_RETURN_IF_ERROR(check(st, "cublasLtMatmul"));
     return true;
   }
-  using LtKey = std::array<int64_t, 13>;
+  // ta, tb, m, n, k, lda, ldb, ldc, C's type, epilogue, beta != 0, and the
+  // alignments of C, A and B (0 and 0: any operands).
+  using LtKey = std::array<int64_t, 14>;
 
   // The elements from the first of `count` row-major [rows, cols] matrices
   // (leading dimension ld, `stride` elements apart) to the last one's end.
