@@ -89,9 +89,10 @@ class CudaStages final : public model::GptStages {
     ZINF_CUBLAS_RETURN_IF_ERROR(blas_->set_math_mode(handle_, math), "cublasSetMathMode");
     ZINF_ASSIGN_OR_RETURN(void* c, device_.Allocate(sizeof(float), stream_));
     count_ = static_cast<float*>(c);
-    if (bf16_ && (config_.linear_bias || config_.qkv_bias)) {
-      // Without cuBLASLt (its library missing, or no handle), the biases run
-      // as kernels beside the products, as with fp32 products.
+    if (bf16_) {
+      // Without cuBLASLt (its library missing, or no handle), the biases and
+      // residual adds run as kernels beside the products, as with fp32
+      // products.
       Result<const CublasLtLib*> lt = CublasLt();
       if (!lt.ok()) ZINF_LOG_DEBUG("gpt model on CUDA: no fused biases: {}", lt.status().ToString());
       cublasStatus_t st = CUBLAS_STATUS_NOT_INITIALIZED;
@@ -99,8 +100,8 @@ class CudaStages final : public model::GptStages {
         lt_handle_ = nullptr;
         ZINF_LOG_DEBUG("gpt model on CUDA: no fused biases: cublasLtCreate: {}", (*lt)->status_name(st));
       }
-      if (lt_handle_) {
-        lt_ = *lt;
+      if (lt_handle_) lt_ = *lt;
+      if (lt_handle_ && (config_.linear_bias || config_.qkv_bias)) {
         bias_grad_elems_ = std::max({config_.embed_dim, config_.qkv_dim(), config_.fc_dim()});
         ZINF_ASSIGN_OR_RETURN(void* g, device_.Allocate(static_cast<uint64_t>(bias_grad_elems_) * sizeof(float),
                                                         stream_));
@@ -595,8 +596,10 @@ class CudaStages final : public model::GptStages {
   }
 
   // One bf16 product (row-major, as Gemm) through cuBLASLt with a fused
-  // epilogue: CUBLASLT_EPILOGUE_BIAS adds the fp32 `bias` (one value a
-  // column of C) to every row; CUBLASLT_EPILOGUE_BGRADA writes into `bias`
+  // epilogue, c = a·b + beta · c_in (c_in: c itself unless given, so a
+  // residual add reads the residual and writes the sum in one pass):
+  // CUBLASLT_EPILOGUE_DEFAULT nothing more; CUBLASLT_EPILOGUE_BIAS adds the
+  // fp32 `bias` (one value a column of C) to every row; CUBLASLT_EPILOGUE_BGRADA writes into `bias`
   // the sums over k of B's columns, the bias gradient of a linear layer's
   // weight-gradient product (dW = Xᵀ dY, db = Σ rows of dY), as cuBLASLt
   // sees the product (column-major, the operands swapped: its A is our B).
@@ -610,10 +613,13 @@ class CudaStages final : public model::GptStages {
   // the weight gradient does.
   Result<bool> LtGemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
                       int64_t ldb, float beta, void* c, cudaDataType c_type, int64_t ldc, cublasLtEpilogue_t epilogue,
-                      const float* bias) {
+                      const float* bias, const void* c_in = nullptr) {
+    if (!c_in) c_in = c;
+    const bool with_bias = epilogue != CUBLASLT_EPILOGUE_DEFAULT;
     // Sizes of whole multiples of 8, and a 16-byte-aligned bias (cuBLASLt's
     // epilogue reads it in vectors).
-    if (!lt_handle_ || m % 8 != 0 || n % 8 != 0 || k % 8 != 0 || reinterpret_cast<uintptr_t>(bias) % 16 != 0) {
+    if (!lt_handle_ || m % 8 != 0 || n % 8 != 0 || k % 8 != 0 ||
+        (with_bias && reinterpret_cast<uintptr_t>(bias) % 16 != 0)) {
       return false;
     }
     // Each pointer's alignment, up to cuBLASLt's default assumption of 256
@@ -624,16 +630,16 @@ class CudaStages final : public model::GptStages {
       while (bytes > 1 && reinterpret_cast<uintptr_t>(p) % bytes != 0) bytes /= 2;
       return bytes;
     };
-    const auto c_bytes = align(c);
+    const auto c_bytes = align(c), c_in_bytes = align(c_in);
     const LtKey shape{ta,  tb,  m,   n, k, lda, ldb, ldc, static_cast<int64_t>(c_type), static_cast<int64_t>(epilogue),
-                      beta != 0.0f, c_bytes, 0, 0};
+                      beta != 0.0f, c_bytes, c_in_bytes, 0, 0};
     if (auto known = lt_algos_.find(shape); known != lt_algos_.end() && !known->second) return false;
     ZINF_ASSIGN_OR_RETURN(const Bf16Operands ops, OperandsInBf16(ta, tb, m, n, k, a, lda, 0, b, ldb, 0, 1));
     const void* a16 = ops.a;
     const void* b16 = ops.b;
     LtKey key = shape;
-    key[12] = align(a16);
-    key[13] = align(b16);
+    key[13] = align(a16);
+    key[14] = align(b16);
     Op(product_op_ ? product_op_ : "matmul");
     const CublasLtLib& lt = *lt_;
     // Descriptors for this call, destroyed on every path.
@@ -661,10 +667,12 @@ class CudaStages final : public model::GptStages {
     ZINF_RETURN_IF_ERROR(check(lt.desc_set(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)), "TRANSB"));
     ZINF_RETURN_IF_ERROR(check(lt.desc_set(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)),
                                "EPILOGUE"));
-    ZINF_RETURN_IF_ERROR(
-        check(lt.desc_set(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_ptr, sizeof(bias_ptr)), "BIAS_POINTER"));
-    ZINF_RETURN_IF_ERROR(check(lt.desc_set(d.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)),
-                               "BIAS_DATA_TYPE"));
+    if (with_bias) {
+      ZINF_RETURN_IF_ERROR(
+          check(lt.desc_set(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_ptr, sizeof(bias_ptr)), "BIAS_POINTER"));
+      ZINF_RETURN_IF_ERROR(check(
+          lt.desc_set(d.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)), "BIAS_DATA_TYPE"));
+    }
     // Each operand as stored: our B is cuBLASLt's A, our A its B.
     ZINF_RETURN_IF_ERROR(check(lt.layout_create(&d.a, CUDA_R_16BF, static_cast<uint64_t>(tb ? k : n),
                                                 static_cast<uint64_t>(tb ? n : k), ldb),
@@ -682,14 +690,14 @@ class CudaStages final : public model::GptStages {
       // Split-k partials only in fp32, as the cuBLAS handle's math mode asks.
       const uint32_t reductions = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
       // cuBLASLt's A is our B (b16), its B our A (a16); C is D.
-      const uint32_t a_bytes = static_cast<uint32_t>(key[13]), b_bytes = static_cast<uint32_t>(key[12]);
+      const uint32_t a_bytes = static_cast<uint32_t>(key[14]), b_bytes = static_cast<uint32_t>(key[13]);
       cublasStatus_t st = lt.pref_set(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace));
       if (st == CUBLAS_STATUS_SUCCESS) {
         st = lt.pref_set(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &reductions, sizeof(reductions));
       }
       if (st == CUBLAS_STATUS_SUCCESS) st = lt.pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &a_bytes, 4);
       if (st == CUBLAS_STATUS_SUCCESS) st = lt.pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &b_bytes, 4);
-      if (st == CUBLAS_STATUS_SUCCESS) st = lt.pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &c_bytes, 4);
+      if (st == CUBLAS_STATUS_SUCCESS) st = lt.pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &c_in_bytes, 4);
       if (st == CUBLAS_STATUS_SUCCESS) st = lt.pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &c_bytes, 4);
       cublasLtMatmulHeuristicResult_t result{};
       int returned = 0;
@@ -708,7 +716,7 @@ class CudaStages final : public model::GptStages {
     }
     if (!found->second) return false;
     const float alpha = 1.0f;
-    const cublasStatus_t st = lt.matmul(lt_handle_, d.op, &alpha, b16, d.a, a16, d.b, &beta, c, d.c, c, d.c,
+    const cublasStatus_t st = lt.matmul(lt_handle_, d.op, &alpha, b16, d.a, a16, d.b, &beta, c_in, d.c, c, d.c,
                                         &*found->second, nullptr, 0, static_cast<cudaStream_t>(s_));
     if (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE) {  // refused before any launch
       ZINF_LOG_DEBUG("gpt model on CUDA: cublasLtMatmul refused a {} x {} x {} product with epilogue {} ({})", m, n, k,
@@ -721,8 +729,8 @@ class CudaStages final : public model::GptStages {
     return true;
   }
   // ta, tb, m, n, k, lda, ldb, ldc, C's type, epilogue, beta != 0, and the
-  // alignments of C, A and B (0 and 0: any operands).
-  using LtKey = std::array<int64_t, 14>;
+  // alignments of D, C, A and B (A and B 0: any operands).
+  using LtKey = std::array<int64_t, 15>;
 
   // The elements from the first of `count` row-major [rows, cols] matrices
   // (leading dimension ld, `stride` elements apart) to the last one's end.
@@ -756,12 +764,21 @@ class CudaStages final : public model::GptStages {
   }
 
   // model::LinearForward / LinearBackward (dinp overwritten).
+  // With `residual`, out = residual + the layer's output (ResidualForward
+  // after it), fused into the product's epilogue where cuBLASLt takes it.
   Status LinearForward(float* out, const float* inp, const float* w, const float* bias, int64_t rows, int64_t in_dim,
-                       int64_t out_dim) {
-    if (bias && bf16_ && lt_handle_) {  // the bias in the product's epilogue
-      ZINF_ASSIGN_OR_RETURN(const bool fused, LtGemm(false, false, rows, out_dim, in_dim, inp, in_dim, w, out_dim, 0.0f,
-                                                     out, CUDA_R_32F, out_dim, CUBLASLT_EPILOGUE_BIAS, bias));
+                       int64_t out_dim, const float* residual = nullptr) {
+    if ((bias || residual) && bf16_ && lt_handle_) {  // the bias and the residual in the product's epilogue
+      ZINF_ASSIGN_OR_RETURN(
+          const bool fused,
+          LtGemm(false, false, rows, out_dim, in_dim, inp, in_dim, w, out_dim, residual ? 1.0f : 0.0f, out,
+                 CUDA_R_32F, out_dim, bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT, bias, residual));
       if (fused) return Status::Ok();
+    }
+    if (residual) {
+      ZINF_RETURN_IF_ERROR(LinearForward(out, inp, w, bias, rows, in_dim, out_dim));
+      Op("residual");
+      return ResidualForward(out, residual, out, static_cast<size_t>(rows * out_dim), s_);
     }
     if (bias) {
       Op("bias");
@@ -981,7 +998,6 @@ class CudaStages final : public model::GptStages {
     float* out = F32(layout_.residual) + (layer + 1) * BT * C;
     float* res_mid = F32(a.res_mid);
     float* qkv = F32(a.qkv);
-    const size_t n = static_cast<size_t>(BT * C);
     ZINF_RETURN_IF_ERROR(
         NormForward(F32(a.ln1), F32(a.ln1_mean), F32(a.ln1_rstd), in, p + w.ln1_w, TensorAt(p, w.ln1_b), kLn1));
     ZINF_RETURN_IF_ERROR(LinearForward(qkv, F32(a.ln1), p + w.qkv_w, TensorAt(p, w.qkv_b), BT, C, S));
@@ -1003,9 +1019,7 @@ class CudaStages final : public model::GptStages {
     }
     ZINF_RETURN_IF_ERROR(AttentionForward(a));
     ZINF_RETURN_IF_ERROR(
-        LinearForward(res_mid, F32(a.atty), p + w.attn_proj_w, TensorAt(p, w.attn_proj_b), BT, Q, C));
-    Op("residual");
-    ZINF_RETURN_IF_ERROR(ResidualForward(res_mid, in, res_mid, n, s_));
+        LinearForward(res_mid, F32(a.atty), p + w.attn_proj_w, TensorAt(p, w.attn_proj_b), BT, Q, C, in));
     ZINF_RETURN_IF_ERROR(NormForward(F32(a.ln2), F32(a.ln2_mean), F32(a.ln2_rstd), res_mid, p + w.ln2_w,
                                      TensorAt(p, w.ln2_b), kLn2));
     ZINF_RETURN_IF_ERROR(LinearForward(F32(a.fch), F32(a.ln2), p + w.fc_w, TensorAt(p, w.fc_b), BT, C, FC));
@@ -1021,9 +1035,7 @@ class CudaStages final : public model::GptStages {
       ZINF_RETURN_IF_ERROR(GeluForward(F32(a.fch), F32(a.fch_gelu), static_cast<size_t>(BT * I), s_));
     }
     ZINF_RETURN_IF_ERROR(
-        LinearForward(out, F32(a.fch_gelu), p + w.fc_proj_w, TensorAt(p, w.fc_proj_b), BT, I, C));
-    Op("residual");
-    ZINF_RETURN_IF_ERROR(ResidualForward(out, res_mid, out, n, s_));
+        LinearForward(out, F32(a.fch_gelu), p + w.fc_proj_w, TensorAt(p, w.fc_proj_b), BT, I, C, res_mid));
     checkpoint_layer_ = layer;
     return Status::Ok();
   }
