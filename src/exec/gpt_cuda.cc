@@ -599,8 +599,9 @@ class CudaStages final : public model::GptStages {
   // epilogue, c = a·b + beta · c_in (c_in: c itself unless given, so a
   // residual add reads the residual and writes the sum in one pass):
   // CUBLASLT_EPILOGUE_DEFAULT nothing more; CUBLASLT_EPILOGUE_BIAS adds the
-  // fp32 `bias` (one value a column of C) to every row; CUBLASLT_EPILOGUE_BGRADA writes into `bias`
-  // the sums over k of B's columns, the bias gradient of a linear layer's
+  // fp32 `bias` (one value a column of C) to every row;
+  // CUBLASLT_EPILOGUE_BGRADA writes into `bias` the sums over k of B's
+  // columns, the bias gradient of a linear layer's
   // weight-gradient product (dW = Xᵀ dY, db = Σ rows of dY), as cuBLASLt
   // sees the product (column-major, the operands swapped: its A is our B).
   // False where cuBLASLt has no algorithm for it, or its sizes are not
@@ -689,7 +690,7 @@ class CudaStages final : public model::GptStages {
       const uint64_t workspace = 0;  // none: the arena holds every byte the model uses
       // Split-k partials only in fp32, as the cuBLAS handle's math mode asks.
       const uint32_t reductions = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
-      // cuBLASLt's A is our B (b16), its B our A (a16); C is D.
+      // cuBLASLt's A is our B (b16), its B our A (a16); its C is c_in, its D c.
       const uint32_t a_bytes = static_cast<uint32_t>(key[14]), b_bytes = static_cast<uint32_t>(key[13]);
       cublasStatus_t st = lt.pref_set(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace));
       if (st == CUBLAS_STATUS_SUCCESS) {
