@@ -696,13 +696,19 @@ class CudaStages final : public model::GptStages {
       if (st == CUBLAS_STATUS_SUCCESS) {
         st = lt.pref_set(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &reductions, sizeof(reductions));
       }
-      if (st == CUBLAS_STATUS_SUCCESS) st = lt.pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &a_bytes, 4);
-      if (st == CUBLAS_STATUS_SUCCESS) st = lt.pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &b_bytes, 4);
-      if (st == CUBLAS_STATUS_SUCCESS) st = lt.pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &c_in_bytes, 4);
-      if (st == CUBLAS_STATUS_SUCCESS) st = lt.pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &c_bytes, 4);
+      const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> alignments[] = {
+          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, a_bytes},
+          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, b_bytes},
+          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, c_in_bytes},
+          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, c_bytes}};
+      for (const auto& [attr, bytes] : alignments) {
+        if (st == CUBLAS_STATUS_SUCCESS) st = lt.pref_set(pref, attr, &bytes, sizeof(bytes));
+      }
       cublasLtMatmulHeuristicResult_t result{};
       int returned = 0;
-      if (st == CUBLAS_STATUS_SUCCESS) st = lt.heuristic(lt_handle_, d.op, d.a, d.b, d.c, d.c, pref, 1, &result, &returned);
+      if (st == CUBLAS_STATUS_SUCCESS) {
+        st = lt.heuristic(lt_handle_, d.op, d.a, d.b, d.c, d.c, pref, 1, &result, &returned);
+      }
       lt.pref_destroy(pref);
       std::optional<cublasLtMatmulAlgo_t> algo;
       if (st == CUBLAS_STATUS_SUCCESS && returned > 0 && result.state == CUBLAS_STATUS_SUCCESS) {
