@@ -15,16 +15,21 @@ namespace {
 static_assert(sizeof(static_cast<CublasLib::GemmExFn>(&::cublasGemmEx)) > 0);
 static_assert(sizeof(static_cast<CublasLib::GemmStridedBatchedExFn>(&::cublasGemmStridedBatchedEx)) > 0);
 
-Result<CublasLib> Open() {
-  const std::string soname = "libcublas.so." ZINF_CUBLAS_STR(CUBLAS_VER_MAJOR);
+// lib<name>.so.<the headers' major version>: the loader's search path
+// first, then the toolkit's library directory found at build time. Kept
+// open for the life of the process: handles outlive any one model.
+Result<SharedLibrary> OpenCublasLibrary(const char* name, const char* what, const char* needed_by) {
+  const std::string soname = std::string("lib") + name + ".so." ZINF_CUBLAS_STR(CUBLAS_VER_MAJOR);
   std::vector<std::string> candidates = {soname};
 #ifdef ZINF_CUDA_LIBRARY_DIR
   candidates.push_back(std::string(ZINF_CUDA_LIBRARY_DIR) + "/" + soname);
 #endif
-  // Kept open for the life of the process: cuBLAS handles outlive any one model.
-  ZINF_ASSIGN_OR_RETURN(SharedLibrary so,
-                        SharedLibrary::Open("cuBLAS", candidates, "needed by the CUDA model",
-                                            "install the CUDA Toolkit's cuBLAS or put its directory in LD_LIBRARY_PATH"));
+  return SharedLibrary::Open(what, candidates, needed_by,
+                             "install the CUDA Toolkit's cuBLAS or put its directory in LD_LIBRARY_PATH");
+}
+
+Result<CublasLib> Open() {
+  ZINF_ASSIGN_OR_RETURN(SharedLibrary so, OpenCublasLibrary("cublas", "cuBLAS", "needed by the CUDA model"));
   CublasLib lib;
   ZINF_RETURN_IF_ERROR(so.Resolve(ZINF_CUBLAS_STR(cublasCreate), lib.create));
   ZINF_RETURN_IF_ERROR(so.Resolve(ZINF_CUBLAS_STR(cublasDestroy), lib.destroy));
@@ -40,14 +45,8 @@ Result<CublasLib> Open() {
 }
 
 Result<CublasLtLib> OpenLt() {
-  const std::string soname = "libcublasLt.so." ZINF_CUBLAS_STR(CUBLAS_VER_MAJOR);
-  std::vector<std::string> candidates = {soname};
-#ifdef ZINF_CUDA_LIBRARY_DIR
-  candidates.push_back(std::string(ZINF_CUDA_LIBRARY_DIR) + "/" + soname);
-#endif
   ZINF_ASSIGN_OR_RETURN(SharedLibrary so,
-                        SharedLibrary::Open("cuBLASLt", candidates, "needed by the CUDA model's fused products",
-                                            "install the CUDA Toolkit's cuBLAS or put its directory in LD_LIBRARY_PATH"));
+                        OpenCublasLibrary("cublasLt", "cuBLASLt", "needed by the CUDA model's fused products"));
   CublasLtLib lib;
   ZINF_RETURN_IF_ERROR(so.Resolve("cublasLtCreate", lib.create));
   ZINF_RETURN_IF_ERROR(so.Resolve("cublasLtDestroy", lib.destroy));

@@ -169,33 +169,38 @@ __global__ void RopeKernel(float* x, StridedRows rows, int64_t seq_len, const fl
       model::RopeRotate(a, b, cos_t, sin_t);
     }
   };
+  // Pair e: its first element in x (the second is half further on) and
+  // its position's entry in the tables.
+  struct Pair {
+    float* v;
+    int64_t at;
+  };
+  const auto pair = [&](size_t e) {
+    const int64_t r = static_cast<int64_t>(e / static_cast<size_t>(half));
+    const int64_t i = static_cast<int64_t>(e % static_cast<size_t>(half));
+    return Pair{x + rows.Offset(r) + i, ((r / rows.per_token) % seq_len) * half + i};
+  };
   elementwise::ForEach(
       total, vector,
       [&](size_t e) {
         using elementwise::kVec;
-        const int64_t r = static_cast<int64_t>(e / static_cast<size_t>(half));
-        const int64_t i = static_cast<int64_t>(e % static_cast<size_t>(half));
-        float* v = x + rows.Offset(r);
-        const int64_t at = ((r / rows.per_token) % seq_len) * half + i;
+        const Pair p = pair(e);
         float a[kVec], b[kVec], ct[kVec], st[kVec];
-        elementwise::Load8(v + i, a);
-        elementwise::Load8(v + i + half, b);
-        elementwise::Load8(cos_table + at, ct);
-        elementwise::Load8(sin_table + at, st);
+        elementwise::Load8(p.v, a);
+        elementwise::Load8(p.v + half, b);
+        elementwise::Load8(cos_table + p.at, ct);
+        elementwise::Load8(sin_table + p.at, st);
 #pragma unroll
         for (int k = 0; k < kVec; ++k) rotate(a[k], b[k], ct[k], st[k]);
-        elementwise::Store8(v + i, a);
-        elementwise::Store8(v + i + half, b);
+        elementwise::Store8(p.v, a);
+        elementwise::Store8(p.v + half, b);
       },
       [&](size_t e) {
-        const int64_t r = static_cast<int64_t>(e / static_cast<size_t>(half));
-        const int64_t i = static_cast<int64_t>(e % static_cast<size_t>(half));
-        float* v = x + rows.Offset(r);
-        const int64_t at = ((r / rows.per_token) % seq_len) * half + i;
-        float a = v[i], b = v[i + half];
-        rotate(a, b, cos_table[at], sin_table[at]);
-        v[i] = a;
-        v[i + half] = b;
+        const Pair p = pair(e);
+        float a = p.v[0], b = p.v[half];
+        rotate(a, b, cos_table[p.at], sin_table[p.at]);
+        p.v[0] = a;
+        p.v[half] = b;
       });
 }
 inline bool RopeVector(const float* x, const StridedRows& rows, const float* cos_table, const float* sin_table) {
@@ -210,6 +215,12 @@ inline bool RopeVector(const float* x, const StridedRows& rows, const float* cos
 // With `vector`, eight outputs a thread (inter a multiple of 8, the arrays
 // 16-byte aligned: SwiGluVector).
 
+// Output e's gate element in x (its up element is `inter` further on).
+__device__ inline int64_t GateOffset(size_t e, int64_t inter) {
+  const size_t n = static_cast<size_t>(inter);
+  return static_cast<int64_t>((e / n) * 2 * n + e % n);
+}
+
 template <class Out>
 __global__ void SwiGluForwardKernel(const float* __restrict__ x, Out* __restrict__ out, int64_t rows, int64_t inter,
                                     bool vector) {
@@ -218,9 +229,7 @@ __global__ void SwiGluForwardKernel(const float* __restrict__ x, Out* __restrict
       n, vector,
       [&](size_t e) {
         using elementwise::kVec;
-        const int64_t r = static_cast<int64_t>(e / static_cast<size_t>(inter));
-        const int64_t i = static_cast<int64_t>(e % static_cast<size_t>(inter));
-        const float* gate = x + r * 2 * inter + i;
+        const float* gate = x + GateOffset(e, inter);
         float g[kVec], u[kVec];
         elementwise::Load8(gate, g);
         elementwise::Load8(gate + inter, u);
@@ -229,10 +238,8 @@ __global__ void SwiGluForwardKernel(const float* __restrict__ x, Out* __restrict
         elementwise::Store8(out + e, g);
       },
       [&](size_t e) {
-        const int64_t r = static_cast<int64_t>(e / static_cast<size_t>(inter));
-        const int64_t i = static_cast<int64_t>(e % static_cast<size_t>(inter));
-        const float* gate = x + r * 2 * inter;
-        simt::StoreAs(out + e, model::SwiGlu(gate[i], gate[inter + i]));
+        const float* gate = x + GateOffset(e, inter);
+        simt::StoreAs(out + e, model::SwiGlu(gate[0], gate[inter]));
       });
 }
 
@@ -244,10 +251,8 @@ __global__ void SwiGluBackwardKernel(const float* __restrict__ x, const float* _
       n, vector,
       [&](size_t e) {
         using elementwise::kVec;
-        const int64_t r = static_cast<int64_t>(e / static_cast<size_t>(inter));
-        const int64_t i = static_cast<int64_t>(e % static_cast<size_t>(inter));
-        const float* gate = x + r * 2 * inter + i;
-        Out* dgate = dx + r * 2 * inter + i;
+        const float* gate = x + GateOffset(e, inter);
+        Out* dgate = dx + GateOffset(e, inter);
         float g[kVec], u[kVec], d[kVec];
         elementwise::Load8(gate, g);
         elementwise::Load8(gate + inter, u);
@@ -263,14 +268,12 @@ __global__ void SwiGluBackwardKernel(const float* __restrict__ x, const float* _
         elementwise::Store8(dgate + inter, u);
       },
       [&](size_t e) {
-        const int64_t r = static_cast<int64_t>(e / static_cast<size_t>(inter));
-        const int64_t i = static_cast<int64_t>(e % static_cast<size_t>(inter));
-        const float* gate = x + r * 2 * inter;
-        Out* dgate = dx + r * 2 * inter;
+        const float* gate = x + GateOffset(e, inter);
+        Out* dgate = dx + GateOffset(e, inter);
         float dg, du;
-        model::SwiGluGrad(gate[i], gate[inter + i], dy[e], dg, du);
-        simt::StoreAs(dgate + i, dg);
-        simt::StoreAs(dgate + inter + i, du);
+        model::SwiGluGrad(gate[0], gate[inter], dy[e], dg, du);
+        simt::StoreAs(dgate, dg);
+        simt::StoreAs(dgate + inter, du);
       });
 }
 inline bool SwiGluVector(const void* x, const void* dy, const void* out, int64_t inter) {
