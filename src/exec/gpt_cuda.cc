@@ -282,7 +282,16 @@ class CudaStages final : public model::GptStages {
       OnlyBf16(kActivation, F32(a.fch_gelu), BT * I);
     }
     // MLP: out = res_mid + fc_proj(act(fc(norm2(res_mid)))).
-    if (c.mlp == model::MlpKind::kSwiGlu) {
+    if (model::SwiGluInBf16(c, options_)) {
+      // The fc output and the activation's gradient in bf16 (model::SwiGluInBf16),
+      // and dfch, only the fc products' operand, too.
+      auto* dact16 = reinterpret_cast<uint16_t*>(dbuf);
+      ZINF_RETURN_IF_ERROR(LinearBackward(dbuf, dw(w.fc_proj_w), TensorAt(g, w.fc_proj_b), dres, F32(a.fch_gelu),
+                                          p + w.fc_proj_w, BT, I, C, dact16));
+      Op("activation");
+      ZINF_RETURN_IF_ERROR(SwiGluBackwardBf16(reinterpret_cast<const uint16_t*>(F32(a.fch)), dact16,
+                                              OnlyBf16(kActivationGrad, dfch, BT * FC), BT, I, s_));
+    } else if (c.mlp == model::MlpKind::kSwiGlu) {
       ZINF_RETURN_IF_ERROR(LinearBackward(dbuf, dw(w.fc_proj_w), TensorAt(g, w.fc_proj_b), dres, F32(a.fch_gelu),
                                           p + w.fc_proj_w, BT, I, C));
       Op("activation");
@@ -802,8 +811,10 @@ class CudaStages final : public model::GptStages {
     float* f32 = nullptr;
     uint16_t* bf16 = nullptr;
   };
+  // With dinp16 the input gradient is written in bf16 there instead
+  // (rounded by its product; dinp unused).
   Status LinearBackward(float* dinp, WeightGrad dw, float* dbias, const float* dout, const float* inp,
-                        const float* w, int64_t rows, int64_t in_dim, int64_t out_dim) {
+                        const float* w, int64_t rows, int64_t in_dim, int64_t out_dim, uint16_t* dinp16 = nullptr) {
     // The bias gradient in the weight gradient's epilogue (into bias_grad_,
     // then added to dbias), where cuBLASLt has an algorithm for it.
     bool bias_fused = false;
@@ -820,7 +831,9 @@ class CudaStages final : public model::GptStages {
                                           dw.f32, out_dim));
     }
     if (bf16_) bf16_copies_[kProductInput] = Bf16Copy{dout, static_cast<const uint16_t*>(last_b16_), rows * out_dim};
-    const Status st = Gemm(false, true, rows, in_dim, out_dim, 1.0f, dout, out_dim, w, out_dim, 0.0f, dinp, in_dim);
+    const Status st =
+        dinp16 ? GemmToBf16(false, true, rows, in_dim, out_dim, dout, out_dim, w, out_dim, dinp16, in_dim)
+               : Gemm(false, true, rows, in_dim, out_dim, 1.0f, dout, out_dim, w, out_dim, 0.0f, dinp, in_dim);
     bf16_copies_[kProductInput] = {};
     ZINF_RETURN_IF_ERROR(st);
     if (dbias) {
@@ -1029,12 +1042,20 @@ class CudaStages final : public model::GptStages {
         LinearForward(res_mid, F32(a.atty), p + w.attn_proj_w, TensorAt(p, w.attn_proj_b), BT, Q, C, in));
     ZINF_RETURN_IF_ERROR(NormForward(F32(a.ln2), F32(a.ln2_mean), F32(a.ln2_rstd), res_mid, p + w.ln2_w,
                                      TensorAt(p, w.ln2_b), kLn2));
-    ZINF_RETURN_IF_ERROR(LinearForward(F32(a.fch), F32(a.ln2), p + w.fc_w, TensorAt(p, w.fc_b), BT, C, FC));
+    // The fc output in bf16 alone where only SwiGLU reads it (model::SwiGluInBf16).
+    const bool fch16 = model::SwiGluInBf16(c, options_);
+    if (fch16) {
+      ZINF_RETURN_IF_ERROR(GemmToBf16(false, false, BT, FC, C, F32(a.ln2), C, p + w.fc_w, FC,
+                                      reinterpret_cast<uint16_t*>(F32(a.fch)), FC));
+    } else {
+      ZINF_RETURN_IF_ERROR(LinearForward(F32(a.fch), F32(a.ln2), p + w.fc_w, TensorAt(p, w.fc_b), BT, C, FC));
+    }
     Op("activation");
     const bool swiglu = c.mlp == model::MlpKind::kSwiGlu;
     if (bf16_) {  // only ever the next product's operand: kept in bf16 alone
       uint16_t* act16 = OnlyBf16(kActivation, F32(a.fch_gelu), BT * I);
-      ZINF_RETURN_IF_ERROR(swiglu ? SwiGluForwardBf16(F32(a.fch), act16, BT, I, s_)
+      ZINF_RETURN_IF_ERROR(fch16 ? SwiGluForwardBf16(reinterpret_cast<const uint16_t*>(F32(a.fch)), act16, BT, I, s_)
+                           : swiglu ? SwiGluForwardBf16(F32(a.fch), act16, BT, I, s_)
                                   : GeluForwardBf16(F32(a.fch), act16, static_cast<size_t>(BT * I), s_));
     } else if (swiglu) {
       ZINF_RETURN_IF_ERROR(SwiGluForward(F32(a.fch), F32(a.fch_gelu), BT, I, s_));

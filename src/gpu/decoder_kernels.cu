@@ -113,32 +113,32 @@ Status RopeBackward(float* dx, const StridedRows& rows, int64_t seq_len, const f
 
 namespace {
 
-template <class Out>
-Status LaunchSwiGluForward(const char* fn, const float* x, Out* out, int64_t rows, int64_t inter, void* stream) {
+template <class Out, class In>
+Status LaunchSwiGluForward(const char* fn, const In* x, Out* out, int64_t rows, int64_t inter, void* stream) {
   ZINF_RETURN_IF_ERROR(CheckSwiGlu(fn, rows, inter));
   if (rows == 0) return Status::Ok();
   if (!x || !out) return InvalidArgument(std::string(fn) + ": null x or out");
   const size_t n = static_cast<size_t>(rows) * static_cast<size_t>(inter);
-  if (Overlap(x, 2 * n * 4, out, n * sizeof(Out))) return InvalidArgument(std::string(fn) + ": out overlaps x");
+  if (Overlap(x, 2 * n * sizeof(In), out, n * sizeof(Out))) return InvalidArgument(std::string(fn) + ": out overlaps x");
   const bool vector = SwiGluVector(x, x, out, inter);
-  SwiGluForwardKernel<Out><<<elementwise::BlocksForElements(n, vector), kThreads, 0,
-                             static_cast<cudaStream_t>(stream)>>>(x, out, rows, inter, vector);
+  SwiGluForwardKernel<Out, In><<<elementwise::BlocksForElements(n, vector), kThreads, 0,
+                                 static_cast<cudaStream_t>(stream)>>>(x, out, rows, inter, vector);
   return ZINF_CHECK_LAUNCH("SwiGluForwardKernel");
 }
 
-template <class Out>
-Status LaunchSwiGluBackward(const char* fn, const float* x, const float* dy, Out* dx, int64_t rows, int64_t inter,
+template <class Out, class In, class Dy>
+Status LaunchSwiGluBackward(const char* fn, const In* x, const Dy* dy, Out* dx, int64_t rows, int64_t inter,
                             void* stream) {
   ZINF_RETURN_IF_ERROR(CheckSwiGlu(fn, rows, inter));
   if (rows == 0) return Status::Ok();
   if (!x || !dy || !dx) return InvalidArgument(std::string(fn) + ": null x, dy or dx");
   const size_t n = static_cast<size_t>(rows) * static_cast<size_t>(inter);
-  if (Overlap(x, 2 * n * 4, dx, 2 * n * sizeof(Out)) || Overlap(dy, n * 4, dx, 2 * n * sizeof(Out))) {
+  if (Overlap(x, 2 * n * sizeof(In), dx, 2 * n * sizeof(Out)) || Overlap(dy, n * sizeof(Dy), dx, 2 * n * sizeof(Out))) {
     return InvalidArgument(std::string(fn) + ": dx overlaps x or dy");
   }
   const bool vector = SwiGluVector(x, dy, dx, inter);
-  SwiGluBackwardKernel<Out><<<elementwise::BlocksForElements(n, vector), kThreads, 0,
-                              static_cast<cudaStream_t>(stream)>>>(x, dy, dx, rows, inter, vector);
+  SwiGluBackwardKernel<Out, In, Dy><<<elementwise::BlocksForElements(n, vector), kThreads, 0,
+                                      static_cast<cudaStream_t>(stream)>>>(x, dy, dx, rows, inter, vector);
   return ZINF_CHECK_LAUNCH("SwiGluBackwardKernel");
 }
 
@@ -157,6 +157,15 @@ Status SwiGluBackward(const float* x, const float* dy, float* dx, int64_t rows, 
 }
 
 Status SwiGluBackwardBf16(const float* x, const float* dy, uint16_t* dx, int64_t rows, int64_t inter, void* stream) {
+  return LaunchSwiGluBackward("gpu::SwiGluBackwardBf16", x, dy, dx, rows, inter, stream);
+}
+
+Status SwiGluForwardBf16(const uint16_t* x, uint16_t* out, int64_t rows, int64_t inter, void* stream) {
+  return LaunchSwiGluForward("gpu::SwiGluForwardBf16", x, out, rows, inter, stream);
+}
+
+Status SwiGluBackwardBf16(const uint16_t* x, const uint16_t* dy, uint16_t* dx, int64_t rows, int64_t inter,
+                          void* stream) {
   return LaunchSwiGluBackward("gpu::SwiGluBackwardBf16", x, dy, dx, rows, inter, stream);
 }
 

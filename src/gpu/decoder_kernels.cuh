@@ -213,7 +213,11 @@ inline bool RopeVector(const float* x, const StridedRows& rows, const float* cos
 //
 // x holds rows of [gate | up], 2 · inter each; out (and dy) rows of inter.
 // With `vector`, eight outputs a thread (inter a multiple of 8, the arrays
-// 16-byte aligned: SwiGluVector).
+// 16-byte aligned: SwiGluVector). In (x), Dy and Out are float, or uint16_t
+// for bf16 (a tensor kept in bf16 alone: with bf16 products, a SwiGLU MLP
+// without an fc bias keeps its fc output and the activation's gradient so,
+// model::SwiGluInBf16); each element is widened, computed in fp32 and
+// rounded as it is written.
 
 // Output e's gate element in x (its up element is `inter` further on).
 __device__ inline int64_t GateOffset(size_t e, int64_t inter) {
@@ -221,15 +225,15 @@ __device__ inline int64_t GateOffset(size_t e, int64_t inter) {
   return static_cast<int64_t>((e / n) * 2 * n + e % n);
 }
 
-template <class Out>
-__global__ void SwiGluForwardKernel(const float* __restrict__ x, Out* __restrict__ out, int64_t rows, int64_t inter,
+template <class Out, class In = float>
+__global__ void SwiGluForwardKernel(const In* __restrict__ x, Out* __restrict__ out, int64_t rows, int64_t inter,
                                     bool vector) {
   const size_t n = static_cast<size_t>(rows) * static_cast<size_t>(inter);
   elementwise::ForEach(
       n, vector,
       [&](size_t e) {
         using elementwise::kVec;
-        const float* gate = x + GateOffset(e, inter);
+        const In* gate = x + GateOffset(e, inter);
         float g[kVec], u[kVec];
         elementwise::Load8(gate, g);
         elementwise::Load8(gate + inter, u);
@@ -238,20 +242,20 @@ __global__ void SwiGluForwardKernel(const float* __restrict__ x, Out* __restrict
         elementwise::Store8(out + e, g);
       },
       [&](size_t e) {
-        const float* gate = x + GateOffset(e, inter);
-        simt::StoreAs(out + e, model::SwiGlu(gate[0], gate[inter]));
+        const In* gate = x + GateOffset(e, inter);
+        simt::StoreAs(out + e, model::SwiGlu(elementwise::LoadAs(gate), elementwise::LoadAs(gate + inter)));
       });
 }
 
-template <class Out>
-__global__ void SwiGluBackwardKernel(const float* __restrict__ x, const float* __restrict__ dy, Out* __restrict__ dx,
+template <class Out, class In = float, class Dy = float>
+__global__ void SwiGluBackwardKernel(const In* __restrict__ x, const Dy* __restrict__ dy, Out* __restrict__ dx,
                                      int64_t rows, int64_t inter, bool vector) {
   const size_t n = static_cast<size_t>(rows) * static_cast<size_t>(inter);
   elementwise::ForEach(
       n, vector,
       [&](size_t e) {
         using elementwise::kVec;
-        const float* gate = x + GateOffset(e, inter);
+        const In* gate = x + GateOffset(e, inter);
         Out* dgate = dx + GateOffset(e, inter);
         float g[kVec], u[kVec], d[kVec];
         elementwise::Load8(gate, g);
@@ -268,10 +272,11 @@ __global__ void SwiGluBackwardKernel(const float* __restrict__ x, const float* _
         elementwise::Store8(dgate + inter, u);
       },
       [&](size_t e) {
-        const float* gate = x + GateOffset(e, inter);
+        const In* gate = x + GateOffset(e, inter);
         Out* dgate = dx + GateOffset(e, inter);
         float dg, du;
-        model::SwiGluGrad(gate[0], gate[inter], dy[e], dg, du);
+        model::SwiGluGrad(elementwise::LoadAs(gate), elementwise::LoadAs(gate + inter), elementwise::LoadAs(dy + e),
+                          dg, du);
         simt::StoreAs(dgate, dg);
         simt::StoreAs(dgate + inter, du);
       });

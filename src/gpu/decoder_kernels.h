@@ -71,5 +71,11 @@ Status SwiGluBackward(const float* x, const float* dy, float* dx, int64_t rows, 
 // must not overlap the inputs.
 Status SwiGluForwardBf16(const float* x, uint16_t* out, int64_t rows, int64_t inter, void* stream);
 Status SwiGluBackwardBf16(const float* x, const float* dy, uint16_t* dx, int64_t rows, int64_t inter, void* stream);
+// The same from x and dy in bf16 (model::SwiGluInBf16: the fc product's
+// output and the activation's gradient kept in bf16 alone), each element
+// widened to fp32: the fp32 kernels' results for those inputs, rounded.
+Status SwiGluForwardBf16(const uint16_t* x, uint16_t* out, int64_t rows, int64_t inter, void* stream);
+Status SwiGluBackwardBf16(const uint16_t* x, const uint16_t* dy, uint16_t* dx, int64_t rows, int64_t inter,
+                          void* stream);
 
 }  // namespace zinf::gpu

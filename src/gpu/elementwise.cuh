@@ -89,8 +89,12 @@ __device__ inline void Store8(void* p, const float (&v)[kVec]) {
   }
 }
 // The typed forms: fp32 arrays, and uint16_t arrays holding bf16 (the kernels'
-// Out = uint16_t, simt::StoreAs's rounding).
+// Out = uint16_t, simt::StoreAs's rounding; an input kept in bf16 alone).
 __device__ inline void Load8(const float* p, float (&v)[kVec]) { Load8<DType::kFloat32>(p, v); }
+__device__ inline void Load8(const uint16_t* p, float (&v)[kVec]) { Load8<DType::kBFloat16>(p, v); }
+// One element of either, as fp32 (the one-a-thread path's load).
+__device__ inline float LoadAs(const float* p) { return *p; }
+__device__ inline float LoadAs(const uint16_t* p) { return Bf16BitsToFloat(*p); }
 __device__ inline void Store8(float* p, const float (&v)[kVec]) { Store8<DType::kFloat32>(p, v); }
 __device__ inline void Store8(uint16_t* p, const float (&v)[kVec]) { Store8<DType::kBFloat16>(p, v); }
 

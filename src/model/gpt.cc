@@ -28,6 +28,14 @@ constexpr int64_t kConvertGrain = 1 << 16;
 uint64_t AlignUp(uint64_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
 uint64_t F32Bytes(int64_t n) { return static_cast<uint64_t>(n) * sizeof(float); }
 
+// x[0, n) rounded to bf16 (to nearest even) in place: a tensor SwiGluInBf16
+// keeps in bf16, as the CUDA model's products write it.
+void RoundToBf16InPlace(const ModelThreads& th, float* x, int64_t n) {
+  th.ForChunks(n, kConvertGrain, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) x[i] = RoundToBf16(x[i]);
+  });
+}
+
 class Planner {
  public:
   uint64_t Take(uint64_t bytes) {
@@ -103,6 +111,10 @@ int64_t LossChunkRows(const GptConfig& c, const GptRunOptions& o) {
   int64_t rows = o.loss_chunk_rows;
   if (rows <= 0) rows = static_cast<uint64_t>(BT) * V * 4 <= kLossChunkBytes ? BT : kLossChunkBytes / (V * 4);
   return std::clamp<int64_t>(rows, 1, std::max<int64_t>(1, BT));
+}
+
+bool SwiGluInBf16(const GptConfig& c, const GptRunOptions& o) {
+  return o.matmul_dtype == DType::kBFloat16 && c.mlp == MlpKind::kSwiGlu && !c.linear_bias;
 }
 
 ActivationLayout ActivationLayout::For(const GptConfig& c, const GptRunOptions& o) {
@@ -387,6 +399,7 @@ void GptModel::RunBlockForward(int layer, const float* p) {
   MarkOp(prof, "matmul");
   LinearForward<float>(threads_, F32(a.fch), F32(a.ln2), p + w.fc_w, TensorAt(p, w.fc_b), BT, C, FC);
   MarkOp(prof, "activation");
+  if (SwiGluInBf16(c, options_)) RoundToBf16InPlace(threads_, F32(a.fch), BT * FC);
   if (c.mlp == MlpKind::kSwiGlu) {
     SwiGluForward<float>(threads_, F32(a.fch_gelu), F32(a.fch), BT, I);
   } else {
@@ -539,6 +552,7 @@ Status GptModel::BlockBackward(int layer, const void* block, void* block_grad) {
     LinearBackward<float>(threads_, dbuf, false, g + w.fc_proj_w, TensorAt(g, w.fc_proj_b), dres, F32(a.fch_gelu),
                           p + w.fc_proj_w, BT, I, C);
     MarkOp(prof, "activation");
+    if (SwiGluInBf16(c, options_)) RoundToBf16InPlace(threads_, dbuf, BT * I);
     SwiGluBackward<float>(threads_, dfch, F32(a.fch), dbuf, BT, I);
   } else {
     MarkOp(prof, "matmul");

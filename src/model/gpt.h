@@ -91,6 +91,15 @@ inline constexpr uint64_t kLossChunkBytes = uint64_t{256} << 20;
 // The rows of logits held at once for this model and batch (1 .. B·T).
 int64_t LossChunkRows(const GptConfig& c, const GptRunOptions& o);
 
+// Whether the SwiGLU MLP's fc output and the gradient of its activation
+// are kept as bf16 values (rounded to nearest even as their products write
+// them): with bf16 products, a SwiGLU MLP without an fc bias, whose fc
+// output only SwiGLU reads and whose activation gradient only SwiGLU's
+// backward reads. The CPU model rounds both in place, the CUDA model's
+// products write them in bf16 and its SwiGLU kernels read them so, which
+// halves the MLP's largest memory traffic.
+bool SwiGluInBf16(const GptConfig& c, const GptRunOptions& o);
+
 // kPlain or kFlash: what `o.attention` means for this model.
 AttentionKernel ResolveAttention(const GptConfig& c, const GptRunOptions& o);
 

@@ -166,6 +166,49 @@ TEST(DecoderKernelsEmuTest, SwiGluMatchesTheCpuBitForBit) {
   }
 }
 
+// SwiGLU from bf16 inputs (model::SwiGluInBf16: the fc output and the
+// activation's gradient kept in bf16 alone), bf16 outputs: the CPU's fp32
+// SwiGLU of the widened inputs, rounded, in groups of eight and one a
+// thread (inter 17, and 304 one element off its alignment).
+TEST(DecoderKernelsEmuTest, SwiGluFromBf16InputsIsTheCpuRounded) {
+  const model::ModelThreads th(1);
+  struct Case {
+    int64_t rows, inter;
+    size_t offset;
+    bool vector;
+  };
+  for (const Case& k : {Case{37, 17, 0, false}, Case{29, 304, 0, true}, Case{29, 304, 1, false}}) {
+    const int64_t rows = k.rows, inter = k.inter;
+    SCOPED_TRACE(::testing::Message() << "rows " << rows << ", inter " << inter << ", offset " << k.offset);
+    const size_t n_in = static_cast<size_t>(rows * 2 * inter), n_out = static_cast<size_t>(rows * inter);
+    std::vector<uint16_t> x16(n_in), dy16(n_out);
+    std::vector<float> x(n_in), dy(n_out);  // the bf16 values, widened
+    const std::vector<float> xs = UniformFloats(710 + inter, n_in, -12.0f, 12.0f);
+    const std::vector<float> dys = UniformFloats(711 + inter, n_out, -1.0f, 1.0f);
+    for (size_t i = 0; i < n_in; ++i) x[i] = Bf16BitsToFloat(x16[i] = FloatToBf16Bits(xs[i]));
+    for (size_t i = 0; i < n_out; ++i) dy[i] = Bf16BitsToFloat(dy16[i] = FloatToBf16Bits(dys[i]));
+    std::vector<float> out(n_out), dx(n_in);
+    model::SwiGluForward<float>(th, out.data(), x.data(), rows, inter);
+    model::SwiGluBackward<float>(th, dx.data(), x.data(), dy.data(), rows, inter);
+
+    const test::OffsetBuffer<uint16_t> xb(x16, k.offset), dyb(dy16, k.offset);
+    test::OffsetBuffer<uint16_t> gout(n_out, k.offset), gdx(n_in, k.offset);
+    const uint16_t* gx = xb.data();
+    const uint16_t* gdy = dyb.data();
+    uint16_t* go = gout.data();
+    uint16_t* gd = gdx.data();
+    const bool vf = decoder::SwiGluVector(gx, gx, go, inter), vb = decoder::SwiGluVector(gx, gdy, gd, inter);
+    ASSERT_EQ(vf, k.vector);
+    ASSERT_EQ(vb, k.vector);
+    ASSERT_TRUE(Emulate(elementwise::BlocksForElements(n_out, k.vector), decoder::kThreads, 0, [&] {
+                  decoder::SwiGluForwardKernel<uint16_t, uint16_t>(gx, go, rows, inter, vf);
+                  decoder::SwiGluBackwardKernel<uint16_t, uint16_t, uint16_t>(gx, gdy, gd, rows, inter, vb);
+                }).ok());
+    EXPECT_EQ(NotRounded(gout.Values(), out), 0u) << "swiglu";
+    EXPECT_EQ(NotRounded(gdx.Values(), dx), 0u) << "swiglu grad";
+  }
+}
+
 // RoPE forward and back over the query heads of a fused qkv, positions
 // wrapping over two batch rows, against the CPU with the same table: head
 // size 20 one pair a thread, 32 eight pairs a thread.

@@ -246,6 +246,11 @@ class DeviceBf16 {
     EXPECT_EQ(cudaMalloc(&p_, std::max<size_t>(n_, 1) * 2), cudaSuccess);
     EXPECT_EQ(cudaMemset(p_, 0xff, std::max<size_t>(n_, 1) * 2), cudaSuccess);
   }
+  explicit DeviceBf16(const std::vector<uint16_t>& values) : DeviceBf16(values.size()) {
+    if (n_ > 0) {
+      EXPECT_EQ(cudaMemcpy(p_, values.data(), n_ * 2, cudaMemcpyHostToDevice), cudaSuccess);
+    }
+  }
   ~DeviceBf16() { cudaFree(p_); }
   DeviceBf16(const DeviceBf16&) = delete;
   DeviceBf16& operator=(const DeviceBf16&) = delete;
@@ -312,6 +317,27 @@ TEST_F(DecoderKernelTest, Bf16OutputsAreTheFp32OutputsRounded) {
   }
 }
 
+// SwiGLU from bf16 inputs (model::SwiGluInBf16): the fp32 kernels' results
+// for the widened inputs, rounded.
+TEST_F(DecoderKernelTest, SwiGluFromBf16InputsIsTheFp32Rounded) {
+  for (const auto& [rows, inter] : {std::pair<int64_t, int64_t>{37, 17}, {129, 304}, {64, 2048}}) {
+    SCOPED_TRACE(::testing::Message() << "swiglu rows " << rows << ", inter " << inter);
+    const size_t n_in = static_cast<size_t>(rows * 2 * inter), n_out = static_cast<size_t>(rows * inter);
+    std::vector<float> x = UniformFloats(960 + inter, n_in, -12.0f, 12.0f), dy = UniformFloats(961 + inter, n_out, -1.0f, 1.0f);
+    std::vector<uint16_t> x16(n_in), dy16(n_out);
+    for (size_t i = 0; i < n_in; ++i) x[i] = Bf16BitsToFloat(x16[i] = FloatToBf16Bits(x[i]));
+    for (size_t i = 0; i < n_out; ++i) dy[i] = Bf16BitsToFloat(dy16[i] = FloatToBf16Bits(dy[i]));
+    DeviceFloats gx(x), gdy(dy), gout{std::vector<float>(n_out)}, gdx{std::vector<float>(n_in)};
+    DeviceBf16 gx16(x16), gdy16(dy16), gout16(n_out), gdx16(n_in);
+    ASSERT_TRUE(SwiGluForward(gx.get(), gout.get(), rows, inter, nullptr).ok());
+    ASSERT_TRUE(SwiGluForwardBf16(gx16.get(), gout16.get(), rows, inter, nullptr).ok());
+    ASSERT_TRUE(SwiGluBackward(gx.get(), gdy.get(), gdx.get(), rows, inter, nullptr).ok());
+    ASSERT_TRUE(SwiGluBackwardBf16(gx16.get(), gdy16.get(), gdx16.get(), rows, inter, nullptr).ok());
+    ExpectRoundingOf(gout16.ToHost(), gout.ToHost(), "swiglu");
+    ExpectRoundingOf(gdx16.ToHost(), gdx.ToHost(), "swiglu grad");
+  }
+}
+
 // Argument checks happen before any CUDA call, so these run without a GPU.
 TEST(DecoderKernelArgsTest, KernelsRefuseBadShapes) {
   float x = 0;
@@ -339,6 +365,13 @@ TEST(DecoderKernelArgsTest, KernelsRefuseBadShapes) {
   EXPECT_EQ(SwiGluForwardBf16(buf, half + 4, 2, 4, nullptr).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(SwiGluBackwardBf16(buf, buf + 32, half + 64, 2, 4, nullptr).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(SwiGluBackwardBf16(buf, buf + 48, half + 16, 2, 4, nullptr).code(), StatusCode::kInvalidArgument);
+  // From bf16 inputs (x: halves [0, 16), two rows of gate | up of 4), likewise.
+  const uint16_t* half_in = half;
+  EXPECT_EQ(SwiGluForwardBf16(half_in, half + 8, 2, 4, nullptr).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(SwiGluBackwardBf16(half_in, half_in + 16, half + 20, 2, 4, nullptr).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(SwiGluBackwardBf16(half_in, half_in + 40, half + 8, 2, 4, nullptr).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(SwiGluForwardBf16(half_in, nullptr, 2, 4, nullptr).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(SwiGluForwardBf16(half_in, half + 16, 2, 0, nullptr).code(), StatusCode::kInvalidArgument);
   // Nothing to do is no error, and touches no device.
   EXPECT_TRUE(RmsNormForward(nullptr, nullptr, nullptr, nullptr, StridedRows::Dense(0, 8), 1e-6f, nullptr).ok());
   EXPECT_TRUE(SwiGluForward(nullptr, nullptr, 0, 8, nullptr).ok());

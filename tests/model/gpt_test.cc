@@ -6,11 +6,13 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
 #include "common/float16.h"
 #include "gpt_reference.h"
+#include "model/gemm.h"
 #include "model_test_util.h"
 
 namespace zinf::model {
@@ -188,6 +190,59 @@ TEST(GptModelTest, Bf16MatmulIsThreadCountInvariantAndNearFp32) {
     std::printf("  unit %zu: bf16-matmul gradient relative difference %.3g\n", u, rel);
     EXPECT_GT(rel, 0.0) << "unit " << u;
     EXPECT_LT(rel, 5e-2) << "unit " << u;
+  }
+}
+
+// With bf16 products, a SwiGLU MLP without biases keeps its fc output and
+// its activation's gradient as bf16 values (SwiGluInBf16), as the CUDA
+// model's products write them; with fp32 products, or with an fc bias
+// (whose sum is not a product's output), it keeps fp32 values. Checked in
+// the arena after a step: the last block's fc output, and the rows of the
+// activation gradient (block 0's, in dbuf) that the products after it did
+// not overwrite (those write [B·T, max(C, Q)] floats, the gradient is
+// [B·T, I]).
+TEST(GptModelTest, SwiGluMlpKeepsBf16ValuesWithBf16Products) {
+  struct Case {
+    DType matmul;
+    bool bias, rounded;
+  };
+  for (const Case& k : {Case{DType::kBFloat16, false, true}, Case{DType::kFloat32, false, false},
+                        Case{DType::kBFloat16, true, false}}) {
+    SCOPED_TRACE(::testing::Message() << DTypeName(k.matmul) << (k.bias ? ", biases" : ""));
+    GptConfig c = std::move(GptPreset("tiny-llama")).value();
+    c.linear_bias = k.bias;
+    GptRunOptions o;
+    o.batch_size = 2;
+    o.num_threads = 2;
+    o.matmul_dtype = k.matmul;
+    EXPECT_EQ(SwiGluInBf16(c, o), k.rounded);
+    auto model = MakeModel(c, o);
+    test::Arena arena = test::MakeArena(model->activation_bytes());
+    model->BindActivations(arena.get());
+    auto params = MakeParams(c, 41);
+    auto grads = MakeGrads<float>(c);
+    const int64_t BT = 2 * c.max_seq_len, C = c.embed_dim, I = c.mlp_dim();
+    auto tokens = RandomTokens(BT, c.vocab_size, 42), targets = RandomTokens(BT, c.vocab_size, 43);
+    ASSERT_TRUE(model->Forward(tokens.data(), targets.data(), ConstPtrs(params)).ok());
+    ASSERT_TRUE(model->Backward(ConstPtrs(params), Ptrs(grads)).ok());
+    const ActivationLayout l = ActivationLayout::For(c, model->options());
+    const auto not_bf16 = [&](uint64_t offset, int64_t from, int64_t to) {
+      const float* x = reinterpret_cast<const float*>(static_cast<const char*>(arena.get()) + offset);
+      int64_t n = 0;
+      for (int64_t i = from; i < to; ++i) n += FloatToBits(RoundToBf16(x[i])) != FloatToBits(x[i]);
+      return n;
+    };
+    const int64_t overwritten = BT * std::max(C, c.q_dim());
+    ASSERT_LT(overwritten, BT * I);
+    const int64_t fch = not_bf16(l.BlockAt(c.num_layers - 1).fch, 0, BT * c.fc_dim());
+    const int64_t dact = not_bf16(l.dbuf, overwritten, BT * I);
+    if (k.rounded) {
+      EXPECT_EQ(fch, 0);
+      EXPECT_EQ(dact, 0);
+    } else {
+      EXPECT_GT(fch, BT * c.fc_dim() / 2);
+      EXPECT_GT(dact, (BT * I - overwritten) / 2);
+    }
   }
 }
 
