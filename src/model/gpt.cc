@@ -109,7 +109,14 @@ int64_t LossChunkRows(const GptConfig& c, const GptRunOptions& o) {
   const int64_t BT = o.batch_size * (o.seq_len ? o.seq_len : c.max_seq_len);
   const int64_t V = std::max<int64_t>(1, c.vocab_size);
   int64_t rows = o.loss_chunk_rows;
-  if (rows <= 0) rows = static_cast<uint64_t>(BT) * V * 4 <= kLossChunkBytes ? BT : kLossChunkBytes / (V * 4);
+  if (rows <= 0) {
+    rows = static_cast<uint64_t>(BT) * V * 4 <= kLossChunkBytes ? BT : kLossChunkBytes / (V * 4);
+    // Chunks of whole multiples of kLossChunkAlign rows: the head's products
+    // take a chunk's rows as m and k, and a size off a multiple of 8 runs
+    // as pieces (AlignedGemmPieces), one of them a pass over the whole
+    // [V, C] gradient for the last few rows.
+    if (rows < BT && rows >= kLossChunkAlign) rows = rows / kLossChunkAlign * kLossChunkAlign;
+  }
   return std::clamp<int64_t>(rows, 1, std::max<int64_t>(1, BT));
 }
 

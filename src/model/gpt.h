@@ -75,8 +75,8 @@ struct GptRunOptions {
   DType matmul_dtype = DType::kFloat32;
   AttentionKernel attention = AttentionKernel::kAuto;
   // Rows of the LM head's logits held at once: 0 chooses (all B·T rows when
-  // their fp32 logits take at most kLossChunkBytes, else as many as fit
-  // there); fewer rows than B·T compute the loss chunk by chunk and compute
+  // their fp32 logits take at most kLossChunkBytes, else as many whole
+  // multiples of kLossChunkAlign rows as fit there); fewer rows than B·T compute the loss chunk by chunk and compute
   // each chunk's logits again in backward (one more head product), so no
   // [B·T, V] tensor is ever held.
   int64_t loss_chunk_rows = 0;
@@ -88,6 +88,9 @@ struct GptRunOptions {
 // The logits bytes above which the loss is computed in row chunks (when
 // GptRunOptions::loss_chunk_rows is 0).
 inline constexpr uint64_t kLossChunkBytes = uint64_t{256} << 20;
+// The row multiple the chosen chunk is rounded down to (when it holds at
+// least that many rows and fewer than B·T).
+inline constexpr int64_t kLossChunkAlign = 64;
 // The rows of logits held at once for this model and batch (1 .. B·T).
 int64_t LossChunkRows(const GptConfig& c, const GptRunOptions& o);
 

@@ -339,8 +339,11 @@ TEST(GptModelTest, LossInRowChunksMatchesTheWholeAndHoldsOneChunk) {
 }
 
 // Who chooses the chunk: the logits of every row when they take at most
-// kLossChunkBytes, else as many rows as fit there; a given row count is
-// kept within 1 .. B·T.
+// kLossChunkBytes, else as many whole multiples of 64 rows as fit there
+// (523 rows fit at Llama 3's vocabulary: 512, so that the head's products
+// take sizes of multiples of 8, and B·T = 4096 splits into 8 equal chunks);
+// fewer than 64 that fit are kept as they are; a given row count is kept
+// within 1 .. B·T, unrounded.
 TEST(GptModelTest, LossChunkRowsFollowTheLogitsBytes) {
   GptConfig c = Chunky();
   GptRunOptions o;
@@ -349,8 +352,15 @@ TEST(GptModelTest, LossChunkRowsFollowTheLogitsBytes) {
   c.vocab_size = 128256;
   c.max_seq_len = 2048;
   const int64_t fit = static_cast<int64_t>(kLossChunkBytes / (128256 * 4));
-  EXPECT_EQ(LossChunkRows(c, o), fit);
-  EXPECT_LE(static_cast<uint64_t>(fit) * 128256 * 4, kLossChunkBytes);
+  EXPECT_EQ(fit, 523);
+  EXPECT_EQ(LossChunkRows(c, o), 512);
+  EXPECT_EQ(LossChunkRows(c, o) % kLossChunkAlign, 0);
+  EXPECT_LE(static_cast<uint64_t>(LossChunkRows(c, o)) * 128256 * 4, kLossChunkBytes);
+  c.vocab_size = 50257;  // 1335 rows fit: 1280
+  EXPECT_EQ(LossChunkRows(c, o), 1280);
+  c.vocab_size = 10'000'000;  // 6 rows fit
+  EXPECT_EQ(LossChunkRows(c, o), 6);
+  c.vocab_size = 128256;
   o.loss_chunk_rows = 1 << 20;
   EXPECT_EQ(LossChunkRows(c, o), 4 * 2048);
   o.loss_chunk_rows = 7;
