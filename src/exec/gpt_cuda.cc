@@ -75,6 +75,9 @@ class CudaStages final : public model::GptStages {
         return InvalidArgument("gpt model on CUDA: flash attention takes head sizes 64 and 128, " + config_.name +
                                " has " + std::to_string(D) + " (zinf.attention plain, zinf train --attention plain)");
       }
+      // dO in bf16 alone takes the kernels that read bf16 copies (else dO
+      // stays fp32, rounded in place: the same values).
+      ZINF_ASSIGN_OR_RETURN(dout16_only_, FlashAttentionCopiesFit(D));
     }
     ZINF_ASSIGN_OR_RETURN(blas_, Cublas());
     ZINF_CUBLAS_RETURN_IF_ERROR(blas_->create(&handle_), "cublasCreate");
@@ -280,6 +283,7 @@ class CudaStages final : public model::GptStages {
       OnlyBf16(kLn1, F32(a.ln1), BT * C);
       OnlyBf16(kLn2, F32(a.ln2), BT * C);
       OnlyBf16(kActivation, F32(a.fch_gelu), BT * I);
+      if (attention16_) OnlyBf16(kAttention, F32(a.atty), BT * Q);
     }
     // MLP: out = res_mid + fc_proj(act(fc(norm2(res_mid)))).
     if (model::SwiGluInBf16(c, options_)) {
@@ -313,8 +317,10 @@ class CudaStages final : public model::GptStages {
     ZINF_RETURN_IF_ERROR(NormBackward(dres, g + w.ln2_w, TensorAt(g, w.ln2_b), dbuf, F32(a.res_mid), p + w.ln2_w,
                                       F32(a.ln2_mean), F32(a.ln2_rstd)));
     // Attention: res_mid = in + attn_proj(attention(rope(qk_norm(qkv(norm1(in)))))).
+    // dO in bf16 alone where the attention keeps it so (attention16_, dout16_only_).
     ZINF_RETURN_IF_ERROR(LinearBackward(dbuf, dw(w.attn_proj_w), TensorAt(g, w.attn_proj_b), dres, F32(a.atty),
-                                        p + w.attn_proj_w, BT, Q, C));
+                                        p + w.attn_proj_w, BT, Q, C,
+                                        attention16_ && dout16_only_ ? reinterpret_cast<uint16_t*>(dbuf) : nullptr));
     ZINF_RETURN_IF_ERROR(AttentionBackward(a));
     if (c.positions == model::PositionKind::kRope) {
       Op("rope");
@@ -384,7 +390,17 @@ class CudaStages final : public model::GptStages {
     int64_t n = 0;
     bool only = false;
   };
-  enum CopySlot { kUnitParams, kEmbeddingParams, kProductInput, kLn1, kLn2, kActivation, kActivationGrad, kCopySlots };
+  enum CopySlot {
+    kUnitParams,
+    kEmbeddingParams,
+    kProductInput,
+    kLn1,
+    kLn2,
+    kAttention,
+    kActivation,
+    kActivationGrad,
+    kCopySlots
+  };
   std::array<Bf16Copy, kCopySlots> bf16_copies_{};
   // The fp32 place of a bf16-only tensor of n elements: its bf16 values
   // start there (registered as the copy of the range).
@@ -906,11 +922,14 @@ class CudaStages final : public model::GptStages {
     t.q16 = qkv16;
     t.k16 = qkv16 + (t.k - t.q);
     t.v16 = qkv16 + (t.v - t.q);
-    if (backward) {
+    if (backward && !t.dout16) {  // dO fp32: rounded into the B copy
       auto* dout16 = reinterpret_cast<uint16_t*>(arena_ + layout_.bf16_b);
-      ZINF_RETURN_IF_ERROR(Cast(t.dout, DType::kFloat32, dout16, DType::kBFloat16,
-                                static_cast<size_t>(BT * config_.q_dim()), s_));
+      const size_t n = static_cast<size_t>(BT * config_.q_dim());
+      ZINF_RETURN_IF_ERROR(Cast(t.dout, DType::kFloat32, dout16, DType::kBFloat16, n, s_));
       t.dout16 = dout16;
+      // dO as bf16 values without dout16_only_: fp32 dO (in dbuf) rounded in
+      // place, which δ reads.
+      if (attention16_) ZINF_RETURN_IF_ERROR(Cast(dout16, DType::kBFloat16, F32(layout_.dbuf), DType::kFloat32, n, s_));
     }
     return Status::Ok();
   }
@@ -930,6 +949,10 @@ class CudaStages final : public model::GptStages {
     if (flash_) {
       model::AttentionTensors t = model::FlashAttentionTensors(config_, layout_, a, arena_, false);
       ZINF_RETURN_IF_ERROR(FlashCopies(t, false));
+      if (attention16_) {  // O in bf16 alone, attn_proj's operand
+        t.out16 = OnlyBf16(kAttention, t.out, options_.batch_size * options_.seq_len * config_.q_dim());
+        t.out = nullptr;
+      }
       return FlashAttentionForward(model::FlashAttentionShape(config_, options_), t, s_);
     }
     float* out = F32(a.atty);
@@ -965,6 +988,14 @@ class CudaStages final : public model::GptStages {
     const ProductsAre products(this, "attention");
     if (flash_) {
       model::AttentionTensors t = model::FlashAttentionTensors(config_, layout_, a_set, arena_, true);
+      if (attention16_) {  // O, and dO where attn_proj's product wrote it so, in bf16 alone
+        t.out16 = reinterpret_cast<uint16_t*>(t.out);
+        t.out = nullptr;
+        if (dout16_only_) {
+          t.dout16 = reinterpret_cast<const uint16_t*>(t.dout);
+          t.dout = nullptr;
+        }
+      }
       ZINF_RETURN_IF_ERROR(FlashCopies(t, true));
       return FlashAttentionBackward(model::FlashAttentionShape(config_, options_), t, s_);
     }
@@ -1077,6 +1108,11 @@ class CudaStages final : public model::GptStages {
   char* arena_;
   const bool bf16_ = options_.matmul_dtype == DType::kBFloat16;  // bf16 operands on tensor cores
   const bool flash_ = options_.attention == model::AttentionKernel::kFlash;
+  // The attention's O and dO as bf16 values (model::AttentionInBf16): O in
+  // bf16 alone; dO too where the device runs the copies' kernels
+  // (dout16_only_), else fp32 rounded in place.
+  const bool attention16_ = model::AttentionInBf16(config_, options_);
+  bool dout16_only_ = false;
   const CublasLib* blas_ = nullptr;  // set by Init()
   cublasHandle_t handle_ = nullptr;
   // cuBLASLt, for the linear layers' biases with bf16 products (LtGemm): the

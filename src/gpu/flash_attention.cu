@@ -146,6 +146,13 @@ Status FlashAttentionBackward(const AttentionShape& shape, const AttentionTensor
   if (copies) {
     ZINF_ASSIGN_OR_RETURN(copies, FlashAttentionCopiesFit(shape.head_dim));
   }
+  // With dout null the copies are all given (ReadsCopies); the kernels
+  // without them would load their dO tiles from fp32 dout.
+  if (!copies && !tensors.dout) {
+    return InvalidArgument(std::string(fn) + ": dout null (dO in dout16 alone) needs the bf16 copies' kernels, " +
+                           "whose shared memory this device does not fit at head_dim " +
+                           std::to_string(shape.head_dim) + " (FlashAttentionCopiesFit)");
+  }
   if (shape.head_dim == 64) {
     if (kv_min_blocks != 0 && kv_min_blocks != 1 && kv_min_blocks != 3) {
       return InvalidArgument(std::string(fn) + ": kv_min_blocks " + std::to_string(kv_min_blocks) +

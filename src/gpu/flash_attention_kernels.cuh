@@ -249,18 +249,19 @@ __device__ inline float RowSum4(float x) {
 }
 
 // Rows `rows` (the thread's two, global positions) of a D-wide accumulator,
-// times `scale`, to base + (row0 + row) · stride + 2c, for rows below T.
-template <int D>
-__device__ inline void StoreRows(const float (&acc)[D / 8][4], const int64_t (&rows)[2], int64_t T, float* base,
+// times `scale`, to base + (row0 + row) · stride + 2c, for rows below T: fp32
+// (Out = float), or rounded to bf16 (Out = uint16_t, simt::StoreAs).
+template <int D, class Out>
+__device__ inline void StoreRows(const float (&acc)[D / 8][4], const int64_t (&rows)[2], int64_t T, Out* base,
                                  int64_t row0, int64_t stride, float scale, int c) {
 #pragma unroll
   for (int k = 0; k < 2; ++k) {
     if (rows[k] >= T) continue;
-    float* out = base + (row0 + rows[k]) * stride + 2 * c;
+    Out* out = base + (row0 + rows[k]) * stride + 2 * c;
 #pragma unroll
     for (int n = 0; n < D / 8; ++n) {
-      out[n * 8] = acc[n][2 * k] * scale;
-      out[n * 8 + 1] = acc[n][2 * k + 1] * scale;
+      simt::StoreAs(out + n * 8, acc[n][2 * k] * scale);
+      simt::StoreAs(out + n * 8 + 1, acc[n][2 * k + 1] * scale);
     }
   }
 }
@@ -443,11 +444,16 @@ __global__ void __launch_bounds__(kThreadsFa) FlashForwardKernel(AttentionShape 
         o[m][n][2 * k + 1] *= inv[k];
       }
     }
-    StoreRows<D>(o[m], rows[m], T, t.out + h * D, row0, t.out_stride, 1.0f, c);
+    if (t.out16) {  // O kept in bf16 alone
+      StoreRows<D>(o[m], rows[m], T, t.out16 + h * D, row0, t.out_stride, 1.0f, c);
+    } else {
+      StoreRows<D>(o[m], rows[m], T, t.out + h * D, row0, t.out_stride, 1.0f, c);
+    }
   }
 }
 
-// δ = dO · O per (token, head), one warp each.
+// δ = dO · O per (token, head), one warp each. dO and O from the fp32
+// tensors, or (null) from their bf16 values (dout16, out16), widened.
 template <int D>
 __global__ void FlashDeltaKernel(AttentionShape s, AttentionTensors t) {
   const int64_t rows = s.batch * s.seq_len * s.heads;
@@ -455,10 +461,11 @@ __global__ void FlashDeltaKernel(AttentionShape s, AttentionTensors t) {
   for (int64_t w = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32; w < rows;
        w += static_cast<int64_t>(gridDim.x) * blockDim.x / 32) {
     const int64_t h = w % s.heads, token = w / s.heads;  // token = b · T + i
-    const float* dout = t.dout + token * t.out_stride + h * D;
-    const float* out = t.out + token * t.out_stride + h * D;
+    const int64_t at = token * t.out_stride + h * D;
+    const auto dout = [&](int d) { return t.dout ? t.dout[at + d] : Bf16BitsToFloat(t.dout16[at + d]); };
+    const auto out = [&](int d) { return t.out ? t.out[at + d] : Bf16BitsToFloat(t.out16[at + d]); };
     float acc = 0.0f;
-    for (int d = lane; d < D; d += 32) acc += dout[d] * out[d];
+    for (int d = lane; d < D; d += 32) acc += dout(d) * out(d);
     for (int o = 16; o > 0; o /= 2) acc += simt::ShflXor(acc, o);
     const int64_t b = token / s.seq_len, i = token % s.seq_len;
     if (lane == 0) t.delta[(b * s.heads + h) * s.seq_len + i] = acc;

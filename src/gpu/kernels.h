@@ -160,6 +160,9 @@ Status BusyWait(double seconds, void* stream);
 // AttentionTensors (q16 ...) the kernels copy their tiles from those into
 // two buffers a tile, where the device's shared memory per block allows it
 // (FlashAttentionCopiesFit), else they read the fp32 tensors: the same bits.
+// With tensors.out16, forward writes O in bf16 there (rounded to nearest
+// even) and backward's δ reads it; with dout null, δ reads dO from dout16,
+// and backward needs the copies' kernels (else kInvalidArgument).
 // query_tiles: the forward's queries a thread block, in 64-row tiles (0: the
 // default, 2 at head_dim 64, where each warp's k and v operands then feed
 // two row tiles, and 1 at 128; 1 or 2 at 64 for a comparison): the same

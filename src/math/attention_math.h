@@ -77,6 +77,13 @@ struct AttentionTensors {
   const uint16_t* k16 = nullptr;
   const uint16_t* v16 = nullptr;
   const uint16_t* dout16 = nullptr;
+  // Optional, CUDA kernels alone: O kept in bf16 alone (out_stride). Forward
+  // writes O rounded to nearest even here instead of into `out` (which may
+  // then be null); backward's δ reads O from here. Likewise backward takes
+  // a null `dout` with dout16 given: δ then reads dO from dout16 (the model
+  // keeps O and dO as bf16 values with bf16 products, AttentionInBf16), and
+  // the tiles must come from the copies.
+  uint16_t* out16 = nullptr;
 };
 
 // The value a product's operand carries: x itself, or x rounded to bf16.
@@ -146,12 +153,14 @@ inline Status CheckAttentionShape(const AttentionShape& s, const AttentionTensor
     return bad("kv_heads " + std::to_string(s.kv_heads) + " does not divide heads " + std::to_string(s.heads));
   }
   if (!(s.scale > 0.0f)) return bad("scale must be positive");
-  if (!t.q || !t.k || !t.v || !t.out || !t.lse) return bad("null q, k, v, out or lse");
+  if (!t.q || !t.k || !t.v || (!t.out && !t.out16) || !t.lse) return bad("null q, k, v, out (and out16) or lse");
   if (t.q_stride < s.heads * s.head_dim || t.out_stride < s.heads * s.head_dim) {
     return bad("q or out stride shorter than heads · head_dim");
   }
   if (t.kv_stride < s.kv_heads * s.head_dim) return bad("kv stride shorter than kv_heads · head_dim");
-  if (backward && (!t.dout || !t.delta || !t.dq || !t.dk || !t.dv)) return bad("null dout, delta, dq, dk or dv");
+  if (backward && ((!t.dout && !t.dout16) || !t.delta || !t.dq || !t.dk || !t.dv)) {
+    return bad("null dout (and dout16), delta, dq, dk or dv");
+  }
   return Status::Ok();
 }
 

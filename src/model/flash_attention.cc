@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <vector>
 
+#include "common/check.h"
+
 namespace zinf::model {
 namespace {
 
@@ -29,6 +31,7 @@ float Dot(const float* a, const float* b, int64_t n) {
 }  // namespace
 
 void FlashAttentionForward(const ModelThreads& th, const AttentionShape& s, const AttentionTensors& t) {
+  ZINF_CHECK_MSG(t.out != nullptr, "the flash attention twin writes fp32 out");
   const int64_t T = s.seq_len, H = s.heads, D = s.head_dim, G = s.heads / s.kv_heads, nb = NumBlocks(T);
   const bool bf16 = th.matmul_dtype() == DType::kBFloat16;
   const float log2_scale = FlashLog2Scale(s.scale);
@@ -78,6 +81,7 @@ void FlashAttentionForward(const ModelThreads& th, const AttentionShape& s, cons
 }
 
 void FlashAttentionBackward(const ModelThreads& th, const AttentionShape& s, const AttentionTensors& t) {
+  ZINF_CHECK_MSG(t.out != nullptr && t.dout != nullptr, "the flash attention twin reads fp32 out and dout");
   const int64_t B = s.batch, T = s.seq_len, H = s.heads, D = s.head_dim, G = s.heads / s.kv_heads;
   const int64_t nb = NumBlocks(T);
   const bool bf16 = th.matmul_dtype() == DType::kBFloat16;

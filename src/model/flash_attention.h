@@ -18,7 +18,9 @@
 
 namespace zinf::model {
 
-// The shape is checked by the caller (CheckAttentionShape).
+// The shape is checked by the caller (CheckAttentionShape); the twin reads
+// and writes the fp32 tensors alone (t.out and t.dout non-null; the bf16
+// copies and out16 are the CUDA kernels').
 // Writes t.out and t.lse from t.q, t.k, t.v.
 void FlashAttentionForward(const ModelThreads& th, const AttentionShape& shape, const AttentionTensors& t);
 

@@ -120,6 +120,10 @@ int64_t LossChunkRows(const GptConfig& c, const GptRunOptions& o) {
   return std::clamp<int64_t>(rows, 1, std::max<int64_t>(1, BT));
 }
 
+bool AttentionInBf16(const GptConfig& c, const GptRunOptions& o) {
+  return o.matmul_dtype == DType::kBFloat16 && ResolveAttention(c, o) == AttentionKernel::kFlash;
+}
+
 bool SwiGluInBf16(const GptConfig& c, const GptRunOptions& o) {
   return o.matmul_dtype == DType::kBFloat16 && c.mlp == MlpKind::kSwiGlu && !c.linear_bias;
 }
@@ -394,6 +398,7 @@ void GptModel::RunBlockForward(int layer, const float* p) {
   MarkOp(prof, "attention");
   if (options_.attention == AttentionKernel::kFlash) {
     FlashAttentionForward(threads_, FlashAttentionShape(c, options_), FlashAttentionTensors(c, layout_, a, arena_, false));
+    if (AttentionInBf16(c, options_)) RoundToBf16InPlace(threads_, F32(a.atty), BT * Q);
   } else {
     AttentionForward<float>(threads_, F32(a.atty), F32(a.att), qkv, B, T, c.num_heads, c.kv_heads(), c.head_dim());
   }
@@ -578,6 +583,7 @@ Status GptModel::BlockBackward(int layer, const void* block, void* block_grad) {
   LinearBackward<float>(threads_, dbuf, false, g + w.attn_proj_w, TensorAt(g, w.attn_proj_b), dres, F32(a.atty),
                         p + w.attn_proj_w, BT, Q, C);
   MarkOp(prof, "attention");
+  if (AttentionInBf16(c, options_)) RoundToBf16InPlace(threads_, dbuf, BT * Q);
   if (options_.attention == AttentionKernel::kFlash) {
     FlashAttentionBackward(threads_, FlashAttentionShape(c, options_), FlashAttentionTensors(c, layout_, a, arena_, true));
   } else {

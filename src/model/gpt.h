@@ -103,6 +103,14 @@ int64_t LossChunkRows(const GptConfig& c, const GptRunOptions& o);
 // halves the MLP's largest memory traffic.
 bool SwiGluInBf16(const GptConfig& c, const GptRunOptions& o);
 
+// Whether the attention's output O and its gradient dO are kept as bf16
+// values (rounded to nearest even): with bf16 products and flash
+// attention, where only products read O and dO besides flash backward's
+// δ = dO · O, which then sums the rounded values. The CPU model rounds both
+// in place; the CUDA model's flash forward and attn_proj's input-gradient
+// product write them in bf16.
+bool AttentionInBf16(const GptConfig& c, const GptRunOptions& o);
+
 // kPlain or kFlash: what `o.attention` means for this model.
 AttentionKernel ResolveAttention(const GptConfig& c, const GptRunOptions& o);
 

@@ -165,5 +165,84 @@ TEST(FlashAttentionEmuTest, TwoRowTilesAWarpGiveTheBitsOfOne) {
   }
 }
 
+// O and dO kept in bf16 alone (AttentionTensors::out16, a null dout: the
+// model's AttentionInBf16): the forward writes O rounded, and backward, its δ
+// summing the bf16 values, gives the bits of the fp32 tensors holding O and
+// dO rounded, as the CPU model holds them.
+TEST(FlashAttentionEmuTest, Bf16OutputAndGradientGiveTheBitsOfTheirRoundings) {
+  for (const int64_t D : {int64_t{64}, int64_t{128}}) {
+    const AttentionProblem p = AttentionProblem::Random(2, 70, 4, 2, D, 77 + D, 2.0f);
+    SCOPED_TRACE(p.Describe());
+    std::vector<uint16_t> qkv16(p.qkv.size()), dout16(p.dout.size());
+    std::vector<float> dout_rounded(p.dout.size());
+    for (size_t i = 0; i < p.qkv.size(); ++i) qkv16[i] = FloatToBf16Bits(p.qkv[i]);
+    for (size_t i = 0; i < p.dout.size(); ++i) dout_rounded[i] = Bf16BitsToFloat(dout16[i] = FloatToBf16Bits(p.dout[i]));
+    const auto with_copies = [&](AttentionTensors t) {
+      t.q16 = qkv16.data();
+      t.k16 = qkv16.data() + (t.k - t.q);
+      t.v16 = qkv16.data() + (t.v - t.q);
+      t.dout16 = dout16.data();
+      return t;
+    };
+    emu::LaunchConfig base;
+    base.schedule_seed = 31;
+    const auto forward = [&](const AttentionTensors& t) {
+      return D == 64 ? Launch(flash::ForwardLaunch<64, true>(p.shape), base,
+                              [&] { flash::FlashForwardKernel<64, true, flash::kForwardTiles<64>>(p.shape, t); })
+                     : Launch(flash::ForwardLaunch<128, true>(p.shape), base,
+                              [&] { flash::FlashForwardKernel<128, true, flash::kForwardTiles<128>>(p.shape, t); });
+    };
+    const auto backward = [&](const AttentionTensors& t) -> Status {
+      if (D == 64) {
+        ZINF_RETURN_IF_ERROR(Launch(flash::DeltaLaunch(p.shape), base, [&] { flash::FlashDeltaKernel<64>(p.shape, t); }));
+        ZINF_RETURN_IF_ERROR(Launch(flash::BackwardKvLaunch<64, true>(p.shape), base,
+                                    [&] { flash::FlashBackwardKvKernel<64, true>(p.shape, t); }));
+        return Launch(flash::BackwardQLaunch<64, true>(p.shape), base,
+                      [&] { flash::FlashBackwardQKernel<64, true>(p.shape, t); });
+      }
+      ZINF_RETURN_IF_ERROR(Launch(flash::DeltaLaunch(p.shape), base, [&] { flash::FlashDeltaKernel<128>(p.shape, t); }));
+      ZINF_RETURN_IF_ERROR(Launch(flash::BackwardKvLaunch<128, true>(p.shape), base,
+                                  [&] { flash::FlashBackwardKvKernel<128, true>(p.shape, t); }));
+      return Launch(flash::BackwardQLaunch<128, true>(p.shape), base,
+                    [&] { flash::FlashBackwardQKernel<128, true>(p.shape, t); });
+    };
+
+    // fp32 O, rounded in place between forward and backward; fp32 dO rounded.
+    AttentionResult want;
+    want.out.assign(p.OutElems(), NAN);
+    want.lse.assign(p.StatElems(), NAN);
+    want.dqkv.assign(p.qkv.size(), NAN);
+    std::vector<float> delta(p.StatElems(), NAN);
+    const AttentionTensors tw = with_copies(
+        p.Tensors(p.qkv.data(), want.out.data(), want.lse.data(), dout_rounded.data(), delta.data(), want.dqkv.data()));
+    ASSERT_TRUE(forward(tw).ok());
+    std::vector<uint16_t> want_out16(want.out.size());
+    for (size_t i = 0; i < want.out.size(); ++i) {
+      want_out16[i] = FloatToBf16Bits(want.out[i]);
+      want.out[i] = Bf16BitsToFloat(want_out16[i]);
+    }
+    ASSERT_TRUE(backward(tw).ok());
+
+    // O and dO in bf16 alone.
+    AttentionResult got;
+    got.lse.assign(p.StatElems(), NAN);
+    got.dqkv.assign(p.qkv.size(), NAN);
+    std::vector<uint16_t> out16(p.OutElems(), 0x7fc1);  // a NaN: unwritten shows
+    AttentionTensors tg = with_copies(
+        p.Tensors(p.qkv.data(), nullptr, got.lse.data(), nullptr, delta.data(), got.dqkv.data()));
+    tg.out16 = out16.data();
+    ASSERT_TRUE(model::CheckAttentionShape(p.shape, tg, true).ok());
+    ASSERT_TRUE(forward(tg).ok());
+    ASSERT_TRUE(backward(tg).ok());
+    EXPECT_EQ(out16, want_out16);
+    EXPECT_TRUE(SameBits(got.lse, want.lse));
+    EXPECT_TRUE(SameBits(got.dqkv, want.dqkv));
+    // And the δ from rounded values is not the δ from fp32 ones: the
+    // comparison can tell them apart.
+    AttentionResult fp32 = OnEmulator(p, Variant{true, emu::CopyTiming::kAtWait, 31});
+    EXPECT_FALSE(SameBits(fp32.dqkv, want.dqkv));
+  }
+}
+
 }  // namespace
 }  // namespace zinf::gpu

@@ -216,6 +216,61 @@ TEST_F(FlashAttentionGpuTest, LongContextRowsMatchADirectEvaluation) {
   EXPECT_LE(worst, 1e-2);  // p is rounded to bf16 before it weighs v: 2^-9 relative per term
 }
 
+// O and dO kept in bf16 alone (AttentionTensors::out16, a null dout: the
+// model's AttentionInBf16): the forward writes O rounded, and backward (δ
+// from the bf16 values) gives the bits of fp32 O and dO rounded in place.
+// Where the copies' kernels do not fit the device, a null dout is refused.
+TEST_F(FlashAttentionGpuTest, Bf16OutputAndGradientGiveTheBitsOfTheirRoundings) {
+  for (const int64_t D : {int64_t{64}, int64_t{128}}) {
+    const AttentionProblem p = AttentionProblem::Random(2, 200, 4, 2, D, 170 + D, 2.0f);
+    SCOPED_TRACE(p.Describe());
+    const size_t n_qkv = p.qkv.size(), n_out = p.OutElems();
+    DeviceFloats qkv(n_qkv, p.qkv.data()), dout(n_out, p.dout.data());
+    DeviceFloats qkv16((n_qkv + 1) / 2), dout16((n_out + 1) / 2), out16((n_out + 1) / 2), rounded((n_out + 1) / 2);
+    auto* q16 = reinterpret_cast<uint16_t*>(qkv16.get());
+    auto* do16 = reinterpret_cast<uint16_t*>(dout16.get());
+    ASSERT_TRUE(Cast(qkv.get(), DType::kFloat32, q16, DType::kBFloat16, n_qkv, nullptr).ok());
+    ASSERT_TRUE(Cast(dout.get(), DType::kFloat32, do16, DType::kBFloat16, n_out, nullptr).ok());
+    ASSERT_TRUE(Cast(do16, DType::kBFloat16, dout.get(), DType::kFloat32, n_out, nullptr).ok());  // dO rounded
+    const auto with_copies = [&](model::AttentionTensors t) {
+      t.q16 = q16;
+      t.k16 = q16 + (t.k - t.q);
+      t.v16 = q16 + (t.v - t.q);
+      t.dout16 = do16;
+      return t;
+    };
+    // fp32 O, rounded in place between forward and backward.
+    DeviceFloats out_a(n_out), lse_a(p.StatElems()), delta_a(p.StatElems()), dqkv_a(n_qkv);
+    const model::AttentionTensors ta =
+        with_copies(p.Tensors(qkv.get(), out_a.get(), lse_a.get(), dout.get(), delta_a.get(), dqkv_a.get()));
+    ASSERT_TRUE(FlashAttentionForward(p.shape, ta, nullptr).ok());
+    auto* r16 = reinterpret_cast<uint16_t*>(rounded.get());
+    ASSERT_TRUE(Cast(out_a.get(), DType::kFloat32, r16, DType::kBFloat16, n_out, nullptr).ok());
+    ASSERT_TRUE(Cast(r16, DType::kBFloat16, out_a.get(), DType::kFloat32, n_out, nullptr).ok());
+    ASSERT_TRUE(FlashAttentionBackward(p.shape, ta, nullptr).ok());
+    // O and dO in bf16 alone.
+    DeviceFloats lse_b(p.StatElems()), delta_b(p.StatElems()), dqkv_b(n_qkv);
+    model::AttentionTensors tb =
+        with_copies(p.Tensors(qkv.get(), nullptr, lse_b.get(), nullptr, delta_b.get(), dqkv_b.get()));
+    tb.out16 = reinterpret_cast<uint16_t*>(out16.get());
+    ASSERT_TRUE(FlashAttentionForward(p.shape, tb, nullptr).ok());
+    const Result<bool> fit = FlashAttentionCopiesFit(D);
+    ASSERT_TRUE(fit.ok()) << fit.status().ToString();
+    const Status st = FlashAttentionBackward(p.shape, tb, nullptr);
+    if (!*fit) {
+      EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
+      continue;
+    }
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    const std::vector<float> got16 = out16.ToHost(), want16 = rounded.ToHost();
+    EXPECT_EQ(0, std::memcmp(got16.data(), want16.data(), n_out * 2));
+    const std::vector<float> lse_got = lse_b.ToHost(), lse_want = lse_a.ToHost();
+    EXPECT_EQ(0, std::memcmp(lse_got.data(), lse_want.data(), lse_got.size() * sizeof(float)));
+    const std::vector<float> d_got = dqkv_b.ToHost(), d_want = dqkv_a.ToHost();
+    EXPECT_EQ(0, std::memcmp(d_got.data(), d_want.data(), d_got.size() * sizeof(float)));
+  }
+}
+
 TEST(FlashAttentionGpuArgsTest, RefusesQueryTilesTheHeadDimCannotTake) {
   AttentionProblem p = AttentionProblem::Random(1, 8, 2, 2, 128, 1);
   std::vector<float> out(p.OutElems()), lse(p.StatElems());

@@ -246,6 +246,60 @@ TEST(GptModelTest, SwiGluMlpKeepsBf16ValuesWithBf16Products) {
   }
 }
 
+// With bf16 products and flash attention, the attention's output O and its
+// gradient dO are kept as bf16 values (AttentionInBf16), as the CUDA
+// model's flash forward and attn_proj product write them, and flash
+// backward's δ sums those; with the plain attention or fp32 products they
+// stay fp32. Checked in the arena after a step: the last block's O, and
+// block 0's dO in dbuf past the [B·T, C] the qkv product's input gradient
+// wrote over it (heads of 16, so that Q = 2C).
+TEST(GptModelTest, FlashAttentionKeepsBf16OutputsWithBf16Products) {
+  struct Case {
+    DType matmul;
+    AttentionKernel attention;
+    bool rounded;
+  };
+  for (const Case& k : {Case{DType::kBFloat16, AttentionKernel::kFlash, true},
+                        Case{DType::kBFloat16, AttentionKernel::kPlain, false},
+                        Case{DType::kFloat32, AttentionKernel::kFlash, false}}) {
+    SCOPED_TRACE(::testing::Message() << DTypeName(k.matmul) << ", " << AttentionKernelName(k.attention));
+    GptConfig c = std::move(GptPreset("tiny-llama")).value();
+    c.head_dim_size = 2 * c.embed_dim / c.num_heads;
+    GptRunOptions o;
+    o.batch_size = 2;
+    o.num_threads = 2;
+    o.matmul_dtype = k.matmul;
+    o.attention = k.attention;
+    EXPECT_EQ(AttentionInBf16(c, o), k.rounded);
+    auto model = MakeModel(c, o);
+    test::Arena arena = test::MakeArena(model->activation_bytes());
+    model->BindActivations(arena.get());
+    auto params = MakeParams(c, 51);
+    auto grads = MakeGrads<float>(c);
+    const int64_t BT = 2 * c.max_seq_len, C = c.embed_dim, Q = c.q_dim();
+    ASSERT_EQ(Q, 2 * C);
+    auto tokens = RandomTokens(BT, c.vocab_size, 52), targets = RandomTokens(BT, c.vocab_size, 53);
+    ASSERT_TRUE(model->Forward(tokens.data(), targets.data(), ConstPtrs(params)).ok());
+    ASSERT_TRUE(model->Backward(ConstPtrs(params), Ptrs(grads)).ok());
+    const ActivationLayout l = ActivationLayout::For(c, model->options());
+    const auto not_bf16 = [&](uint64_t offset, int64_t from, int64_t to) {
+      const float* x = reinterpret_cast<const float*>(static_cast<const char*>(arena.get()) + offset);
+      int64_t n = 0;
+      for (int64_t i = from; i < to; ++i) n += FloatToBits(RoundToBf16(x[i])) != FloatToBits(x[i]);
+      return n;
+    };
+    const int64_t out = not_bf16(l.BlockAt(c.num_layers - 1).atty, 0, BT * Q);
+    const int64_t dout = not_bf16(l.dbuf, BT * C, BT * Q);
+    if (k.rounded) {
+      EXPECT_EQ(out, 0);
+      EXPECT_EQ(dout, 0);
+    } else {
+      EXPECT_GT(out, BT * Q / 2);
+      EXPECT_GT(dout, BT * (Q - C) / 2);
+    }
+  }
+}
+
 // Flash attention in the model: the loss and every gradient of the plain
 // attention's model up to the order of fp32 sums (relative 1e-5), in
 // memory that grows with T instead of T².
