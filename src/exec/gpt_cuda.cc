@@ -78,6 +78,7 @@ class CudaStages final : public model::GptStages {
       // dO in bf16 alone takes the kernels that read bf16 copies (else dO
       // stays fp32, rounded in place: the same values).
       ZINF_ASSIGN_OR_RETURN(dout16_only_, FlashAttentionCopiesFit(D));
+      qkv16_only_ = qkv16_ && dout16_only_;
     }
     ZINF_ASSIGN_OR_RETURN(blas_, Cublas());
     ZINF_CUBLAS_RETURN_IF_ERROR(blas_->create(&handle_), "cublasCreate");
@@ -909,16 +910,35 @@ class CudaStages final : public model::GptStages {
     return pe + e.wte;
   }
 
+  // x[0, n) rounded to bf16 in place, through the A operand copy (the
+  // fallback of the bf16-value tensors where the flash copies' kernels do
+  // not run on this device).
+  Status RoundInPlace(float* x, int64_t n) {
+    if (n > layout_.bf16_operand_elems) {
+      return Internal("gpt model on CUDA: " + std::to_string(n) + " elements to round exceed the operand copies");
+    }
+    Op("cast");
+    void* copy = arena_ + layout_.bf16_a;
+    ZINF_RETURN_IF_ERROR(Cast(x, DType::kFloat32, copy, DType::kBFloat16, static_cast<size_t>(n), s_));
+    return Cast(copy, DType::kBFloat16, x, DType::kFloat32, static_cast<size_t>(n), s_);
+  }
   // With bf16 products, flash attention reads bf16 copies of qkv (the A
   // copy) and, in backward, of d(atty) (the B copy): rounded once here, not
   // in every tile of every block that loads them (the same operands, so the
-  // same bits). The copies' time is the attention's.
+  // same bits). The copies' time is the attention's. qkv and dO kept in
+  // bf16 alone (qkv16_only_, dout16_only_) are their own copies.
   Status FlashCopies(model::AttentionTensors& t, bool backward) {
     if (!bf16_) return Status::Ok();
     const int64_t BT = options_.batch_size * options_.seq_len;
-    auto* qkv16 = reinterpret_cast<uint16_t*>(arena_ + layout_.bf16_a);
-    ZINF_RETURN_IF_ERROR(Cast(t.q, DType::kFloat32, qkv16, DType::kBFloat16,
-                              static_cast<size_t>(BT * config_.qkv_dim()), s_));
+    // qkv in bf16 alone (qkv16_only_) is its own copy: its bf16 values start
+    // at its fp32 place, with the same element offsets and strides.
+    const uint16_t* qkv16 = reinterpret_cast<const uint16_t*>(t.q);
+    if (!qkv16_only_) {
+      auto* copy = reinterpret_cast<uint16_t*>(arena_ + layout_.bf16_a);
+      ZINF_RETURN_IF_ERROR(Cast(t.q, DType::kFloat32, copy, DType::kBFloat16,
+                                static_cast<size_t>(BT * config_.qkv_dim()), s_));
+      qkv16 = copy;
+    }
     t.q16 = qkv16;
     t.k16 = qkv16 + (t.k - t.q);
     t.v16 = qkv16 + (t.v - t.q);
@@ -1051,7 +1071,15 @@ class CudaStages final : public model::GptStages {
     float* qkv = F32(a.qkv);
     ZINF_RETURN_IF_ERROR(
         NormForward(F32(a.ln1), F32(a.ln1_mean), F32(a.ln1_rstd), in, p + w.ln1_w, TensorAt(p, w.ln1_b), kLn1));
-    ZINF_RETURN_IF_ERROR(LinearForward(qkv, F32(a.ln1), p + w.qkv_w, TensorAt(p, w.qkv_b), BT, C, S));
+    // q, k and v as bf16 values (model::QkvInBf16): in bf16 alone, or, where
+    // the device does not run the flash copies' kernels, fp32 rounded in place.
+    auto* qkv16 = reinterpret_cast<uint16_t*>(qkv);
+    if (qkv16_only_) {
+      ZINF_RETURN_IF_ERROR(GemmToBf16(false, false, BT, S, C, F32(a.ln1), C, p + w.qkv_w, S, qkv16, S));
+    } else {
+      ZINF_RETURN_IF_ERROR(LinearForward(qkv, F32(a.ln1), p + w.qkv_w, TensorAt(p, w.qkv_b), BT, C, S));
+      if (qkv16_) ZINF_RETURN_IF_ERROR(RoundInPlace(qkv, BT * S));
+    }
     if (c.qk_norm) {
       // q and k before their norm are kept (qk_pre, a copy of the whole qkv)
       // for backward; the norm writes them back into qkv.
@@ -1065,8 +1093,14 @@ class CudaStages final : public model::GptStages {
     }
     if (c.positions == model::PositionKind::kRope) {
       Op("rope");
-      ZINF_RETURN_IF_ERROR(RopeForward(qkv, QueryRows(), T, rope_cos_, rope_sin_, s_));
-      ZINF_RETURN_IF_ERROR(RopeForward(qkv + Q, KeyRows(), T, rope_cos_, rope_sin_, s_));
+      if (qkv16_only_) {
+        ZINF_RETURN_IF_ERROR(RopeForwardBf16(qkv16, QueryRows(), T, rope_cos_, rope_sin_, s_));
+        ZINF_RETURN_IF_ERROR(RopeForwardBf16(qkv16 + Q, KeyRows(), T, rope_cos_, rope_sin_, s_));
+      } else {
+        ZINF_RETURN_IF_ERROR(RopeForward(qkv, QueryRows(), T, rope_cos_, rope_sin_, s_));
+        ZINF_RETURN_IF_ERROR(RopeForward(qkv + Q, KeyRows(), T, rope_cos_, rope_sin_, s_));
+        if (qkv16_) ZINF_RETURN_IF_ERROR(RoundInPlace(qkv, BT * S));
+      }
     }
     ZINF_RETURN_IF_ERROR(AttentionForward(a));
     ZINF_RETURN_IF_ERROR(
@@ -1113,6 +1147,10 @@ class CudaStages final : public model::GptStages {
   // (dout16_only_), else fp32 rounded in place.
   const bool attention16_ = model::AttentionInBf16(config_, options_);
   bool dout16_only_ = false;
+  // q, k and v as bf16 values (model::QkvInBf16): in bf16 alone where the
+  // device runs the copies' kernels (qkv16_only_), else fp32 rounded in place.
+  const bool qkv16_ = model::QkvInBf16(config_, options_);
+  bool qkv16_only_ = false;
   const CublasLib* blas_ = nullptr;  // set by Init()
   cublasHandle_t handle_ = nullptr;
   // cuBLASLt, for the linear layers' biases with bf16 products (LtGemm): the

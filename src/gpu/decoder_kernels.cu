@@ -27,7 +27,8 @@ Status CheckRows(const char* fn, const StridedRows& rows) {
   return Status::Ok();
 }
 
-Status Rope(const char* fn, bool backward, float* x, const StridedRows& rows, int64_t seq_len, const float* cos,
+template <class T>
+Status Rope(const char* fn, bool backward, T* x, const StridedRows& rows, int64_t seq_len, const float* cos,
             const float* sin, void* stream) {
   ZINF_RETURN_IF_ERROR(CheckRows(fn, rows));
   if (rows.n % 2 != 0) return InvalidArgument(std::string(fn) + ": head size " + std::to_string(rows.n) + " is odd");
@@ -39,9 +40,9 @@ Status Rope(const char* fn, bool backward, float* x, const StridedRows& rows, in
   const bool vector = RopeVector(x, rows, cos, sin);
   const unsigned blocks = elementwise::BlocksForElements(n, vector);
   if (backward) {
-    RopeKernel<true><<<blocks, kThreads, 0, s>>>(x, rows, seq_len, cos, sin, vector);
+    RopeKernel<true, T><<<blocks, kThreads, 0, s>>>(x, rows, seq_len, cos, sin, vector);
   } else {
-    RopeKernel<false><<<blocks, kThreads, 0, s>>>(x, rows, seq_len, cos, sin, vector);
+    RopeKernel<false, T><<<blocks, kThreads, 0, s>>>(x, rows, seq_len, cos, sin, vector);
   }
   return ZINF_CHECK_LAUNCH("RopeKernel");
 }
@@ -109,6 +110,11 @@ Status RopeForward(float* x, const StridedRows& rows, int64_t seq_len, const flo
 Status RopeBackward(float* dx, const StridedRows& rows, int64_t seq_len, const float* cos, const float* sin,
                     void* stream) {
   return Rope("gpu::RopeBackward", true, dx, rows, seq_len, cos, sin, stream);
+}
+
+Status RopeForwardBf16(uint16_t* x, const StridedRows& rows, int64_t seq_len, const float* cos, const float* sin,
+                       void* stream) {
+  return Rope("gpu::RopeForwardBf16", false, x, rows, seq_len, cos, sin, stream);
 }
 
 namespace {

@@ -156,9 +156,11 @@ __global__ void __launch_bounds__(kColumnWarps * 32)
 
 // Row r's pairs (i, i + n/2), rotated by position (r / per_token) % seq_len;
 // with `vector`, eight pairs a thread (half = n/2 a multiple of 8, every row
-// and the tables 16-byte aligned: RopeVector).
-template <bool kBackward>
-__global__ void RopeKernel(float* x, StridedRows rows, int64_t seq_len, const float* __restrict__ cos_table,
+// and the tables 16-byte aligned: RopeVector). T is float, or uint16_t for
+// rows kept in bf16 (model::QkvInBf16): each pair widened, rotated in fp32
+// and rounded as it is written.
+template <bool kBackward, class T = float>
+__global__ void RopeKernel(T* x, StridedRows rows, int64_t seq_len, const float* __restrict__ cos_table,
                            const float* __restrict__ sin_table, bool vector) {
   const int64_t half = rows.n / 2;
   const size_t total = static_cast<size_t>(rows.rows) * static_cast<size_t>(half);
@@ -172,7 +174,7 @@ __global__ void RopeKernel(float* x, StridedRows rows, int64_t seq_len, const fl
   // Pair e: its first element in x (the second is half further on) and
   // its position's entry in the tables.
   struct Pair {
-    float* v;
+    T* v;
     int64_t at;
   };
   const auto pair = [&](size_t e) {
@@ -197,16 +199,19 @@ __global__ void RopeKernel(float* x, StridedRows rows, int64_t seq_len, const fl
       },
       [&](size_t e) {
         const Pair p = pair(e);
-        float a = p.v[0], b = p.v[half];
+        float a = elementwise::LoadAs(p.v), b = elementwise::LoadAs(p.v + half);
         rotate(a, b, cos_table[p.at], sin_table[p.at]);
-        p.v[0] = a;
-        p.v[half] = b;
+        simt::StoreAs(p.v, a);
+        simt::StoreAs(p.v + half, b);
       });
 }
-inline bool RopeVector(const float* x, const StridedRows& rows, const float* cos_table, const float* sin_table) {
+// Rows of T start 16-byte aligned (each a whole number of groups of eight
+// pairs, token_stride a multiple of 16 bytes).
+template <class T>
+inline bool RopeVector(const T* x, const StridedRows& rows, const float* cos_table, const float* sin_table) {
   using elementwise::Aligned16;
-  return rows.n % (2 * elementwise::kVec) == 0 && rows.token_stride % 4 == 0 && Aligned16(x) &&
-         Aligned16(cos_table) && Aligned16(sin_table);
+  return rows.n % (2 * elementwise::kVec) == 0 && rows.token_stride % (16 / static_cast<int64_t>(sizeof(T))) == 0 &&
+         Aligned16(x) && Aligned16(cos_table) && Aligned16(sin_table);
 }
 
 // ---- SwiGLU ----

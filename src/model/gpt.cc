@@ -124,6 +124,10 @@ bool AttentionInBf16(const GptConfig& c, const GptRunOptions& o) {
   return o.matmul_dtype == DType::kBFloat16 && ResolveAttention(c, o) == AttentionKernel::kFlash;
 }
 
+bool QkvInBf16(const GptConfig& c, const GptRunOptions& o) {
+  return AttentionInBf16(c, o) && !c.qk_norm && !c.qkv_bias;
+}
+
 bool SwiGluInBf16(const GptConfig& c, const GptRunOptions& o) {
   return o.matmul_dtype == DType::kBFloat16 && c.mlp == MlpKind::kSwiGlu && !c.linear_bias;
 }
@@ -380,6 +384,8 @@ void GptModel::RunBlockForward(int layer, const float* p) {
   NormForward(F32(a.ln1), F32(a.ln1_mean), F32(a.ln1_rstd), in, p + w.ln1_w, TensorAt(p, w.ln1_b));
   MarkOp(prof, "matmul");
   LinearForward<float>(threads_, qkv, F32(a.ln1), p + w.qkv_w, TensorAt(p, w.qkv_b), BT, C, S);
+  const bool qkv16 = QkvInBf16(c, options_);
+  if (qkv16) RoundToBf16InPlace(threads_, qkv, BT * S);
   if (c.qk_norm) {
     MarkOp(prof, "qk norm");
     float* pre = F32(a.qk_pre);
@@ -394,6 +400,7 @@ void GptModel::RunBlockForward(int layer, const float* p) {
     MarkOp(prof, "rope");
     RopeForward<float>(threads_, qkv, QueryRows(), T, rope_);
     RopeForward<float>(threads_, qkv + Q, KeyRows(), T, rope_);
+    if (qkv16) RoundToBf16InPlace(threads_, qkv, BT * S);
   }
   MarkOp(prof, "attention");
   if (options_.attention == AttentionKernel::kFlash) {

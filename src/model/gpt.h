@@ -111,6 +111,14 @@ bool SwiGluInBf16(const GptConfig& c, const GptRunOptions& o);
 // product write them in bf16.
 bool AttentionInBf16(const GptConfig& c, const GptRunOptions& o);
 
+// Whether the fused q, k, v are kept as bf16 values: with bf16 products and
+// flash attention, no q/k norm and no qkv bias, where only the attention's
+// products read them (RoPE rotates them first). The qkv product's output is
+// rounded to nearest even, and again after RoPE. The CPU model rounds in
+// place; the CUDA model's product writes them in bf16, RoPE rotates them so
+// and flash attention reads them as its operand copies.
+bool QkvInBf16(const GptConfig& c, const GptRunOptions& o);
+
 // kPlain or kFlash: what `o.attention` means for this model.
 AttentionKernel ResolveAttention(const GptConfig& c, const GptRunOptions& o);
 

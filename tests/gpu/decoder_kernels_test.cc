@@ -338,6 +338,34 @@ TEST_F(DecoderKernelTest, SwiGluFromBf16InputsIsTheFp32Rounded) {
   }
 }
 
+// RoPE on q and k kept in bf16 (model::QkvInBf16), in place: the CPU's
+// rotation of the widened values, rounded; v's columns kept. Heads of 64
+// and 128 (eight pairs a thread) and 20 (one).
+TEST_F(DecoderKernelTest, RopeOnBf16RowsIsTheCpuRounded) {
+  for (const int64_t head_dim : {int64_t{20}, int64_t{64}, int64_t{128}}) {
+    SCOPED_TRACE(::testing::Message() << "D " << head_dim);
+    model::GptConfig c = std::move(model::GptPreset("tiny-llama")).value();
+    c.num_heads = 4;
+    c.num_kv_heads = 2;
+    c.head_dim_size = head_dim;
+    const int64_t batch = 3, seq_len = 37;
+    const model::RopeTable table = model::RopeTable::For(c, seq_len);
+    const Qkv q{batch * seq_len, 4, 2, head_dim};
+    std::vector<float> x = UniformFloats(520 + head_dim, static_cast<size_t>(q.elems()), -2.0f, 2.0f);
+    std::vector<uint16_t> x16(x.size());
+    for (size_t i = 0; i < x.size(); ++i) x[i] = Bf16BitsToFloat(x16[i] = FloatToBf16Bits(x[i]));
+    DeviceBf16 gx(x16);
+    DeviceFloats gcos(table.cos), gsin(table.sin);
+    model::RopeForward<float>(threads_, x.data(), q.QueryRows(), seq_len, table);
+    model::RopeForward<float>(threads_, x.data() + q.key_offset(), q.KeyRows(), seq_len, table);
+    ASSERT_TRUE(RopeForwardBf16(gx.get(), Strided(q.QueryRows()), seq_len, gcos.get(), gsin.get(), nullptr).ok());
+    ASSERT_TRUE(RopeForwardBf16(gx.get() + q.key_offset(), Strided(q.KeyRows()), seq_len, gcos.get(), gsin.get(),
+                                nullptr)
+                    .ok());
+    ExpectRoundingOf(gx.ToHost(), x, "rotated");
+  }
+}
+
 // Argument checks happen before any CUDA call, so these run without a GPU.
 TEST(DecoderKernelArgsTest, KernelsRefuseBadShapes) {
   float x = 0;
@@ -350,6 +378,10 @@ TEST(DecoderKernelArgsTest, KernelsRefuseBadShapes) {
             StatusCode::kInvalidArgument);
   EXPECT_EQ(RopeForward(&x, odd, 4, &x, &x, nullptr).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(RopeBackward(&x, StridedRows::Dense(2, 4), 0, &x, &x, nullptr).code(), StatusCode::kInvalidArgument);
+  uint16_t x16 = 0;
+  EXPECT_EQ(RopeForwardBf16(&x16, odd, 4, &x, &x, nullptr).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(RopeForwardBf16(nullptr, StridedRows::Dense(2, 4), 4, &x, &x, nullptr).code(),
+            StatusCode::kInvalidArgument);
   EXPECT_EQ(SwiGluForward(&x, &x, 4, 0, nullptr).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(SwiGluBackward(&x, &x, &x, -1, 4, nullptr).code(), StatusCode::kInvalidArgument);
   // A bf16 output may not overlap the fp32 input (it would be read after

@@ -193,6 +193,32 @@ TEST(GptModelTest, Bf16MatmulIsThreadCountInvariantAndNearFp32) {
   }
 }
 
+// One step (forward and backward) of the CPU model, keeping its activation
+// arena as the step left it, to look at the tensors it holds.
+struct SteppedArena {
+  test::Arena arena;
+  ActivationLayout layout;
+  // Elements [from, to) of the float tensor at `offset` that are not bf16 values.
+  int64_t NotBf16(uint64_t offset, int64_t from, int64_t to) const {
+    const float* x = reinterpret_cast<const float*>(static_cast<const char*>(arena.get()) + offset);
+    int64_t n = 0;
+    for (int64_t i = from; i < to; ++i) n += FloatToBits(RoundToBf16(x[i])) != FloatToBits(x[i]);
+    return n;
+  }
+};
+SteppedArena StepKeepingTheArena(const GptConfig& c, const GptRunOptions& o, uint64_t seed) {
+  auto model = MakeModel(c, o);
+  SteppedArena r{test::MakeArena(model->activation_bytes()), ActivationLayout::For(c, model->options())};
+  model->BindActivations(r.arena.get());
+  auto params = MakeParams(c, seed);
+  auto grads = MakeGrads<float>(c);
+  const int64_t BT = o.batch_size * c.max_seq_len;
+  auto tokens = RandomTokens(BT, c.vocab_size, seed + 1), targets = RandomTokens(BT, c.vocab_size, seed + 2);
+  EXPECT_TRUE(model->Forward(tokens.data(), targets.data(), ConstPtrs(params)).ok());
+  EXPECT_TRUE(model->Backward(ConstPtrs(params), Ptrs(grads)).ok());
+  return r;
+}
+
 // With bf16 products, a SwiGLU MLP without biases keeps its fc output and
 // its activation's gradient as bf16 values (SwiGluInBf16), as the CUDA
 // model's products write them; with fp32 products, or with an fc bias
@@ -216,26 +242,12 @@ TEST(GptModelTest, SwiGluMlpKeepsBf16ValuesWithBf16Products) {
     o.num_threads = 2;
     o.matmul_dtype = k.matmul;
     EXPECT_EQ(SwiGluInBf16(c, o), k.rounded);
-    auto model = MakeModel(c, o);
-    test::Arena arena = test::MakeArena(model->activation_bytes());
-    model->BindActivations(arena.get());
-    auto params = MakeParams(c, 41);
-    auto grads = MakeGrads<float>(c);
+    const SteppedArena a = StepKeepingTheArena(c, o, 41);
     const int64_t BT = 2 * c.max_seq_len, C = c.embed_dim, I = c.mlp_dim();
-    auto tokens = RandomTokens(BT, c.vocab_size, 42), targets = RandomTokens(BT, c.vocab_size, 43);
-    ASSERT_TRUE(model->Forward(tokens.data(), targets.data(), ConstPtrs(params)).ok());
-    ASSERT_TRUE(model->Backward(ConstPtrs(params), Ptrs(grads)).ok());
-    const ActivationLayout l = ActivationLayout::For(c, model->options());
-    const auto not_bf16 = [&](uint64_t offset, int64_t from, int64_t to) {
-      const float* x = reinterpret_cast<const float*>(static_cast<const char*>(arena.get()) + offset);
-      int64_t n = 0;
-      for (int64_t i = from; i < to; ++i) n += FloatToBits(RoundToBf16(x[i])) != FloatToBits(x[i]);
-      return n;
-    };
     const int64_t overwritten = BT * std::max(C, c.q_dim());
     ASSERT_LT(overwritten, BT * I);
-    const int64_t fch = not_bf16(l.BlockAt(c.num_layers - 1).fch, 0, BT * c.fc_dim());
-    const int64_t dact = not_bf16(l.dbuf, overwritten, BT * I);
+    const int64_t fch = a.NotBf16(a.layout.BlockAt(c.num_layers - 1).fch, 0, BT * c.fc_dim());
+    const int64_t dact = a.NotBf16(a.layout.dbuf, overwritten, BT * I);
     if (k.rounded) {
       EXPECT_EQ(fch, 0);
       EXPECT_EQ(dact, 0);
@@ -271,31 +283,55 @@ TEST(GptModelTest, FlashAttentionKeepsBf16OutputsWithBf16Products) {
     o.matmul_dtype = k.matmul;
     o.attention = k.attention;
     EXPECT_EQ(AttentionInBf16(c, o), k.rounded);
-    auto model = MakeModel(c, o);
-    test::Arena arena = test::MakeArena(model->activation_bytes());
-    model->BindActivations(arena.get());
-    auto params = MakeParams(c, 51);
-    auto grads = MakeGrads<float>(c);
+    const SteppedArena a = StepKeepingTheArena(c, o, 51);
     const int64_t BT = 2 * c.max_seq_len, C = c.embed_dim, Q = c.q_dim();
     ASSERT_EQ(Q, 2 * C);
-    auto tokens = RandomTokens(BT, c.vocab_size, 52), targets = RandomTokens(BT, c.vocab_size, 53);
-    ASSERT_TRUE(model->Forward(tokens.data(), targets.data(), ConstPtrs(params)).ok());
-    ASSERT_TRUE(model->Backward(ConstPtrs(params), Ptrs(grads)).ok());
-    const ActivationLayout l = ActivationLayout::For(c, model->options());
-    const auto not_bf16 = [&](uint64_t offset, int64_t from, int64_t to) {
-      const float* x = reinterpret_cast<const float*>(static_cast<const char*>(arena.get()) + offset);
-      int64_t n = 0;
-      for (int64_t i = from; i < to; ++i) n += FloatToBits(RoundToBf16(x[i])) != FloatToBits(x[i]);
-      return n;
-    };
-    const int64_t out = not_bf16(l.BlockAt(c.num_layers - 1).atty, 0, BT * Q);
-    const int64_t dout = not_bf16(l.dbuf, BT * C, BT * Q);
+    const int64_t out = a.NotBf16(a.layout.BlockAt(c.num_layers - 1).atty, 0, BT * Q);
+    const int64_t dout = a.NotBf16(a.layout.dbuf, BT * C, BT * Q);
     if (k.rounded) {
       EXPECT_EQ(out, 0);
       EXPECT_EQ(dout, 0);
     } else {
       EXPECT_GT(out, BT * Q / 2);
       EXPECT_GT(dout, BT * (Q - C) / 2);
+    }
+  }
+}
+
+// With bf16 products and flash attention, the fused q, k, v are kept as
+// bf16 values (QkvInBf16: rounded after the product and after RoPE), as the
+// CUDA model's product and RoPE write them; not with the plain attention,
+// fp32 products, a qkv bias or a q/k norm. Checked in the arena after a
+// step: the last block's qkv.
+TEST(GptModelTest, QkvKeepsBf16ValuesWithBf16ProductsAndFlashAttention) {
+  struct Case {
+    DType matmul;
+    AttentionKernel attention;
+    bool qkv_bias, qk_norm, rounded;
+  };
+  for (const Case& k : {Case{DType::kBFloat16, AttentionKernel::kFlash, false, false, true},
+                        Case{DType::kBFloat16, AttentionKernel::kPlain, false, false, false},
+                        Case{DType::kFloat32, AttentionKernel::kFlash, false, false, false},
+                        Case{DType::kBFloat16, AttentionKernel::kFlash, true, false, false},
+                        Case{DType::kBFloat16, AttentionKernel::kFlash, false, true, false}}) {
+    SCOPED_TRACE(::testing::Message() << DTypeName(k.matmul) << ", " << AttentionKernelName(k.attention)
+                                      << (k.qkv_bias ? ", qkv bias" : "") << (k.qk_norm ? ", q/k norm" : ""));
+    GptConfig c = std::move(GptPreset("tiny-llama")).value();
+    c.qkv_bias = k.qkv_bias;
+    c.qk_norm = k.qk_norm;
+    GptRunOptions o;
+    o.batch_size = 2;
+    o.num_threads = 2;
+    o.matmul_dtype = k.matmul;
+    o.attention = k.attention;
+    EXPECT_EQ(QkvInBf16(c, o), k.rounded);
+    const SteppedArena a = StepKeepingTheArena(c, o, 61);
+    const int64_t BT = 2 * c.max_seq_len, S = c.qkv_dim();
+    const int64_t qkv = a.NotBf16(a.layout.BlockAt(c.num_layers - 1).qkv, 0, BT * S);
+    if (k.rounded) {
+      EXPECT_EQ(qkv, 0);
+    } else {
+      EXPECT_GT(qkv, BT * S / 4);
     }
   }
 }
