@@ -325,8 +325,14 @@ class CudaStages final : public model::GptStages {
     ZINF_RETURN_IF_ERROR(AttentionBackward(a));
     if (c.positions == model::PositionKind::kRope) {
       Op("rope");
-      ZINF_RETURN_IF_ERROR(RopeBackward(dqkv, QueryRows(), T, rope_cos_, rope_sin_, s_));
-      ZINF_RETURN_IF_ERROR(RopeBackward(dqkv + Q, KeyRows(), T, rope_cos_, rope_sin_, s_));
+      if (qkv16_) {  // d(qkv) in bf16 alone (model::QkvInBf16), the qkv products' operand
+        auto* dqkv16 = reinterpret_cast<uint16_t*>(dqkv);
+        ZINF_RETURN_IF_ERROR(RopeBackwardBf16(dqkv16, QueryRows(), T, rope_cos_, rope_sin_, s_));
+        ZINF_RETURN_IF_ERROR(RopeBackwardBf16(dqkv16 + Q, KeyRows(), T, rope_cos_, rope_sin_, s_));
+      } else {
+        ZINF_RETURN_IF_ERROR(RopeBackward(dqkv, QueryRows(), T, rope_cos_, rope_sin_, s_));
+        ZINF_RETURN_IF_ERROR(RopeBackward(dqkv + Q, KeyRows(), T, rope_cos_, rope_sin_, s_));
+      }
     }
     if (c.qk_norm) {
       // dq and dk through their RMSNorm, in place over dqkv (weight gradients first).
@@ -398,6 +404,7 @@ class CudaStages final : public model::GptStages {
     kLn1,
     kLn2,
     kAttention,
+    kQkvGrad,
     kActivation,
     kActivationGrad,
     kCopySlots
@@ -1016,6 +1023,14 @@ class CudaStages final : public model::GptStages {
           t.dout = nullptr;
         }
       }
+      if (qkv16_) {  // d(qkv) in bf16 alone, with the layout of qkv (model::QkvInBf16)
+        auto* dqkv16 = reinterpret_cast<uint16_t*>(t.dq);
+        t.dq16 = dqkv16;
+        t.dk16 = dqkv16 + (t.dk - t.dq);
+        t.dv16 = dqkv16 + (t.dv - t.dq);
+        t.dq = t.dk = t.dv = nullptr;
+        OnlyBf16(kQkvGrad, F32(layout_.dqkv), options_.batch_size * options_.seq_len * config_.qkv_dim());
+      }
       ZINF_RETURN_IF_ERROR(FlashCopies(t, true));
       return FlashAttentionBackward(model::FlashAttentionShape(config_, options_), t, s_);
     }
@@ -1148,7 +1163,8 @@ class CudaStages final : public model::GptStages {
   const bool attention16_ = model::AttentionInBf16(config_, options_);
   bool dout16_only_ = false;
   // q, k and v as bf16 values (model::QkvInBf16): in bf16 alone where the
-  // device runs the copies' kernels (qkv16_only_), else fp32 rounded in place.
+  // device runs the copies' kernels (qkv16_only_), else fp32 rounded in place;
+  // their gradient in bf16 alone either way.
   const bool qkv16_ = model::QkvInBf16(config_, options_);
   bool qkv16_only_ = false;
   const CublasLib* blas_ = nullptr;  // set by Init()

@@ -117,6 +117,11 @@ Status RopeForwardBf16(uint16_t* x, const StridedRows& rows, int64_t seq_len, co
   return Rope("gpu::RopeForwardBf16", false, x, rows, seq_len, cos, sin, stream);
 }
 
+Status RopeBackwardBf16(uint16_t* dx, const StridedRows& rows, int64_t seq_len, const float* cos, const float* sin,
+                        void* stream) {
+  return Rope("gpu::RopeBackwardBf16", true, dx, rows, seq_len, cos, sin, stream);
+}
+
 namespace {
 
 template <class Out, class In>

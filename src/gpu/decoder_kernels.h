@@ -60,10 +60,12 @@ Status RopeForward(float* x, const StridedRows& rows, int64_t seq_len, const flo
                    void* stream);
 Status RopeBackward(float* dx, const StridedRows& rows, int64_t seq_len, const float* cos, const float* sin,
                     void* stream);
-// RopeForward on rows kept in bf16 (model::QkvInBf16): each pair widened,
-// rotated in fp32 and rounded to nearest even, in place.
+// RopeForward and RopeBackward on rows kept in bf16 (model::QkvInBf16):
+// each pair widened, rotated in fp32 and rounded to nearest even, in place.
 Status RopeForwardBf16(uint16_t* x, const StridedRows& rows, int64_t seq_len, const float* cos, const float* sin,
                        void* stream);
+Status RopeBackwardBf16(uint16_t* dx, const StridedRows& rows, int64_t seq_len, const float* cos, const float* sin,
+                        void* stream);
 
 // out[r, i] = silu(x[r, i]) · x[r, I + i] for x [rows, 2I] (gate | up) and
 // out [rows, I].

@@ -594,8 +594,13 @@ __global__ void __launch_bounds__(kThreadsFa, kMinBlocks) FlashBackwardKvKernel(
       }
     }
   }
-  StoreRows<D>(dv, key, T, t.dv + hk * D, row0, t.kv_stride, 1.0f, c);
-  StoreRows<D>(dk, key, T, t.dk + hk * D, row0, t.kv_stride, s.scale, c);
+  if (t.dv16) {  // in bf16 alone
+    StoreRows<D>(dv, key, T, t.dv16 + hk * D, row0, t.kv_stride, 1.0f, c);
+    StoreRows<D>(dk, key, T, t.dk16 + hk * D, row0, t.kv_stride, s.scale, c);
+  } else {
+    StoreRows<D>(dv, key, T, t.dv + hk * D, row0, t.kv_stride, 1.0f, c);
+    StoreRows<D>(dk, key, T, t.dk + hk * D, row0, t.kv_stride, s.scale, c);
+  }
 }
 
 // dQ of one (batch row, head, query block): each warp's 16 queries over the
@@ -672,7 +677,11 @@ __global__ void __launch_bounds__(kThreadsFa) FlashBackwardQKernel(AttentionShap
       for (int n = 0; n < D / 8; n += 2) MmaTile<D>(dq, n, dsa, kt, kk * 16, lane);
     }
   }
-  StoreRows<D>(dq, query, T, t.dq + h * D, row0, t.q_stride, s.scale, c);
+  if (t.dq16) {  // in bf16 alone
+    StoreRows<D>(dq, query, T, t.dq16 + h * D, row0, t.q_stride, s.scale, c);
+  } else {
+    StoreRows<D>(dq, query, T, t.dq + h * D, row0, t.q_stride, s.scale, c);
+  }
 }
 
 // The forward's query tiles a block: 2 (128 queries) for head_dim 64, whose

@@ -162,7 +162,8 @@ Status BusyWait(double seconds, void* stream);
 // (FlashAttentionCopiesFit), else they read the fp32 tensors: the same bits.
 // With tensors.out16, forward writes O in bf16 there (rounded to nearest
 // even) and backward's δ reads it; with dout null, δ reads dO from dout16,
-// and backward needs the copies' kernels (else kInvalidArgument).
+// and backward needs the copies' kernels (else kInvalidArgument). With
+// dq16, dk16 and dv16, backward writes the gradients rounded to bf16 there.
 // query_tiles: the forward's queries a thread block, in 64-row tiles (0: the
 // default, 2 at head_dim 64, where each warp's k and v operands then feed
 // two row tiles, and 1 at 128; 1 or 2 at 64 for a comparison): the same

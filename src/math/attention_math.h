@@ -84,6 +84,12 @@ struct AttentionTensors {
   // keeps O and dO as bf16 values with bf16 products, AttentionInBf16), and
   // the tiles must come from the copies.
   uint16_t* out16 = nullptr;
+  // Optional, CUDA kernels alone: backward writes dq, dk and dv rounded to
+  // bf16 here (q_stride, kv_stride) instead of into dq, dk and dv (which may
+  // then be null), all three or none (the model's QkvInBf16).
+  uint16_t* dq16 = nullptr;
+  uint16_t* dk16 = nullptr;
+  uint16_t* dv16 = nullptr;
 };
 
 // The value a product's operand carries: x itself, or x rounded to bf16.
@@ -158,9 +164,11 @@ inline Status CheckAttentionShape(const AttentionShape& s, const AttentionTensor
     return bad("q or out stride shorter than heads · head_dim");
   }
   if (t.kv_stride < s.kv_heads * s.head_dim) return bad("kv stride shorter than kv_heads · head_dim");
-  if (backward && ((!t.dout && !t.dout16) || !t.delta || !t.dq || !t.dk || !t.dv)) {
-    return bad("null dout (and dout16), delta, dq, dk or dv");
+  const bool grads16 = t.dq16 && t.dk16 && t.dv16;
+  if (backward && ((!t.dout && !t.dout16) || !t.delta || (!grads16 && (!t.dq || !t.dk || !t.dv)))) {
+    return bad("null dout (and dout16), delta, dq, dk or dv (and dq16, dk16, dv16)");
   }
+  if (backward && !grads16 && (t.dq16 || t.dk16 || t.dv16)) return bad("dq16, dk16 and dv16 go together");
   return Status::Ok();
 }
 

@@ -81,7 +81,7 @@ void FlashAttentionForward(const ModelThreads& th, const AttentionShape& s, cons
 }
 
 void FlashAttentionBackward(const ModelThreads& th, const AttentionShape& s, const AttentionTensors& t) {
-  ZINF_CHECK_MSG(t.out != nullptr && t.dout != nullptr, "the flash attention twin reads fp32 out and dout");
+  ZINF_CHECK_MSG(t.out && t.dout && t.dq && t.dk && t.dv, "the flash attention twin takes fp32 out, dout, dq, dk, dv");
   const int64_t B = s.batch, T = s.seq_len, H = s.heads, D = s.head_dim, G = s.heads / s.kv_heads;
   const int64_t nb = NumBlocks(T);
   const bool bf16 = th.matmul_dtype() == DType::kBFloat16;

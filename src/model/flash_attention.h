@@ -19,8 +19,8 @@
 namespace zinf::model {
 
 // The shape is checked by the caller (CheckAttentionShape); the twin reads
-// and writes the fp32 tensors alone (t.out and t.dout non-null; the bf16
-// copies and out16 are the CUDA kernels').
+// and writes the fp32 tensors alone (t.out, t.dout, t.dq, t.dk and t.dv
+// non-null; the bf16 copies, out16 and dq16 ... are the CUDA kernels').
 // Writes t.out and t.lse from t.q, t.k, t.v.
 void FlashAttentionForward(const ModelThreads& th, const AttentionShape& shape, const AttentionTensors& t);
 

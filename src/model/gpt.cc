@@ -593,6 +593,7 @@ Status GptModel::BlockBackward(int layer, const void* block, void* block_grad) {
   if (AttentionInBf16(c, options_)) RoundToBf16InPlace(threads_, dbuf, BT * Q);
   if (options_.attention == AttentionKernel::kFlash) {
     FlashAttentionBackward(threads_, FlashAttentionShape(c, options_), FlashAttentionTensors(c, layout_, a, arena_, true));
+    if (QkvInBf16(c, options_)) RoundToBf16InPlace(threads_, dqkv, BT * S);
   } else {
     AttentionBackward<float>(threads_, dqkv, F32(layout_.datt), dbuf, F32(a.qkv), F32(a.att), B, T, c.num_heads,
                              c.kv_heads(), c.head_dim());
@@ -601,6 +602,7 @@ Status GptModel::BlockBackward(int layer, const void* block, void* block_grad) {
     MarkOp(prof, "rope");
     RopeBackward<float>(threads_, dqkv, QueryRows(), T, rope_);
     RopeBackward<float>(threads_, dqkv + Q, KeyRows(), T, rope_);
+    if (QkvInBf16(c, options_)) RoundToBf16InPlace(threads_, dqkv, BT * S);
   }
   if (c.qk_norm) {
     MarkOp(prof, "qk norm");

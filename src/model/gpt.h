@@ -111,12 +111,14 @@ bool SwiGluInBf16(const GptConfig& c, const GptRunOptions& o);
 // product write them in bf16.
 bool AttentionInBf16(const GptConfig& c, const GptRunOptions& o);
 
-// Whether the fused q, k, v are kept as bf16 values: with bf16 products and
-// flash attention, no q/k norm and no qkv bias, where only the attention's
-// products read them (RoPE rotates them first). The qkv product's output is
-// rounded to nearest even, and again after RoPE. The CPU model rounds in
-// place; the CUDA model's product writes them in bf16, RoPE rotates them so
-// and flash attention reads them as its operand copies.
+// Whether the fused q, k, v and their gradient are kept as bf16 values:
+// with bf16 products and flash attention, no q/k norm and no qkv bias, where
+// only the attention's products read them and only the qkv products read
+// their gradient (RoPE rotates both first). The qkv product's output is
+// rounded to nearest even, and again after RoPE; so is the attention's
+// gradient of them, and again after RoPE's backward. The CPU model rounds in
+// place; the CUDA model's product and flash attention write them in bf16,
+// RoPE rotates them so, and the products read them as their operand copies.
 bool QkvInBf16(const GptConfig& c, const GptRunOptions& o);
 
 // kPlain or kFlash: what `o.attention` means for this model.

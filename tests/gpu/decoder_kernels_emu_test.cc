@@ -249,10 +249,10 @@ TEST(DecoderKernelsEmuTest, RopeMatchesTheCpuBitForBit) {
   }
 }
 
-// RoPE forward on rows kept in bf16 (model::QkvInBf16), in place: the CPU's
-// rotation of the widened values, rounded (the elements of other heads
-// kept), eight pairs a thread at head size 32 (rows 16-byte aligned) and one
-// at 20.
+// RoPE forward and backward on rows kept in bf16 (model::QkvInBf16), in
+// place: the CPU's rotation of the widened values, rounded (the elements of
+// other heads kept), eight pairs a thread at head size 32 (rows 16-byte
+// aligned) and one at 20.
 TEST(DecoderKernelsEmuTest, RopeOnBf16RowsIsTheCpuRounded) {
   const model::ModelThreads th(1);
   for (const int64_t D : {int64_t{20}, int64_t{32}}) {
@@ -267,22 +267,32 @@ TEST(DecoderKernelsEmuTest, RopeOnBf16RowsIsTheCpuRounded) {
     const test::OffsetBuffer<float> cos_t(table.cos, 0), sin_t(table.sin, 0);
     const std::vector<float> xs = UniformFloats(53, static_cast<size_t>(tokens * stride), -2.0f, 2.0f);
     std::vector<uint16_t> x16(xs.size());
-    std::vector<float> want(xs.size());
-    for (size_t i = 0; i < xs.size(); ++i) want[i] = Bf16BitsToFloat(x16[i] = FloatToBf16Bits(xs[i]));
-    model::RopeForward<float>(th, want.data(), rows, seq_len, table);
-    test::OffsetBuffer<uint16_t> got(x16, 0);
-    const bool vector = decoder::RopeVector(got.data(), Strided(rows), cos_t.data(), sin_t.data());
-    ASSERT_EQ(vector, D == 32);
-    const unsigned blocks = elementwise::BlocksForElements(static_cast<size_t>(rows.rows * D / 2), vector);
-    ASSERT_TRUE(Emulate(blocks, decoder::kThreads, 0, [&] {
-                  decoder::RopeKernel<false, uint16_t>(got.data(), Strided(rows), seq_len, cos_t.data(),
-                                                       sin_t.data(), vector);
-                }).ok());
-    const std::vector<uint16_t> out = got.Values();
-    EXPECT_EQ(NotRounded(out, want), 0u);
-    size_t rotated = 0;  // and the rotation did happen
-    for (size_t i = 0; i < x16.size(); ++i) rotated += out[i] != x16[i];
-    EXPECT_GT(rotated, x16.size() / 2);
+    std::vector<float> x(xs.size());
+    for (size_t i = 0; i < xs.size(); ++i) x[i] = Bf16BitsToFloat(x16[i] = FloatToBf16Bits(xs[i]));
+    for (const bool backward : {false, true}) {
+      SCOPED_TRACE(backward ? "backward" : "forward");
+      std::vector<float> want = x;
+      if (backward) model::RopeBackward<float>(th, want.data(), rows, seq_len, table);
+      else model::RopeForward<float>(th, want.data(), rows, seq_len, table);
+      test::OffsetBuffer<uint16_t> got(x16, 0);
+      const bool vector = decoder::RopeVector(got.data(), Strided(rows), cos_t.data(), sin_t.data());
+      ASSERT_EQ(vector, D == 32);
+      const unsigned blocks = elementwise::BlocksForElements(static_cast<size_t>(rows.rows * D / 2), vector);
+      ASSERT_TRUE(Emulate(blocks, decoder::kThreads, 0, [&] {
+                    if (backward) {
+                      decoder::RopeKernel<true, uint16_t>(got.data(), Strided(rows), seq_len, cos_t.data(),
+                                                          sin_t.data(), vector);
+                    } else {
+                      decoder::RopeKernel<false, uint16_t>(got.data(), Strided(rows), seq_len, cos_t.data(),
+                                                           sin_t.data(), vector);
+                    }
+                  }).ok());
+      const std::vector<uint16_t> out = got.Values();
+      EXPECT_EQ(NotRounded(out, want), 0u);
+      size_t rotated = 0;  // and the rotation did happen
+      for (size_t i = 0; i < x16.size(); ++i) rotated += out[i] != x16[i];
+      EXPECT_GT(rotated, x16.size() / 2);
+    }
   }
 }
 

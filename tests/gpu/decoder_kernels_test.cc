@@ -338,9 +338,9 @@ TEST_F(DecoderKernelTest, SwiGluFromBf16InputsIsTheFp32Rounded) {
   }
 }
 
-// RoPE on q and k kept in bf16 (model::QkvInBf16), in place: the CPU's
-// rotation of the widened values, rounded; v's columns kept. Heads of 64
-// and 128 (eight pairs a thread) and 20 (one).
+// RoPE forward and backward on q and k kept in bf16 (model::QkvInBf16), in
+// place: the CPU's rotation of the widened values, rounded; v's columns
+// kept. Heads of 64 and 128 (eight pairs a thread) and 20 (one).
 TEST_F(DecoderKernelTest, RopeOnBf16RowsIsTheCpuRounded) {
   for (const int64_t head_dim : {int64_t{20}, int64_t{64}, int64_t{128}}) {
     SCOPED_TRACE(::testing::Message() << "D " << head_dim);
@@ -363,6 +363,16 @@ TEST_F(DecoderKernelTest, RopeOnBf16RowsIsTheCpuRounded) {
                                 nullptr)
                     .ok());
     ExpectRoundingOf(gx.ToHost(), x, "rotated");
+    // Backward from the rounded rotation, as the model's d(qkv) goes.
+    const std::vector<uint16_t> r16 = gx.ToHost();
+    for (size_t i = 0; i < x.size(); ++i) x[i] = Bf16BitsToFloat(r16[i]);
+    model::RopeBackward<float>(threads_, x.data(), q.QueryRows(), seq_len, table);
+    model::RopeBackward<float>(threads_, x.data() + q.key_offset(), q.KeyRows(), seq_len, table);
+    ASSERT_TRUE(RopeBackwardBf16(gx.get(), Strided(q.QueryRows()), seq_len, gcos.get(), gsin.get(), nullptr).ok());
+    ASSERT_TRUE(RopeBackwardBf16(gx.get() + q.key_offset(), Strided(q.KeyRows()), seq_len, gcos.get(), gsin.get(),
+                                 nullptr)
+                    .ok());
+    ExpectRoundingOf(gx.ToHost(), x, "rotated back");
   }
 }
 

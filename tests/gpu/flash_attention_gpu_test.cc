@@ -217,10 +217,11 @@ TEST_F(FlashAttentionGpuTest, LongContextRowsMatchADirectEvaluation) {
 }
 
 // O and dO kept in bf16 alone (AttentionTensors::out16, a null dout: the
-// model's AttentionInBf16): the forward writes O rounded, and backward (δ
-// from the bf16 values) gives the bits of fp32 O and dO rounded in place.
-// Where the copies' kernels do not fit the device, a null dout is refused.
-TEST_F(FlashAttentionGpuTest, Bf16OutputAndGradientGiveTheBitsOfTheirRoundings) {
+// model's AttentionInBf16), d(qkv) written in bf16 alone (dq16 ...:
+// QkvInBf16): the forward writes O rounded, and backward (δ from the bf16
+// values) the roundings of what fp32 O and dO rounded in place give. Where
+// the copies' kernels do not fit the device, a null dout is refused.
+TEST_F(FlashAttentionGpuTest, Bf16OutputsAndGradientsGiveTheBitsOfTheirRoundings) {
   for (const int64_t D : {int64_t{64}, int64_t{128}}) {
     const AttentionProblem p = AttentionProblem::Random(2, 200, 4, 2, D, 170 + D, 2.0f);
     SCOPED_TRACE(p.Describe());
@@ -248,11 +249,16 @@ TEST_F(FlashAttentionGpuTest, Bf16OutputAndGradientGiveTheBitsOfTheirRoundings) 
     ASSERT_TRUE(Cast(out_a.get(), DType::kFloat32, r16, DType::kBFloat16, n_out, nullptr).ok());
     ASSERT_TRUE(Cast(r16, DType::kBFloat16, out_a.get(), DType::kFloat32, n_out, nullptr).ok());
     ASSERT_TRUE(FlashAttentionBackward(p.shape, ta, nullptr).ok());
-    // O and dO in bf16 alone.
-    DeviceFloats lse_b(p.StatElems()), delta_b(p.StatElems()), dqkv_b(n_qkv);
+    // O, dO and d(qkv) in bf16 alone.
+    DeviceFloats lse_b(p.StatElems()), delta_b(p.StatElems()), dqkv_b((n_qkv + 1) / 2), dqkv_a16((n_qkv + 1) / 2);
     model::AttentionTensors tb =
         with_copies(p.Tensors(qkv.get(), nullptr, lse_b.get(), nullptr, delta_b.get(), dqkv_b.get()));
     tb.out16 = reinterpret_cast<uint16_t*>(out16.get());
+    auto* dqkv16 = reinterpret_cast<uint16_t*>(dqkv_b.get());
+    tb.dq16 = dqkv16;
+    tb.dk16 = dqkv16 + (tb.dk - tb.dq);
+    tb.dv16 = dqkv16 + (tb.dv - tb.dq);
+    tb.dq = tb.dk = tb.dv = nullptr;
     ASSERT_TRUE(FlashAttentionForward(p.shape, tb, nullptr).ok());
     const Result<bool> fit = FlashAttentionCopiesFit(D);
     ASSERT_TRUE(fit.ok()) << fit.status().ToString();
@@ -266,8 +272,9 @@ TEST_F(FlashAttentionGpuTest, Bf16OutputAndGradientGiveTheBitsOfTheirRoundings) 
     EXPECT_EQ(0, std::memcmp(got16.data(), want16.data(), n_out * 2));
     const std::vector<float> lse_got = lse_b.ToHost(), lse_want = lse_a.ToHost();
     EXPECT_EQ(0, std::memcmp(lse_got.data(), lse_want.data(), lse_got.size() * sizeof(float)));
-    const std::vector<float> d_got = dqkv_b.ToHost(), d_want = dqkv_a.ToHost();
-    EXPECT_EQ(0, std::memcmp(d_got.data(), d_want.data(), d_got.size() * sizeof(float)));
+    ASSERT_TRUE(Cast(dqkv_a.get(), DType::kFloat32, dqkv_a16.get(), DType::kBFloat16, n_qkv, nullptr).ok());
+    const std::vector<float> d_got = dqkv_b.ToHost(), d_want = dqkv_a16.ToHost();
+    EXPECT_EQ(0, std::memcmp(d_got.data(), d_want.data(), n_qkv * 2));
   }
 }
 

@@ -298,11 +298,12 @@ TEST(GptModelTest, FlashAttentionKeepsBf16OutputsWithBf16Products) {
   }
 }
 
-// With bf16 products and flash attention, the fused q, k, v are kept as
-// bf16 values (QkvInBf16: rounded after the product and after RoPE), as the
-// CUDA model's product and RoPE write them; not with the plain attention,
-// fp32 products, a qkv bias or a q/k norm. Checked in the arena after a
-// step: the last block's qkv.
+// With bf16 products and flash attention, the fused q, k, v and their
+// gradient are kept as bf16 values (QkvInBf16: rounded after the product,
+// or the attention's backward, and after RoPE), as the CUDA model's kernels
+// write them; not with the plain attention, fp32 products, a qkv bias or a
+// q/k norm. Checked in the arena after a step: the last block's qkv, and
+// block 0's d(qkv), which the step's last products read.
 TEST(GptModelTest, QkvKeepsBf16ValuesWithBf16ProductsAndFlashAttention) {
   struct Case {
     DType matmul;
@@ -328,10 +329,13 @@ TEST(GptModelTest, QkvKeepsBf16ValuesWithBf16ProductsAndFlashAttention) {
     const SteppedArena a = StepKeepingTheArena(c, o, 61);
     const int64_t BT = 2 * c.max_seq_len, S = c.qkv_dim();
     const int64_t qkv = a.NotBf16(a.layout.BlockAt(c.num_layers - 1).qkv, 0, BT * S);
+    const int64_t dqkv = a.NotBf16(a.layout.dqkv, 0, BT * S);
     if (k.rounded) {
       EXPECT_EQ(qkv, 0);
+      EXPECT_EQ(dqkv, 0);
     } else {
       EXPECT_GT(qkv, BT * S / 4);
+      EXPECT_GT(dqkv, BT * S / 4);
     }
   }
 }
