@@ -209,41 +209,60 @@ TEST(DecoderKernelsEmuTest, SwiGluFromBf16InputsIsTheCpuRounded) {
   }
 }
 
+// The RoPE tests' rows: the query heads (3) of a fused qkv with one kv
+// head, head size D, over two batch rows of seq_len positions, with random
+// tables; and the kernel launched over them as decoder_kernels.cu does.
+struct RopeCase {
+  static constexpr int64_t seq_len = 7, tokens = 2 * seq_len, heads = 3, kv_heads = 1;
+  int64_t D, stride;
+  RowSet rows;
+  model::RopeTable table;
+  test::OffsetBuffer<float> cos_t, sin_t;
+  RopeCase(int64_t d, uint64_t seed)
+      : D(d), stride((heads + 2 * kv_heads) * d), rows{tokens * heads, d, heads, stride}, cos_t(0, 0), sin_t(0, 0) {
+    table.seq_len = seq_len;
+    table.half = D / 2;
+    table.cos = UniformFloats(seed, static_cast<size_t>(seq_len * D / 2), -1.0f, 1.0f);
+    table.sin = UniformFloats(seed + 1, static_cast<size_t>(seq_len * D / 2), -1.0f, 1.0f);
+    cos_t = test::OffsetBuffer<float>(table.cos, 0);
+    sin_t = test::OffsetBuffer<float>(table.sin, 0);
+  }
+  size_t elems() const { return static_cast<size_t>(tokens * stride); }
+  // The CPU's rotation of x, in place.
+  void Cpu(bool backward, std::vector<float>& x) const {
+    const model::ModelThreads th(1);
+    if (backward) model::RopeBackward<float>(th, x.data(), rows, seq_len, table);
+    else model::RopeForward<float>(th, x.data(), rows, seq_len, table);
+  }
+  template <class T>
+  void Emulated(bool backward, T* x) const {
+    const bool vector = decoder::RopeVector(x, Strided(rows), cos_t.data(), sin_t.data());
+    ASSERT_EQ(vector, D == 32);
+    const unsigned blocks = elementwise::BlocksForElements(static_cast<size_t>(rows.rows * D / 2), vector);
+    ASSERT_TRUE(Emulate(blocks, decoder::kThreads, 0, [&] {
+                  if (backward) {
+                    decoder::RopeKernel<true, T>(x, Strided(rows), seq_len, cos_t.data(), sin_t.data(), vector);
+                  } else {
+                    decoder::RopeKernel<false, T>(x, Strided(rows), seq_len, cos_t.data(), sin_t.data(), vector);
+                  }
+                }).ok());
+  }
+};
+
 // RoPE forward and back over the query heads of a fused qkv, positions
 // wrapping over two batch rows, against the CPU with the same table: head
 // size 20 one pair a thread, 32 eight pairs a thread.
 TEST(DecoderKernelsEmuTest, RopeMatchesTheCpuBitForBit) {
-  const model::ModelThreads th(1);
   for (const int64_t D : {int64_t{20}, int64_t{32}}) {
     SCOPED_TRACE(::testing::Message() << "head size " << D);
-    const int64_t seq_len = 7, tokens = 2 * seq_len, heads = 3, kv_heads = 1, stride = (heads + 2 * kv_heads) * D;
-    const RowSet rows{tokens * heads, D, heads, stride};
-    model::RopeTable table;
-    table.seq_len = seq_len;
-    table.half = D / 2;
-    table.cos = UniformFloats(41, static_cast<size_t>(seq_len * D / 2), -1.0f, 1.0f);
-    table.sin = UniformFloats(42, static_cast<size_t>(seq_len * D / 2), -1.0f, 1.0f);
-    const test::OffsetBuffer<float> cos_t(table.cos, 0), sin_t(table.sin, 0);
-    const std::vector<float> x = UniformFloats(43, static_cast<size_t>(tokens * stride), -2.0f, 2.0f);
-    const bool vector = decoder::RopeVector(test::OffsetBuffer<float>(x, 0).data(), Strided(rows), cos_t.data(),
-                                            sin_t.data());
-    ASSERT_EQ(vector, D == 32);
+    const RopeCase k(D, 41);
+    const std::vector<float> x = UniformFloats(43, k.elems(), -2.0f, 2.0f);
     for (bool backward : {false, true}) {
       SCOPED_TRACE(backward ? "backward" : "forward");
       std::vector<float> want = x;
+      k.Cpu(backward, want);
       test::OffsetBuffer<float> got(x, 0);
-      if (backward) model::RopeBackward<float>(th, want.data(), rows, seq_len, table);
-      else model::RopeForward<float>(th, want.data(), rows, seq_len, table);
-      const unsigned blocks = elementwise::BlocksForElements(static_cast<size_t>(rows.rows * D / 2), vector);
-      ASSERT_TRUE(Emulate(blocks, decoder::kThreads, 0, [&] {
-                    if (backward) {
-                      decoder::RopeKernel<true>(got.data(), Strided(rows), seq_len, cos_t.data(), sin_t.data(),
-                                                vector);
-                    } else {
-                      decoder::RopeKernel<false>(got.data(), Strided(rows), seq_len, cos_t.data(), sin_t.data(),
-                                                 vector);
-                    }
-                  }).ok());
+      k.Emulated(backward, got.data());
       EXPECT_EQ(DifferentBits(got.Values(), want), 0u);
     }
   }
@@ -254,39 +273,19 @@ TEST(DecoderKernelsEmuTest, RopeMatchesTheCpuBitForBit) {
 // other heads kept), eight pairs a thread at head size 32 (rows 16-byte
 // aligned) and one at 20.
 TEST(DecoderKernelsEmuTest, RopeOnBf16RowsIsTheCpuRounded) {
-  const model::ModelThreads th(1);
   for (const int64_t D : {int64_t{20}, int64_t{32}}) {
     SCOPED_TRACE(::testing::Message() << "head size " << D);
-    const int64_t seq_len = 7, tokens = 2 * seq_len, heads = 3, kv_heads = 1, stride = (heads + 2 * kv_heads) * D;
-    const RowSet rows{tokens * heads, D, heads, stride};
-    model::RopeTable table;
-    table.seq_len = seq_len;
-    table.half = D / 2;
-    table.cos = UniformFloats(51, static_cast<size_t>(seq_len * D / 2), -1.0f, 1.0f);
-    table.sin = UniformFloats(52, static_cast<size_t>(seq_len * D / 2), -1.0f, 1.0f);
-    const test::OffsetBuffer<float> cos_t(table.cos, 0), sin_t(table.sin, 0);
-    const std::vector<float> xs = UniformFloats(53, static_cast<size_t>(tokens * stride), -2.0f, 2.0f);
+    const RopeCase k(D, 51);
+    const std::vector<float> xs = UniformFloats(53, k.elems(), -2.0f, 2.0f);
     std::vector<uint16_t> x16(xs.size());
     std::vector<float> x(xs.size());
     for (size_t i = 0; i < xs.size(); ++i) x[i] = Bf16BitsToFloat(x16[i] = FloatToBf16Bits(xs[i]));
     for (const bool backward : {false, true}) {
       SCOPED_TRACE(backward ? "backward" : "forward");
       std::vector<float> want = x;
-      if (backward) model::RopeBackward<float>(th, want.data(), rows, seq_len, table);
-      else model::RopeForward<float>(th, want.data(), rows, seq_len, table);
+      k.Cpu(backward, want);
       test::OffsetBuffer<uint16_t> got(x16, 0);
-      const bool vector = decoder::RopeVector(got.data(), Strided(rows), cos_t.data(), sin_t.data());
-      ASSERT_EQ(vector, D == 32);
-      const unsigned blocks = elementwise::BlocksForElements(static_cast<size_t>(rows.rows * D / 2), vector);
-      ASSERT_TRUE(Emulate(blocks, decoder::kThreads, 0, [&] {
-                    if (backward) {
-                      decoder::RopeKernel<true, uint16_t>(got.data(), Strided(rows), seq_len, cos_t.data(),
-                                                          sin_t.data(), vector);
-                    } else {
-                      decoder::RopeKernel<false, uint16_t>(got.data(), Strided(rows), seq_len, cos_t.data(),
-                                                           sin_t.data(), vector);
-                    }
-                  }).ok());
+      k.Emulated(backward, got.data());
       const std::vector<uint16_t> out = got.Values();
       EXPECT_EQ(NotRounded(out, want), 0u);
       size_t rotated = 0;  // and the rotation did happen

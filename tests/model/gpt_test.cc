@@ -206,6 +206,15 @@ struct SteppedArena {
     return n;
   }
 };
+// The options of those steps: two batch rows, two threads.
+GptRunOptions StepOptions(DType matmul, AttentionKernel attention = AttentionKernel::kAuto) {
+  GptRunOptions o;
+  o.batch_size = 2;
+  o.num_threads = 2;
+  o.matmul_dtype = matmul;
+  o.attention = attention;
+  return o;
+}
 SteppedArena StepKeepingTheArena(const GptConfig& c, const GptRunOptions& o, uint64_t seed) {
   auto model = MakeModel(c, o);
   SteppedArena r{test::MakeArena(model->activation_bytes()), ActivationLayout::For(c, model->options())};
@@ -237,10 +246,7 @@ TEST(GptModelTest, SwiGluMlpKeepsBf16ValuesWithBf16Products) {
     SCOPED_TRACE(::testing::Message() << DTypeName(k.matmul) << (k.bias ? ", biases" : ""));
     GptConfig c = std::move(GptPreset("tiny-llama")).value();
     c.linear_bias = k.bias;
-    GptRunOptions o;
-    o.batch_size = 2;
-    o.num_threads = 2;
-    o.matmul_dtype = k.matmul;
+    const GptRunOptions o = StepOptions(k.matmul);
     EXPECT_EQ(SwiGluInBf16(c, o), k.rounded);
     const SteppedArena a = StepKeepingTheArena(c, o, 41);
     const int64_t BT = 2 * c.max_seq_len, C = c.embed_dim, I = c.mlp_dim();
@@ -277,11 +283,7 @@ TEST(GptModelTest, FlashAttentionKeepsBf16OutputsWithBf16Products) {
     SCOPED_TRACE(::testing::Message() << DTypeName(k.matmul) << ", " << AttentionKernelName(k.attention));
     GptConfig c = std::move(GptPreset("tiny-llama")).value();
     c.head_dim_size = 2 * c.embed_dim / c.num_heads;
-    GptRunOptions o;
-    o.batch_size = 2;
-    o.num_threads = 2;
-    o.matmul_dtype = k.matmul;
-    o.attention = k.attention;
+    const GptRunOptions o = StepOptions(k.matmul, k.attention);
     EXPECT_EQ(AttentionInBf16(c, o), k.rounded);
     const SteppedArena a = StepKeepingTheArena(c, o, 51);
     const int64_t BT = 2 * c.max_seq_len, C = c.embed_dim, Q = c.q_dim();
@@ -320,11 +322,7 @@ TEST(GptModelTest, QkvKeepsBf16ValuesWithBf16ProductsAndFlashAttention) {
     GptConfig c = std::move(GptPreset("tiny-llama")).value();
     c.qkv_bias = k.qkv_bias;
     c.qk_norm = k.qk_norm;
-    GptRunOptions o;
-    o.batch_size = 2;
-    o.num_threads = 2;
-    o.matmul_dtype = k.matmul;
-    o.attention = k.attention;
+    const GptRunOptions o = StepOptions(k.matmul, k.attention);
     EXPECT_EQ(QkvInBf16(c, o), k.rounded);
     const SteppedArena a = StepKeepingTheArena(c, o, 61);
     const int64_t BT = 2 * c.max_seq_len, S = c.qkv_dim();
