@@ -28,8 +28,9 @@ constexpr int64_t kConvertGrain = 1 << 16;
 uint64_t AlignUp(uint64_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
 uint64_t F32Bytes(int64_t n) { return static_cast<uint64_t>(n) * sizeof(float); }
 
-// x[0, n) rounded to bf16 (to nearest even) in place: a tensor SwiGluInBf16
-// keeps in bf16, as the CUDA model's products write it.
+// x[0, n) rounded to bf16 (to nearest even) in place: a tensor the model
+// keeps as bf16 values (SwiGluInBf16, AttentionInBf16, QkvInBf16), as the
+// CUDA model's kernels write it.
 void RoundToBf16InPlace(const ModelThreads& th, float* x, int64_t n) {
   th.ForChunks(n, kConvertGrain, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) x[i] = RoundToBf16(x[i]);
