@@ -385,12 +385,13 @@ class CudaStages final : public model::GptStages {
   // the bf16 parameters widened last into the unit's and the embedding's
   // copies (Widen); a product's input rounded by the product before it
   // (LinearBackward's dout), or the loss gradient of HeadBackward's chunk;
-  // and, with bf16 products, the tensors that are only ever a product's
-  // operand, which their kernels write in bf16 alone (`only`: the fp32 range
-  // names them but holds no fp32 values), in the first half of their fp32
-  // place: a block's norm outputs (ln1, ln2) and MLP activation (fch_gelu),
-  // and SwiGLU's gradient (dfch, without an fc bias, whose gradient would
-  // read it).
+  // and, with bf16 products, the tensors kept as bf16 alone (`only`: their
+  // place holds no fp32 values; an operand names one by its start), which
+  // their kernels write at the start of their place: a block's norm outputs
+  // (ln1, ln2) and MLP activation (fch_gelu), whose places the layout sizes
+  // for bf16 (model::ProductInputsInBf16), and SwiGLU's gradient (dfch,
+  // without an fc bias, whose gradient would read it), O, dO and d(qkv),
+  // in the first half of fp32 places.
   struct Bf16Copy {
     const float* fp32 = nullptr;
     const uint16_t* bf16 = nullptr;
@@ -410,16 +411,18 @@ class CudaStages final : public model::GptStages {
     kCopySlots
   };
   std::array<Bf16Copy, kCopySlots> bf16_copies_{};
-  // The fp32 place of a bf16-only tensor of n elements: its bf16 values
-  // start there (registered as the copy of the range).
+  // The place of a bf16-only tensor of n elements (the layout's, bf16- or
+  // fp32-sized): its bf16 values start there (registered as its copy).
   uint16_t* OnlyBf16(CopySlot slot, float* place, int64_t n) {
     bf16_copies_[slot] = Bf16Copy{place, reinterpret_cast<uint16_t*>(place), n, true};
     return reinterpret_cast<uint16_t*>(place);
   }
-  // Whether x falls in a bf16-only tensor's range.
+  // Whether x falls in the bytes of a bf16-only tensor's values.
   bool InBf16Only(const float* x) const {
+    const auto* at = reinterpret_cast<const char*>(x);
     for (const Bf16Copy& p : bf16_copies_) {
-      if (p.only && x >= p.fp32 && x < p.fp32 + p.n) return true;
+      const auto* from = reinterpret_cast<const char*>(p.fp32);
+      if (p.only && at >= from && at < from + p.n * 2) return true;
     }
     return false;
   }
@@ -484,7 +487,9 @@ class CudaStages final : public model::GptStages {
   // 16-byte-aligned one: the products' fast kernels need it.
   const void* Bf16CopyOf(const float* x, int64_t span) const {
     for (const Bf16Copy& p : bf16_copies_) {
-      if (p.fp32 != nullptr && x >= p.fp32 && x + span <= p.fp32 + p.n) {
+      if (p.fp32 != nullptr && p.only) {  // named by its start alone (its place may be bf16-sized)
+        if (x == p.fp32 && span <= p.n) return p.bf16;
+      } else if (p.fp32 != nullptr && x >= p.fp32 && x + span <= p.fp32 + p.n) {
         const uint16_t* at = p.bf16 + (x - p.fp32);
         return reinterpret_cast<uintptr_t>(at) % 16 == 0 ? at : nullptr;
       }

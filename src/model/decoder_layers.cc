@@ -8,6 +8,7 @@
 #include <numbers>
 
 #include "common/check.h"
+#include "common/float16.h"
 #include "math/decoder_math.h"
 #include "math/lane_math.h"
 
@@ -170,6 +171,22 @@ void SwiGluBackward(const ModelThreads& th, F* dinp, const F* inp, const F* dout
       F* dgate = dinp + r * 2 * inter;
       F* dup = dgate + inter;
       for (int64_t i = 0; i < inter; ++i) SwiGluGrad(gate[i], up[i], dy[i], dgate[i], dup[i]);
+    }
+  });
+}
+
+void SwiGluBackward(const ModelThreads& th, float* dinp, const uint16_t* inp, const float* dout, int64_t rows,
+                    int64_t inter) {
+  th.ForChunks(rows, RowGrain(2 * inter), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const uint16_t* gate = inp + r * 2 * inter;
+      const uint16_t* up = gate + inter;
+      const float* dy = dout + r * inter;
+      float* dgate = dinp + r * 2 * inter;
+      float* dup = dgate + inter;
+      for (int64_t i = 0; i < inter; ++i) {
+        SwiGluGrad(Bf16BitsToFloat(gate[i]), Bf16BitsToFloat(up[i]), dy[i], dgate[i], dup[i]);
+      }
     }
   });
 }

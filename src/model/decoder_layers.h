@@ -70,5 +70,8 @@ void SwiGluForward(const ModelThreads& th, F* out, const F* inp, int64_t rows, i
 // dinp [rows, 2I] (overwritten) from dout [rows, I].
 template <class F>
 void SwiGluBackward(const ModelThreads& th, F* dinp, const F* inp, const F* dout, int64_t rows, int64_t inter);
+// The same for an fc output given as bf16 bits (SwiGluInBf16).
+void SwiGluBackward(const ModelThreads& th, float* dinp, const uint16_t* inp, const float* dout, int64_t rows,
+                    int64_t inter);
 
 }  // namespace zinf::model

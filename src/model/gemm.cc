@@ -33,15 +33,20 @@ void BlasGemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, c
 }
 
 // An operand stored rows × cols with leading dimension ld, copied densely
-// (leading dimension cols) with each element rounded to bf16, by row chunks
-// on `threads` (or the calling thread when null).
-const float* RoundedCopy(const ModelThreads* threads, const float* x, int64_t rows, int64_t cols, int64_t ld,
+// (leading dimension cols) as the fp32 value of its bf16 rounding (fp32
+// elements rounded, bf16 bits widened), by row chunks on `threads` (or the
+// calling thread when null).
+float Bf16Value(float x) { return RoundToBf16(x); }
+float Bf16Value(uint16_t bits) { return Bf16BitsToFloat(bits); }
+
+template <class X>
+const float* RoundedCopy(const ModelThreads* threads, const X* x, int64_t rows, int64_t cols, int64_t ld,
                          std::vector<float>& out) {
   if (out.size() < static_cast<size_t>(rows * cols)) out.resize(static_cast<size_t>(rows * cols));
   float* dst = out.data();
   auto round_rows = [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
-      for (int64_t c = 0; c < cols; ++c) dst[r * cols + c] = RoundToBf16(x[r * ld + c]);
+      for (int64_t c = 0; c < cols; ++c) dst[r * cols + c] = Bf16Value(x[r * ld + c]);
     }
   };
   if (threads) {
@@ -164,6 +169,21 @@ void ParallelGemm(const ModelThreads& threads, bool trans_a, bool trans_b, int64
     ZINF_CHECK(threads.matmul_dtype() == DType::kFloat32);
   }
   TiledGemm<F>(threads, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+void ParallelGemmBf16A(const ModelThreads& threads, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                       float alpha, const uint16_t* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+                       int64_t ldc) {
+  ZINF_CHECK(threads.matmul_dtype() == DType::kBFloat16);
+  if (m == 0 || n == 0) return;
+  if (k == 0) {  // no operand to read: C scaled by beta, as BLAS does
+    TiledGemm<float>(threads, trans_a, trans_b, m, n, k, alpha, nullptr, trans_a ? m : 1, b, ldb, beta, c, ldc);
+    return;
+  }
+  OperandCopies& copies = ThreadOperandCopies();
+  const float* wa = RoundedCopy(&threads, a, trans_a ? k : m, trans_a ? m : k, lda, copies.a);
+  const float* rb = RoundedCopy(&threads, b, trans_b ? n : k, trans_b ? k : n, ldb, copies.b);
+  TiledGemm<float>(threads, trans_a, trans_b, m, n, k, alpha, wa, trans_a ? m : k, rb, trans_b ? k : n, beta, c, ldc);
 }
 
 template <class F>

@@ -49,6 +49,13 @@ template <class F>
 void ParallelGemm(const ModelThreads& threads, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, F alpha,
                   const F* a, int64_t lda, const F* b, int64_t ldb, F beta, F* c, int64_t ldc);
 
+// ParallelGemm<float> with bf16 products (threads.matmul_dtype() must be
+// kBFloat16) where A is given as bf16 bits, stored as an fp32 A would be:
+// the product ParallelGemm gives for an A of those values.
+void ParallelGemmBf16A(const ModelThreads& threads, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                       float alpha, const uint16_t* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+                       int64_t ldc);
+
 // Gemm on the calling thread with the operands at `operands` precision
 // (kFloat32: Gemm itself; kBFloat16: see above).
 template <class F>

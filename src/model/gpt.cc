@@ -27,6 +27,8 @@ constexpr int64_t kConvertGrain = 1 << 16;
 
 uint64_t AlignUp(uint64_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
 uint64_t F32Bytes(int64_t n) { return static_cast<uint64_t>(n) * sizeof(float); }
+// n elements stored as bf16 bits or as fp32.
+uint64_t StoredBytes(int64_t n, bool bf16) { return static_cast<uint64_t>(n) * (bf16 ? 2 : sizeof(float)); }
 
 // x[0, n) rounded to bf16 (to nearest even) in place: a tensor the model
 // keeps as bf16 values (SwiGluInBf16, AttentionInBf16, QkvInBf16), as the
@@ -34,6 +36,24 @@ uint64_t F32Bytes(int64_t n) { return static_cast<uint64_t>(n) * sizeof(float); 
 void RoundToBf16InPlace(const ModelThreads& th, float* x, int64_t n) {
   th.ForChunks(n, kConvertGrain, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) x[i] = RoundToBf16(x[i]);
+  });
+}
+
+// dst[0, n) = the bf16 bits of x[0, n) (rounded to nearest even): a tensor
+// the model stores in bf16 (ProductInputsInBf16), computed in fp32 scratch.
+void StoreBf16(const ModelThreads& th, uint16_t* dst, const float* x, int64_t n) {
+  th.ForChunks(n, kConvertGrain, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) dst[i] = FloatToBf16Bits(x[i]);
+  });
+}
+
+// x[0, n) rounded to bf16 in place, and its bits stored at dst too.
+void RoundAndStoreBf16(const ModelThreads& th, float* x, uint16_t* dst, int64_t n) {
+  th.ForChunks(n, kConvertGrain, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      dst[i] = FloatToBf16Bits(x[i]);
+      x[i] = Bf16BitsToFloat(dst[i]);
+    }
   });
 }
 
@@ -133,11 +153,14 @@ bool SwiGluInBf16(const GptConfig& c, const GptRunOptions& o) {
   return o.matmul_dtype == DType::kBFloat16 && c.mlp == MlpKind::kSwiGlu && !c.linear_bias;
 }
 
+bool ProductInputsInBf16(const GptConfig&, const GptRunOptions& o) { return o.matmul_dtype == DType::kBFloat16; }
+
 ActivationLayout ActivationLayout::For(const GptConfig& c, const GptRunOptions& o) {
   const int64_t B = o.batch_size, T = o.seq_len ? o.seq_len : c.max_seq_len, C = c.embed_dim;
   const int64_t L = c.num_layers, H = c.num_heads, V = c.vocab_size, BT = B * T;
   const int64_t Q = c.q_dim(), S = c.qkv_dim(), I = c.mlp_dim(), FC = c.fc_dim();
   const bool flash = ResolveAttention(c, o) == AttentionKernel::kFlash;
+  const bool inputs16 = ProductInputsInBf16(c, o), fch16 = SwiGluInBf16(c, o);
   const int64_t att_elems = flash ? B * H * T : B * H * T * T;
   ActivationLayout l;
   Planner p;
@@ -146,7 +169,7 @@ ActivationLayout ActivationLayout::For(const GptConfig& c, const GptRunOptions& 
   l.residual = p.Take(F32Bytes((L + 1) * BT * C));
 
   Planner set;  // one block's saved tensors
-  l.block.ln1 = set.Take(F32Bytes(BT * C));
+  l.block.ln1 = set.Take(StoredBytes(BT * C, inputs16));
   l.block.ln1_mean = set.Take(F32Bytes(BT));
   l.block.ln1_rstd = set.Take(F32Bytes(BT));
   l.block.qkv = set.Take(F32Bytes(BT * S));
@@ -156,11 +179,11 @@ ActivationLayout ActivationLayout::For(const GptConfig& c, const GptRunOptions& 
   l.block.att = set.Take(F32Bytes(att_elems));
   l.block.atty = set.Take(F32Bytes(BT * Q));
   l.block.res_mid = set.Take(F32Bytes(BT * C));
-  l.block.ln2 = set.Take(F32Bytes(BT * C));
+  l.block.ln2 = set.Take(StoredBytes(BT * C, inputs16));
   l.block.ln2_mean = set.Take(F32Bytes(BT));
   l.block.ln2_rstd = set.Take(F32Bytes(BT));
-  l.block.fch = set.Take(F32Bytes(BT * FC));
-  l.block.fch_gelu = set.Take(F32Bytes(BT * I));
+  l.block.fch = set.Take(StoredBytes(BT * FC, fch16));
+  l.block.fch_gelu = set.Take(StoredBytes(BT * I, inputs16));
   l.block_stride = set.at();
   l.block_sets = o.activation_checkpointing ? 1 : L;
   l.blocks = p.Take(l.block_stride * static_cast<uint64_t>(l.block_sets));
@@ -381,10 +404,23 @@ void GptModel::RunBlockForward(int layer, const float* p) {
   float* res_mid = F32(a.res_mid);
   float* qkv = F32(a.qkv);
   OpProfile* const prof = options_.profile;
+  // Tensors stored in bf16 (ProductInputsInBf16, SwiGluInBf16) are computed
+  // in fp32 in backward scratch, which no forward reads and a block's
+  // backward writes only after it has computed its forward again: the norms'
+  // outputs and the activation in dbuf, the fc output in dfch. Their bf16
+  // bits are stored once their fp32 values are read.
+  const bool inputs16 = ProductInputsInBf16(c, options_), fch16 = SwiGluInBf16(c, options_);
+  float* const stage = F32(layout_.dbuf);
+  const auto store = [&](uint64_t at, const float* x, int64_t n) {
+    MarkOp(prof, "cast");
+    StoreBf16(threads_, U16(at), x, n);
+  };
+  float* const ln1 = inputs16 ? stage : F32(a.ln1);
   MarkOp(prof, "norm");
-  NormForward(F32(a.ln1), F32(a.ln1_mean), F32(a.ln1_rstd), in, p + w.ln1_w, TensorAt(p, w.ln1_b));
+  NormForward(ln1, F32(a.ln1_mean), F32(a.ln1_rstd), in, p + w.ln1_w, TensorAt(p, w.ln1_b));
   MarkOp(prof, "matmul");
-  LinearForward<float>(threads_, qkv, F32(a.ln1), p + w.qkv_w, TensorAt(p, w.qkv_b), BT, C, S);
+  LinearForward<float>(threads_, qkv, ln1, p + w.qkv_w, TensorAt(p, w.qkv_b), BT, C, S);
+  if (inputs16) store(a.ln1, ln1, BT * C);
   const bool qkv16 = QkvInBf16(c, options_);
   if (qkv16) RoundToBf16InPlace(threads_, qkv, BT * S);
   if (c.qk_norm) {
@@ -414,19 +450,24 @@ void GptModel::RunBlockForward(int layer, const float* p) {
   LinearForward<float>(threads_, res_mid, F32(a.atty), p + w.attn_proj_w, TensorAt(p, w.attn_proj_b), BT, Q, C);
   MarkOp(prof, "residual");
   ResidualForward<float>(threads_, res_mid, in, res_mid, BT * C);
+  float* const ln2 = inputs16 ? stage : F32(a.ln2);
   MarkOp(prof, "norm");
-  NormForward(F32(a.ln2), F32(a.ln2_mean), F32(a.ln2_rstd), res_mid, p + w.ln2_w, TensorAt(p, w.ln2_b));
+  NormForward(ln2, F32(a.ln2_mean), F32(a.ln2_rstd), res_mid, p + w.ln2_w, TensorAt(p, w.ln2_b));
   MarkOp(prof, "matmul");
-  LinearForward<float>(threads_, F32(a.fch), F32(a.ln2), p + w.fc_w, TensorAt(p, w.fc_b), BT, C, FC);
+  float* const fch = fch16 ? F32(layout_.dfch) : F32(a.fch);
+  LinearForward<float>(threads_, fch, ln2, p + w.fc_w, TensorAt(p, w.fc_b), BT, C, FC);
+  if (inputs16) store(a.ln2, ln2, BT * C);
   MarkOp(prof, "activation");
-  if (SwiGluInBf16(c, options_)) RoundToBf16InPlace(threads_, F32(a.fch), BT * FC);
+  if (fch16) RoundAndStoreBf16(threads_, fch, U16(a.fch), BT * FC);
+  float* const act = inputs16 ? stage : F32(a.fch_gelu);
   if (c.mlp == MlpKind::kSwiGlu) {
-    SwiGluForward<float>(threads_, F32(a.fch_gelu), F32(a.fch), BT, I);
+    SwiGluForward<float>(threads_, act, fch, BT, I);
   } else {
-    GeluForward<float>(threads_, F32(a.fch_gelu), F32(a.fch), BT * I);
+    GeluForward<float>(threads_, act, fch, BT * I);
   }
   MarkOp(prof, "matmul");
-  LinearForward<float>(threads_, out, F32(a.fch_gelu), p + w.fc_proj_w, TensorAt(p, w.fc_proj_b), BT, I, C);
+  LinearForward<float>(threads_, out, act, p + w.fc_proj_w, TensorAt(p, w.fc_proj_b), BT, I, C);
+  if (inputs16) store(a.fch_gelu, act, BT * I);
   MarkOp(prof, "residual");
   ResidualForward<float>(threads_, out, res_mid, out, BT * C);
   checkpoint_layer_ = layer;
@@ -543,6 +584,16 @@ Status GptModel::HeadBackward(float loss_scale, const void* final_norm, const vo
   return Status::Ok();
 }
 
+void GptModel::LinearBackwardFrom(float* dinp, float* dw, float* dbias, const float* dout, uint64_t inp, bool inp16,
+                                  const float* w, int64_t in_dim, int64_t out_dim) {
+  const int64_t rows = options_.batch_size * options_.seq_len;
+  if (inp16) {
+    LinearBackward(threads_, dinp, false, dw, dbias, dout, U16(inp), w, rows, in_dim, out_dim);
+  } else {
+    LinearBackward<float>(threads_, dinp, false, dw, dbias, dout, F32(inp), w, rows, in_dim, out_dim);
+  }
+}
+
 Status GptModel::BlockBackward(int layer, const void* block, void* block_grad) {
   ZINF_RETURN_IF_ERROR(CheckArena());
   if (backward_next_ < 0 || layer != backward_next_) {
@@ -566,23 +617,28 @@ Status GptModel::BlockBackward(int layer, const void* block, void* block_grad) {
   float* dbuf = F32(layout_.dbuf);
   float* dfch = F32(layout_.dfch);
   float* dqkv = F32(layout_.dqkv);
+  const bool inputs16 = ProductInputsInBf16(c, options_);
   // MLP: out = res_mid + fc_proj(act(fc(norm2(res_mid)))).
   if (c.mlp == MlpKind::kSwiGlu) {
     MarkOp(prof, "matmul");
-    LinearBackward<float>(threads_, dbuf, false, g + w.fc_proj_w, TensorAt(g, w.fc_proj_b), dres, F32(a.fch_gelu),
-                          p + w.fc_proj_w, BT, I, C);
+    LinearBackwardFrom(dbuf, g + w.fc_proj_w, TensorAt(g, w.fc_proj_b), dres, a.fch_gelu, inputs16, p + w.fc_proj_w,
+                       I, C);
     MarkOp(prof, "activation");
-    if (SwiGluInBf16(c, options_)) RoundToBf16InPlace(threads_, dbuf, BT * I);
-    SwiGluBackward<float>(threads_, dfch, F32(a.fch), dbuf, BT, I);
+    if (SwiGluInBf16(c, options_)) {
+      RoundToBf16InPlace(threads_, dbuf, BT * I);
+      SwiGluBackward(threads_, dfch, U16(a.fch), dbuf, BT, I);
+    } else {
+      SwiGluBackward<float>(threads_, dfch, F32(a.fch), dbuf, BT, I);
+    }
   } else {
     MarkOp(prof, "matmul");
-    LinearBackward<float>(threads_, dfch, false, g + w.fc_proj_w, TensorAt(g, w.fc_proj_b), dres, F32(a.fch_gelu),
-                          p + w.fc_proj_w, BT, I, C);
+    LinearBackwardFrom(dfch, g + w.fc_proj_w, TensorAt(g, w.fc_proj_b), dres, a.fch_gelu, inputs16, p + w.fc_proj_w,
+                       I, C);
     MarkOp(prof, "activation");
     GeluBackward<float>(threads_, dfch, F32(a.fch), dfch, BT * I);
   }
   MarkOp(prof, "matmul");
-  LinearBackward<float>(threads_, dbuf, false, g + w.fc_w, TensorAt(g, w.fc_b), dfch, F32(a.ln2), p + w.fc_w, BT, C, FC);
+  LinearBackwardFrom(dbuf, g + w.fc_w, TensorAt(g, w.fc_b), dfch, a.ln2, inputs16, p + w.fc_w, C, FC);
   MarkOp(prof, "norm");
   NormBackward(dres, g + w.ln2_w, TensorAt(g, w.ln2_b), dbuf, F32(a.res_mid), p + w.ln2_w, F32(a.ln2_mean),
                F32(a.ln2_rstd));
@@ -614,8 +670,7 @@ Status GptModel::BlockBackward(int layer, const void* block, void* block_grad) {
                            F32(a.qk_rstd) + BT * c.num_heads, KeyRows());
   }
   MarkOp(prof, "matmul");
-  LinearBackward<float>(threads_, dbuf, false, g + w.qkv_w, TensorAt(g, w.qkv_b), dqkv, F32(a.ln1), p + w.qkv_w, BT,
-                        C, S);
+  LinearBackwardFrom(dbuf, g + w.qkv_w, TensorAt(g, w.qkv_b), dqkv, a.ln1, inputs16, p + w.qkv_w, C, S);
   MarkOp(prof, "norm");
   NormBackward(dres, g + w.ln1_w, TensorAt(g, w.ln1_b), dbuf, in, p + w.ln1_w, F32(a.ln1_mean), F32(a.ln1_rstd));
   MarkOp(prof, "cast");

@@ -121,6 +121,16 @@ bool AttentionInBf16(const GptConfig& c, const GptRunOptions& o);
 // RoPE rotates them so, and the products read them as their operand copies.
 bool QkvInBf16(const GptConfig& c, const GptRunOptions& o);
 
+// Whether a block's norm outputs (ln1, ln2) and its MLP activation
+// (fch_gelu) are stored as bf16 in the activation arena, 2 bytes an element:
+// with bf16 products, where only the products read them (the qkv and fc
+// products their forward and weight-gradient products; the fc_proj product
+// the activation), so their bf16 rounding is all any reader takes. With
+// SwiGluInBf16 the fc output (fch) is stored so too. The CUDA model's
+// kernels write them in bf16; the CPU model computes them in fp32 into
+// backward scratch, which forward does not use, and stores their rounding.
+bool ProductInputsInBf16(const GptConfig& c, const GptRunOptions& o);
+
 // kPlain or kFlash: what `o.attention` means for this model.
 AttentionKernel ResolveAttention(const GptConfig& c, const GptRunOptions& o);
 
@@ -139,12 +149,13 @@ struct ActivationLayout {
   uint64_t conversion_bytes = 0;
   uint64_t total_bytes = 0;
 
-  // Per-block saved tensors, fp32. att: the attention probabilities
-  // [B, H, T, T] (plain), or each row's log-sum-exp [B, H, T] (flash).
-  // qkv is attention's input (after q/k norm and RoPE); qk_pre and qk_rstd
-  // (used with qk_norm only) the linear output and each head's 1/rms.
-  // fch is fc's output, fch_gelu the activation's (GELU or SwiGLU).
-  // ln*_mean is unused with RMSNorm.
+  // Per-block saved tensors, fp32 unless said. att: the attention
+  // probabilities [B, H, T, T] (plain), or each row's log-sum-exp [B, H, T]
+  // (flash). qkv is attention's input (after q/k norm and RoPE); qk_pre and
+  // qk_rstd (used with qk_norm only) the linear output and each head's
+  // 1/rms. fch is fc's output, fch_gelu the activation's (GELU or SwiGLU).
+  // ln*_mean is unused with RMSNorm. ln1, ln2 and fch_gelu hold bf16 bits
+  // with ProductInputsInBf16, fch with SwiGluInBf16.
   struct Block {
     uint64_t ln1, ln1_mean, ln1_rstd, qkv, qk_pre, qk_rstd, att, atty, res_mid, ln2, ln2_mean, ln2_rstd, fch,
         fch_gelu;
@@ -233,6 +244,11 @@ class GptModel {
 
   float* F32(uint64_t offset) const { return reinterpret_cast<float*>(arena_ + offset); }
   int32_t* I32(uint64_t offset) const { return reinterpret_cast<int32_t*>(arena_ + offset); }
+  uint16_t* U16(uint64_t offset) const { return reinterpret_cast<uint16_t*>(arena_ + offset); }
+  // LinearBackward (dinp overwritten) with its input at `inp` in the arena,
+  // stored as bf16 bits when inp16 (ProductInputsInBf16), else fp32.
+  void LinearBackwardFrom(float* dinp, float* dw, float* dbias, const float* dout, uint64_t inp, bool inp16,
+                          const float* w, int64_t in_dim, int64_t out_dim);
   const float* Widen(const void* params, int64_t num_elems, uint64_t wide_offset);
   float* BeginGrad(void* grad, int64_t num_elems, uint64_t accumulator_offset);
   void EndGrad(void* grad, const float* accumulator, int64_t num_elems);

@@ -216,6 +216,15 @@ void LinearBackward(const ModelThreads& th, F* dinp, bool accumulate_dinp, F* dw
   if (dbias) ColumnSumAccumulate(th, dbias, dout, rows, out_dim);
 }
 
+void LinearBackward(const ModelThreads& th, float* dinp, bool accumulate_dinp, float* dw, float* dbias,
+                    const float* dout, const uint16_t* inp, const float* w, int64_t rows, int64_t in_dim,
+                    int64_t out_dim) {
+  ParallelGemm<float>(th, false, true, rows, in_dim, out_dim, 1.0f, dout, out_dim, w, out_dim,
+                      accumulate_dinp ? 1.0f : 0.0f, dinp, in_dim);
+  ParallelGemmBf16A(th, true, false, in_dim, out_dim, rows, 1.0f, inp, in_dim, dout, out_dim, 1.0f, dw, out_dim);
+  if (dbias) ColumnSumAccumulate(th, dbias, dout, rows, out_dim);
+}
+
 template <class F>
 void AttentionForward(const ModelThreads& th, F* out, F* att, const F* qkv, int64_t batch, int64_t seq_len,
                       int64_t num_heads, int64_t kv_heads, int64_t head_dim) {

@@ -51,6 +51,12 @@ void LinearForward(const ModelThreads& th, F* out, const F* inp, const F* w, con
 template <class F>
 void LinearBackward(const ModelThreads& th, F* dinp, bool accumulate_dinp, F* dw, F* dbias, const F* dout,
                     const F* inp, const F* w, int64_t rows, int64_t in_dim, int64_t out_dim);
+// The same with bf16 products (th.matmul_dtype() kBFloat16) and inp given
+// as bf16 bits: the gradients LinearBackward<float> gives for an inp of
+// those values.
+void LinearBackward(const ModelThreads& th, float* dinp, bool accumulate_dinp, float* dw, float* dbias,
+                    const float* dout, const uint16_t* inp, const float* w, int64_t rows, int64_t in_dim,
+                    int64_t out_dim);
 
 // Causal self-attention over qkv [batch·seq_len, 3C] (q | k | v, head h at
 // columns h·D .. h·D+D-1 of each third): att[b, h] = softmax(q kᵀ / sqrt(D))

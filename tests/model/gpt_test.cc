@@ -12,7 +12,9 @@
 
 #include "common/float16.h"
 #include "gpt_reference.h"
+#include "math/decoder_math.h"
 #include "model/gemm.h"
+#include "model/layers.h"
 #include "model_test_util.h"
 
 namespace zinf::model {
@@ -198,6 +200,13 @@ TEST(GptModelTest, Bf16MatmulIsThreadCountInvariantAndNearFp32) {
 struct SteppedArena {
   test::Arena arena;
   ActivationLayout layout;
+  std::vector<std::vector<float>> params;  // the step's, per unit
+  const float* F32(uint64_t offset) const {
+    return reinterpret_cast<const float*>(static_cast<const char*>(arena.get()) + offset);
+  }
+  const uint16_t* Bf16(uint64_t offset) const {
+    return reinterpret_cast<const uint16_t*>(static_cast<const char*>(arena.get()) + offset);
+  }
   // Elements [from, to) of the float tensor at `offset` that are not bf16 values.
   int64_t NotBf16(uint64_t offset, int64_t from, int64_t to) const {
     const float* x = reinterpret_cast<const float*>(static_cast<const char*>(arena.get()) + offset);
@@ -217,9 +226,10 @@ GptRunOptions StepOptions(DType matmul, AttentionKernel attention = AttentionKer
 }
 SteppedArena StepKeepingTheArena(const GptConfig& c, const GptRunOptions& o, uint64_t seed) {
   auto model = MakeModel(c, o);
-  SteppedArena r{test::MakeArena(model->activation_bytes()), ActivationLayout::For(c, model->options())};
+  SteppedArena r{test::MakeArena(model->activation_bytes()), ActivationLayout::For(c, model->options()),
+                 MakeParams(c, seed)};
   model->BindActivations(r.arena.get());
-  auto params = MakeParams(c, seed);
+  const auto& params = r.params;
   auto grads = MakeGrads<float>(c);
   const int64_t BT = o.batch_size * c.max_seq_len;
   auto tokens = RandomTokens(BT, c.vocab_size, seed + 1), targets = RandomTokens(BT, c.vocab_size, seed + 2);
@@ -230,12 +240,13 @@ SteppedArena StepKeepingTheArena(const GptConfig& c, const GptRunOptions& o, uin
 
 // With bf16 products, a SwiGLU MLP without biases keeps its fc output and
 // its activation's gradient as bf16 values (SwiGluInBf16), as the CUDA
-// model's products write them; with fp32 products, or with an fc bias
-// (whose sum is not a product's output), it keeps fp32 values. Checked in
-// the arena after a step: the last block's fc output, and the rows of the
-// activation gradient (block 0's, in dbuf) that the products after it did
-// not overwrite (those write [B·T, max(C, Q)] floats, the gradient is
-// [B·T, I]).
+// model's products write them, the fc output stored as bf16; with fp32
+// products, or with an fc bias (whose sum is not a product's output), it
+// keeps fp32 values. Checked in the arena after a step: the last block's fc
+// output (bf16 bits in a place of their size, from which the activation
+// stored after it is computed), and the rows of the activation gradient
+// (block 0's, in dbuf) that the products after it did not overwrite (those
+// write [B·T, max(C, Q)] floats, the gradient is [B·T, I]).
 TEST(GptModelTest, SwiGluMlpKeepsBf16ValuesWithBf16Products) {
   struct Case {
     DType matmul;
@@ -252,13 +263,24 @@ TEST(GptModelTest, SwiGluMlpKeepsBf16ValuesWithBf16Products) {
     const int64_t BT = 2 * c.max_seq_len, C = c.embed_dim, I = c.mlp_dim();
     const int64_t overwritten = BT * std::max(C, c.q_dim());
     ASSERT_LT(overwritten, BT * I);
-    const int64_t fch = a.NotBf16(a.layout.BlockAt(c.num_layers - 1).fch, 0, BT * c.fc_dim());
+    const ActivationLayout::Block last = a.layout.BlockAt(c.num_layers - 1);
     const int64_t dact = a.NotBf16(a.layout.dbuf, overwritten, BT * I);
     if (k.rounded) {
-      EXPECT_EQ(fch, 0);
+      EXPECT_EQ(last.fch_gelu - last.fch, static_cast<uint64_t>(BT * c.fc_dim() * 2));
+      const uint16_t* fch = a.Bf16(last.fch);
+      const uint16_t* act = a.Bf16(last.fch_gelu);  // ProductInputsInBf16
+      int64_t wrong = 0;
+      for (int64_t r = 0; r < BT; ++r) {
+        for (int64_t i = 0; i < I; ++i) {
+          const float gate = Bf16BitsToFloat(fch[r * 2 * I + i]), up = Bf16BitsToFloat(fch[r * 2 * I + I + i]);
+          wrong += act[r * I + i] != FloatToBf16Bits(SwiGlu(gate, up));
+        }
+      }
+      EXPECT_EQ(wrong, 0);
       EXPECT_EQ(dact, 0);
     } else {
-      EXPECT_GT(fch, BT * c.fc_dim() / 2);
+      EXPECT_EQ(last.fch_gelu - last.fch, static_cast<uint64_t>(BT * c.fc_dim() * 4));
+      EXPECT_GT(a.NotBf16(last.fch, 0, BT * c.fc_dim()), BT * c.fc_dim() / 2);
       EXPECT_GT(dact, (BT * I - overwritten) / 2);
     }
   }
@@ -338,6 +360,60 @@ TEST(GptModelTest, QkvKeepsBf16ValuesWithBf16ProductsAndFlashAttention) {
   }
 }
 
+// With bf16 products a block's norm outputs and MLP activation are stored
+// as bf16 (ProductInputsInBf16): each block's places shrink by half of
+// their fp32 bytes, and what they hold after a step is the rounding of the
+// norms and the activation computed from the tensors the block kept
+// (checked on the last block, RMSNorm + SwiGLU and LayerNorm + GELU).
+TEST(GptModelTest, ProductInputsAreStoredAsTheirBf16Rounding) {
+  for (const bool llama : {true, false}) {
+    SCOPED_TRACE(llama ? "tiny-llama" : "chunky");
+    const GptConfig c = llama ? std::move(GptPreset("tiny-llama")).value() : Chunky();
+    const AttentionKernel attention = llama ? AttentionKernel::kFlash : AttentionKernel::kPlain;
+    const GptRunOptions o = StepOptions(DType::kBFloat16, attention);
+    ASSERT_TRUE(ProductInputsInBf16(c, o));
+    EXPECT_FALSE(ProductInputsInBf16(c, StepOptions(DType::kFloat32, attention)));
+    const int64_t BT = 2 * c.max_seq_len, C = c.embed_dim, I = c.mlp_dim(), FC = c.fc_dim();
+    const ActivationLayout fp32 = ActivationLayout::For(c, StepOptions(DType::kFloat32, attention));
+    const SteppedArena a = StepKeepingTheArena(c, o, 71);
+    const int64_t fch_halved = SwiGluInBf16(c, o) ? BT * FC * 2 : 0;
+    EXPECT_EQ(fp32.block_stride - a.layout.block_stride, static_cast<uint64_t>((2 * BT * C + BT * I) * 2 + fch_halved));
+
+    const int layer = c.num_layers - 1;
+    const ActivationLayout::Block b = a.layout.BlockAt(layer);
+    const BlockLayout w = BlockLayout::For(c);
+    const float* p = a.params[layer + 1].data();
+    const ModelThreads th(1);
+    const auto norm = [&](const float* in, const float* gain, const float* bias) {
+      std::vector<float> out(BT * C), mean(BT), rstd(BT);
+      if (c.norm == NormKind::kRmsNorm) {
+        RmsNormForward<float>(th, out.data(), rstd.data(), in, gain, RowSet::Dense(BT, C),
+                              static_cast<float>(c.norm_eps));
+      } else {
+        LayerNormForward<float>(th, out.data(), mean.data(), rstd.data(), in, gain, bias, BT, C);
+      }
+      return out;
+    };
+    const auto mismatches = [](const uint16_t* stored, const std::vector<float>& values) {
+      int64_t n = 0;
+      for (size_t i = 0; i < values.size(); ++i) n += stored[i] != FloatToBf16Bits(values[i]);
+      return n;
+    };
+    const float* in = a.F32(a.layout.residual) + layer * BT * C;
+    EXPECT_EQ(mismatches(a.Bf16(b.ln1), norm(in, p + w.ln1_w, TensorAt(p, w.ln1_b))), 0);
+    EXPECT_EQ(mismatches(a.Bf16(b.ln2), norm(a.F32(b.res_mid), p + w.ln2_w, TensorAt(p, w.ln2_b))), 0);
+    std::vector<float> act(BT * I);
+    if (llama) {
+      std::vector<float> fch(BT * FC);
+      for (int64_t i = 0; i < BT * FC; ++i) fch[i] = Bf16BitsToFloat(a.Bf16(b.fch)[i]);
+      SwiGluForward<float>(th, act.data(), fch.data(), BT, I);
+    } else {
+      GeluForward<float>(th, act.data(), a.F32(b.fch), BT * I);
+    }
+    EXPECT_EQ(mismatches(a.Bf16(b.fch_gelu), act), 0);
+  }
+}
+
 // Flash attention in the model: the loss and every gradient of the plain
 // attention's model up to the order of fp32 sums (relative 1e-5), in
 // memory that grows with T instead of T².
@@ -387,6 +463,19 @@ TEST(GptModelTest, CheckpointingGivesTheSameBitsAndSavesMemory) {
   const StepResult plain = RunStep(Chunky(), o);
   o.activation_checkpointing = true;
   ExpectBitIdentical(plain, RunStep(Chunky(), o));
+  // With bf16 products the recomputed forward computes the tensors stored
+  // in bf16 in backward scratch (ProductInputsInBf16), beside the live
+  // residual gradient.
+  for (const bool llama : {false, true}) {
+    SCOPED_TRACE(llama ? "tiny-llama, bf16 products" : "chunky, bf16 products");
+    const GptConfig c = llama ? std::move(GptPreset("tiny-llama")).value() : Chunky();
+    GptRunOptions b = o;
+    b.matmul_dtype = DType::kBFloat16;
+    b.activation_checkpointing = false;
+    const StepResult kept = RunStep(c, b);
+    b.activation_checkpointing = true;
+    ExpectBitIdentical(kept, RunStep(c, b));
+  }
 
   const GptConfig c = Chunky();
   GptRunOptions off = o, on = o;

@@ -273,7 +273,9 @@ TEST(PlanTest, GptModel) {
 // bf16 matrix-product operands add their two rounded copies, each the span of
 // the largest operand: for gpt2 at 2 × 1024 tokens one loss chunk's logits
 // gradient, [LossChunkRows, V rounded up to 8] (the whole [B·T, V] would take 411 MB of
-// fp32 logits, so the loss is computed in chunks); the plan counts them.
+// fp32 logits, so the loss is computed in chunks); the plan counts them. The
+// blocks' norm outputs and activations, only ever products' operands, are
+// stored in bf16 then (ProductInputsInBf16): half their fp32 bytes less.
 TEST(PlanTest, Bf16MatmulCountsTheOperandCopies) {
   auto c = model::GptPreset("gpt2");
   ASSERT_TRUE(c.ok());
@@ -292,15 +294,20 @@ TEST(PlanTest, Bf16MatmulCountsTheOperandCopies) {
   EXPECT_EQ(bf16_layout.logits_ld, 50264);
   const uint64_t copy = static_cast<uint64_t>(chunk) * bf16_layout.logits_ld * 2;  // a chunk's logits, bf16
   EXPECT_EQ(bf16_layout.bf16_operand_elems, chunk * bf16_layout.logits_ld);
-  EXPECT_GE(bf16_layout.total_bytes - fp32_layout.total_bytes, 2 * copy);
-  EXPECT_LE(bf16_layout.total_bytes - fp32_layout.total_bytes, 2 * copy + 128);  // alignment
+  const uint64_t BT = 2 * 1024, C = c->embed_dim, I = c->mlp_dim();
+  const uint64_t halved = (2 * BT * C + BT * I) * 2;  // ln1, ln2 and fch_gelu of a block
+  EXPECT_EQ(fp32_layout.block_stride - bf16_layout.block_stride, halved);
+  const uint64_t stored16 = c->num_layers * halved;
+  EXPECT_GE(bf16_layout.total_bytes + stored16 - fp32_layout.total_bytes, 2 * copy);
+  EXPECT_LE(bf16_layout.total_bytes + stored16 - fp32_layout.total_bytes, 2 * copy + 128);  // alignment
 
   auto fp32 = PlanGptModel(*c, 2, 1024, false, DType::kBFloat16);
   auto bf16 = PlanGptModel(*c, 2, 1024, false, DType::kBFloat16, DType::kBFloat16, model::AttentionKernel::kPlain);
   ASSERT_TRUE(fp32.ok() && bf16.ok());
   EXPECT_GE(fp32->activation_bytes, fp32_layout.total_bytes);
   EXPECT_GE(bf16->activation_bytes, bf16_layout.total_bytes);
-  EXPECT_GT(bf16->activation_bytes, fp32->activation_bytes + copy);
+  // The plan's figures are the layouts' rounded up to the allocator's 64 KiB.
+  EXPECT_GE(bf16->activation_bytes + stored16 + (64 << 10), fp32->activation_bytes + 2 * copy);
 
   // bf16 products with heads of 64 default to flash attention: per layer and
   // head one value per row is kept instead of T² (saved and scratch).
@@ -310,7 +317,6 @@ TEST(PlanTest, Bf16MatmulCountsTheOperandCopies) {
   o.attention = model::AttentionKernel::kAuto;
   const model::ActivationLayout flash_layout = model::ActivationLayout::For(*c, o);
   EXPECT_GE(bf16_layout.total_bytes - flash_layout.total_bytes, (c->num_layers + 1) * t2);
-  // The plan's figures are the layouts' rounded up to the allocator's 64 KiB.
   EXPECT_GE(bf16->activation_bytes - flash->activation_bytes + (64 << 10), (c->num_layers + 1) * t2);
   EXPECT_NE(flash->activation_note.find("flash attention"), std::string::npos) << flash->activation_note;
   EXPECT_EQ(bf16->activation_note.find("flash attention"), std::string::npos) << bf16->activation_note;
