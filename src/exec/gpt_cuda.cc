@@ -934,6 +934,12 @@ class CudaStages final : public model::GptStages {
     ZINF_RETURN_IF_ERROR(Cast(x, DType::kFloat32, copy, DType::kBFloat16, static_cast<size_t>(n), s_));
     return Cast(copy, DType::kBFloat16, x, DType::kFloat32, static_cast<size_t>(n), s_);
   }
+  // q, k and v of `t` at the fp32 tensor `qkv` [B·T, S].
+  void PointQkvAt(model::AttentionTensors& t, float* qkv) const {
+    t.q = qkv;
+    t.k = qkv + config_.q_dim();
+    t.v = qkv + config_.q_dim() + config_.kv_dim();
+  }
   // With bf16 products, flash attention reads bf16 copies of qkv (the A
   // copy) and, in backward, of d(atty) (the B copy): rounded once here, not
   // in every tile of every block that loads them (the same operands, so the
@@ -980,6 +986,7 @@ class CudaStages final : public model::GptStages {
     const ProductsAre products(this, "attention");
     if (flash_) {
       model::AttentionTensors t = model::FlashAttentionTensors(config_, layout_, a, arena_, false);
+      if (qkv16_ && !qkv16_only_) PointQkvAt(t, F32(layout_.dqkv));  // their fp32 values (RunBlockForward)
       ZINF_RETURN_IF_ERROR(FlashCopies(t, false));
       if (attention16_) {  // O in bf16 alone, attn_proj's operand
         t.out16 = OnlyBf16(kAttention, t.out, options_.batch_size * options_.seq_len * config_.q_dim());
@@ -1027,6 +1034,14 @@ class CudaStages final : public model::GptStages {
           t.dout16 = reinterpret_cast<const uint16_t*>(t.dout);
           t.dout = nullptr;
         }
+      }
+      if (qkv16_ && !qkv16_only_) {  // q, k and v stored in bf16, widened for kernels that read fp32
+        Op("cast");
+        float* wide = F32(layout_.dfch);  // free after the MLP's backward
+        const size_t n = static_cast<size_t>(options_.batch_size * options_.seq_len * config_.qkv_dim());
+        ZINF_RETURN_IF_ERROR(Cast(t.q, DType::kBFloat16, wide, DType::kFloat32, n, s_));
+        PointQkvAt(t, wide);
+        Op("attention");
       }
       if (qkv16_) {  // d(qkv) in bf16 alone, with the layout of qkv (model::QkvInBf16)
         auto* dqkv16 = reinterpret_cast<uint16_t*>(t.dq);
@@ -1088,11 +1103,12 @@ class CudaStages final : public model::GptStages {
     const float* in = F32(layout_.residual) + layer * BT * C;
     float* out = F32(layout_.residual) + (layer + 1) * BT * C;
     float* res_mid = F32(a.res_mid);
-    float* qkv = F32(a.qkv);
+    // q, k and v as bf16 values (model::QkvInBf16), stored in bf16: written
+    // so, or, where the device does not run the flash copies' kernels,
+    // computed in fp32 in dqkv (backward scratch), rounded there, and stored.
+    float* qkv = qkv16_ && !qkv16_only_ ? F32(layout_.dqkv) : F32(a.qkv);
     ZINF_RETURN_IF_ERROR(
         NormForward(F32(a.ln1), F32(a.ln1_mean), F32(a.ln1_rstd), in, p + w.ln1_w, TensorAt(p, w.ln1_b), kLn1));
-    // q, k and v as bf16 values (model::QkvInBf16): in bf16 alone, or, where
-    // the device does not run the flash copies' kernels, fp32 rounded in place.
     auto* qkv16 = reinterpret_cast<uint16_t*>(qkv);
     if (qkv16_only_) {
       ZINF_RETURN_IF_ERROR(GemmToBf16(false, false, BT, S, C, F32(a.ln1), C, p + w.qkv_w, S, qkv16, S));
@@ -1121,6 +1137,10 @@ class CudaStages final : public model::GptStages {
         ZINF_RETURN_IF_ERROR(RopeForward(qkv + Q, KeyRows(), T, rope_cos_, rope_sin_, s_));
         if (qkv16_) ZINF_RETURN_IF_ERROR(RoundInPlace(qkv, BT * S));
       }
+    }
+    if (qkv16_ && !qkv16_only_) {  // the rounded fp32 values stored as bf16
+      Op("cast");
+      ZINF_RETURN_IF_ERROR(Cast(qkv, DType::kFloat32, F32(a.qkv), DType::kBFloat16, static_cast<size_t>(BT * S), s_));
     }
     ZINF_RETURN_IF_ERROR(AttentionForward(a));
     ZINF_RETURN_IF_ERROR(

@@ -47,6 +47,13 @@ void StoreBf16(const ModelThreads& th, uint16_t* dst, const float* x, int64_t n)
   });
 }
 
+// dst[0, n) = the values of the bf16 bits x[0, n).
+void WidenBf16(const ModelThreads& th, float* dst, const uint16_t* x, int64_t n) {
+  th.ForChunks(n, kConvertGrain, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) dst[i] = Bf16BitsToFloat(x[i]);
+  });
+}
+
 // x[0, n) rounded to bf16 in place, and its bits stored at dst too.
 void RoundAndStoreBf16(const ModelThreads& th, float* x, uint16_t* dst, int64_t n) {
   th.ForChunks(n, kConvertGrain, [&](int64_t i0, int64_t i1) {
@@ -161,6 +168,7 @@ ActivationLayout ActivationLayout::For(const GptConfig& c, const GptRunOptions& 
   const int64_t Q = c.q_dim(), S = c.qkv_dim(), I = c.mlp_dim(), FC = c.fc_dim();
   const bool flash = ResolveAttention(c, o) == AttentionKernel::kFlash;
   const bool inputs16 = ProductInputsInBf16(c, o), fch16 = SwiGluInBf16(c, o);
+  const bool out16 = AttentionInBf16(c, o), qkv16 = QkvInBf16(c, o);
   const int64_t att_elems = flash ? B * H * T : B * H * T * T;
   ActivationLayout l;
   Planner p;
@@ -172,12 +180,12 @@ ActivationLayout ActivationLayout::For(const GptConfig& c, const GptRunOptions& 
   l.block.ln1 = set.Take(StoredBytes(BT * C, inputs16));
   l.block.ln1_mean = set.Take(F32Bytes(BT));
   l.block.ln1_rstd = set.Take(F32Bytes(BT));
-  l.block.qkv = set.Take(F32Bytes(BT * S));
+  l.block.qkv = set.Take(StoredBytes(BT * S, qkv16));
   // q and k before their RMSNorm (qk_norm): a copy of qkv, and each head's rstd.
   l.block.qk_pre = c.qk_norm ? set.Take(F32Bytes(BT * S)) : 0;
   l.block.qk_rstd = c.qk_norm ? set.Take(F32Bytes(BT * (H + c.kv_heads()))) : 0;
   l.block.att = set.Take(F32Bytes(att_elems));
-  l.block.atty = set.Take(F32Bytes(BT * Q));
+  l.block.atty = set.Take(StoredBytes(BT * Q, out16));
   l.block.res_mid = set.Take(F32Bytes(BT * C));
   l.block.ln2 = set.Take(StoredBytes(BT * C, inputs16));
   l.block.ln2_mean = set.Take(F32Bytes(BT));
@@ -201,7 +209,10 @@ ActivationLayout ActivationLayout::For(const GptConfig& c, const GptRunOptions& 
   l.dbuf = p.Take(F32Bytes(BT * std::max({C, Q, I})));
   l.dqkv = p.Take(F32Bytes(BT * S));
   l.datt = p.Take(F32Bytes(att_elems));
-  l.dfch = p.Take(F32Bytes(BT * FC));
+  // dfch also holds, in flash backward, the fp32 values of the q, k, v and O
+  // stored in bf16 (the CPU model's widening, the CUDA model's where its
+  // flash kernels read fp32).
+  l.dfch = p.Take(F32Bytes(BT * std::max(FC, (qkv16 ? S : 0) + (out16 ? Q : 0))));
   l.scratch_bytes = p.at() - l.saved_bytes;
 
   const int64_t other_units = std::max(BlockLayout::For(c).num_elems, FinalNormLayout::For(c).num_elems);
@@ -402,26 +413,27 @@ void GptModel::RunBlockForward(int layer, const float* p) {
   const float* in = F32(layout_.residual) + layer * BT * C;
   float* out = F32(layout_.residual) + (layer + 1) * BT * C;
   float* res_mid = F32(a.res_mid);
-  float* qkv = F32(a.qkv);
   OpProfile* const prof = options_.profile;
-  // Tensors stored in bf16 (ProductInputsInBf16, SwiGluInBf16) are computed
-  // in fp32 in backward scratch, which no forward reads and a block's
-  // backward writes only after it has computed its forward again: the norms'
-  // outputs and the activation in dbuf, the fc output in dfch. Their bf16
-  // bits are stored once their fp32 values are read.
+  // Tensors stored in bf16 (ProductInputsInBf16, SwiGluInBf16, QkvInBf16,
+  // AttentionInBf16) are computed in fp32 in backward scratch, which no
+  // forward reads and a block's backward writes only after it has computed
+  // its forward again: the norms' outputs, O and the activation in dbuf, q,
+  // k and v in dqkv, the fc output in dfch. Their bf16 bits are stored once
+  // their fp32 values are final.
   const bool inputs16 = ProductInputsInBf16(c, options_), fch16 = SwiGluInBf16(c, options_);
+  const bool qkv16 = QkvInBf16(c, options_), out16 = AttentionInBf16(c, options_);
   float* const stage = F32(layout_.dbuf);
   const auto store = [&](uint64_t at, const float* x, int64_t n) {
     MarkOp(prof, "cast");
     StoreBf16(threads_, U16(at), x, n);
   };
   float* const ln1 = inputs16 ? stage : F32(a.ln1);
+  float* const qkv = qkv16 ? F32(layout_.dqkv) : F32(a.qkv);
   MarkOp(prof, "norm");
   NormForward(ln1, F32(a.ln1_mean), F32(a.ln1_rstd), in, p + w.ln1_w, TensorAt(p, w.ln1_b));
   MarkOp(prof, "matmul");
   LinearForward<float>(threads_, qkv, ln1, p + w.qkv_w, TensorAt(p, w.qkv_b), BT, C, S);
   if (inputs16) store(a.ln1, ln1, BT * C);
-  const bool qkv16 = QkvInBf16(c, options_);
   if (qkv16) RoundToBf16InPlace(threads_, qkv, BT * S);
   if (c.qk_norm) {
     MarkOp(prof, "qk norm");
@@ -437,17 +449,23 @@ void GptModel::RunBlockForward(int layer, const float* p) {
     MarkOp(prof, "rope");
     RopeForward<float>(threads_, qkv, QueryRows(), T, rope_);
     RopeForward<float>(threads_, qkv + Q, KeyRows(), T, rope_);
-    if (qkv16) RoundToBf16InPlace(threads_, qkv, BT * S);
   }
+  if (qkv16) RoundAndStoreBf16(threads_, qkv, U16(a.qkv), BT * S);  // rounded again after RoPE
   MarkOp(prof, "attention");
+  float* const atty = out16 ? stage : F32(a.atty);
   if (options_.attention == AttentionKernel::kFlash) {
-    FlashAttentionForward(threads_, FlashAttentionShape(c, options_), FlashAttentionTensors(c, layout_, a, arena_, false));
-    if (AttentionInBf16(c, options_)) RoundToBf16InPlace(threads_, F32(a.atty), BT * Q);
+    AttentionTensors t = FlashAttentionTensors(c, layout_, a, arena_, false);
+    t.q = qkv;
+    t.k = qkv + Q;
+    t.v = qkv + Q + c.kv_dim();
+    t.out = atty;
+    FlashAttentionForward(threads_, FlashAttentionShape(c, options_), t);
+    if (out16) RoundAndStoreBf16(threads_, atty, U16(a.atty), BT * Q);
   } else {
-    AttentionForward<float>(threads_, F32(a.atty), F32(a.att), qkv, B, T, c.num_heads, c.kv_heads(), c.head_dim());
+    AttentionForward<float>(threads_, atty, F32(a.att), qkv, B, T, c.num_heads, c.kv_heads(), c.head_dim());
   }
   MarkOp(prof, "matmul");
-  LinearForward<float>(threads_, res_mid, F32(a.atty), p + w.attn_proj_w, TensorAt(p, w.attn_proj_b), BT, Q, C);
+  LinearForward<float>(threads_, res_mid, atty, p + w.attn_proj_w, TensorAt(p, w.attn_proj_b), BT, Q, C);
   MarkOp(prof, "residual");
   ResidualForward<float>(threads_, res_mid, in, res_mid, BT * C);
   float* const ln2 = inputs16 ? stage : F32(a.ln2);
@@ -644,12 +662,27 @@ Status GptModel::BlockBackward(int layer, const void* block, void* block_grad) {
                F32(a.ln2_rstd));
   // Attention: res_mid = in + attn_proj(attention(rope(qk_norm(qkv(norm1(in)))))).
   MarkOp(prof, "matmul");
-  LinearBackward<float>(threads_, dbuf, false, g + w.attn_proj_w, TensorAt(g, w.attn_proj_b), dres, F32(a.atty),
-                        p + w.attn_proj_w, BT, Q, C);
+  const bool qkv16 = QkvInBf16(c, options_), out16 = AttentionInBf16(c, options_);
+  LinearBackwardFrom(dbuf, g + w.attn_proj_w, TensorAt(g, w.attn_proj_b), dres, a.atty, out16, p + w.attn_proj_w, Q,
+                     C);
   MarkOp(prof, "attention");
-  if (AttentionInBf16(c, options_)) RoundToBf16InPlace(threads_, dbuf, BT * Q);
+  if (out16) RoundToBf16InPlace(threads_, dbuf, BT * Q);
   if (options_.attention == AttentionKernel::kFlash) {
-    FlashAttentionBackward(threads_, FlashAttentionShape(c, options_), FlashAttentionTensors(c, layout_, a, arena_, true));
+    AttentionTensors t = FlashAttentionTensors(c, layout_, a, arena_, true);
+    // q, k, v and O stored in bf16, widened into dfch (free after the MLP's backward).
+    float* widened = F32(layout_.dfch);
+    if (qkv16) {
+      WidenBf16(threads_, widened, U16(a.qkv), BT * S);
+      t.q = widened;
+      t.k = widened + Q;
+      t.v = widened + Q + c.kv_dim();
+      widened += BT * S;
+    }
+    if (out16) {
+      WidenBf16(threads_, widened, U16(a.atty), BT * Q);
+      t.out = widened;
+    }
+    FlashAttentionBackward(threads_, FlashAttentionShape(c, options_), t);
     if (QkvInBf16(c, options_)) RoundToBf16InPlace(threads_, dqkv, BT * S);
   } else {
     AttentionBackward<float>(threads_, dqkv, F32(layout_.datt), dbuf, F32(a.qkv), F32(a.att), B, T, c.num_heads,

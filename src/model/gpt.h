@@ -155,7 +155,8 @@ struct ActivationLayout {
   // qk_rstd (used with qk_norm only) the linear output and each head's
   // 1/rms. fch is fc's output, fch_gelu the activation's (GELU or SwiGLU).
   // ln*_mean is unused with RMSNorm. ln1, ln2 and fch_gelu hold bf16 bits
-  // with ProductInputsInBf16, fch with SwiGluInBf16.
+  // with ProductInputsInBf16, fch with SwiGluInBf16, qkv with QkvInBf16 and
+  // atty with AttentionInBf16.
   struct Block {
     uint64_t ln1, ln1_mean, ln1_rstd, qkv, qk_pre, qk_rstd, att, atty, res_mid, ln2, ln2_mean, ln2_rstd, fch,
         fch_gelu;
@@ -194,7 +195,10 @@ struct ActivationLayout {
 // The attention of block set `a` as flash attention sees it, over the
 // activation arena at `arena` (a host or a device address): q, k, v from
 // the fused qkv, out = atty, lse = att; with backward also dout = dbuf,
-// delta = datt and dq, dk, dv in dqkv.
+// delta = datt and dq, dk, dv in dqkv. Where qkv and atty are stored in
+// bf16 (QkvInBf16, AttentionInBf16) their pointers name the places of bf16
+// bits (element offsets as in fp32): a caller that reads fp32 points them
+// at fp32 values of its own.
 AttentionShape FlashAttentionShape(const GptConfig& c, const GptRunOptions& o);
 AttentionTensors FlashAttentionTensors(const GptConfig& c, const ActivationLayout& l, const ActivationLayout::Block& a,
                                        void* arena, bool backward);

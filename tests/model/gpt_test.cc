@@ -13,6 +13,7 @@
 #include "common/float16.h"
 #include "gpt_reference.h"
 #include "math/decoder_math.h"
+#include "model/flash_attention.h"
 #include "model/gemm.h"
 #include "model/layers.h"
 #include "model_test_util.h"
@@ -289,10 +290,11 @@ TEST(GptModelTest, SwiGluMlpKeepsBf16ValuesWithBf16Products) {
 // With bf16 products and flash attention, the attention's output O and its
 // gradient dO are kept as bf16 values (AttentionInBf16), as the CUDA
 // model's flash forward and attn_proj product write them, and flash
-// backward's δ sums those; with the plain attention or fp32 products they
-// stay fp32. Checked in the arena after a step: the last block's O, and
-// block 0's dO in dbuf past the [B·T, C] the qkv product's input gradient
-// wrote over it (heads of 16, so that Q = 2C).
+// backward's δ sums those; O is stored as bf16. With the plain attention or
+// fp32 products they stay fp32. Checked in the arena after a step: the last
+// block's O (bf16: the rounding of flash attention over the q, k, v the
+// block stored), and block 0's dO in dbuf past the [B·T, C] the qkv
+// product's input gradient wrote over it (heads of 16, so that Q = 2C).
 TEST(GptModelTest, FlashAttentionKeepsBf16OutputsWithBf16Products) {
   struct Case {
     DType matmul;
@@ -310,13 +312,30 @@ TEST(GptModelTest, FlashAttentionKeepsBf16OutputsWithBf16Products) {
     const SteppedArena a = StepKeepingTheArena(c, o, 51);
     const int64_t BT = 2 * c.max_seq_len, C = c.embed_dim, Q = c.q_dim();
     ASSERT_EQ(Q, 2 * C);
-    const int64_t out = a.NotBf16(a.layout.BlockAt(c.num_layers - 1).atty, 0, BT * Q);
+    const ActivationLayout::Block last = a.layout.BlockAt(c.num_layers - 1);
     const int64_t dout = a.NotBf16(a.layout.dbuf, BT * C, BT * Q);
     if (k.rounded) {
-      EXPECT_EQ(out, 0);
+      EXPECT_EQ(last.res_mid - last.atty, static_cast<uint64_t>(BT * Q * 2));
+      ASSERT_TRUE(QkvInBf16(c, o));
+      const int64_t S = c.qkv_dim();
+      std::vector<float> qkv(BT * S), out(BT * Q), lse(BT * c.num_heads);
+      for (int64_t i = 0; i < BT * S; ++i) qkv[i] = Bf16BitsToFloat(a.Bf16(last.qkv)[i]);
+      AttentionTensors t;
+      t.q = qkv.data();
+      t.k = t.q + Q;
+      t.v = t.k + c.kv_dim();
+      t.q_stride = t.kv_stride = S;
+      t.out = out.data();
+      t.out_stride = Q;
+      t.lse = lse.data();
+      FlashAttentionForward(ModelThreads(1, DType::kBFloat16), FlashAttentionShape(c, o), t);
+      int64_t wrong = 0;
+      for (int64_t i = 0; i < BT * Q; ++i) wrong += a.Bf16(last.atty)[i] != FloatToBf16Bits(out[i]);
+      EXPECT_EQ(wrong, 0);
       EXPECT_EQ(dout, 0);
     } else {
-      EXPECT_GT(out, BT * Q / 2);
+      EXPECT_EQ(last.res_mid - last.atty, static_cast<uint64_t>(BT * Q * 4));
+      EXPECT_GT(a.NotBf16(last.atty, 0, BT * Q), BT * Q / 2);
       EXPECT_GT(dout, BT * (Q - C) / 2);
     }
   }
@@ -325,9 +344,10 @@ TEST(GptModelTest, FlashAttentionKeepsBf16OutputsWithBf16Products) {
 // With bf16 products and flash attention, the fused q, k, v and their
 // gradient are kept as bf16 values (QkvInBf16: rounded after the product,
 // or the attention's backward, and after RoPE), as the CUDA model's kernels
-// write them; not with the plain attention, fp32 products, a qkv bias or a
-// q/k norm. Checked in the arena after a step: the last block's qkv, and
-// block 0's d(qkv), which the step's last products read.
+// write them, q, k and v stored as bf16; not with the plain attention, fp32
+// products, a qkv bias or a q/k norm. Checked in the arena after a step: the
+// last block's qkv (bf16: its norm output's product, rounded, rotated and
+// rounded again), and block 0's d(qkv), which the step's last products read.
 TEST(GptModelTest, QkvKeepsBf16ValuesWithBf16ProductsAndFlashAttention) {
   struct Case {
     DType matmul;
@@ -348,13 +368,27 @@ TEST(GptModelTest, QkvKeepsBf16ValuesWithBf16ProductsAndFlashAttention) {
     EXPECT_EQ(QkvInBf16(c, o), k.rounded);
     const SteppedArena a = StepKeepingTheArena(c, o, 61);
     const int64_t BT = 2 * c.max_seq_len, S = c.qkv_dim();
-    const int64_t qkv = a.NotBf16(a.layout.BlockAt(c.num_layers - 1).qkv, 0, BT * S);
+    const ActivationLayout::Block last = a.layout.BlockAt(c.num_layers - 1);
     const int64_t dqkv = a.NotBf16(a.layout.dqkv, 0, BT * S);
     if (k.rounded) {
-      EXPECT_EQ(qkv, 0);
+      EXPECT_EQ(last.att - last.qkv, static_cast<uint64_t>(BT * S * 2));
+      const ModelThreads th(1, DType::kBFloat16);
+      const float* w = a.params[c.num_layers].data() + BlockLayout::For(c).qkv_w;
+      std::vector<float> qkv(BT * S);
+      ParallelGemmBf16A(th, false, false, BT, S, c.embed_dim, 1.0f, a.Bf16(last.ln1), c.embed_dim, w, S, 0.0f,
+                        qkv.data(), S);
+      for (float& x : qkv) x = RoundToBf16(x);
+      const RopeTable rope = RopeTable::For(c, c.max_seq_len);
+      const int64_t D = c.head_dim();
+      RopeForward<float>(th, qkv.data(), RowSet{BT * c.num_heads, D, c.num_heads, S}, c.max_seq_len, rope);
+      RopeForward<float>(th, qkv.data() + c.q_dim(), RowSet{BT * c.kv_heads(), D, c.kv_heads(), S}, c.max_seq_len,
+                         rope);
+      int64_t wrong = 0;
+      for (int64_t i = 0; i < BT * S; ++i) wrong += a.Bf16(last.qkv)[i] != FloatToBf16Bits(qkv[i]);
+      EXPECT_EQ(wrong, 0);
       EXPECT_EQ(dqkv, 0);
     } else {
-      EXPECT_GT(qkv, BT * S / 4);
+      EXPECT_GT(a.NotBf16(last.qkv, 0, BT * S), BT * S / 4);
       EXPECT_GT(dqkv, BT * S / 4);
     }
   }
@@ -376,8 +410,12 @@ TEST(GptModelTest, ProductInputsAreStoredAsTheirBf16Rounding) {
     const int64_t BT = 2 * c.max_seq_len, C = c.embed_dim, I = c.mlp_dim(), FC = c.fc_dim();
     const ActivationLayout fp32 = ActivationLayout::For(c, StepOptions(DType::kFloat32, attention));
     const SteppedArena a = StepKeepingTheArena(c, o, 71);
-    const int64_t fch_halved = SwiGluInBf16(c, o) ? BT * FC * 2 : 0;
-    EXPECT_EQ(fp32.block_stride - a.layout.block_stride, static_cast<uint64_t>((2 * BT * C + BT * I) * 2 + fch_halved));
+    // The fc output (SwiGluInBf16), q, k, v (QkvInBf16) and O
+    // (AttentionInBf16) too, with the Llama's flash attention.
+    const int64_t also = (SwiGluInBf16(c, o) ? BT * FC * 2 : 0) + (QkvInBf16(c, o) ? BT * c.qkv_dim() * 2 : 0) +
+                         (AttentionInBf16(c, o) ? BT * c.q_dim() * 2 : 0);
+    EXPECT_EQ(llama, also > 0);
+    EXPECT_EQ(fp32.block_stride - a.layout.block_stride, static_cast<uint64_t>((2 * BT * C + BT * I) * 2 + also));
 
     const int layer = c.num_layers - 1;
     const ActivationLayout::Block b = a.layout.BlockAt(layer);
