@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <string>
 
@@ -98,12 +99,17 @@ Status Backward(const AttentionShape& s, const AttentionTensors& t, void* stream
   return Launch(FlashBackwardQKernel<D, kAsync>, "FlashBackwardQKernel", BackwardQLaunch<D, kAsync>(s), stream, s, t);
 }
 
+std::atomic<bool> copies_disabled{false};  // DisableFlashAttentionCopiesForTesting
+
 }  // namespace
+
+void DisableFlashAttentionCopiesForTesting(bool disabled) { copies_disabled.store(disabled); }
 
 Result<bool> FlashAttentionCopiesFit(int64_t head_dim) {
   if (head_dim != 64 && head_dim != 128) {
     return InvalidArgument("gpu::FlashAttentionCopiesFit: head_dim " + std::to_string(head_dim));
   }
+  if (copies_disabled.load()) return false;
   static_assert(BackwardKvSmem<128, true>() >= BackwardQSmem<128, true>() &&
                 BackwardKvSmem<128, true>() >= ForwardSmem<128, true>() &&
                 BackwardKvSmem<64, true>() >= BackwardQSmem<64, true>() &&

@@ -178,5 +178,9 @@ Status FlashAttentionBackward(const model::AttentionShape& shape, const model::A
 // Whether the current device runs the two-buffer kernels that read bf16
 // copies, forward and backward, for this head_dim (64 or 128).
 Result<bool> FlashAttentionCopiesFit(int64_t head_dim);
+// Tests: with `disabled`, FlashAttentionCopiesFit says false on any device
+// (process-wide, until called again with false), so that a GPU with room
+// for the copies' kernels runs the paths of one without.
+void DisableFlashAttentionCopiesForTesting(bool disabled);
 
 }  // namespace zinf::gpu

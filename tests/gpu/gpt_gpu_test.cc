@@ -41,7 +41,11 @@
 // 10, Llama 3's RoPE scaling, biases on every linear layer, q/k norm and an
 // untied head at once; LayerNorm with RoPE and SwiGLU; and grouped-query
 // heads under flash attention (64, and 128 with four query heads on one
-// key/value head) and, at 64, under the plain one with bf16 operands.
+// key/value head) and, at 64, under the plain one with bf16 operands. The
+// *_fp32_tiles cases run flash attention's kernels that read fp32 tiles,
+// those of a device without the shared memory for the bf16 copies' kernels
+// (gpu::DisableFlashAttentionCopiesForTesting), and the model's paths for
+// them.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -52,6 +56,7 @@
 #include "common/float16.h"
 #include "gpu/cuda_device.h"
 #include "gpu/cuda_probe.h"
+#include "gpu/kernels.h"
 #include "exec/gpt_device.h"
 #include "model/model_test_util.h"
 
@@ -76,6 +81,10 @@ struct Case {
   // products the linear layers' weight gradients are then written by their
   // products in bf16 (DirectGrads in exec/gpt_cuda.cc).
   bool overwrite_grads = false;
+  // Flash attention's kernels that read fp32 tiles, as on a device whose
+  // shared memory does not fit the bf16 copies' kernels (the model then
+  // keeps dO in fp32 and computes q, k, v in fp32 scratch).
+  bool fp32_tiles = false;
 };
 
 // One forward + backward on host buffers (test::Step with a loss scale).
@@ -186,6 +195,10 @@ TEST_P(GptOnCudaTest, LossAndGradientsMatchTheCpuModel) {
   ASSERT_TRUE(d.CopyToDevice(dtargets, targets.data(), BT * 4, *stream).ok());
   ASSERT_TRUE(stream->Synchronize().ok());
 
+  gpu::DisableFlashAttentionCopiesForTesting(k.fp32_tiles);
+  struct Restore {
+    ~Restore() { gpu::DisableFlashAttentionCopiesForTesting(false); }
+  } restore;
   auto gpt = GptDevice::Create(d, *stream, c, o);
   ASSERT_TRUE(gpt.ok()) << gpt.status().ToString();
   ASSERT_TRUE((*gpt)->EnqueueForward(dtokens, dtargets, dparams, dloss).ok());
@@ -333,7 +346,13 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GptOnCudaTest,
                                                 DType::kBFloat16, AttentionKernel::kAuto, 0, true},
                                            Case{"flash_gqa_llama_bf16_grads_from_products",
                                                 Llama(97, 130, 256, 2, 4, 2, 64, 384), false, true, 1.0f,
-                                                DType::kBFloat16, AttentionKernel::kAuto, 0, true}),
+                                                DType::kBFloat16, AttentionKernel::kAuto, 0, true},
+                                           Case{"flash_gqa_llama_fp32_tiles", Llama(97, 130, 256, 2, 4, 2, 64, 384),
+                                                false, false, 1.0f, DType::kBFloat16, AttentionKernel::kAuto, 0,
+                                                false, true},
+                                           Case{"flash_gqa_llama_d128_checkpointing_bf16_fp32_tiles",
+                                                Llama(97, 70, 128, 2, 4, 1, 128, 160), true, true, 1.0f,
+                                                DType::kBFloat16, AttentionKernel::kAuto, 0, false, true}),
                          [](const ::testing::TestParamInfo<Case>& i) { return std::string(i.param.name); });
 
 }  // namespace
