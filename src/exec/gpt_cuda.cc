@@ -211,38 +211,68 @@ class CudaStages final : public model::GptStages {
     const int64_t ld = layout_.logits_ld;
     float* dlnf = F32(layout_.dbuf);
     const float* lnf = F32(layout_.lnf);
-    const bool chunked = layout_.loss_chunk_rows < BT;
-    for (int64_t r0 = 0; r0 < BT; r0 += layout_.loss_chunk_rows) {
-      const int64_t rows = std::min(layout_.loss_chunk_rows, BT - r0);
-      if (chunked) {  // this chunk's logits again (forward kept the last chunk's probabilities only)
-        Op("matmul");
-        ZINF_RETURN_IF_ERROR(Gemm(false, true, rows, V, C, 1.0f, lnf + r0 * C, C, head, C, 0.0f, dlogits, ld));
-        if (!bf16_) {
-          Op("loss");
-          ZINF_RETURN_IF_ERROR(SoftmaxCrossEntropyForward(dlogits, I32(layout_.targets) + r0, dlogits,
-                                                          F32(layout_.losses) + r0, rows, V, ld, s_));
+    const int64_t chunk = layout_.loss_chunk_rows;
+    const bool chunked = chunk < BT;
+    // With bf16 products the chunks' bf16 logits gradients gather in the A
+    // operand copy, as many whole chunks as it holds (4 of 512 rows at
+    // llama-3.2-1b's shape, T = 2048, micro-batch 2), and the head's weight
+    // gradient is one product a group: its [V, C] fp32 sum is read and
+    // written once a group, not once a chunk (2.1 GB each time at V =
+    // 128256, C = 2048). The CPU model adds chunk by chunk; the sums differ
+    // only in their order.
+    // The head's weights must be a kept copy (bf16 parameters), and the final
+    // norm's output is rounded once into the B copy (each chunk's rows
+    // 16-byte aligned in it: C a multiple of 8), so that no product rounds
+    // an operand into either copy while the A copy gathers.
+    auto* const dlogits16 = reinterpret_cast<uint16_t*>(arena_ + layout_.bf16_a);
+    const bool gather = bf16_ && chunked && C % 8 == 0 && Bf16CopyOf(head, V * C) != nullptr;
+    const int64_t group = gather ? std::max<int64_t>(1, layout_.bf16_operand_elems / (chunk * ld)) * chunk : chunk;
+    if (gather) {
+      Op("matmul operand cast");
+      auto* lnf16 = reinterpret_cast<uint16_t*>(arena_ + layout_.bf16_b);
+      ZINF_RETURN_IF_ERROR(Cast(lnf, DType::kFloat32, lnf16, DType::kBFloat16, static_cast<size_t>(BT * C), s_));
+      bf16_copies_[kHeadInput] = Bf16Copy{lnf, lnf16, BT * C};
+    }
+    for (int64_t g0 = 0; g0 < BT; g0 += group) {
+      const int64_t group_rows = std::min(group, BT - g0);
+      for (int64_t r0 = g0; r0 < g0 + group_rows; r0 += chunk) {
+        const int64_t rows = std::min(chunk, g0 + group_rows - r0);
+        if (chunked) {  // this chunk's logits again (forward kept the last chunk's probabilities only)
+          Op("matmul");
+          ZINF_RETURN_IF_ERROR(Gemm(false, true, rows, V, C, 1.0f, lnf + r0 * C, C, head, C, 0.0f, dlogits, ld));
+          if (!bf16_) {
+            Op("loss");
+            ZINF_RETURN_IF_ERROR(SoftmaxCrossEntropyForward(dlogits, I32(layout_.targets) + r0, dlogits,
+                                                            F32(layout_.losses) + r0, rows, V, ld, s_));
+          }
         }
+        // scale · (p - onehot) with scale = loss_scale / targets, the count on the device.
+        Op("loss");
+        if (bf16_) {  // straight into the bf16 operand copy, which both products read
+          uint16_t* rows16 = dlogits16 + (r0 - g0) * ld;
+          const int32_t* targets = I32(layout_.targets) + r0;
+          // From the logits when chunked (their probabilities not stored), else from forward's probabilities.
+          ZINF_RETURN_IF_ERROR(
+              chunked ? SoftmaxCrossEntropyGradBf16(dlogits, targets, rows16, rows, V, ld, loss_scale, count_, s_)
+                      : SoftmaxCrossEntropyBackwardBf16(dlogits, targets, rows16, rows, V, ld, loss_scale, count_, s_));
+          bf16_copies_[kProductInput] = Bf16Copy{dlogits, rows16, rows * ld};
+        } else {
+          ZINF_RETURN_IF_ERROR(
+              SoftmaxCrossEntropyBackward(dlogits, I32(layout_.targets) + r0, dlogits, rows, V, ld, 1.0f, s_));
+          ZINF_RETURN_IF_ERROR(ScaleByCount(dlogits, static_cast<size_t>(rows * ld), loss_scale, count_, s_));
+        }
+        Op("matmul");
+        ZINF_RETURN_IF_ERROR(Gemm(false, false, rows, C, V, 1.0f, dlogits, ld, head, C, 0.0f, dlnf + r0 * C, C));
+        if (!bf16_) ZINF_RETURN_IF_ERROR(Gemm(true, false, V, C, rows, 1.0f, dlogits, ld, lnf + r0 * C, C, 1.0f, ghead, C));
       }
-      // scale · (p - onehot) with scale = loss_scale / targets, the count on the device.
-      Op("loss");
-      if (bf16_) {  // straight into the bf16 operand copy, which both products read
-        uint16_t* dlogits16 = reinterpret_cast<uint16_t*>(arena_ + layout_.bf16_a);
-        const int32_t* targets = I32(layout_.targets) + r0;
-        // From the logits when chunked (their probabilities not stored), else from forward's probabilities.
+      if (bf16_) {  // the group's weight gradient: `dlogits` names its rows in the A copy
+        bf16_copies_[kProductInput] = Bf16Copy{dlogits, dlogits16, group_rows * ld};
         ZINF_RETURN_IF_ERROR(
-            chunked ? SoftmaxCrossEntropyGradBf16(dlogits, targets, dlogits16, rows, V, ld, loss_scale, count_, s_)
-                    : SoftmaxCrossEntropyBackwardBf16(dlogits, targets, dlogits16, rows, V, ld, loss_scale, count_, s_));
-        bf16_copies_[kProductInput] = Bf16Copy{dlogits, dlogits16, rows * ld};
-      } else {
-        ZINF_RETURN_IF_ERROR(
-            SoftmaxCrossEntropyBackward(dlogits, I32(layout_.targets) + r0, dlogits, rows, V, ld, 1.0f, s_));
-        ZINF_RETURN_IF_ERROR(ScaleByCount(dlogits, static_cast<size_t>(rows * ld), loss_scale, count_, s_));
+            Gemm(true, false, V, C, group_rows, 1.0f, dlogits, ld, lnf + g0 * C, C, 1.0f, ghead, C));
       }
-      Op("matmul");
-      ZINF_RETURN_IF_ERROR(Gemm(false, false, rows, C, V, 1.0f, dlogits, ld, head, C, 0.0f, dlnf + r0 * C, C));
-      ZINF_RETURN_IF_ERROR(Gemm(true, false, V, C, rows, 1.0f, dlogits, ld, lnf + r0 * C, C, 1.0f, ghead, C));
       bf16_copies_[kProductInput] = {};  // the next chunk's products overwrite the copy
     }
+    bf16_copies_[kHeadInput] = {};
     float* dres = F32(layout_.dres);
     Op("norm");
     ZINF_RETURN_IF_ERROR(device_.Memset(dres, 0, BT * C * sizeof(float), stream_));
@@ -408,6 +438,7 @@ class CudaStages final : public model::GptStages {
     kQkvGrad,
     kActivation,
     kActivationGrad,
+    kHeadInput,
     kCopySlots
   };
   std::array<Bf16Copy, kCopySlots> bf16_copies_{};
