@@ -265,7 +265,11 @@ class CudaStages final : public model::GptStages {
         ZINF_RETURN_IF_ERROR(Gemm(false, false, rows, C, V, 1.0f, dlogits, ld, head, C, 0.0f, dlnf + r0 * C, C));
         if (!bf16_) ZINF_RETURN_IF_ERROR(Gemm(true, false, V, C, rows, 1.0f, dlogits, ld, lnf + r0 * C, C, 1.0f, ghead, C));
       }
-      if (bf16_) {  // the group's weight gradient: `dlogits` names its rows in the A copy
+      if (bf16_) {
+        // The group's weight gradient: `dlogits` names its rows in the A copy.
+        // That name spans group_rows · ld floats from probs, past the probs'
+        // own place (one chunk's), so only this product runs while it is set;
+        // its other operand, lnf, lies before probs.
         bf16_copies_[kProductInput] = Bf16Copy{dlogits, dlogits16, group_rows * ld};
         ZINF_RETURN_IF_ERROR(
             Gemm(true, false, V, C, group_rows, 1.0f, dlogits, ld, lnf + g0 * C, C, 1.0f, ghead, C));
@@ -1069,6 +1073,7 @@ class CudaStages final : public model::GptStages {
       if (qkv16_ && !qkv16_only_) {  // q, k and v stored in bf16, widened for kernels that read fp32
         Op("cast");
         float* wide = F32(layout_.dfch);  // free after the MLP's backward
+        bf16_copies_[kActivationGrad] = {};  // the bf16 SwiGLU gradient there is overwritten
         const size_t n = static_cast<size_t>(options_.batch_size * options_.seq_len * config_.qkv_dim());
         ZINF_RETURN_IF_ERROR(Cast(t.q, DType::kBFloat16, wide, DType::kFloat32, n, s_));
         PointQkvAt(t, wide);

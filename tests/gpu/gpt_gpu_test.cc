@@ -320,6 +320,9 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GptOnCudaTest,
                                                 1024.0f, DType::kFloat32, AttentionKernel::kAuto, 50},
                                            Case{"bf16_matmul_loss_in_chunks", Shape(97, 40, 64, 2, 4), false, true,
                                                 1.0f, DType::kBFloat16, AttentionKernel::kAuto, 33},
+                                           // fp32 parameters: each chunk's weight gradient on its own.
+                                           Case{"bf16_matmul_fp32_params_loss_in_chunks", Shape(97, 40, 64, 2, 4),
+                                                false, false, 1.0f, DType::kBFloat16, AttentionKernel::kAuto, 33},
                                            // Chunks of 16 rows gathered four at a time for the head's weight
                                            // gradient (the operand copies hold V · C = 64,000 elements):
                                            // groups of 64 and 56 rows, the last chunk 8.

@@ -502,17 +502,24 @@ TEST(GptModelTest, CheckpointingGivesTheSameBitsAndSavesMemory) {
   o.activation_checkpointing = true;
   ExpectBitIdentical(plain, RunStep(Chunky(), o));
   // With bf16 products the recomputed forward computes the tensors stored
-  // in bf16 in backward scratch (ProductInputsInBf16), beside the live
-  // residual gradient.
+  // in bf16 in backward scratch (ProductInputsInBf16; with flash attention
+  // AttentionInBf16, and QkvInBf16 on the Llama), beside the live residual
+  // gradient, and flash backward widens q, k, v and O into dfch.
   for (const bool llama : {false, true}) {
-    SCOPED_TRACE(llama ? "tiny-llama, bf16 products" : "chunky, bf16 products");
-    const GptConfig c = llama ? std::move(GptPreset("tiny-llama")).value() : Chunky();
-    GptRunOptions b = o;
-    b.matmul_dtype = DType::kBFloat16;
-    b.activation_checkpointing = false;
-    const StepResult kept = RunStep(c, b);
-    b.activation_checkpointing = true;
-    ExpectBitIdentical(kept, RunStep(c, b));
+    for (const AttentionKernel attention : {AttentionKernel::kPlain, AttentionKernel::kFlash}) {
+      SCOPED_TRACE(::testing::Message() << (llama ? "tiny-llama" : "chunky") << ", bf16 products, "
+                                        << AttentionKernelName(attention));
+      const GptConfig c = llama ? std::move(GptPreset("tiny-llama")).value() : Chunky();
+      GptRunOptions b = o;
+      b.matmul_dtype = DType::kBFloat16;
+      b.attention = attention;
+      EXPECT_EQ(AttentionInBf16(c, b), attention == AttentionKernel::kFlash);
+      EXPECT_EQ(QkvInBf16(c, b), llama && attention == AttentionKernel::kFlash);
+      b.activation_checkpointing = false;
+      const StepResult kept = RunStep(c, b);
+      b.activation_checkpointing = true;
+      ExpectBitIdentical(kept, RunStep(c, b));
+    }
   }
 
   const GptConfig c = Chunky();
