@@ -132,10 +132,19 @@ class CudaStages final : public model::GptStages {
     Op("embedding");
     ZINF_RETURN_IF_ERROR(device_.CopyOnDevice(I32(layout_.tokens), tokens, B * T * sizeof(int32_t), stream_));
     const EmbeddingLayout e = EmbeddingLayout::For(config_);
-    ZINF_ASSIGN_OR_RETURN(const float* p, Widen(embedding, e.num_elems, layout_.wide_embedding));
+    // bf16 token embeddings are read in place, as bf16 rows: only the
+    // batch's rows are widened, not the [V, C] table (the head's products
+    // take the table as their operand, and widen it themselves where they
+    // need fp32).
+    const bool rows16 = options_.param_dtype == DType::kBFloat16;
+    const Range wte[] = {{e.wte, config_.vocab_size * C}};
+    ZINF_ASSIGN_OR_RETURN(const float* p, Widen(embedding, e.num_elems, layout_.wide_embedding,
+                                                rows16 ? std::span<const Range>(wte) : std::span<const Range>{}));
     Op("embedding");
-    ZINF_RETURN_IF_ERROR(EmbeddingForward(I32(layout_.tokens), p + e.wte, TensorAt(p, e.wpe), F32(layout_.residual),
-                                          B * T, T, C, s_));
+    ZINF_RETURN_IF_ERROR(rows16 ? EmbeddingForward(I32(layout_.tokens), static_cast<const uint16_t*>(embedding) + e.wte,
+                                                   TensorAt(p, e.wpe), F32(layout_.residual), B * T, T, C, s_)
+                                : EmbeddingForward(I32(layout_.tokens), p + e.wte, TensorAt(p, e.wpe),
+                                                   F32(layout_.residual), B * T, T, C, s_));
     EndOps();
     forward_next_ = 0;
     head_forward_done_ = false;

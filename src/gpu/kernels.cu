@@ -256,14 +256,19 @@ __global__ void __launch_bounds__(kColumnWarps * 32)
 
 // ---- embedding ----
 
-__global__ void EmbeddingForwardKernel(const int32_t* __restrict__ tokens, const float* __restrict__ wte,
+// A table element's value: fp32, or bf16 bits widened.
+__device__ inline float TableValue(float x) { return x; }
+__device__ inline float TableValue(uint16_t bits) { return Bf16BitsToFloat(bits); }
+
+template <class W>
+__global__ void EmbeddingForwardKernel(const int32_t* __restrict__ tokens, const W* __restrict__ wte,
                                        const float* __restrict__ wpe, float* __restrict__ out, int64_t rows,
                                        int64_t seq_len, int64_t channels) {
   const size_t n = static_cast<size_t>(rows) * static_cast<size_t>(channels);
   for (size_t i = GlobalThread(); i < n; i += GridStride()) {
     const int64_t r = static_cast<int64_t>(i / static_cast<size_t>(channels));
     const int64_t c = static_cast<int64_t>(i % static_cast<size_t>(channels));
-    const float te = wte[static_cast<int64_t>(tokens[r]) * channels + c];
+    const float te = TableValue(wte[static_cast<int64_t>(tokens[r]) * channels + c]);
     out[i] = wpe ? te + wpe[(r % seq_len) * channels + c] : te;
   }
 }
@@ -572,16 +577,31 @@ Status LayerNormBackward(const float* dy, const float* x, const float* w, const 
   return ZINF_CHECK_LAUNCH("LayerNormBackwardColumnsKernel");
 }
 
-Status EmbeddingForward(const int32_t* tokens, const float* wte, const float* wpe, float* out, int64_t rows,
-                        int64_t seq_len, int64_t channels, void* stream) {
+namespace {
+
+template <class W>
+Status EmbeddingForwardOf(const int32_t* tokens, const W* wte, const float* wpe, float* out, int64_t rows,
+                          int64_t seq_len, int64_t channels, void* stream) {
   ZINF_RETURN_IF_ERROR(CheckRows("gpu::EmbeddingForward", rows, channels, "channels"));
   if (seq_len < 1) return InvalidArgument("gpu::EmbeddingForward: seq_len " + std::to_string(seq_len));
   if (rows == 0) return Status::Ok();
   if (!tokens || !wte || !out) return InvalidArgument("gpu::EmbeddingForward: null tokens, wte or out");
   const size_t n = static_cast<size_t>(rows) * static_cast<size_t>(channels);
-  EmbeddingForwardKernel<<<BlocksFor(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(tokens, wte, wpe, out,
-                                                                                            rows, seq_len, channels);
+  EmbeddingForwardKernel<W><<<BlocksFor(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(tokens, wte, wpe, out,
+                                                                                               rows, seq_len, channels);
   return ZINF_CHECK_LAUNCH("EmbeddingForwardKernel");
+}
+
+}  // namespace
+
+Status EmbeddingForward(const int32_t* tokens, const float* wte, const float* wpe, float* out, int64_t rows,
+                        int64_t seq_len, int64_t channels, void* stream) {
+  return EmbeddingForwardOf(tokens, wte, wpe, out, rows, seq_len, channels, stream);
+}
+
+Status EmbeddingForward(const int32_t* tokens, const uint16_t* wte, const float* wpe, float* out, int64_t rows,
+                        int64_t seq_len, int64_t channels, void* stream) {
+  return EmbeddingForwardOf(tokens, wte, wpe, out, rows, seq_len, channels, stream);
 }
 
 size_t EmbeddingBackwardWorkspaceBytes(int64_t rows) {

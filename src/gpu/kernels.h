@@ -108,6 +108,10 @@ Status SoftmaxCrossEntropyGradBf16(const float* logits, const int32_t* targets, 
 // device). Bit-identical to the CPU EncoderForward.
 Status EmbeddingForward(const int32_t* tokens, const float* wte, const float* wpe, float* out, int64_t rows,
                         int64_t seq_len, int64_t channels, void* stream);
+// The same with wte given as bf16 bits (bf16 parameters, read in place):
+// the rows of their widened values.
+Status EmbeddingForward(const int32_t* tokens, const uint16_t* wte, const float* wpe, float* out, int64_t rows,
+                        int64_t seq_len, int64_t channels, void* stream);
 // dwte[tokens[r]] += dout[r]; dwpe[r % seq_len] += dout[r] when dwpe is not
 // null; each element adds its rows in increasing r, as the CPU
 // EncoderBackward does, so the two agree bit for bit and a run repeats

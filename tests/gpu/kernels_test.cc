@@ -607,6 +607,22 @@ TEST_F(GpuKernelTest, EmbeddingMatchesTheCpuLayers) {
     for (int64_t c = 0; c < kChannels; ++c)
       ASSERT_TRUE(SameFloat(gathered[r * kChannels + c], wte[tokens[r] * kChannels + c])) << r << ", " << c;
   }
+  // bf16 token embeddings read in place (bf16 parameters): the CPU's rows
+  // of their widened values.
+  {
+    std::vector<uint16_t> wte16(wte.size());
+    std::vector<float> wte_wide(wte.size()), want16(out.size());
+    for (size_t i = 0; i < wte.size(); ++i) {
+      wte16[i] = FloatToBf16Bits(wte[i]);
+      wte_wide[i] = Bf16BitsToFloat(wte16[i]);
+    }
+    model::EncoderForward(threads_, want16.data(), tokens.data(), wte_wide.data(), wpe.data(), kBatch, kSeqLen,
+                          kChannels);
+    DeviceArray<uint16_t> gwte16(wte16);
+    ASSERT_TRUE(
+        EmbeddingForward(gtokens.get(), gwte16.get(), gwpe.get(), gout.get(), rows, kSeqLen, kChannels, nullptr).ok());
+    ExpectSameFloats(gout.ToHost(), want16, "out from bf16 wte");
+  }
 
   // Backward adds each element's rows in row order, as the CPU does: the
   // same bits, run after run (twice here, and with a batch of rows that is
