@@ -984,14 +984,22 @@ class CudaStages final : public model::GptStages {
     t.k = qkv + config_.q_dim();
     t.v = qkv + config_.q_dim() + config_.kv_dim();
   }
-  // With bf16 products, flash attention reads bf16 copies of qkv (the A
-  // copy) and, in backward, of d(atty) (the B copy): rounded once here, not
-  // in every tile of every block that loads them (the same operands, so the
-  // same bits). The copies' time is the attention's. qkv and dO kept in
-  // bf16 alone (qkv16_only_, dout16_only_) are their own copies.
+  // With bf16 products, where the device runs them (dout16_only_, from
+  // FlashAttentionCopiesFit), flash attention's kernels read bf16 copies:
+  // of qkv, rounded once here into the A copy (not in every tile of every
+  // block that loads them: the same bits) unless qkv is kept in bf16 alone
+  // (qkv16_only_), and of dO, which is. The copies' time is the attention's.
   Status FlashCopies(model::AttentionTensors& t, bool backward) {
     if (!bf16_) return Status::Ok();
     const int64_t BT = options_.batch_size * options_.seq_len;
+    if (!dout16_only_) {  // this device runs the kernels that read fp32 tiles: no copies
+      // dO as bf16 values: fp32 dO (in dbuf) rounded in place, which the tiles and δ read.
+      if (backward && attention16_) {
+        ZINF_RETURN_IF_ERROR(RoundInPlace(F32(layout_.dbuf), BT * config_.q_dim()));
+        Op("attention");
+      }
+      return Status::Ok();
+    }
     // qkv in bf16 alone (qkv16_only_) is its own copy: its bf16 values start
     // at its fp32 place, with the same element offsets and strides.
     const uint16_t* qkv16 = reinterpret_cast<const uint16_t*>(t.q);
@@ -1004,15 +1012,8 @@ class CudaStages final : public model::GptStages {
     t.q16 = qkv16;
     t.k16 = qkv16 + (t.k - t.q);
     t.v16 = qkv16 + (t.v - t.q);
-    if (backward && !t.dout16) {  // dO fp32: rounded into the B copy
-      auto* dout16 = reinterpret_cast<uint16_t*>(arena_ + layout_.bf16_b);
-      const size_t n = static_cast<size_t>(BT * config_.q_dim());
-      ZINF_RETURN_IF_ERROR(Cast(t.dout, DType::kFloat32, dout16, DType::kBFloat16, n, s_));
-      t.dout16 = dout16;
-      // dO as bf16 values without dout16_only_: fp32 dO (in dbuf) rounded in
-      // place, which δ reads.
-      if (attention16_) ZINF_RETURN_IF_ERROR(Cast(dout16, DType::kBFloat16, F32(layout_.dbuf), DType::kFloat32, n, s_));
-    }
+    // dO: written in bf16 alone by attn_proj's input-gradient product.
+    if (backward && !t.dout16) return Internal("gpt model on CUDA: flash backward without dO in bf16");
     return Status::Ok();
   }
 
