@@ -161,34 +161,42 @@ void SwiGluForward(const ModelThreads& th, F* out, const F* inp, int64_t rows, i
   });
 }
 
+namespace {
+
+// An fc output element's value: as stored, or bf16 bits widened.
 template <class F>
-void SwiGluBackward(const ModelThreads& th, F* dinp, const F* inp, const F* dout, int64_t rows, int64_t inter) {
+F InputValue(F x) {
+  return x;
+}
+float InputValue(uint16_t bits) { return Bf16BitsToFloat(bits); }
+
+// SwiGluBackward over an fc output stored as X (F, or bf16 bits).
+template <class F, class X>
+void SwiGluBackwardOf(const ModelThreads& th, F* dinp, const X* inp, const F* dout, int64_t rows, int64_t inter) {
   th.ForChunks(rows, RowGrain(2 * inter), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
-      const F* gate = inp + r * 2 * inter;
-      const F* up = gate + inter;
+      const X* gate = inp + r * 2 * inter;
+      const X* up = gate + inter;
       const F* dy = dout + r * inter;
       F* dgate = dinp + r * 2 * inter;
       F* dup = dgate + inter;
-      for (int64_t i = 0; i < inter; ++i) SwiGluGrad(gate[i], up[i], dy[i], dgate[i], dup[i]);
+      for (int64_t i = 0; i < inter; ++i) {
+        SwiGluGrad<F>(InputValue(gate[i]), InputValue(up[i]), dy[i], dgate[i], dup[i]);
+      }
     }
   });
 }
 
+}  // namespace
+
+template <class F>
+void SwiGluBackward(const ModelThreads& th, F* dinp, const F* inp, const F* dout, int64_t rows, int64_t inter) {
+  SwiGluBackwardOf(th, dinp, inp, dout, rows, inter);
+}
+
 void SwiGluBackward(const ModelThreads& th, float* dinp, const uint16_t* inp, const float* dout, int64_t rows,
                     int64_t inter) {
-  th.ForChunks(rows, RowGrain(2 * inter), [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const uint16_t* gate = inp + r * 2 * inter;
-      const uint16_t* up = gate + inter;
-      const float* dy = dout + r * inter;
-      float* dgate = dinp + r * 2 * inter;
-      float* dup = dgate + inter;
-      for (int64_t i = 0; i < inter; ++i) {
-        SwiGluGrad(Bf16BitsToFloat(gate[i]), Bf16BitsToFloat(up[i]), dy[i], dgate[i], dup[i]);
-      }
-    }
-  });
+  SwiGluBackwardOf(th, dinp, inp, dout, rows, inter);
 }
 
 #define ZINF_MODEL_INSTANTIATE_DECODER_LAYERS(F)                                                                   \
