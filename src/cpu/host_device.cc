@@ -19,8 +19,10 @@
 
 #include "common/check.h"
 #include "common/device_allocator.h"
+#include "common/logging.h"
 #include "common/runtime_info.h"
 #include "common/units.h"
+#include "cpu/io_memory.h"
 
 namespace zinf {
 namespace {
@@ -159,6 +161,11 @@ class HostDevice : public Device {
       std::lock_guard<std::mutex> lock(tagged_mu);
       auto r = std::make_pair(reinterpret_cast<uintptr_t>(base_), reinterpret_cast<uintptr_t>(base_) + budget_);
       tagged_ranges.erase(std::remove(tagged_ranges.begin(), tagged_ranges.end(), r), tagged_ranges.end());
+    }
+    // An abandoned MPI transfer may still read or write here (io_memory.h).
+    if (HoldsAbandonedTransfer(base_, budget_)) {
+      ZINF_LOG_DEBUG("HostDevice: {} left mapped: an abandoned MPI transfer may still use it", FormatBytes(budget_));
+      return;
     }
     ::munmap(base_, budget_);
   }

@@ -3,8 +3,12 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <mutex>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 namespace zinf {
 namespace {
@@ -57,9 +61,28 @@ void* MapIoMemory(uint64_t bytes) {
   return p;
 }
 
+namespace {
+std::mutex abandoned_mu;
+std::vector<std::pair<uintptr_t, uintptr_t>> abandoned;  // [begin, end), never shrinks
+}  // namespace
+
+void KeepMappedForAbandonedTransfer(const void* p, uint64_t bytes) {
+  const auto begin = reinterpret_cast<uintptr_t>(p);
+  std::lock_guard<std::mutex> lock(abandoned_mu);
+  abandoned.emplace_back(begin, begin + bytes);
+}
+
+bool HoldsAbandonedTransfer(const void* p, uint64_t bytes) {
+  const auto begin = reinterpret_cast<uintptr_t>(p), end = begin + bytes;
+  std::lock_guard<std::mutex> lock(abandoned_mu);
+  return std::any_of(abandoned.begin(), abandoned.end(),
+                     [&](const auto& r) { return r.first < end && begin < r.second; });
+}
+
 int UnmapIoMemory(void* p, uint64_t bytes) {
   if (p == nullptr) return 0;
   const uint64_t len = RoundToPages(bytes == 0 ? 1 : bytes);
+  if (HoldsAbandonedTransfer(p, len)) return 0;
   return munmap(p, len < kHugePage ? len : RoundToHugePages(len));
 }
 

@@ -33,7 +33,18 @@ namespace zinf {
 // Release with UnmapIoMemory(p, bytes) (the same `bytes`), never plain
 // munmap(p, bytes): the mapping may be longer.
 void* MapIoMemory(uint64_t bytes);
-int UnmapIoMemory(void* p, uint64_t bytes);  // munmap's result (0, or -1 with errno)
+// munmap's result (0, or -1 with errno); 0 without unmapping where the memory
+// holds an abandoned transfer.
+int UnmapIoMemory(void* p, uint64_t bytes);
+
+// Memory that an abandoned MPI transfer may still read or write: a failed
+// collective could not end it (MpiComm), and the transport moves its bytes
+// in any later MPI call, MPI_Finalize at exit included. Unmapped, it would
+// fault there. So whoever owns memory overlapping such a range leaves it
+// mapped when releasing it (UnmapIoMemory does; HostDevice's arena too):
+// a bounded leak after a failure, in a process that usually exits next.
+void KeepMappedForAbandonedTransfer(const void* p, uint64_t bytes);
+bool HoldsAbandonedTransfer(const void* p, uint64_t bytes);
 
 struct IoMemoryDeleter {
   uint64_t bytes = 0;

@@ -28,6 +28,7 @@
 
 #include "common/check.h"
 #include "common/logging.h"
+#include "cpu/io_memory.h"
 #include "cpu/startup_watch.h"
 
 namespace zinf {
@@ -49,6 +50,12 @@ constexpr int32_t kPeerGone = 1;
 // Polling: spin while a message arrived this recently, else sleep this long.
 constexpr auto kSpinWindow = std::chrono::microseconds(200);
 constexpr auto kIdleSleep = std::chrono::microseconds(50);
+
+// Abandoning a failed collective's requests: the transfers already under way
+// are let finish while any of them still completes this often, up to the
+// limit (see Abandon).
+constexpr auto kDrainQuiet = std::chrono::milliseconds(200);
+constexpr auto kDrainLimit = std::chrono::seconds(2);
 
 // tag = (seq * kPhases + phase) mod (MPI_TAG_UB + 1).
 enum Phase : int { kCheckPhase = 0, kDataPhase = 1, kGatherPhase = 2, kPhases = 3 };
@@ -627,6 +634,7 @@ class MpiComm final : public Communicator {
     struct Piece {
       const Transfer* transfer;
       size_t bytes;
+      std::byte* data = nullptr;  // set when posted
     };
     std::vector<Piece> pieces;
     // Receives first, so a peer's message finds its buffer posted.
@@ -642,26 +650,29 @@ class MpiComm final : public Communicator {
       }
     }
     std::vector<MPI_Request> requests(pieces.size(), MPI_REQUEST_NULL);
+    Status posted;
     {
       auto lock = MpiLock();
       std::vector<size_t> offsets(transfers.size(), 0);
-      for (size_t i = 0; i < pieces.size(); ++i) {
+      for (size_t i = 0; i < pieces.size() && posted.ok(); ++i) {
         const Transfer& tr = *pieces[i].transfer;
         size_t& offset = offsets[&tr - transfers.data()];
-        auto* buf = static_cast<std::byte*>(tr.buffer) + offset;
+        auto* buf = pieces[i].data = static_cast<std::byte*>(tr.buffer) + offset;
         const int n = static_cast<int>(pieces[i].bytes);
         int rc = tr.is_send ? MPI_Isend(buf, n, MPI_BYTE, tr.peer, tag, comm_, &requests[i])
                             : MPI_Irecv(buf, n, MPI_BYTE, tr.peer, tag, comm_, &requests[i]);
         offset += pieces[i].bytes;
         if (rc != MPI_SUCCESS) {
-          Status st(MpiErrorCode(rc), Describe(c) + ": " + (tr.is_send ? "MPI_Isend to" : "MPI_Irecv from") + " rank " +
-                                          std::to_string(tr.peer) + " (" + std::to_string(n) +
-                                          " bytes): " + MpiErrorText(rc));
-          AbandonLocked(pieces, requests);
-          Break(st);
-          return st;
+          posted = Status(MpiErrorCode(rc), Describe(c) + ": " + (tr.is_send ? "MPI_Isend to" : "MPI_Irecv from") +
+                                                " rank " + std::to_string(tr.peer) + " (" + std::to_string(n) +
+                                                " bytes): " + MpiErrorText(rc));
         }
       }
+    }
+    if (!posted.ok()) {
+      Abandon(pieces, requests);
+      Break(posted);
+      return posted;
     }
 
     size_t pending = pieces.size();
@@ -768,18 +779,52 @@ class MpiComm final : public Communicator {
     return s.empty() ? "none" : s;
   }
 
-  // Cancels outstanding receives (so no late message lands in a buffer the
-  // caller reuses) and frees every outstanding request.
+  // Ends a failed collective's outstanding requests before its buffers go
+  // back to the caller, who frees them on the error path. Receives no
+  // message has matched yet are cancelled (so no late message lands in a
+  // buffer the caller reuses). A transfer already under way cannot be
+  // cancelled: freed at once, its request would go on moving bytes from and
+  // into those buffers in later MPI calls, MPI_Finalize at exit included,
+  // and Open MPI's shared-memory transport then faults (seen in the rank
+  // fault campaign). So the requests are polled while any still completes,
+  // since a live peer finishes a transfer it has begun within milliseconds,
+  // and what is left after kDrainQuiet without a completion (or after
+  // kDrainLimit) is freed: mostly a send no receive has matched yet, or a
+  // receive from a rank that is gone. A peer that has not yet noticed the
+  // failure may still match such a send, so its memory stays mapped until
+  // exit (KeepMappedForAbandonedTransfer): the transport then reads stale
+  // bytes of a collective that fails anyway, rather than fault.
   template <typename Pieces>
   void Abandon(const Pieces& pieces, std::vector<MPI_Request>& requests) {
+    {
+      auto lock = MpiLock();
+      for (size_t i = 0; i < requests.size(); ++i)
+        if (requests[i] != MPI_REQUEST_NULL && !pieces[i].transfer->is_send) MPI_Cancel(&requests[i]);
+    }
+    std::vector<int> indices(requests.size());
+    std::vector<MPI_Status> statuses(requests.size());
+    const Clock::time_point start = Clock::now();
+    Clock::time_point last_completion = start;
+    for (;;) {
+      int completed = 0, rc;
+      {
+        auto lock = MpiLock();
+        rc = MPI_Testsome(static_cast<int>(requests.size()), requests.data(), &completed, indices.data(),
+                          statuses.data());
+        // A request that ended in error is left to its owner: free it.
+        for (int k = 0; rc == MPI_ERR_IN_STATUS && k < completed; ++k)
+          if (requests[indices[k]] != MPI_REQUEST_NULL) MPI_Request_free(&requests[indices[k]]);
+      }
+      if ((rc != MPI_SUCCESS && rc != MPI_ERR_IN_STATUS) || completed == MPI_UNDEFINED) break;
+      const Clock::time_point now = Clock::now();
+      if (completed > 0) last_completion = now;
+      if (now - last_completion >= kDrainQuiet || now - start >= kDrainLimit) break;
+      std::this_thread::sleep_for(kIdleSleep);
+    }
     auto lock = MpiLock();
-    AbandonLocked(pieces, requests);
-  }
-  template <typename Pieces>
-  void AbandonLocked(const Pieces& pieces, std::vector<MPI_Request>& requests) {
     for (size_t i = 0; i < requests.size(); ++i) {
       if (requests[i] == MPI_REQUEST_NULL) continue;
-      if (!pieces[i].transfer->is_send) MPI_Cancel(&requests[i]);
+      KeepMappedForAbandonedTransfer(pieces[i].data, pieces[i].bytes);
       MPI_Request_free(&requests[i]);
     }
   }

@@ -582,6 +582,56 @@ TEST_F(MpiCommTest, AbortStopsEveryRankWithTheCause) {
   stream_ = std::move(*fresh);
 }
 
+// Rank 0 stops (Abort) inside an all-gather of 4 MiB a rank that the others
+// join only later, then destroys the device its buffers live on, as a
+// process does on its way out. Its sends are waiting for their receivers by
+// then, and MPI cannot cancel a send: once the others post their receives,
+// the transport reads rank 0's buffer, in whatever MPI call of either side
+// makes progress (here the barriers of a fresh communicator, or
+// MPI_Finalize at exit). No rank may fault, and every rank's all-gather
+// must fail with the cause.
+TEST_F(MpiCommTest, AStoppedRanksSendsOutliveItsDevice) {
+  if (n_ < 2) GTEST_SKIP() << "needs 2 or more ranks";
+  const size_t count = size_t{1} << 20;  // 4 MiB of fp32 a rank: far above any eager limit
+  auto device = CreateHostDevice(DeviceOptions{.spec = "cpu", .memory_budget = 64 << 20});
+  ASSERT_TRUE(device.ok()) << device.status().ToString();
+  auto stream = (*device)->CreateStream();
+  ASSERT_TRUE(stream.ok()) << stream.status().ToString();
+  auto send = (*device)->Allocate(count * sizeof(float), **stream);
+  auto recv = (*device)->Allocate(count * n_ * sizeof(float), **stream);
+  ASSERT_TRUE(send.ok() && recv.ok());
+  ASSERT_TRUE(comm_->Barrier(*stream_).ok());
+  ASSERT_TRUE(stream_->Synchronize().ok());
+  const std::string cause = "test: rank 0 stops while its sends wait";
+  std::thread aborter;
+  if (rank_ == 0) {
+    aborter = std::thread([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      comm_->Abort(IoError(cause));
+    });
+  } else {
+    std::this_thread::sleep_for(std::chrono::milliseconds(700));
+  }
+  ASSERT_TRUE(comm_->AllGather(*send, *recv, count, DType::kFloat32, **stream).ok());
+  Status st = (*stream)->Synchronize();
+  if (aborter.joinable()) aborter.join();
+  EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.ToString();
+  EXPECT_NE(st.message().find(cause), std::string::npos) << st.ToString();
+  if (rank_ != 0) {
+    EXPECT_NE(st.message().find("rank 0 stopped"), std::string::npos) << st.ToString();
+  }
+  stream->reset();
+  device->reset();
+
+  auto other = CreateMpiCommunicator(CommOptions{.timeout_seconds = 20});
+  ASSERT_TRUE(other.ok()) << other.status().ToString();
+  for (int i = 0; i < 40; ++i) {
+    ASSERT_TRUE((*other)->Barrier(*stream_).ok());
+    ASSERT_TRUE(stream_->Synchronize().ok());
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
 class CheckingMpiCommTest : public MpiCommTest {
  protected:
   void SetUp() override {
