@@ -15,8 +15,10 @@
 // makes is serialized by one process-wide lock (then the caller must not call
 // MPI while zinf collectives run). MPI_Finalize runs at process exit, only if
 // zinf initialized MPI and no communicator hit a deadline (a finalize would
-// wait for the silent rank forever). Setting ZINF_MPI_THREAD_LEVEL=serialized
-// forces the serialized path (for tests).
+// wait for the silent rank forever). A failed collective lets its transfers
+// under way finish before it returns, and memory that a send it could not end
+// still reads stays mapped until exit (io_memory.h). Setting
+// ZINF_MPI_THREAD_LEVEL=serialized forces the serialized path (for tests).
 //
 // Start-up has no deadline in MPI: MPI_Init_thread and the MPI_Comm_dup of
 // MPI_COMM_WORLD wait for every rank. When creating the communicator takes
