@@ -162,9 +162,11 @@ class HostDevice : public Device {
       auto r = std::make_pair(reinterpret_cast<uintptr_t>(base_), reinterpret_cast<uintptr_t>(base_) + budget_);
       tagged_ranges.erase(std::remove(tagged_ranges.begin(), tagged_ranges.end(), r), tagged_ranges.end());
     }
-    // An abandoned MPI transfer may still read or write here (io_memory.h).
+    // An abandoned MPI transfer may still read or write here (io_memory.h):
+    // the pages go back, the addresses stay mapped (reading zeros).
     if (HoldsAbandonedTransfer(base_, budget_)) {
       ZINF_LOG_DEBUG("HostDevice: {} left mapped: an abandoned MPI transfer may still use it", FormatBytes(budget_));
+      ::madvise(base_, budget_, MADV_DONTNEED);
       return;
     }
     ::munmap(base_, budget_);

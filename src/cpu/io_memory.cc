@@ -82,8 +82,12 @@ bool HoldsAbandonedTransfer(const void* p, uint64_t bytes) {
 int UnmapIoMemory(void* p, uint64_t bytes) {
   if (p == nullptr) return 0;
   const uint64_t len = RoundToPages(bytes == 0 ? 1 : bytes);
-  if (HoldsAbandonedTransfer(p, len)) return 0;
-  return munmap(p, len < kHugePage ? len : RoundToHugePages(len));
+  const uint64_t mapped = len < kHugePage ? len : RoundToHugePages(len);
+  if (HoldsAbandonedTransfer(p, mapped)) {
+    madvise(p, mapped, MADV_DONTNEED);  // the pages go back; the addresses stay, reading zeros
+    return 0;
+  }
+  return munmap(p, mapped);
 }
 
 IoMemory AllocateIoMemory(uint64_t bytes) {

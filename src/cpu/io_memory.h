@@ -41,8 +41,9 @@ int UnmapIoMemory(void* p, uint64_t bytes);
 // collective could not end it (MpiComm), and the transport moves its bytes
 // in any later MPI call, MPI_Finalize at exit included. Unmapped, it would
 // fault there. So whoever owns memory overlapping such a range leaves it
-// mapped when releasing it (UnmapIoMemory does; HostDevice's arena too):
-// a bounded leak after a failure, in a process that usually exits next.
+// mapped when releasing it, and gives only its pages back (MADV_DONTNEED:
+// reads see zeros); UnmapIoMemory does, HostDevice's arena too. What stays
+// behind after a failure is address space, not memory.
 void KeepMappedForAbandonedTransfer(const void* p, uint64_t bytes);
 bool HoldsAbandonedTransfer(const void* p, uint64_t bytes);
 

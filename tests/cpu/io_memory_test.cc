@@ -2,6 +2,7 @@
 #include "cpu/io_memory.h"
 
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 
 #include <cstdint>
 #include <cstring>
@@ -108,6 +109,31 @@ TEST(IoMemoryTest, TheTrimmedEndsAreGivenBack) {
     UnmapIoMemory(p, kHugePage + 8192);
   }
   EXPECT_LT(mapped_kib(), before + 16 * 1024);  // 64 leaks would be 128 MiB and more
+}
+
+// Memory an abandoned MPI transfer may still use stays mapped when released,
+// with its pages given back (it reads zeros); other memory is unmapped.
+TEST(IoMemoryTest, MemoryHoldingAnAbandonedTransferStaysMapped) {
+  const uint64_t bytes = 2 * kHugePage;
+  char* held = static_cast<char*>(MapIoMemory(bytes));
+  char* other = static_cast<char*>(MapIoMemory(bytes));
+  ASSERT_NE(held, nullptr);
+  ASSERT_NE(other, nullptr);
+  std::memset(held, 0x5A, bytes);
+  KeepMappedForAbandonedTransfer(held + kHugePage + 100, 4096);  // a send's piece, inside the buffer
+  EXPECT_TRUE(HoldsAbandonedTransfer(held, bytes));
+  EXPECT_TRUE(HoldsAbandonedTransfer(held + kHugePage + 4000, 200));
+  EXPECT_FALSE(HoldsAbandonedTransfer(held, kHugePage));  // ends before the piece
+  EXPECT_FALSE(HoldsAbandonedTransfer(other, bytes));
+  EXPECT_EQ(UnmapIoMemory(held, bytes), 0);
+  EXPECT_EQ(UnmapIoMemory(other, bytes), 0);
+  auto is_mapped = [](const void* p) {  // mincore fails with ENOMEM on an unmapped page
+    unsigned char resident = 0;
+    return mincore(const_cast<void*>(p), 4096, &resident) == 0;
+  };
+  EXPECT_TRUE(is_mapped(held + kHugePage));
+  EXPECT_FALSE(is_mapped(other));
+  EXPECT_EQ(held[kHugePage + 100], 0) << "its pages should have been given back";
 }
 
 }  // namespace
