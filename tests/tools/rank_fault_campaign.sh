@@ -206,7 +206,8 @@ for round in $(seq 1 "$ROUNDS"); do
       startup_watched=$((startup_watched + 1))  # stuck in MPI's start-up: the call is named, not the rank
     else
       grep -Eq "rank $victim stopped|silent ranks: ([0-9]+, )*$victim\b" "f/err.$r" ||
-        { echo "$what: rank $r does not name rank $victim:"; cat "f/err.$r"; exit 1; }
+        { echo "$what: rank $r (exit status $rc) does not name rank $victim:"; cat "f/err.$r"
+          echo "mpirun's output:"; tail -n 20 f/mpirun.log; exit 1; }
     fi
     grep -Eq "$cause" "f/err.$r" || { echo "$what: rank $r does not name the cause ($cause):"; cat "f/err.$r"; exit 1; }
     last_exit=$(awk "BEGIN { printf \"%.6f\", ($t > $last_exit) ? $t : $last_exit }")
