@@ -195,12 +195,24 @@ Result<HfModel> ParseHfConfig(const std::string& text, const std::string& path) 
     return bad("attention_bias", "is true; zinf takes q/k/v biases (without an o_proj bias) for qwen2 only");
   }
   c.qk_norm = m.model_type == "qwen3";
-  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
-    const nlohmann::json& r = j["rope_scaling"];
+  // transformers 5 writes RoPE's settings as one object, "rope_parameters"
+  // ({"rope_type", "rope_theta", and the type's own keys}), where 4.x wrote a
+  // top-level "rope_theta" and "rope_scaling"; the object wins when present.
+  std::string rope_key = "rope_scaling";
+  if (j.contains("rope_parameters") && !j["rope_parameters"].is_null()) {
+    rope_key = "rope_parameters";
+    if (!j[rope_key].is_object()) return bad(rope_key, "must be an object");
+    if (j[rope_key].contains("rope_theta")) {
+      if (!j[rope_key]["rope_theta"].is_number()) return bad(rope_key + ".rope_theta", "must be a number");
+      c.rope_theta = j[rope_key]["rope_theta"].get<double>();
+    }
+  }
+  if (j.contains(rope_key) && !j[rope_key].is_null()) {
+    const nlohmann::json& r = j[rope_key];
     const std::string type = r.value("rope_type", r.value("type", std::string("?")));
     if (type == "llama3") {
       auto get = [&](const char* key, double& out) -> Status {
-        if (!r.contains(key) || !r[key].is_number()) return bad(std::string("rope_scaling.") + key, "is missing");
+        if (!r.contains(key) || !r[key].is_number()) return bad(rope_key + "." + key, "is missing");
         out = r[key].get<double>();
         return Status::Ok();
       };
@@ -212,7 +224,7 @@ Result<HfModel> ParseHfConfig(const std::string& text, const std::string& path) 
       ZINF_RETURN_IF_ERROR(get("original_max_position_embeddings", old_len));
       c.rope_scaling.original_max_position = static_cast<int64_t>(old_len);
     } else if (type != "default") {
-      return bad("rope_scaling.rope_type", "is '" + type + "'; zinf applies default and llama3 RoPE");
+      return bad(rope_key + ".rope_type", "is '" + type + "'; zinf applies default and llama3 RoPE");
     }
   }
   if (j.contains("sliding_window") && j["sliding_window"].is_number_integer()) {
@@ -442,7 +454,9 @@ Status ExportHfCheckpoint(const UnitSource& units, const GptConfig& c, const std
   std::string config_json = o.config_json.empty() ? HfConfigJson(c) : o.config_json;
   nlohmann::json cj = nlohmann::json::parse(config_json, nullptr, false);
   if (cj.is_discarded() || !cj.is_object()) return InvalidArgument("Hugging Face export: config_json is not a JSON object");
-  cj["torch_dtype"] = o.dtype == DType::kFloat32 ? "float32" : o.dtype == DType::kBFloat16 ? "bfloat16" : "float16";
+  const char* dtype_name = o.dtype == DType::kFloat32 ? "float32" : o.dtype == DType::kBFloat16 ? "bfloat16" : "float16";
+  cj["torch_dtype"] = dtype_name;
+  if (cj.contains("dtype")) cj["dtype"] = dtype_name;  // transformers 5's name for it
   ZINF_RETURN_IF_ERROR(WriteText(dir + "/config.json", cj.dump(2)));
   if (!o.tokenizer_dir.empty()) {
     for (const char* name : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",

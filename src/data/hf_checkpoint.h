@@ -6,8 +6,10 @@
 // Architectures (config.json "model_type"): llama (Llama 2, 3, 3.1, 3.2,
 // SmolLM), mistral (without a sliding window shorter than the run, checked
 // by the caller through HfModel::sliding_window), qwen2 (q/k/v biases) and
-// qwen3 (q/k RMSNorm). RoPE: default, or rope_type "llama3". The activation
-// must be silu, attention_bias and mlp_bias as the architecture has them.
+// qwen3 (q/k RMSNorm). RoPE: default, or rope_type "llama3", from
+// "rope_theta" and "rope_scaling" (transformers 4) or "rope_parameters"
+// (transformers 5). The activation must be silu, attention_bias and mlp_bias
+// as the architecture has them.
 //
 // Names and layouts, block N, C = hidden_size, Q = H·D, K = H_kv·D,
 // I = intermediate_size (nn.Linear weights are [out, in]; zinf's are

@@ -136,6 +136,58 @@ void SetConfigKey(const std::string& dir, const std::string& key, const nlohmann
   WriteFile(dir + "/config.json", j.dump());
 }
 
+// transformers 5's save_pretrained writes RoPE's settings as one
+// "rope_parameters" object, without "rope_theta" or "rope_scaling", and the
+// dtype as "dtype".
+TEST(HfCheckpointTest, Transformers5RopeParametersAndDtypeAreRead) {
+  GptConfig c = Preset("tiny-llama");
+  c.rope_theta = 500000.0;
+  c.rope_scaling.llama3 = true;
+  c.rope_scaling.factor = 8;
+  c.rope_scaling.original_max_position = 8;
+  const std::string dir = FreshDir();
+  ASSERT_TRUE(Export(RandomUnits(c, 9), c, dir).ok());
+  auto j = nlohmann::json::parse(ReadFile(dir + "/config.json"));
+  nlohmann::json rope = j["rope_scaling"];
+  rope["rope_theta"] = 500000.0;
+  j.erase("rope_scaling");
+  j.erase("rope_theta");
+  j.erase("torch_dtype");
+  j["rope_parameters"] = rope;
+  j["dtype"] = "float32";
+  WriteFile(dir + "/config.json", j.dump());
+  auto hf = ReadHfConfig(dir);
+  ASSERT_TRUE(hf.ok()) << hf.status().ToString();
+  ExpectSameShape(hf->config, c);
+  EXPECT_EQ(hf->config.rope_scaling.original_max_position, 8);
+
+  SetConfigKey(dir, "rope_parameters", {{"rope_type", "default"}, {"rope_theta", 1000000.0}});
+  hf = ReadHfConfig(dir);
+  ASSERT_TRUE(hf.ok()) << hf.status().ToString();
+  EXPECT_EQ(hf->config.rope_theta, 1000000.0);
+  EXPECT_FALSE(hf->config.rope_scaling.llama3);
+
+  SetConfigKey(dir, "rope_parameters", {{"rope_type", "yarn"}, {"rope_theta", 1000000.0}, {"factor", 4.0}});
+  hf = ReadHfConfig(dir);
+  ASSERT_FALSE(hf.ok());
+  EXPECT_NE(hf.status().message().find("\"rope_parameters.rope_type\" is 'yarn'"), std::string::npos)
+      << hf.status().message();
+
+  // An export keeps the source's config.json with both dtype keys set.
+  SetConfigKey(dir, "rope_parameters", {{"rope_type", "default"}, {"rope_theta", 1000000.0}});
+  hf = ReadHfConfig(dir);
+  ASSERT_TRUE(hf.ok());
+  HfExportOptions o;
+  o.config_json = hf->config_json;
+  o.dtype = DType::kBFloat16;
+  const std::string out = dir + "/out";
+  ASSERT_TRUE(Export(RandomUnits(hf->config, 10), hf->config, out, o).ok());
+  const auto exported = nlohmann::json::parse(ReadFile(out + "/config.json"));
+  EXPECT_EQ(exported["dtype"], "bfloat16");
+  EXPECT_EQ(exported["torch_dtype"], "bfloat16");
+  EXPECT_EQ(exported["rope_parameters"]["rope_theta"], 1000000.0);
+}
+
 TEST(HfCheckpointTest, FoldersZinfCannotHonourAreOneLineNamingTheKeyOrTensor) {
   const GptConfig c = Preset("tiny-llama");
   const std::string dir = FreshDir();
