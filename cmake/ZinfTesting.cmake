@@ -8,6 +8,21 @@ include(GoogleTest)
 
 set(ZINF_TEST_DIR "${CMAKE_BINARY_DIR}/test-scratch" CACHE PATH "Scratch directory for tests that need disk")
 set(_zinf_labels unit integration mpi gpu slow)
+
+# The Python environment scripts/setup makes (.venv, or $ZINF_VENV): every
+# Python test and bench runs with its interpreter, against PyPI's torch,
+# transformers, tokenizers, peft, accelerate and deepspeed. A test that finds
+# no interpreter there skips, saying so. $ZINF_PYTHON overrides it at run time.
+if(DEFINED ENV{ZINF_VENV} AND NOT "$ENV{ZINF_VENV}" STREQUAL "")
+  set(_zinf_venv "$ENV{ZINF_VENV}")
+else()
+  set(_zinf_venv "${PROJECT_SOURCE_DIR}/.venv")
+endif()
+set(ZINF_PYTHON "${_zinf_venv}/bin/python" CACHE FILEPATH "The Python interpreter of the tests (scripts/setup's environment)")
+# Real tokenizer.json files (Llama 3, Qwen3, Llama 2); $ZINF_TOKENIZER_DIR
+# overrides it at run time, and the tests that need them skip without them.
+set(ZINF_TOKENIZER_DIR "${PROJECT_SOURCE_DIR}/../shared/data/tokenizers" CACHE PATH
+    "Folder of real tokenizer.json files (llama3/, qwen3/, llama2/)")
 add_custom_target(zinf_unit_tests)
 
 # The GoogleTest binary behind both helpers: linked with the library and
@@ -19,7 +34,9 @@ function(_zinf_test_executable name sources libs)
   target_compile_definitions(${name} PRIVATE
     ZINF_TEST_SOURCE_DIR="${PROJECT_SOURCE_DIR}"
     ZINF_TEST_BINARY_DIR="${CMAKE_BINARY_DIR}"
-    ZINF_TEST_DIR_DEFAULT="${ZINF_TEST_DIR}")
+    ZINF_TEST_DIR_DEFAULT="${ZINF_TEST_DIR}"
+    ZINF_TEST_PYTHON_DEFAULT="${ZINF_PYTHON}"
+    ZINF_TEST_TOKENIZER_DIR_DEFAULT="${ZINF_TOKENIZER_DIR}")
   set_target_properties(${name} PROPERTIES RUNTIME_OUTPUT_DIRECTORY "${CMAKE_BINARY_DIR}/tests")
 endfunction()
 
@@ -65,4 +82,50 @@ function(zinf_add_mpi_test)
     add_test(NAME ${T_NAME}.np${n} COMMAND ${ZINF_MPIEXEC} -np ${n} $<TARGET_FILE:${T_NAME}>)
     set_tests_properties(${T_NAME}.np${n} PROPERTIES LABELS "mpi;${T_LABEL}" TIMEOUT ${T_TIMEOUT} RESOURCE_LOCK zinf_mpi)
   endforeach()
+endfunction()
+
+# zinf_add_python_test(NAME <name> LABEL <label> SCRIPT <file.py> [ARGS ...]
+#                      [TIMEOUT <s>] [RANKS <n>] [ENV VAR=value ...] [RESOURCE_LOCK <lock>])
+# A Python script run by ZINF_PYTHON (through tests/python/with_python.sh,
+# which exits 77 naming the interpreter where it is missing) with zinf's
+# package on PYTHONPATH and libzinf.so as ZINF_LIBRARY. Exit code 77 is a
+# skip. RANKS n runs it under mpirun with n ranks (label mpi added). Not in
+# unit-only or sanitizer builds: libzinf.so would be loaded into an
+# uninstrumented interpreter.
+function(zinf_add_python_test)
+  cmake_parse_arguments(T "" "NAME;LABEL;SCRIPT;TIMEOUT;RANKS;RESOURCE_LOCK" "ARGS;ENV" ${ARGN})
+  if(ZINF_UNIT_TESTS_ONLY OR ZINF_SANITIZE)
+    return()
+  endif()
+  if(NOT T_LABEL IN_LIST _zinf_labels)
+    message(FATAL_ERROR "zinf_add_python_test(${T_NAME}): LABEL must be one of ${_zinf_labels}, got '${T_LABEL}'")
+  endif()
+  if(NOT T_TIMEOUT)
+    set(T_TIMEOUT 120)
+  endif()
+  set(_env "ZINF_LIBRARY=$<TARGET_FILE:zinf_shared>" "PYTHONPATH=${PROJECT_SOURCE_DIR}/python"
+           "ZINF_LOG_LEVEL=warn" "ZINF_TEST_DIR=${ZINF_TEST_DIR}" "ZINF_TOKENIZER_DIR=${ZINF_TOKENIZER_DIR}"
+           "DS_ACCELERATOR=cpu" "TOKENIZERS_PARALLELISM=false" "HF_HUB_OFFLINE=1" "TRANSFORMERS_OFFLINE=1"
+           ${T_ENV})
+  set(_run bash "${PROJECT_SOURCE_DIR}/tests/python/with_python.sh" "${ZINF_PYTHON}" "${T_SCRIPT}" ${T_ARGS})
+  set(_labels ${T_LABEL})
+  if(T_RANKS)
+    set(_forward)
+    foreach(e IN LISTS _env)
+      string(REGEX REPLACE "=.*" "" _name "${e}")
+      list(APPEND _forward -x ${_name})
+    endforeach()
+    set(_run ${ZINF_MPIEXEC} -np ${T_RANKS} ${_forward} ${_run})
+    list(APPEND _labels mpi)
+    list(REMOVE_DUPLICATES _labels)
+    if(NOT T_RESOURCE_LOCK)
+      set(T_RESOURCE_LOCK zinf_mpi)
+    endif()
+  endif()
+  add_test(NAME ${T_NAME} COMMAND ${_run})
+  set_tests_properties(${T_NAME} PROPERTIES LABELS "${_labels}" TIMEOUT ${T_TIMEOUT} SKIP_RETURN_CODE 77
+                       ENVIRONMENT "${_env}")
+  if(T_RESOURCE_LOCK)
+    set_tests_properties(${T_NAME} PROPERTIES RESOURCE_LOCK ${T_RESOURCE_LOCK})
+  endif()
 endfunction()

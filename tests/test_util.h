@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -101,6 +102,22 @@ inline std::string TestDir() {
   return dir;
 }
 
+// The interpreter of scripts/setup's Python environment ($ZINF_PYTHON
+// overrides the configured one), which has torch, transformers, tokenizers,
+// peft, accelerate and deepspeed from PyPI.
+inline std::string Python() {
+  const char* env = std::getenv("ZINF_PYTHON");
+  return env && *env ? env : ZINF_TEST_PYTHON_DEFAULT;
+}
+
+// The folder of real tokenizer.json files (llama3/, qwen3/, llama2/):
+// $ZINF_TOKENIZER_DIR, else the configured default (../shared/data/tokenizers
+// beside the checkout).
+inline std::string TokenizerDir() {
+  const char* env = std::getenv("ZINF_TOKENIZER_DIR");
+  return env && *env ? env : ZINF_TEST_TOKENIZER_DIR_DEFAULT;
+}
+
 // Runs `command` through the shell; returns its exit code (-1 when it did not
 // exit normally) and everything it wrote to stdout (redirect stderr in the
 // command to capture it too).
@@ -116,6 +133,28 @@ inline CommandResult RunCommand(const std::string& command) {
   while (size_t n = fread(buf, 1, sizeof buf, pipe)) out.append(buf, n);
   const int status = pclose(pipe);
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+// Whether Python() runs and imports every module of `modules` (space
+// separated), e.g. "torch transformers"; the answer is cached per list.
+inline bool PythonHas(const std::string& modules) {
+  static std::map<std::string, bool> cache;
+  auto it = cache.find(modules);
+  if (it != cache.end()) return it->second;
+  std::string imports;
+  for (size_t pos = 0; pos < modules.size();) {
+    size_t end = modules.find(' ', pos);
+    if (end == std::string::npos) end = modules.size();
+    if (end > pos) imports += (imports.empty() ? "import " : ", ") + modules.substr(pos, end - pos);
+    pos = end + 1;
+  }
+  const bool ok = RunCommand("'" + Python() + "' -c '" + imports + "' >/dev/null 2>&1").exit_code == 0;
+  return cache[modules] = ok;
+}
+
+// The message of a test that skips for want of PythonHas(modules).
+inline std::string PythonMissing(const std::string& modules) {
+  return Python() + " cannot import " + modules + " (scripts/setup makes the Python environment)";
 }
 
 }  // namespace zinf::test
