@@ -73,6 +73,31 @@ struct ParamSpec {
   std::vector<int64_t> shape;
   DType dtype = DType::kFloat32;  // of `init`
   const void* init = nullptr;     // product(shape) elements; null = zeros
+  // The parameter group whose hyper-parameters the optimizer applies to
+  // this tensor (Engine::AddParamGroup); 0 is the config's.
+  int group = 0;
+};
+
+// A parameter group: the hyper-parameters of a set of tensors that differ
+// from the config's optimizer.params, as torch's param_groups carry them
+// (HF Trainer: no weight decay on biases and norm weights).
+struct ParamGroupOptions {
+  double weight_decay = 0;  // replaces optimizer.params.weight_decay for the group's tensors
+  // The group's own lr, replacing the schedule's (the config's scheduler, or
+  // optimizer.params.lr) from the next boundary on; < 0: follow the schedule.
+  double lr = -1;
+};
+
+// How a unit is kept.
+struct UnitOptions {
+  // Frozen: parameters that do not train (requires_grad false, as PEFT
+  // leaves a base model). The unit keeps only its compute copy, on the tier
+  // and partition its parameters would have, with no gradient buffers,
+  // master or optimizer state; it is fetched and released as any unit, and
+  // has no GradBuffers or GradsReady. Its compute copy is its value
+  // everywhere (ReadState's kMaster, checkpoints): it stays exactly what
+  // registration rounded it to.
+  bool frozen = false;
 };
 
 // A unit's buffers on the device: the unit's tensors packed back to back in
@@ -191,6 +216,18 @@ class Engine {
 
   // Registers a unit; returns its index. Only before the first Fetch.
   virtual Result<int> AddUnit(const std::string& name, const std::vector<ParamSpec>& params) = 0;
+  // The same with options (a frozen unit).
+  virtual Result<int> AddUnit(const std::string& name, const std::vector<ParamSpec>& params,
+                              const UnitOptions& options) = 0;
+  // A parameter group for ParamSpec::group; returns its index (1, 2, ...).
+  // Only before the first Fetch. kInvalidArgument for a weight decay that is
+  // negative or not finite.
+  virtual Result<int> AddParamGroup(const ParamGroupOptions& options) = 0;
+  // Sets group `group`'s lr for the boundaries enqueued from now on (< 0:
+  // follow the schedule again); group 0 is the config's. Every rank must
+  // set the same. kInvalidArgument for an unknown group or an lr that is
+  // not finite.
+  virtual Status SetGroupLr(int group, double lr) = 0;
   virtual int num_units() const = 0;
   // The unit's elements (its tensors' sum).
   virtual Result<int64_t> unit_elems(int unit) const = 0;
@@ -253,6 +290,12 @@ class Engine {
   // The whole unit's state as fp32 (num_elems values) into host memory.
   // Collective in stages 1 and 2 (the shards are gathered): every rank calls.
   virtual Status ReadState(int unit, StateKind kind, float* host_dst) = 0;
+  // Sets the whole unit's parameters from fp32 host memory (num_elems
+  // values, every rank the same): the master of the owned range and the
+  // compute copy (its rounding; a frozen unit's is all it keeps). Adam's m
+  // and v and the step counts stay. Between optimizer steps only. kind must
+  // be kMaster.
+  virtual Status WriteState(int unit, StateKind kind, const float* host_src) = 0;
 
   // Checkpoints, between optimizer steps only (at an accumulation boundary);
   // collective: every rank calls. Save writes `dir`/step-N/ atomically: each

@@ -190,6 +190,20 @@ typedef struct zinf_stream zinf_stream;
  * or device the engine cannot honour; ZINF_ERR_OUT_OF_MEMORY when the device
  * budget cannot be reserved. */
 ZINF_API int zinf_engine_create(const char* config_json, zinf_comm* comm, zinf_engine** out);
+
+/* Replaces every "auto" value of a DeepSpeed config as Hugging Face's
+ * DeepSpeed integration does, from `context_json` (may be NULL): a JSON
+ * object with any of hidden_size (reduce_bucket_size = h*h,
+ * stage3_prefetch_bucket_size = 0.9*h*h, stage3_param_persistence_threshold
+ * = 10*h), lr, weight_decay, micro_batch_size, gradient_accumulation_steps,
+ * gradient_clipping, total_num_steps, warmup_num_steps, world_size.
+ * *out_config_json receives the resolved config (free with
+ * zinf_string_free); *out_notes (may be NULL) one "key = value (why)" line
+ * per value resolved. A key that cannot be resolved from what is given is
+ * ZINF_ERR_INVALID_ARGUMENT naming it. zinf_engine_create refuses a config
+ * that still holds "auto", naming the keys. */
+ZINF_API int zinf_config_resolve_auto(const char* config_json, const char* context_json, char** out_config_json,
+                                      char** out_notes);
 ZINF_API int zinf_engine_create_from_file(const char* config_path, zinf_comm* comm, zinf_engine** out);
 
 /* Waits for everything the engine enqueued, then frees it and its device
@@ -229,6 +243,31 @@ typedef struct zinf_param_spec {
  * ZINF_ERR_FAILED_PRECONDITION (after the first fetch), ZINF_ERR_OUT_OF_MEMORY. */
 ZINF_API int zinf_engine_add_unit(zinf_engine* engine, const char* name, const zinf_param_spec* params,
                                   size_t num_params, int* out_unit);
+
+/* Parameter groups: hyper-parameters of a set of tensors that differ from the
+ * config's optimizer.params, as torch's param_groups carry them (HF Trainer:
+ * no weight decay on biases and norm weights). Group 0 is the config's.
+ * zinf_engine_add_param_group defines one (only before the first fetch) with
+ * its weight decay and its own lr (lr < 0: the schedule's); *out_group
+ * (may be NULL) receives its index (1, 2, ...). zinf_engine_set_group_lr sets
+ * a group's lr for the optimizer steps enqueued from then on (< 0: the
+ * schedule's again); a trainer that drives the lr itself (a torch lr
+ * scheduler) calls it before each accumulation boundary. Every rank sets the
+ * same. Errors: ZINF_ERR_INVALID_ARGUMENT (unknown group, negative or
+ * non-finite weight decay, non-finite lr), ZINF_ERR_FAILED_PRECONDITION. */
+ZINF_API int zinf_engine_add_param_group(zinf_engine* engine, double weight_decay, double lr, int* out_group);
+ZINF_API int zinf_engine_set_group_lr(zinf_engine* engine, int group, double lr);
+
+/* zinf_engine_add_unit with each tensor's parameter group (`groups`:
+ * num_params entries, or NULL for group 0) and flags: ZINF_UNIT_FROZEN
+ * registers parameters that do not train (requires_grad false): the unit keeps
+ * only its compute copy, on the tier and partition the config gives
+ * parameters, with no gradients or optimizer state; it is fetched and
+ * released like any unit and has no grad_buffers or grads_ready. Its value
+ * (read_state, checkpoints) is its compute copy. */
+#define ZINF_UNIT_FROZEN 1
+ZINF_API int zinf_engine_add_unit_ex(zinf_engine* engine, const char* name, const zinf_param_spec* params,
+                                     size_t num_params, const int* groups, int flags, int* out_unit);
 
 /* A unit's buffers on the device: its tensors packed back to back in
  * registration order, then zero padding. `tensors` (num_tensors pointers into
@@ -328,6 +367,13 @@ typedef enum zinf_state_kind {
  * stages 1 and 2 (the shards are gathered): every rank calls it. */
 ZINF_API int zinf_engine_read_state(zinf_engine* engine, int unit, zinf_state_kind kind, float* host_dst,
                                     size_t num_elems);
+
+/* Sets the whole unit's parameters from fp32 host memory (`num_elems` must
+ * be the unit's; every rank passes the same values): the fp32 master and the
+ * compute copy (its rounding). Adam's m and v and the step counts are kept.
+ * Between optimizer steps only; kind must be ZINF_STATE_MASTER. Blocks. */
+ZINF_API int zinf_engine_write_state(zinf_engine* engine, int unit, zinf_state_kind kind, const float* host_src,
+                                     size_t num_elems);
 
 /* ---- Checkpoints -----------------------------------------------------------
  * Between optimizer steps only (after a zinf_engine_step that reported an

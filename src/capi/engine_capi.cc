@@ -66,6 +66,13 @@ Status ReturnString(const std::string& text, char** out) {
 Status CreateEngine(Result<Config> config, zinf_comm* comm, zinf_engine** out) {
   ZINF_RETURN_IF_ERROR(NotNull(out, "out"));
   if (!config.ok()) return std::move(config).status();
+  if (!config->auto_keys.empty()) {
+    std::string keys;
+    for (const std::string& k : config->auto_keys) keys += (keys.empty() ? "" : ", ") + k;
+    return InvalidArgument(config->source + ": " + keys + (config->auto_keys.size() == 1 ? " is" : " are") +
+                           " \"auto\": resolve the config first (zinf_config_resolve_auto, with the model's hidden "
+                           "size and the trainer's values) or set numbers");
+  }
   auto engine = std::make_unique<zinf_engine>();
   engine->config = std::move(*config);
   DeviceOptions device_options;
@@ -227,6 +234,66 @@ ZINF_API int zinf_engine_create(const char* config_json, zinf_comm* comm, zinf_e
   });
 }
 
+ZINF_API int zinf_config_resolve_auto(const char* config_json, const char* context_json, char** out_config_json,
+                                      char** out_notes) {
+  return Guard(__func__, [&]() -> Status {
+    ZINF_RETURN_IF_ERROR(NotNull(config_json, "config_json"));
+    ZINF_RETURN_IF_ERROR(NotNull(out_config_json, "out_config_json"));
+    ZINF_ASSIGN_OR_RETURN(zinf::Config config, zinf::ParseConfig(config_json, "<config_json>"));
+    zinf::AutoContext ctx;
+    ctx.min_reduce_bucket_elems = 65536;  // the engine's smallest reduce bucket (one norm block)
+    if (context_json) {
+      auto j = nlohmann::json::parse(context_json, nullptr, false);
+      if (j.is_discarded() || !j.is_object()) return zinf::InvalidArgument("context_json: not a JSON object");
+      for (const auto& [key, value] : j.items()) {
+        if (value.is_null()) continue;
+        auto need_int = [&](std::optional<int64_t>* dst) -> Status {
+          if (!value.is_number_integer() || value.get<int64_t>() < 0) {
+            return zinf::InvalidArgument("context_json." + key + ": an integer >= 0, got " + value.dump());
+          }
+          *dst = value.get<int64_t>();
+          return Status::Ok();
+        };
+        auto need_num = [&](std::optional<double>* dst) -> Status {
+          if (!value.is_number() || !std::isfinite(value.get<double>())) {
+            return zinf::InvalidArgument("context_json." + key + ": a finite number, got " + value.dump());
+          }
+          *dst = value.get<double>();
+          return Status::Ok();
+        };
+        if (key == "hidden_size") ZINF_RETURN_IF_ERROR(need_int(&ctx.hidden_size));
+        else if (key == "micro_batch_size") ZINF_RETURN_IF_ERROR(need_int(&ctx.micro_batch_size));
+        else if (key == "gradient_accumulation_steps") ZINF_RETURN_IF_ERROR(need_int(&ctx.gradient_accumulation_steps));
+        else if (key == "total_num_steps") ZINF_RETURN_IF_ERROR(need_int(&ctx.total_num_steps));
+        else if (key == "warmup_num_steps") ZINF_RETURN_IF_ERROR(need_int(&ctx.warmup_num_steps));
+        else if (key == "world_size") ZINF_RETURN_IF_ERROR(need_int(&ctx.world_size));
+        else if (key == "lr") ZINF_RETURN_IF_ERROR(need_num(&ctx.lr));
+        else if (key == "weight_decay") ZINF_RETURN_IF_ERROR(need_num(&ctx.weight_decay));
+        else if (key == "gradient_clipping") ZINF_RETURN_IF_ERROR(need_num(&ctx.gradient_clipping));
+        else {
+          return zinf::InvalidArgument("context_json." + key +
+                                       ": unknown (hidden_size, lr, weight_decay, micro_batch_size, "
+                                       "gradient_accumulation_steps, gradient_clipping, total_num_steps, "
+                                       "warmup_num_steps, world_size)");
+        }
+      }
+    }
+    ZINF_ASSIGN_OR_RETURN(std::vector<std::string> notes, zinf::ResolveAuto(config, ctx));
+    std::string text;
+    for (const std::string& n : notes) text += n + "\n";
+    char* resolved = nullptr;
+    ZINF_RETURN_IF_ERROR(zinf::capi::ReturnString(config.ToJson(0), &resolved));
+    if (out_notes) {
+      if (Status s = zinf::capi::ReturnString(text, out_notes); !s.ok()) {
+        std::free(resolved);
+        return s;
+      }
+    }
+    *out_config_json = resolved;
+    return Status::Ok();
+  });
+}
+
 ZINF_API int zinf_engine_create_from_file(const char* config_path, zinf_comm* comm, zinf_engine** out) {
   return Guard(__func__, [&]() -> Status {
     ZINF_RETURN_IF_ERROR(NotNull(config_path, "config_path"));
@@ -267,7 +334,32 @@ ZINF_API int zinf_engine_get_info(const zinf_engine* engine, zinf_engine_info* o
 
 ZINF_API int zinf_engine_add_unit(zinf_engine* engine, const char* name, const zinf_param_spec* params,
                                   size_t num_params, int* out_unit) {
+  return zinf_engine_add_unit_ex(engine, name, params, num_params, nullptr, 0, out_unit);
+}
+
+ZINF_API int zinf_engine_add_param_group(zinf_engine* engine, double weight_decay, double lr, int* out_group) {
   return Guard(__func__, [&]() -> Status {
+    ZINF_RETURN_IF_ERROR(NotNull(engine, "engine"));
+    ZINF_ASSIGN_OR_RETURN(int group, engine->engine->AddParamGroup(zinf::ParamGroupOptions{.weight_decay = weight_decay,
+                                                                                           .lr = lr}));
+    if (out_group) *out_group = group;
+    return Status::Ok();
+  });
+}
+
+ZINF_API int zinf_engine_set_group_lr(zinf_engine* engine, int group, double lr) {
+  return Guard(__func__, [&]() -> Status {
+    ZINF_RETURN_IF_ERROR(NotNull(engine, "engine"));
+    return engine->engine->SetGroupLr(group, lr);
+  });
+}
+
+ZINF_API int zinf_engine_add_unit_ex(zinf_engine* engine, const char* name, const zinf_param_spec* params,
+                                     size_t num_params, const int* groups, int flags, int* out_unit) {
+  return Guard(__func__, [&]() -> Status {
+    if ((flags & ~ZINF_UNIT_FROZEN) != 0) {
+      return zinf::InvalidArgument("flags " + std::to_string(flags) + ": only ZINF_UNIT_FROZEN is defined");
+    }
     ZINF_RETURN_IF_ERROR(NotNull(engine, "engine"));
     ZINF_RETURN_IF_ERROR(NotNull(name, "name"));
     if (num_params > 0) ZINF_RETURN_IF_ERROR(NotNull(params, "params"));
@@ -281,8 +373,10 @@ ZINF_API int zinf_engine_add_unit(zinf_engine* engine, const char* name, const z
       specs[i].shape.assign(p.shape, p.shape + p.ndim);
       specs[i].dtype = static_cast<zinf::DType>(p.dtype);
       specs[i].init = p.init;
+      specs[i].group = groups ? groups[i] : 0;
     }
-    ZINF_ASSIGN_OR_RETURN(int unit, engine->engine->AddUnit(name, specs));
+    ZINF_ASSIGN_OR_RETURN(int unit, engine->engine->AddUnit(name, specs,
+                                                            zinf::UnitOptions{.frozen = (flags & ZINF_UNIT_FROZEN) != 0}));
     if (out_unit) *out_unit = unit;
     return Status::Ok();
   });
@@ -435,6 +529,25 @@ ZINF_API int zinf_engine_read_state(zinf_engine* engine, int unit, zinf_state_ki
                                    " has " + std::to_string(elems) + " elements");
     }
     return engine->engine->ReadState(unit, static_cast<zinf::StateKind>(kind), host_dst);
+  });
+}
+
+ZINF_API int zinf_engine_write_state(zinf_engine* engine, int unit, zinf_state_kind kind, const float* host_src,
+                                     size_t num_elems) {
+  return Guard(__func__, [&]() -> Status {
+    ZINF_RETURN_IF_ERROR(NotNull(engine, "engine"));
+    ZINF_RETURN_IF_ERROR(NotNull(host_src, "host_src"));
+    ZINF_RETURN_IF_ERROR(zinf::capi::CheckUnitIndex(engine, unit));
+    if (kind != ZINF_STATE_MASTER) {
+      return zinf::InvalidArgument("kind " + std::to_string(static_cast<int>(kind)) +
+                                   ": only ZINF_STATE_MASTER (the parameters) can be written");
+    }
+    ZINF_ASSIGN_OR_RETURN(const int64_t elems, engine->engine->unit_elems(unit));
+    if (static_cast<int64_t>(num_elems) != elems) {
+      return zinf::InvalidArgument("num_elems is " + std::to_string(num_elems) + "; unit " + std::to_string(unit) +
+                                   " has " + std::to_string(elems) + " elements");
+    }
+    return engine->engine->WriteState(unit, zinf::StateKind::kMaster, host_src);
   });
 }
 

@@ -36,12 +36,53 @@ Result<void*> EngineImpl::Alloc(uint64_t bytes, const std::string& what) {
   return *p;
 }
 
+Result<int> EngineImpl::AddParamGroup(const ParamGroupOptions& options) {
+  if (finalized_) return FailedPrecondition("AddParamGroup after the first Fetch: define groups before the first micro-step");
+  if (!std::isfinite(options.weight_decay) || options.weight_decay < 0) {
+    return InvalidArgument("parameter group " + std::to_string(groups_.size()) +
+                           ": weight_decay must be a finite value >= 0, got " + std::to_string(options.weight_decay));
+  }
+  if (!std::isfinite(options.lr)) {
+    return InvalidArgument("parameter group " + std::to_string(groups_.size()) + ": lr must be finite");
+  }
+  groups_.push_back(options);
+  groups_snapshot_ = std::make_shared<const std::vector<ParamGroupOptions>>(groups_);
+  return static_cast<int>(groups_.size()) - 1;
+}
+
+Status EngineImpl::SetGroupLr(int group, double lr) {
+  if (group < 0 || group >= static_cast<int>(groups_.size())) {
+    return InvalidArgument("SetGroupLr: no parameter group " + std::to_string(group) + " (" +
+                           std::to_string(groups_.size()) + " defined)");
+  }
+  if (!std::isfinite(lr)) return InvalidArgument("SetGroupLr: the lr of group " + std::to_string(group) + " is not finite");
+  if (groups_[group].lr == lr) return Status::Ok();
+  groups_[group].lr = lr;
+  // Updates already enqueued keep the snapshot they took.
+  groups_snapshot_ = std::make_shared<const std::vector<ParamGroupOptions>>(groups_);
+  return Status::Ok();
+}
+
+AdamOptions EngineImpl::GroupAdam(const AdamOptions& decided, const std::vector<ParamGroupOptions>& groups, int group) {
+  AdamOptions a = decided;
+  const ParamGroupOptions& g = groups[group];
+  if (group != 0) a.weight_decay = g.weight_decay;
+  if (g.lr >= 0) a.lr = g.lr;
+  return a;
+}
+
 Result<int> EngineImpl::AddUnit(const std::string& name, const std::vector<ParamSpec>& params) {
+  return AddUnit(name, params, UnitOptions{});
+}
+
+Result<int> EngineImpl::AddUnit(const std::string& name, const std::vector<ParamSpec>& params,
+                                const UnitOptions& options) {
   if (finalized_) {
     return FailedPrecondition("unit '" + name +
                               "' registered after the first Fetch: register every unit before the first micro-step");
   }
-  ZINF_ASSIGN_OR_RETURN(UnitLayout layout, table_.Layout(name, params));
+  ZINF_ASSIGN_OR_RETURN(UnitLayout layout, table_.Layout(name, params, static_cast<int>(groups_.size())));
+  layout.frozen = options.frozen;
   Unit u;
   static_cast<UnitLayout&>(u) = std::move(layout);
   const int64_t total = u.part.num_elems;
@@ -67,11 +108,13 @@ Result<int> EngineImpl::AddUnit(const std::string& name, const std::vector<Param
   } else {
     ZINF_ASSIGN_OR_RETURN(u.params, Alloc(P * DTypeSizeBytes(compute_dtype_), what + " parameters"));
   }
-  if (!u.partitioned) {
+  if (!u.partitioned && !u.frozen) {
     ZINF_ASSIGN_OR_RETURN(void* g, Alloc(P * 4, what + " gradients"));
     u.grads = static_cast<float*>(g);
   }
-  if (nvme_) {
+  if (u.frozen) {
+    // A compute copy only: no accumulator, master or optimizer state.
+  } else if (nvme_) {
     // The accumulator is allocated at Finalize, in host memory or the swap
     // store as the host budget allows.
   } else if (offload_) {
@@ -108,7 +151,8 @@ Result<int> EngineImpl::AddUnit(const std::string& name, const std::vector<Param
   }
   ZINF_RETURN_IF_ERROR(WriteComputeCopy(u, master.data()));
   const int64_t begin = owned_begin(u), valid = owned_valid(u);
-  if (nvme_) {
+  if (u.frozen) {
+  } else if (nvme_) {
     // Into the open sub-group below, once nothing else can fail.
   } else if (valid > 0 && offload_) {
     std::memcpy(u.h_master.data(), master.data() + begin, valid * 4);
@@ -119,10 +163,12 @@ Result<int> EngineImpl::AddUnit(const std::string& name, const std::vector<Param
   ZINF_RETURN_IF_ERROR(u.grads_free->Record(*stream_));
   ZINF_RETURN_IF_ERROR(stream_->Synchronize());  // the host vectors die here
   if (u.shard_on_nvme) ZINF_RETURN_IF_ERROR(AddShardToStore(u, master.data()));
-  if (nvme_) {
+  if (nvme_ && !u.frozen) {
     ZINF_RETURN_IF_ERROR(
         swapper_->AddUnit(u.name, owned_elems(u), master.data() + begin, std::max<int64_t>(valid, 0)));
+    swap_unit_.push_back(num_units());
   }
+  swap_index_.push_back(nvme_ && !u.frozen ? static_cast<int>(swap_unit_.size()) - 1 : -1);
   cleanup.u = nullptr;
   table_.Add(u);
   units_.push_back(std::move(u));
@@ -167,8 +213,9 @@ Status EngineImpl::BuildAfterRegistration() {
   int64_t offset = 0;
   for (const Unit& u : units_) {
     norm_layout_.unit_block_offset.push_back(offset);
-    norm_layout_.unit_blocks.push_back(owned_elems(u) / kNormBlock);
-    offset += owned_elems(u) / kNormBlock;
+    const int64_t blocks = u.frozen ? 0 : owned_elems(u) / kNormBlock;  // a frozen unit has no gradient
+    norm_layout_.unit_blocks.push_back(blocks);
+    offset += blocks;
   }
   norm_layout_.blocks_per_rank = offset;
   const int64_t regions = stage_ == 0 ? 1 : world_;
@@ -180,7 +227,9 @@ Status EngineImpl::BuildAfterRegistration() {
   }
   if (offload_) {
     int64_t max_owned = 0;
-    for (const Unit& u : units_) max_owned = std::max(max_owned, owned_elems(u));
+    for (const Unit& u : units_) {
+      if (!u.frozen) max_owned = std::max(max_owned, owned_elems(u));
+    }
     ZINF_ASSIGN_OR_RETURN(h_grad_stage_, Pinned(max_owned * 4, "gradient staging"));
     const int64_t slots = std::clamp<int64_t>(config_.zero.offload_optimizer.buffer_count, 2, 64);
     for (int64_t i = 0; i < slots; ++i) {
@@ -197,7 +246,7 @@ Status EngineImpl::BuildAfterRegistration() {
     // goes home to the host through one scratch buffer, unit by unit.
     int64_t max_shard = 0;
     for (const Unit& u : units_) {
-      if (host_home(u)) max_shard = std::max(max_shard, u.part.shard_elems);
+      if (host_home(u) && !u.frozen) max_shard = std::max(max_shard, u.part.shard_elems);
     }
     if (max_shard > 0) {
       ZINF_ASSIGN_OR_RETURN(param_scratch_, Alloc(max_shard * DTypeSizeBytes(compute_dtype_),
@@ -257,7 +306,7 @@ Result<bool> EngineImpl::Step() {
     if (!broken_.ok()) return broken_;
   }
   for (const Unit& u : units_) {
-    if (u.fetched_this_micro && !u.grads_ready_this_micro) {
+    if (u.fetched_this_micro && !u.grads_ready_this_micro && !u.frozen) {
       return FailedPrecondition("Step() before GradsReady(unit '" + u.name +
                                 "'): every unit fetched in a micro-step must have its gradients ready before the "
                                 "micro-step ends (a unit not fetched has none)");

@@ -19,7 +19,10 @@ Status EngineImpl::ReadState(int unit, StateKind kind, float* host_dst) {
   ZINF_RETURN_IF_ERROR(Synchronize());
   Unit& u = units_[unit];
   const int64_t n = u.part.num_elems;
-  if (kind == StateKind::kComputeParams) {
+  if (u.frozen && kind != StateKind::kMaster && kind != StateKind::kComputeParams) {
+    return InvalidArgument("ReadState: unit '" + u.name + "' is frozen: it has no optimizer state");
+  }
+  if (kind == StateKind::kComputeParams || u.frozen) {  // a frozen unit's value is its compute copy
     std::vector<uint8_t> raw(n * DTypeSizeBytes(compute_dtype_));
     const bool gather = u.partitioned && !u.gathered;
     if (gather) ZINF_RETURN_IF_ERROR(Gather(u, /*prefetch=*/false));
@@ -36,13 +39,13 @@ Status EngineImpl::ReadState(int unit, StateKind kind, float* host_dst) {
   const void* host_state = host_buf.data();
   std::unique_ptr<float, decltype(&std::free)> swapped(nullptr, &std::free);
   if (nvme_) {  // read the unit's sub-group back from the store
-    const size_t g = swapper_->group_of(unit);
+    const size_t g = swapper_->group_of(swap_id(unit));
     ZINF_ASSIGN_OR_RETURN(uint64_t padded, swapper_->store().PaddedBytes(g));
     swapped.reset(static_cast<float*>(std::aligned_alloc(4096, padded)));
     if (!swapped) return OutOfMemory("ReadState: " + FormatBytes(padded) + " for a sub-group");
     ZINF_RETURN_IF_ERROR(swapper_->store().Read(g, swapped.get()).Wait());
     const int k = kind == StateKind::kMaster ? 0 : kind == StateKind::kExpAvg ? 1 : 2;
-    host_state = swapped.get() + swapper_->offset_in_group(unit) + k * owned_elems(u);
+    host_state = swapped.get() + swapper_->offset_in_group(swap_id(unit)) + k * owned_elems(u);
   }
   float* state = kind == StateKind::kMaster ? u.master : kind == StateKind::kExpAvg ? u.exp_avg : u.exp_avg_sq;
   if (!sharded()) {
@@ -66,6 +69,67 @@ Status EngineImpl::ReadState(int unit, StateKind kind, float* host_dst) {
   if (!s.ok()) return s;
   if (!sync.ok()) return sync;
   return f;
+}
+
+Status EngineImpl::WriteState(int unit, StateKind kind, const float* host_src) {
+  ExcludeIo exclude(this);
+  ZINF_RETURN_IF_ERROR(CheckUnit(unit, "WriteState"));
+  if (kind != StateKind::kMaster) return InvalidArgument("WriteState: only the parameters (kMaster) can be written");
+  ZINF_RETURN_IF_ERROR(Finalize());
+  if (micro_in_window_ != 0) {
+    return FailedPrecondition("WriteState between optimizer steps only: " + std::to_string(micro_in_window_) + " of " +
+                              std::to_string(accumulation_) + " micro-steps of this step are done");
+  }
+  {
+    std::lock_guard lock(mu_);
+    ZINF_RETURN_IF_ERROR(broken_);
+  }
+  ZINF_RETURN_IF_ERROR(Synchronize());
+  Unit& u = units_[unit];
+  // A copy gathered ahead (stage 3) would be stale: the next Fetch gathers anew.
+  if (u.gathered && !u.client_holds) ZINF_RETURN_IF_ERROR(DropGathered(u));
+  const int64_t ob = owned_begin(u), ov = owned_valid(u);
+  if (!u.frozen && ov > 0) {
+    if (nvme_) {  // the unit's sub-group: read, changed, written back
+      const size_t g = swapper_->group_of(swap_id(unit));
+      ZINF_ASSIGN_OR_RETURN(uint64_t padded, swapper_->store().PaddedBytes(g));
+      std::unique_ptr<float, decltype(&std::free)> buf(static_cast<float*>(std::aligned_alloc(4096, padded)), &std::free);
+      if (!buf) return OutOfMemory("WriteState: " + FormatBytes(padded) + " for a sub-group");
+      ZINF_RETURN_IF_ERROR(swapper_->store().Read(g, buf.get()).Wait());
+      std::memcpy(buf.get() + swapper_->offset_in_group(swap_id(unit)), host_src + ob, ov * 4);
+      ZINF_RETURN_IF_ERROR(SwapFailure(swapper_->store().Write(g, buf.get()).Wait()));
+    } else if (offload_) {
+      std::memcpy(u.h_master.data(), host_src + ob, ov * 4);
+    } else {
+      ZINF_RETURN_IF_ERROR(device_.CopyToDevice(u.master, host_src + ob, ov * 4, *stream_));
+      ZINF_RETURN_IF_ERROR(stream_->Synchronize());
+    }
+  }
+  return WriteComputeCopy(u, host_src, 0);
+}
+
+Status EngineImpl::ReadFrozenSlice(Unit& u, std::vector<float>* out) {
+  const size_t esize = DTypeSizeBytes(compute_dtype_);
+  const int64_t begin = u.part.shard_begin(rank_), count = u.part.valid_in_shard(rank_);
+  out->assign(std::max<int64_t>(count, 0), 0.0f);
+  if (count <= 0) return Status::Ok();
+  const void* src = nullptr;
+  std::vector<uint8_t> staged;
+  if (u.shard_on_nvme) {
+    void* buf = param_bufs_[kUpdateBuffer].data();
+    ZINF_RETURN_IF_ERROR(param_store_->Read(u.index, buf).Wait().WithContext("parameter shard of unit '" + u.name + "'"));
+    src = buf;
+  } else if (host_home(u)) {
+    src = u.h_shard.data();
+  } else {
+    staged.resize(count * esize);
+    const char* dev = u.partitioned ? static_cast<const char*>(u.shard_params)
+                                    : static_cast<const char*>(u.params) + begin * esize;
+    ZINF_RETURN_IF_ERROR(device_.CopyToHost(staged.data(), dev, staged.size(), *stream_));
+    ZINF_RETURN_IF_ERROR(stream_->Synchronize());
+    src = staged.data();
+  }
+  return Cast(arena_, src, compute_dtype_, out->data(), DType::kFloat32, count);
 }
 
 namespace {
@@ -144,12 +208,24 @@ Status EngineImpl::WriteShards(const std::string& path, nlohmann::json* table) {
   int64_t current_group = -1;
   uint64_t bytes_out = 0;
   for (size_t i = 0; i < units_.size(); ++i) {
-    const Unit& u = units_[i];
+    Unit& u = units_[i];
     const int64_t begin = u.part.shard_begin(rank_), count = u.part.valid_in_shard(rank_);
+    if (u.frozen) {  // its compute copy, widened, as its "master"
+      std::vector<float> slice;
+      ZINF_RETURN_IF_ERROR(ReadFrozenSlice(u, &slice));
+      if (count <= 0) continue;
+      const uint64_t offset = w->BeginSlice();
+      ZINF_RETURN_IF_ERROR(w->Append(slice.data(), static_cast<uint64_t>(count) * 4));
+      ZINF_ASSIGN_OR_RETURN(uint64_t xxh3, w->EndSlice());
+      table->push_back({{"unit", u.name}, {"kind", kKindNames[0]}, {"begin", begin}, {"count", count},
+                        {"offset", offset}, {"xxh3", xxh3}});
+      bytes_out += static_cast<uint64_t>(count) * 4;
+      continue;
+    }
     const int64_t at = begin - owned_begin(u);  // the slice's place in the owned range
     const float* src[3] = {nullptr, nullptr, nullptr};
     if (nvme_) {
-      const size_t g = swapper_->group_of(static_cast<int>(i));
+      const size_t g = swapper_->group_of(swap_id(i));
       if (static_cast<int64_t>(g) != current_group) {
         read_group(g);
         Status r = reads[g].Wait();
@@ -158,7 +234,7 @@ Status EngineImpl::WriteShards(const std::string& path, nlohmann::json* table) {
         current_group = static_cast<int64_t>(g);
         if (nb > 1) read_group(g + 1);
       }
-      const float* base = swapper_->state(static_cast<int>(i));
+      const float* base = swapper_->state(swap_id(i));
       for (int k = 0; k < 3; ++k) src[k] = base + k * owned_elems(u) + at;
     } else if (offload_) {
       const PinnedBuffer* h[3] = {&u.h_master, &u.h_exp_avg, &u.h_exp_avg_sq};
@@ -245,7 +321,8 @@ Result<std::string> EngineImpl::Save(const std::string& dir, const std::string& 
       }
       // steps: the updates this unit has had (fewer than steps_applied when
       // some steps did not fetch it).
-      units.push_back({{"name", u.name}, {"elements", u.part.num_elems}, {"params", params}, {"steps", u.steps}});
+      units.push_back({{"name", u.name}, {"elements", u.part.num_elems}, {"params", params}, {"steps", u.steps},
+                       {"frozen", u.frozen}});
     }
     LossScaler::State ls;
     int64_t steps_applied;
@@ -326,10 +403,10 @@ Status EngineImpl::ReadShards(ckpt::CheckpointReader& reader) {
       std::vector<Range> ranges;
       std::vector<char> whole(group.size(), 0);  // the compute copy is whole here, the master sharded
       for (size_t j = 0; j < group.size(); ++j) {
-        const int i = group[j];
+        const int i = swap_unit_[group[j]];
         const Unit& u = units_[i];
         const int64_t ob = owned_begin(u), ov = std::max<int64_t>(owned_valid(u), 0), oe = owned_elems(u);
-        float* base = buf + swapper_->offset_in_group(i);
+        float* base = buf + swapper_->offset_in_group(group[j]);
         for (int k = 0; k < 3; ++k) std::fill(base + k * oe + ov, base + (k + 1) * oe, 0.0f);
         whole[j] = !(u.partitioned || (ob == 0 && ov == u.part.num_elems));
         for (int k = whole[j] ? 1 : 0; k < 3; ++k) ranges.push_back({u.name, k, u.part.num_elems, ob, ov, base + k * oe});
@@ -339,20 +416,19 @@ Status EngineImpl::ReadShards(ckpt::CheckpointReader& reader) {
       // Units whose whole master is needed: one at a time (memory: one unit).
       for (size_t j = 0; j < group.size(); ++j) {
         if (!whole[j]) continue;
-        const int i = group[j];
-        Unit& u = units_[i];
+        Unit& u = units_[swap_unit_[group[j]]];
         std::vector<float> master(u.part.num_elems);
         ZINF_RETURN_IF_ERROR(reader.ReadRange(u.name, 0, u.part.num_elems, 0, u.part.num_elems, master.data()));
         const int64_t ov = owned_valid(u);
-        if (ov > 0) std::memcpy(buf + swapper_->offset_in_group(i), master.data() + owned_begin(u), ov * 4);
+        if (ov > 0) std::memcpy(buf + swapper_->offset_in_group(group[j]), master.data() + owned_begin(u), ov * 4);
         ZINF_RETURN_IF_ERROR(WriteComputeCopy(u, master.data(), 0));
       }
       writes[g % nb] = swapper_->store().Write(g, buf);
       copier = std::thread([this, &group, buf, whole = std::move(whole), &copied] {
         for (size_t j = 0; j < group.size() && copied.ok(); ++j) {
           if (whole[j]) continue;
-          const int i = group[j];
-          copied = WriteComputeCopy(units_[i], buf + swapper_->offset_in_group(i), owned_begin(units_[i]));
+          Unit& u = units_[swap_unit_[group[j]]];
+          copied = WriteComputeCopy(u, buf + swapper_->offset_in_group(group[j]), owned_begin(u));
         }
       });
     }
@@ -363,11 +439,18 @@ Status EngineImpl::ReadShards(ckpt::CheckpointReader& reader) {
       w = {};
       ZINF_RETURN_IF_ERROR(s);
     }
+    for (Unit& u : units_) {
+      if (u.frozen) ZINF_RETURN_IF_ERROR(ReadFrozenUnit(reader, u));
+    }
     return Status::Ok();
   }
   std::vector<float> state[3];
   for (size_t i = 0; i < units_.size(); ++i) {
     Unit& u = units_[i];
+    if (u.frozen) {
+      ZINF_RETURN_IF_ERROR(ReadFrozenUnit(reader, u));
+      continue;
+    }
     const int64_t ob = owned_begin(u), ov = owned_valid(u);
     // The master covers the whole unit where its compute copy is whole here.
     const int64_t first[3] = {u.partitioned ? ob : 0, ob, ob};
@@ -392,6 +475,17 @@ Status EngineImpl::ReadShards(ckpt::CheckpointReader& reader) {
     ZINF_RETURN_IF_ERROR(WriteComputeCopy(u, state[0].data(), first[0]));
   }
   return Status::Ok();
+}
+
+// A frozen unit's compute copy from its saved values: this rank's shard
+// where it is partitioned, else the whole unit.
+Status EngineImpl::ReadFrozenUnit(ckpt::CheckpointReader& reader, Unit& u) {
+  const int64_t first = u.partitioned ? u.part.shard_begin(rank_) : 0;
+  const int64_t len = u.partitioned ? u.part.valid_in_shard(rank_) : u.part.num_elems;
+  if (len <= 0) return Status::Ok();
+  std::vector<float> values(len);
+  ZINF_RETURN_IF_ERROR(reader.ReadRange(u.name, 0, u.part.num_elems, first, len, values.data()));
+  return WriteComputeCopy(u, values.data(), first);
 }
 
 Result<std::string> EngineImpl::Load(const std::string& path) {
@@ -426,6 +520,9 @@ Result<std::string> EngineImpl::Load(const std::string& path) {
           diffs += " unit " + std::to_string(i) + " is '" + sname + "' (" + std::to_string(selems) +
                    " elements) there, '" + units_[i].name + "' (" + std::to_string(units_[i].part.num_elems) +
                    ") here;";
+        } else if (saved[i].value("frozen", false) != units_[i].frozen) {
+          diffs += std::string(" unit '") + sname + "' is " + (units_[i].frozen ? "trainable" : "frozen") +
+                   " there and " + (units_[i].frozen ? "frozen" : "trainable") + " here;";
         }
       }
       if (!diffs.empty()) {

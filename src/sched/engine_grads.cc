@@ -15,6 +15,7 @@ Status EngineImpl::GradsReady(int unit, Stream& stream) {
   ZINF_RETURN_IF_ERROR(CheckUnit(unit, "GradsReady"));
   ZINF_RETURN_IF_ERROR(Finalize());
   Unit& u = units_[unit];
+  if (u.frozen) return InvalidArgument("GradsReady(unit '" + u.name + "'): the unit is frozen (it has no gradients)");
   if (u.grads_ready_this_micro) {
     return FailedPrecondition("GradsReady(unit '" + u.name + "') twice in one micro-step; call Step() between");
   }
@@ -50,7 +51,7 @@ Status EngineImpl::GradsReady(int unit, Stream& stream) {
   // Stages 2 and 3: into the open bucket; closed buckets go out now
   // (overlap_comm) or when the micro-step's last unit is ready (else Step()
   // closes it: units not fetched this micro-step have no gradients).
-  const bool last = std::all_of(units_.begin(), units_.end(), [](const Unit& x) { return x.grads_ready_this_micro; });
+  const bool last = std::all_of(units_.begin(), units_.end(), [](const Unit& x) { return x.grads_ready_this_micro || x.frozen; });
   if (buckets_.Add(unit, P, last)) return FlushPendingBuckets();
   return Status::Ok();
 }
@@ -173,7 +174,7 @@ Status EngineImpl::EnqueueAccumulate(float* accum, const float* reduced, int64_t
 // last micro-step of the window is accumulated: during backward, off the
 // boundary's critical path.
 Status EngineImpl::EnqueuePartials(size_t i, bool now) {
-  if (!now && micro_in_window_ != accumulation_ - 1) return Status::Ok();
+  if (units_[i].frozen || (!now && micro_in_window_ != accumulation_ - 1)) return Status::Ok();
   const int region = stage_ == 0 ? 0 : rank_;
   const bool zero = !units_[i].accumulated;
   units_[i].partials_taken = true;

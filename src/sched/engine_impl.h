@@ -186,6 +186,8 @@ class EngineImpl final : public Engine {
                                 .param_nvme = param_nvme_,
                                 .max_in_cpu = config.zero.offload_param.max_in_cpu}),
         buckets_(config.zero.reduce_bucket_size, config.zero.overlap_comm),
+        groups_{ParamGroupOptions{.weight_decay = adam.weight_decay, .lr = -1}},
+        groups_snapshot_(std::make_shared<const std::vector<ParamGroupOptions>>(groups_)),
         decider_(std::move(schedule), std::move(scaler), adam, config.gradient_clipping, world_, accumulation) {}
 
   ~EngineImpl() override {
@@ -275,6 +277,10 @@ class EngineImpl final : public Engine {
   }
 
   Result<int> AddUnit(const std::string& name, const std::vector<ParamSpec>& params) override;
+  Result<int> AddUnit(const std::string& name, const std::vector<ParamSpec>& params,
+                      const UnitOptions& options) override;
+  Result<int> AddParamGroup(const ParamGroupOptions& options) override;
+  Status SetGroupLr(int group, double lr) override;
   Result<UnitPointers> Fetch(int unit, Stream& stream) override;
   Result<UnitPointers> GradBuffers(int unit) override;
   Status GradsReady(int unit, Stream& stream) override;
@@ -298,6 +304,7 @@ class EngineImpl final : public Engine {
   Result<std::string> Save(const std::string& dir, const std::string& client_state) override;
   Result<std::string> Load(const std::string& path) override;
   Status ReadState(int unit, StateKind kind, float* host_dst) override;
+  Status WriteState(int unit, StateKind kind, const float* host_src) override;
 
  private:
   bool sharded() const { return stage_ >= 1 && world_ > 1; }
@@ -327,6 +334,14 @@ class EngineImpl final : public Engine {
     }
     return Status::Ok();
   }
+  // The optimizer options of parameter group `group`: the boundary's
+  // decided ones (the schedule's lr, the config's weight decay) with the
+  // group's weight decay and its own lr when it has one.
+  static AdamOptions GroupAdam(const AdamOptions& decided, const std::vector<ParamGroupOptions>& groups, int group);
+  // A frozen unit's compute copy of this rank's checkpoint slice
+  // ([shard_begin, + valid_in_shard)), widened to fp32.
+  Status ReadFrozenSlice(Unit& u, std::vector<float>* out);
+  Status ReadFrozenUnit(ckpt::CheckpointReader& reader, Unit& u);
   // Builds what the first micro-step needs (norm layout, staging, the swap
   // set-up). Idempotent; once past the checks that leave nothing built, a
   // failure is sticky: every later call returns it, because the engine is
@@ -352,7 +367,12 @@ class EngineImpl final : public Engine {
   // sub-group written, gradients placed, buffers) and the accumulators of
   // the gradients kept in host memory.
   Status SetUpSwap();
-  bool grad_on_nvme(size_t i) const { return swapper_ && swapper_->grad_on_nvme(static_cast<int>(i)); }
+  bool grad_on_nvme(size_t i) const { return swapper_ && !units_[i].frozen && swapper_->grad_on_nvme(swap_id(i)); }
+  // Unit i's index in the optimizer swapper (frozen units have none: -1),
+  // and back.
+  int swap_id(size_t i) const { return swap_index_[i]; }
+  std::vector<int> swap_index_;  // by unit
+  std::vector<int> swap_unit_;   // by swapper index
   // offload_param nvme, at registration: the store grown for the unit's
   // shard, which is written there.
   Status AddShardToStore(const Unit& u, const float* master);
@@ -557,6 +577,10 @@ class EngineImpl final : public Engine {
   double* partials_ = nullptr;
   PinnedBuffer h_partials_;  // CUDA: all ranks' partials read back for the decision (and offload's, on their way down)
   NormPartialsLayout norm_layout_;  // blocks_per_rank: sum over units of owned blocks (stage 0: all blocks)
+  // Parameter groups (0: the config's), changed on the client's thread
+  // only; every update task takes the snapshot current when it is enqueued.
+  std::vector<ParamGroupOptions> groups_;
+  std::shared_ptr<const std::vector<ParamGroupOptions>> groups_snapshot_;
 
   std::mutex mu_;  // guards everything below and the Window
   nvme::IoEngineStats io_base_;  // IoTotals() at the last boundary, less checkpoint I/O since

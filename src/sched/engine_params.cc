@@ -68,6 +68,7 @@ Result<UnitPointers> EngineImpl::Fetch(int unit, Stream& stream) {
 Result<UnitPointers> EngineImpl::GradBuffers(int unit) {
   ZINF_RETURN_IF_ERROR(CheckUnit(unit, "GradBuffers"));
   Unit& u = units_[unit];
+  if (u.frozen) return InvalidArgument("GradBuffers(unit '" + u.name + "'): the unit is frozen (it has no gradients)");
   if (!u.partitioned) return UnitPointers{u.grads, DType::kFloat32, u.part.num_elems, u.grad_ptrs};
   if (!u.grads) {
     // On the stream of the unit's Fetch this micro-step (backward's,

@@ -45,7 +45,7 @@ Status EngineImpl::SetUpSwap() {
   ZINF_RETURN_IF_ERROR(swapper_->Finish(available, ps.budget_bytes));
   for (size_t i = 0; i < units_.size(); ++i) {
     Unit& u = units_[i];
-    if (!grad_on_nvme(i)) {
+    if (!grad_on_nvme(i) && !u.frozen) {
       ZINF_ASSIGN_OR_RETURN(u.h_accum, Pinned(owned_elems(u) * 4, "unit '" + u.name + "' gradient accumulator"));
     }
   }
@@ -177,7 +177,7 @@ Status EngineImpl::SwapAccumulate(size_t i, const float* reduced, bool first) {
   // Out to the store while the norm partials read the same buffer; the
   // buffer is reused only after this write finished.
   return stream_->Enqueue([this, i, stage, acc](const StreamContext&) {
-    grad_stage_write_[stage] = swapper_->WriteGrad(static_cast<int>(i), acc);
+    grad_stage_write_[stage] = swapper_->WriteGrad(swap_id(i), acc);
     return Status::Ok();
   });
 }
@@ -199,7 +199,7 @@ Result<int> EngineImpl::AcquireGradStage(size_t i) {
 Status EngineImpl::ReadSwappedGrads(size_t i, int stage) {
   return Timed(&Window::io, "read gradient " + units_[i].name, [this, i, stage](const StreamContext&) -> Status {
     ZINF_RETURN_IF_ERROR(WaitGradWrites());  // its last write may still be in flight
-    return SwapFailure(swapper_->ReadGrad(static_cast<int>(i), swapper_->grad_stage(stage)).Wait(),
+    return SwapFailure(swapper_->ReadGrad(swap_id(i), swapper_->grad_stage(stage)).Wait(),
                        SwapKind::kGradients);
   });
 }

@@ -73,7 +73,7 @@ Status EngineImpl::EnqueueBoundary() {
   // the last micro-step are taken now.
   std::vector<char> has_grad(units_.size());
   for (size_t i = 0; i < units_.size(); ++i) {
-    if (!units_[i].partials_taken) ZINF_RETURN_IF_ERROR(EnqueuePartials(i, /*now=*/true));
+    if (!units_[i].partials_taken && !units_[i].frozen) ZINF_RETURN_IF_ERROR(EnqueuePartials(i, /*now=*/true));
     has_grad[i] = units_[i].accumulated;
     units_[i].accumulated = units_[i].partials_taken = false;
   }
@@ -81,7 +81,12 @@ Status EngineImpl::EnqueueBoundary() {
   if (nvme_ && swapper_->swapped_grad_units() > 0) {
     ZINF_RETURN_IF_ERROR(Timed(&Window::io, "write gradients", [this](const StreamContext&) { return WaitGradWrites(); }));
   }
-  const auto has_grad_shared = std::make_shared<const std::vector<char>>(has_grad);
+  // The swapper's reads take it by its own unit index.
+  std::vector<char> has_grad_swap;
+  for (size_t i = 0; i < units_.size(); ++i) {
+    if (swap_id(i) >= 0) has_grad_swap.push_back(has_grad[i]);
+  }
+  const auto has_grad_shared = std::make_shared<const std::vector<char>>(std::move(has_grad_swap));
   if (sharded()) {
     double* mine = partials_ + rank_ * norm_layout_.blocks_per_rank;
     ZINF_RETURN_IF_ERROR(Collective("all_gather", norm_layout_.blocks_per_rank * world_ * sizeof(double), [&] {
@@ -120,6 +125,7 @@ Status EngineImpl::EnqueueBoundary() {
   }
   // Per unit, in forward order (EnqueueUnitUpdate).
   for (size_t i = 0; i < units_.size(); ++i) {
+    if (units_[i].frozen) continue;  // its compute copy never changes
     if (units_[i].active_updated) {  // updated during backward (zinf.active_offload)
       units_[i].active_updated = false;
       continue;
@@ -155,10 +161,10 @@ Status EngineImpl::EnqueueUnitUpdate(size_t i, bool has_grad, int64_t boundary, 
   float* swap = nullptr;  // NVMe: the unit's [master | m | v] in its group's buffer
   const void* grad = u.h_accum.data();  // offload: the accumulated gradient, or its place in the gradient buffer
   if (nvme_) {
-    const size_t g = swapper_->group_of(static_cast<int>(i));
-    swap = swapper_->state(static_cast<int>(i));
-    if (grad_on_nvme(i)) grad = swapper_->grad(static_cast<int>(i));
-    if (swapper_->group_units(g).front() == static_cast<int>(i)) {
+    const size_t g = swapper_->group_of(swap_id(i));
+    swap = swapper_->state(swap_id(i));
+    if (grad_on_nvme(i)) grad = swapper_->grad(swap_id(i));
+    if (swapper_->group_units(g).front() == swap_id(i)) {
       ZINF_RETURN_IF_ERROR(Timed(&Window::io, "read sub-group " + std::to_string(g), [this, g, has = has_grad_shared](const StreamContext&) {
         return swapper_->ReadGroup(g, *has);
       }));
@@ -173,8 +179,8 @@ Status EngineImpl::EnqueueUnitUpdate(size_t i, bool has_grad, int64_t boundary, 
   } else {
     ZINF_RETURN_IF_ERROR(Timed(&Window::optimizer, u.name, HostUpdateTask(u, target, has_grad, boundary, active)));
   }
-  if (nvme_ && swapper_->group_units(swapper_->group_of(static_cast<int>(i))).back() == static_cast<int>(i)) {
-    const size_t g = swapper_->group_of(static_cast<int>(i));
+  if (nvme_ && swapper_->group_units(swapper_->group_of(swap_id(i))).back() == swap_id(i)) {
+    const size_t g = swapper_->group_of(swap_id(i));
     ZINF_RETURN_IF_ERROR(stream_->Enqueue([this, g](const StreamContext&) {
       swapper_->IssueWrites(g);
       return Status::Ok();
@@ -250,13 +256,19 @@ Status EngineImpl::EnqueueDeviceUpdate(Unit& u, bool home, bool has_grad) {
     if (home) return sched::DeviceCast(master, DType::kFloat32, param_dst, compute_dtype_, valid, *stream_);
     return Status::Ok();
   }
-  ZINF_ASSIGN_OR_RETURN(AdamStepConstants constants, MakeAdamStepConstants(d.adam, u.steps + 1, d.grad_scale));
   const bool copy = compute_dtype_ != DType::kFloat32;
-  ZINF_RETURN_IF_ERROR(sched::DeviceAdamStep(constants, master, static_cast<float*>(u.exp_avg),
-                                             static_cast<float*>(u.exp_avg_sq),
-                                             static_cast<const float*>(owned_accum(u)), copy ? param_dst : nullptr,
-                                             compute_dtype_, valid, *stream_)
-                           .WithContext("unit '" + u.name + "'"));
+  const size_t esize = DTypeSizeBytes(compute_dtype_);
+  const auto groups = groups_snapshot_;
+  for (const UnitLayout::GroupRun& r : u.GroupRuns(owned_begin(u), valid)) {
+    ZINF_ASSIGN_OR_RETURN(AdamStepConstants constants,
+                          MakeAdamStepConstants(GroupAdam(d.adam, *groups, r.group), u.steps + 1, d.grad_scale));
+    ZINF_RETURN_IF_ERROR(sched::DeviceAdamStep(constants, master + r.offset, static_cast<float*>(u.exp_avg) + r.offset,
+                                               static_cast<float*>(u.exp_avg_sq) + r.offset,
+                                               static_cast<const float*>(owned_accum(u)) + r.offset,
+                                               copy ? static_cast<char*>(param_dst) + r.offset * esize : nullptr,
+                                               compute_dtype_, r.elems, *stream_)
+                             .WithContext("unit '" + u.name + "'"));
+  }
   ++u.steps;
   if (!copy) return device_.CopyOnDevice(param_dst, master, valid * 4, *stream_);
   return Status::Ok();
@@ -295,8 +307,9 @@ Status EngineImpl::WriteComputeCopy(Unit& u, const float* master, int64_t first)
 // compute copy written where `t` says; a skipped or gradient-less unit keeps
 // its state and refills a staging copy that goes on regardless.
 StreamTask EngineImpl::HostUpdateTask(Unit& u, const UpdateTarget& t, bool has, int64_t boundary, bool active) {
+  // The groups' hyper-parameters as they are now, when the update is enqueued.
   return [this, &u, staging = t.staging, swap = t.swap, grad = t.grad, home = t.home, use_slot = t.use_slot,
-          to_store = t.to_store, has, boundary, active](const StreamContext& ctx) -> Status {
+          to_store = t.to_store, has, boundary, active, groups = groups_snapshot_](const StreamContext& ctx) -> Status {
     RunHostUpdateHook(u.index, boundary);
     Decision d;
     {
@@ -339,9 +352,21 @@ StreamTask EngineImpl::HostUpdateTask(Unit& u, const UpdateTarget& t, bool has, 
       b.param_copy = param_dst;
       b.param_copy_dtype = compute_dtype_;
     }
-    // The unit's own step count, as an optimizer keeps one per parameter.
-    ZINF_ASSIGN_OR_RETURN(AdamStepConstants constants, MakeAdamStepConstants(d.adam, u.steps + 1, d.grad_scale));
-    ZINF_RETURN_IF_ERROR(AdamStep(arena_, constants, b).WithContext("unit '" + u.name + "'"));
+    // The unit's own step count, as an optimizer keeps one per parameter;
+    // each run of one parameter group with its hyper-parameters.
+    const size_t esize = DTypeSizeBytes(compute_dtype_);
+    for (const UnitLayout::GroupRun& r : u.GroupRuns(owned_begin(u), valid)) {
+      ZINF_ASSIGN_OR_RETURN(AdamStepConstants constants,
+                            MakeAdamStepConstants(GroupAdam(d.adam, *groups, r.group), u.steps + 1, d.grad_scale));
+      AdamBuffers run = b;
+      run.params += r.offset;
+      run.exp_avg += r.offset;
+      run.exp_avg_sq += r.offset;
+      run.grads = static_cast<const float*>(b.grads) + r.offset;
+      if (run.param_copy) run.param_copy = static_cast<char*>(b.param_copy) + r.offset * esize;
+      run.num_elems = static_cast<size_t>(r.elems);
+      ZINF_RETURN_IF_ERROR(AdamStep(arena_, constants, run).WithContext("unit '" + u.name + "'"));
+    }
     ++u.steps;
     if (compute_dtype_ == DType::kFloat32) std::memcpy(param_dst, b.params, valid * 4);
     return Status::Ok();

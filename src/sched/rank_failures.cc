@@ -16,6 +16,12 @@ class SharedFailureEngine final : public Engine {
   Result<int> AddUnit(const std::string& name, const std::vector<ParamSpec>& params) override {
     return inner_->AddUnit(name, params);
   }
+  Result<int> AddUnit(const std::string& name, const std::vector<ParamSpec>& params,
+                      const UnitOptions& options) override {
+    return inner_->AddUnit(name, params, options);
+  }
+  Result<int> AddParamGroup(const ParamGroupOptions& options) override { return inner_->AddParamGroup(options); }
+  Status SetGroupLr(int group, double lr) override { return inner_->SetGroupLr(group, lr); }
   int num_units() const override { return inner_->num_units(); }
   Result<int64_t> unit_elems(int unit) const override { return inner_->unit_elems(unit); }
   int rank() const override { return inner_->rank(); }
@@ -66,6 +72,9 @@ class SharedFailureEngine final : public Engine {
   }
   Status ReadState(int unit, StateKind kind, float* host_dst) override {
     return Shared([&] { return inner_->ReadState(unit, kind, host_dst); });
+  }
+  Status WriteState(int unit, StateKind kind, const float* host_src) override {
+    return Shared([&] { return inner_->WriteState(unit, kind, host_src); });
   }
   // Save agrees on its outcome across the ranks itself (a failed save fails
   // on every rank, and training may go on); a stopped engine saves nothing.

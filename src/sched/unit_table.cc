@@ -1,9 +1,30 @@
 #include "sched/unit_table.h"
 
+#include <algorithm>
+
 namespace zinf {
 namespace sched {
 
-Result<UnitLayout> UnitTable::Layout(const std::string& name, const std::vector<ParamSpec>& params) const {
+std::vector<UnitLayout::GroupRun> UnitLayout::GroupRuns(int64_t begin, int64_t count) const {
+  std::vector<GroupRun> runs;
+  if (count <= 0) return runs;
+  const int64_t end = begin + count;
+  for (size_t t = 0; t < tensor_offsets.size(); ++t) {
+    const int64_t t_begin = t == 0 ? 0 : tensor_offsets[t];  // the first run also takes nothing before it
+    const int64_t t_end = t + 1 < tensor_offsets.size() ? tensor_offsets[t + 1] : end;  // the last takes the padding
+    const int64_t lo = std::max(t_begin, begin), hi = std::min(t_end, end);
+    if (lo >= hi) continue;
+    const int g = t < tensor_groups.size() ? tensor_groups[t] : 0;
+    if (!runs.empty() && runs.back().group == g && runs.back().offset + runs.back().elems == lo - begin) {
+      runs.back().elems += hi - lo;
+    } else {
+      runs.push_back({lo - begin, hi - lo, g});
+    }
+  }
+  return runs;
+}
+
+Result<UnitLayout> UnitTable::Layout(const std::string& name, const std::vector<ParamSpec>& params, int groups) const {
   if (params.empty()) return InvalidArgument("unit '" + name + "' has no parameters");
   if (names_.count(name)) return InvalidArgument("a unit named '" + name + "' is already registered");
   UnitLayout u;
@@ -19,7 +40,13 @@ Result<UnitLayout> UnitTable::Layout(const std::string& name, const std::vector<
       }
       n *= d;
     }
+    if (p.group < 0 || p.group >= groups) {
+      return InvalidArgument("parameter '" + p.name + "' of unit '" + name + "' is in parameter group " +
+                             std::to_string(p.group) + ", but only groups 0.." + std::to_string(groups - 1) +
+                             " are defined (AddParamGroup)");
+    }
     u.tensor_names.push_back(p.name);
+    u.tensor_groups.push_back(p.group);
     u.tensor_shapes.push_back(p.shape);
     u.tensor_offsets.push_back(total);
     total += n;

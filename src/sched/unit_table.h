@@ -27,10 +27,22 @@ struct UnitLayout {
   std::vector<std::string> tensor_names;
   std::vector<int64_t> tensor_offsets;  // elements from the unit's start
   std::vector<std::vector<int64_t>> tensor_shapes;
+  std::vector<int> tensor_groups;  // each tensor's parameter group (ParamSpec::group)
   UnitPartition part;
   int index = -1;              // registration order
   bool partitioned = false;    // stage 3: only this rank's shard is kept, gathered on Fetch
   bool shard_on_nvme = false;  // offload_param nvme past max_in_cpu: the shard's home is the parameter store
+  bool frozen = false;         // UnitOptions::frozen: a compute copy only, no gradients or optimizer state
+
+  // The runs of tensors of one parameter group that overlap the element
+  // range [begin, begin + count) of the unit, in order, as (offset from
+  // begin, elements, group); elements past the last tensor (padding) belong
+  // to the last run.
+  struct GroupRun {
+    int64_t offset = 0, elems = 0;
+    int group = 0;
+  };
+  std::vector<GroupRun> GroupRuns(int64_t begin, int64_t count) const;
 };
 
 struct UnitTableOptions {
@@ -50,7 +62,9 @@ class UnitTable {
   // The layout the next unit gets, or why it cannot be registered (no
   // parameters, a name already taken, a dimension that is not positive, a
   // tensor of 2^40 elements or more). Changes nothing.
-  Result<UnitLayout> Layout(const std::string& name, const std::vector<ParamSpec>& params) const;
+  // `groups` is the number of parameter groups defined (a tensor's group
+  // must be below it).
+  Result<UnitLayout> Layout(const std::string& name, const std::vector<ParamSpec>& params, int groups = 1) const;
   // Registers a layout Layout returned, once the unit exists.
   void Add(const UnitLayout& layout);
 
