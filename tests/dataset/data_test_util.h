@@ -4,9 +4,7 @@
 #pragma once
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -19,27 +17,6 @@
 #include "test_util.h"
 
 namespace zinf::data::test {
-
-// Where scripts/setup installs the npm packages the JavaScript references
-// use ($ZINF_NPM_DIR overrides).
-inline std::string NpmDir() {
-  const char* env = std::getenv("ZINF_NPM_DIR");
-  return env && *env ? env : "/var/cache/zinf/npm";
-}
-
-// The node executable on $PATH, or "".
-inline std::string FindNode() {
-  const char* path = std::getenv("PATH");
-  std::string dirs = path ? path : "";
-  for (size_t pos = 0; pos <= dirs.size();) {
-    size_t end = dirs.find(':', pos);
-    if (end == std::string::npos) end = dirs.size();
-    const std::string candidate = dirs.substr(pos, end - pos) + "/node";
-    if (end > pos && ::access(candidate.c_str(), X_OK) == 0) return candidate;
-    pos = end + 1;
-  }
-  return "";
-}
 
 // <scratch>/data_test/<suite>.<test>, emptied.
 inline std::string FreshDir() {
