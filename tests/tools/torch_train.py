@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
-"""A training-level PyTorch oracle for `zinf train` on the Llama family: the
-same run replayed with torch.optim.AdamW in float32, step for step, on the
-same batches, then zinf's per-step losses and its exported Hugging Face
-folder compared with the replay's.
+"""A training-level oracle for `zinf train` on the Llama family: the same run
+replayed with transformers' own model and torch.optim.AdamW in float32, step
+for step, on the same batches, with DeepSpeed's own lr schedule; then zinf's
+per-step losses and its exported Hugging Face folder compared with the
+replay's.
 
-  torch_train.py init --arch llama|qwen2|qwen3 --model-dir DIR --data FILE [--seed N]
-      Writes DIR (config.json and model.safetensors, fp32, random weights of a
-      tiny model with a 256-token vocabulary, so zinf's byte tokenizer fits)
-      and FILE (ASCII text to train on).
+  torch_train.py init --arch llama|mistral|qwen2|qwen3 --model-dir DIR --data FILE [--seed N]
+      Builds a tiny random model with transformers
+      (AutoModelForCausalLM.from_config on a LlamaConfig, MistralConfig,
+      Qwen2Config or Qwen3Config; a 256-token vocabulary, so zinf's byte
+      tokenizer fits) and writes it to DIR with save_pretrained (fp32
+      safetensors), and FILE (ASCII text to train on).
 
   torch_train.py check --model-dir DIR --data FILE --config DS.json
                        --steps N --micro-batch B --grad-accum K --seq-len T --seed S
@@ -18,7 +21,11 @@ folder compared with the replay's.
       with --export-dtype fp32) with it. Exit code 0 when all match, 1 with
       every mismatch named otherwise; --float64 and --save help a diagnosis.
 
-What the replay restates of zinf (and so checks):
+The replay's model is DIR loaded with AutoModelForCausalLM.from_pretrained
+(eager attention): the forward, its gradients and the loss
+(model.loss_function, transformers' ForCausalLMLoss, given the targets
+already shifted) are transformers'. What the replay restates of zinf (and so
+checks):
   - Data: the byte tokenizer's ids are the file's bytes; zinf holds out the
     last floor(0.05 n) tokens for validation (tools/train.cc) and serves the
     rest as BatchLoader does (src/data/token_dataset.h): W = (n - 1) // T
@@ -33,19 +40,24 @@ What the replay restates of zinf (and so checks):
   - Optimizer: "Adam" (adam_w_mode, DeepSpeed's default) and "AdamW" are
     torch.optim.AdamW, with the config's betas, eps and weight_decay, the
     decay applied to every parameter (zinf has no exclusion list).
-  - lr: DeepSpeed's WarmupLR / WarmupDecayLR / WarmupCosineLR, or none,
-    restated below from deepspeed/runtime/lr_schedules.py.
+  - lr: the config's "scheduler" built by DeepSpeed itself
+    (deepspeed.runtime.lr_schedules.WarmupLR / WarmupDecayLR /
+    WarmupCosineLR on the AdamW above, as DeepSpeed's engine builds it from
+    the config). The optimizer step that follows s completed steps runs at
+    the schedule's lr for index s (scheduler.step(s)): zinf's convention
+    (src/sched/lr_schedule.h). DeepSpeed's engine steps its scheduler after
+    the optimizer, so its step s + 1 uses index s - 1, one behind.
 
 Agreement: each step's loss and gradient norm within 1e-5 of torch's,
 relative (|zinf - torch| / |torch|), and its lr DeepSpeed's; each weight
 tensor within 1e-5 of its scale, max|zinf - torch| / max|torch| over the
-tensor; the loaded export's loss on held-out windows within 1e-5 of the
-replay's weights'. The exported folder must hold exactly the model's Hugging Face
-names (lm_head.weight only when the head is untied) with their shapes, in
-F32, and a config.json of the same architecture; the weights are loaded into
-the replay's model by those names before they are compared. The runs given
-must also be bit-identical to each other (zinf promises that stage and
-offload never change the numbers).
+tensor; the export loaded with from_pretrained gives a loss on held-out
+windows within 1e-5 of the replay's model's. The exported folder must load
+with nothing missing, unexpected or mismatched, hold exactly the model's
+tensors (lm_head.weight only when the head is untied) in F32, and have a
+config.json of the same architecture. The runs given must also be
+bit-identical to each other (zinf promises that stage and offload never
+change the numbers).
 
 Conditioning: with a tiny Adam eps (1e-8), an element whose gradient cancels
 to within a few roundings of zero moves by +-lr on the strength of those
@@ -62,11 +74,11 @@ import os
 import struct
 import sys
 
-import numpy as np
-import torch
+os.environ.setdefault("DS_ACCELERATOR", "cpu")  # DeepSpeed's schedules need no GPU
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "model"))
-import torch_decoder  # noqa: E402  (tests/model/torch_decoder.py: the model by Hugging Face names)
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
 
 TOLERANCE = 1e-5
 VALID_FRACTION = 0.05  # tools/train.cc: dataset->Split(0.05)
@@ -75,101 +87,76 @@ MASK64 = (1 << 64) - 1
 # Tiny shapes of the presets tiny-llama / tiny-qwen2 / tiny-qwen3
 # (src/model/gpt_config.cc) with the byte tokenizer's vocabulary. The Llama
 # case adds Llama 3's rope scaling, with an original context of 8 positions
-# so that the head's four frequencies fall in all three bands.
+# so that the head's four frequencies fall in all three bands. Mistral has
+# one key/value head for four query heads and an attention window of 16
+# positions, the test's --seq-len: zinf's attention is full causal and it
+# takes a Mistral folder only when --seq-len is at most the window.
+COMMON = {"vocab_size": 256, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
+          "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64, "hidden_act": "silu",
+          "attention_dropout": 0.0}
 ARCHS = {
-    "llama": {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "head_dim": 8, "rms_norm_eps": 1e-5,
-              "tie_word_embeddings": False, "attention_bias": False, "rope_theta": 500000.0,
-              "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                               "high_freq_factor": 4.0, "original_max_position_embeddings": 8}},
-    "qwen2": {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "head_dim": 8, "rms_norm_eps": 1e-6,
-              "tie_word_embeddings": True, "attention_bias": True, "rope_theta": 10000.0},
-    "qwen3": {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "head_dim": 16, "rms_norm_eps": 1e-6,
-              "tie_word_embeddings": False, "attention_bias": False, "rope_theta": 10000.0},
+    "llama": ("LlamaConfig", {"head_dim": 8, "rms_norm_eps": 1e-5, "tie_word_embeddings": False,
+                              "attention_bias": False, "mlp_bias": False,
+                              "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                                                  "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                                  "original_max_position_embeddings": 8}}),
+    "mistral": ("MistralConfig", {"head_dim": 8, "num_key_value_heads": 1, "rms_norm_eps": 1e-5,
+                                  "tie_word_embeddings": False, "sliding_window": 16,
+                                  "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}}),
+    "qwen2": ("Qwen2Config", {"rms_norm_eps": 1e-6, "tie_word_embeddings": True, "use_sliding_window": False,
+                              "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}),
+    "qwen3": ("Qwen3Config", {"head_dim": 16, "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
+                              "attention_bias": False, "use_sliding_window": False,
+                              "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}),
 }
 
 
 # ---- Hugging Face folders ---------------------------------------------------------
 
-def decoder_config(cfg):
-    """config.json -> torch_decoder's config dict (Llama family only)."""
-    heads = cfg["num_attention_heads"]
-    c = {"vocab_size": cfg["vocab_size"], "max_seq_len": cfg["max_position_embeddings"],
-         "num_layers": cfg["num_hidden_layers"], "embed_dim": cfg["hidden_size"], "num_heads": heads,
-         "kv_heads": cfg.get("num_key_value_heads", heads),
-         "head_dim": cfg.get("head_dim", cfg["hidden_size"] // heads), "mlp_dim": cfg["intermediate_size"],
-         "norm": "rmsnorm", "norm_eps": cfg["rms_norm_eps"], "positions": "rope",
-         "rope_theta": cfg.get("rope_theta", 10000.0), "mlp": "swiglu",
-         "qkv_bias": cfg.get("attention_bias", cfg["model_type"] == "qwen2"), "linear_bias": False,
-         "qk_norm": cfg["model_type"] == "qwen3", "tied_head": cfg.get("tie_word_embeddings", False)}
-    s = cfg.get("rope_scaling")
-    if s:
-        assert s.get("rope_type", s.get("type")) == "llama3", s
-        c["rope_scaling"] = {"factor": s["factor"], "low_freq_factor": s["low_freq_factor"],
-                             "high_freq_factor": s["high_freq_factor"],
-                             "original_max_position": s["original_max_position_embeddings"]}
-    return c
+def load_model(d, dtype=torch.float32):
+    """A folder through from_pretrained, with eager attention; anything
+    missing, unexpected or mismatched is an error, not a warning."""
+    import transformers
+    model, info = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=dtype, attn_implementation="eager",
+                                                                    output_loading_info=True)
+    problems = {k: v for k, v in info.items() if v}
+    assert not problems, f"{d}: from_pretrained reports {problems}"
+    return model
 
 
-def hf_shapes(c):
-    """The model's Hugging Face tensors (name -> shape), as the folder stores
-    them: torch_decoder's renaming applied to a zero model; a tied head has no
-    lm_head.weight."""
-    total = sum(math.prod(shape) for unit in torch_decoder.unit_tensors(c) for _, shape in unit)
-    w = torch_decoder.to_hf(c, torch_decoder.load_units(c, torch.zeros(total)))
-    return {name: tuple(t.shape) for name, t in w.items() if not (name == "lm_head.weight" and c["tied_head"])}
-
-
-def write_safetensors(path, tensors):
-    """name -> float32 numpy array, as one safetensors file (F32)."""
-    header, offset = {}, 0
-    for name, a in tensors.items():
-        header[name] = {"dtype": "F32", "shape": list(a.shape), "data_offsets": [offset, offset + a.nbytes]}
-        offset += a.nbytes
-    text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * (-len(text) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(text)))
-        f.write(text)
-        for a in tensors.values():
-            f.write(np.ascontiguousarray(a, dtype="<f4").tobytes())
-
-
-def read_hf_folder(d):
-    """(config.json, name -> (safetensors dtype, float64 tensor)) of a folder,
+def safetensors_dtypes(d):
+    """name -> safetensors dtype ("F32", ...) of every tensor a folder stores,
     single-file or sharded with an index."""
-    cfg = json.load(open(os.path.join(d, "config.json")))
     index = os.path.join(d, "model.safetensors.index.json")
     files = sorted(set(json.load(open(index))["weight_map"].values())) if os.path.exists(index) else [
         "model.safetensors"]
-    tensors = {}
+    dtypes = {}
     for f in files:
-        path = os.path.join(d, f)
-        with open(path, "rb") as fh:
+        with open(os.path.join(d, f), "rb") as fh:
             n = struct.unpack("<Q", fh.read(8))[0]
             header = json.loads(fh.read(n))
-        dtypes = {name: t["dtype"] for name, t in header.items() if name != "__metadata__"}
-        for name, t in torch_decoder.read_safetensors(path).items():
-            assert name not in tensors, f"{d}: {name} is in two shards"
-            tensors[name] = (dtypes[name], t)
-    return cfg, tensors
+        for name, t in header.items():
+            if name == "__metadata__":
+                continue
+            assert name not in dtypes, f"{d}: {name} is in two shards"
+            dtypes[name] = t["dtype"]
+    return dtypes
 
 
 def init(args):
+    import transformers
+    kind, params = ARCHS[args.arch]
+    config = getattr(transformers, kind)(**{**COMMON, **params})
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    # transformers' own initialization draws N(0, 0.02^2) with every RMSNorm
+    # gain 1; larger weights and gains near 1 but not all equal make a swapped
+    # or misplaced tensor show in the first step.
     rng = np.random.default_rng(args.seed)
-    cfg = {"vocab_size": 256, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
-           "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64,
-           "hidden_act": "silu", "mlp_bias": False, "torch_dtype": "float32"}
-    cfg.update(ARCHS[args.arch])
-    c = decoder_config(cfg)
-    tensors = {}
-    for name, shape in hf_shapes(c).items():
-        # RMSNorm gains near 1 but not all equal; everything else N(0, 0.1^2).
-        a = 0.1 * rng.standard_normal(shape)
-        tensors[name] = (a + 1.0 if name.endswith("norm.weight") else a).astype(np.float32)
-    os.makedirs(args.model_dir, exist_ok=True)
-    with open(os.path.join(args.model_dir, "config.json"), "w") as f:
-        json.dump(cfg, f, indent=1)
-    write_safetensors(os.path.join(args.model_dir, "model.safetensors"), tensors)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            a = 0.1 * rng.standard_normal(tuple(p.shape))
+            p.copy_(torch.from_numpy((a + 1.0 if name.endswith("norm.weight") else a).astype(np.float32)))
+    model.save_pretrained(args.model_dir, safe_serialization=True)
     # Text with some structure (words, punctuation, newlines) so that the
     # model has something to learn and the batches differ.
     words = ["the", "engine", "moves", "bytes", "between", "tiers", "and", "never", "changes", "numbers", "of",
@@ -182,8 +169,8 @@ def init(args):
         n += len(sentence)
     with open(args.data, "w") as f:
         f.write("".join(out)[:args.data_bytes])
-    print(f"wrote {args.model_dir} ({args.arch}: {sum(a.size for a in tensors.values())} parameters) and "
-          f"{args.data} ({args.data_bytes} bytes)")
+    print(f"wrote {args.model_dir} ({type(model).__name__}: {sum(p.numel() for p in model.parameters())} "
+          f"parameters) and {args.data} ({args.data_bytes} bytes)")
 
 
 # ---- The data zinf trains on ------------------------------------------------------
@@ -256,61 +243,42 @@ def training_config(path):
     p = opt.get("params", {})
     assert p.get("adam_w_mode", True), "Adam with L2 decay is not replayed"
     assert p.get("bias_correction", True), "Adam without bias correction is not replayed"
-    sched = ds.get("scheduler")
     return {"lr": p["lr"], "betas": tuple(p.get("betas", (0.9, 0.999))), "eps": p.get("eps", 1e-8),
             "weight_decay": p.get("weight_decay", 0.0), "clipping": ds.get("gradient_clipping", 0.0),
-            "scheduler": sched}
+            "scheduler": ds.get("scheduler")}
 
 
-def lr_at(tc, completed):
-    """DeepSpeed's lr after `completed` optimizer steps (deepspeed/runtime/
-    lr_schedules.py): a warmup over W = max(2, warmup_num_steps) steps, linear
-    (s / W) or log (log(s + 1) / log(W)); WarmupDecayLR then falls linearly to
-    warmup_min_lr at total_num_steps; WarmupCosineLR scales the optimizer's lr
-    by a ratio that follows a cosine after the warmup."""
-    sched = tc["scheduler"]
-    if not sched:
-        return tc["lr"]
-    kind, p = sched["type"], sched["params"]
-    s = completed
-    W = max(2, p["warmup_num_steps"])
-    gamma = math.log(s + 1) / math.log(W) if p.get("warmup_type", "log") == "log" else s / W
-    if kind == "WarmupCosineLR":
-        lo = p.get("warmup_min_ratio", 0.0)
-        if s < W:
-            ratio = lo + (1 - lo) * gamma
-        else:
-            cos_min = p.get("cos_min_ratio", 0.0001)
-            progress = (s - W + 1) / (p["total_num_steps"] - W)
-            ratio = max(0.0, cos_min + (1 - cos_min) * (1 + math.cos(math.pi * progress)) / 2)
-        return tc["lr"] * ratio
-    lo, hi = p.get("warmup_min_lr", 0.0), p.get("warmup_max_lr", 0.001)
-    if s < W:
-        return lo + (hi - lo) * gamma
-    if kind == "WarmupLR":
-        return hi
-    assert kind == "WarmupDecayLR", kind
-    T = p["total_num_steps"]
-    return lo + (hi - lo) * max(0.0, (T - s) / max(1.0, T - W))
+def deepspeed_scheduler(optimizer, sched):
+    """The config's "scheduler" as DeepSpeed's engine builds it
+    (DeepSpeedEngine._scheduler_from_config): the class of that name in
+    deepspeed.runtime.lr_schedules, given the optimizer and the params."""
+    import logging
+    from deepspeed.runtime import lr_schedules
+    from deepspeed.utils import logger
+    logger.setLevel(logging.ERROR)  # "before it has started": the constructor's get_lr() at index -1
+    return getattr(lr_schedules, sched["type"])(optimizer, **sched.get("params", {}))
 
 
 # ---- The replay and the comparison ------------------------------------------------
 
-def with_head(c, tensors):
-    """The tensors by Hugging Face name as the model uses them: a tied head is
-    the embedding."""
-    w = dict(tensors)
-    if c["tied_head"]:
-        w["lm_head.weight"] = w["model.embed_tokens.weight"]
-    return w
+def loss_of(model, x, y, B, T):
+    logits = model(input_ids=x.reshape(B, T), use_cache=False).logits
+    if logits.dtype == torch.float32:
+        # transformers' ForCausalLMLoss; the targets are already shifted.
+        return model.loss_function(logits=logits, labels=None, vocab_size=model.config.vocab_size,
+                                   shift_labels=y.reshape(B, T))
+    # (ForCausalLMLoss casts the logits to float32: for --float64, the same
+    # mean cross-entropy without the cast.)
+    return torch.nn.functional.cross_entropy(logits.reshape(B * T, -1), y)
 
 
-def replay(args, c, tc, initial):
-    dtype = torch.float64 if args.float64 else torch.float32
-    params = {name: t.to(dtype).clone().requires_grad_(True) for name, t in initial.items()}
-    w = with_head(c, params)
-    opt = torch.optim.AdamW(list(params.values()), lr=tc["lr"], betas=tc["betas"], eps=tc["eps"],
-                            weight_decay=tc["weight_decay"])
+def replay(args, tc):
+    model = load_model(args.model_dir, torch.float64 if args.float64 else torch.float32)
+    model.train()
+    initial = {name: p.detach().clone() for name, p in model.named_parameters()}
+    params = [p for _, p in model.named_parameters()]  # a tied head is the embedding, once
+    opt = torch.optim.AdamW(params, lr=tc["lr"], betas=tc["betas"], eps=tc["eps"], weight_decay=tc["weight_decay"])
+    sched = deepspeed_scheduler(opt, tc["scheduler"]) if tc["scheduler"] else None
     tokens = read_tokens(args.data)
     train = tokens[:len(tokens) - int(len(tokens) * VALID_FRACTION)]
     batches = Batches(train, args.micro_batch, args.seq_len, args.seed)
@@ -320,19 +288,20 @@ def replay(args, c, tc, initial):
         loss_sum = 0.0
         for _ in range(args.grad_accum):
             x, y = batches.next()
-            loss = torch_decoder.forward(c, w, x, y, args.micro_batch, args.seq_len)
+            loss = loss_of(model, x, y, args.micro_batch, args.seq_len)
             (loss / args.grad_accum).backward()
             loss_sum += loss.item()
         if tc["clipping"] > 0:
-            norm = torch.nn.utils.clip_grad_norm_(list(params.values()), tc["clipping"]).item()
+            norm = torch.nn.utils.clip_grad_norm_(params, tc["clipping"]).item()
         else:
-            norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params.values()])).item()
-        lr = lr_at(tc, step)
-        for group in opt.param_groups:
-            group["lr"] = lr
+            norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params])).item()
+        if sched:
+            sched.step(step)  # index = completed steps (see the module's docstring)
+        lr = opt.param_groups[0]["lr"]
         opt.step()
-        steps.append({"loss": loss_sum / args.grad_accum, "lr": lr, "grad_norm": norm})
-    return steps, {name: p.detach() for name, p in params.items()}
+        steps.append({"loss": loss_sum / args.grad_accum, "lr": float(lr), "grad_norm": norm})
+    model.eval()
+    return model, steps, initial
 
 
 def relative(a, b):
@@ -342,14 +311,18 @@ def relative(a, b):
     return (a - b).abs().max().item() / scale if scale > 0 else (a - b).abs().max().item()
 
 
-def compare_run(label, c, cfg_in, steps, final, initial, probe, metrics_path, export_dir):
-    """Every mismatch of one zinf run against the replay, as lines (none when
-    it agrees), and the run's weights as loaded by name."""
-    bad = []
+def held_out_loss(model, probe):
+    x, y, B, T = probe
+    with torch.no_grad():
+        return torch.nn.functional.cross_entropy(
+            model(input_ids=x.reshape(B, T), use_cache=False).logits.double().reshape(B * T, -1), y).item()
+
+
+def compare_steps(label, steps, metrics_path):
+    bad, worst = [], 0.0
     rows = [json.loads(line) for line in open(metrics_path) if line.strip()]
     if len(rows) != len(steps):
-        return [f"{label}: {metrics_path} has {len(rows)} steps, the replay {len(steps)}"], {}
-    worst_loss = 0.0
+        return [f"{label}: {metrics_path} has {len(rows)} steps, the replay {len(steps)}"], worst
     for i, (z, t) in enumerate(zip(rows, steps)):
         if z.get("skipped"):
             bad.append(f"{label}: zinf skipped step {i + 1}")
@@ -358,69 +331,75 @@ def compare_run(label, c, cfg_in, steps, final, initial, probe, metrics_path, ex
         for key in ("loss", "grad_norm"):
             r = relative(z[key], t[key])
             if key == "loss":
-                worst_loss = max(worst_loss, r)
+                worst = max(worst, r)
             if not r <= TOLERANCE:
                 bad.append(f"{label}: step {i + 1} {key} {z[key]!r}, torch {t[key]!r} (relative {r:.3e})")
-        print(f"  {label} step {i + 1}: loss {z['loss']:.8f} torch {t['loss']:.8f} (rel {relative(z['loss'], t['loss']):.2e})"
-              f"  lr {z['lr']:.6g}  grad norm {z['grad_norm']:.6g} torch {t['grad_norm']:.6g}"
-              f"{'  clipped' if z.get('clip_coef', 1) < 1 else ''}")
+        print(f"  {label} step {i + 1}: loss {z['loss']:.8f} torch {t['loss']:.8f} "
+              f"(rel {relative(z['loss'], t['loss']):.2e})  lr {z['lr']:.6g}  grad norm {z['grad_norm']:.6g} "
+              f"torch {t['grad_norm']:.6g}{'  clipped' if z.get('clip_coef', 1) < 1 else ''}")
+    return bad, worst
 
-    cfg, exported = read_hf_folder(export_dir)
-    for key in ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                "num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps", "rope_theta",
-                "tie_word_embeddings", "rope_scaling"):
-        if cfg.get(key) != cfg_in.get(key):
-            bad.append(f"{label}: {export_dir}/config.json {key} = {cfg.get(key)!r}, the model's {cfg_in.get(key)!r}")
-    expected = hf_shapes(c)
-    missing, extra = sorted(set(expected) - set(exported)), sorted(set(exported) - set(expected))
+
+def compare_export(label, model, initial, probe, export_dir):
+    """Every mismatch of an exported folder against the replay's model, and
+    the folder's parameters as from_pretrained loads them."""
+    bad = []
+    src = json.load(open(os.path.join(model.name_or_path, "config.json")))
+    cfg = json.load(open(os.path.join(export_dir, "config.json")))
+    for key in sorted((set(src) | set(cfg)) - {"dtype", "torch_dtype", "transformers_version"}):
+        if cfg.get(key) != src.get(key):
+            bad.append(f"{label}: {export_dir}/config.json {key} = {cfg.get(key)!r}, the model's {src.get(key)!r}")
+    final = {name: p.detach() for name, p in model.named_parameters()}
+    stored = safetensors_dtypes(export_dir)
+    missing, extra = sorted(set(final) - set(stored)), sorted(set(stored) - set(final))
     if missing or extra:
         bad.append(f"{label}: {export_dir} lacks {missing} and has unexpected {extra}")
-    # Load the folder into the model by name: each tensor must be one of the
-    # model's, with its shape, in F32.
-    loaded = {}
-    for name, shape in expected.items():
-        if name not in exported:
-            continue
-        dtype, t = exported[name]
-        if dtype != "F32" or tuple(t.shape) != shape:
-            bad.append(f"{label}: {name} is {dtype} {list(t.shape)}, expected F32 {list(shape)}")
-            continue
-        loaded[name] = t.float()
+    not_f32 = sorted(name for name, dtype in stored.items() if dtype != "F32")
+    if not_f32:
+        bad.append(f"{label}: {not_f32} are not F32")
+    try:
+        loaded_model = load_model(export_dir)
+    except Exception as e:  # noqa: BLE001  (named in the report, with the rest)
+        return bad + [f"{label}: from_pretrained({export_dir}): {e}"], {}
+    if type(loaded_model) is not type(model):
+        bad.append(f"{label}: {export_dir} loads as {type(loaded_model).__name__}, the model is {type(model).__name__}")
+    loaded = {name: p.detach() for name, p in loaded_model.named_parameters()}
     worst = (0.0, None)
     for name, t in loaded.items():
+        if name not in final:
+            continue
         r = relative(t, final[name])
-        moved = relative(final[name], initial[name])
         if not r <= TOLERANCE:
+            moved = relative(final[name], initial[name])
             bad.append(f"{label}: {name} differs from torch by {r:.3e} of its scale "
                        f"(max|torch| {final[name].abs().max().item():.4g}; training moved it by {moved:.3e})")
         worst = max(worst, (r, name), key=lambda p: p[0])
-    print(f"  {label}: {len(loaded)} tensors loaded by Hugging Face name; worst weight {worst[1]} "
-          f"rel {worst[0]:.2e}; worst step loss rel {worst_loss:.2e}")
-    if len(loaded) == len(expected):
-        # The loaded model runs: its loss on held-out windows is the replay's.
-        x, y, B, T = probe
-        with torch.no_grad():
-            z = torch_decoder.forward(c, with_head(c, loaded), x, y, B, T)
-            t = torch_decoder.forward(c, with_head(c, final), x, y, B, T)
-        r = relative(z.item(), t.item())
-        print(f"  {label}: held-out loss of the loaded export {z.item():.8f}, torch's weights {t.item():.8f} (rel {r:.2e})")
-        if not r <= TOLERANCE:
-            bad.append(f"{label}: the loaded export's held-out loss {z.item()!r}, torch {t.item()!r} (relative {r:.3e})")
+    print(f"  {label}: from_pretrained gives a {type(loaded_model).__name__} of {len(loaded)} tensors; worst "
+          f"weight {worst[1]} rel {worst[0]:.2e}")
+    # The loaded model runs: its loss on held-out windows is the replay's.
+    z, t = held_out_loss(loaded_model, probe), held_out_loss(model, probe)
+    r = relative(z, t)
+    print(f"  {label}: held-out loss of the loaded export {z:.8f}, torch's model {t:.8f} (rel {r:.2e})")
+    if not r <= TOLERANCE:
+        bad.append(f"{label}: the loaded export's held-out loss {z!r}, torch {t!r} (relative {r:.3e})")
     return bad, loaded
 
 
 def check(args):
-    cfg_in, initial = read_hf_folder(args.model_dir)
-    c = decoder_config(cfg_in)
-    initial = {name: t for name, (_, t) in initial.items()}
+    import transformers
+    transformers.utils.logging.disable_progress_bar()
     tc = training_config(args.config)
     torch.set_num_threads(1)
-    steps, final = replay(args, c, tc, initial)
+    model, steps, initial = replay(args, tc)
+    print(f"  replay: transformers {type(model).__name__}, torch.optim.AdamW, "
+          f"{'DeepSpeed ' + tc['scheduler']['type'] if tc['scheduler'] else 'constant lr'}, "
+          f"{'float64' if args.float64 else 'float32'}")
     # Held-out windows (zinf's validation split, in order) for the loaded exports.
     tokens = read_tokens(args.data)
     valid = tokens[len(tokens) - int(len(tokens) * VALID_FRACTION):]
     B = min(4, (len(valid) - 1) // args.seq_len)
     probe = (*Batches(valid, B, args.seq_len, 0, shuffle=False).next(), B, args.seq_len)
+    final = {name: p.detach() for name, p in model.named_parameters()}
     if args.save:
         torch.save(final, args.save)
     # The replay must move every tensor, or a missing update could pass.
@@ -432,8 +411,10 @@ def check(args):
     for run in args.run:
         metrics, export = run.split(":", 1)
         label = os.path.basename(export.rstrip("/"))
-        b, loaded = compare_run(label, c, cfg_in, steps, final, initial, probe, metrics, export)
-        bad += b
+        b, worst_loss = compare_steps(label, steps, metrics)
+        print(f"  {label}: worst step loss rel {worst_loss:.2e}")
+        b2, loaded = compare_export(label, model, initial, probe, export)
+        bad += b + b2
         exports.append((label, loaded))
     for label, loaded in exports[1:]:
         for name, t in loaded.items():
