@@ -1,13 +1,16 @@
-// The decoder family on the CPU model against an independent PyTorch oracle
-// (torch_decoder.py, run with Debian's python3-torch in float64): the loss and
-// every gradient of tiny Llama-, Qwen2- and Qwen3-shaped models (RMSNorm,
-// RoPE with and without Llama 3 scaling, SwiGLU, grouped-query attention,
-// q/k/v biases, q/k norm, tied and untied heads), with the plain and the
-// flash attention and with activation checkpointing. The oracle renames
-// zinf's units into Hugging Face's tensor names before it runs, so the unit
-// layout is checked too; for the Llama family it also reads zinf's export of
-// the same parameters as a Hugging Face folder by name. Skips only when /usr/bin/python3 has no torch
-// (scripts/setup installs it).
+// The decoder family on the CPU model against transformers' own models
+// (torch_decoder.py, run with scripts/setup's Python in float64): the loss
+// and every gradient of tiny GPT-2-, Llama-, Mistral-, Qwen2- and
+// Qwen3-shaped models (GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM,
+// Qwen2ForCausalLM, Qwen3ForCausalLM: LayerNorm and RMSNorm, learned
+// positions and RoPE with and without Llama 3 scaling, GELU and SwiGLU,
+// grouped-query attention, q/k/v biases, q/k norm, tied and untied heads),
+// with the plain and the flash attention and with activation checkpointing.
+// The oracle maps zinf's unit tensors to the model's parameter names as
+// views, so the unit layout is checked too; for the Llama family zinf's
+// export of the same parameters as a Hugging Face folder must load with
+// from_pretrained and give the oracle's logits. Skips, saying so, when that
+// Python lacks torch, transformers or safetensors.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -33,14 +36,11 @@ using test::MakeParams;
 using test::RandomTokens;
 using test::Step;
 
-constexpr const char* kPython = "/usr/bin/python3";
+constexpr const char* kModules = "torch transformers safetensors";
 
-bool TorchAvailable() {
-  static const bool ok = zinf::test::RunCommand(std::string(kPython) + " -c 'import torch' 2>/dev/null").exit_code == 0;
-  return ok;
-}
-
-nlohmann::json ConfigJson(const GptConfig& c) {
+// `model_type` names the transformers class where the shape alone does not
+// (mistral, with its attention window); "" lets the oracle go by the shape.
+nlohmann::json ConfigJson(const GptConfig& c, const std::string& model_type, int64_t sliding_window) {
   nlohmann::json j = {{"vocab_size", c.vocab_size},
                       {"max_seq_len", c.max_seq_len},
                       {"num_layers", c.num_layers},
@@ -64,6 +64,8 @@ nlohmann::json ConfigJson(const GptConfig& c) {
                          {"high_freq_factor", c.rope_scaling.high_freq_factor},
                          {"original_max_position", c.rope_scaling.original_max_position}};
   }
+  if (!model_type.empty()) j["model_type"] = model_type;
+  if (sliding_window > 0) j["sliding_window"] = sliding_window;
   return j;
 }
 
@@ -80,6 +82,11 @@ struct TorchCase {
   int64_t batch, seq_len;
   AttentionKernel attention = AttentionKernel::kPlain;
   bool checkpointing = false;
+  const char* model_type = "";
+  int64_t sliding_window = 0;
+  // transformers refuses the config.json zinf exports for this shape (see
+  // torch_decoder.py); the oracle must say so, and loads the weights anyway.
+  bool export_config_refused = false;
 };
 
 void PrintTo(const TorchCase& c, std::ostream* os) { *os << c.name; }
@@ -101,7 +108,8 @@ GptConfig ScaledRope() {
 }
 
 // Sizes off the kernels' 16 lanes: D = 6, three query heads per key/value
-// head, an intermediate size of 37.
+// head, an intermediate size of 37, and H * D = 36 != C = 20 (which
+// transformers 5's LlamaConfig refuses in a config.json).
 GptConfig OddLlama() {
   GptConfig c = Preset("tiny-llama");
   c.name = "odd-llama";
@@ -115,12 +123,25 @@ GptConfig OddLlama() {
   return c;
 }
 
+// Mistral's shape (Llama's blocks, one key/value head for four query heads
+// here, theta 1e6) with its attention window as long as the run: zinf's
+// attention is full causal, and `zinf train` takes a Mistral folder only when
+// --seq-len is at most the window.
+GptConfig TinyMistral() {
+  GptConfig c = Preset("tiny-llama");
+  c.name = "tiny-mistral";
+  c.num_kv_heads = 1;
+  c.intermediate_size = 56;
+  c.rope_theta = 1000000.0;
+  return c;
+}
+
 class DecoderTorchTest : public ::testing::TestWithParam<TorchCase> {};
 
 // float32 against float64, as GptReferenceTest: the loss to 1e-5 relative,
 // each gradient tensor to 1e-5 of its largest magnitude.
 TEST_P(DecoderTorchTest, LossAndGradientsMatchPyTorch) {
-  if (!TorchAvailable()) GTEST_SKIP() << kPython << " has no torch (scripts/setup installs python3-torch)";
+  if (!zinf::test::PythonHas(kModules)) GTEST_SKIP() << zinf::test::PythonMissing(kModules);
   const TorchCase& tc = GetParam();
   const GptConfig& c = tc.config;
   ASSERT_TRUE(c.Validate().ok()) << c.Validate().ToString();
@@ -148,7 +169,8 @@ TEST_P(DecoderTorchTest, LossAndGradientsMatchPyTorch) {
   WriteFile(dir + "/tokens.bin", tokens);
   WriteFile(dir + "/targets.bin", targets);
   // Llama-family shapes: the same parameters as a Hugging Face folder, in
-  // shards of about a third of the model, which the oracle reads by name.
+  // shards of about a third of the model, which the oracle loads with
+  // from_pretrained.
   const bool llama = c.norm == NormKind::kRmsNorm;
   if (llama) {
     data::HfExportOptions eo;
@@ -161,13 +183,20 @@ TEST_P(DecoderTorchTest, LossAndGradientsMatchPyTorch) {
   }
   {
     std::ofstream f(dir + "/case.json");
-    f << nlohmann::json{{"config", ConfigJson(c)}, {"batch", tc.batch}, {"seq_len", tc.seq_len}}.dump(1);
+    f << nlohmann::json{{"config", ConfigJson(c, tc.model_type, tc.sliding_window)},
+                        {"batch", tc.batch},
+                        {"seq_len", tc.seq_len}}
+             .dump(1);
   }
-  const auto run = zinf::test::RunCommand(std::string(kPython) + " '" + zinf::test::SourceDir() +
+  const auto run = zinf::test::RunCommand("'" + zinf::test::Python() + "' '" + zinf::test::SourceDir() +
                                           "/tests/model/torch_decoder.py' '" + dir + "' 2>&1");
   ASSERT_EQ(run.exit_code, 0) << run.output;
   if (llama) {
-    EXPECT_NE(run.output.find("safetensors file(s) match by name"), std::string::npos) << run.output;
+    EXPECT_NE(run.output.find("safetensors file(s) match by name; from_pretrained gives"), std::string::npos)
+        << run.output;
+    EXPECT_EQ(run.output.find("from_pretrained refuses its config.json") != std::string::npos,
+              tc.export_config_refused)
+        << run.output;
   }
   double ref_loss = 0;
   std::ifstream(dir + "/loss.txt") >> ref_loss;
@@ -196,8 +225,8 @@ TEST_P(DecoderTorchTest, LossAndGradientsMatchPyTorch) {
     }
     base += UnitNumParams(c, unit);
   }
-  std::printf("  %s: loss %.8f vs torch %.8f (rel %.2e); worst gradient error %.2e of its tensor's scale\n",
-              c.ToString().c_str(), loss, ref_loss, std::abs(loss - ref_loss) / ref_loss, worst);
+  std::printf("  %s: loss %.8f vs torch %.8f (rel %.2e); worst gradient error %.2e of its tensor's scale\n%s",
+              c.ToString().c_str(), loss, ref_loss, std::abs(loss - ref_loss) / ref_loss, worst, run.output.c_str());
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -207,7 +236,8 @@ INSTANTIATE_TEST_SUITE_P(
                       TorchCase{"llama_scaled_rope", ScaledRope(), 2, 16},
                       TorchCase{"qwen2", Preset("tiny-qwen2"), 2, 16},
                       TorchCase{"qwen3", Preset("tiny-qwen3"), 2, 16},
-                      TorchCase{"odd_llama", OddLlama(), 3, 11},
+                      TorchCase{"mistral", TinyMistral(), 2, 16, AttentionKernel::kPlain, false, "mistral", 16},
+                      TorchCase{"odd_llama", OddLlama(), 3, 11, AttentionKernel::kPlain, false, "", 0, true},
                       TorchCase{"llama_flash", Preset("tiny-llama"), 2, 16, AttentionKernel::kFlash},
                       TorchCase{"qwen3_flash_checkpointed", Preset("tiny-qwen3"), 2, 16, AttentionKernel::kFlash,
                                 true},
