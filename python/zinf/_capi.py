@@ -15,6 +15,7 @@ c_int, c_i64, c_size, c_double, c_void_p, c_char_p, c_float = (
 OK = 0
 DTYPE_FP32, DTYPE_BF16, DTYPE_FP16 = 0, 1, 2
 STATE_MASTER, STATE_EXP_AVG, STATE_EXP_AVG_SQ, STATE_COMPUTE_PARAMS = 0, 1, 2, 3
+UNIT_FROZEN = 1
 
 
 class ParamSpec(ctypes.Structure):
@@ -50,6 +51,13 @@ _SIGNATURES = {
     "zinf_engine_destroy": (None, [c_void_p]),
     "zinf_engine_get_info": (c_int, [c_void_p, ctypes.POINTER(EngineInfo)]),
     "zinf_engine_add_unit": (c_int, [c_void_p, c_char_p, ctypes.POINTER(ParamSpec), c_size, ctypes.POINTER(c_int)]),
+    "zinf_engine_add_unit_ex": (c_int, [c_void_p, c_char_p, ctypes.POINTER(ParamSpec), c_size, ctypes.POINTER(c_int),
+                                        c_int, ctypes.POINTER(c_int)]),
+    "zinf_engine_add_param_group": (c_int, [c_void_p, c_double, c_double, ctypes.POINTER(c_int)]),
+    "zinf_engine_set_group_lr": (c_int, [c_void_p, c_int, c_double]),
+    "zinf_engine_write_state": (c_int, [c_void_p, c_int, c_int, c_void_p, c_size]),
+    "zinf_engine_config_json": (c_int, [c_void_p, ctypes.POINTER(c_void_p)]),
+    "zinf_config_resolve_auto": (c_int, [c_char_p, c_char_p, ctypes.POINTER(c_void_p), ctypes.POINTER(c_void_p)]),
     "zinf_engine_fetch": (c_int, [c_void_p, c_int, c_void_p, ctypes.POINTER(UnitPointers)]),
     "zinf_engine_grad_buffers": (c_int, [c_void_p, c_int, ctypes.POINTER(UnitPointers)]),
     "zinf_engine_grads_ready": (c_int, [c_void_p, c_int, c_void_p]),

@@ -6,28 +6,45 @@
     engine.backward(loss)
     engine.step()
 
-Units. Each chosen submodule is one engine unit: by default each child of the
-model's largest nn.ModuleList (the transformer blocks), plus one unit for
-every other parameter (embeddings, final norm, head; tied parameters once);
-`unit_modules=[...]` chooses the submodules instead. The engine holds the
-parameters (fp32 masters, the compute copy in the config's precision, Adam's
-m and v, each on the tier the config puts it: device, host memory or NVMe);
-the module's own parameter tensors are emptied and, while a unit is in use,
+The engine is an nn.Module with DeepSpeed's engine API (zinf.deepspeed
+returns it from deepspeed.initialize): train/eval, module, parameters,
+backward, step, get_lr, global_steps, is_gradient_accumulation_boundary,
+save_checkpoint/load_checkpoint with tags, save_16bit_model, and the model's
+own state_dict/load_state_dict with whole tensors.
+
+Units. zinf moves parameters unit by unit. By default each child of the
+model's largest nn.ModuleList (the transformer blocks) is a unit. The other
+parameters (embeddings, final norm, head) form one unit held through the
+step when they add up to no more than a block's; otherwise every module that
+owns some is a unit of its own, fetched only while that module runs, so that
+no unit stays resident with more than a block's worth of parameters (a
+128 K-token embedding is bigger than a Llama layer). Parameters the model's
+own forward uses directly (nn.Parameters of the root module) stay in one
+unit held through the step. `unit_modules=[...]` chooses the units instead.
+Frozen parameters (requires_grad=False, as PEFT leaves a base model) go to
+frozen units beside their module's trainable ones: on the same tier and
+partition, with no gradients or optimizer state.
+
+The engine holds the parameters (fp32 masters, the compute copy in the
+config's precision, Adam's m and v, each on the tier the config puts it); the
+module's own parameter tensors are emptied and, while a unit is in use,
 bound to the engine's buffers without a copy.
 
-The protocol, per micro-step, as zinf's engine wants it (include/zinf/engine.h):
-  - the model's forward pre-hook fetches the "rest" unit and keeps it until
-    its gradients are ready (it serves the embedding at the start and the
-    head at the end);
-  - a block's forward pre-hook fetches and binds it, its forward hook
-    releases it and attaches an autograd function to its outputs whose
-    backward fetches and binds it again before the block's own backward;
+The protocol, per micro-step (include/zinf/engine.h):
+  - a unit module's forward pre-hook fetches and binds its units; its
+    forward hook releases them and attaches an autograd function to its
+    outputs whose backward fetches them again before the module's own
+    backward, and one on its inputs whose backward releases them after it;
   - each parameter's gradient hook copies the gradient into the unit's fp32
     gradient buffer; when every parameter of the unit has its gradient the
     unit is reported ready and released;
-  - `backward` reports the units whose parameters got no gradient (zeros),
-    `step` ends the micro-step (the optimizer runs at accumulation
-    boundaries: the config's AdamW, schedule, clipping and loss scaling).
+  - backward() reports the units whose parameters got no gradient (zeros),
+    step() ends the micro-step (the optimizer runs at accumulation
+    boundaries: AdamW with each parameter group's lr and weight decay, the
+    config's schedule, clipping and loss scaling).
+torch.utils.checkpoint (reentrant or not) recomputes a unit module's forward
+in backward with its units fetched; HF's gradient_checkpointing_enable()
+works through it.
 
 Devices. The engine runs where the model's parameters are when initialize()
 is called: a model on the CPU trains on zinf's host device, a model on a CUDA
@@ -36,25 +53,27 @@ must then agree). On a GPU the engine adopts torch's current CUDA stream at
 initialize(): fetches make that stream wait for a unit's gather and update,
 the unit's buffers are bound to the parameters as CUDA tensors (no copy),
 gradients are copied into zinf's buffers by kernels on the same stream, and
-no call waits on the host in a micro-step. The forward and backward must run
-on that stream (torch's default unless the caller switches streams). The
-engine's device memory is a budget it takes at initialize(): the config's
-zinf.device_memory, or by default what its tiers need for this model (the
-compute copy, the fp32 gradients, the optimizer state if it stays on the
-GPU) plus staging, leaving the rest of the GPU to torch's activations.
+no call waits on the host in a micro-step. The engine's device memory is a
+budget it takes at initialize(): the config's zinf.device_memory, or by
+default what its tiers need for this model plus staging.
 
-Under mpirun each rank runs its own copy of the script on its own batches;
-the engine reduces the gradients across ranks (zinf_comm_create_mpi).
+Ranks: under mpirun each rank runs its own copy of the script on its own
+batches and the engine reduces the gradients across ranks. A launcher that
+started processes zinf's communicator did not join (torchrun) is refused.
 """
 import ctypes
 import json
+import math
 import os
+import pickle
 import struct
+import weakref
 
 import torch
+import torch.utils._pytree as pytree
 
-from . import _capi
-from ._capi import check
+from . import _capi, _config, _optim
+from ._capi import ZinfError, check  # noqa: F401  (ZinfError is part of the API)
 
 _TORCH_DTYPE = {_capi.DTYPE_FP32: torch.float32, _capi.DTYPE_BF16: torch.bfloat16, _capi.DTYPE_FP16: torch.float16}
 _CTYPE = {_capi.DTYPE_FP32: ctypes.c_float, _capi.DTYPE_BF16: ctypes.c_uint16, _capi.DTYPE_FP16: ctypes.c_uint16}
@@ -115,6 +134,10 @@ def _model_device(model, zinf_keys):
     """The device the engine runs on: where the model's parameters are; the
     config's zinf.device, when given, must agree."""
     devices = {p.device for p in model.parameters()}
+    if any(d.type == "meta" for d in devices):
+        raise ValueError("zinf.torch: the model has parameters on the meta device; build it with "
+                         "zinf.torch.from_pretrained(path, config) (which streams the weights into zinf's tiers) "
+                         "or materialize it before initialize()")
     if len(devices) > 1:
         raise ValueError("zinf.torch: the model's parameters are on several devices (%s); move the model to one "
                          "device before initialize()" % ", ".join(sorted(str(d) for d in devices)))
@@ -154,13 +177,16 @@ class _SavedInUnit:
 
 
 class _Unit:
-    def __init__(self, index, name, params):
+    def __init__(self, index, name, params, frozen):
         self.index = index
         self.name = name
         self.params = params  # [(qualified name, nn.Parameter)]
+        self.frozen = frozen
         self.fetched = False
-        self.shapes = []  # of the parameters
-        self.numels = []
+        self.bound = None  # the buffer address the parameters are bound to (None: unbound)
+        self.shapes = [tuple(p.shape) for _, p in params]
+        self.numels = [p.numel() for _, p in params]
+        self.dtypes = [p.dtype for _, p in params]  # what the model made them (state_dict returns these)
         self.grad_views = None  # the fp32 gradient buffer's tensors, this backward
         self.received = None  # which of them got their gradient, this backward
         self.pending = 0  # parameters whose gradient has not arrived yet
@@ -169,19 +195,49 @@ class _Unit:
         # CUDA tensor over foreign memory costs tens of microseconds).
         self.views = {}
         self.reported = False  # grads_ready called this backward
+        self.persistent = False  # its buffer stays put between fetches (stages 0-2, stage-3 persistent units)
+
+
+class _UnitModule:
+    """A module whose forward needs some units (a block, or a module owning
+    parameters outside the blocks)."""
+
+    def __init__(self, module, name, units):
+        self.module = module
+        self.name = name
+        self.units = units
+        self.saved_hooks = None
 
 
 class _PreBackward(torch.autograd.Function):
-    """Identity on a block's outputs; its backward fetches the block again."""
+    """Identity on a unit module's outputs; its backward fetches the module's
+    units again, before the module's own backward."""
 
     @staticmethod
-    def forward(ctx, engine, unit, *tensors):
-        ctx.engine, ctx.unit = engine, unit
+    def forward(ctx, engine, um, *tensors):
+        ctx.engine, ctx.um = engine, um
         return tuple(t.view_as(t) for t in tensors)
 
     @staticmethod
     def backward(ctx, *grads):
-        ctx.engine._fetch(ctx.unit)
+        for unit in ctx.um.units:
+            ctx.engine._fetch(unit)
+        return (None, None) + grads
+
+
+class _PostBackward(torch.autograd.Function):
+    """Identity on a unit module's inputs; its backward runs after the
+    module's own backward and releases the units whose work is done there
+    (frozen units, and those whose gradients are all in)."""
+
+    @staticmethod
+    def forward(ctx, engine, um, *tensors):
+        ctx.engine, ctx.um = engine, um
+        return tuple(t.view_as(t) for t in tensors)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        ctx.engine._after_module_backward(ctx.um)
         return (None, None) + grads
 
 
@@ -195,100 +251,230 @@ def _largest_module_list(model):
     return list(best) if best is not None else []
 
 
-class Engine:
-    """The model under zinf; see the module comment. Created by initialize()."""
+def _is_checkpoint_hook(pack):
+    qual = getattr(pack, "__qualname__", "")
+    return "_checkpoint_hook" in qual or "_recomputation_hook" in qual
 
-    def __init__(self, model, config, unit_modules=None, comm_timeout_seconds=None):
+
+def _in_backward():
+    return torch._C._current_graph_task_id() != -1
+
+
+def _hidden_size(model):
+    cfg = getattr(model, "config", None)
+    for key in ("hidden_size", "n_embd", "d_model"):
+        v = getattr(cfg, key, None)
+        if isinstance(v, int):
+            return v
+    return None
+
+
+class Engine(torch.nn.Module):
+    """The model under zinf; see the module comment. Created by initialize()
+    (or zinf.deepspeed.initialize)."""
+
+    def __init__(self, model, config, unit_modules=None, optimizer=None, model_parameters=None, lr_scheduler=None,
+                 comm_timeout_seconds=None, auto_context=None, _weights=None):
+        super().__init__()
         L = _capi.lib()
-        if isinstance(config, dict):
-            config_text = json.dumps(config)
-        elif isinstance(config, str) and os.path.exists(config):
-            with open(config) as f:
-                config_text = f.read()
-        else:
-            config_text = config
-        try:
-            zinf_keys = json.loads(config_text).get("zinf", {})
-        except (ValueError, AttributeError):
-            zinf_keys = {}  # the engine's parser names what is wrong
-        if not isinstance(zinf_keys, dict):
-            zinf_keys = {}
-        self.device = _model_device(model, zinf_keys)
+        cfg = _config.load(config)
+        zinf_keys = cfg.get("zinf") if isinstance(cfg.get("zinf"), dict) else {}
+        self.module = model
+        self.device = _model_device(model, zinf_keys) if _weights is None else torch.device("cpu")
         self._cuda = self.device.type == "cuda"
-        try:  # the engine's device is the model's
-            parsed = json.loads(config_text)
-            if isinstance(parsed, dict):
-                block = parsed.setdefault("zinf", {})
-                if isinstance(block, dict):
-                    block["device"] = "cuda:%d" % self.device.index if self._cuda else "cpu"
-                    if self._cuda and not block.get("device_memory"):
-                        block["device_memory"] = _default_device_budget(model, parsed, self.device)
-                    config_text = json.dumps(parsed)
-        except ValueError:
-            pass  # the engine's parser names what is wrong
+
+        # The optimizer: the config's, or a client's Adam/AdamW.
+        client = None
+        if optimizer is not None:
+            if "optimizer" in cfg:
+                raise ValueError("zinf: the config has an \"optimizer\" block and initialize() was given an "
+                                 "optimizer; give one of them")
+            if callable(optimizer) and not isinstance(optimizer, torch.optim.Optimizer):
+                params = model_parameters if model_parameters is not None else model.parameters()
+                optimizer = optimizer(params)
+            client = _optim._ClientOptimizer(optimizer)
+            cfg["optimizer"] = _optim.optimizer_config(client)
+        groups, shared = _optim.split_groups(model, model_parameters, client)
+        opt_cfg = cfg.get("optimizer") if isinstance(cfg.get("optimizer"), dict) else {}
+        opt_params = opt_cfg.get("params") if isinstance(opt_cfg.get("params"), dict) else {}
+
+        # "auto" values, from the model and the trainer.
+        ctx = {"hidden_size": _hidden_size(model), "world_size": _config.launcher_world()[1]}
+        if client is not None:
+            ctx["lr"] = cfg["optimizer"]["params"]["lr"]
+            ctx["weight_decay"] = cfg["optimizer"]["params"]["weight_decay"]
+        ctx.update(auto_context or {})
+        cfg, self.auto_notes = _config.resolve_auto(cfg, ctx)
+        opt_cfg = cfg.get("optimizer") if isinstance(cfg.get("optimizer"), dict) else {}
+        opt_params = opt_cfg.get("params") if isinstance(opt_cfg.get("params"), dict) else {}
+
+        defaults = {"lr": float(opt_params.get("lr", 1e-3)),
+                    "betas": tuple(opt_params.get("betas", (0.9, 0.999))),
+                    "eps": float(opt_params.get("eps", 1e-8)),
+                    "weight_decay": float(opt_params.get("weight_decay", 0.0))}
+        _optim.check_uniform(groups, defaults, "the optimizer" if client else "model_parameters")
+        self._config_scheduler = cfg.get("scheduler", {}).get("type") if isinstance(cfg.get("scheduler"), dict) else None
+        if self._config_scheduler and lr_scheduler is not None:
+            raise ValueError("zinf: the config has a \"scheduler\" block and initialize() was given an "
+                             "lr_scheduler; give one of them")
+
+        # The engine's device and budget.
+        block = cfg.setdefault("zinf", {})
+        if not isinstance(block, dict):
+            raise ValueError("zinf: the config's \"zinf\" block must be an object")
+        block["device"] = "cuda:%d" % self.device.index if self._cuda else "cpu"
+        if self._cuda and not block.get("device_memory"):
+            block["device_memory"] = _default_device_budget(model, cfg, self.device)
         if comm_timeout_seconds is None:
             comm_timeout_seconds = zinf_keys.get("comm_timeout_s", 300.0)
         # The loss goes to the engine only when it checks it: on a GPU, reading
         # it back waits for the forward.
         self._report_loss = zinf_keys.get("stop_on_nonfinite_loss") is True
-        self.module = model
+        self._config = cfg
+
         self._handed_over = []
         self._comm = ctypes.c_void_p()
-        check(L.zinf_comm_create_mpi(comm_timeout_seconds, ctypes.byref(self._comm)), "zinf_comm_create_mpi")
         self._engine = ctypes.c_void_p()
-        check(L.zinf_engine_create(config_text.encode(), self._comm, ctypes.byref(self._engine)), "engine config")
         self._stream = ctypes.c_void_p()
+        check(L.zinf_comm_create_mpi(comm_timeout_seconds, ctypes.byref(self._comm)), "zinf_comm_create_mpi")
+        check(L.zinf_engine_create(json.dumps(cfg).encode(), self._comm, ctypes.byref(self._engine)), "engine config")
         if self._cuda:
-            # torch's current stream on the model's GPU: fetches make it wait,
-            # and torch's kernels on it need no synchronization.
             native = torch.cuda.current_stream(self.device).cuda_stream
             check(L.zinf_stream_adopt(self._engine, ctypes.c_void_p(native), ctypes.byref(self._stream)),
                   "adopt torch's CUDA stream")
         else:
             check(L.zinf_stream_create(self._engine, ctypes.byref(self._stream)), "zinf_stream_create")
-
-        names = {}
-        for name, p in model.named_parameters():
-            names.setdefault(id(p), name)
-        blocks = list(unit_modules) if unit_modules is not None else _largest_module_list(model)
-        taken = set()
-        groups = []
-        for i, block in enumerate(blocks):
-            params = []
-            for p in block.parameters():
-                if id(p) not in taken and p.requires_grad:
-                    taken.add(id(p))
-                    params.append((names[id(p)], p))
-            if params:
-                groups.append((block, params))
-        rest = [(names[id(p)], p) for _, p in model.named_parameters() if id(p) not in taken and p.requires_grad]
-        self._units = []
-        self._rest = None
-        if rest:
-            self._rest = self._register("rest", rest)
-        self._block_units = []
-        for block, params in groups:
-            qualified = next((n for n, m in model.named_modules() if m is block), "block")
-            unit = self._register(qualified, params)
-            self._block_units.append(unit)
-            block.register_forward_pre_hook(self._make_pre_hook(unit))
-            block.register_forward_hook(self._make_post_hook(unit))
-        model.register_forward_pre_hook(self._model_pre_hook)
-        model.register_forward_hook(self._model_post_hook)
         info = _capi.EngineInfo()
         check(L.zinf_engine_get_info(self._engine, ctypes.byref(info)), "zinf_engine_get_info")
         self.rank, self.world_size, self.zero_stage = info.rank, info.world_size, info.zero_stage
-        self.gradient_accumulation_steps = info.gradient_accumulation_steps
+        self._accumulation = info.gradient_accumulation_steps
         self._compute_dtype = info.compute_dtype
+        _config.check_world(self.world_size)
 
-    # ---- registration and binding ------------------------------------------------
+        # Parameter groups: each of the trainer's groups is one of the engine's.
+        self._group_of = {}
+        self._engine_groups = []
+        for i, g in enumerate(groups):
+            wd = float(g.get("weight_decay", defaults["weight_decay"]))
+            gid = ctypes.c_int()
+            check(L.zinf_engine_add_param_group(self._engine, wd, -1.0, ctypes.byref(gid)), "parameter group %d" % i)
+            self._engine_groups.append((gid.value, wd))
+            for p in g["params"]:
+                if id(p) in self._group_of:
+                    raise ValueError("zinf: a parameter is in two parameter groups (%d and %d)" % (self._group_of[id(p)], i))
+                self._group_of[id(p)] = i
+        self._pushed_lr = [None] * len(groups)
 
-    def _register(self, name, params):
+        self._weights = _weights  # from_pretrained: name -> callable giving the fp32 tensor
+        self._units = []
+        self._unit_of = {}  # id(parameter) -> its unit
+        self._unit_modules = []
+        self._rest = []
+        self._build_units(model, unit_modules)
+        self._weights = None
+        self._version = 0  # bumped at every optimizer step and write: the read cache's key
+        self._read_cache = None
+        self._pending_writes = {}  # unit index -> {param index: tensor} from load_state_dict
+        self._frozen_flags = {id(p): p.requires_grad for _, p in model.named_parameters()}
+        self._note_versions()
+        self.micro_steps = 0
+        self.global_steps = 0
+        self.global_samples = 0
+        self._micro_batch = int(cfg.get("train_micro_batch_size_per_gpu", 1)) if isinstance(
+            cfg.get("train_micro_batch_size_per_gpu"), int) else None
+
+        self.optimizer = _optim.ZinfOptimizer(groups if shared else groups, defaults, self)
+        if self._config_scheduler:
+            self.lr_scheduler = _optim.ConfigScheduler(self, self._config_scheduler)
+        elif lr_scheduler is not None and callable(lr_scheduler) and not hasattr(lr_scheduler, "step"):
+            self.lr_scheduler = lr_scheduler(self.optimizer)
+        else:
+            self.lr_scheduler = lr_scheduler
+        self._install_state_dict_hooks(model)
+
+    # ---- units -------------------------------------------------------------------
+
+    def _build_units(self, model, unit_modules):
+        names = {}
+        for name, p in model.named_parameters(remove_duplicate=False):
+            names.setdefault(id(p), name)
+        blocks = list(unit_modules) if unit_modules is not None else _largest_module_list(model)
+        qualified = {id(m): n for n, m in model.named_modules(remove_duplicate=False)}
+        taken = set()
+        planned = []  # (module, name, [params])
+        inside = set()
+        for block in blocks:
+            params = []
+            for p in block.parameters():
+                if id(p) not in taken:
+                    taken.add(id(p))
+                    params.append(p)
+            for m in block.modules():
+                inside.add(id(m))
+            if params:
+                planned.append((block, qualified.get(id(block), "block"), params))
+        others = [p for _, p in model.named_parameters() if id(p) not in taken]
+        largest_block = max((sum(p.numel() for p in params) for _, _, params in planned), default=0)
+        split = sum(p.numel() for p in others) > largest_block and unit_modules is None
+        # Outside the blocks: every module owning parameters is a unit of its
+        # own (split), or all of them one unit held through the step.
+        edges = []
+        if split:
+            for name, m in model.named_modules():
+                if m is model or id(m) in inside:
+                    continue
+                params = [p for p in m.parameters(recurse=False) if id(p) not in taken]
+                for p in params:
+                    taken.add(id(p))
+                if params:
+                    edges.append((m, name, params))
+        rest = [p for _, p in model.named_parameters() if id(p) not in taken]
+
+        def register(name, params):
+            trainable = [p for p in params if p.requires_grad]
+            frozen = [p for p in params if not p.requires_grad]
+            units = []
+            if trainable:
+                units.append(self._register(name, [(names[id(p)], p) for p in trainable], frozen=False))
+            if frozen:
+                units.append(self._register(name + " (frozen)", [(names[id(p)], p) for p in frozen], frozen=True))
+            return units
+
+        if rest:
+            self._rest = register("rest", rest)
+        for module, name, params in planned:
+            self._hook(module, name, register(name, params))
+        for module, name, params in edges:
+            register(name, params)
+        if split:
+            # Each module outside the blocks that uses such parameters
+            # fetches their units (a tied head fetches the embedding's).
+            for name, m in model.named_modules():
+                if m is model or id(m) in inside:
+                    continue
+                units = []
+                for p in m.parameters(recurse=False):
+                    u = self._unit_of.get(id(p))
+                    if u is not None and u not in units and u not in self._rest:
+                        units.append(u)
+                if units:
+                    self._hook(m, name, units)
+        model.register_forward_pre_hook(self._model_pre_hook)
+        model.register_forward_hook(self._model_post_hook)
+        if self.zero_stage < 3:
+            for u in self._units:
+                u.persistent = True
+
+    def _register(self, name, params, frozen):
         L = _capi.lib()
         keep = []
         specs = (_capi.ParamSpec * len(params))()
+        groups = (ctypes.c_int * len(params))()
         for i, (pname, p) in enumerate(params):
-            init = p.detach().to(device="cpu", dtype=torch.float32).contiguous()  # host memory
+            if self._weights is not None:
+                init = self._weights(pname)
+            else:
+                init = p.detach().to(device="cpu", dtype=torch.float32).contiguous()  # host memory
             shape = (ctypes.c_int64 * max(1, p.dim()))(*(p.shape if p.dim() else (1,)))
             keep += [init, shape, pname.encode()]
             specs[i].name = keep[-1]
@@ -296,102 +482,156 @@ class Engine:
             specs[i].ndim = max(1, p.dim())
             specs[i].dtype = _capi.DTYPE_FP32
             specs[i].init = init.data_ptr()
+            if not frozen:
+                if id(p) not in self._group_of:
+                    raise ValueError("zinf: parameter '%s' requires grad but is in no parameter group: add it to "
+                                     "model_parameters (or the optimizer), or set requires_grad=False" % pname)
+                groups[i] = self._engine_groups[self._group_of[id(p)]][0]
         index = ctypes.c_int()
-        check(L.zinf_engine_add_unit(self._engine, name.encode(), specs, len(params), ctypes.byref(index)),
+        check(L.zinf_engine_add_unit_ex(self._engine, name.encode(), specs, len(params), groups,
+                                        _capi.UNIT_FROZEN if frozen else 0, ctypes.byref(index)),
               "register unit '%s'" % name)
-        unit = _Unit(index.value, name, params)
-        unit.shapes = [tuple(p.shape) for _, p in params]
-        unit.numels = [p.numel() for _, p in params]
+        del keep
+        unit = _Unit(index.value, name, params, frozen)
         self._units.append(unit)
+        me = weakref.ref(self)
         for i, (_, p) in enumerate(params):
+            self._unit_of[id(p)] = unit
+            p._zinf_engine = me
             p.data = torch.empty(0, dtype=p.dtype, device=self.device)
-            p.register_hook(self._make_grad_hook(unit, i))
+            if not frozen:
+                p.register_hook(self._make_grad_hook(unit, i))
         return unit
+
+    def _hook(self, module, name, units):
+        um = _UnitModule(module, name, units)
+        self._unit_modules.append(um)
+        module.register_forward_pre_hook(self._make_pre_hook(um), with_kwargs=True)
+        module.register_forward_hook(self._make_post_hook(um))
 
     def _fetch(self, unit):
         self._flush()  # the units handed over before: released before another is gathered
         if unit.fetched:
             return
+        if self._pending_writes:
+            self._write_pending()
         L = _capi.lib()
         ptrs = _capi.UnitPointers()
         check(L.zinf_engine_fetch(self._engine, unit.index, self._stream, ctypes.byref(ptrs)),
               "fetch unit '%s'" % unit.name)
         if not self._cuda:  # torch computes on this thread; on a GPU, on the stream that waits
             check(L.zinf_stream_synchronize(self._stream), "fetch unit '%s'" % unit.name)
-        _, views = _unit_views(unit, ptrs.data, ptrs.tensors, ptrs.num_elems, ptrs.dtype, self.device)
-        for (_, p), v in zip(unit.params, views):
-            p.data = v
-        unit.base, unit.dtype = ptrs.data, ptrs.dtype
-        unit.bytes = ptrs.num_elems * ctypes.sizeof(_CTYPE[ptrs.dtype])
-        unit.num_elems = ptrs.num_elems
+        if unit.bound != ptrs.data:
+            _, views = _unit_views(unit, ptrs.data, ptrs.tensors, ptrs.num_elems, ptrs.dtype, self.device)
+            for (_, p), v in zip(unit.params, views):
+                p.data = v
+            unit.bound = ptrs.data
+            unit.base, unit.dtype = ptrs.data, ptrs.dtype
+            unit.bytes = ptrs.num_elems * ctypes.sizeof(_CTYPE[ptrs.dtype])
+            unit.num_elems = ptrs.num_elems
         unit.fetched = True
 
     def _release(self, unit):
         if not unit.fetched:
             return
-        for i, (_, p) in enumerate(unit.params):
-            p.data = torch.empty(0, dtype=p.dtype, device=self.device)
+        if not unit.persistent:
+            for _, p in unit.params:
+                p.data = torch.empty(0, dtype=p.dtype, device=self.device)
+            unit.bound = None
         check(_capi.lib().zinf_engine_release(self._engine, unit.index, self._stream), "release unit '%s'" % unit.name)
         unit.fetched = False
 
     # ---- hooks -------------------------------------------------------------------
 
     def _model_pre_hook(self, module, inputs):
-        if self._rest is not None:
-            self._fetch(self._rest)
+        for unit in self._rest:
+            self._fetch(unit)
 
     def _model_post_hook(self, module, inputs, output):
-        if self._rest is not None and not torch.is_grad_enabled():
-            self._release(self._rest)  # no backward will use it
+        if not torch.is_grad_enabled():
+            for unit in self._rest:
+                self._release(unit)  # no backward will use them
 
-    def _make_pre_hook(self, unit):
-        def hook(module, inputs):
-            self._fetch(unit)
-            if torch.is_grad_enabled():
-                unit.saved_hooks = torch.autograd.graph.saved_tensors_hooks(
-                    lambda t: self._pack(unit, t), lambda packed: self._unpack(unit, packed))
-                unit.saved_hooks.__enter__()
+    def _make_pre_hook(self, um):
+        def hook(module, args, kwargs):
+            for unit in um.units:
+                self._fetch(unit)
+            if not torch.is_grad_enabled():
+                return None
+            top = torch._C._autograd._top_saved_tensors_default_hooks(False)
+            if top is not None:
+                if not _is_checkpoint_hook(top[0]):
+                    raise RuntimeError("zinf.torch: saved_tensors_hooks other than torch.utils.checkpoint's are "
+                                       "active around unit '%s'; zinf keeps the tensors a unit saves itself"
+                                       % um.name)
+            else:
+                um.saved_hooks = torch.autograd.graph.saved_tensors_hooks(
+                    lambda t: self._pack(um, t), lambda packed: self._unpack(um, packed))
+                um.saved_hooks.__enter__()
+            if _in_backward():
+                return None  # a checkpoint's recomputation: the units stay fetched until their backward
+            # After the module's backward, release what it alone needed.
+            flat, spec = pytree.tree_flatten((args, kwargs))
+            idx = [i for i, t in enumerate(flat) if isinstance(t, torch.Tensor) and t.requires_grad]
+            if not idx:
+                return None
+            out = _PostBackward.apply(self, um, *[flat[i] for i in idx])
+            for i, t in zip(idx, out):
+                flat[i] = t
+            return pytree.tree_unflatten(flat, spec)
         return hook
 
-    # Tensors autograd saves during a unit's forward that lie in the unit's
-    # buffer (its parameters, and views of them such as a Linear's transposed
-    # weight) are kept as (offset, shape, strides): the buffer is released
-    # after forward and fetched again for backward, maybe elsewhere.
-    def _pack(self, unit, t):
+    # Tensors autograd saves during a unit module's forward that lie in one of
+    # its units' buffers (its parameters, and views of them such as a
+    # Linear's transposed weight) are kept as (unit, offset, shape, strides):
+    # the buffer is released after forward and fetched again for backward,
+    # maybe elsewhere.
+    def _pack(self, um, t):
         # A tensor whose first element lies in the unit's buffer is a view of
         # it (nothing else shares that memory). data_ptr() rather than the
         # storage: building a storage object costs more than the whole test.
-        if unit.fetched:
+        if t.numel() > 0 and t.device == self.device:
             start = t.data_ptr()
-            if unit.base <= start < unit.base + unit.bytes and t.numel() > 0 and t.device == self.device:
-                return (_SavedInUnit, start - unit.base, tuple(t.shape), t.stride(), t.dtype)
+            for unit in um.units:
+                if unit.fetched and unit.base <= start < unit.base + unit.bytes:
+                    return (_SavedInUnit, unit, start - unit.base, tuple(t.shape), t.stride(), t.dtype)
         return t
 
-    def _unpack(self, unit, packed):
+    def _unpack(self, um, packed):
         if not (isinstance(packed, tuple) and packed and packed[0] is _SavedInUnit):
             return packed
-        _, offset, shape, stride, dtype = packed
+        _, unit, offset, shape, stride, dtype = packed
         self._fetch(unit)
         whole, _ = _unit_views(unit, unit.base, None, unit.num_elems, unit.dtype, self.device)
         if whole.dtype != dtype:
             raise RuntimeError("zinf.torch: unit '%s' saved a %s tensor from its %s buffer" % (unit.name, dtype, whole.dtype))
         return torch.as_strided(whole, shape, stride, offset // whole.element_size())
 
-    def _make_post_hook(self, unit):
+    def _make_post_hook(self, um):
         def hook(module, inputs, output):
-            if getattr(unit, "saved_hooks", None) is not None:
-                unit.saved_hooks.__exit__(None, None, None)
-                unit.saved_hooks = None
-            self._release(unit)
+            if um.saved_hooks is not None:
+                um.saved_hooks.__exit__(None, None, None)
+                um.saved_hooks = None
+            if _in_backward():
+                return output  # recomputation inside backward: the units stay until their gradients are in
+            for unit in um.units:
+                self._release(unit)
             if not torch.is_grad_enabled():
                 return output
-            if isinstance(output, torch.Tensor):
-                return _PreBackward.apply(self, unit, output)[0]
-            if isinstance(output, tuple) and all(isinstance(t, torch.Tensor) for t in output):
-                return tuple(_PreBackward.apply(self, unit, *output))
-            raise TypeError("zinf.torch: unit '%s' returns %s; a unit's forward must return a tensor or a tuple of "
-                            "tensors (choose other unit_modules)" % (unit.name, type(output).__name__))
+            flat, spec = pytree.tree_flatten(output)
+            idx = [i for i, t in enumerate(flat) if isinstance(t, torch.Tensor) and t.requires_grad]
+            if not idx:
+                return output
+            wrapped = _PreBackward.apply(self, um, *[flat[i] for i in idx])
+            for i, t in zip(idx, wrapped):
+                flat[i] = t
+            return pytree.tree_unflatten(flat, spec)
         return hook
+
+    def _after_module_backward(self, um):
+        for unit in um.units:
+            if unit.frozen or unit.reported:
+                self._release(unit)
 
     def _make_grad_hook(self, unit, index):
         def hook(grad):
@@ -415,6 +655,8 @@ class Engine:
         accumulated their last gradient since (right after that hook), so
         their parameters can be unbound, released and their .grad dropped:
         the gradients never all coexist in torch."""
+        if not self._handed_over:
+            return
         for unit in self._handed_over:
             for _, p in unit.params:
                 p.grad = None
@@ -445,8 +687,17 @@ class Engine:
 
     # ---- the training loop ------------------------------------------------------------
 
-    def __call__(self, *args, **kwargs):
+    def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)
+
+    def __getattr__(self, name):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            module = self.__dict__.get("_modules", {}).get("module")
+            if module is not None and name not in ("_engine", "_stream", "_comm"):
+                return getattr(module, name)
+            raise
 
     def loss_scale(self):
         scale = ctypes.c_float()
@@ -459,13 +710,38 @@ class Engine:
         ZinfError and the engine takes no further steps (every rank stops)."""
         check(_capi.lib().zinf_engine_report_loss(self._engine, float(loss)), "loss")
 
-    def backward(self, loss):
-        """Backpropagates loss (times fp16's loss scale) into the engine's gradient buffers."""
+    def _note_versions(self):
+        """Each parameter's autograd version now: an in-place change by the
+        script after initialize() (nn.init on a parameter) bumps it."""
+        self._versions = {id(p): p._version for unit in self._units for _, p in unit.params}
+
+    def _check_parameters(self):
+        """What a script did to its parameters behind zinf's back is refused,
+        not ignored: requires_grad changed after initialize(), or a
+        parameter written in place (zinf holds the values: change them with
+        module.load_state_dict() or zinf.deepspeed.zero.GatheredParameters)."""
+        for name, p in self.module.named_parameters():
+            if self._frozen_flags.get(id(p), p.requires_grad) != p.requires_grad:
+                raise RuntimeError("zinf.torch: the requires_grad of '%s' changed after initialize(); zinf placed "
+                                   "it as %s. Set requires_grad before initialize() (or initialize again)"
+                                   % (name, "trainable" if self._frozen_flags[id(p)] else "frozen"))
+            if self._versions.get(id(p), p._version) != p._version:
+                raise RuntimeError("zinf.torch: '%s' was written in place after initialize(); zinf holds the "
+                                   "parameters on its tiers, so the write is lost. Change parameters with "
+                                   "module.load_state_dict() or inside zinf.deepspeed.zero.GatheredParameters("
+                                   "params, modifier_rank=0)" % name)
+
+    def backward(self, loss, retain_graph=False):
+        """Backpropagates loss (times fp16's loss scale) into the engine's
+        gradient buffers. The mean over the accumulation steps is the
+        engine's (as DeepSpeed's scaling by 1/gradient_accumulation_steps)."""
         if self._report_loss:
             self.report_loss(float(loss.detach()))
         scale = self.loss_scale()
-        (loss * scale if scale != 1.0 else loss).backward()
+        (loss * scale if scale != 1.0 else loss).backward(retain_graph=retain_graph)
         for unit in self._units:
+            if unit.frozen:
+                continue
             if unit.grad_views is not None:  # some of its parameters got no gradient: zeros for them
                 self._grads_ready(unit)
             elif not unit.reported:  # none did
@@ -473,15 +749,98 @@ class Engine:
                 self._grads_ready(unit)
         self._flush()
         for unit in self._units:
+            self._release(unit)
             unit.reported = False
             for _, p in unit.params:
                 p.grad = None
+        return loss
 
-    def step(self):
-        """Ends the micro-step; True when it was an accumulation boundary (the optimizer ran)."""
+    def is_gradient_accumulation_boundary(self):
+        """Whether the next step() ends an accumulation window (the optimizer runs)."""
+        return (self.micro_steps + 1) % self._accumulation == 0
+
+    def _push_lrs(self):
+        """Each group's lr and weight decay as the optimizer's param_groups
+        say now (a torch lr scheduler changes them), for the step about to be
+        enqueued. With a config scheduler the engine's schedule decides."""
+        if self._config_scheduler:
+            return
+        L = _capi.lib()
+        for i, g in enumerate(self.optimizer.param_groups):
+            lr = _optim.check_lr(g["lr"], "parameter group %d" % i)
+            if lr != self._pushed_lr[i]:
+                check(L.zinf_engine_set_group_lr(self._engine, self._engine_groups[i][0], lr), "lr of group %d" % i)
+                self._pushed_lr[i] = lr
+            wd = float(g.get("weight_decay", self._engine_groups[i][1]))
+            if wd != self._engine_groups[i][1]:
+                raise RuntimeError("zinf: parameter group %d's weight_decay changed from %g to %g after initialize(); "
+                                   "zinf fixes a group's weight decay at initialize" % (i, self._engine_groups[i][1], wd))
+
+    def step(self, lr_kwargs=None):
+        """Ends the micro-step; True when it was an accumulation boundary (the
+        optimizer ran, then the client's lr scheduler stepped)."""
+        boundary_next = self.is_gradient_accumulation_boundary()
+        if boundary_next:
+            self._check_parameters()
+            self._push_lrs()
         boundary = ctypes.c_int()
         check(_capi.lib().zinf_engine_step(self._engine, ctypes.byref(boundary)), "step")
-        return bool(boundary.value)
+        self.micro_steps += 1
+        if self._micro_batch:
+            self.global_samples += self._micro_batch * self.world_size
+        if not boundary.value:
+            return False
+        self._version += 1
+        self._read_cache = None
+        self.global_steps += 1
+        self.optimizer.step()  # a no-op: torch's schedulers count it before their own step
+        if self.lr_scheduler is not None and not isinstance(self.lr_scheduler, _optim.ConfigScheduler):
+            skipped = False
+            if self._config.get("fp16", {}).get("enabled") is True:
+                skipped = self.stats().get("skipped", False)  # an overflow: DeepSpeed does not step the scheduler
+            if not skipped:
+                self.lr_scheduler.step(**(lr_kwargs or {}))
+        return True
+
+    def zero_grad(self, set_to_none=True):
+        """Nothing to do: zinf overwrites its gradient buffers each micro-step."""
+
+    def get_lr(self):
+        """Each parameter group's lr (with a config scheduler: the engine's lr of the last step)."""
+        if self._config_scheduler:
+            if self.global_steps == 0:
+                return [float(self._config_lr())] * len(self.optimizer.param_groups)
+            lr = self.stats(wait=False).get("lr")
+            return [lr] * len(self.optimizer.param_groups)
+        return [g["lr"] for g in self.optimizer.param_groups]
+
+    def _config_lr(self):
+        sched = self._config.get("scheduler", {}).get("params", {})
+        if self._config_scheduler in ("WarmupLR", "WarmupDecayLR"):
+            return sched.get("warmup_min_lr", 0.0)
+        return self._config.get("optimizer", {}).get("params", {}).get("lr", 1e-3) * sched.get("warmup_min_ratio", 0.0)
+
+    def get_global_grad_norm(self):
+        """The gradient norm of the last optimizer step (None before the first)."""
+        if self.global_steps == 0:
+            return None
+        return self.stats(wait=False).get("grad_norm")
+
+    def gradient_accumulation_steps(self):
+        return self._accumulation
+
+    def train_micro_batch_size_per_gpu(self):
+        return self._micro_batch
+
+    def train_batch_size(self):
+        return (self._micro_batch or 0) * self._accumulation * self.world_size
+
+    def zero_optimization_stage(self):
+        return self.zero_stage
+
+    @property
+    def local_rank(self):
+        return int(os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", os.environ.get("LOCAL_RANK", "0")))
 
     def stats(self, wait=True):
         """The metrics of the step just taken (lr, grad_norm, loss_scale, bytes moved, timeline, ...).
@@ -497,16 +856,149 @@ class Engine:
 
     # ---- state -------------------------------------------------------------------
 
+    def _read_unit(self, unit):
+        """The unit's parameters as one fp32 host tensor (the masters; a frozen
+        unit's compute copy), cached until the next step or write."""
+        key = (unit.index, self._version)
+        if self._read_cache is not None and self._read_cache[0] == key:
+            return self._read_cache[1]
+        if self._pending_writes:
+            self._write_pending()
+        total = sum(unit.numels)
+        flat = torch.empty(total, dtype=torch.float32)
+        check(_capi.lib().zinf_engine_read_state(self._engine, unit.index, _capi.STATE_MASTER, flat.data_ptr(), total),
+              "read unit '%s'" % unit.name)
+        self._read_cache = (key, flat)
+        return flat
+
+    def _param_value(self, unit, i):
+        flat = self._read_unit(unit)
+        offset = sum(unit.numels[:i])
+        return flat[offset:offset + unit.numels[i]].view(unit.shapes[i])
+
+    def _write_unit(self, unit, updates):
+        """Sets some of a unit's parameters ({index: tensor}); the others keep their values."""
+        flat = self._read_unit(unit).clone()
+        offsets = [0]
+        for n in unit.numels:
+            offsets.append(offsets[-1] + n)
+        for i, t in updates.items():
+            flat[offsets[i]:offsets[i + 1]] = t.detach().to(device="cpu", dtype=torch.float32).reshape(-1)
+        check(_capi.lib().zinf_engine_write_state(self._engine, unit.index, _capi.STATE_MASTER, flat.data_ptr(),
+                                                 flat.numel()), "write unit '%s'" % unit.name)
+        self._version += 1
+        self._read_cache = None
+        for view_key in list(unit.views):
+            pass  # the buffers' addresses stay; their contents are the engine's
+
+    def _write_pending(self):
+        pending, self._pending_writes = self._pending_writes, {}
+        for unit in self._units:
+            if unit.index in pending:
+                self._write_unit(unit, pending[unit.index])
+
+    def _install_state_dict_hooks(self, model):
+        """module.state_dict() returns whole tensors read from zinf's tiers
+        (unit by unit), and load_state_dict() writes them there."""
+        for m in model.modules():
+            direct = [(n, p) for n, p in m.named_parameters(recurse=False) if id(p) in self._unit_of]
+            if not direct:
+                continue
+
+            def save_hook(module, state_dict, prefix, local_metadata, direct=direct):
+                for n, p in direct:
+                    key = prefix + n
+                    if key in state_dict:
+                        unit = self._unit_of[id(p)]
+                        i = next(j for j, (_, q) in enumerate(unit.params) if q is p)
+                        state_dict[key] = self._param_value(unit, i).to(unit.dtypes[i]).clone()
+
+            def load_pre_hook(module, state_dict, prefix, local_metadata, strict, missing, unexpected, errors,
+                              direct=direct):
+                for n, p in direct:
+                    key = prefix + n
+                    if key not in state_dict:
+                        continue
+                    value = state_dict[key]
+                    unit = self._unit_of[id(p)]
+                    i = next(j for j, (_, q) in enumerate(unit.params) if q is p)
+                    if tuple(value.shape) != unit.shapes[i]:
+                        errors.append("size mismatch for %s: copying a param with shape %s from checkpoint, the "
+                                      "shape in current model is %s." % (key, tuple(value.shape), unit.shapes[i]))
+                        continue
+                    self._pending_writes.setdefault(unit.index, {})[i] = value.detach().clone()
+                    # The loader copies into the parameter: give it the shape it checks, briefly.
+                    if tuple(p.shape) != unit.shapes[i]:
+                        p.data = torch.empty(unit.shapes[i], dtype=p.dtype, device=p.device)
+                        unit.bound = None
+                        unit._rebind_after_load = True
+
+            def load_post_hook(module, incompatible, direct=direct):
+                for _, p in direct:
+                    unit = self._unit_of[id(p)]
+                    if getattr(unit, "_rebind_after_load", False) and not unit.fetched:
+                        for _, q in unit.params:
+                            q.data = torch.empty(0, dtype=q.dtype, device=self.device)
+                        unit._rebind_after_load = False
+                if self._pending_writes:
+                    self._write_pending()
+                self._note_versions()  # the loader's copies into the parameters are not the script's
+
+            m.register_state_dict_post_hook(save_hook)
+            m.register_load_state_dict_pre_hook(load_pre_hook)
+            m.register_load_state_dict_post_hook(load_post_hook)
+
+    def _gather_params(self, params):
+        """GatheredParameters' entry: each parameter holds its whole value (a
+        copy, in its own dtype) until _release_gathered."""
+        for p in params:
+            unit = self._unit_of[id(p)]
+            if unit.fetched:
+                raise RuntimeError("zinf: GatheredParameters inside a forward or backward that uses unit '%s'"
+                                   % unit.name)
+            i = next(j for j, (_, q) in enumerate(unit.params) if q is p)
+            p.data = self._param_value(unit, i).to(device=self.device, dtype=unit.dtypes[i]).clone()
+            unit.bound = None
+
+    def _release_gathered(self, params, write):
+        """GatheredParameters' exit: with `write`, the values go back to the
+        tiers (every rank must hold the same: checked when torch.distributed
+        can compare them); the parameters are emptied again."""
+        updates = {}
+        for p in params:
+            unit = self._unit_of[id(p)]
+            i = next(j for j, (_, q) in enumerate(unit.params) if q is p)
+            if write:
+                updates.setdefault(unit.index, {})[i] = p.data.detach().to("cpu", torch.float32).clone()
+        if write and self.world_size > 1:
+            import torch.distributed as dist
+            if not (dist.is_available() and dist.is_initialized()):
+                raise RuntimeError("zinf: GatheredParameters(modifier_rank=...) with %d ranks needs "
+                                   "torch.distributed initialized to check that every rank wrote the same values"
+                                   % self.world_size)
+            mine = torch.tensor([float(sum(t.double().sum().item() for u in updates.values() for t in u.values()))],
+                                dtype=torch.float64)
+            lo, hi = mine.clone(), mine.clone()
+            dist.all_reduce(lo, op=dist.ReduceOp.MIN)
+            dist.all_reduce(hi, op=dist.ReduceOp.MAX)
+            if lo.item() != hi.item():
+                raise RuntimeError("zinf: GatheredParameters: the ranks wrote different values (zinf takes the same "
+                                   "write on every rank; write from every rank, not only modifier_rank)")
+        for p in params:
+            p.data = torch.empty(0, dtype=p.dtype, device=self.device)
+            self._unit_of[id(p)].bound = None
+        for unit in self._units:
+            if unit.index in updates:
+                self._write_unit(unit, updates[unit.index])
+        self._note_versions()  # writes inside GatheredParameters are the script's, and now zinf's
+
     def master_weights(self):
         """{parameter name: fp32 master tensor} (collective at stages 1 and 2)."""
         L = _capi.lib()
         check(L.zinf_engine_synchronize(self._engine), "synchronize")
         out = {}
         for unit in self._units:
-            total = sum(unit.numels)
-            flat = torch.empty(total, dtype=torch.float32)
-            check(L.zinf_engine_read_state(self._engine, unit.index, _capi.STATE_MASTER, flat.data_ptr(), total),
-                  "read unit '%s'" % unit.name)
+            flat = self._read_unit(unit)
             offset = 0
             for i, (name, _) in enumerate(unit.params):
                 n = unit.numels[i]
@@ -514,28 +1006,96 @@ class Engine:
                 offset += n
         return out
 
-    def save_checkpoint(self, directory, client_state=None):
-        """Saves the engine's state under directory/step-N (atomically); returns that path."""
-        out = ctypes.c_void_p()
-        client = json.dumps(client_state if client_state is not None else {}).encode()
-        check(_capi.lib().zinf_engine_save(self._engine, directory.encode(), client, ctypes.byref(out)),
-              "save " + directory)
-        return _capi.take_string(out)
+    def _module_state(self, dtype=None):
+        """The model's state_dict with whole tensors (buffers too), the
+        parameters in `dtype` (default: each as the model made it)."""
+        state = self.module.state_dict()
+        if dtype is not None:
+            managed = {name for unit in self._units for name, _ in unit.params}
+            state = {k: (v.to(dtype) if k in managed and v.is_floating_point() else v) for k, v in state.items()}
+        return state
 
-    def load_checkpoint(self, path):
-        """Restores a checkpoint (a step-N directory or the one holding `latest`); returns its client state."""
+    def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest=True):
+        """DeepSpeed's layout: the engine's state under save_dir/tag (default
+        tag: global_step<N>), the client state and the lr scheduler's beside
+        it, and save_dir/latest naming the tag. Collective: every rank calls.
+        Returns True."""
+        tag = tag if tag is not None else "global_step%d" % self.global_steps
+        tag = str(tag)
+        if not tag or "/" in tag or tag in (".", ".."):
+            raise ValueError("zinf: a checkpoint tag must be a plain name, got %r" % tag)
+        path = os.path.join(save_dir, tag)
+        out = ctypes.c_void_p()
+        check(_capi.lib().zinf_engine_save(self._engine, path.encode(), b"{}", ctypes.byref(out)), "save " + path)
+        saved = _capi.take_string(out)
+        if self.rank == 0:
+            extra = {"client_state": client_state if client_state is not None else {},
+                     "optimizer": self.optimizer.state_dict(),
+                     "lr_scheduler": self.lr_scheduler.state_dict() if self.lr_scheduler is not None else None,
+                     "global_steps": self.global_steps, "global_samples": self.global_samples,
+                     "micro_steps": self.micro_steps, "engine_checkpoint": os.path.basename(saved)}
+            _atomic_write(os.path.join(path, "zinf_client_state.pt"), lambda f: torch.save(extra, f))
+            if save_latest:
+                _atomic_write(os.path.join(save_dir, "latest"), lambda f: f.write(tag.encode()))
+        return True
+
+    def load_checkpoint(self, load_dir, tag=None, load_module_strict=True, load_optimizer_states=True,
+                        load_lr_scheduler_states=True, load_module_only=False):
+        """Restores what save_checkpoint wrote; returns (path, client_state)
+        as DeepSpeed does ((None, None) when load_dir has no checkpoint).
+        Collective: every rank calls."""
+        if tag is None:
+            latest = os.path.join(load_dir, "latest")
+            if not os.path.isfile(latest):
+                return None, None
+            with open(latest) as f:
+                tag = f.read().strip()
+        path = os.path.join(load_dir, str(tag))
+        if not os.path.isdir(path):
+            raise FileNotFoundError("zinf: no checkpoint '%s' in %s" % (tag, load_dir))
+        if not load_optimizer_states or load_module_only:
+            raise ValueError("zinf: load_checkpoint restores the optimizer state with the weights (zinf keeps them "
+                             "together); to load the weights alone, load them with module.load_state_dict() from "
+                             "a save_16bit_model file or an exported folder")
         out = ctypes.c_void_p()
         check(_capi.lib().zinf_engine_load(self._engine, path.encode(), ctypes.byref(out)), "load " + path)
-        text = _capi.take_string(out)
-        return json.loads(text) if text else {}
+        _capi.take_string(out)
+        self._version += 1
+        self._read_cache = None
+        extra_path = os.path.join(path, "zinf_client_state.pt")
+        client = {}
+        if os.path.isfile(extra_path):
+            extra = torch.load(extra_path, weights_only=False)
+            client = extra.get("client_state", {})
+            self.global_steps = extra.get("global_steps", self.global_steps)
+            self.global_samples = extra.get("global_samples", self.global_samples)
+            self.micro_steps = extra.get("micro_steps", self.micro_steps)
+            self.optimizer.load_state_dict(extra.get("optimizer", {}))
+            sched = extra.get("lr_scheduler")
+            if load_lr_scheduler_states and sched is not None and self.lr_scheduler is not None:
+                self.lr_scheduler.load_state_dict(sched)
+        self._pushed_lr = [None] * len(self._pushed_lr)
+        return path, client
+
+    def save_16bit_model(self, save_dir, save_filename="pytorch_model.bin"):
+        """The model's state_dict in the compute precision (bf16 or fp16; fp32
+        when the config enables neither) to save_dir/save_filename with
+        torch.save, on rank 0 (collective: every rank calls). Returns True."""
+        dtype = {_capi.DTYPE_BF16: torch.bfloat16, _capi.DTYPE_FP16: torch.float16}.get(self._compute_dtype,
+                                                                                           torch.float32)
+        state = self._module_state(dtype)
+        if self.rank == 0:
+            os.makedirs(save_dir, exist_ok=True)
+            _atomic_write(os.path.join(save_dir, save_filename), lambda f: torch.save(state, f))
+        return True
 
     def close(self):
         L = _capi.lib()
-        if self._engine:
+        if self.__dict__.get("_engine"):
             L.zinf_stream_destroy(self._stream)
             L.zinf_engine_destroy(self._engine)
             L.zinf_comm_destroy(self._comm)
-            self._engine = self._stream = self._comm = None
+            self.__dict__["_engine"] = self.__dict__["_stream"] = self.__dict__["_comm"] = None
 
     def __del__(self):
         try:
@@ -544,21 +1104,33 @@ class Engine:
             pass
 
 
-def initialize(model, config, unit_modules=None):
+def _atomic_write(path, write):
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        write(f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def initialize(model, config, unit_modules=None, optimizer=None, model_parameters=None, lr_scheduler=None):
     """zinf takes over `model`'s parameters and optimizer; see the module comment.
 
     config: a DeepSpeed-style config as a dict, a JSON text or a file's path.
     unit_modules: the submodules that become units (default: the children of
-    the model's largest nn.ModuleList); every other parameter is one more unit.
+    the model's largest nn.ModuleList and the modules owning the rest).
+    optimizer / model_parameters / lr_scheduler: as deepspeed.initialize
+    takes them (a torch Adam or AdamW, parameter groups, a torch scheduler).
     """
-    return Engine(model, config, unit_modules)
+    return Engine(model, config, unit_modules, optimizer=optimizer, model_parameters=model_parameters,
+                  lr_scheduler=lr_scheduler)
 
 
 def export_hf(engine, path, dtype=torch.bfloat16):
-    """Writes the fp32 masters as one safetensors file under the model's
-    parameter names, in `dtype` (bf16, fp16 or fp32), atomically. Every rank
-    calls it (reading the masters is collective at stages 1 and 2); rank 0
-    writes."""
+    """Writes the model's parameters (fp32 masters, frozen ones as kept) as
+    one safetensors file under the model's parameter names, in `dtype` (bf16,
+    fp16 or fp32), atomically. Every rank calls it (reading the masters is
+    collective at stages 1 and 2); rank 0 writes."""
     names = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
     if dtype not in names:
         raise ValueError("export_hf: dtype must be torch.float32, bfloat16 or float16")
@@ -573,12 +1145,10 @@ def export_hf(engine, path, dtype=torch.bfloat16):
         offset += len(data)
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * ((8 - len(text) % 8) % 8)
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
+
+    def write(f):
         f.write(struct.pack("<Q", len(text)))
         f.write(text)
         for b in blobs:
             f.write(b)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    _atomic_write(path, write)

@@ -16,7 +16,7 @@ import tempfile
 try:
     import numpy as np
 except ImportError:
-    print("SKIP: numpy is not installed for %s (Debian: apt-get install python3-numpy)" % sys.executable)
+    print("SKIP: numpy is not installed for %s (scripts/setup makes the Python environment)" % sys.executable)
     sys.exit(77)
 
 c_int, c_uint, c_u64, c_i64, c_size, c_double, c_void_p, c_char_p = (

@@ -6,7 +6,7 @@
 set -euo pipefail
 py=$1 src=$2 scratch=$3 lib=$4
 if ! "$py" -c 'import setuptools, torch' 2>/dev/null || ! "$py" -m pip --version >/dev/null 2>&1; then
-  echo "SKIP: $py lacks torch, pip or setuptools (Debian: python3-torch python3-pip python3-setuptools)"
+  echo "SKIP: $py lacks torch, pip or setuptools (scripts/setup makes the Python environment)"
   exit 77
 fi
 rm -rf "$scratch" && mkdir -p "$scratch"

@@ -1,0 +1,97 @@
+"""DeepSpeed's user API over zinf: a DeepSpeed training script runs on zinf by
+changing one import,
+
+    import zinf.deepspeed as deepspeed
+    engine, optimizer, dataloader, lr_scheduler = deepspeed.initialize(
+        model=model, model_parameters=model.parameters(), config="ds_config.json")
+    for batch in dataloader:
+        loss = engine(batch)
+        engine.backward(loss)
+        engine.step()
+
+initialize() takes DeepSpeed's arguments and returns DeepSpeed's 4-tuple.
+The engine (zinf.torch.Engine) is an nn.Module with DeepSpeed's engine
+methods; the optimizer is a torch.optim.Optimizer whose param_groups a torch
+lr scheduler may change (zinf applies them at the next optimizer step). zinf
+runs Adam/AdamW with its own kernels on the config's tiers: another optimizer
+class is refused here, naming it, as is anything else zinf cannot honour.
+"""
+import os
+
+import torch
+
+from .. import _config
+from .. import torch as _zt
+from . import comm, zero  # noqa: F401
+from . import ops  # noqa: F401
+from .zero import _built_under_init
+
+__version__ = "0.19.8+zinf"  # the DeepSpeed API level this mirrors
+
+DeepSpeedEngine = _zt.Engine
+
+
+def init_distributed(dist_backend=None, auto_mpi_discovery=True, distributed_port=29500, verbose=True, timeout=None,
+                     init_method=None, dist_init_required=None, config=None, rank=-1, world_size=-1):
+    """zinf forms its world with MPI when the engine is created (mpirun);
+    this checks that the launcher's world is one zinf can join."""
+    rank_, world, launcher = _config.launcher_world()
+    if launcher == "torchrun" and world > 1:
+        raise RuntimeError("zinf: the launcher started %d processes through torchrun/the deepspeed launcher; zinf "
+                           "forms its world with MPI: launch with `mpirun -np %d python ...`" % (world, world))
+
+
+def _config_from(args, config, config_params):
+    if config is None and config_params is not None:
+        config = config_params
+    from_args = getattr(args, "deepspeed_config", None) if args is not None else None
+    if from_args is None and args is not None:
+        from_args = getattr(args, "deepscale_config", None)
+    if from_args is not None:
+        if config is not None:
+            raise ValueError("zinf: a config was given both in args.deepspeed_config and to initialize(); give one")
+        config = from_args
+    if config is None:
+        raise ValueError("zinf: no DeepSpeed config: pass config= (a dict or a JSON file's path) or "
+                         "args.deepspeed_config")
+    return _config.load(config)
+
+
+def initialize(args=None, model=None, optimizer=None, model_parameters=None, training_data=None, lr_scheduler=None,
+               distributed_port=29500, mpu=None, dist_init_required=None, collate_fn=None, config=None,
+               mesh_param=None, config_params=None):
+    """(engine, optimizer, training_dataloader, lr_scheduler), as
+    deepspeed.initialize returns them; see the module comment."""
+    if model is None:
+        raise ValueError("zinf: initialize() needs a model")
+    if mpu is not None or mesh_param is not None:
+        raise ValueError("zinf: model parallelism (mpu, mesh_param) is not supported: zinf runs data parallel "
+                         "ZeRO stages 0-3")
+    cfg = _config_from(args, config, config_params)
+    for key in ("tensor_parallel", "pipeline", "sequence_parallel_size"):
+        if key in cfg:
+            raise ValueError("zinf: the config's \"%s\" is not supported (zinf runs data parallel ZeRO stages 0-3)"
+                             % key)
+    init_distributed()
+    engine = _zt.Engine(model, cfg, optimizer=optimizer, model_parameters=model_parameters,
+                        lr_scheduler=lr_scheduler)
+    if _built_under_init(model):
+        engine.built_under_zero_init = True
+    dataloader = None
+    if training_data is not None:
+        sampler = torch.utils.data.DistributedSampler(training_data, num_replicas=engine.world_size,
+                                                      rank=engine.rank)
+        batch = engine.train_micro_batch_size_per_gpu() or 1
+        dataloader = torch.utils.data.DataLoader(training_data, batch_size=batch, sampler=sampler,
+                                                 collate_fn=collate_fn,
+                                                 drop_last=bool(cfg.get("dataloader_drop_last", False)))
+    return engine, engine.optimizer, dataloader, engine.lr_scheduler
+
+
+def add_config_arguments(parser):
+    """DeepSpeed's command-line flags (--deepspeed, --deepspeed_config)."""
+    group = parser.add_argument_group("DeepSpeed", "DeepSpeed configurations (zinf)")
+    group.add_argument("--deepspeed", default=False, action="store_true", help="run with zinf")
+    group.add_argument("--deepspeed_config", default=None, type=str, help="the DeepSpeed JSON config")
+    group.add_argument("--local_rank", default=int(os.environ.get("LOCAL_RANK", "0")), type=int)
+    return parser
