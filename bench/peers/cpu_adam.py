@@ -8,10 +8,11 @@ DeepSpeedCPUAdam (deepspeed.ops.adam), on the same arrays, in one run.
 Per size, kind and thread count, every engine takes one AdamW step over the
 whole array per round, in an order that rotates each round, on the same
 arrays (the same pages); the figure is the median step over the rounds.
-Each timed step directly follows an untimed step of the same engine: its
-threads are awake and the other engine's idle threads (libgomp's and
-oneTBB's spin a while after a parallel region, then sleep) are asleep, as in
-an optimizer that steps many parameter groups back to back.
+An engine's turn is 50 ms idle, an untimed step, then the timed step: the
+other engine's idle threads, which spin a while after their parallel region
+(libgomp by default some 300 000 spins, milliseconds) before they sleep,
+have let go of the second core, and this engine's own threads are awake, as
+in an optimizer that steps many parameter groups back to back.
 
 Kinds and engines (hyperparameters for all: lr 1e-3, betas 0.9/0.999, eps
 1e-8, weight decay 0.01, AdamW, bias correction, step t, no gradient scale):
@@ -35,6 +36,10 @@ B/elem counts each element's bytes read plus bytes written once (STREAM
 counting, no write-allocate traffic): the state each engine must touch.
 elem/s is elements updated per second of one step; GB/s = elem/s x B/elem;
 zinf/x is zinf's elem/s over engine x's, both measured in the same rounds.
+`others` is the CPU (in cores) other processes used while the case ran; a
+case is run again (3 tries in all) while that exceeds 0.15 cores, and the
+quietest try is kept: on a shared 2-core machine a second thread's figure
+means nothing while someone else holds the second core.
 
 Before timing, each kind is checked on 1 000 003 elements (tails included):
 every engine starts from the same values (parameters representable in bf16)
@@ -50,8 +55,12 @@ op's `#pragma omp parallel for` runs on the calling thread's OpenMP team);
 OMP_NUM_THREADS is set to the largest count. zinf's: the handle's own
 (zinf_adam_create(threads)).
 
---quick: 4 Mi elements, 3 rounds, no re-implementation rows (a smoke run of
-about 30 s that still checks the results). Without --no-reimpl, `zinf bench
+--quick: 16 Mi elements (448 MiB of state, beyond the caches), 3 rounds, no
+re-implementation rows: a smoke run of about 30 s that still checks the
+results. Arrays that fit in the last-level cache measure something else:
+there a step lasts a few milliseconds and how fast each runtime wakes its
+second thread (oneTBB's sleep, libgomp's spinning) decides the 2-thread
+figure. Without --no-reimpl, `zinf bench
 adam` is also run once per kind at the first size, and its row against zinf's
 own re-implementation of cpu_adam's shape (bench/ds_adam_reference, not
 DeepSpeed's code) is printed below the table.
@@ -74,6 +83,8 @@ BENCH_HP = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01
 # is only how each rounds its operations.
 EXACT_HP = {"lr": 2.0 ** -10, "betas": (0.875, 1 - 2.0 ** -10), "eps": 2.0 ** -26, "weight_decay": 2.0 ** -6}
 CHECK_ELEMS = 1_000_003
+SETTLE_S = 0.05  # idle before each engine's turn (see the module's docstring)
+MAX_OTHERS, MAX_ATTEMPTS = 0.15, 3  # cores other processes may take during a case; tries
 CHECK_STEPS = 3
 # |zinf - ds| / (|zinf| + floor) at most: fp32 rounding of different
 # operation sequences (exact constants); the same plus DeepSpeed's rounding of
@@ -92,10 +103,10 @@ def parse_args():
                    help="advise the arrays as transparent huge pages (default: the 4 KiB pages torch allocates)")
     p.add_argument("--no-reimpl", action="store_true", help="skip the `zinf bench adam` re-implementation rows")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
-    p.add_argument("--quick", action="store_true", help="smoke run: 4M elements, 3 rounds, no re-implementation rows")
+    p.add_argument("--quick", action="store_true", help="smoke run: 16M elements, 3 rounds, no re-implementation rows")
     a = p.parse_args()
     if a.quick:
-        a.sizes, a.rounds, a.no_reimpl = "4M", 3, True
+        a.sizes, a.rounds, a.no_reimpl = "16M", 3, True
     a.size_list = [pc.parse_size(s) for s in a.sizes.split(",") if s]
     a.thread_list = [int(t) for t in a.threads.split(",") if t]
     a.kind_list = [k for k in a.kinds.split(",") if k]
@@ -367,13 +378,30 @@ def reimpl_rows(kind, n, threads, rounds):
 # ---- main ------------------------------------------------------------------------
 
 def run_case(kind, n, threads, rounds, runner):
+    """The case's rounds; repeated (up to MAX_ATTEMPTS in all) while other
+    processes took more than MAX_OTHERS cores meanwhile, keeping the
+    quietest attempt."""
+    best = None
+    for attempt in range(1, MAX_ATTEMPTS + 1):
+        row = run_case_once(kind, n, threads, rounds, runner)
+        row["attempt"] = attempt
+        if best is None or (row["load"] or {}).get("others", 0) < (best["load"] or {}).get("others", 0):
+            best = row
+        if row["load"] is None or row["load"]["others"] <= MAX_OTHERS:
+            break
+    return best
+
+
+def run_case_once(kind, n, threads, rounds, runner):
     names = ENGINES[kind]
     secs = {name: [] for name in names}
+    mon = pc.OtherCpu()
     for r in range(rounds):
         for name in pc.rotated(names, r):
-            runner.step(name, threads)  # untimed: see the module's docstring
+            time.sleep(SETTLE_S)  # the other engine's idle threads stop spinning
+            runner.step(name, threads)  # untimed: this engine's threads wake up
             secs[name].append(runner.step(name, threads))
-    row = {"kind": kind, "elements": n, "threads": threads, "engines": {}}
+    row = {"kind": kind, "elements": n, "threads": threads, "load": mon.stop(), "engines": {}}
     z = n / pc.median(secs["zinf"])
     for name in names:
         rate = n / pc.median(secs[name])
@@ -386,8 +414,9 @@ def run_case(kind, n, threads, rounds, runner):
 def print_header_line(kind):
     names = ENGINES[kind]
     cells = [nm + " Mel/s  GB/s" for nm in names]
-    print("%-6s %8s %3s  %s  %s" % ("kind", "elements", "thr", "  ".join(cells),
-                                    " ".join("%*s" % (max(9, len(nm) + 5), "zinf/" + nm) for nm in names[1:])))
+    print("%-6s %8s %3s  %s  %s  %6s" % ("kind", "elements", "thr", "  ".join(cells),
+                                         " ".join("%*s" % (max(9, len(nm) + 5), "zinf/" + nm) for nm in names[1:]),
+                                         "others"))
 
 
 def print_row(row):
@@ -396,8 +425,10 @@ def print_row(row):
     for name in ENGINES[row["kind"]]:
         cells.append("%*.1f %5.2f" % (len(name) + 6, e[name]["elems_per_s"] / 1e6, e[name]["gb_per_s"]))
     ratios = ["%*.2f" % (max(9, len(name) + 5), e[name]["zinf_over"]) for name in ENGINES[row["kind"]][1:]]
-    print("%-6s %8s %3d  %s  %s" % (row["kind"], pc.format_count(row["elements"]), row["threads"],
-                                    "  ".join(cells), " ".join(ratios)))
+    load = row["load"]
+    print("%-6s %8s %3d  %s  %s  %6s" % (row["kind"], pc.format_count(row["elements"]), row["threads"],
+                                         "  ".join(cells), " ".join(ratios),
+                                         "%.2f" % load["others"] if load else "?"))
 
 
 def main():
@@ -423,6 +454,8 @@ def main():
               "ds+copy 34 (two passes), ds-bf16 22 (bf16 params, no fp32 master)")
         print("# Mel/s = 10^6 elements updated per second (median step); GB/s = Mel/s x B/elem; "
               "zinf/x = zinf's Mel/s over x's")
+        print("# others = cores other processes used during the case (/proc/stat); a case is run again, up to "
+              "%d times, while it exceeds %.2f, and the quietest kept" % (MAX_ATTEMPTS, MAX_OTHERS))
 
     zinf_handles = {t: ZinfAdam(t) for t in a.thread_list}
     ok = True

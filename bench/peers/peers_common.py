@@ -138,3 +138,38 @@ def ds_op_flags(op_name):
     except (ImportError, OSError):
         pass
     return "?"
+
+
+class OtherCpu:
+    """CPU time the rest of the machine used while a case ran: from
+    /proc/stat (every CPU's busy ticks and the hypervisor's steal) minus
+    this process's own (/proc/self/stat, all its threads). Read as cores:
+    0.0 means nothing else ran, 1.0 one whole core taken from a 2-core run.
+    Linux only; None where /proc is missing."""
+
+    @staticmethod
+    def _sample():
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+        busy, steal = v[0] + v[1] + v[2] + v[5] + v[6], v[7] if len(v) > 7 else 0
+        with open("/proc/self/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        own = int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
+        return busy, steal, own
+
+    def __init__(self):
+        import time
+        self._time = time.monotonic
+        try:
+            self.t0, self.s0 = self._time(), self._sample()
+        except OSError:
+            self.s0 = None
+
+    def stop(self):
+        """{'others': cores, 'steal': cores} since construction."""
+        if self.s0 is None:
+            return None
+        s1, wall = self._sample(), self._time() - self.t0
+        hz = os.sysconf("SC_CLK_TCK")
+        others = ((s1[0] - self.s0[0]) - (s1[2] - self.s0[2])) / hz / max(wall, 1e-9)
+        return {"others": max(0.0, others), "steal": (s1[1] - self.s0[1]) / hz / max(wall, 1e-9)}
