@@ -256,6 +256,11 @@ ZINF_API int zinf_engine_add_unit(zinf_engine* engine, const char* name, const z
  * same. Errors: ZINF_ERR_INVALID_ARGUMENT (unknown group, negative or
  * non-finite weight decay, non-finite lr), ZINF_ERR_FAILED_PRECONDITION. */
 ZINF_API int zinf_engine_add_param_group(zinf_engine* engine, double weight_decay, double lr, int* out_group);
+
+/* The lr the config's schedule (or optimizer.params.lr) gives the optimizer
+ * step that follows `completed_steps` applied steps, as DeepSpeed's engine
+ * applies its schedulers: what the next step will use. */
+ZINF_API int zinf_engine_scheduled_lr(const zinf_engine* engine, int64_t completed_steps, double* out_lr);
 ZINF_API int zinf_engine_set_group_lr(zinf_engine* engine, int group, double lr);
 
 /* zinf_engine_add_unit with each tensor's parameter group (`groups`:

@@ -55,6 +55,7 @@ _SIGNATURES = {
                                         c_int, ctypes.POINTER(c_int)]),
     "zinf_engine_add_param_group": (c_int, [c_void_p, c_double, c_double, ctypes.POINTER(c_int)]),
     "zinf_engine_set_group_lr": (c_int, [c_void_p, c_int, c_double]),
+    "zinf_engine_scheduled_lr": (c_int, [c_void_p, ctypes.c_int64, ctypes.POINTER(c_double)]),
     "zinf_engine_write_state": (c_int, [c_void_p, c_int, c_int, c_void_p, c_size]),
     "zinf_engine_config_json": (c_int, [c_void_p, ctypes.POINTER(c_void_p)]),
     "zinf_config_resolve_auto": (c_int, [c_char_p, c_char_p, ctypes.POINTER(c_void_p), ctypes.POINTER(c_void_p)]),

@@ -806,19 +806,19 @@ class Engine(torch.nn.Module):
         """Nothing to do: zinf overwrites its gradient buffers each micro-step."""
 
     def get_lr(self):
-        """Each parameter group's lr (with a config scheduler: the engine's lr of the last step)."""
+        """Each parameter group's lr for the next optimizer step (as DeepSpeed's
+        get_lr: the optimizer's groups after the scheduler's last step); with
+        a config scheduler, the engine's schedule at the steps applied so far."""
         if self._config_scheduler:
-            if self.global_steps == 0:
-                return [float(self._config_lr())] * len(self.optimizer.param_groups)
-            lr = self.stats(wait=False).get("lr")
-            return [lr] * len(self.optimizer.param_groups)
+            applied = self.global_steps
+            if self.global_steps and self._config.get("fp16", {}).get("enabled") is True:
+                applied = self.stats().get("step", applied)  # overflow-skipped steps do not advance it
+            lr = ctypes.c_double()
+            check(_capi.lib().zinf_engine_scheduled_lr(self._engine, applied, ctypes.byref(lr)), "scheduled lr")
+            for g in self.optimizer.param_groups:
+                g["lr"] = lr.value
+            return [lr.value] * len(self.optimizer.param_groups)
         return [g["lr"] for g in self.optimizer.param_groups]
-
-    def _config_lr(self):
-        sched = self._config.get("scheduler", {}).get("params", {})
-        if self._config_scheduler in ("WarmupLR", "WarmupDecayLR"):
-            return sched.get("warmup_min_lr", 0.0)
-        return self._config.get("optimizer", {}).get("params", {}).get("lr", 1e-3) * sched.get("warmup_min_ratio", 0.0)
 
     def get_global_grad_norm(self):
         """The gradient norm of the last optimizer step (None before the first)."""

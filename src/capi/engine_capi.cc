@@ -16,6 +16,7 @@
 #include "common/communicator.h"
 #include "cpu/mpi_comm.h"
 #include "common/build_config.h"
+#include "sched/lr_schedule.h"
 #include "zinf/config.h"
 #include "zinf/device.h"
 #include "zinf/engine.h"
@@ -335,6 +336,18 @@ ZINF_API int zinf_engine_get_info(const zinf_engine* engine, zinf_engine_info* o
 ZINF_API int zinf_engine_add_unit(zinf_engine* engine, const char* name, const zinf_param_spec* params,
                                   size_t num_params, int* out_unit) {
   return zinf_engine_add_unit_ex(engine, name, params, num_params, nullptr, 0, out_unit);
+}
+
+ZINF_API int zinf_engine_scheduled_lr(const zinf_engine* engine, int64_t completed_steps, double* out_lr) {
+  return Guard(__func__, [&]() -> Status {
+    ZINF_RETURN_IF_ERROR(NotNull(engine, "engine"));
+    ZINF_RETURN_IF_ERROR(NotNull(out_lr, "out_lr"));
+    if (completed_steps < 0) return zinf::InvalidArgument("completed_steps must be >= 0");
+    ZINF_ASSIGN_OR_RETURN(zinf::LrSchedule schedule,
+                          zinf::LrSchedule::Create(engine->config.scheduler, engine->config.optimizer.lr));
+    *out_lr = schedule.LrAt(completed_steps);
+    return Status::Ok();
+  });
 }
 
 ZINF_API int zinf_engine_add_param_group(zinf_engine* engine, double weight_decay, double lr, int* out_group) {

@@ -7,9 +7,10 @@
 //    max at s = W falling linearly to min at s = T.
 //  - WarmupCosineLR scales the optimizer's own lr by a ratio: warmup_min_ratio
 //    + (1 - warmup_min_ratio) * gamma while warming up; afterwards, with
-//    p = (s - W + 1) / (T - W), max(0, cos_min + (1 - cos_min) * (1 + cos(pi p)) / 2).
-//    The "+ 1" means the first post-warmup step is already one cosine step in
-//    and the ratio reaches cos_min_ratio at s = T - 1; nothing clamps p > 1.
+//    p = min(1, (s - W + 1) / max(1, T - W)), max(0, cos_min + (1 - cos_min) *
+//    (1 + cos(pi p)) / 2). The "+ 1" means the first post-warmup step is
+//    already one cosine step in; the ratio reaches cos_min_ratio at s = T - 1
+//    and stays there.
 #include "sched/lr_schedule.h"
 
 #include <algorithm>
@@ -71,9 +72,16 @@ double LrSchedule::WarmupGamma(int64_t step) const {
 
 double LrSchedule::LrAt(int64_t completed_steps) const {
   ZINF_CHECK(completed_steps >= 0);
-  const int64_t s = completed_steps;
+  // DeepSpeed's last_batch_iteration for this step: its engine steps the
+  // scheduler after each optimizer step, from -1 (see the header).
+  const int64_t s = completed_steps - 1;
   const double min = config_.warmup_min_lr, max = config_.warmup_max_lr;
   const double w = static_cast<double>(warmup_steps_), t = static_cast<double>(config_.total_num_steps);
+  if (config_.type != SchedulerType::kNone && s < 0) {
+    // What the constructor put in the optimizer: get_lr() at -1, the
+    // warmup's min lr, or ratio 0 for the cosine schedule.
+    return config_.type == SchedulerType::kWarmupCosineLR ? 0.0 : min;
+  }
   switch (config_.type) {
     case SchedulerType::kNone:
       return optimizer_lr_;
@@ -89,7 +97,7 @@ double LrSchedule::LrAt(int64_t completed_steps) const {
       if (s < warmup_steps_) {
         ratio = config_.warmup_min_ratio + (1 - config_.warmup_min_ratio) * WarmupGamma(s);
       } else {
-        const double progress = (static_cast<double>(s) - w + 1) / (t - w);
+        const double progress = std::min(1.0, (static_cast<double>(s) - w + 1) / std::max(1.0, t - w));
         const double cosine = (1 + std::cos(std::numbers::pi * progress)) / 2;
         ratio = std::max(0.0, config_.cos_min_ratio + (1 - config_.cos_min_ratio) * cosine);
       }

@@ -2,22 +2,22 @@
 // block and the optimizer's lr, with the semantics of DeepSpeed's
 // deepspeed/runtime/lr_schedules.py (WarmupLR, WarmupDecayLR, WarmupCosineLR).
 //
-// Step index. DeepSpeed evaluates its formulas at `last_batch_iteration` and
-// advances it once per successful (non-overflow) optimizer step, after that
-// step. zinf evaluates the same formulas at `completed_steps`, the number of
-// successful steps before the one being taken, so the first optimizer step
-// uses index 0 (the warmup start: warmup_min_lr, or optimizer lr *
-// warmup_min_ratio). DeepSpeed's engine lags one step behind this, because it
-// steps the scheduler after the optimizer: its step k uses index k - 1, and
-// its first step runs with whatever lr the scheduler left at construction
-// (0 where the constructor applies get_lr() at index -1, as WarmupCosineLR
-// does; the optimizer's own lr where it applies nothing).
+// Step index: as DeepSpeed's engine applies its schedulers (DeepSpeed
+// 0.19.8). The scheduler's constructor sets the lr of its
+// last_batch_iteration -1 (WarmupLR and WarmupDecayLR: warmup_min_lr;
+// WarmupCosineLR: ratio 0, so lr 0), the first optimizer step runs with it,
+// and the engine steps the scheduler after every successful (non-overflow)
+// optimizer step. So the step that follows `completed_steps` successful steps
+// runs at index completed_steps - 1: steps 1 and 2 both at the warmup's start
+// (min lr) for WarmupLR, and at lr 0 then warmup_min_ratio for
+// WarmupCosineLR. A script run with DeepSpeed and with zinf sees the same lr
+// at every step.
 //
 // Differences from DeepSpeed, all on inputs it only warns about or crashes
 // on: Create rejects total_num_steps <= the effective warmup length for the
 // decaying schedules, negative steps, negative or non-finite rates and ratios
-// outside [0, 1]. Past total_num_steps WarmupDecayLR stays at warmup_min_lr,
-// while WarmupCosineLR, like DeepSpeed's, follows the cosine back up.
+// outside [0, 1]. Past total_num_steps WarmupDecayLR stays at warmup_min_lr
+// and WarmupCosineLR at cos_min_ratio, as DeepSpeed's do.
 //
 // Thread-safety: immutable after Create; LrAt is pure.
 #pragma once

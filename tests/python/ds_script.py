@@ -24,6 +24,8 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--scratch", required=True)
     ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--sched", choices=["lambda", "cosine"], default="lambda",
+                    help="a torch LambdaLR given as a callable, or the config's WarmupCosineLR")
     args = ap.parse_args()
     if args.engine == "deepspeed":
         import deepspeed
@@ -52,9 +54,15 @@ def main():
               "zero_optimization": zero, "steps_per_print": 1000000}
     if args.engine == "zinf":
         config["zinf"] = {"optimizer_threads": 1}
-    engine, optimizer, _, scheduler = deepspeed.initialize(
-        model=model, model_parameters=groups, config=config,
-        lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 3)))
+    client_scheduler = None
+    if args.sched == "lambda":
+        client_scheduler = lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 3))  # noqa: E731
+    else:  # past its total, to see where it ends
+        config["scheduler"] = {"type": "WarmupCosineLR", "params": {"warmup_min_ratio": 0.1, "warmup_num_steps": 2,
+                                                                    "warmup_type": "linear", "total_num_steps": 5,
+                                                                    "cos_min_ratio": 0.05}}
+    engine, optimizer, _, scheduler = deepspeed.initialize(model=model, model_parameters=groups, config=config,
+                                                           lr_scheduler=client_scheduler)
     g = torch.Generator().manual_seed(1)
     batches = [torch.randint(0, 128, (2, 16), generator=g) for _ in range(2 * args.steps)]
     losses, lrs = [], []

@@ -2,8 +2,8 @@
 """zinf.deepspeed against the real DeepSpeed and against torch.
 
 1. The same DeepSpeed script (ds_script.py: a transformers Llama, parameter
-   groups, a LambdaLR, accumulation, clipping, a tagged checkpoint loaded
-   back) run with `import deepspeed` (DeepSpeed 0.19.8, DS_ACCELERATOR=cpu)
+   groups, a LambdaLR or the config's WarmupCosineLR run past its end,
+   accumulation, clipping, a tagged checkpoint loaded back) run with `import deepspeed` (DeepSpeed 0.19.8, DS_ACCELERATOR=cpu)
    and with `import zinf.deepspeed as deepspeed`: every micro-step's loss
    within 1e-5 relative and the same lrs, at ZeRO-2 with the optimizer in CPU
    memory and at ZeRO-3 with parameters and optimizer on NVMe; zinf's resume
@@ -85,14 +85,14 @@ def groups_of(model):
 def test_same_script(scratch):
     env = dict(os.environ, DS_ACCELERATOR="cpu", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29600 + os.getpid() % 300),
                RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
-    for zero in ("z2cpu", "z3nvme"):
+    for zero, sched in (("z2cpu", "lambda"), ("z3nvme", "cosine")):
         out = {}
         for engine in ("deepspeed", "zinf"):
             d = os.path.join(scratch, "script-%s-%s" % (engine, zero))
             shutil.rmtree(d, ignore_errors=True)
             os.makedirs(d)
             r = subprocess.run([sys.executable, os.path.join(HERE, "ds_script.py"), "--engine", engine, "--zero", zero,
-                                "--out", os.path.join(d, "out.json"), "--scratch", d],
+                                "--sched", sched, "--out", os.path.join(d, "out.json"), "--scratch", d],
                                env=env, capture_output=True, text=True, timeout=600)
             assert r.returncode == 0, "%s %s failed:\n%s" % (engine, zero, (r.stdout + r.stderr)[-4000:])
             out[engine] = json.load(open(os.path.join(d, "out.json")))
@@ -104,8 +104,9 @@ def test_same_script(scratch):
         n = len(z["resumed"])
         assert z["resumed"] == z["losses"][-n:], "zinf's resume from the tagged checkpoint changed the losses"
         ds_resume = max(abs(a - b) / abs(a) for a, b in zip(ds["losses"][-n:], ds["resumed"]))
-        print("  same script, %s: 12 losses within %.2g of DeepSpeed's, lrs equal; zinf's resume exact, "
-              "DeepSpeed's own resume within %.2g" % (zero, worst, ds_resume))
+        print("  same script, %s, %s scheduler: 12 losses within %.2g of DeepSpeed's, lrs equal (%s); zinf's resume "
+              "exact, DeepSpeed's own resume within %.2g" % (zero, sched, worst, " ".join("%.4g" % v[0] for v in z["lrs"]),
+                                                              ds_resume))
 
 
 # ---- 2. the API ---------------------------------------------------------------------------------

@@ -43,10 +43,9 @@ checks):
   - lr: the config's "scheduler" built by DeepSpeed itself
     (deepspeed.runtime.lr_schedules.WarmupLR / WarmupDecayLR /
     WarmupCosineLR on the AdamW above, as DeepSpeed's engine builds it from
-    the config). The optimizer step that follows s completed steps runs at
-    the schedule's lr for index s (scheduler.step(s)): zinf's convention
-    (src/sched/lr_schedule.h). DeepSpeed's engine steps its scheduler after
-    the optimizer, so its step s + 1 uses index s - 1, one behind.
+    the config), stepped after each optimizer step as DeepSpeed's engine
+    steps it: the first step runs at the lr its constructor set, step s + 1
+    at index s - 1 (src/sched/lr_schedule.h).
 
 Agreement: each step's loss and gradient norm within 1e-5 of torch's,
 relative (|zinf - torch| / |torch|), and its lr DeepSpeed's; each weight
@@ -295,10 +294,10 @@ def replay(args, tc):
             norm = torch.nn.utils.clip_grad_norm_(params, tc["clipping"]).item()
         else:
             norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params])).item()
-        if sched:
-            sched.step(step)  # index = completed steps (see the module's docstring)
         lr = opt.param_groups[0]["lr"]
         opt.step()
+        if sched:
+            sched.step()  # after the optimizer, as DeepSpeed's engine does
         steps.append({"loss": loss_sum / args.grad_accum, "lr": float(lr), "grad_norm": norm})
     model.eval()
     return model, steps, initial
