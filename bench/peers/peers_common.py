@@ -142,24 +142,30 @@ def ds_op_flags(op_name):
 
 class OtherCpu:
     """CPU time the rest of the machine used while a case ran: from
-    /proc/stat (every CPU's busy ticks and the hypervisor's steal) minus
-    this process's own (/proc/self/stat, all its threads). Read as cores:
-    0.0 means nothing else ran, 1.0 one whole core taken from a 2-core run.
-    Linux only; None where /proc is missing."""
+    /proc/stat (every CPU's user and system ticks, not interrupts, which
+    serve this process's own I/O; and the hypervisor's steal) minus
+    this process's own (/proc/self/stat, all its threads), which includes
+    its waited-for children (cutime, cstime) and the live processes `pids`
+    (workers). Read as cores: 0.0 means nothing else ran, 1.0 one whole core
+    taken from a 2-core run. Linux only; None where /proc is missing."""
 
-    @staticmethod
-    def _sample():
+    def _sample(self):
         with open("/proc/stat") as f:
             v = [int(x) for x in f.readline().split()[1:]]
-        busy, steal = v[0] + v[1] + v[2] + v[5] + v[6], v[7] if len(v) > 7 else 0
-        with open("/proc/self/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        own = int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
+        busy, steal = v[0] + v[1] + v[2], v[7] if len(v) > 7 else 0  # user, nice, system (not irq: our I/O's)
+        own = 0
+        for i, pid in enumerate(["self"] + list(self.pids)):
+            with open("/proc/%s/stat" % pid) as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            own += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
+            if i == 0:
+                own += int(fields[13]) + int(fields[14])  # cutime, cstime: waited-for children
         return busy, steal, own
 
-    def __init__(self):
+    def __init__(self, pids=()):
         import time
         self._time = time.monotonic
+        self.pids = pids
         try:
             self.t0, self.s0 = self._time(), self._sample()
         except OSError:

@@ -44,7 +44,9 @@ of the file in the page cache are counted (mincore, through util-linux
 `fincore`): 0 shows the pass bypassed the page cache. GB/s = 10^9 bytes of
 payload per second of the pass; the median over the rounds, the engine
 order rotating each round (a virtual disk may cache on the host and favour
-whichever runs later). zinf/x = zinf's median GB/s over x's.
+whichever runs later). zinf/x = zinf's median GB/s over x's. After each
+case, the CPU other processes used meanwhile (cores, from /proc/stat less
+this process, its children and its workers) and the hypervisor's steal.
 
 The scratch directory is made under --dir (default $ZINF_TMPDIR, else
 /var/tmp) and removed at the end. --quick: 256 MiB, case 1M:8:1, 3 rounds
@@ -77,6 +79,10 @@ def parse_args():
     p.add_argument("--rounds", type=int, default=5, help="rounds per case (median reported; >= 3)")
     p.add_argument("--huge-pages", action="store_true",
                    help="also run deepspeed and fio with 2 MiB-page buffers (root: lends hugetlb pool pages)")
+    p.add_argument("--zinf-variant", action="append", default=[], metavar="ARGS",
+                   help="also run `zinf aio` with these extra arguments as its own row (e.g. --single-submit)")
+    p.add_argument("--engines", default=None,
+                   help="run only these engines (comma-separated names as in the table; zinf always runs)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--quick", action="store_true", help="smoke run: 256M, case 1M:8:1, 3 rounds")
     p.add_argument("--ds-worker", action="store_true", help=argparse.SUPPRESS)
@@ -216,12 +222,20 @@ def cached_bytes(path):
 class Engines:
     def __init__(self, a, path):
         self.a, self.path = a, path
-        self.workers = {"deepspeed": DsWorker({})}
-        if a.huge_pages:
+        wanted = set(a.engines.split(",")) if a.engines else None
+        self.workers = {}
+        if wanted is None or "deepspeed" in wanted:
+            self.workers["deepspeed"] = DsWorker({})
+        if a.huge_pages and (wanted is None or "deepspeed-thp" in wanted):
             self.workers["deepspeed-thp"] = DsWorker({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"})
         self.names = ["zinf", "deepspeed", "fio-libaio", "fio-io_uring"]
         if a.huge_pages:
             self.names += ["deepspeed-thp", "fio-libaio-huge", "fio-io_uring-huge"]
+        self.variants = {"zinf " + v: v.split() for v in a.zinf_variant}
+        self.names += list(self.variants)
+        if a.engines:
+            keep = set(a.engines.split(",")) | {"zinf"} | set(self.variants)
+            self.names = [n for n in self.names if n in keep]
 
     def close(self):
         for w in self.workers.values():
@@ -230,9 +244,10 @@ class Engines:
     def run(self, name, op, bs, qd, thr):
         """One pass; returns a dict with gb_per_s (or error) and what it used."""
         size = self.a.size_bytes
-        if name == "zinf":
+        if name == "zinf" or name in self.variants:
             cmd = [pc.zinf_cli(), "aio", op, "--path", self.path, "--size", str(size), "--block-size", str(bs),
                    "--queue-depth", str(qd), "--threads", str(thr), "--loops", "1", "--json"]
+            cmd += self.variants.get(name, [])
             out = subprocess.run(cmd, capture_output=True, text=True)
             if out.returncode != 0:
                 return {"error": out.stderr.strip()[-400:]}
@@ -264,8 +279,8 @@ class Engines:
 
 
 def buffers_text(name, huge_pool):
-    if name == "zinf":
-        return "2 MiB: hugetlb pool" if huge_pool else "2 MiB: THP advised"
+    if name.startswith("zinf"):
+        return "2 MiB: hugetlb pool if free, else THP" if huge_pool else "2 MiB: THP advised"
     if name == "deepspeed":
         return "whole file, mlock'ed, 4 KiB unless THP (measured)"
     if name == "deepspeed-thp":
@@ -354,12 +369,13 @@ def main():
     restores.append(engines.close)
     failed = False
     if not a.json:
-        print("%-7s %3s %3s %-5s %-18s %8s %8s %8s  %-s" % ("block", "qd", "thr", "op", "engine", "GB/s", "zinf/x",
+        print("%-7s %3s %3s %-5s %-20s %8s %8s %8s  %-s" % ("block", "qd", "thr", "op", "engine", "GB/s", "zinf/x",
                                                              "cached", "buffers"))
     for bs, qd, thr in a.case_list:
         for op in a.op_list:
             res = {n: [] for n in engines.names}
             extra = {n: {} for n in engines.names}
+            mon = pc.OtherCpu([w.proc.pid for w in engines.workers.values()])
             for r in range(a.rounds):
                 for name in pc.rotated(engines.names, r):
                     drop_cache(path)
@@ -374,7 +390,7 @@ def main():
                     extra[name]["cached_bytes"] = cached_bytes(path)
             zmed = pc.median(res["zinf"])
             row = {"block": bs, "queue_depth": qd, "threads": thr, "op": op, "size_bytes": a.size_bytes,
-                   "in_flight_bytes": bs * qd * thr, "engines": {}}
+                   "in_flight_bytes": bs * qd * thr, "load": mon.stop(), "engines": {}}
             for name in engines.names:
                 med = pc.median(res[name])
                 e = {"gb_per_s": med, "rounds_gb_per_s": res[name], "zinf_over": zmed / med if med else None,
@@ -388,11 +404,14 @@ def main():
                     if "buffer_huge_bytes" in e:
                         buf += ": %.0f%% in 2 MiB pages" % (100.0 * e["buffer_huge_bytes"] / e["buffer_bytes"])
                     ratio = "" if name == "zinf" else "%8.2f" % e["zinf_over"] if e["zinf_over"] else "%8s" % "-"
-                    print("%-7s %3d %3d %-5s %-18s %8.2f %8s %8s  %s" % (
+                    print("%-7s %3d %3d %-5s %-20s %8.2f %8s %8s  %s" % (
                         pc.format_count(bs), qd, thr, op, name, med, ratio,
                         pc.format_count(e["cached_bytes_after"]) if (e["cached_bytes_after"] or 0) >= 0 else "?", buf))
             out["rows"].append(row)
             if not a.json:
+                if row["load"]:
+                    print("# %s %d %d %s: others used %.2f cores meanwhile, steal %.2f" % (
+                        pc.format_count(bs), qd, thr, op, row["load"]["others"], row["load"]["steal"]))
                 sys.stdout.flush()
     if a.json:
         print(json.dumps(out, indent=2))
