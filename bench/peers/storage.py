@@ -48,6 +48,14 @@ whichever runs later). zinf/x = zinf's median GB/s over x's. After each
 case, the CPU other processes used meanwhile (cores, from /proc/stat less
 this process, its children and its workers) and the hypervisor's steal.
 
+--huge-pages lends the pages machine-wide: another process that uses the
+hugetlb pool meanwhile (any zinf process takes pool pages when there are
+free ones) can leave fio without, and that pass fails ("no huge pages
+available"); the run then exits 1. --zinf-variant ARGS adds a row of `zinf
+aio` with extra arguments (e.g. --single-submit: one io_uring_submit per
+block, as fio submits by default, so the kernel does not merge neighbouring
+blocks); --engines picks a subset.
+
 The scratch directory is made under --dir (default $ZINF_TMPDIR, else
 /var/tmp) and removed at the end. --quick: 256 MiB, case 1M:8:1, 3 rounds
 (a smoke run of some 20 s). The command exits 1 if any engine fails.
