@@ -46,7 +46,9 @@ payload per second of the pass; the median over the rounds, the engine
 order rotating each round (a virtual disk may cache on the host and favour
 whichever runs later). zinf/x = zinf's median GB/s over x's. After each
 case, the CPU other processes used meanwhile (cores, from /proc/stat less
-this process, its children and its workers) and the hypervisor's steal.
+this process, its children and its workers) and the hypervisor's steal; a
+case is run again (3 tries in all) while others took more than 0.15 cores,
+and the quietest try is kept.
 
 --huge-pages lends the pages machine-wide: another process that uses the
 hugetlb pool meanwhile (any zinf process takes pool pages when there are
@@ -74,6 +76,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import peers_common as pc  # noqa: E402
 
+MAX_OTHERS, MAX_ATTEMPTS = 0.15, 3  # cores other processes may take during a case; tries
 REPLY = "@@peers "  # the worker's reply lines start with this (DeepSpeed prints too)
 
 
@@ -317,6 +320,56 @@ def lend_hugepages(pages):
     return restore
 
 
+def run_case(a, engines, path, op, bs, qd, thr):
+    """The rounds of one case: (row, True if every pass succeeded)."""
+    ok = True
+    res = {n: [] for n in engines.names}
+    extra = {n: {} for n in engines.names}
+    mon = pc.OtherCpu([w.proc.pid for w in engines.workers.values()])
+    for r in range(a.rounds):
+        for name in pc.rotated(engines.names, r):
+            drop_cache(path)
+            x = engines.run(name, op, bs, qd, thr)
+            if "error" in x:
+                print("storage: %s %s %s:%d:%d: %s" % (name, op, pc.format_count(bs), qd, thr, x["error"]),
+                      file=sys.stderr)
+                ok = False
+                continue
+            res[name].append(x["gb_per_s"])
+            extra[name] = x
+            extra[name]["cached_bytes"] = cached_bytes(path)
+    zmed = pc.median(res["zinf"])
+    row = {"block": bs, "queue_depth": qd, "threads": thr, "op": op, "size_bytes": a.size_bytes,
+           "in_flight_bytes": bs * qd * thr, "load": mon.stop(), "engines": {}}
+    for name in engines.names:
+        med = pc.median(res[name])
+        e = {"gb_per_s": med, "rounds_gb_per_s": res[name], "zinf_over": zmed / med if med == med and med else None,
+             "cached_bytes_after": extra[name].get("cached_bytes"), "buffers": buffers_text(name, a.huge_pages)}
+        if "buffer_huge_bytes" in extra[name]:
+            e["buffer_bytes"] = extra[name]["buffer_bytes"]
+            e["buffer_huge_bytes"] = extra[name]["buffer_huge_bytes"]
+        row["engines"][name] = e
+    return row, ok
+
+
+def print_rows(row, names):
+    bs, qd, thr, op = row["block"], row["queue_depth"], row["threads"], row["op"]
+    for name in names:
+        e = row["engines"][name]
+        buf = e["buffers"]
+        if "buffer_huge_bytes" in e:
+            buf += ": %.0f%% in 2 MiB pages" % (100.0 * e["buffer_huge_bytes"] / e["buffer_bytes"])
+        ratio = "" if name == "zinf" else "%8.2f" % e["zinf_over"] if e["zinf_over"] else "%8s" % "-"
+        cached = e["cached_bytes_after"]
+        print("%-7s %3d %3d %-5s %-20s %8.2f %8s %8s  %s" % (
+            pc.format_count(bs), qd, thr, op, name, e["gb_per_s"], ratio,
+            pc.format_count(cached) if cached is not None and cached >= 0 else "?", buf))
+    if row["load"]:
+        print("# %s %d %d %s: others used %.2f cores meanwhile, steal %.2f (try %d)" % (
+            pc.format_count(bs), qd, thr, op, row["load"]["others"], row["load"]["steal"], row["attempt"]))
+    sys.stdout.flush()
+
+
 def main():
     a = parse_args()
     if a.ds_worker:
@@ -381,46 +434,19 @@ def main():
                                                              "cached", "buffers"))
     for bs, qd, thr in a.case_list:
         for op in a.op_list:
-            res = {n: [] for n in engines.names}
-            extra = {n: {} for n in engines.names}
-            mon = pc.OtherCpu([w.proc.pid for w in engines.workers.values()])
-            for r in range(a.rounds):
-                for name in pc.rotated(engines.names, r):
-                    drop_cache(path)
-                    x = engines.run(name, op, bs, qd, thr)
-                    if "error" in x:
-                        print("storage: %s %s %s:%d:%d: %s" % (name, op, pc.format_count(bs), qd, thr, x["error"]),
-                              file=sys.stderr)
-                        failed = True
-                        continue
-                    res[name].append(x["gb_per_s"])
-                    extra[name] = x
-                    extra[name]["cached_bytes"] = cached_bytes(path)
-            zmed = pc.median(res["zinf"])
-            row = {"block": bs, "queue_depth": qd, "threads": thr, "op": op, "size_bytes": a.size_bytes,
-                   "in_flight_bytes": bs * qd * thr, "load": mon.stop(), "engines": {}}
-            for name in engines.names:
-                med = pc.median(res[name])
-                e = {"gb_per_s": med, "rounds_gb_per_s": res[name], "zinf_over": zmed / med if med else None,
-                     "cached_bytes_after": extra[name].get("cached_bytes"), "buffers": buffers_text(name, a.huge_pages)}
-                if "buffer_huge_bytes" in extra[name]:
-                    e["buffer_bytes"] = extra[name]["buffer_bytes"]
-                    e["buffer_huge_bytes"] = extra[name]["buffer_huge_bytes"]
-                row["engines"][name] = e
-                if not a.json:
-                    buf = e["buffers"]
-                    if "buffer_huge_bytes" in e:
-                        buf += ": %.0f%% in 2 MiB pages" % (100.0 * e["buffer_huge_bytes"] / e["buffer_bytes"])
-                    ratio = "" if name == "zinf" else "%8.2f" % e["zinf_over"] if e["zinf_over"] else "%8s" % "-"
-                    print("%-7s %3d %3d %-5s %-20s %8.2f %8s %8s  %s" % (
-                        pc.format_count(bs), qd, thr, op, name, med, ratio,
-                        pc.format_count(e["cached_bytes_after"]) if (e["cached_bytes_after"] or 0) >= 0 else "?", buf))
-            out["rows"].append(row)
+            best = None
+            for attempt in range(1, MAX_ATTEMPTS + 1):
+                row, ok = run_case(a, engines, path, op, bs, qd, thr)
+                failed |= not ok
+                row["attempt"] = attempt
+                others = (row["load"] or {}).get("others", 0)
+                if best is None or others < (best["load"] or {}).get("others", 0):
+                    best = row
+                if others <= MAX_OTHERS:
+                    break
+            out["rows"].append(best)
             if not a.json:
-                if row["load"]:
-                    print("# %s %d %d %s: others used %.2f cores meanwhile, steal %.2f" % (
-                        pc.format_count(bs), qd, thr, op, row["load"]["others"], row["load"]["steal"]))
-                sys.stdout.flush()
+                print_rows(best, engines.names)
     if a.json:
         print(json.dumps(out, indent=2))
     cleanup()
