@@ -165,6 +165,11 @@ struct ZinfConfig {
   // the engine refuses further steps (with several ranks, every rank stops,
   // naming this one) and the last checkpoint is where it resumes.
   bool stop_on_nonfinite_loss = false;
+  // How a step's gradient comes from its micro-steps' gradients: the mean
+  // (true, DeepSpeed's backward scaling the loss by 1 / accumulation steps)
+  // or their sum (false: the trainer scaled each micro-step's loss itself,
+  // as HF's Trainer does, passing scale_wrt_gas=False to DeepSpeed).
+  bool accumulation_mean = true;
   // offload_optimizer cpu, no gradient clipping, no fp16 loss scale, one
   // rank or stage 0: each unit's Adam starts on the host as soon as its
   // gradient of the window's last micro-step is accumulated and the unit is

@@ -280,6 +280,8 @@ class Engine(torch.nn.Module):
         cfg = _config.load(config)
         zinf_keys = cfg.get("zinf") if isinstance(cfg.get("zinf"), dict) else {}
         self.module = model
+        if _weights is None and getattr(model, "_zinf_weights", None) is not None:
+            _weights = model._zinf_weights  # built by from_pretrained inside zinf.deepspeed.zero.Init
         self.device = _model_device(model, zinf_keys) if _weights is None else torch.device("cpu")
         self._cuda = self.device.type == "cuda"
 
@@ -365,12 +367,20 @@ class Engine(torch.nn.Module):
                 self._group_of[id(p)] = i
         self._pushed_lr = [None] * len(groups)
 
-        self._weights = _weights  # from_pretrained: name -> callable giving the fp32 tensor
+        self._weights = _weights  # from_pretrained: name -> the fp32 tensor, read when its unit registers
+        self._owners = None
         self._units = []
         self._unit_of = {}  # id(parameter) -> its unit
         self._unit_modules = []
         self._rest = []
         self._build_units(model, unit_modules)
+        if self._weights is not None and hasattr(self._weights, "unused"):
+            left = self._weights.unused()
+            if left:
+                raise ValueError("zinf: %s has tensors the model has no parameter for: %s"
+                                 % (self._weights.path, ", ".join(left[:8])))
+        if getattr(model, "_zinf_weights", None) is not None:
+            model._zinf_weights = None  # streamed: the model no longer needs them
         self._weights = None
         self._version = 0  # bumped at every optimizer step and write: the read cache's key
         self._read_cache = None
@@ -472,7 +482,10 @@ class Engine(torch.nn.Module):
         groups = (ctypes.c_int * len(params))()
         for i, (pname, p) in enumerate(params):
             if self._weights is not None:
-                init = self._weights(pname)
+                init = self._weights(pname).contiguous()
+                if tuple(init.shape) != tuple(p.shape):
+                    raise ValueError("zinf: the weights of '%s' have shape %s, the model's parameter %s"
+                                     % (pname, tuple(init.shape), tuple(p.shape)))
             else:
                 init = p.detach().to(device="cpu", dtype=torch.float32).contiguous()  # host memory
             shape = (ctypes.c_int64 * max(1, p.dim()))(*(p.shape if p.dim() else (1,)))
@@ -493,6 +506,9 @@ class Engine(torch.nn.Module):
               "register unit '%s'" % name)
         del keep
         unit = _Unit(index.value, name, params, frozen)
+        if any(p.is_meta for _, p in params):  # built on the meta device: torch parameters of their own now
+            params = [(pname, self._materialize(p)) for pname, p in params]
+            unit.params = params
         self._units.append(unit)
         me = weakref.ref(self)
         for i, (_, p) in enumerate(params):
@@ -502,6 +518,23 @@ class Engine(torch.nn.Module):
             if not frozen:
                 p.register_hook(self._make_grad_hook(unit, i))
         return unit
+
+    def _materialize(self, p):
+        """A parameter of the meta device replaced, in every module that
+        holds it, by an empty one on the engine's device (a meta tensor's
+        data cannot be rebound); the same replacement for a tied one."""
+        if not p.is_meta:
+            return p
+        if self._owners is None:
+            self._owners = {}
+            for m in self.module.modules():
+                for n, q in m._parameters.items():
+                    if q is not None:
+                        self._owners.setdefault(id(q), []).append((m, n))
+        new = torch.nn.Parameter(torch.empty(0, dtype=p.dtype, device=self.device), requires_grad=p.requires_grad)
+        for m, n in self._owners.get(id(p), []):
+            m._parameters[n] = new
+        return new
 
     def _hook(self, module, name, units):
         um = _UnitModule(module, name, units)
@@ -1152,3 +1185,112 @@ def export_hf(engine, path, dtype=torch.bfloat16):
         for b in blobs:
             f.write(b)
     _atomic_write(path, write)
+
+
+# ---- Hugging Face folders larger than host memory ------------------------------------------
+
+_ST_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64}
+
+
+class HfWeights:
+    """The tensors of a Hugging Face folder (model.safetensors, or shards
+    with model.safetensors.index.json), each read with pread when asked for
+    and widened to fp32: no file is mapped, so what the process holds is the
+    tensor being read. Names are matched to a model's as from_pretrained
+    matches them (with or without the model's base_model_prefix)."""
+
+    def __init__(self, path, prefix=""):
+        self.path = path
+        self.prefix = prefix
+        index = os.path.join(path, "model.safetensors.index.json")
+        if os.path.isfile(index):
+            with open(index) as f:
+                files = sorted(set(json.load(f)["weight_map"].values()))
+        elif os.path.isfile(os.path.join(path, "model.safetensors")):
+            files = ["model.safetensors"]
+        else:
+            raise FileNotFoundError("zinf: %s holds no model.safetensors (nor an index of shards)" % path)
+        self.tensors = {}
+        for name in files:
+            fpath = os.path.join(path, name)
+            with open(fpath, "rb") as f:
+                head = f.read(8)
+                if len(head) != 8:
+                    raise ValueError("zinf: %s: truncated safetensors header" % fpath)
+                n = struct.unpack("<Q", head)[0]
+                size = os.fstat(f.fileno()).st_size
+                if n > size - 8 or n > (1 << 30):
+                    raise ValueError("zinf: %s: safetensors header of %d bytes in a file of %d" % (fpath, n, size))
+                header = json.loads(f.read(n))
+            for key, t in header.items():
+                if key == "__metadata__":
+                    continue
+                if t.get("dtype") not in _ST_DTYPES:
+                    raise ValueError("zinf: %s: tensor %s has dtype %s (zinf reads F32, F16, BF16, F64)"
+                                     % (fpath, key, t.get("dtype")))
+                begin, end = t["data_offsets"]
+                if not 0 <= begin <= end <= size - 8 - n:
+                    raise ValueError("zinf: %s: tensor %s lies outside the file" % (fpath, key))
+                self.tensors[key] = (fpath, 8 + n + begin, end - begin, t["dtype"], tuple(t["shape"]))
+        self.used = set()
+
+    def key_of(self, name):
+        for key in (name, name[len(self.prefix) + 1:] if self.prefix and name.startswith(self.prefix + ".") else None,
+                    self.prefix + "." + name if self.prefix else None):
+            if key is not None and key in self.tensors:
+                return key
+        return None
+
+    def __call__(self, name, shape=None):
+        key = self.key_of(name)
+        if key is None:
+            raise KeyError("zinf: %s has no tensor for parameter '%s'" % (self.path, name))
+        fpath, offset, length, dtype, tshape = self.tensors[key]
+        if shape is not None and tuple(shape) != tshape:
+            raise ValueError("zinf: %s: tensor %s has shape %s, the model's parameter %s" % (fpath, key, tshape,
+                                                                                           tuple(shape)))
+        buf = bytearray(length)
+        view = memoryview(buf)
+        fd = os.open(fpath, os.O_RDONLY)
+        try:
+            done = 0
+            while done < length:
+                got = os.preadv(fd, [view[done:]], offset + done)
+                if got <= 0:
+                    raise IOError("zinf: pread %s offset=%d len=%d: end of file" % (fpath, offset + done,
+                                                                                     length - done))
+                done += got
+        finally:
+            os.close(fd)
+        self.used.add(key)
+        t = torch.frombuffer(buf, dtype=_ST_DTYPES[dtype]) if length else torch.empty(0, dtype=_ST_DTYPES[dtype])
+        return t.reshape(tshape).to(torch.float32)
+
+    def unused(self):
+        return sorted(k for k in self.tensors if k not in self.used and not k.endswith("rotary_emb.inv_freq"))
+
+
+def empty_model(path, dtype=torch.float32, **kwargs):
+    """The causal LM of a Hugging Face folder built on the meta device
+    (parameters without memory; buffers real), its weights left in the
+    folder: initialize() streams them into zinf's tiers unit by unit."""
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig, AutoModelForCausalLM
+    hf_config = AutoConfig.from_pretrained(path)
+    with init_empty_weights(include_buffers=False):
+        model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype, **kwargs)
+    model.tie_weights()  # the meta build leaves a tied head untied
+    model._zinf_weights = HfWeights(path, getattr(model, "base_model_prefix", ""))
+    return model
+
+
+def from_pretrained(path, config, dtype=torch.float32, unit_modules=None, optimizer=None, model_parameters=None,
+                    lr_scheduler=None, **model_kwargs):
+    """A Hugging Face causal LM trained by zinf, larger than host memory: the
+    model is built on the meta device and its safetensors are streamed into
+    zinf's tiers unit by unit (the process holds at most one unit's weights
+    at a time besides the engine's own buffers). Returns the engine;
+    engine.module is the model. `dtype` is the model's own parameter type
+    (the engine's compute copy follows the config's bf16/fp16)."""
+    return Engine(empty_model(path, dtype, **model_kwargs), config, unit_modules, optimizer=optimizer,
+                  model_parameters=model_parameters, lr_scheduler=lr_scheduler)

@@ -290,6 +290,7 @@ void ReadZinf(ObjectReader& r, ZinfConfig& z) {
          {{"auto", GradientHome::kAuto}, {"host", GradientHome::kHost}, {"nvme", GradientHome::kNvme}});
   r.Bool("checksums", &z.checksums);
   r.Bool("stop_on_nonfinite_loss", &z.stop_on_nonfinite_loss);
+  r.Enum("gradient_accumulation", &z.accumulation_mean, {{"mean", true}, {"sum", false}});
   r.Bool("active_offload", &z.active_offload);
   r.Enum("matmul", &z.matmul, {{"fp32", DType::kFloat32}, {"bf16", DType::kBFloat16}});
   r.Enum("attention", &z.attention,
@@ -624,6 +625,7 @@ std::string Config::ToJson(int indent) const {
                                                                      : "nvme"},
                {"checksums", zinf.checksums},
                {"stop_on_nonfinite_loss", zinf.stop_on_nonfinite_loss},
+               {"gradient_accumulation", zinf.accumulation_mean ? "mean" : "sum"},
                {"active_offload", zinf.active_offload},
                {"matmul", zinf.matmul == DType::kBFloat16 ? "bf16" : "fp32"},
                {"attention", zinf.attention == AttentionChoice::kFlash   ? "flash"

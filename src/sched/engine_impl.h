@@ -188,7 +188,8 @@ class EngineImpl final : public Engine {
         buckets_(config.zero.reduce_bucket_size, config.zero.overlap_comm),
         groups_{ParamGroupOptions{.weight_decay = adam.weight_decay, .lr = -1}},
         groups_snapshot_(std::make_shared<const std::vector<ParamGroupOptions>>(groups_)),
-        decider_(std::move(schedule), std::move(scaler), adam, config.gradient_clipping, world_, accumulation) {}
+        decider_(std::move(schedule), std::move(scaler), adam, config.gradient_clipping, world_,
+                 config.zinf.accumulation_mean ? accumulation : 1) {}
 
   ~EngineImpl() override {
     if (stream_) {

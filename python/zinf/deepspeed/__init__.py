@@ -73,10 +73,11 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
             raise ValueError("zinf: the config's \"%s\" is not supported (zinf runs data parallel ZeRO stages 0-3)"
                              % key)
     init_distributed()
+    streamed = getattr(model, "_zinf_weights", None) is not None  # from_pretrained under zero.Init
+    whole = not streamed and _built_under_init(model)
     engine = _zt.Engine(model, cfg, optimizer=optimizer, model_parameters=model_parameters,
                         lr_scheduler=lr_scheduler)
-    if _built_under_init(model):
-        engine.built_under_zero_init = True
+    engine.built_under_zero_init = whole
     dataloader = None
     if training_data is not None:
         sampler = torch.utils.data.DistributedSampler(training_data, num_replicas=engine.world_size,

@@ -15,15 +15,32 @@ streams the weights into the tiers unit by unit. initialize() says so when a
 model was built under Init.
 """
 import logging
+import os
+import weakref
 
 import torch
 
 _log = logging.getLogger("zinf")
+# Parameters registered inside an Init, by id (no attribute on them: copies
+# carry their __dict__; no WeakSet: tensors compare elementwise).
+_BUILT_UNDER_INIT = {}
+
+
+def _mark(p):
+    _BUILT_UNDER_INIT[id(p)] = weakref.ref(p)
+
+
+def _was_marked(p):
+    ref = _BUILT_UNDER_INIT.get(id(p))
+    return ref is not None and ref() is p
 
 
 class Init:
-    """See the module comment: the model is built whole and partitioned at
-    initialize(), which logs that it was."""
+    """See the module comment. Inside it, transformers' from_pretrained of a
+    local folder builds the model on the meta device and leaves its weights
+    to be streamed into zinf's tiers by initialize(), unit by unit; another
+    model is built whole and partitioned at initialize(), which logs that
+    it was."""
 
     def __init__(self, module=None, data_parallel_group=None, mem_efficient_linear=True, remote_device=None,
                  pin_memory=False, config_dict_or_path=None, config=None, enabled=True, dtype=None, mpu=None,
@@ -33,7 +50,7 @@ class Init:
         self._handle = None
         if module is not None and enabled:
             for p in module.parameters():
-                p._zinf_built_under_init = True
+                _mark(p)
 
     def __enter__(self):
         if not self.enabled:
@@ -41,20 +58,58 @@ class Init:
 
         def mark(module, name, param):
             if param is not None:
-                param._zinf_built_under_init = True
+                _mark(param)
             return None
         self._handle = torch.nn.modules.module.register_module_parameter_registration_hook(mark)
+        self._patch_from_pretrained()
         return self
 
     def __exit__(self, *exc):
         if self._handle is not None:
             self._handle.remove()
             self._handle = None
+        if self._restore is not None:
+            self._restore()
+            self._restore = None
         return False
+
+    _restore = None
+
+    def _patch_from_pretrained(self):
+        try:
+            from transformers import modeling_utils
+        except ImportError:
+            return
+        cls_attr = modeling_utils.PreTrainedModel.__dict__["from_pretrained"]
+        original = cls_attr.__func__
+        dtype_default = self.dtype
+
+        def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+            path = pretrained_model_name_or_path
+            if args or not isinstance(path, (str, os.PathLike)) or not os.path.isdir(path):
+                return original(cls, pretrained_model_name_or_path, *args, **kwargs)
+            from accelerate import init_empty_weights
+            from transformers import AutoConfig
+            from ..torch import HfWeights
+            dtype = kwargs.pop("torch_dtype", kwargs.pop("dtype", dtype_default)) or torch.float32
+            if isinstance(dtype, str):
+                dtype = getattr(torch, dtype) if dtype != "auto" else torch.float32
+            hf_config = kwargs.pop("config", None) or AutoConfig.from_pretrained(path)
+            with init_empty_weights(include_buffers=False):
+                model = cls._from_config(hf_config, dtype=dtype)
+            model.tie_weights()  # the meta build leaves a tied head untied
+            model._zinf_weights = HfWeights(os.fspath(path), getattr(model, "base_model_prefix", ""))
+            return model
+
+        modeling_utils.PreTrainedModel.from_pretrained = classmethod(from_pretrained)
+
+        def restore():
+            modeling_utils.PreTrainedModel.from_pretrained = cls_attr
+        self._restore = restore
 
 
 def _built_under_init(model):
-    if any(getattr(p, "_zinf_built_under_init", False) for p in model.parameters()):
+    if any(_was_marked(p) for p in model.parameters()):
         _log.warning("zinf: the model was built under zero.Init whole in host memory; zinf partitions it now, at "
                      "initialize() (zinf.torch.from_pretrained streams a checkpoint larger than host memory "
                      "into the tiers instead)")

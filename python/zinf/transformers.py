@@ -1,0 +1,198 @@
+"""Hugging Face's Trainer with zinf as the engine: an HF fine-tuning script
+that used DeepSpeed runs on zinf by changing one import,
+
+    from zinf.transformers import Trainer, TrainingArguments
+    args = TrainingArguments(output_dir="out", deepspeed="ds_config.json", ...)
+    Trainer(model=model, args=args, train_dataset=data).train()
+
+TrainingArguments(deepspeed=...) is read as HF's DeepSpeed integration reads
+it, by HF's own code (HfTrainerDeepSpeedConfig): "auto" values come from the
+arguments (batch sizes, accumulation, max_grad_norm, learning rate, betas,
+eps, weight decay, bf16/fp16, warmup and total steps) and from the model
+(hidden size), and a value that contradicts an argument is HF's error. Then,
+as HF does for DeepSpeed: with an "optimizer" block the config's optimizer
+trains every parameter that requires grad; without one, HF's AdamW with its
+parameter groups (no decay on biases and norm weights); with a "scheduler"
+block the config's schedule, without one HF's scheduler. zinf runs the step
+(its Adam on the configured tiers, clipping at max_grad_norm), checkpoints
+(save_steps, resume_from_checkpoint) go through zinf's engine, save_model
+writes an HF folder from the whole tensors, and a peft model trains with its
+frozen base on the configured tier.
+
+transformers.TrainingArguments with deepspeed= works as well, as long as
+HF's DeepSpeed set-up has not started (nothing has asked for args.device yet).
+"""
+import dataclasses
+import os
+
+import torch
+import transformers
+
+from . import _config
+from . import torch as _zt
+
+__all__ = ["Trainer", "TrainingArguments"]
+
+
+def _detach_deepspeed(args):
+    """(args without deepspeed, HF's processed DeepSpeed config or None)."""
+    ds = getattr(args, "deepspeed", None)
+    if not ds:
+        return args, None
+    from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig, unset_hf_deepspeed_config
+    hf_config = getattr(args, "hf_deepspeed_config", None)
+    if hf_config is None:
+        hf_config = HfTrainerDeepSpeedConfig(ds)
+        hf_config.trainer_config_process(args)
+    unset_hf_deepspeed_config()  # HF's other code paths must not think DeepSpeed runs
+    if "_setup_devices" in args.__dict__ and getattr(args, "distributed_state", None) is not None:
+        if str(getattr(args.distributed_state, "distributed_type", "")).endswith("DEEPSPEED"):
+            raise RuntimeError("zinf.transformers: these TrainingArguments already set up DeepSpeed's devices; "
+                               "create them with zinf.transformers.TrainingArguments (or before anything reads "
+                               "args.device)")
+    fields = {f.name for f in dataclasses.fields(args) if f.init}
+    values = {name: getattr(args, name) for name in fields}
+    values["deepspeed"] = None
+    plain = type(args)(**values) if type(args) is not TrainingArguments else transformers.TrainingArguments(**values)
+    unset_hf_deepspeed_config()
+    return plain, hf_config
+
+
+@dataclasses.dataclass
+class TrainingArguments(transformers.TrainingArguments):
+    """transformers.TrainingArguments whose deepspeed= config zinf runs: HF's
+    DeepSpeed set-up (accelerate's DeepSpeed plugin, torch.distributed for
+    DeepSpeed) never starts; `zinf_deepspeed_config` keeps HF's processed
+    config for the Trainer."""
+
+    def __post_init__(self):
+        ds = self.deepspeed
+        self.deepspeed = None
+        super().__post_init__()
+        self.zinf_deepspeed = ds
+        self.zinf_hf_config = None
+        if ds:
+            from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig, unset_hf_deepspeed_config
+            self.zinf_hf_config = HfTrainerDeepSpeedConfig(ds)
+            self.zinf_hf_config.trainer_config_process(self)
+            unset_hf_deepspeed_config()
+
+
+class Trainer(transformers.Trainer):
+    """transformers.Trainer with zinf as the engine; see the module comment.
+    `self.zinf_engine` is the engine once training has started."""
+
+    def __init__(self, model=None, args=None, *pargs, **kwargs):
+        hf_config = None
+        if args is not None and getattr(args, "zinf_hf_config", None) is not None:
+            hf_config = args.zinf_hf_config
+        elif args is not None and getattr(args, "deepspeed", None):
+            args, hf_config = _detach_deepspeed(args)
+        self.zinf_hf_config = hf_config
+        self._zinf_auto_keys = _config.auto_keys(_config.load(hf_config.config)) if hf_config is not None else []
+        self.zinf_engine = None
+        super().__init__(model, args, *pargs, **kwargs)
+
+    # ---- the engine ---------------------------------------------------------------
+
+    def _zinf_config(self, num_training_steps):
+        hf = self.zinf_hf_config
+        hf.trainer_config_finalize(self.args, self.model, num_training_steps)
+        from transformers.integrations.deepspeed import unset_hf_deepspeed_config
+        unset_hf_deepspeed_config()
+        config = dict(hf.config)
+        # HF's hidden_size^2 for an "auto" reduce bucket can be below the
+        # engine's smallest (one 64 Ki-element norm block): raised to it, as
+        # zinf's own resolution does.
+        zero = config.get("zero_optimization")
+        if isinstance(zero, dict) and "zero_optimization.reduce_bucket_size" in self._zinf_auto_keys:
+            zero["reduce_bucket_size"] = max(int(zero.get("reduce_bucket_size", 0)), 65536)
+        # HF's Trainer scales each micro-step's loss for the accumulation
+        # itself (and tells DeepSpeed so: scale_wrt_gas=False).
+        config["zinf"] = dict(config.get("zinf") or {}, gradient_accumulation="sum")
+        return config
+
+    def set_initial_training_values(self, args, dataloader):
+        values = super().set_initial_training_values(args, dataloader)
+        self._zinf_max_steps = values[-1]  # the trainer's num_training_steps: total_num_steps for "auto"
+        return values
+
+    def create_optimizer(self, model=None):
+        """With a DeepSpeed config: the zinf engine, created here (HF creates
+        the optimizer once it knows the training steps), and its optimizer."""
+        if self.zinf_hf_config is None:
+            return super().create_optimizer(model)
+        if self.zinf_engine is not None:
+            return self.optimizer
+        config = self._zinf_config(getattr(self, "_zinf_max_steps", self.args.max_steps))
+        optimizer, params = None, None
+        if "optimizer" in config:
+            params = [p for p in self.model.parameters() if p.requires_grad]
+        else:
+            self.optimizer = None
+            optimizer = super().create_optimizer(model)  # HF's AdamW with its parameter groups
+        engine = _zt.Engine(self.model, config, optimizer=optimizer, model_parameters=params,
+                            auto_context={"hidden_size": _zt._hidden_size(self.model)})
+        self.zinf_engine = engine
+        self._zinf_has_config_scheduler = "scheduler" in config
+        self.optimizer = engine.optimizer
+        return self.optimizer
+
+    def create_scheduler(self, num_training_steps, optimizer=None):
+        if self.zinf_engine is not None and self._zinf_has_config_scheduler:
+            self.lr_scheduler = self.zinf_engine.lr_scheduler  # the config's schedule, run by the engine
+            return self.lr_scheduler
+        return super().create_scheduler(num_training_steps, optimizer)
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        if self.zinf_engine is None:
+            return super().training_step(model, inputs, num_items_in_batch)
+        model.train()
+        inputs = self._prepare_inputs(inputs)
+        with self.compute_loss_context_manager():
+            loss = self.compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
+        del inputs
+        if self.args.n_gpu > 1:
+            loss = loss.mean()
+        scaled = self.loss_is_scaled_for_ga if self.loss_is_scaled_for_ga is not None else (
+            (self.model_accepts_loss_kwargs and num_items_in_batch is not None) or self.compute_loss_func is not None)
+        if not scaled:
+            loss = loss / self.current_gradient_accumulation_steps
+        self.zinf_engine.backward(loss)
+        self.zinf_engine.step()
+        return loss.detach()
+
+    def _clip_grad_norm(self, model):
+        if self.zinf_engine is None:
+            return super()._clip_grad_norm(model)
+        return self._zinf_grad_norm()  # the engine clipped at gradient_clipping = max_grad_norm
+
+    def _get_grad_norm(self, model, grad_norm=None):
+        if self.zinf_engine is None:
+            return super()._get_grad_norm(model, grad_norm)
+        return grad_norm if grad_norm is not None else self._zinf_grad_norm()
+
+    def _zinf_grad_norm(self):
+        norm = self.zinf_engine.stats().get("grad_norm")
+        return torch.tensor(float(norm)) if norm is not None else None
+
+    # ---- checkpoints --------------------------------------------------------------
+
+    def _save_optimizer_and_scheduler(self, output_dir):
+        if self.zinf_engine is None:
+            return super()._save_optimizer_and_scheduler(output_dir)
+        self.zinf_engine.save_checkpoint(output_dir, tag="global_step%d" % self.state.global_step)
+        if self.args.should_save and self.lr_scheduler is not None and not isinstance(
+                self.lr_scheduler, type(self.zinf_engine.lr_scheduler)):
+            torch.save(self.lr_scheduler.state_dict(), os.path.join(output_dir, "scheduler.pt"))
+
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        if self.zinf_engine is None or checkpoint is None:
+            return super()._load_optimizer_and_scheduler(checkpoint)
+        path, _ = self.zinf_engine.load_checkpoint(checkpoint)
+        if path is None:
+            raise ValueError("zinf.transformers: %s holds no zinf checkpoint (no 'latest')" % checkpoint)
+        sched = os.path.join(checkpoint, "scheduler.pt")
+        if os.path.isfile(sched) and self.lr_scheduler is not None and not isinstance(
+                self.lr_scheduler, type(self.zinf_engine.lr_scheduler)):
+            self.lr_scheduler.load_state_dict(torch.load(sched, weights_only=True))
