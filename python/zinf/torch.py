@@ -206,7 +206,13 @@ class _UnitModule:
         self.module = module
         self.name = name
         self.units = units
-        self.saved_hooks = None
+        self.saved_hooks = None  # entered around this forward
+        self.hooks = None  # the saved_tensors_hooks, made on first use
+        self.fetch_hook = None  # the output hook that fetches the units again in backward
+        # Its units' buffers stay put between fetches (stages 0-2): tensors
+        # saved in forward stay valid, and backward needs no second fetch.
+        self.persistent = False
+        self.frozen = any(u.frozen for u in units)  # a frozen unit is released after the module's backward
 
 
 class _PreBackward(torch.autograd.Function):
@@ -369,6 +375,7 @@ class Engine(torch.nn.Module):
 
         self._weights = _weights  # from_pretrained: name -> the fp32 tensor, read when its unit registers
         self._owners = None
+        self._empties = {}
         self._units = []
         self._unit_of = {}  # id(parameter) -> its unit
         self._unit_modules = []
@@ -474,6 +481,8 @@ class Engine(torch.nn.Module):
         if self.zero_stage < 3:
             for u in self._units:
                 u.persistent = True
+            for um in self._unit_modules:
+                um.persistent = True
 
     def _register(self, name, params, frozen):
         L = _capi.lib()
@@ -543,9 +552,9 @@ class Engine(torch.nn.Module):
         module.register_forward_hook(self._make_post_hook(um))
 
     def _fetch(self, unit):
-        self._flush()  # the units handed over before: released before another is gathered
         if unit.fetched:
             return
+        self._flush()  # the units handed over before: released before another is gathered
         if self._pending_writes:
             self._write_pending()
         L = _capi.lib()
@@ -564,12 +573,20 @@ class Engine(torch.nn.Module):
             unit.num_elems = ptrs.num_elems
         unit.fetched = True
 
+    def _empty(self, dtype):
+        """A zero-element tensor of `dtype` on the engine's device, one per
+        dtype, that unbound parameters share."""
+        t = self._empties.get(dtype)
+        if t is None:
+            t = self._empties[dtype] = torch.empty(0, dtype=dtype, device=self.device)
+        return t
+
     def _release(self, unit):
         if not unit.fetched:
             return
         if not unit.persistent:
             for _, p in unit.params:
-                p.data = torch.empty(0, dtype=p.dtype, device=self.device)
+                p.data = self._empty(p.dtype)
             unit.bound = None
         check(_capi.lib().zinf_engine_release(self._engine, unit.index, self._stream), "release unit '%s'" % unit.name)
         unit.fetched = False
@@ -589,7 +606,7 @@ class Engine(torch.nn.Module):
         def hook(module, args, kwargs):
             for unit in um.units:
                 self._fetch(unit)
-            if not torch.is_grad_enabled():
+            if um.persistent or not torch.is_grad_enabled():
                 return None
             top = torch._C._autograd._top_saved_tensors_default_hooks(False)
             if top is not None:
@@ -598,11 +615,16 @@ class Engine(torch.nn.Module):
                                        "active around unit '%s'; zinf keeps the tensors a unit saves itself"
                                        % um.name)
             else:
-                um.saved_hooks = torch.autograd.graph.saved_tensors_hooks(
-                    lambda t: self._pack(um, t), lambda packed: self._unpack(um, packed))
+                if um.hooks is None:  # made once: entered and left around each forward
+                    um.hooks = torch.autograd.graph.saved_tensors_hooks(
+                        lambda t: self._pack(um, t), lambda packed: self._unpack(um, packed))
+                um.saved_hooks = um.hooks
                 um.saved_hooks.__enter__()
-            if _in_backward():
-                return None  # a checkpoint's recomputation: the units stay fetched until their backward
+            if not um.frozen or _in_backward():
+                # Nothing to release after the module's backward (or a
+                # checkpoint's recomputation: the units stay fetched until
+                # their gradients are in).
+                return None
             # After the module's backward, release what it alone needed.
             flat, spec = pytree.tree_flatten((args, kwargs))
             idx = [i for i, t in enumerate(flat) if isinstance(t, torch.Tensor) and t.requires_grad]
@@ -623,7 +645,7 @@ class Engine(torch.nn.Module):
         # A tensor whose first element lies in the unit's buffer is a view of
         # it (nothing else shares that memory). data_ptr() rather than the
         # storage: building a storage object costs more than the whole test.
-        if t.numel() > 0 and t.device == self.device:
+        if t.is_cuda == self._cuda and t.numel() > 0:
             start = t.data_ptr()
             for unit in um.units:
                 if unit.fetched and unit.base <= start < unit.base + unit.bytes:
@@ -635,7 +657,9 @@ class Engine(torch.nn.Module):
             return packed
         _, unit, offset, shape, stride, dtype = packed
         self._fetch(unit)
-        whole, _ = _unit_views(unit, unit.base, None, unit.num_elems, unit.dtype, self.device)
+        got = unit.views.get((unit.base, unit.dtype, unit.num_elems))
+        whole = got[0] if got is not None else _unit_views(unit, unit.base, None, unit.num_elems, unit.dtype,
+                                                           self.device)[0]
         if whole.dtype != dtype:
             raise RuntimeError("zinf.torch: unit '%s' saved a %s tensor from its %s buffer" % (unit.name, dtype, whole.dtype))
         return torch.as_strided(whole, shape, stride, offset // whole.element_size())
@@ -649,7 +673,16 @@ class Engine(torch.nn.Module):
                 return output  # recomputation inside backward: the units stay until their gradients are in
             for unit in um.units:
                 self._release(unit)
-            if not torch.is_grad_enabled():
+            if um.persistent or not torch.is_grad_enabled():
+                return output  # the buffers stay put: backward needs no second fetch
+            if isinstance(output, torch.Tensor):
+                # One tensor: a hook on it (cheaper than an autograd function)
+                # fetches the units when its gradient arrives, before the
+                # module's own backward.
+                if output.requires_grad:
+                    if um.fetch_hook is None:
+                        um.fetch_hook = lambda grad: self._fetch_all(um)
+                    output.register_hook(um.fetch_hook)
                 return output
             flat, spec = pytree.tree_flatten(output)
             idx = [i for i, t in enumerate(flat) if isinstance(t, torch.Tensor) and t.requires_grad]
@@ -660,6 +693,10 @@ class Engine(torch.nn.Module):
                 flat[i] = t
             return pytree.tree_unflatten(flat, spec)
         return hook
+
+    def _fetch_all(self, um):
+        for unit in um.units:
+            self._fetch(unit)
 
     def _after_module_backward(self, um):
         for unit in um.units:

@@ -1,0 +1,152 @@
+#!/usr/bin/env python3
+"""zinf.torch's host work per unit per micro-step, on the CPU: a model of N
+tiny blocks (so that compute is negligible) trained by zinf.torch against the
+same forward and backward in torch alone, interleaved; the difference per
+block per micro-step is what zinf's hooks cost the host (Python and the C
+calls they make: fetch, bind, gradient copy, grads_ready, release). The
+optimizer step is timed apart (zinf's boundary on the host device; torch's
+AdamW on the same parameters) and not counted in the per-unit figure.
+
+  torch_hook_overhead.py [--blocks 64] [--stage 0|3] [--rounds 5] [--json]
+(ZINF_LIBRARY=build/src/capi/libzinf.so PYTHONPATH=python .venv/bin/python ...)
+"""
+import argparse
+import copy
+import json
+import statistics
+import time
+
+import torch
+import torch.nn as nn
+
+import zinf.torch
+
+
+class Block(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.a = nn.Linear(d, d)
+        self.b = nn.Linear(d, d)
+
+    def forward(self, x):
+        return x + self.b(torch.tanh(self.a(x)))
+
+
+class Net(nn.Module):
+    def __init__(self, blocks, d):
+        super().__init__()
+        self.inp = nn.Linear(d, d)
+        self.blocks = nn.ModuleList([Block(d) for _ in range(blocks)])
+
+    def forward(self, x):
+        x = self.inp(x)
+        for b in self.blocks:
+            x = b(x)
+        return x.pow(2).mean()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--blocks", type=int, default=64)
+    ap.add_argument("--dim", type=int, default=16)
+    ap.add_argument("--stage", type=int, default=0)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--micro", type=int, default=20, help="micro-steps timed per round")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = Net(args.blocks, args.dim)
+    ref = copy.deepcopy(model)
+    cfg = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": args.micro,
+           "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+           "zero_optimization": {"stage": args.stage, "stage3_param_persistence_threshold": 0},
+           "zinf": {"optimizer_threads": 1}}
+    engine = zinf.torch.initialize(model, cfg)
+    units = len(engine._units)
+    # Time the host spends blocked on zinf's stream (HostDevice: the engine's
+    # own work on its threads, gradient accumulation over whole 64 Ki-element
+    # blocks) apart from the hooks' own work.
+    # The calls into zinf's library are timed apart too (on the host device
+    # they run the engine's own host work: events and task hand-offs to its
+    # stream threads), so that what is left is the hooks' Python.
+    lib = zinf.torch._capi.lib()
+    waited = [0.0]
+    in_lib = [0.0]
+
+    cpu_in_lib = [0.0]
+
+    def timed(fn, acc):
+        def call(*a):
+            t0, c0 = time.perf_counter(), time.thread_time()
+            rc = fn(*a)
+            acc[0] += time.perf_counter() - t0
+            cpu_in_lib[0] += time.thread_time() - c0
+            return rc
+        return call
+    lib.zinf_stream_synchronize = timed(lib.zinf_stream_synchronize, waited)
+    for name in ("zinf_engine_fetch", "zinf_engine_release", "zinf_engine_grad_buffers", "zinf_engine_grads_ready",
+                 "zinf_engine_step", "zinf_engine_loss_scale", "zinf_engine_set_group_lr"):
+        setattr(lib, name, timed(getattr(lib, name), in_lib))
+    x = torch.randn(2, args.dim)
+    print("zinf.torch host work per unit per micro-step: %d blocks of 2 Linear(%d, %d) + 1 (%d units), stage %d, "
+          "%d micro-steps a round, %d rounds, torch %s, 1 thread"
+          % (args.blocks, args.dim, args.dim, units, args.stage, args.micro, args.rounds, torch.__version__))
+
+    def zinf_round():
+        waited[0] = in_lib[0] = cpu_in_lib[0] = 0.0
+        t0, c0 = time.perf_counter(), time.thread_time()
+        for _ in range(args.micro - 1):
+            engine.backward(engine(x))
+            engine.step()
+        t1, c1 = time.perf_counter(), time.thread_time()
+        wait = waited[0] / (args.micro - 1)
+        calls = in_lib[0] / (args.micro - 1)
+        cpu = (c1 - c0 - cpu_in_lib[0]) / (args.micro - 1)  # this thread's CPU outside zinf's library
+        engine.backward(engine(x))
+        engine.step()  # the boundary: the optimizer
+        engine.stats()
+        return (t1 - t0) / (args.micro - 1), time.perf_counter() - t1, wait, calls, cpu
+
+    def torch_round():
+        t0, c0 = time.perf_counter(), time.thread_time()
+        for _ in range(args.micro - 1):
+            ref(x).backward()
+        return (time.perf_counter() - t0) / (args.micro - 1), (time.thread_time() - c0) / (args.micro - 1)
+
+    zinf_round()
+    torch_round()  # warm-up
+    z, t, zb, zw, zc, zcpu, tcpu = [], [], [], [], [], [], []
+    for _ in range(args.rounds):
+        micro, boundary, wait, calls, cpu = zinf_round()
+        z.append(micro)
+        zb.append(boundary)
+        zw.append(wait)
+        zc.append(calls)
+        zcpu.append(cpu)
+        tw, tc = torch_round()
+        t.append(tw)
+        tcpu.append(tc)
+    zm, tm, wm, cm = (statistics.median(v) for v in (z, t, zw, zc))
+    per_unit_us = (zm - tm) / units * 1e6
+    # The hooks' Python: this thread's CPU time outside zinf's library, less
+    # torch's own forward and backward (CPU time, so that the engine's stream
+    # threads working beside it on the two cores do not count).
+    python_us = (statistics.median(zcpu) - statistics.median(tcpu)) / units * 1e6
+    print("%-28s %12s %12s" % ("", "zinf", "torch"))
+    print("%-28s %10.1f us %10.1f us" % ("micro-step (fwd + bwd)", zm * 1e6, tm * 1e6))
+    print("%-28s %10.1f us" % ("  blocked on zinf's stream", wm * 1e6))
+    print("%-28s %10.1f us" % ("  in zinf's C calls", cm * 1e6))
+    print("%-28s %10.1f us   (CPU time of the training thread; target <= 50)" % ("hooks' Python per unit",
+                                                                                     python_us))
+    print("%-28s %10.1f us   (Python, C calls and the wait)" % ("zinf's host time per unit", per_unit_us))
+    print("%-28s %10.1f us   (the boundary micro-step, optimizer included)" % ("boundary micro-step", statistics.median(zb) * 1e6))
+    if args.json:
+        print(json.dumps({"units": units, "stage": args.stage, "zinf_micro_us": zm * 1e6, "torch_micro_us": tm * 1e6,
+                          "stream_wait_us": wm * 1e6, "c_calls_us": cm * 1e6, "python_per_unit_us": python_us,
+                          "per_unit_us": per_unit_us}))
+    engine.close()
+
+
+if __name__ == "__main__":
+    main()
