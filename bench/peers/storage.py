@@ -259,7 +259,10 @@ class Engines:
             cmd = [pc.zinf_cli(), "aio", op, "--path", self.path, "--size", str(size), "--block-size", str(bs),
                    "--queue-depth", str(qd), "--threads", str(thr), "--loops", "1", "--json"]
             cmd += self.variants.get(name, [])
-            out = subprocess.run(cmd, capture_output=True, text=True)
+            try:
+                out = subprocess.run(cmd, capture_output=True, text=True)
+            except OSError as e:
+                return {"error": str(e)}
             if out.returncode != 0:
                 return {"error": out.stderr.strip()[-400:]}
             j = json.loads(out.stdout)
@@ -392,6 +395,11 @@ def main():
     atexit.register(cleanup)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     path = os.path.join(scratch, "peers.dat")
+    # A private copy of the (static) zinf binary: a rebuild of build/ during
+    # the run cannot swap or lock it under the benchmark.
+    zinf_copy = os.path.join(scratch, "zinf")
+    shutil.copy2(pc.zinf_cli(), zinf_copy)
+    os.environ["ZINF"] = zinf_copy
 
     if a.huge_pages:
         if os.geteuid() != 0:
