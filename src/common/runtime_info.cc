@@ -12,7 +12,7 @@
 namespace zinf {
 
 std::string FormatRuntimeInfo(const RuntimeInfo& info) {
-  std::string out = "zinf " + info.version + "\n";
+  std::string out = "zinf " + info.version + (info.revision.empty() ? "" : " (git " + info.revision + ")") + "\n";
   size_t width = 0;
   for (const auto& b : info.backends) width = std::max(width, b.name.size());
   for (const auto& b : info.backends) {

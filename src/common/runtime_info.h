@@ -19,8 +19,13 @@ struct BackendInfo {
 
 struct RuntimeInfo {
   std::string version;  // zinf's own
+  std::string revision;  // the git revision built, "+dirty" when the tree differed from it
   std::vector<BackendInfo> backends;
 };
+
+// The git revision this build was made from (12 hex digits, or "unknown"
+// outside a git checkout), with "+dirty" when tracked files differed from it.
+std::string GitRevision();
 
 // The report, one backend per line.
 std::string FormatRuntimeInfo(const RuntimeInfo& info);

@@ -49,6 +49,7 @@ Result<std::unique_ptr<Device>> CreateDevice(const DeviceOptions& options) {
 RuntimeInfo ProbeRuntime() {
   RuntimeInfo info;
   info.version = ZINF_VERSION_STRING;
+  info.revision = GitRevision();
 #if ZINF_HAVE_CUDA
   info.backends.push_back(gpu::ProbeCuda());
 #else
