@@ -151,11 +151,14 @@ int Run(const PlanOptions& opt) {
   const int64_t B = batch->micro_batch_size;
 
   if (!opt.params.empty()) {
-    auto n = ParseCount(opt.params);
+    auto n = ParseParamCount(opt.params);
     if (!n.ok()) throw Usage{"--params: " + n.status().message()};
-    if (*n == 0) throw Usage{"--params must be >= 1"};
     if (opt.units < 1) throw Usage{"--units must be >= 1"};
-    auto m = PlanParamsModel(static_cast<int64_t>(*n), opt.units, opt.seq_len > 0 ? B * opt.seq_len : 0);
+    int64_t tokens = 0;
+    if (opt.seq_len > 0 && __builtin_mul_overflow(B, opt.seq_len, &tokens)) {
+      throw Usage{"--seq-len " + std::to_string(opt.seq_len) + " x micro batch " + std::to_string(B) + " overflows"};
+    }
+    auto m = PlanParamsModel(*n, opt.units, tokens);
     if (!m.ok()) throw Usage{m.status().message()};
     in.model = std::move(*m);
   } else {

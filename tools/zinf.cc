@@ -6,7 +6,8 @@
 //   zinf aio read|write|sweep ...    NVMe throughput through zinf's I/O engine, and tuning
 //   zinf bench <name> [...]          benchmarks (bench/)
 // Exit codes: 0 success, 1 the operation failed (message on stderr),
-// 2 bad command-line usage.
+// 2 bad command-line usage or a bad input file (one message naming the file
+// and the key).
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
@@ -44,11 +45,15 @@ std::string OffloadSummary(const char* what, zinf::OffloadDevice device, const s
   return s;
 }
 
+// A file that cannot be read for a reason of the machine (EIO) is a failure;
+// a missing or malformed one is bad input.
+int BadInputExitCode(const zinf::Status& s) { return s.code() == zinf::StatusCode::kIoError ? 1 : 2; }
+
 int RunConfigCheck(const ConfigCheckOptions& opt) {
   auto loaded = zinf::LoadConfigFile(opt.file);
   if (!loaded.ok()) {
     std::fprintf(stderr, "zinf config check: %s\n", loaded.status().message().c_str());
-    return 1;
+    return BadInputExitCode(loaded.status());
   }
   zinf::Config config = std::move(loaded).value();
   if (!config.auto_keys.empty()) {
@@ -58,14 +63,14 @@ int RunConfigCheck(const ConfigCheckOptions& opt) {
     auto resolved = zinf::ResolveAuto(config, ctx);
     if (!resolved.ok()) {
       std::fprintf(stderr, "zinf config check: %s\n", resolved.status().message().c_str());
-      return 1;
+      return 2;
     }
     for (const auto& line : *resolved) std::printf("auto: %s\n", line.c_str());
   }
   auto batch = zinf::ResolveBatchSizes(config, opt.world_size);
   if (!batch.ok()) {
     std::fprintf(stderr, "zinf config check: %s\n", batch.status().message().c_str());
-    return 1;
+    return 2;
   }
   const auto& z = config.zero;
   std::string precision = config.bf16.enabled ? "bf16" : config.fp16.enabled ? "fp16 (dynamic loss scale)" : "fp32";
@@ -79,13 +84,12 @@ int RunConfigCheck(const ConfigCheckOptions& opt) {
               static_cast<long long>(batch->train_batch_size), static_cast<long long>(batch->micro_batch_size),
               static_cast<long long>(batch->gradient_accumulation_steps), static_cast<long long>(opt.world_size));
   if (!opt.params.empty()) {
-    auto p = zinf::ParseCount(opt.params);
+    auto p = zinf::ParseParamCount(opt.params);
     if (!p.ok()) {
       std::fprintf(stderr, "zinf config check: --params: %s\n", p.status().message().c_str());
       return 2;
     }
-    auto s = zinf::ModelStateBytes(static_cast<int64_t>(*p), opt.world_size, z.stage, z.offload_optimizer.device,
-                                   z.offload_param.device);
+    auto s = zinf::ModelStateBytes(*p, opt.world_size, z.stage, z.offload_optimizer.device, z.offload_param.device);
     std::printf("  model state per rank for %s parameters: device %s, host %s, nvme %s\n",
                 zinf::FormatCount(static_cast<double>(*p)).c_str(), zinf::FormatBytes(uint64_t(s.device)).c_str(),
                 zinf::FormatBytes(uint64_t(s.host)).c_str(), zinf::FormatBytes(uint64_t(s.nvme)).c_str());

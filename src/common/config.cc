@@ -21,6 +21,7 @@
 #include <sstream>
 
 #include "common/config_reader.h"
+#include "common/json_text.h"
 #include "common/logging.h"
 #include "common/units.h"
 
@@ -382,15 +383,15 @@ void ReadTop(ObjectReader& r, const json& root, Config& c, Diagnostics& d) {
 void CrossCheck(const Config& c, Diagnostics& d) {
   const auto& z = c.zero;
   if (z.offload_param.device != OffloadDevice::kNone && z.stage != 3)
-    d.errors.push_back("zero_optimization.offload_param: parameter offload needs stage 3 (stage is " +
+    d.AddError("zero_optimization.offload_param: parameter offload needs stage 3 (stage is " +
                        std::to_string(z.stage) + "); set \"stage\": 3 or remove offload_param");
   if (z.offload_param.device == OffloadDevice::kNvme && z.offload_param.nvme_path.empty())
-    d.errors.push_back("zero_optimization.offload_param.nvme_path: required when offload_param.device is \"nvme\"");
+    d.AddError("zero_optimization.offload_param.nvme_path: required when offload_param.device is \"nvme\"");
   if (z.offload_optimizer.device == OffloadDevice::kNvme && z.offload_optimizer.nvme_path.empty())
-    d.errors.push_back("zero_optimization.offload_optimizer.nvme_path: required when offload_optimizer.device is \"nvme\"");
+    d.AddError("zero_optimization.offload_optimizer.nvme_path: required when offload_optimizer.device is \"nvme\"");
   if (z.offload_optimizer.ratio < 1.0) {
     if (z.stage != 3)
-      d.errors.push_back("zero_optimization.offload_optimizer.ratio: partial offload (ratio < 1) needs stage 3");
+      d.AddError("zero_optimization.offload_optimizer.ratio: partial offload (ratio < 1) needs stage 3");
     else
       d.warnings.push_back("zero_optimization.offload_optimizer.ratio: partial offload is not implemented; "
                            "all optimizer state is offloaded (the result is the same)");
@@ -398,56 +399,18 @@ void CrossCheck(const Config& c, Diagnostics& d) {
   bool fp16_auto = std::find(c.auto_keys.begin(), c.auto_keys.end(), "fp16.enabled") != c.auto_keys.end();
   bool bf16_auto = std::find(c.auto_keys.begin(), c.auto_keys.end(), "bf16.enabled") != c.auto_keys.end();
   if (c.fp16.enabled && c.bf16.enabled && !fp16_auto && !bf16_auto)
-    d.errors.push_back("fp16.enabled and bf16.enabled are both true; choose one 16-bit type");
+    d.AddError("fp16.enabled and bf16.enabled are both true; choose one 16-bit type");
   const auto& s = c.scheduler;
   bool total_auto = std::find(c.auto_keys.begin(), c.auto_keys.end(), "scheduler.params.total_num_steps") !=
                     c.auto_keys.end();
   if ((s.type == SchedulerType::kWarmupDecayLR || s.type == SchedulerType::kWarmupCosineLR) &&
       s.total_num_steps <= 0 && !total_auto)
-    d.errors.push_back("scheduler.params.total_num_steps: required by " + std::string(SchedulerTypeName(s.type)));
+    d.AddError("scheduler.params.total_num_steps: required by " + std::string(SchedulerTypeName(s.type)));
   if (c.aio.use_gds)
     d.warnings.push_back("aio.use_gds: GPUDirect Storage is not implemented; NVMe data is staged through pinned host memory");
   if (c.fp16.auto_cast)
     d.warnings.push_back("fp16.auto_cast: zinf does not cast model inputs; the model decides its compute type");
 }
-
-// Rejects duplicate keys (a JSON file where "stage" appears twice is a mistake
-// that json.load in Python would hide by keeping the last one).
-class DuplicateKeyDetector {
- public:
-  explicit DuplicateKeyDetector(Diagnostics& d) : d_(d) {}
-  bool operator()(int depth, json::parse_event_t event, json& parsed) {
-    switch (event) {
-      case json::parse_event_t::object_start:
-      case json::parse_event_t::array_start:
-        seen_.emplace_back();
-        path_.resize(static_cast<size_t>(depth));
-        break;
-      case json::parse_event_t::object_end:
-      case json::parse_event_t::array_end:
-        if (!seen_.empty()) seen_.pop_back();
-        break;
-      case json::parse_event_t::key: {
-        std::string key = parsed.get<std::string>();
-        path_.resize(static_cast<size_t>(std::max(depth - 1, 0)));
-        std::string where;
-        for (const auto& p : path_) where += p + ".";
-        if (!seen_.empty() && !seen_.back().insert(key).second)
-          d_.errors.push_back(where + key + ": key appears more than once in the same object");
-        path_.push_back(key);
-        break;
-      }
-      default:
-        break;
-    }
-    return true;
-  }
-
- private:
-  Diagnostics& d_;
-  std::vector<std::set<std::string>> seen_;
-  std::vector<std::string> path_;
-};
 
 json ToJsonValue(const std::vector<std::string>& paths) {
   if (paths.empty()) return nullptr;
@@ -480,28 +443,13 @@ std::string_view SchedulerTypeName(SchedulerType t) {
 
 Result<Config> ParseConfig(std::string_view text, std::string_view source) {
   Diagnostics d;
-  json root;
-  try {
-    DuplicateKeyDetector detector(d);
-    root = json::parse(text.begin(), text.end(), std::ref(detector), /*allow_exceptions=*/true);
-  } catch (const json::parse_error& e) {
-    // Line and column of the byte where parsing stopped (1-based).
-    size_t line = 1, column = 1;
-    for (size_t i = 0; i + 1 < e.byte && i < text.size(); ++i) {
-      if (text[i] == '\n') {
-        ++line;
-        column = 1;
-      } else {
-        ++column;
-      }
-    }
-    std::string what = e.what();
-    size_t col = what.find("column ");
-    size_t colon = col == std::string::npos ? std::string::npos : what.find(": ", col);
-    std::string detail = colon == std::string::npos ? what : what.substr(colon + 2);
-    return InvalidArgument(std::string(source) + ":" + std::to_string(line) + ":" + std::to_string(column) +
-                           ": malformed JSON: " + detail);
-  }
+  auto parsed = ParseJsonText(text, std::string(source));
+  if (!parsed.ok()) return parsed.status();
+  json root = std::move(parsed->value);
+  // A key given twice is a mistake that json.load in Python would hide by
+  // keeping the last one.
+  for (const std::string& key : parsed->duplicate_keys)
+    d.AddError(key + ": key appears more than once in the same object");
   if (!root.is_object())
     return InvalidArgument(std::string(source) + ": the top level must be a JSON object, found " + Describe(root));
 
@@ -515,11 +463,13 @@ Result<Config> ParseConfig(std::string_view text, std::string_view source) {
 
   if (!d.errors.empty()) {
     std::string msg = std::string(source) + ": ";
-    if (d.errors.size() == 1) {
+    const size_t problems = d.errors.size() + d.errors_not_kept;
+    if (problems == 1) {
       msg += d.errors[0];
     } else {
-      msg += std::to_string(d.errors.size()) + " problems:";
+      msg += std::to_string(problems) + " problems:";
       for (const auto& e : d.errors) msg += "\n  " + e;
+      if (d.errors_not_kept > 0) msg += "\n  (and " + std::to_string(d.errors_not_kept) + " more)";
     }
     return InvalidArgument(msg);
   }
@@ -661,6 +611,14 @@ Result<std::vector<std::string>> ResolveAuto(Config& c, const AutoContext& ctx) 
                                 "give the hidden size (zinf train knows it from the model)");
         continue;
       }
+      // h^2 * 9 must stay within int64; no model is near this wide.
+      constexpr int64_t kMaxAutoHidden = int64_t{1} << 24;
+      if (*h > kMaxAutoHidden) {
+        errors.push_back(path + " is \"auto\", derived from the hidden size, and a hidden size of " +
+                         std::to_string(*h) + " is above the " + std::to_string(kMaxAutoHidden) +
+                         " zinf derives bucket sizes from; set a number");
+        continue;
+      }
       int64_t v;
       if (path == "zero_optimization.reduce_bucket_size") {
         v = c.zero.reduce_bucket_size = std::max(*h * *h, ctx.min_reduce_bucket_elems);
@@ -739,26 +697,48 @@ Result<BatchSizes> ResolveBatchSizes(const Config& c, int64_t world_size) {
                            std::to_string(by) + " (world size " + ws + " x the other batch factor), so " +
                            derived + " cannot be derived");
   };
+  for (const auto& [name, v] : {std::pair{"train_batch_size", tb}, std::pair{"train_micro_batch_size_per_gpu", mb},
+                                std::pair{"gradient_accumulation_steps", gas}}) {
+    if (v && *v < 1) return InvalidArgument(c.source + ": " + name + " is " + std::to_string(*v) + "; must be >= 1");
+  }
+  // Every product below, checked: the factors come from a user's file.
+  auto product = [&](std::initializer_list<int64_t> factors, int64_t* out) {
+    int64_t p = 1;
+    for (int64_t f : factors)
+      if (__builtin_mul_overflow(p, f, &p)) return false;
+    *out = p;
+    return true;
+  };
+  auto too_large = [&] {
+    return InvalidArgument(c.source + ": the batch sizes (train_batch_size " + (tb ? std::to_string(*tb) : "unset") +
+                           ", train_micro_batch_size_per_gpu " + (mb ? std::to_string(*mb) : "unset") +
+                           ", gradient_accumulation_steps " + (gas ? std::to_string(*gas) : "unset") +
+                           ", world size " + ws + ") multiply beyond 2^63");
+  };
   BatchSizes out{};
+  int64_t m_w = 0, g_w = 0, m_g_w = 0;
+  if (!product({mb.value_or(1), world_size}, &m_w) || !product({gas.value_or(1), world_size}, &g_w) ||
+      !product({mb.value_or(1), gas.value_or(1), world_size}, &m_g_w)) {
+    return too_large();
+  }
   if (tb && mb && gas) {
-    if (*tb != *mb * *gas * world_size)
+    if (*tb != m_g_w)
       return InvalidArgument(c.source + ": train_batch_size " + std::to_string(*tb) +
                              " != train_micro_batch_size_per_gpu " + std::to_string(*mb) +
                              " x gradient_accumulation_steps " + std::to_string(*gas) + " x world size " + ws + " = " +
-                             std::to_string(*mb * *gas * world_size));
+                             std::to_string(m_g_w));
     out = {*tb, *mb, *gas};
   } else if (tb && mb) {
-    if (*tb % (*mb * world_size)) return indivisible(*tb, *mb * world_size, "gradient_accumulation_steps");
-    out = {*tb, *mb, *tb / (*mb * world_size)};
+    if (*tb % m_w) return indivisible(*tb, m_w, "gradient_accumulation_steps");
+    out = {*tb, *mb, *tb / m_w};
   } else if (tb && gas) {
-    if (*tb % (*gas * world_size)) return indivisible(*tb, *gas * world_size, "train_micro_batch_size_per_gpu");
-    out = {*tb, *tb / (*gas * world_size), *gas};
+    if (*tb % g_w) return indivisible(*tb, g_w, "train_micro_batch_size_per_gpu");
+    out = {*tb, *tb / g_w, *gas};
   } else if (tb) {
     if (*tb % world_size) return indivisible(*tb, world_size, "train_micro_batch_size_per_gpu");
     out = {*tb, *tb / world_size, 1};
   } else {
-    int64_t m = mb.value_or(1), g = gas.value_or(1);
-    out = {m * g * world_size, m, g};
+    out = {m_g_w, mb.value_or(1), gas.value_or(1)};
   }
   if (out.micro_batch_size < 1 || out.gradient_accumulation_steps < 1)
     return InvalidArgument(c.source + ": batch sizes resolve to micro batch " + std::to_string(out.micro_batch_size) +

@@ -3,12 +3,13 @@
 #include <cctype>
 #include <sstream>
 
+#include "common/json_text.h"
+
 namespace zinf::config_internal {
 
 // "the string \"x\"", "the number 1.5", "true", "an object", ...
 std::string Describe(const json& v) {
-  std::string dump = v.dump();
-  if (dump.size() > 48) dump = dump.substr(0, 45) + "...";
+  const std::string dump = JsonSnippet(v, 48);
   switch (v.type()) {
     case json::value_t::string: return "the string " + dump;
     case json::value_t::boolean: return dump;

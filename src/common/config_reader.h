@@ -35,10 +35,23 @@ std::string FormatDouble(double v);
 // Case-insensitive Levenshtein distance.
 size_t EditDistance(std::string_view a, std::string_view b);
 
+// A file of a million bad keys is reported by its first problems and a count.
+inline constexpr size_t kMaxErrorsKept = 20;
+
 struct Diagnostics {
-  std::vector<std::string> errors;
+  std::vector<std::string> errors;  // at most kMaxErrorsKept
+  size_t errors_not_kept = 0;
   std::vector<std::string> warnings;
   std::vector<std::string> auto_keys;
+
+  bool Full() const { return errors.size() >= kMaxErrorsKept; }
+  void AddError(std::string e) {
+    if (Full()) {
+      ++errors_not_kept;
+    } else {
+      errors.push_back(std::move(e));
+    }
+  }
 };
 
 // A key as zinf names it, plus the other spellings DeepSpeed accepts.
@@ -57,7 +70,7 @@ class ObjectReader {
   std::string PathOf(std::string_view key) const {
     return path_.empty() ? std::string(key) : path_ + "." + std::string(key);
   }
-  void Error(std::string_view key, const std::string& what) { d_.errors.push_back(PathOf(key) + ": " + what); }
+  void Error(std::string_view key, const std::string& what) { d_.AddError(PathOf(key) + ": " + what); }
 
   // Finds the key under its name or one alias; marks them consumed.
   const json* Take(const Key& key) {
@@ -144,7 +157,7 @@ class ObjectReader {
     if (v->is_string()) {
       std::string s = v->get<std::string>();
       for (const auto& [name, value] : values) {
-        if (s == name || (ignore_case && EditDistance(s, name) == 0 && s.size() == std::string_view(name).size())) {
+        if (s == name || (ignore_case && s.size() == std::string_view(name).size() && EditDistance(s, name) == 0)) {
           *out = value;
           return;
         }
@@ -231,13 +244,22 @@ class ObjectReader {
   void Finish() {
     for (auto it = obj_.begin(); it != obj_.end(); ++it) {
       if (consumed_.count(it.key())) continue;
+      if (d_.Full()) {
+        ++d_.errors_not_kept;
+        continue;
+      }
       std::string best;
       size_t best_distance = std::numeric_limits<size_t>::max();
+      const size_t limit = std::max<size_t>(2, it.key().size() / 3);
       for (const auto& k : known_) {
+        // The distance is at least the difference in length: a key far longer
+        // than every known one costs nothing here.
+        const size_t length_gap =
+            it.key().size() > k.size() ? it.key().size() - k.size() : k.size() - it.key().size();
+        if (length_gap > limit) continue;
         size_t dist = EditDistance(it.key(), k);
         if (dist < best_distance) best_distance = dist, best = k;
       }
-      size_t limit = std::max<size_t>(2, it.key().size() / 3);
       std::string msg = "unknown key";
       if (!best.empty() && best_distance <= limit) {
         msg += "; did you mean \"" + best + "\"?";

@@ -89,6 +89,16 @@ Result<uint64_t> ParseWithUnits(std::string_view text, UnitBase base) {
 Result<uint64_t> ParseSize(std::string_view text) { return ParseWithUnits(text, UnitBase::kBytes); }
 Result<uint64_t> ParseCount(std::string_view text) { return ParseWithUnits(text, UnitBase::kCount); }
 
+Result<int64_t> ParseParamCount(std::string_view text) {
+  ZINF_ASSIGN_OR_RETURN(uint64_t n, ParseCount(text));
+  if (n < 1) return InvalidArgument("invalid count '" + std::string(text) + "': must be at least 1");
+  if (n > static_cast<uint64_t>(kMaxParamCount)) {
+    return InvalidArgument("invalid count '" + std::string(text) + "': " + FormatCount(static_cast<double>(n)) +
+                           " parameters is more than zinf counts (at most " + std::to_string(kMaxParamCount) + ")");
+  }
+  return static_cast<int64_t>(n);
+}
+
 std::string FormatBytes(uint64_t bytes) {
   static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
   if (bytes < 1024) return std::to_string(bytes) + " B";

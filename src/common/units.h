@@ -20,6 +20,12 @@ Result<uint64_t> ParseSize(std::string_view text);
 // "1.5B", "7e9", "350K". Suffixes are decimal: K=1e3, M=1e6, G or B=1e9, T=1e12.
 Result<uint64_t> ParseCount(std::string_view text);
 
+// A number of model parameters (--params): ParseCount, then at least 1 and
+// at most kMaxParamCount, so that the 16 bytes of model state per parameter
+// still count in an int64. Errors name the text and the bound.
+inline constexpr int64_t kMaxParamCount = int64_t{1} << 59;
+Result<int64_t> ParseParamCount(std::string_view text);
+
 // "4.00 GiB", "512 KiB", "17 B".
 std::string FormatBytes(uint64_t bytes);
 

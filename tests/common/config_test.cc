@@ -354,3 +354,67 @@ TEST(BatchSizesTest, DeepSpeedTriangle) {
 
 }  // namespace
 }  // namespace zinf
+
+namespace zinf {
+namespace {
+
+// Inputs that crashed the reader (the issue "Inputs that never crash"): each
+// is now an InvalidArgument naming the file and the key.
+TEST(ConfigInputTest, NumberBeyondDoubleNamesTheKey) {
+  const std::string msg = ErrorOf(R"({"train_micro_batch_size_per_gpu": 4e308})");
+  EXPECT_EQ(msg.rfind("test.json:1:", 0), 0u) << msg;
+  EXPECT_NE(msg.find("number overflow parsing '4e308' (at train_micro_batch_size_per_gpu)"), std::string::npos) << msg;
+}
+
+TEST(ConfigInputTest, DeepNestingIsRejected) {
+  const std::string deep = std::string(200000, '[') + std::string(200000, ']');
+  EXPECT_EQ(ErrorOf(deep), "test.json:1:65: JSON nests deeper than 64 levels");
+  // Within the limit, but deep: the message's rendering of the value is cut.
+  const std::string msg = ErrorOf("{\"zinf\": " + std::string(60, '[') + std::string(60, ']') + "}");
+  EXPECT_NE(msg.find("zinf: expected an object, found the array [[[[["), std::string::npos) << msg;
+}
+
+TEST(ConfigInputTest, ManyProblemsAreCountedNotAllListed) {
+  std::string text = "{";
+  for (int i = 0; i < 5000; ++i) text += (i ? ",\"" : "\"") + std::string(300, 'k') + std::to_string(i) + "\": 1";
+  text += "}";
+  const std::string msg = ErrorOf(text);
+  EXPECT_NE(msg.find("5000 problems:"), std::string::npos) << msg.substr(0, 200);
+  EXPECT_NE(msg.find("(and 4980 more)"), std::string::npos);
+  EXPECT_LT(msg.size(), 200000u);
+}
+
+TEST(ConfigInputTest, ManyDuplicateKeysAreOneProblemEach) {
+  std::string text = "{\"zero_optimization\": {";
+  for (int i = 0; i < 100000; ++i) text += std::string(i ? "," : "") + "\"stage\": 1";
+  text += "}}";
+  const std::string msg = ErrorOf(text);
+  EXPECT_NE(msg.find("zero_optimization.stage: key appears more than once"), std::string::npos) << msg.substr(0, 300);
+}
+
+TEST(ConfigInputTest, AutoFromAHugeHiddenSizeIsAnErrorNotAnOverflow) {
+  Config c = MustParse(R"({"zero_optimization": {"reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto"}})");
+  AutoContext ctx;
+  ctx.hidden_size = int64_t{3037000500};  // its square overflows int64
+  auto r = ResolveAuto(c, ctx);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("a hidden size of 3037000500 is above"), std::string::npos)
+      << r.status().message();
+}
+
+TEST(BatchSizesTest, ProductsBeyondInt64AreAnError) {
+  Config c = MustParse(R"({"train_micro_batch_size_per_gpu": 9000000000000000000, "gradient_accumulation_steps": 4})");
+  auto r = ResolveBatchSizes(c, 2);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("multiply beyond 2^63"), std::string::npos) << r.status().message();
+  c = MustParse(R"({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 4611686018427387904})");
+  EXPECT_FALSE(ResolveBatchSizes(c, 4).ok());
+  // Values set in code are checked too (no division by zero).
+  c = Config{};
+  c.train_batch_size = 8;
+  c.train_micro_batch_size_per_gpu = 0;
+  EXPECT_FALSE(ResolveBatchSizes(c, 1).ok());
+}
+
+}  // namespace
+}  // namespace zinf

@@ -45,6 +45,18 @@ TEST(ParseCountTest, DecimalSuffixes) {
   }
 }
 
+TEST(ParseParamCountTest, BoundedSoStateBytesFitInt64) {
+  EXPECT_EQ(ParseParamCount("1.5B").value(), 1500000000);
+  EXPECT_EQ(ParseParamCount("576460752303423488").value(), kMaxParamCount);
+  for (const char* text : {"0", "576460752303423489", "1e19", "18446744073709551615", "-1", "x"}) {
+    auto r = ParseParamCount(text);
+    EXPECT_FALSE(r.ok()) << text;
+    if (!r.ok()) {
+      EXPECT_NE(r.status().message().find(text), std::string::npos) << r.status().message();
+    }
+  }
+}
+
 TEST(FormatTest, BytesAndCounts) {
   EXPECT_EQ(FormatBytes(17), "17 B");
   EXPECT_EQ(FormatBytes(4ull << 30), "4.00 GiB");

@@ -4,6 +4,7 @@
 
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <cstdlib>
@@ -54,11 +55,38 @@ TEST(ZinfCliTest, ConfigCheckResolvesAutoWithHiddenSize) {
   EXPECT_NE(r.output.find("\"stage3_param_persistence_threshold\": 10240"), std::string::npos) << r.output;
 }
 
-TEST(ZinfCliTest, BadConfigExitsOneWithThePath) {
+TEST(ZinfCliTest, BadConfigExitsTwoWithThePath) {
   std::string path = ScratchFile("bad_stage.json", R"({"zero_optimization": {"stage": 7}})");
   auto r = RunZinf("config check " + path);
-  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find(path + ": zero_optimization.stage: 7 is out of range"), std::string::npos) << r.output;
+}
+
+// Input files that aborted (134) or crashed (139) zinf: one line naming the
+// file (and the key), exit code 2, from config check, train and plan alike.
+TEST(ZinfCliTest, HostileConfigsExitTwoWithOneLine) {
+  const std::string overflow = ScratchFile("overflow.json", R"({"train_micro_batch_size_per_gpu": 4e308})");
+  const std::string deep = ScratchFile("deep.json", std::string(200000, '[') + std::string(200000, ']'));
+  for (const std::string& path : {overflow, deep}) {
+    for (const std::string& command :
+         {"config check " + path, "train --steps 1 --config " + path, "plan --params 1M --config " + path}) {
+      auto r = zinf::test::RunCommand(zinf::test::BinaryDir() + "/zinf " + command + " 2>&1 >/dev/null");
+      EXPECT_EQ(r.exit_code, 2) << command << ": " << r.output;
+      EXPECT_NE(r.output.find(path + ":1:"), std::string::npos) << command << ": " << r.output;
+      EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << command << ": " << r.output;
+    }
+  }
+  auto r = RunZinf("config check " + overflow);
+  EXPECT_NE(r.output.find("(at train_micro_batch_size_per_gpu)"), std::string::npos) << r.output;
+}
+
+TEST(ZinfCliTest, ParamCountsBeyondInt64ExitTwo) {
+  auto r = RunZinf("config check " + Data("ds_zero3_nvme.json") + " --params 1e19");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--params: invalid count '1e19'"), std::string::npos) << r.output;
+  r = RunZinf("plan --params 1e19");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--params: invalid count '1e19'"), std::string::npos) << r.output;
 }
 
 TEST(ZinfCliTest, BadUsageExitsTwo) {
