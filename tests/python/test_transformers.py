@@ -26,7 +26,8 @@ libraries.
    folder loads with from_pretrained; a peft LoRA model trains with its base
    frozen and its adapter loads back.
 
-  test_transformers.py SCRATCH_DIR [--only NAME]
+  test_transformers.py SCRATCH_DIR [--only NAME] [--cuda]
+(--cuda: part 1 on a GPU, against torch there; exits 77 without one.)
 Exits 77 (skipped) without torch, transformers, peft or deepspeed.
 """
 import copy
@@ -51,6 +52,7 @@ import zinf.torch  # noqa: E402
 from zinf._capi import ZinfError  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+DEVICE = torch.device("cpu")  # --cuda: the models and batches on the GPU
 ROOT = os.path.dirname(os.path.dirname(HERE))
 torch.set_num_threads(1)
 
@@ -74,7 +76,7 @@ def make(arch, vocab, seed=0):
                                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, **kw)
     cfg._attn_implementation = "eager"
     torch.manual_seed(seed)
-    return AutoModelForCausalLM.from_config(cfg)
+    return AutoModelForCausalLM.from_config(cfg).to(DEVICE)
 
 
 def cfg(stage, **extra):
@@ -112,7 +114,7 @@ def test_models_unchanged(scratch):
                 g = torch.Generator().manual_seed(2)
                 worst = 0.0
                 for step in range(3):
-                    x = torch.randint(0, vocab, (2, 12), generator=g)
+                    x = torch.randint(0, vocab, (2, 12), generator=g).to(DEVICE)
                     mask = torch.ones_like(x)
                     mask[0, :3] = 0  # left padding on the first row
                     pos = (mask.cumsum(-1) - 1).clamp(min=0)
@@ -132,7 +134,7 @@ def test_models_unchanged(scratch):
     for arch in ("llama", "gpt2"):
         plain = make(arch, 4096)
         plain.eval()
-        x = torch.randint(0, 4096, (2, 8), generator=torch.Generator().manual_seed(3))
+        x = torch.randint(0, 4096, (2, 8), generator=torch.Generator().manual_seed(3)).to(DEVICE)
         want = plain.generate(x, max_new_tokens=6, do_sample=False, pad_token_id=0)
         for stage in (0, 1, 2, 3):
             model = copy.deepcopy(plain)
@@ -167,7 +169,7 @@ def test_models_unchanged(scratch):
         assert abs(loss.item() - want_loss.item()) <= 1e-5 * abs(want_loss.item())
         got = model.state_dict()
         for name, p in ref.named_parameters():
-            e = (got[name] - p.detach()).abs().max().item() / max(p.detach().abs().max().item(), 1e-30)
+            e = (got[name].to(DEVICE) - p.detach()).abs().max().item() / max(p.detach().abs().max().item(), 1e-30)
             assert e <= 1e-5, (arch, name, e)
         engine.close()
     print("  generate() at stages 0-3 gives the plain model's tokens; gradient_checkpointing_enable() recomputes")
@@ -342,9 +344,23 @@ TESTS = [test_models_unchanged, test_from_pretrained, test_auto_values, test_tra
 
 
 def main():
+    global DEVICE
     scratch = sys.argv[1] if len(sys.argv) > 1 else "/tmp/zinf-transformers"
     only = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else None
     os.makedirs(scratch, exist_ok=True)
+    if "--cuda" in sys.argv:
+        # The GPU variant: the models unchanged, generate() and checkpointing
+        # on CUDA, against torch on the same GPU.
+        if not torch.cuda.is_available():
+            print("SKIP: torch sees no CUDA GPU (torch %s)" % torch.__version__)
+            sys.exit(77)
+        DEVICE = torch.device("cuda", 0)
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        print("zinf with transformers %s on %s" % (transformers.__version__, torch.cuda.get_device_name(0)))
+        test_models_unchanged(scratch)
+        print("ok")
+        return
     print("zinf with transformers %s, peft %s, DeepSpeed %s, torch %s" % (
         transformers.__version__, peft.__version__, deepspeed.__version__, torch.__version__))
     for t in TESTS:
