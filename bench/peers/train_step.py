@@ -13,6 +13,11 @@ FSDP2 runs z2cpu's equivalent (fully_shard on one rank; on a machine with no
 GPU its CPU offload policy has nothing to offload from) and has no NVMe tier:
 its rows for z3opt and z3nvme say so.
 
+--device cuda runs the same on a GPU machine (DeepSpeed's CUDA accelerator,
+zinf on the GPU, FSDP2 with CPUOffloadPolicy on NCCL). Such a machine may
+lack DeepSpeed and some of its dependencies: fetch them here as wheels for
+its Python (3.12) and carry them, as bench/peers/README.md says.
+
 Each (engine, configuration) runs in its own process, one after another,
 round by round with the order rotated; a round takes --warmup steps then
 --steps timed steps. Per engine and configuration: the median s/step and
@@ -71,6 +76,8 @@ def peak_rss_mib():
 def child(args):
     """One engine, one configuration: --warmup + --steps steps; prints RESULT json."""
     peers_common.setup_environment(args.threads)
+    if args.device == "cuda":
+        os.environ.pop("DS_ACCELERATOR", None)
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
     torch.set_num_threads(args.threads)
@@ -81,8 +88,13 @@ def child(args):
                       tie_word_embeddings=False, attn_implementation="sdpa")
     model = LlamaForCausalLM(cfg)
     params = sum(p.numel() for p in model.parameters())
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(0)
+        model = model.to(device)
     g = torch.Generator().manual_seed(1)
-    batches = [torch.randint(0, args.vocab, (1, args.seq_len), generator=g) for _ in range(args.warmup + args.steps)]
+    batches = [torch.randint(0, args.vocab, (1, args.seq_len), generator=g).to(device)
+               for _ in range(args.warmup + args.steps)]
     nvme = os.path.join(args.path, "nvme-%s-%s" % (args.engine, args.config))
     shutil.rmtree(nvme, ignore_errors=True)
     os.makedirs(nvme)
@@ -94,14 +106,16 @@ def child(args):
     if args.engine == "fsdp2":
         import torch.distributed as dist
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
-        dist.init_process_group("gloo", rank=0, world_size=1)
-        mesh = init_device_mesh("cpu", (1,))
+        cuda = device.type == "cuda"
+        dist.init_process_group("nccl" if cuda else "gloo", rank=0, world_size=1)
+        mesh = init_device_mesh("cuda" if cuda else "cpu", (1,))
+        extra = {"offload_policy": CPUOffloadPolicy()} if cuda else {}
         for layer in model.model.layers:
-            fully_shard(layer, mesh=mesh)
-        fully_shard(model, mesh=mesh)
+            fully_shard(layer, mesh=mesh, **extra)
+        fully_shard(model, mesh=mesh, **extra)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.01)
 
         def step(x):
@@ -147,9 +161,11 @@ def run_one(args, engine, config):
     cmd = [sys.executable, os.path.abspath(__file__), "--child", "--engine", engine, "--config", config,
            "--layers", str(args.layers), "--hidden", str(args.hidden), "--vocab", str(args.vocab),
            "--seq-len", str(args.seq_len), "--steps", str(args.steps), "--warmup", str(args.warmup),
-           "--threads", str(args.threads), "--path", args.path]
+           "--threads", str(args.threads), "--path", args.path, "--device", args.device]
     env = dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
                MASTER_PORT=str(29400 + (hash((engine, config, time.time())) % 500)))
+    if args.device == "cuda":
+        env.pop("DS_ACCELERATOR", None)  # DeepSpeed picks its CUDA accelerator
     if engine == "zinf":
         for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
             env.pop(k)
@@ -173,6 +189,7 @@ def main():
     ap.add_argument("--configs", default=",".join(CONFIGS))
     ap.add_argument("--engines", default=",".join(ENGINES))
     ap.add_argument("--path", default=os.environ.get("ZINF_TMPDIR", "/var/tmp/zinf-peers"))
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--quick", action="store_true", help="a small model, 1 round: a smoke run")
     ap.add_argument("--child", action="store_true")
