@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 #include <oneapi/tbb/task_arena.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -90,7 +91,7 @@ int Run(const ExportOptions& opt) {
     int64_t elements;
   };
   std::vector<UnitInfo> units;
-  for (const auto& u : manifest.at("units")) units.push_back({u.at("name"), u.at("elements")});
+  for (const auto& u : reader->units()) units.push_back({u.name, u.elements});
   std::vector<float> master;
   auto read_unit = [&](int u) -> Result<std::span<const float>> {
     master.assign(units[u].elements, 0.0f);
@@ -133,11 +134,18 @@ int Run(const ExportOptions& opt) {
     const auto& m = client.at("model");
     model::GptConfig mc;
     mc.name = m.value("name", std::string("gpt"));
-    mc.vocab_size = m.at("vocab_size");
-    mc.max_seq_len = m.at("max_seq_len");
-    mc.embed_dim = m.at("embed_dim");
-    mc.num_layers = m.at("num_layers");
-    mc.num_heads = m.at("num_heads");
+    auto dimension = [&](const char* key) {
+      const nlohmann::json& v = m.at(key);
+      if (!v.is_number_integer()) {
+        throw Failure{"the checkpoint's manifest is damaged: model." + std::string(key) + " is " + v.dump()};
+      }
+      return v.get<int64_t>();
+    };
+    mc.vocab_size = dimension("vocab_size");
+    mc.max_seq_len = dimension("max_seq_len");
+    mc.embed_dim = dimension("embed_dim");
+    mc.num_layers = dimension("num_layers");
+    mc.num_heads = dimension("num_heads");
     Must(mc.Validate(), "the checkpoint's model");
     if (static_cast<int>(units.size()) != model::NumUnits(mc)) {
       throw Failure{"the checkpoint has " + std::to_string(units.size()) + " units; its model " + mc.ToString() +
@@ -159,15 +167,19 @@ int Run(const ExportOptions& opt) {
     std::vector<Where> where;
     for (size_t u = 0; u < units.size(); ++u) {
       for (const auto& p : manifest.at("units")[u].at("params")) {
-        std::vector<int64_t> shape = p.at("shape");
-        const int64_t offset = p.at("offset");
-        int64_t n = 1;
-        for (int64_t d : shape) {
+        const nlohmann::json& dims = p.at("shape");
+        const bool integers = dims.is_array() && p.at("offset").is_number_integer() &&
+                              std::all_of(dims.begin(), dims.end(), [](const auto& d) { return d.is_number_integer(); });
+        std::vector<int64_t> shape;
+        const int64_t offset = integers ? p.at("offset").get<int64_t>() : -1;
+        int64_t n = integers ? 1 : -1;
+        for (size_t k = 0; integers && k < dims.size() && n >= 0; ++k) {
+          const int64_t d = dims[k].get<int64_t>();
           if (d <= 0 || n > (int64_t{1} << 40) / d) n = -1;
-          if (n < 0) break;
-          n *= d;
+          if (n >= 0) n *= d;
+          shape.push_back(d);
         }
-        if (n < 0 || offset < 0 || offset + n > units[u].elements) {
+        if (n < 0 || offset < 0 || offset > units[u].elements - n) {
           throw Failure{"the checkpoint's manifest is damaged: tensor '" + p.at("name").get<std::string>() +
                         "' of unit '" + units[u].name + "' (offset " + std::to_string(offset) + ", shape " +
                         p.at("shape").dump() + ") does not fit the unit's " + std::to_string(units[u].elements) +

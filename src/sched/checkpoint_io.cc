@@ -349,34 +349,52 @@ Result<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(nvme::IoEngine&
   }
   const std::string manifest_path = (fs::path(r->dir_) / "manifest.json").string();
   ZINF_ASSIGN_OR_RETURN(std::string text, ReadSmallFile(manifest_path));
-  r->manifest_ = nlohmann::json::parse(text, nullptr, false);
-  if (r->manifest_.is_discarded() || !r->manifest_.is_object() || !r->manifest_.contains("format") ||
-      !r->manifest_["format"].is_number_integer() || r->manifest_["format"].get<int64_t>() != kFormat) {
-    return DataLoss(manifest_path + ": not a zinf checkpoint manifest of format " + std::to_string(kFormat));
-  }
-  try {
-    const int world = r->manifest_.at("world_size");
-    for (int rank = 0; rank < world; ++rank) {
-      const std::string tpath = (fs::path(r->dir_) / ("rank-" + std::to_string(rank) + ".json")).string();
-      auto ttext = ReadSmallFile(tpath);
-      if (!ttext.ok()) {
-        return DataLoss("checkpoint " + r->dir_ + ": rank " + std::to_string(rank) + "'s table " + tpath + " is missing");
-      }
-      auto t = nlohmann::json::parse(*ttext, nullptr, false);
-      if (t.is_discarded()) return DataLoss(tpath + ": not valid JSON");
-      r->paths_.push_back((fs::path(r->dir_) / t.at("file").get<std::string>()).string());
-      r->files_.emplace_back();
-      for (const auto& e : t.at("tensors")) {
-        r->slices_[{e.at("unit").get<std::string>(), e.at("kind").get<std::string>()}].push_back(
-            {e.at("begin").get<int64_t>(), e.at("count").get<int64_t>(), e.at("offset").get<uint64_t>(),
-             e.at("xxh3").get<uint64_t>(), r->paths_.size() - 1});
-      }
+  ZINF_RETURN_IF_ERROR(ParseManifest(text, manifest_path, &r->tables_));
+  for (int rank = 0; rank < r->tables_.world_size; ++rank) {
+    const std::string tpath = (fs::path(r->dir_) / ("rank-" + std::to_string(rank) + ".json")).string();
+    auto ttext = ReadSmallFile(tpath);
+    if (!ttext.ok()) {
+      return DataLoss("checkpoint " + r->dir_ + ": rank " + std::to_string(rank) + "'s table " + tpath + " is missing");
     }
-  } catch (const nlohmann::json::exception& e) {
-    return DataLoss(manifest_path + " or a rank table: malformed (" + std::string(e.what()) + ")");
+    ZINF_RETURN_IF_ERROR(AddRankTable(*ttext, tpath, &r->tables_));
+    r->paths_.push_back((fs::path(r->dir_) / r->tables_.files.back()).string());
+    r->files_.emplace_back();
   }
+  ZINF_RETURN_IF_ERROR(r->CheckDataFiles());
   ZINF_ASSIGN_OR_RETURN(r->reader_, SliceReader::Create(io));
   return r;
+}
+
+// Every slice within its data file's real size, and every unit of the
+// manifest held whole by its master slices: what the tables promise is what
+// the files can give, before anything is sized from them.
+Status CheckpointReader::CheckDataFiles() const {
+  namespace fs = std::filesystem;
+  std::vector<uint64_t> sizes(paths_.size(), 0);
+  std::vector<bool> seen(paths_.size(), false);
+  for (const auto& [key, slices] : tables_.slices) {
+    for (const SliceEntry& sl : slices) {
+      if (!seen[sl.file]) {
+        std::error_code ec;
+        sizes[sl.file] = fs::file_size(paths_[sl.file], ec);
+        if (ec) {
+          if (ec == std::errc::no_such_file_or_directory) return DataLoss("checkpoint file missing: " + paths_[sl.file]);
+          return IoError("stat " + paths_[sl.file] + ": " + ec.message());
+        }
+        seen[sl.file] = true;
+      }
+      const uint64_t end = sl.offset + static_cast<uint64_t>(sl.count) * 4;  // bounded by AddRankTable
+      if (end > sizes[sl.file]) {
+        return DataLoss("checkpoint file truncated: " + paths_[sl.file] + " is " + std::to_string(sizes[sl.file]) +
+                        " bytes; unit '" + key.first + "' " + key.second + " elements [" + std::to_string(sl.begin) +
+                        ", " + std::to_string(sl.begin + sl.count) + ") end at byte " + std::to_string(end));
+      }
+    }
+  }
+  for (const ManifestUnit& u : tables_.units) {
+    ZINF_RETURN_IF_ERROR(PlanRange(tables_, dir_, u.name, kStateKindNames[0], u.elements, 0, u.elements).status());
+  }
+  return Status::Ok();
 }
 
 Status CheckpointReader::ReadRange(const std::string& unit, int kind, int64_t unit_elems, int64_t first,
@@ -387,21 +405,18 @@ Status CheckpointReader::ReadRange(const std::string& unit, int kind, int64_t un
 Status CheckpointReader::ReadRanges(const std::vector<Range>& ranges) {
   std::vector<SliceReader::Job> jobs;
   for (const Range& rg : ranges) {
-    const char* kname = kKindNames[rg.kind];
-    int64_t covered = 0;
-    for (const Slice& sl : slices_[{rg.unit, kname}]) {
-      if (sl.begin < 0 || sl.count < 0 || sl.begin + sl.count > rg.unit_elems) {
-        return DataLoss("checkpoint " + dir_ + ": unit '" + rg.unit + "' " + kname + " slice [" +
-                        std::to_string(sl.begin) + ", " + std::to_string(sl.begin + sl.count) +
-                        ") is outside the unit (" + std::to_string(rg.unit_elems) + " elements)");
-      }
-      const int64_t lo = std::max(sl.begin, rg.first), hi = std::min(sl.begin + sl.count, rg.first + rg.count);
-      if (lo >= hi) continue;  // elements the caller does not want
+    if (rg.kind < 0 || rg.kind > 2) return InvalidArgument("checkpoint: state kind " + std::to_string(rg.kind));
+    const char* kname = kStateKindNames[rg.kind];
+    ZINF_ASSIGN_OR_RETURN(std::vector<SlicePart> parts,
+                          PlanRange(tables_, dir_, rg.unit, kname, rg.unit_elems, rg.first, rg.count));
+    for (const SlicePart& part : parts) {
+      const SliceEntry& sl = *part.slice;
       if (!files_[sl.file]) {
         ZINF_ASSIGN_OR_RETURN(files_[sl.file], OpenDataFile(io_, paths_[sl.file], false));
       }
-      const uint64_t want_lo = static_cast<uint64_t>(lo - sl.begin) * 4, want_hi = static_cast<uint64_t>(hi - sl.begin) * 4;
-      char* out = reinterpret_cast<char*>(rg.dst + (lo - rg.first));
+      const uint64_t want_lo = static_cast<uint64_t>(part.lo - sl.begin) * 4;
+      const uint64_t want_hi = static_cast<uint64_t>(part.hi - sl.begin) * 4;
+      char* out = reinterpret_cast<char*>(rg.dst + (part.lo - rg.first));
       jobs.push_back({files_[sl.file], sl.offset, static_cast<uint64_t>(sl.count) * 4, sl.xxh3,
                       "unit '" + rg.unit + "' " + kname + " elements [" + std::to_string(sl.begin) + ", " +
                           std::to_string(sl.begin + sl.count) + ")",
@@ -409,11 +424,6 @@ Status CheckpointReader::ReadRanges(const std::vector<Range>& ranges) {
                         const uint64_t a = std::max(pos, want_lo), b = std::min(pos + n, want_hi);
                         if (a < b) std::memcpy(out + (a - want_lo), static_cast<const char*>(data) + (a - pos), b - a);
                       }});
-      covered += hi - lo;
-    }
-    if (covered != rg.count) {
-      return DataLoss("checkpoint " + dir_ + ": unit '" + rg.unit + "' " + kname + " covers " +
-                      std::to_string(covered) + " of the " + std::to_string(rg.count) + " elements asked for");
     }
   }
   return reader_->ReadAll(jobs);

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "nvme/io_engine.h"
+#include "sched/checkpoint_tables.h"
 #include "zinf/status.h"
 
 namespace zinf::ckpt {
@@ -138,19 +139,25 @@ class SliceReader {
 // offset, XXH3) with the data in rank-R.bin.
 class CheckpointReader {
  public:
-  static constexpr int kFormat = 2;
-  static constexpr const char* kKindNames[3] = {"master", "exp_avg", "exp_avg_sq"};
+  static constexpr int kFormat = kCheckpointFormat;
+  static constexpr const char* const* kKindNames = kStateKindNames;
 
   // `path` is a step-N directory, or a directory whose `latest` names one.
-  // kNotFound when neither; kDataLoss for a damaged manifest or table.
+  // kNotFound when neither; kDataLoss for a damaged manifest or table (see
+  // checkpoint_tables.h), a missing data file, a slice that ends beyond its
+  // data file, or a unit of the manifest whose master slices do not hold
+  // every one of its elements (so a unit's size is bounded by the files).
   static Result<std::unique_ptr<CheckpointReader>> Open(nvme::IoEngine& io, const std::string& path);
   const std::string& dir() const { return dir_; }
-  const nlohmann::json& manifest() const { return manifest_; }
+  const nlohmann::json& manifest() const { return tables_.manifest; }
+  // The manifest's units, checked: a name and an element count each.
+  const std::vector<ManifestUnit>& units() const { return tables_.units; }
 
   // Elements [first, first + count) of unit `unit` (of `unit_elems`
   // elements) for state `kind` (0 master, 1 m, 2 v) into `dst`, from every
   // slice overlapping them, each slice read and verified in full. kDataLoss
-  // for a checksum mismatch, a truncated file, or elements no slice covers.
+  // for a checksum mismatch, a truncated file, or elements no slice covers
+  // (a slice listed twice covers its elements once).
   Status ReadRange(const std::string& unit, int kind, int64_t unit_elems, int64_t first, int64_t count, float* dst);
   // Several ranges at once, read ahead across slices.
   struct Range {
@@ -163,18 +170,13 @@ class CheckpointReader {
   uint64_t bytes_read() const { return reader_->bytes_read(); }
 
  private:
-  struct Slice {
-    int64_t begin, count;
-    uint64_t offset, xxh3;
-    size_t file;
-  };
   CheckpointReader(nvme::IoEngine& io) : io_(io) {}
+  Status CheckDataFiles() const;
   nvme::IoEngine& io_;
   std::string dir_;
-  nlohmann::json manifest_;
-  std::vector<std::string> paths_;
+  CheckpointTables tables_;
+  std::vector<std::string> paths_;  // the data files, per tables_.files
   std::vector<std::shared_ptr<nvme::File>> files_;
-  std::map<std::pair<std::string, std::string>, std::vector<Slice>> slices_;
   std::unique_ptr<SliceReader> reader_;
 };
 
