@@ -283,7 +283,12 @@ class Engines:
                "--iodepth=" + str(qd), "--numjobs=" + str(thr), "--size=" + str(per_job),
                "--offset_increment=" + str(per_job), "--ioengine=" + engine, "--direct=1", "--group_reporting",
                "--output-format=json"] + (["--iomem=shmhuge"] if name.endswith("-huge") else [])
-        out = subprocess.run(cmd, capture_output=True, text=True)
+        for attempt in range(3):
+            out = subprocess.run(cmd, capture_output=True, text=True)
+            # Another process may hold the lent pool pages for a moment.
+            if out.returncode == 0 or "no huge pages available" not in out.stderr + out.stdout:
+                break
+            time.sleep(1.0)
         if out.returncode != 0:
             return {"error": (out.stderr or out.stdout).strip()[-400:]}
         side = json.loads(out.stdout)["jobs"][0][op]
@@ -405,7 +410,8 @@ def main():
         if os.geteuid() != 0:
             print("storage: --huge-pages needs root (it lends pages to the hugetlb pool)", file=sys.stderr)
             return 1
-        pages = max(bs * qd * thr for bs, qd, thr in a.case_list) // (2 << 20) + 16
+        need = max(bs * qd * thr + 2 * thr * (2 << 20) for bs, qd, thr in a.case_list) // (2 << 20)
+        pages = 2 * need + 16  # room for another process taking some meanwhile
         restores.append(lend_hugepages(pages))
 
     facts = pc.versions(with_torch=True, with_fio=True)
