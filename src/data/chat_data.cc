@@ -285,8 +285,15 @@ Result<std::unique_ptr<ChatDataset>> ChatDataset::Open(const std::string& path, 
   auto file_or = MappedFile::Open(path);
   if (!file_or.ok()) return std::move(file_or).status().WithContext("--data");
   const MappedFile file = std::move(file_or).value();
-  const std::string_view text(file.chars(), file.size_bytes());
+  return FromText(std::string_view(file.chars(), file.size_bytes()), path, tokenizer, chat_template, seq_len, progress);
+}
 
+Result<std::unique_ptr<ChatDataset>> ChatDataset::FromText(std::string_view text, const std::string& path,
+                                                            const Tokenizer& tokenizer, ChatTemplate chat_template,
+                                                            int64_t seq_len,
+                                                            const std::function<void(uint64_t, uint64_t)>& progress) {
+  if (seq_len < 1) return InvalidArgument("chat data: sequence length must be >= 1");
+  ZINF_RETURN_IF_ERROR(CheckChatTemplate(chat_template, tokenizer).WithContext(path));
   auto ds = std::unique_ptr<ChatDataset>(new ChatDataset());
   ds->seq_len_ = seq_len;
   RowPacker packer(seq_len, tokenizer.TokenId(Info(chat_template).end_of_turn));

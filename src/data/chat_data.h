@@ -141,6 +141,11 @@ class ChatDataset {
   static Result<std::unique_ptr<ChatDataset>> Open(const std::string& path, const Tokenizer& tokenizer,
                                                    ChatTemplate chat_template, int64_t seq_len,
                                                    const std::function<void(uint64_t, uint64_t)>& progress = {});
+  // The same over the file's text (tests, fuzzing); errors name `path`.
+  static Result<std::unique_ptr<ChatDataset>> FromText(std::string_view text, const std::string& path,
+                                                       const Tokenizer& tokenizer, ChatTemplate chat_template,
+                                                       int64_t seq_len,
+                                                       const std::function<void(uint64_t, uint64_t)>& progress = {});
 
   // The last max(1, floor(rows · valid_fraction)) rows validate, the rest
   // train; kInvalidArgument when fewer than 2 rows or a bad fraction.
