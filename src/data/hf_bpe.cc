@@ -64,9 +64,15 @@ constexpr size_t kMaxEntriesPerShard = size_t{1} << 15;
 }  // namespace
 
 struct BpeModel::Impl {
-  std::vector<std::string> id_token;  // as spelled in the file
-  std::vector<std::string> id_bytes;  // what the id stands for (byte-level: its bytes)
-  std::vector<uint8_t> id_present;
+  // One entry per vocabulary token, found by id through a map: ids may be
+  // sparse (a file can say 2147483646), so nothing is sized by the largest.
+  struct Entry {
+    std::string token;  // as spelled in the file
+    std::string bytes;  // what the id stands for (byte-level: its bytes)
+  };
+  std::vector<Entry> entries;
+  std::unordered_map<int32_t, int32_t> entry_of_id;
+  int64_t id_limit = 0;   // one past the largest id
   TokenMap token_to_id;   // the file's spelling
   TokenMap symbol_to_id;  // what EncodeWord looks words and characters up by
   bool byte_level = false, byte_fallback = false, ignore_merges = false, fuse_unk = false;
@@ -81,6 +87,10 @@ struct BpeModel::Impl {
   };
   mutable std::array<Shard, kCacheShards> cache;
 
+  const Entry* Find(int32_t id) const {
+    auto it = entry_of_id.find(id);
+    return it == entry_of_id.end() ? nullptr : &entries[static_cast<size_t>(it->second)];
+  }
   int32_t SymbolId(std::string_view s) const {
     auto it = symbol_to_id.find(s);
     return it == symbol_to_id.end() ? -1 : it->second;
@@ -177,9 +187,9 @@ Result<std::unique_ptr<BpeModel>> BpeModel::Create(BpeConfig config) {
     max_id = std::max(max_id, id);
   }
   if (max_id < 0) return InvalidArgument("vocab: the vocabulary is empty");
-  impl->id_token.assign(max_id + 1, {});
-  impl->id_bytes.assign(max_id + 1, {});
-  impl->id_present.assign(max_id + 1, 0);
+  impl->id_limit = max_id + 1;
+  impl->entries.reserve(config.vocab.size());
+  impl->entry_of_id.reserve(config.vocab.size());
   impl->token_to_id.reserve(config.vocab.size());
 
   // The byte alphabet's inverse, for byte-level spelling.
@@ -190,11 +200,11 @@ Result<std::unique_ptr<BpeModel>> BpeModel::Create(BpeConfig config) {
   }
   for (auto& [text, id64] : config.vocab) {
     const auto id = static_cast<int32_t>(id64);
-    if (impl->id_present[id]) {
-      return InvalidArgument("vocab: id " + std::to_string(id) + " is given to both '" + impl->id_token[id] +
-                             "' and '" + text + "'");
+    const auto [slot, inserted] = impl->entry_of_id.emplace(id, static_cast<int32_t>(impl->entries.size()));
+    if (!inserted) {
+      return InvalidArgument("vocab: id " + std::to_string(id) + " is given to both '" +
+                             impl->entries[static_cast<size_t>(slot->second)].token + "' and '" + text + "'");
     }
-    impl->id_present[id] = 1;
     impl->token_to_id.emplace(text, id);
     std::string bytes = text;
     bool in_alphabet = config.byte_level;
@@ -215,8 +225,7 @@ Result<std::unique_ptr<BpeModel>> BpeModel::Create(BpeConfig config) {
     // In byte-level mode a token spelled outside the alphabet can never come
     // out of the merges; it is kept for decoding only.
     if (!config.byte_level || in_alphabet) impl->symbol_to_id.emplace(bytes, id);
-    impl->id_bytes[id] = std::move(bytes);
-    impl->id_token[id] = std::move(text);
+    impl->entries.push_back({std::move(text), std::move(bytes)});
   }
 
   if (config.byte_level) {
@@ -299,17 +308,17 @@ void BpeModel::EncodeWord(std::string_view word, std::vector<int32_t>* out) cons
   }
 }
 
-int64_t BpeModel::IdLimit() const { return static_cast<int64_t>(impl_->id_token.size()); }
-bool BpeModel::HasId(int32_t id) const {
-  return id >= 0 && id < IdLimit() && impl_->id_present[id];
-}
+int64_t BpeModel::IdLimit() const { return impl_->id_limit; }
+bool BpeModel::HasId(int32_t id) const { return impl_->Find(id) != nullptr; }
 const std::string& BpeModel::IdToToken(int32_t id) const {
   static const std::string kNone;
-  return HasId(id) ? impl_->id_token[id] : kNone;
+  const Impl::Entry* e = impl_->Find(id);
+  return e ? e->token : kNone;
 }
 const std::string& BpeModel::IdToBytes(int32_t id) const {
   static const std::string kNone;
-  return HasId(id) ? impl_->id_bytes[id] : kNone;
+  const Impl::Entry* e = impl_->Find(id);
+  return e ? e->bytes : kNone;
 }
 int32_t BpeModel::TokenToId(std::string_view token) const {
   auto it = impl_->token_to_id.find(token);

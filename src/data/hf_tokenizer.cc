@@ -11,6 +11,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/json_text.h"
 #include "data/hf_bpe.h"
 #include "data/hf_pretokenize.h"
 #include "data/unicode_classes.h"
@@ -59,6 +60,25 @@ struct AddedToken {
 
 Status Bad(const std::string& where, const std::string& what) { return InvalidArgument(where + ": " + what); }
 
+// Limits on what a file may ask of the pipeline, each far above any real
+// tokenizer (Llama 2's: 2 normalizer steps, 4 decoder steps, strings of one
+// character). Without them a file of a few bytes could make encoding
+// exponential (a Replace that doubles the text, repeated) or recurse a
+// thousand pre-tokenizers deep.
+constexpr size_t kMaxSteps = 32;             // per normalizer, pre-tokenizer, decoder
+constexpr size_t kMaxPipelineString = 256;   // bytes of a Prepend, Replace or Metaspace string
+constexpr double kMaxGrowth = 256;           // how many times longer the steps may make a text
+
+Status CheckStepCount(size_t steps, const std::string& where) {
+  if (steps <= kMaxSteps) return Status::Ok();
+  return Bad(where, std::to_string(steps) + " steps; zinf takes at most " + std::to_string(kMaxSteps));
+}
+Status CheckPipelineString(const std::string& s, const std::string& where) {
+  if (s.size() <= kMaxPipelineString) return Status::Ok();
+  return Bad(where, "a string of " + std::to_string(s.size()) + " bytes; zinf takes at most " +
+                        std::to_string(kMaxPipelineString));
+}
+
 std::string Key(const std::string& where, const std::string& key) { return where.empty() ? key : where + "." + key; }
 std::string Index(const std::string& where, size_t i) { return where + "[" + std::to_string(i) + "]"; }
 
@@ -66,7 +86,7 @@ std::string Index(const std::string& where, size_t i) { return where + "[" + std
 Result<bool> GetBool(const Json& j, const std::string& key, const std::string& where, bool dflt) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return dflt;
-  if (!it->is_boolean()) return Bad(Key(where, key), "expected true or false, got " + it->dump());
+  if (!it->is_boolean()) return Bad(Key(where, key), "expected true or false, got " + JsonSnippet(*it));
   return it->get<bool>();
 }
 Result<std::string> GetString(const Json& j, const std::string& key, const std::string& where,
@@ -76,13 +96,13 @@ Result<std::string> GetString(const Json& j, const std::string& key, const std::
     if (dflt) return *dflt;
     return Bad(Key(where, key), "missing (expected a string)");
   }
-  if (!it->is_string()) return Bad(Key(where, key), "expected a string, got " + it->dump());
+  if (!it->is_string()) return Bad(Key(where, key), "expected a string, got " + JsonSnippet(*it));
   return it->get<std::string>();
 }
 Result<int64_t> GetInt(const Json& j, const std::string& key, const std::string& where, int64_t dflt) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return dflt;
-  if (!it->is_number_integer()) return Bad(Key(where, key), "expected an integer, got " + it->dump());
+  if (!it->is_number_integer()) return Bad(Key(where, key), "expected an integer, got " + JsonSnippet(*it));
   return it->get<int64_t>();
 }
 Result<const Json*> GetArray(const Json& j, const std::string& key, const std::string& where) {
@@ -91,7 +111,7 @@ Result<const Json*> GetArray(const Json& j, const std::string& key, const std::s
   return &*it;
 }
 Result<std::string> GetType(const Json& j, const std::string& where) {
-  if (!j.is_object()) return Bad(where, "expected an object, got " + j.dump().substr(0, 80));
+  if (!j.is_object()) return Bad(where, "expected an object, got " + JsonSnippet(j, 80));
   return GetString(j, "type", where);
 }
 
@@ -111,7 +131,7 @@ Result<std::string> GetStringPattern(const Json& j, const std::string& where) {
 Result<PrependScheme> GetPrependScheme(const Json& j, const std::string& where) {
   auto it = j.find("prepend_scheme");
   if (it != j.end() && !it->is_null()) {
-    const std::string s = it->is_string() ? it->get<std::string>() : it->dump();
+    const std::string s = it->is_string() ? it->get<std::string>() : JsonSnippet(*it);
     if (s == "always") return PrependScheme::kAlways;
     if (s == "first") return PrependScheme::kFirst;
     if (s == "never") return PrependScheme::kNever;
@@ -127,6 +147,7 @@ Status ParseNormalizer(const Json& j, const std::string& where, std::vector<Norm
   ZINF_ASSIGN_OR_RETURN(std::string type, GetType(j, where));
   if (type == "Sequence") {
     ZINF_ASSIGN_OR_RETURN(const Json* list, GetArray(j, "normalizers", where));
+    ZINF_RETURN_IF_ERROR(CheckStepCount(steps->size() + list->size(), Key(where, "normalizers")));
     for (size_t i = 0; i < list->size(); ++i) {
       ZINF_RETURN_IF_ERROR(ParseNormalizer((*list)[i], Index(Key(where, "normalizers"), i), steps));
     }
@@ -134,12 +155,15 @@ Status ParseNormalizer(const Json& j, const std::string& where, std::vector<Norm
     steps->emplace_back().kind = NormKind::kNfc;
   } else if (type == "Prepend") {
     ZINF_ASSIGN_OR_RETURN(std::string prepend, GetString(j, "prepend", where));
+    ZINF_RETURN_IF_ERROR(CheckPipelineString(prepend, Key(where, "prepend")));
     NormStep& step = steps->emplace_back();
     step.kind = NormKind::kPrepend;
     step.text = std::move(prepend);
   } else if (type == "Replace") {
     ZINF_ASSIGN_OR_RETURN(std::string pattern, GetStringPattern(j, where));
     ZINF_ASSIGN_OR_RETURN(std::string content, GetString(j, "content", where));
+    ZINF_RETURN_IF_ERROR(CheckPipelineString(pattern, Key(where, "pattern")));
+    ZINF_RETURN_IF_ERROR(CheckPipelineString(content, Key(where, "content")));
     NormStep& step = steps->emplace_back();
     step.kind = NormKind::kReplace;
     step.text = std::move(pattern);
@@ -147,7 +171,7 @@ Status ParseNormalizer(const Json& j, const std::string& where, std::vector<Norm
   } else {
     return Bad(Key(where, "type"), "unknown normalizer '" + type + "' (zinf knows NFC, Prepend, Replace, Sequence)");
   }
-  return Status::Ok();
+  return CheckStepCount(steps->size(), where);
 }
 
 Status ParsePreTokenizer(const Json& j, const std::string& where, std::vector<PreStep>* steps) {
@@ -155,6 +179,7 @@ Status ParsePreTokenizer(const Json& j, const std::string& where, std::vector<Pr
   ZINF_ASSIGN_OR_RETURN(std::string type, GetType(j, where));
   if (type == "Sequence") {
     ZINF_ASSIGN_OR_RETURN(const Json* list, GetArray(j, "pretokenizers", where));
+    ZINF_RETURN_IF_ERROR(CheckStepCount(steps->size() + list->size(), Key(where, "pretokenizers")));
     for (size_t i = 0; i < list->size(); ++i) {
       ZINF_RETURN_IF_ERROR(ParsePreTokenizer((*list)[i], Index(Key(where, "pretokenizers"), i), steps));
     }
@@ -189,6 +214,7 @@ Status ParsePreTokenizer(const Json& j, const std::string& where, std::vector<Pr
     s.kind = PreKind::kMetaspace;
     ZINF_ASSIGN_OR_RETURN(s.replacement, GetString(j, "replacement", where, std::string("\u2581")));
     if (s.replacement.empty()) return Bad(Key(where, "replacement"), "is empty");
+    ZINF_RETURN_IF_ERROR(CheckPipelineString(s.replacement, Key(where, "replacement")));
     ZINF_ASSIGN_OR_RETURN(s.prepend, GetPrependScheme(j, where));
     ZINF_ASSIGN_OR_RETURN(s.split, GetBool(j, "split", where, true));
     steps->push_back(std::move(s));
@@ -196,7 +222,7 @@ Status ParsePreTokenizer(const Json& j, const std::string& where, std::vector<Pr
     return Bad(Key(where, "type"),
                "unknown pre-tokenizer '" + type + "' (zinf knows ByteLevel, Metaspace, Split, Sequence)");
   }
-  return Status::Ok();
+  return CheckStepCount(steps->size(), where);
 }
 
 Status ParseDecoder(const Json& j, const std::string& where, std::vector<DecStep>* steps) {
@@ -204,6 +230,7 @@ Status ParseDecoder(const Json& j, const std::string& where, std::vector<DecStep
   ZINF_ASSIGN_OR_RETURN(std::string type, GetType(j, where));
   if (type == "Sequence") {
     ZINF_ASSIGN_OR_RETURN(const Json* list, GetArray(j, "decoders", where));
+    ZINF_RETURN_IF_ERROR(CheckStepCount(steps->size() + list->size(), Key(where, "decoders")));
     for (size_t i = 0; i < list->size(); ++i) {
       ZINF_RETURN_IF_ERROR(ParseDecoder((*list)[i], Index(Key(where, "decoders"), i), steps));
     }
@@ -214,6 +241,7 @@ Status ParseDecoder(const Json& j, const std::string& where, std::vector<DecStep
     s.kind = DecKind::kMetaspace;
     ZINF_ASSIGN_OR_RETURN(s.text, GetString(j, "replacement", where, std::string("\u2581")));
     if (s.text.empty()) return Bad(Key(where, "replacement"), "is empty");
+    ZINF_RETURN_IF_ERROR(CheckPipelineString(s.text, Key(where, "replacement")));
     ZINF_ASSIGN_OR_RETURN(s.prepend, GetPrependScheme(j, where));
     steps->push_back(std::move(s));
   } else if (type == "Replace") {
@@ -221,6 +249,8 @@ Status ParseDecoder(const Json& j, const std::string& where, std::vector<DecStep
     s.kind = DecKind::kReplace;
     ZINF_ASSIGN_OR_RETURN(s.text, GetStringPattern(j, where));
     ZINF_ASSIGN_OR_RETURN(s.content, GetString(j, "content", where));
+    ZINF_RETURN_IF_ERROR(CheckPipelineString(s.text, Key(where, "pattern")));
+    ZINF_RETURN_IF_ERROR(CheckPipelineString(s.content, Key(where, "content")));
     steps->push_back(std::move(s));
   } else if (type == "ByteFallback") {
     steps->emplace_back().kind = DecKind::kByteFallback;
@@ -231,6 +261,7 @@ Status ParseDecoder(const Json& j, const std::string& where, std::vector<DecStep
     s.kind = DecKind::kStrip;
     ZINF_ASSIGN_OR_RETURN(s.text, GetString(j, "content", where));
     if (s.text.empty()) return Bad(Key(where, "content"), "is empty");
+    ZINF_RETURN_IF_ERROR(CheckPipelineString(s.text, Key(where, "content")));
     ZINF_ASSIGN_OR_RETURN(s.start, GetInt(j, "start", where, 0));
     ZINF_ASSIGN_OR_RETURN(s.stop, GetInt(j, "stop", where, 0));
     if (s.start < 0 || s.stop < 0) return Bad(where, "start and stop must be >= 0");
@@ -239,6 +270,36 @@ Status ParseDecoder(const Json& j, const std::string& where, std::vector<DecStep
     return Bad(Key(where, "type"), "unknown decoder '" + type +
                                        "' (zinf knows ByteLevel, Metaspace, Replace, ByteFallback, Fuse, Strip, "
                                        "Sequence)");
+  }
+  return CheckStepCount(steps->size(), where);
+}
+
+// How many times longer the steps can make a text: each Replace by its
+// content over its pattern, each Metaspace by its replacement (every space
+// may become one); Prepend adds a bounded string and counts as one more time.
+double Growth(size_t pattern_bytes, size_t content_bytes) {
+  return std::max(1.0, static_cast<double>(content_bytes) / static_cast<double>(std::max<size_t>(pattern_bytes, 1)));
+}
+Status CheckGrowth(const std::vector<NormStep>& norm, const std::vector<PreStep>& pre,
+                   const std::vector<DecStep>& dec) {
+  double encode = 1, decode = 1;
+  for (const NormStep& n : norm) {
+    if (n.kind == NormKind::kReplace) encode *= Growth(n.text.size(), n.content.size());
+    if (n.kind == NormKind::kPrepend) encode += 1;
+  }
+  for (const PreStep& p : pre) {
+    if (p.kind == PreKind::kMetaspace) encode *= Growth(1, p.replacement.size()) + 1;
+  }
+  for (const DecStep& d : dec) {
+    if (d.kind == DecKind::kReplace) decode *= Growth(d.text.size(), d.content.size());
+  }
+  if (encode > kMaxGrowth) {
+    return Bad("normalizer", "its Replace, Prepend and Metaspace steps can make a text " + std::to_string(encode) +
+                                 " times longer; zinf takes at most " + std::to_string(kMaxGrowth));
+  }
+  if (decode > kMaxGrowth) {
+    return Bad("decoder", "its Replace steps can make a text " + std::to_string(decode) +
+                              " times longer; zinf takes at most " + std::to_string(kMaxGrowth));
   }
   return Status::Ok();
 }
@@ -250,7 +311,7 @@ Result<BpeConfig> ParseModel(const Json& j, bool byte_level) {
   if (type != "BPE") return Bad(Key(where, "type"), "unknown model '" + type + "' (zinf reads BPE models)");
   auto dropout = j.find("dropout");
   if (dropout != j.end() && !dropout->is_null() && !(dropout->is_number() && dropout->get<double>() == 0.0)) {
-    return Bad(Key(where, "dropout"), dropout->dump() + " is not supported (only null)");
+    return Bad(Key(where, "dropout"), JsonSnippet(*dropout) + " is not supported (only null)");
   }
   for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
     ZINF_ASSIGN_OR_RETURN(std::string v, GetString(j, key, where, std::string()));
@@ -271,7 +332,7 @@ Result<BpeConfig> ParseModel(const Json& j, bool byte_level) {
   config.vocab.reserve(vocab->size());
   for (auto it = vocab->begin(); it != vocab->end(); ++it) {
     if (!it.value().is_number_integer()) {
-      return Bad(Key(where, "vocab"), "token '" + it.key() + "' maps to " + it.value().dump() + ", expected an id");
+      return Bad(Key(where, "vocab"), "token '" + it.key() + "' maps to " + JsonSnippet(it.value()) + ", expected an id");
     }
     config.vocab.emplace_back(it.key(), it.value().get<int64_t>());
   }
@@ -290,7 +351,7 @@ Result<BpeConfig> ParseModel(const Json& j, bool byte_level) {
     } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
       config.merges.emplace_back(m[0].get<std::string>(), m[1].get<std::string>());
     } else {
-      return Bad(Index(Key(where, "merges"), i), "expected \"left right\" or [\"left\", \"right\"], got " + m.dump());
+      return Bad(Index(Key(where, "merges"), i), "expected \"left right\" or [\"left\", \"right\"], got " + JsonSnippet(m));
     }
   }
   return config;
@@ -623,8 +684,9 @@ Result<std::unique_ptr<HfTokenizer>> HfTokenizer::Load(const std::string& path) 
 }
 
 Result<std::unique_ptr<HfTokenizer>> HfTokenizer::FromJson(std::string_view json, const std::string& origin) {
-  Json root = Json::parse(json.begin(), json.end(), nullptr, /*allow_exceptions=*/false);
-  if (root.is_discarded()) return InvalidArgument(origin + ": not valid JSON (or not valid UTF-8)");
+  auto parsed = ParseJsonText(json, origin);
+  if (!parsed.ok()) return parsed.status();
+  const Json root = std::move(parsed->value);
   if (!root.is_object()) return InvalidArgument(origin + ": expected a JSON object");
   auto impl = std::make_unique<Impl>();
   auto parse = [&]() -> Status {
@@ -636,6 +698,7 @@ Result<std::unique_ptr<HfTokenizer>> HfTokenizer::FromJson(std::string_view json
     ZINF_RETURN_IF_ERROR(ParseNormalizer(member("normalizer"), "normalizer", &impl->normalizers));
     ZINF_RETURN_IF_ERROR(ParsePreTokenizer(member("pre_tokenizer"), "pre_tokenizer", &impl->pre_tokenizers));
     ZINF_RETURN_IF_ERROR(ParseDecoder(member("decoder"), "decoder", &impl->decoders));
+    ZINF_RETURN_IF_ERROR(CheckGrowth(impl->normalizers, impl->pre_tokenizers, impl->decoders));
     impl->has_decoder = !member("decoder").is_null();
     impl->byte_level_only_decoder = impl->decoders.size() == 1 && impl->decoders[0].kind == DecKind::kByteLevel;
     const bool byte_level = std::any_of(impl->pre_tokenizers.begin(), impl->pre_tokenizers.end(),

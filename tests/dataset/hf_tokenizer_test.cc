@@ -335,7 +335,59 @@ TEST(HfTokenizerTest, RejectedFilesNameTheKey) {
   }
   auto not_json = HfTokenizer::FromJson("{\"model\": ", "tok.json");
   ASSERT_FALSE(not_json.ok());
-  EXPECT_NE(not_json.status().message().find("tok.json: not valid JSON"), std::string::npos);
+  EXPECT_NE(not_json.status().message().find("tok.json:1:11: malformed JSON"), std::string::npos)
+      << not_json.status().message();
+}
+
+// Files that crashed the reader or made it explode (the issue "Inputs that
+// never crash"), each now one InvalidArgument naming the key.
+TEST(HfTokenizerInputTest, ASparseIdAllocatesNothingBySize) {
+  // The 61-byte reproducer: id 2147483646 asked for a 64 GiB table.
+  const std::string tiny = R"({"model":{"type":"BPE","vocab":{"a":2147483646},"merges":[]}})";
+  ASSERT_EQ(tiny.size(), 61u);
+  auto t = HfTokenizer::FromJson(tiny, "tok.json");
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  EXPECT_EQ((*t)->VocabSize(), 2147483647);
+  EXPECT_EQ((*t)->Encode("aa"), (std::vector<int32_t>{2147483646, 2147483646}));
+  EXPECT_EQ((*t)->Decode(std::vector<int32_t>{2147483646}).value(), "a");
+  EXPECT_EQ((*t)->Decode(std::vector<int32_t>{7}).status().code(), StatusCode::kOutOfRange);
+}
+
+TEST(HfTokenizerInputTest, HostilePipelinesAreRejected) {
+  auto error_of = [](const Json& j) {
+    auto t = HfTokenizer::FromJson(j.dump(), "tok.json");
+    EXPECT_FALSE(t.ok());
+    return t.ok() ? std::string() : t.status().message();
+  };
+  // A thousand nested Sequences: JSON too deep.
+  Json nested = {{"type", "NFC"}};
+  for (int i = 0; i < 1000; ++i) nested = {{"type", "Sequence"}, {"normalizers", Json::array({nested})}};
+  Json j = ByteLevelJson({"ab"}, {{"a", "b"}});
+  j["normalizer"] = nested;
+  EXPECT_NE(error_of(j).find("nests deeper than 64 levels"), std::string::npos);
+  // A thousand Metaspace pre-tokenizers, flat: PreTokenize recursed per step.
+  Json many = Json::array();
+  for (int i = 0; i < 1000; ++i) many.push_back({{"type", "Metaspace"}, {"replacement", "_"}});
+  j = ByteLevelJson({"ab"}, {{"a", "b"}});
+  j["pre_tokenizer"] = {{"type", "Sequence"}, {"pretokenizers", many}};
+  EXPECT_NE(error_of(j).find("tok.json: pre_tokenizer.pretokenizers: 1000 steps; zinf takes at most 32"), std::string::npos)
+      << error_of(j);
+  // Twenty Replace steps that each double the text: a million-fold.
+  Json doubling = Json::array();
+  for (int i = 0; i < 20; ++i) {
+    doubling.push_back({{"type", "Replace"}, {"pattern", {{"String", "a"}}}, {"content", "aa"}});
+  }
+  j = ByteLevelJson({"ab"}, {{"a", "b"}});
+  j["normalizer"] = {{"type", "Sequence"}, {"normalizers", doubling}};
+  EXPECT_NE(error_of(j).find("tok.json: normalizer: its Replace, Prepend and Metaspace steps can make a text 1048576"),
+            std::string::npos)
+      << error_of(j);
+  j["normalizer"] = nullptr;
+  j["decoder"] = {{"type", "Sequence"}, {"decoders", doubling}};
+  EXPECT_NE(error_of(j).find("tok.json: decoder: its Replace steps"), std::string::npos) << error_of(j);
+  j["decoder"] = {{"type", "Replace"}, {"pattern", {{"String", "a"}}}, {"content", std::string(1000, 'x')}};
+  EXPECT_NE(error_of(j).find("tok.json: decoder.content: a string of 1000 bytes"), std::string::npos)
+      << error_of(j);
 }
 
 TEST(HfTokenizerTest, MakeTokenizerTakesAFileOrADirectory) {
