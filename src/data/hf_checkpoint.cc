@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "common/float16.h"
+#include "common/json_text.h"
 
 namespace zinf::data {
 namespace fs = std::filesystem;
@@ -118,11 +119,22 @@ Result<std::string> ReadText(const std::string& path) {
   return ss.str();
 }
 
+// A JSON object from `text`; errors name `path` (and the line, column and key).
+Result<nlohmann::json> ParseObject(std::string_view text, const std::string& path) {
+  ZINF_ASSIGN_OR_RETURN(ParsedJson parsed, ParseJsonText(text, path));
+  if (!parsed.value.is_object()) return InvalidArgument(path + ": not a JSON object");
+  return std::move(parsed.value);
+}
+
 Result<nlohmann::json> ReadJson(const std::string& path) {
   ZINF_ASSIGN_OR_RETURN(std::string text, ReadText(path));
-  nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) return InvalidArgument(path + ": not a JSON object");
-  return j;
+  return ParseObject(text, path);
+}
+
+// A shard named by an index: a file of the folder, never a path elsewhere.
+bool IsPlainFileName(const std::string& name) {
+  return !name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos &&
+         name.find('\0') == std::string::npos;
 }
 
 }  // namespace
@@ -136,8 +148,7 @@ Result<HfModel> ReadHfConfig(const std::string& dir) {
 }
 
 Result<HfModel> ParseHfConfig(const std::string& text, const std::string& path) {
-  nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) return InvalidArgument(path + ": not a JSON object");
+  ZINF_ASSIGN_OR_RETURN(nlohmann::json j, ParseObject(text, path));
   auto bad = [&](const std::string& key, const std::string& what) {
     return InvalidArgument(path + ": \"" + key + "\" " + what);
   };
@@ -186,7 +197,7 @@ Result<HfModel> ParseHfConfig(const std::string& text, const std::string& path) 
   ZINF_RETURN_IF_ERROR(number("rope_theta", c.rope_theta, false));
   ZINF_ASSIGN_OR_RETURN(c.tied_head, boolean("tie_word_embeddings", false));  // transformers' default
   if (j.contains("hidden_act") && j["hidden_act"] != "silu") {
-    return bad("hidden_act", "is " + j["hidden_act"].dump() + "; the Llama family's MLP is SwiGLU (silu)");
+    return bad("hidden_act", "is " + JsonSnippet(j["hidden_act"]) + "; the Llama family's MLP is SwiGLU (silu)");
   }
   ZINF_ASSIGN_OR_RETURN(const bool mlp_bias, boolean("mlp_bias", false));
   if (mlp_bias) return bad("mlp_bias", "is true; zinf's Llama MLP has no biases");
@@ -209,7 +220,15 @@ Result<HfModel> ParseHfConfig(const std::string& text, const std::string& path) 
   }
   if (j.contains(rope_key) && !j[rope_key].is_null()) {
     const nlohmann::json& r = j[rope_key];
-    const std::string type = r.value("rope_type", r.value("type", std::string("?")));
+    if (!r.is_object()) return bad(rope_key, "must be an object");
+    // "rope_type", or "type" in older files; value() would throw for a non-string.
+    std::string type = "?";
+    for (const char* key : {"type", "rope_type"}) {
+      auto it = r.find(key);
+      if (it == r.end()) continue;
+      if (!it->is_string()) return bad(rope_key + "." + key, "must be a string");
+      type = it->get<std::string>();
+    }
     if (type == "llama3") {
       auto get = [&](const char* key, double& out) -> Status {
         if (!r.contains(key) || !r[key].is_number()) return bad(rope_key + "." + key, "is missing");
@@ -222,14 +241,21 @@ Result<HfModel> ParseHfConfig(const std::string& text, const std::string& path) 
       ZINF_RETURN_IF_ERROR(get("low_freq_factor", c.rope_scaling.low_freq_factor));
       ZINF_RETURN_IF_ERROR(get("high_freq_factor", c.rope_scaling.high_freq_factor));
       ZINF_RETURN_IF_ERROR(get("original_max_position_embeddings", old_len));
+      // A length: a whole number that fits (a double beyond int64 does not convert).
+      if (!(old_len >= 1 && old_len <= 1e15 && old_len == std::floor(old_len))) {
+        return bad(rope_key + ".original_max_position_embeddings", "must be a positive whole number");
+      }
       c.rope_scaling.original_max_position = static_cast<int64_t>(old_len);
     } else if (type != "default") {
       return bad(rope_key + ".rope_type", "is '" + type + "'; zinf applies default and llama3 RoPE");
     }
   }
   if (j.contains("sliding_window") && j["sliding_window"].is_number_integer()) {
-    const bool used = m.model_type == "mistral" ? true : j.value("use_sliding_window", false);
-    if (used) m.sliding_window = j["sliding_window"].get<int64_t>();
+    ZINF_ASSIGN_OR_RETURN(const bool use, boolean("use_sliding_window", false));
+    if (m.model_type == "mistral" || use) {
+      if (j["sliding_window"].get<int64_t>() < 0) return bad("sliding_window", "must be >= 0 or null");
+      m.sliding_window = j["sliding_window"].get<int64_t>();
+    }
   }
   if (Status st = c.Validate(); !st.ok()) return InvalidArgument(path + ": " + st.message());
   return m;
@@ -248,7 +274,10 @@ Result<HfCheckpoint> HfCheckpoint::Open(const std::string& dir, const GptConfig&
       return InvalidArgument(index_path + ": \"weight_map\" is missing");
     }
     for (const auto& [name, file] : index["weight_map"].items()) {
-      if (!file.is_string()) return InvalidArgument(index_path + ": weight_map[\"" + name + "\"] is not a file name");
+      if (!file.is_string() || !IsPlainFileName(file.get<std::string>())) {
+        return InvalidArgument(index_path + ": weight_map[\"" + name + "\"] is " + JsonSnippet(file) +
+                               ", not the name of a file in the folder");
+      }
       weight_map[name] = file.get<std::string>();
       if (std::find(ck.files_.begin(), ck.files_.end(), file.get<std::string>()) == ck.files_.end()) {
         ck.files_.push_back(file.get<std::string>());

@@ -120,6 +120,17 @@ Status GptConfig::Validate() const {
   ZINF_RETURN_IF_ERROR(positive("num_heads", num_heads));
   ZINF_RETURN_IF_ERROR(positive("embed_dim", embed_dim));
   auto bad = [&](const std::string& what) { return InvalidArgument("gpt config '" + name + "': " + what); };
+  // BLAS takes 32-bit dimensions and a unit index is an int. Each dimension
+  // is bounded before any product of them is formed, so none overflows.
+  constexpr int64_t kMaxDim = std::numeric_limits<int32_t>::max();
+  constexpr int64_t kMaxLayers = int64_t{1} << 20;
+  for (const auto& [field, v] : {std::pair{"vocab_size", vocab_size}, std::pair{"max_seq_len", max_seq_len},
+                                 std::pair{"embed_dim", embed_dim}, std::pair{"num_heads", num_heads},
+                                 std::pair{"num_kv_heads", num_kv_heads}, std::pair{"head_dim", head_dim_size},
+                                 std::pair{"intermediate_size", intermediate_size}}) {
+    if (v > kMaxDim) return bad(std::string(field) + " " + std::to_string(v) + " is not below 2^31");
+  }
+  if (num_layers > kMaxLayers) return bad("num_layers " + std::to_string(num_layers) + " is above 2^20");
   if (intermediate_size < 0) return bad("intermediate_size must be >= 1 (or 0 for 4 × embed_dim)");
   if (num_kv_heads < 0) return bad("num_kv_heads must be >= 1 (or 0 for num_heads)");
   if (head_dim_size < 0) return bad("head_dim must be >= 1 (or 0 for embed_dim / num_heads)");
@@ -145,8 +156,11 @@ Status GptConfig::Validate() const {
                  "original_max_position_embeddings >= 1");
     }
   }
-  // BLAS takes 32-bit dimensions and leading dimensions.
-  constexpr int64_t kMaxDim = std::numeric_limits<int32_t>::max();
+  // Leading dimensions too (H·D and the fused q|k|v width, in double first).
+  if (static_cast<double>(num_heads) * static_cast<double>(head_dim()) * 3.0 > static_cast<double>(kMaxDim)) {
+    return bad("num_heads x head_dim " + std::to_string(num_heads) + " x " + std::to_string(head_dim()) +
+               " is not below 2^31");
+  }
   if (vocab_size > kMaxDim || max_seq_len > kMaxDim || fc_dim() > kMaxDim || qkv_dim() > kMaxDim ||
       embed_dim > kMaxDim) {
     return bad("dimensions must stay below 2^31");

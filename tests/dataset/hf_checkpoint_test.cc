@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <functional>
 #include <random>
 
 #include "common/float16.h"
@@ -241,6 +242,75 @@ TEST(HfCheckpointTest, FoldersZinfCannotHonourAreOneLineNamingTheKeyOrTensor) {
   const Status missing = ReadHfConfig(dir).status();
   EXPECT_EQ(missing.code(), StatusCode::kNotFound);
   EXPECT_NE(missing.message().find(dir + "/config.json"), std::string::npos) << missing.message();
+}
+
+// config.json files that threw out of ParseHfConfig (nlohmann's value() on
+// a non-string), converted a double beyond int64 (UB), or overflowed int64
+// inside GptConfig::Validate: each is now one InvalidArgument naming the key.
+TEST(HfCheckpointInputTest, HostileConfigsAreOneLineNamingTheKey) {
+  nlohmann::json base = nlohmann::json::parse(HfConfigJson(Preset("tiny-llama")));
+  auto error_of = [&](const std::function<void(nlohmann::json&)>& edit) {
+    nlohmann::json j = base;
+    edit(j);
+    auto hf = ParseHfConfig(j.dump(), "config.json");
+    EXPECT_FALSE(hf.ok()) << j.dump();
+    if (hf.ok()) return std::string();
+    EXPECT_EQ(hf.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(hf.status().message().rfind("config.json", 0), 0u) << hf.status().message();
+    EXPECT_EQ(hf.status().message().find('\n'), std::string::npos) << hf.status().message();
+    return hf.status().message();
+  };
+  EXPECT_NE(error_of([](auto& j) { j["rope_scaling"] = {{"rope_type", 3}}; }).find("rope_scaling.rope_type"),
+            std::string::npos);
+  EXPECT_NE(error_of([](auto& j) { j["rope_scaling"] = {{"type", nullptr}}; }).find("rope_scaling.type"),
+            std::string::npos);
+  EXPECT_NE(error_of([](auto& j) { j["rope_scaling"] = "llama3"; }).find("\"rope_scaling\" must be an object"),
+            std::string::npos);
+  EXPECT_NE(error_of([](auto& j) {
+              j["model_type"] = "qwen2";
+              j["sliding_window"] = 4;
+              j["use_sliding_window"] = "yes";
+            }).find("\"use_sliding_window\" must be true or false"),
+            std::string::npos);
+  EXPECT_NE(error_of([](auto& j) {
+              j["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
+                                   {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 1e300}};
+            }).find("rope_scaling.original_max_position_embeddings"),
+            std::string::npos);
+  EXPECT_NE(error_of([](auto& j) {
+              j["num_attention_heads"] = 2147483647;
+              j["num_key_value_heads"] = 1;
+              j["head_dim"] = 2147483646;
+            }).find("num_heads x head_dim"),
+            std::string::npos);
+  EXPECT_NE(error_of([](auto& j) { j["intermediate_size"] = int64_t{1} << 62; }).find("intermediate_size"),
+            std::string::npos);
+  EXPECT_NE(error_of([](auto& j) { j["num_hidden_layers"] = int64_t{1} << 40; }).find("num_layers"),
+            std::string::npos);
+  EXPECT_NE(error_of([](auto& j) { j["sliding_window"] = -5; j["model_type"] = "mistral"; }).find("sliding_window"),
+            std::string::npos);
+  auto deep = ParseHfConfig(std::string(100000, '[') + std::string(100000, ']'), "config.json");
+  ASSERT_FALSE(deep.ok());
+  EXPECT_NE(deep.status().message().find("config.json:1:65: JSON nests deeper than 64 levels"), std::string::npos);
+  auto huge = ParseHfConfig(R"({"model_type": "llama", "rms_norm_eps": 1e999})", "config.json");
+  ASSERT_FALSE(huge.ok());
+  EXPECT_NE(huge.status().message().find("(at rms_norm_eps)"), std::string::npos) << huge.status().message();
+}
+
+// An index may only name files of the folder: "../x" opened files anywhere.
+TEST(HfCheckpointInputTest, IndexNamesOnlyFilesOfTheFolder) {
+  const GptConfig c = Preset("tiny-llama");
+  const std::string dir = FreshDir();
+  HfExportOptions sharded;
+  sharded.max_shard_bytes = 1 << 12;
+  ASSERT_TRUE(Export(RandomUnits(c, 3), c, dir, sharded).ok());
+  for (const char* name : {"../model.safetensors", "/dev/zero", "", "."}) {
+    const nlohmann::json index = {{"weight_map", {{"model.embed_tokens.weight", name}}}};
+    WriteFile(dir + "/model.safetensors.index.json", index.dump());
+    Status st = HfCheckpoint::Open(dir, c).status();
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << name;
+    EXPECT_NE(st.message().find("not the name of a file in the folder"), std::string::npos) << st.message();
+  }
 }
 
 }  // namespace
