@@ -409,6 +409,8 @@ Status EngineImpl::ReadShards(ckpt::CheckpointReader& reader) {
         float* base = buf + swapper_->offset_in_group(group[j]);
         for (int k = 0; k < 3; ++k) std::fill(base + k * oe + ov, base + (k + 1) * oe, 0.0f);
         whole[j] = !(u.partitioned || (ob == 0 && ov == u.part.num_elems));
+        // A rank whose shard holds only padding reads nothing of the unit.
+        if (ov == 0) continue;
         for (int k = whole[j] ? 1 : 0; k < 3; ++k) ranges.push_back({u.name, k, u.part.num_elems, ob, ov, base + k * oe});
       }
       ZINF_RETURN_IF_ERROR(reader.ReadRanges(ranges));
@@ -458,7 +460,7 @@ Status EngineImpl::ReadShards(ckpt::CheckpointReader& reader) {
     std::vector<Range> ranges;
     for (int k = 0; k < 3; ++k) {
       state[k].assign(std::max<int64_t>(len[k], 0), 0.0f);
-      ranges.push_back({u.name, k, u.part.num_elems, first[k], std::max<int64_t>(len[k], 0), state[k].data()});
+      if (len[k] > 0) ranges.push_back({u.name, k, u.part.num_elems, first[k], len[k], state[k].data()});
     }
     ZINF_RETURN_IF_ERROR(reader.ReadRanges(ranges));
     // Place the owned range where the state lives.
