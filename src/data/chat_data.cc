@@ -61,12 +61,6 @@ std::pair<std::string, std::string> SplitThinking(std::string_view content) {
           std::string(StripNewlines(content.substr(last_close + 8), true, false))};
 }
 
-size_t CommonPrefix(std::span<const int32_t> a, std::span<const int32_t> b) {
-  const size_t n = std::min(a.size(), b.size());
-  size_t i = 0;
-  while (i < n && a[i] == b[i]) ++i;
-  return i;
-}
 
 }  // namespace
 
@@ -219,18 +213,19 @@ Result<std::vector<ChatPiece>> RenderChat(ChatTemplate t, std::span<const ChatMe
 
 TokenizedChat TokenizeChat(const Tokenizer& tokenizer, std::span<const ChatPiece> pieces) {
   std::string whole;
-  for (const ChatPiece& p : pieces) whole += p.text;
+  std::vector<size_t> cuts;  // where each piece but the last ends
+  for (const ChatPiece& p : pieces) {
+    whole += p.text;
+    cuts.push_back(whole.size());
+  }
+  if (!cuts.empty()) cuts.pop_back();
   TokenizedChat out;
   out.ids = tokenizer.Encode(whole);
   out.trained.assign(out.ids.size(), 0);
-  size_t offset = 0, begin = 0;
+  const std::vector<size_t> shared = tokenizer.SharedPrefixLengths(whole, out.ids, cuts);
+  size_t begin = 0;
   for (size_t i = 0; i < pieces.size(); ++i) {
-    offset += pieces[i].text.size();
-    size_t end = out.ids.size();
-    if (i + 1 < pieces.size()) {
-      const std::vector<int32_t> prefix = tokenizer.Encode(std::string_view(whole).substr(0, offset));
-      end = std::max(begin, CommonPrefix(prefix, out.ids));
-    }
+    const size_t end = i < shared.size() ? std::clamp(shared[i], begin, out.ids.size()) : out.ids.size();
     std::fill(out.trained.begin() + begin, out.trained.begin() + end, pieces[i].trained ? 1 : 0);
     begin = end;
   }

@@ -451,10 +451,11 @@ struct HfTokenizer::Impl {
     int64_t added;  // index into `added`, or -1 for text
   };
 
-  // Step 1: the added tokens' matches and the text between them.
-  void SplitAdded(std::string_view text, std::vector<Segment>* segments) const {
+  // Step 1: the added tokens' matches and the text between them, scanning
+  // from `from` (the text before it is context for single_word only).
+  void SplitAdded(std::string_view text, std::vector<Segment>* segments, size_t from = 0) const {
     std::vector<Segment> matches;
-    for (size_t i = 0; i < text.size();) {
+    for (size_t i = from; i < text.size();) {
       const auto& candidates = added_by_first_byte[static_cast<uint8_t>(text[i])];
       bool found = false;
       for (size_t k : candidates) {
@@ -472,7 +473,7 @@ struct HfTokenizer::Impl {
       }
       if (!found) ++i;
     }
-    size_t pos = 0;
+    size_t pos = from;
     for (size_t m = 0; m <= matches.size(); ++m) {
       size_t begin = pos, end = m < matches.size() ? matches[m].begin : text.size();
       if (m > 0 && added[matches[m - 1].added].rstrip) begin += LeadingSpace(text.substr(begin, end - begin));
@@ -786,6 +787,77 @@ Result<std::string> HfTokenizer::Decode(std::span<const int32_t> tokens) const {
     is_added.push_back(k >= 0);
   }
   return m.RunDecoders(std::move(texts), std::move(is_added));
+}
+
+std::vector<size_t> HfTokenizer::SharedPrefixLengths(std::string_view text, std::span<const int32_t> ids,
+                                                     std::span<const size_t> cuts) const {
+  const Impl& m = *impl_;
+  const std::function<void()> no_flush = [] {};
+  // The whole text's segments and the index of each one's first id.
+  std::vector<Impl::Segment> segments;
+  m.SplitAdded(text, &segments);
+  std::vector<size_t> first_id(segments.size() + 1, 0);
+  std::vector<int32_t> scratch;
+  for (size_t k = 0; k < segments.size(); ++k) {
+    size_t count = 1;
+    if (segments[k].added < 0) {
+      scratch.clear();
+      m.EncodeText(text.substr(segments[k].begin, segments[k].end - segments[k].begin), segments[k].begin == 0,
+                   &scratch, no_flush);
+      count = scratch.size();
+    }
+    first_id[k + 1] = first_id[k] + count;
+  }
+  if (first_id.back() != ids.size()) return Tokenizer::SharedPrefixLengths(text, ids, cuts);  // not Encode(text)
+  std::vector<const AddedToken*> single_word;
+  for (const AddedToken& a : m.added) {
+    if (a.single_word) single_word.push_back(&a);
+  }
+
+  std::vector<size_t> out;
+  out.reserve(cuts.size());
+  size_t last = segments.size();  // the last added token ending at or before the cut
+  for (size_t k = 0, done = 0; done < cuts.size(); ++done) {
+    const size_t cut = std::min(cuts[done], text.size());
+    if (done > 0 && cuts[done] < cuts[done - 1]) return Tokenizer::SharedPrefixLengths(text, ids, cuts);
+    for (; k < segments.size() && segments[k].end <= cut; ++k) {
+      if (segments[k].added >= 0) last = k;
+    }
+    const std::string_view prefix = text.substr(0, cut);
+    bool exact = last < segments.size();
+    // A single_word candidate ending at the cut is refused in the whole text
+    // when a word character follows it, but not in the prefix: the prefix
+    // could then split before `last` differently.
+    for (const AddedToken* a : single_word) {
+      if (!exact) break;
+      const size_t n = a->content.size();
+      if (cut >= n && prefix.substr(cut - n) == a->content && cut - n < segments[last].begin) exact = false;
+    }
+    std::vector<Impl::Segment> rest;
+    if (exact) {
+      m.SplitAdded(prefix, &rest, segments[last].begin);
+      exact = !rest.empty() && rest[0].begin == segments[last].begin && rest[0].added == segments[last].added;
+    }
+    if (!exact) {
+      const std::array<size_t, 1> one{cut};
+      out.push_back(Tokenizer::SharedPrefixLengths(text, ids, one)[0]);
+      continue;
+    }
+    // The prefix's ids: the whole text's through `last`, then the rest's.
+    scratch.clear();
+    for (size_t r = 1; r < rest.size(); ++r) {
+      if (rest[r].added >= 0) {
+        scratch.push_back(m.added[rest[r].added].id);
+      } else {
+        m.EncodeText(prefix.substr(rest[r].begin, rest[r].end - rest[r].begin), rest[r].begin == 0, &scratch,
+                     no_flush);
+      }
+    }
+    size_t shared = first_id[last] + 1;
+    for (size_t i = 0; i < scratch.size() && shared < ids.size() && scratch[i] == ids[shared]; ++i) ++shared;
+    out.push_back(shared);
+  }
+  return out;
 }
 
 int32_t HfTokenizer::TokenToId(std::string_view token) const {

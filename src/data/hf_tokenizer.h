@@ -58,6 +58,12 @@ class HfTokenizer final : public Tokenizer {
   // kOutOfRange naming the first id that is neither in the vocabulary nor an
   // added token.
   Result<std::string> Decode(std::span<const int32_t> tokens) const override;
+  // Linear in the text: a prefix's ids up to the last added token before the
+  // cut are the whole text's, so only the stretch after that token is
+  // encoded again. (Where a single_word added token ending at the cut could
+  // split the prefix differently, that cut is encoded whole.)
+  std::vector<size_t> SharedPrefixLengths(std::string_view text, std::span<const int32_t> ids,
+                                          std::span<const size_t> cuts) const override;
 
   // The id of a token by its text (vocabulary or added token, as spelled in
   // the file), or -1.

@@ -24,6 +24,20 @@ std::vector<int32_t> Tokenizer::Encode(std::string_view text) const {
   return out;
 }
 
+std::vector<size_t> Tokenizer::SharedPrefixLengths(std::string_view text, std::span<const int32_t> ids,
+                                                   std::span<const size_t> cuts) const {
+  std::vector<size_t> out;
+  out.reserve(cuts.size());
+  for (size_t cut : cuts) {
+    const std::vector<int32_t> prefix = Encode(text.substr(0, std::min(cut, text.size())));
+    const size_t n = std::min(prefix.size(), ids.size());
+    size_t i = 0;
+    while (i < n && prefix[i] == ids[i]) ++i;
+    out.push_back(i);
+  }
+  return out;
+}
+
 // ---- ByteTokenizer ---------------------------------------------------------------
 
 void ByteTokenizer::EncodeStream(std::string_view text, size_t chunk_tokens,

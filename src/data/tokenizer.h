@@ -63,6 +63,15 @@ class Tokenizer {
   }
 
   std::vector<int32_t> Encode(std::string_view text) const;
+
+  // For each cut (offsets into `text`, ascending), how many leading ids
+  // Encode(text.substr(0, cut)) shares with `ids`, which is Encode(text): where
+  // a chat template's piece boundaries fall among the tokens (chat_data.h).
+  // This base version encodes every prefix, so its time grows with cuts x
+  // length; a tokenizer that splits text at tokens it knows overrides it with
+  // the same answers in time linear in the text.
+  virtual std::vector<size_t> SharedPrefixLengths(std::string_view text, std::span<const int32_t> ids,
+                                                  std::span<const size_t> cuts) const;
 };
 
 class ByteTokenizer final : public Tokenizer {

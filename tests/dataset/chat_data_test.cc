@@ -10,7 +10,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -317,6 +319,101 @@ TEST(ChatDataTest, DatasetErrorsNameTheFileAndLine) {
   EXPECT_NE(no_markers.status().message().find("<|begin_of_text|>"), std::string::npos);
 }
 
+// Conversations for the boundary tests: every template's shape, contents with
+// spaces at the edges, newlines, markers and text that merges across a cut.
+std::vector<std::vector<ChatMessage>> BoundaryConversations() {
+  std::vector<std::vector<ChatMessage>> out = {Conversation()};
+  uint64_t x = 7;
+  auto next = [&] { return x = x * 6364136223846793005ull + 1442695040888963407ull, x >> 33; };
+  const char* words[] = {" as", "has", "\n\n", "  ", "hi", "<|im_end|>", "</s>", "\xF0\x9F\x91\x8B", "a", " "};
+  for (int c = 0; c < 40; ++c) {
+    std::vector<ChatMessage> conv;
+    if (next() % 2) conv.push_back({"system", "sys"});
+    const int turns = 1 + static_cast<int>(next() % 5);
+    for (int t = 0; t < turns; ++t) {
+      for (const char* role : {"user", "assistant"}) {
+        std::string content;
+        for (uint64_t w = next() % 6; w > 0; --w) content += words[next() % std::size(words)];
+        conv.push_back({role, content});
+      }
+    }
+    out.push_back(std::move(conv));
+  }
+  return out;
+}
+
+// HfTokenizer's linear boundaries are the ones encoding each prefix gives.
+void ExpectFastBoundariesExact(const HfTokenizer& tok) {
+  for (const auto& conv : BoundaryConversations()) {
+    for (ChatTemplate t : {ChatTemplate::kLlama3, ChatTemplate::kChatMl, ChatTemplate::kQwen3, ChatTemplate::kMistral}) {
+      auto pieces = RenderChat(t, conv);
+      if (!pieces.ok()) continue;
+      std::string whole;
+      std::vector<size_t> cuts;
+      for (const ChatPiece& p : *pieces) cuts.push_back((whole += p.text).size());
+      const std::vector<int32_t> ids = tok.Encode(whole);
+      EXPECT_EQ(tok.SharedPrefixLengths(whole, ids, cuts), tok.Tokenizer::SharedPrefixLengths(whole, ids, cuts))
+          << ChatTemplateName(t) << ": " << whole;
+    }
+  }
+}
+
+TEST(ChatDataTest, LinearBoundariesEqualEncodingEachPrefix) {
+  ExpectFastBoundariesExact(*ByteTokenizerWithMarkers());
+  // Markers that strip the space beside them, or match only as whole words.
+  for (const char* flag : {"lstrip", "rstrip", "single_word"}) {
+    Json j = Json::parse(test::ByteTokenizerJsonWithMarkers());
+    for (auto& a : j["added_tokens"]) a[flag] = true;
+    j["added_tokens"].push_back({{"id", 300}, {"content", "as"}, {"single_word", true}});
+    j["added_tokens"].push_back({{"id", 301}, {"content", "d>"}, {"single_word", true}});
+    auto tok = HfTokenizer::FromJson(j.dump());
+    ASSERT_TRUE(tok.ok()) << tok.status().ToString();
+    SCOPED_TRACE(flag);
+    ExpectFastBoundariesExact(**tok);
+  }
+}
+
+// A tokenizer that counts the bytes it is asked to encode: TokenizeChat
+// encodes the conversation once, not once per turn (which made a line of
+// thousands of turns quadratic).
+class CountingTokenizer final : public Tokenizer {
+ public:
+  explicit CountingTokenizer(const Tokenizer& inner) : inner_(inner) {}
+  std::string Name() const override { return inner_.Name(); }
+  int64_t VocabSize() const override { return inner_.VocabSize(); }
+  uint64_t Fingerprint() const override { return inner_.Fingerprint(); }
+  void EncodeStream(std::string_view text, size_t chunk_tokens,
+                    const std::function<void(std::span<const int32_t>)>& sink) const override {
+    bytes += text.size();
+    inner_.EncodeStream(text, chunk_tokens, sink);
+  }
+  Result<std::string> Decode(std::span<const int32_t> tokens) const override { return inner_.Decode(tokens); }
+  int32_t TokenId(std::string_view token) const override { return inner_.TokenId(token); }
+  std::vector<size_t> SharedPrefixLengths(std::string_view text, std::span<const int32_t> ids,
+                                          std::span<const size_t> cuts) const override {
+    return inner_.SharedPrefixLengths(text, ids, cuts);
+  }
+  mutable size_t bytes = 0;
+
+ private:
+  const Tokenizer& inner_;
+};
+
+TEST(ChatDataTest, ThousandsOfTurnsAreEncodedOnce) {
+  const auto tok = ByteTokenizerWithMarkers();
+  std::vector<ChatMessage> conv;
+  for (int i = 0; i < 4000; ++i) conv.push_back({i % 2 ? "assistant" : "user", "turn " + std::to_string(i)});
+  for (ChatTemplate t : {ChatTemplate::kLlama3, ChatTemplate::kChatMl, ChatTemplate::kQwen3, ChatTemplate::kMistral}) {
+    auto pieces = RenderChat(t, conv);
+    ASSERT_TRUE(pieces.ok());
+    CountingTokenizer counting(*tok);
+    const TokenizedChat c = TokenizeChat(counting, *pieces);
+    EXPECT_EQ(counting.bytes, Joined(*pieces).size()) << ChatTemplateName(t);
+    EXPECT_EQ(TrainedPieces(*pieces).size(), 2000u);
+    EXPECT_EQ(std::count(c.trained.begin(), c.trained.end(), 1) > 0, true);
+  }
+}
+
 // ---- The real tokenizer.json files ----------------------------------------------
 
 class ChatDataRealTest : public ::testing::TestWithParam<std::string> {
@@ -352,6 +449,12 @@ TEST_P(ChatDataRealTest, TheMaskFollowsTheAssistantTurns) {
     if (want == ChatTemplate::kMistral) EXPECT_EQ(" " + runs[i], pieces[i]);
     else EXPECT_EQ(runs[i], pieces[i]);
   }
+}
+
+TEST_P(ChatDataRealTest, LinearBoundariesEqualEncodingEachPrefix) {
+  const auto tok = Load();
+  if (!tok) GTEST_SKIP() << Path() << " does not exist ($ZINF_TOKENIZER_DIR)";
+  ExpectFastBoundariesExact(*tok);
 }
 
 // zinf's rendering of a template against the one in the file's own

@@ -50,6 +50,23 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace zinf;
   static const std::unique_ptr<data::HfTokenizer> tokenizer = MakeTokenizer();
   const std::string_view text = fuzz::AsText(data, size);
+  // The tokenizer's linear boundaries against encoding every prefix, on the
+  // first line (small inputs: the reference is quadratic).
+  if (size <= 2048) {
+    auto messages = data::ParseChatLine(text.substr(0, text.find('\n')), "fuzz.jsonl:1");
+    for (data::ChatTemplate t : {data::ChatTemplate::kLlama3, data::ChatTemplate::kQwen3, data::ChatTemplate::kMistral}) {
+      if (!messages.ok()) break;
+      auto pieces = data::RenderChat(t, *messages);
+      if (!pieces.ok()) continue;
+      std::string whole;
+      std::vector<size_t> cuts;
+      for (const data::ChatPiece& p : *pieces) cuts.push_back((whole += p.text).size());
+      const std::vector<int32_t> ids = tokenizer->Encode(whole);
+      ZINF_FUZZ_CHECK(tokenizer->SharedPrefixLengths(whole, ids, cuts) ==
+                          tokenizer->Tokenizer::SharedPrefixLengths(whole, ids, cuts),
+                      "linear chat boundaries differ from the prefix encodings");
+    }
+  }
   for (data::ChatTemplate t : {data::ChatTemplate::kLlama3, data::ChatTemplate::kChatMl, data::ChatTemplate::kQwen3,
                                data::ChatTemplate::kMistral}) {
     constexpr int64_t kSeqLen = 48;
