@@ -127,13 +127,36 @@ bool CanStream(const void* p) {
   return reinterpret_cast<uintptr_t>(p) % (Io::kWidth * DTypeSizeBytes(kType)) == 0;
 }
 
+// Vectors of each array Adam handles together: each array's loads are
+// grouped, then the updates, then each array's stores, which keeps more loads
+// in flight in the memory-bound loop (8 of each on AVX-512's 32 registers;
+// 4 where there are 16). The per-element operations are unchanged.
+template <class Io>
+constexpr size_t kAdamBlock = Io::kWidth >= 16 ? 8 : 4;
+
 // Adam over [begin, end) in whole vectors; kStream: param_copy is written with
 // non-temporal stores (and is aligned for them).
 template <class Io, DType kGrad, ParamCopy kCopy, bool kStream>
 void AdamVectors(const AdamCoefficients<typename Io::F>& k, float* params, float* exp_avg, float* exp_avg_sq,
                  const void* grads, void* param_copy, size_t num_vector_elems) {
   using F = typename Io::F;
-  for (size_t i = 0; i < num_vector_elems; i += Io::kWidth) {
+  constexpr size_t W = Io::kWidth, B = kAdamBlock<Io>;
+  const size_t blocked = num_vector_elems - num_vector_elems % (W * B);
+  for (size_t i = 0; i < blocked; i += W * B) {
+    F g[B], p[B], m[B], v[B];
+    for (size_t j = 0; j < B; ++j) g[j] = Load<Io, kGrad>(grads, i + j * W);
+    for (size_t j = 0; j < B; ++j) p[j] = F::load_unaligned(params + i + j * W);
+    for (size_t j = 0; j < B; ++j) m[j] = F::load_unaligned(exp_avg + i + j * W);
+    for (size_t j = 0; j < B; ++j) v[j] = F::load_unaligned(exp_avg_sq + i + j * W);
+    for (size_t j = 0; j < B; ++j) AdamUpdate(k, g[j], p[j], m[j], v[j]);
+    for (size_t j = 0; j < B; ++j) p[j].store_unaligned(params + i + j * W);
+    for (size_t j = 0; j < B; ++j) m[j].store_unaligned(exp_avg + i + j * W);
+    for (size_t j = 0; j < B; ++j) v[j].store_unaligned(exp_avg_sq + i + j * W);
+    if constexpr (kCopy != ParamCopy::kNone) {
+      for (size_t j = 0; j < B; ++j) Store<Io, CopyDType(kCopy), kStream>(param_copy, i + j * W, p[j]);
+    }
+  }
+  for (size_t i = blocked; i < num_vector_elems; i += W) {
     const F g = Load<Io, kGrad>(grads, i);
     F p = F::load_unaligned(params + i);
     F m = F::load_unaligned(exp_avg + i);
