@@ -12,6 +12,7 @@
 #include <sstream>
 #include <unordered_map>
 
+#include "common/json_text.h"
 #include "data/hf_tokenizer.h"
 #include "data/unicode_classes.h"
 
@@ -174,8 +175,10 @@ std::vector<std::string_view> Gpt2BpeTokenizer::PreTokenize(std::string_view tex
 // ---- Gpt2BpeTokenizer --------------------------------------------------------------
 
 struct Gpt2BpeTokenizer::Impl {
-  std::vector<std::string> id_bytes;  // what each id decodes to
-  std::vector<bool> id_present;
+  // What each id decodes to, by id: a map, since a file may give sparse ids
+  // (2147483646) and nothing may be sized by the largest.
+  std::unordered_map<int32_t, std::string> id_bytes;
+  int64_t id_limit = 0;  // one past the largest id
   std::array<int32_t, 256> byte_token{};
   struct Merge {
     int32_t rank, merged;
@@ -268,7 +271,7 @@ struct Gpt2BpeTokenizer::Impl {
 Gpt2BpeTokenizer::Gpt2BpeTokenizer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Gpt2BpeTokenizer::~Gpt2BpeTokenizer() = default;
 
-int64_t Gpt2BpeTokenizer::VocabSize() const { return static_cast<int64_t>(impl_->id_bytes.size()); }
+int64_t Gpt2BpeTokenizer::VocabSize() const { return impl_->id_limit; }
 uint64_t Gpt2BpeTokenizer::Fingerprint() const { return impl_->fingerprint; }
 
 namespace {
@@ -295,9 +298,9 @@ Result<std::unique_ptr<Gpt2BpeTokenizer>> Gpt2BpeTokenizer::FromStrings(std::str
                                                                         const std::string& origin) {
   const std::string enc_name = origin + "/encoder.json";
   const std::string bpe_name = origin + "/vocab.bpe";
-  nlohmann::json j =
-      nlohmann::json::parse(encoder_json.begin(), encoder_json.end(), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return InvalidArgument(enc_name + ": not valid JSON (or not valid UTF-8)");
+  auto parsed = ParseJsonText(encoder_json, enc_name);
+  if (!parsed.ok()) return parsed.status();
+  const nlohmann::json j = std::move(parsed->value);
   if (!j.is_object()) return InvalidArgument(enc_name + ": expected a JSON object of token string -> id");
 
   // unicode_to_byte: the inverse of bytes_to_unicode.
@@ -310,7 +313,7 @@ Result<std::unique_ptr<Gpt2BpeTokenizer>> Gpt2BpeTokenizer::FromStrings(std::str
   int64_t max_id = -1;
   for (auto it = j.begin(); it != j.end(); ++it) {
     if (!it.value().is_number_integer()) {
-      return InvalidArgument(enc_name + ": token '" + it.key() + "' maps to " + it.value().dump() +
+      return InvalidArgument(enc_name + ": token '" + it.key() + "' maps to " + JsonSnippet(it.value()) +
                              ", expected an integer id");
     }
     const int64_t id = it.value().get<int64_t>();
@@ -323,13 +326,12 @@ Result<std::unique_ptr<Gpt2BpeTokenizer>> Gpt2BpeTokenizer::FromStrings(std::str
     max_id = std::max(max_id, id);
   }
   if (max_id < 0) return InvalidArgument(enc_name + ": the vocabulary is empty");
-  impl->id_bytes.assign(max_id + 1, {});
-  impl->id_present.assign(max_id + 1, false);
+  impl->id_limit = max_id + 1;
+  impl->id_bytes.reserve(str_to_id.size());
   for (const auto& [str, id] : str_to_id) {
-    if (impl->id_present[id]) {
+    if (impl->id_bytes.count(id)) {
       return InvalidArgument(enc_name + ": id " + std::to_string(id) + " is given to two tokens");
     }
-    impl->id_present[id] = true;
     // Tokens spelled in the byte alphabet decode to their bytes; any other
     // (a special token with characters outside it) decodes to its UTF-8 text.
     std::string bytes;
@@ -417,11 +419,12 @@ Result<std::string> Gpt2BpeTokenizer::Decode(std::span<const int32_t> tokens) co
   std::string out;
   for (size_t i = 0; i < tokens.size(); ++i) {
     const int32_t id = tokens[i];
-    if (id < 0 || id >= VocabSize() || !impl_->id_present[id]) {
+    auto it = impl_->id_bytes.find(id);
+    if (it == impl_->id_bytes.end()) {
       return OutOfRange("gpt2-bpe tokenizer: token " + std::to_string(i) + " has id " + std::to_string(id) +
                         ", which is not in the vocabulary (size " + std::to_string(VocabSize()) + ")");
     }
-    out += impl_->id_bytes[id];
+    out += it->second;
   }
   return out;
 }

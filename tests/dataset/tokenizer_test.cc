@@ -235,7 +235,12 @@ TEST(Gpt2BpeTokenizerTest, RejectsBrokenVocabularies) {
   const std::string good = enc.dump();
   ASSERT_TRUE(Gpt2BpeTokenizer::FromStrings(good, "#version: 0.2\nt h\n").ok());
 
-  ExpectLoadError("{not json", "", "vocab/encoder.json: not valid JSON");
+  ExpectLoadError("{not json", "", "vocab/encoder.json:1:3: malformed JSON");
+  // Inputs that crashed: a value nested 100,000 deep (its message was a
+  // recursive dump), a number beyond double.
+  ExpectLoadError("{\"a\": " + std::string(100000, '[') + std::string(100000, ']') + "}", "",
+                  "vocab/encoder.json:1:70: JSON nests deeper than 64 levels");
+  ExpectLoadError("{\"a\": 1e999}", "", "number overflow parsing '1e999' (at a)");
   ExpectLoadError("[1, 2]", "", "expected a JSON object");
   nlohmann::json bad = enc;
   bad["th"] = "x";
@@ -246,6 +251,15 @@ TEST(Gpt2BpeTokenizerTest, RejectsBrokenVocabularies) {
   bad = enc;
   bad["th"] = 5;
   ExpectLoadError(bad.dump(), "", "id 5 is given to two tokens");
+  // A sparse id loads without a table of its size (this asked for 64 GiB).
+  bad = enc;
+  bad["th"] = 2147483646;
+  auto sparse = Gpt2BpeTokenizer::FromStrings(bad.dump(), "t h\n", "vocab");
+  ASSERT_TRUE(sparse.ok()) << sparse.status().ToString();
+  EXPECT_EQ((*sparse)->VocabSize(), 2147483647);
+  EXPECT_EQ((*sparse)->Encode("th"), std::vector<int32_t>{2147483646});
+  EXPECT_EQ((*sparse)->Decode(std::vector<int32_t>{2147483646}).value(), "th");
+  EXPECT_EQ((*sparse)->Decode(std::vector<int32_t>{300}).status().code(), StatusCode::kOutOfRange);
   bad = enc;
   bad.erase("A");
   ExpectLoadError(bad.dump(), "", "byte 65 ('A' in GPT-2's byte alphabet) has no token");
