@@ -492,7 +492,14 @@ int Run(const TrainOptions& opt) {
     auto client = engine->Load(from);
     if (!client.ok()) throw Usage{"--resume " + opt.resume + ": " + client.status().message()};
     auto j = nlohmann::json::parse(*client, nullptr, false);
-    if (j.is_discarded() || !j.contains("step") || !j.contains("loader")) {
+    // The client state comes from the checkpoint's manifest: check every
+    // field's type before reading it (get<> would throw, and abort the run).
+    auto loader_field = [&](const char* key) {
+      return j.is_object() && j.contains("loader") && j["loader"].is_object() && j["loader"].contains(key) &&
+             j["loader"][key].is_number_unsigned();
+    };
+    if (j.is_discarded() || !j.is_object() || !j.contains("step") || !j["step"].is_number_integer() ||
+        j["step"].get<int64_t>() < 0 || !loader_field("epoch") || !loader_field("window")) {
       throw Usage{"--resume " + opt.resume + ": the checkpoint was not written by zinf train"};
     }
     first_step = j["step"].get<int64_t>();

@@ -12,6 +12,7 @@
 #include <numeric>
 
 #include "common/device_allocator.h"
+#include "common/json_text.h"
 #include "common/runtime_info.h"
 #include "common/units.h"
 #include "cpu/pinned_pool.h"
@@ -45,9 +46,27 @@ struct Items {
 };
 
 Result<nlohmann::json> ParseJson(const std::string& text, const std::string& source) {
-  auto j = nlohmann::json::parse(text, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) return InvalidArgument(source + ": not a JSON object");
-  return j;
+  ZINF_ASSIGN_OR_RETURN(ParsedJson parsed, ParseJsonText(text, source));
+  if (!parsed.value.is_object()) return InvalidArgument(source + ": not a JSON object");
+  return std::move(parsed.value);
+}
+
+// A field for a message: its JSON, or "?" when missing.
+std::string FieldText(const nlohmann::json& j, const char* key) {
+  auto it = j.find(key);
+  return it == j.end() ? std::string("?") : JsonSnippet(*it);
+}
+
+// The readers below take files other tools wrote, which a user may have
+// edited: a field of another type is an error naming the file, never an
+// exception (nlohmann's value() throws on a type mismatch).
+template <class F>
+Status Guarded(const std::string& source, const char* what, F&& read) {
+  try {
+    return read();
+  } catch (const nlohmann::json::exception& e) {
+    return InvalidArgument(source + ": not the output of " + what + " (" + e.what() + ")");
+  }
 }
 
 Result<double> PositiveNumber(const nlohmann::json& j, const char* key, const std::string& source) {
@@ -196,88 +215,94 @@ Result<PlanModel> PlanParamsModel(int64_t num_params, int units, int64_t tokens_
 }
 
 Status ApplyAdamJson(const std::string& json_text, const std::string& source, PlanRates& rates) {
-  ZINF_ASSIGN_OR_RETURN(nlohmann::json j, ParseJson(json_text, source));
-  if (j.value("bench", "") != "adam" || !j.contains("rows") || !j["rows"].is_array() || j["rows"].empty()) {
-    return InvalidArgument(source + ": not the output of `zinf bench adam --json` (no \"bench\": \"adam\" with rows)");
-  }
-  const nlohmann::json* best = nullptr;
-  for (const auto& r : j["rows"]) {
-    if (!r.is_object() || !r.contains("threads") || !r["threads"].is_number()) {
-      return InvalidArgument(source + ": a row without \"threads\"");
+  return Guarded(source, "`zinf bench adam --json`", [&]() -> Status {
+    ZINF_ASSIGN_OR_RETURN(nlohmann::json j, ParseJson(json_text, source));
+    if (j.value("bench", "") != "adam" || !j.contains("rows") || !j["rows"].is_array() || j["rows"].empty()) {
+      return InvalidArgument(source +
+                             ": not the output of `zinf bench adam --json` (no \"bench\": \"adam\" with rows)");
     }
-    if (!best || r["threads"].get<double>() > (*best)["threads"].get<double>()) best = &r;
-  }
-  ZINF_ASSIGN_OR_RETURN(double rate, PositiveNumber(*best, "params_per_s", source));
-  ZINF_ASSIGN_OR_RETURN(double bytes, PositiveNumber(j, "bytes_per_param", source));
-  rates.adam_params_per_s = {rate, source + " (" + std::to_string((*best)["threads"].get<int>()) + " threads, " +
-                                       Gb(rate * bytes / 1e9) + " GB/s at " + Gb(bytes) + " B/param)"};
-  rates.adam_bytes_per_param = bytes;
-  return Status::Ok();
+    const nlohmann::json* best = nullptr;
+    for (const auto& r : j["rows"]) {
+      if (!r.is_object() || !r.contains("threads") || !r["threads"].is_number()) {
+        return InvalidArgument(source + ": a row without \"threads\"");
+      }
+      if (!best || r["threads"].get<double>() > (*best)["threads"].get<double>()) best = &r;
+    }
+    ZINF_ASSIGN_OR_RETURN(double rate, PositiveNumber(*best, "params_per_s", source));
+    ZINF_ASSIGN_OR_RETURN(double bytes, PositiveNumber(j, "bytes_per_param", source));
+    rates.adam_params_per_s = {rate, source + " (" + FieldText(*best, "threads") + " threads, " +
+                                         Gb(rate * bytes / 1e9) + " GB/s at " + Gb(bytes) + " B/param)"};
+    rates.adam_bytes_per_param = bytes;
+    return Status::Ok();
+  });
 }
 
 // The rates of one point of a sweep.
 Status ApplySweepPoint(const nlohmann::json& p, const std::string& source, PlanRates& rates) {
   ZINF_ASSIGN_OR_RETURN(double r, PositiveNumber(p, "read_gb_per_s", source));
   ZINF_ASSIGN_OR_RETURN(double w, PositiveNumber(p, "write_gb_per_s", source));
-  const std::string at = source + " (recommended point: block " + std::to_string(p["block_size"].get<int64_t>()) +
-                         ", qd " + std::to_string(p["queue_depth"].get<int64_t>()) + ", threads " +
-                         std::to_string(p["threads"].get<int64_t>()) + ")";
+  const std::string at = source + " (recommended point: block " + FieldText(p, "block_size") + ", qd " +
+                         FieldText(p, "queue_depth") + ", threads " + FieldText(p, "threads") + ")";
   rates.nvme_read_gbps = {r, at};
   rates.nvme_write_gbps = {w, at};
   return Status::Ok();
 }
 
 Status ApplyAioJson(const std::string& json_text, const std::string& source, PlanRates& rates) {
-  ZINF_ASSIGN_OR_RETURN(nlohmann::json j, ParseJson(json_text, source));
-  const std::string command = j.value("command", "");
-  if (command == "aio sweep") {
-    if (!j.contains("points") || !j["points"].is_array() || !j.contains("recommended")) {
-      return InvalidArgument(source + ": `zinf aio sweep --json` output without \"points\" and \"recommended\"");
-    }
-    const auto& rec = j["recommended"];
-    if (!rec.contains("aio") || !rec["aio"].is_object()) return InvalidArgument(source + ": no recommended.aio");
-    const auto& a = rec["aio"];
-    for (const auto& p : j["points"]) {
-      if (p.value("block_size", -1.0) == a.value("block_size", -2.0) &&
-          p.value("queue_depth", -1.0) == a.value("queue_depth", -2.0) &&
-          p.value("threads", -1.0) == a.value("intra_op_parallelism", -2.0)) {
-        return ApplySweepPoint(p, source, rates);
+  return Guarded(source, "`zinf aio sweep --json` or `zinf aio read|write --json`", [&]() -> Status {
+    ZINF_ASSIGN_OR_RETURN(nlohmann::json j, ParseJson(json_text, source));
+    const std::string command = j.value("command", "");
+    if (command == "aio sweep") {
+      if (!j.contains("points") || !j["points"].is_array() || !j.contains("recommended")) {
+        return InvalidArgument(source + ": `zinf aio sweep --json` output without \"points\" and \"recommended\"");
       }
+      const auto& rec = j["recommended"];
+      if (!rec.contains("aio") || !rec["aio"].is_object()) return InvalidArgument(source + ": no recommended.aio");
+      const auto& a = rec["aio"];
+      for (const auto& p : j["points"]) {
+        if (p.value("block_size", -1.0) == a.value("block_size", -2.0) &&
+            p.value("queue_depth", -1.0) == a.value("queue_depth", -2.0) &&
+            p.value("threads", -1.0) == a.value("intra_op_parallelism", -2.0)) {
+          return ApplySweepPoint(p, source, rates);
+        }
+      }
+      return InvalidArgument(source + ": the recommended aio setting is not among the sweep's points");
     }
-    return InvalidArgument(source + ": the recommended aio setting is not among the sweep's points");
-  }
-  if (command == "aio") {
-    const std::string op = j.value("op", "");
-    if ((op != "read" && op != "write") || !j.contains("median") || !j["median"].is_object()) {
-      return InvalidArgument(source + ": `zinf aio read|write --json` output without \"op\" and \"median\"");
+    if (command == "aio") {
+      const std::string op = j.value("op", "");
+      if ((op != "read" && op != "write") || !j.contains("median") || !j["median"].is_object()) {
+        return InvalidArgument(source + ": `zinf aio read|write --json` output without \"op\" and \"median\"");
+      }
+      ZINF_ASSIGN_OR_RETURN(double g, PositiveNumber(j["median"], "gb_per_s", source));
+      const std::string from = source + " (median of zinf aio " + op + ")";
+      if (op == "read") {
+        rates.nvme_read_gbps = {g, from};
+      } else {
+        rates.nvme_write_gbps = {g, from};
+      }
+      return Status::Ok();
     }
-    ZINF_ASSIGN_OR_RETURN(double g, PositiveNumber(j["median"], "gb_per_s", source));
-    const std::string from = source + " (median of zinf aio " + op + ")";
-    if (op == "read") {
-      rates.nvme_read_gbps = {g, from};
-    } else {
-      rates.nvme_write_gbps = {g, from};
-    }
-    return Status::Ok();
-  }
-  return InvalidArgument(source +
-                         ": not the output of `zinf aio sweep --json` or `zinf aio read|write --json` "
-                         "(the file --output writes holds no throughput; use --json)");
+    return InvalidArgument(source +
+                           ": not the output of `zinf aio sweep --json` or `zinf aio read|write --json` "
+                           "(the file --output writes holds no throughput; use --json)");
+  });
 }
 
 Status ApplyModelJson(const std::string& json_text, const std::string& source, PlanRates& rates) {
-  ZINF_ASSIGN_OR_RETURN(nlohmann::json j, ParseJson(json_text, source));
-  if (j.value("bench", "") != "model" || !j.contains("phases") || !j["phases"].is_array()) {
-    return InvalidArgument(source + ": not the output of `zinf bench model --json`");
-  }
-  for (const auto& p : j["phases"]) {
-    if (p.value("phase", "") == "step") {
-      ZINF_ASSIGN_OR_RETURN(double g, PositiveNumber(p, "gflop_per_s", source));
-      rates.model_gflops = {g, source + " (" + j.value("preset", std::string("?")) + ", step phase)"};
-      return Status::Ok();
+  return Guarded(source, "`zinf bench model --json`", [&]() -> Status {
+    ZINF_ASSIGN_OR_RETURN(nlohmann::json j, ParseJson(json_text, source));
+    if (j.value("bench", "") != "model" || !j.contains("phases") || !j["phases"].is_array()) {
+      return InvalidArgument(source + ": not the output of `zinf bench model --json`");
     }
-  }
-  return InvalidArgument(source + ": no \"step\" phase");
+    for (const auto& p : j["phases"]) {
+      if (p.value("phase", "") == "step") {
+        ZINF_ASSIGN_OR_RETURN(double g, PositiveNumber(p, "gflop_per_s", source));
+        rates.model_gflops = {g, source + " (" + j.value("preset", std::string("?")) + ", step phase)"};
+        return Status::Ok();
+      }
+    }
+    return InvalidArgument(source + ": no \"step\" phase");
+  });
 }
 
 uint64_t PinnedBudgetBytes(const Config& config) {

@@ -257,6 +257,42 @@ TEST(PlanTest, RateFiles) {
   EXPECT_FALSE(ApplyModelJson(R"({"bench":"model","phases":[]})", "m", r).ok());
 }
 
+// Edited or foreign rate files: a field of another type threw out of the
+// reader (nlohmann's value()), a missing one was read through a const
+// operator[] (undefined), a huge thread count converted to int (undefined).
+// Each is now an InvalidArgument naming the file.
+TEST(PlanTest, HostileRateFilesAreErrorsNamingTheFile) {
+  PlanRates r;
+  struct Case {
+    Status (*apply)(const std::string&, const std::string&, PlanRates&);
+    std::string text;
+  };
+  const Case cases[] = {
+      {ApplyAdamJson, R"({"bench": 7, "rows": [{"threads": 1}]})"},
+      {ApplyAdamJson, R"({"bench":"adam","bytes_per_param":28,"rows":[{"threads":1e300,"params_per_s":5e8}]})"},
+      {ApplyAdamJson, R"({"bench":"adam","bytes_per_param":1e999,"rows":[]})"},
+      {ApplyAioJson, R"({"command": ["aio"]})"},
+      {ApplyAioJson, R"({"command":"aio sweep","points":[7, {"threads": "x"}],"recommended":{"aio":{}}})"},
+      {ApplyAioJson, R"({"command":"aio sweep","points":[{"read_gb_per_s":1,"write_gb_per_s":1}],
+                         "recommended":{"aio":{}}})"},
+      {ApplyAioJson, R"({"command":"aio","op":{},"median":{}})"},
+      {ApplyModelJson, R"({"bench":"model","phases":[1, {"phase": 2}]})"},
+      {ApplyModelJson, R"({"bench":"model","preset":3,"phases":[{"phase":"step","gflop_per_s":33}]})"},
+      {ApplyModelJson, std::string(100000, '[') + std::string(100000, ']')},
+  };
+  for (const Case& c : cases) {
+    Status s = Status::Ok();
+    EXPECT_NO_THROW(s = c.apply(c.text, "rates.json", r)) << c.text;
+    if (!s.ok()) {
+      EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+      EXPECT_EQ(s.message().rfind("rates.json", 0), 0u) << s.ToString();
+    }
+  }
+  // The huge thread count is only printed, as written.
+  EXPECT_TRUE(ApplyAdamJson(cases[1].text, "rates.json", r).ok());
+  EXPECT_NE(r.adam_params_per_s.source.find("1e+300 threads"), std::string::npos) << r.adam_params_per_s.source;
+}
+
 TEST(PlanTest, GptModel) {
   auto c = model::GptPreset("tiny");
   ASSERT_TRUE(c.ok());
