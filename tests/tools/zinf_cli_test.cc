@@ -80,6 +80,38 @@ TEST(ZinfCliTest, HostileConfigsExitTwoWithOneLine) {
   EXPECT_NE(r.output.find("(at train_micro_batch_size_per_gpu)"), std::string::npos) << r.output;
 }
 
+// Hostile tokenizer, model folder and chat data files given to zinf train:
+// exit code 2 and one line naming the file, before any training starts.
+TEST(ZinfCliTest, HostileInputFilesExitTwoWithOneLine) {
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  const std::string tokenizer = ScratchFile("deep_tokenizer.json", "{\"model\": " + deep + "}");
+  const std::string model_dir = zinf::test::TestDir() + "/hostile_model";
+  std::filesystem::create_directories(model_dir);
+  ScratchFile("hostile_model/config.json", R"({"model_type": "llama", "rms_norm_eps": 1e999})");
+  // A tokenizer with the chat markers, and a data line nested too deep.
+  nlohmann::json vocab = nlohmann::json::object();
+  for (int b = 33; b < 127; ++b) vocab[std::string(1, static_cast<char>(b))] = b;
+  nlohmann::json added = nlohmann::json::array();
+  for (const char* m : {"<|im_start|>", "<|im_end|>"}) added.push_back({{"id", 200 + added.size()}, {"content", m}});
+  const nlohmann::json model = {{"type", "BPE"}, {"vocab", vocab}, {"merges", nlohmann::json::array()}};
+  const std::string chat_tokenizer =
+      ScratchFile("chat_tokenizer.json", nlohmann::json{{"added_tokens", added}, {"model", model}}.dump());
+  const std::string data = ScratchFile("deep.jsonl", R"({"messages": )" + deep + "}\n");
+  const struct {
+    std::string args, names;
+  } cases[] = {
+      {"--tokenizer " + tokenizer, "deep_tokenizer.json:1:74: JSON nests deeper than 64 levels"},
+      {"--model-dir " + model_dir, "config.json:1:"},
+      {"--tokenizer " + chat_tokenizer + " --chat-template chatml --data " + data, "deep.jsonl:1"},
+  };
+  for (const auto& c : cases) {
+    auto r = zinf::test::RunCommand(zinf::test::BinaryDir() + "/zinf train --steps 1 " + c.args + " 2>&1 >/dev/null");
+    EXPECT_EQ(r.exit_code, 2) << c.args << ": " << r.output;
+    EXPECT_NE(r.output.find(c.names), std::string::npos) << c.args << ": " << r.output;
+    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << c.args << ": " << r.output;
+  }
+}
+
 TEST(ZinfCliTest, ParamCountsBeyondInt64ExitTwo) {
   auto r = RunZinf("config check " + Data("ds_zero3_nvme.json") + " --params 1e19");
   EXPECT_EQ(r.exit_code, 2) << r.output;
