@@ -22,15 +22,9 @@
 #include <string>
 
 #include "bench/bench.h"
-#include "common/build_config.h"
 #include "math/attention_math.h"
 #include "model/gpt_config.h"
-
-#if ZINF_HAVE_CUDA
-#include "gpu/cuda_probe.h"
-#include "gpu/flash_attention_timing.h"
-#include "gpu/kernels.h"
-#endif
+#include "sched/backends.h"
 
 namespace zinf::bench {
 namespace {
@@ -74,31 +68,32 @@ int Run(const Options& opt) {
   const Result<model::AttentionShape> shape = ShapeOf(opt);
   if (!shape.ok()) return Fail(shape.status());
   const model::AttentionShape& s = *shape;
-#if !ZINF_HAVE_CUDA
-  (void)s;
-  return Fail(Unavailable("needs a CUDA device; this zinf was built without CUDA"));
-#else
-  if (gpu::CudaDeviceCount() == 0) return Fail(Unavailable("needs a CUDA device; none found"));
+  const Result<const sched::CudaTimings*> cuda = sched::GetCudaTimings();
+  if (!cuda.ok()) return Fail(cuda.status());
+  if ((*cuda)->device_count() == 0) return Fail(Unavailable("needs a CUDA device; none found"));
   const double pairs = static_cast<double>(s.batch * s.heads) * static_cast<double>(s.seq_len) *
                        static_cast<double>(s.seq_len + 1) / 2;
   const double fwd_flops = 4.0 * s.head_dim * pairs, bwd_flops = 10.0 * s.head_dim * pairs;
-  const Result<gpu::FlashTiming> ref = gpu::TimeFlashAttention(s, false, opt.reps);
+  auto timed = [&](bool bf16_copies, gpu::FlashVariant variant = {}) {
+    return (*cuda)->time_flash_attention(s, bf16_copies, opt.reps, /*seed=*/1, /*range=*/2.0f, variant);
+  };
+  const Result<gpu::FlashTiming> ref = timed(false);
   if (!ref.ok()) return Fail(ref.status());
-  const Result<gpu::FlashTiming> cp = gpu::TimeFlashAttention(s, true, opt.reps);
+  const Result<gpu::FlashTiming> cp = timed(true);
   if (!cp.ok()) return Fail(cp.status());
   // head_dim 64: the forward with one 64-row tile a warp (the default takes
   // two), and the dK/dV kernel without its register cap (two blocks a SM;
   // the default is capped for three).
   std::optional<gpu::FlashTiming> one_tile, kv_uncapped;
   if (s.head_dim == 64) {
-    const Result<gpu::FlashTiming> r = gpu::TimeFlashAttention(s, true, opt.reps, 1, 2.0f, {.query_tiles = 1});
+    const Result<gpu::FlashTiming> r = timed(true, {.query_tiles = 1});
     if (!r.ok()) return Fail(r.status());
     one_tile = *r;
-    const Result<gpu::FlashTiming> u = gpu::TimeFlashAttention(s, true, opt.reps, 1, 2.0f, {.kv_min_blocks = 1});
+    const Result<gpu::FlashTiming> u = timed(true, {.kv_min_blocks = 1});
     if (!u.ok()) return Fail(u.status());
     kv_uncapped = *u;
   }
-  const Result<bool> two_buffers = gpu::FlashAttentionCopiesFit(s.head_dim);
+  const Result<bool> two_buffers = (*cuda)->flash_copies_fit(s.head_dim);
   if (!two_buffers.ok()) return Fail(two_buffers.status());
   const bool same_bits = ref->result_hash == cp->result_hash &&
                          (!one_tile || one_tile->result_hash == cp->result_hash) &&
@@ -163,7 +158,6 @@ int Run(const Options& opt) {
     return 1;
   }
   return 0;
-#endif
 }
 
 }  // namespace

@@ -1,13 +1,6 @@
 #include "bench/engine_bench.h"
 
-#include <chrono>
-#include <thread>
-
-#include "common/build_config.h"
-
-#if ZINF_HAVE_CUDA
-#include "gpu/kernels.h"
-#endif
+#include "sched/device_kernels.h"
 
 namespace zinf::bench {
 
@@ -19,14 +12,7 @@ void EngineCheck(const Status& s, const char* bench, const char* what) {
 
 Status SyntheticCompute(Device& device, Stream& stream, double ms) {
   if (ms <= 0) return Status::Ok();
-#if ZINF_HAVE_CUDA
-  if (device.kind() == DeviceKind::kCuda) return gpu::BusyWait(ms / 1e3, stream.native_handle());
-#endif
-  (void)device;
-  return stream.Enqueue([ms](const StreamContext&) {
-    std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(ms));
-    return Status::Ok();
-  });
+  return sched::KernelsFor(device.kind()).busy_wait(ms / 1e3, stream);
 }
 
 uint64_t RssOutsideDevice(const Device& device, uint64_t rss) {

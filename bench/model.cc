@@ -36,14 +36,10 @@
 #include "bench/bench_util.h"
 #include "common/units.h"
 #include "common/float16.h"
-#include "common/build_config.h"
 #include "model/gemm.h"
 #include "exec/gpt_device.h"
 #include "exec/op_profile.h"
-
-#if ZINF_HAVE_CUDA
-#include "gpu/gemm_reference.h"
-#endif
+#include "sched/backends.h"
 
 namespace zinf::bench {
 namespace {
@@ -294,12 +290,9 @@ int Run(const Options& opt) {
     if (Status synced = s.Synchronize(); !synced.ok()) return Fail(synced);  // `pattern` goes away
   }
   auto reference = [&]() -> Result<double> {
-#if ZINF_HAVE_CUDA
-    return gpu::TimeCublasProduct(s.native_handle(), M, N, K, bf16_products, gpu_a, gpu_b,
-                                  static_cast<float*>(gpu_c), 3);
-#else
-    return Unavailable("the reference product on a GPU needs a build with CUDA");
-#endif
+    ZINF_ASSIGN_OR_RETURN(const sched::CudaTimings* cuda, sched::GetCudaTimings());
+    return cuda->time_cublas_product(s.native_handle(), M, N, K, bf16_products, gpu_a, gpu_b,
+                                     static_cast<float*>(gpu_c), 3);
   };
   model::ModelThreads tile_threads(threads);
   auto sgemm = [&] {

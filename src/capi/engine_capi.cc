@@ -14,16 +14,12 @@
 
 #include "capi/capi_internal.h"
 #include "common/communicator.h"
-#include "cpu/mpi_comm.h"
-#include "common/build_config.h"
+#include "sched/backends.h"
 #include "sched/lr_schedule.h"
 #include "zinf/config.h"
 #include "zinf/device.h"
 #include "zinf/engine.h"
 #include "zinf/zinf.h"
-#if ZINF_HAVE_NCCL
-#include "gpu/nccl_comm.h"
-#endif
 
 enum class CommKind { kMpi, kNccl };
 
@@ -139,7 +135,7 @@ ZINF_API int zinf_comm_create_mpi(double timeout_seconds, zinf_comm** out) {
     ZINF_RETURN_IF_ERROR(NotNull(out, "out"));
     zinf::CommOptions options;
     if (timeout_seconds > 0) options.timeout_seconds = timeout_seconds;
-    ZINF_ASSIGN_OR_RETURN(auto comm, zinf::CreateMpiCommunicator(options));
+    ZINF_ASSIGN_OR_RETURN(auto comm, zinf::sched::CreateCommunicator(zinf::sched::CommBackend::kMpi, options));
     *out = new zinf_comm{std::move(comm), CommKind::kMpi};
     return Status::Ok();
   });
@@ -152,13 +148,9 @@ ZINF_API int zinf_nccl_get_unique_id(void* out, size_t bytes) {
       return zinf::InvalidArgument("bytes is " + std::to_string(bytes) + "; an ncclUniqueId has " +
                                    std::to_string(ZINF_NCCL_UNIQUE_ID_BYTES));
     }
-#if ZINF_HAVE_NCCL
-    ZINF_ASSIGN_OR_RETURN(zinf::gpu::NcclUniqueId id, zinf::gpu::NewNcclUniqueId());
+    ZINF_ASSIGN_OR_RETURN(zinf::gpu::NcclUniqueId id, zinf::sched::NewNcclUniqueId());
     std::memcpy(out, id.bytes, sizeof(id.bytes));
     return Status::Ok();
-#else
-    return zinf::Unimplemented("this libzinf was built without NCCL (configure with -DZINF_WITH_NCCL=ON)");
-#endif
   });
 }
 
@@ -175,17 +167,12 @@ ZINF_API int zinf_comm_create_nccl(int rank, int world_size, const void* unique_
       return zinf::InvalidArgument("rank " + std::to_string(rank) + " of world_size " + std::to_string(world_size) +
                                    ": need 0 <= rank < world_size");
     }
-#if ZINF_HAVE_NCCL
     zinf::gpu::NcclUniqueId id;
     std::memcpy(id.bytes, unique_id, sizeof(id.bytes));
     ZINF_ASSIGN_OR_RETURN(auto comm,
-                          zinf::gpu::CreateNcclCommunicator(rank, world_size, id, cuda_device, zinf::CommOptions{}));
+                          zinf::sched::CreateNcclCommunicator(rank, world_size, id, cuda_device, zinf::CommOptions{}));
     *out = new zinf_comm{std::move(comm), CommKind::kNccl};
     return Status::Ok();
-#else
-    (void)cuda_device;
-    return zinf::Unimplemented("this libzinf was built without NCCL (configure with -DZINF_WITH_NCCL=ON)");
-#endif
   });
 }
 
@@ -193,14 +180,9 @@ ZINF_API int zinf_comm_wrap_nccl(void* nccl_comm, zinf_comm** out) {
   return Guard(__func__, [&]() -> Status {
     ZINF_RETURN_IF_ERROR(NotNull(out, "out"));
     ZINF_RETURN_IF_ERROR(NotNull(nccl_comm, "nccl_comm"));
-#if ZINF_HAVE_NCCL
-    ZINF_ASSIGN_OR_RETURN(auto comm,
-                          zinf::gpu::WrapNcclCommunicator(static_cast<ncclComm*>(nccl_comm), zinf::CommOptions{}));
+    ZINF_ASSIGN_OR_RETURN(auto comm, zinf::sched::WrapNcclCommunicator(nccl_comm, zinf::CommOptions{}));
     *out = new zinf_comm{std::move(comm), CommKind::kNccl};
     return Status::Ok();
-#else
-    return zinf::Unimplemented("this libzinf was built without NCCL (configure with -DZINF_WITH_NCCL=ON)");
-#endif
   });
 }
 

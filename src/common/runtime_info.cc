@@ -10,6 +10,33 @@
 
 
 namespace zinf {
+namespace {
+
+struct OptionalBackendNames {
+  const char* row;     // the report's name
+  const char* name;    // in a sentence
+  const char* option;  // the configure option that builds it
+};
+
+OptionalBackendNames NamesOf(OptionalBackend backend) {
+  switch (backend) {
+    case OptionalBackend::kCuda: return {"cuda", "CUDA", "ZINF_WITH_CUDA"};
+    case OptionalBackend::kNccl: return {"nccl", "NCCL", "ZINF_WITH_NCCL"};
+  }
+  return {"?", "?", "?"};
+}
+
+}  // namespace
+
+Status NotBuilt(OptionalBackend backend) {
+  const OptionalBackendNames n = NamesOf(backend);
+  return Unimplemented(std::string("this build of zinf has no ") + n.name + " (configure with -D" + n.option + "=ON)");
+}
+
+BackendInfo NotBuiltInfo(OptionalBackend backend) {
+  const OptionalBackendNames n = NamesOf(backend);
+  return {n.row, false, false, std::string("not built (configure with -D") + n.option + "=ON)"};
+}
 
 std::string FormatRuntimeInfo(const RuntimeInfo& info) {
   std::string out = "zinf " + info.version + (info.revision.empty() ? "" : " (git " + info.revision + ")") + "\n";

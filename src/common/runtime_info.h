@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "zinf/status.h"
+
 namespace zinf {
 
 struct BackendInfo {
@@ -22,6 +24,15 @@ struct RuntimeInfo {
   std::string revision;  // the git revision built, "+dirty" when the tree differed from it
   std::vector<BackendInfo> backends;
 };
+
+// The backends a build may leave out (the configure options ZINF_WITH_CUDA
+// and ZINF_WITH_NCCL). What a build lacks is said in one wording, here.
+enum class OptionalBackend { kCuda, kNccl };
+// kUnimplemented "this build of zinf has no CUDA (configure with
+// -DZINF_WITH_CUDA=ON)".
+Status NotBuilt(OptionalBackend backend);
+// The runtime report's row for it: not built, and the option that builds it.
+BackendInfo NotBuiltInfo(OptionalBackend backend);
 
 // The git revision this build was made from (12 hex digits, or "unknown"
 // outside a git checkout), with "+dirty" when tracked files differed from it.

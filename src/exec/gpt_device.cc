@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "common/build_config.h"
+#include "common/runtime_info.h"
 #if ZINF_HAVE_CUDA
 #include "exec/gpt_cuda.h"
 #endif
@@ -72,15 +73,22 @@ class HostStages final : public GptStages {
   void* arena_;
 };
 
+// The model's one factory: the stages of a device the host cannot address
+// (CUDA), in the one place besides the backend registry that asks what was
+// built.
+Result<std::unique_ptr<GptStages>> CreateDeviceStages(Device& device, Stream& stream, const GptConfig& config,
+                                                      const GptModel& model, void* arena) {
+#if ZINF_HAVE_CUDA
+  return gpu::CreateGptCudaStages(device, stream, config, model.options(), model.activation_layout(), arena);
+#else
+  return NotBuilt(OptionalBackend::kCuda);
+#endif
+}
+
 }  // namespace
 
 Result<std::unique_ptr<GptDevice>> GptDevice::Create(Device& device, Stream& stream, const GptConfig& config,
                                                      const GptRunOptions& options) {
-#if !ZINF_HAVE_CUDA
-  if (device.kind() != DeviceKind::kHost) {
-    return Unimplemented("gpt model on " + device.name() + ": this build of zinf has no CUDA");
-  }
-#endif
   ZINF_ASSIGN_OR_RETURN(std::unique_ptr<GptModel> model, GptModel::Create(config, options));
   const uint64_t bytes = model->activation_bytes();
   auto arena = device.Allocate(bytes, stream);
@@ -92,12 +100,9 @@ Result<std::unique_ptr<GptDevice>> GptDevice::Create(Device& device, Stream& str
   if (device.kind() == DeviceKind::kHost) {
     g->stages_ = std::make_unique<HostStages>(stream, g->model_, g->arena_);
   } else {
-#if ZINF_HAVE_CUDA
-    auto stages = gpu::CreateGptCudaStages(device, stream, config, g->model_->options(), g->model_->activation_layout(),
-                                           g->arena_);
+    auto stages = CreateDeviceStages(device, stream, config, *g->model_, g->arena_);
     if (!stages.ok()) return std::move(stages).status().WithContext("gpt model " + config.name);
     g->stages_ = std::move(*stages);
-#endif
   }
   return g;
 }

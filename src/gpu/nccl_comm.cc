@@ -39,7 +39,6 @@
 #include <vector>
 
 #include "common/logging.h"
-#include "cpu/mpi_comm.h"
 #include "gpu/cuda_check.h"
 #include "gpu/cuda_device.h"
 #include "gpu/reduce_kernels.h"
@@ -687,23 +686,9 @@ Result<NcclUniqueId> NewNcclUniqueId() {
 }
 
 Result<std::unique_ptr<Communicator>> CreateNcclCommunicator(int rank, int size, const NcclUniqueId& id,
-                                                             int cuda_device, const CommOptions& options) {
-  return CreateWithNotices(rank, size, id, cuda_device, options, nullptr);
-}
-
-Result<std::unique_ptr<Communicator>> CreateNcclCommunicatorOverMpi(int cuda_device, const CommOptions& options) {
-  ZINF_ASSIGN_OR_RETURN(auto mpi, CreateMpiCommunicator(options));
-  NcclUniqueId id{};
-  if (mpi->rank() == 0) {
-    ZINF_ASSIGN_OR_RETURN(id, NewNcclUniqueId());
-  }
-  // The id is plain host memory: an inline stream runs the broadcast here and now.
-  InlineHostStream host;
-  static_assert(kNcclUniqueIdBytes % 4 == 0);
-  ZINF_RETURN_IF_ERROR(mpi->Broadcast(id.bytes, kNcclUniqueIdBytes / 4, DType::kFloat32, 0, host));
-  ZINF_RETURN_IF_ERROR(host.Synchronize().WithContext("broadcasting the NCCL unique id"));
-  const int rank = mpi->rank(), size = mpi->size();
-  return CreateWithNotices(rank, size, id, cuda_device, options, std::move(mpi));
+                                                             int cuda_device, const CommOptions& options,
+                                                             std::unique_ptr<Communicator> notices) {
+  return CreateWithNotices(rank, size, id, cuda_device, options, std::move(notices));
 }
 
 Result<std::unique_ptr<Communicator>> WrapNcclCommunicator(ncclComm* comm, const CommOptions& options) {

@@ -14,10 +14,11 @@
 // SetStagingDevice, stream-ordered from its budget (kOutOfMemory, nothing
 // enqueued, when it does not fit); without one, from cudaMallocAsync.
 //
-// Three ways in: ranks of an mpirun job (rank 0 makes the unique id and
-// broadcasts it over MPI), a caller-supplied rank/size/unique id, or a
-// caller's existing ncclComm_t (e.g. from torch.distributed under torchrun),
-// which is used but not destroyed.
+// Two ways in: a rank/size/unique id (the ranks of an mpirun job get theirs
+// from the backend registry, sched/backends.h, which broadcasts rank 0's id
+// over MPI; a caller may exchange one its own way), or a caller's existing
+// ncclComm_t (e.g. from torch.distributed under torchrun), which is used but
+// not destroyed.
 //
 // Failures. The communicators made here are non-blocking NCCL communicators
 // (ncclConfig_t::blocking = 0): no NCCL call blocks the host, and a call that
@@ -36,12 +37,13 @@
 // every collective fails at once with kUnavailable "... unusable after an
 // earlier failure: <cause>", and Health() returns the cause.
 //
-// The notice channel: CreateNcclCommunicatorOverMpi keeps its MPI
-// communicator, and Abort(cause) tells every peer through it (MpiComm's
-// Abort) before aborting NCCL here; a peer's notice reaches this rank's
-// Health() and watchdog as kUnavailable "rank R stopped: <cause>". Without a
-// channel (a caller-supplied id or communicator), Abort breaks only this
-// rank, and the peers' watchdogs find it silent after timeout_seconds.
+// The notice channel: a host communicator over the same ranks (the
+// registry passes its MPI one), kept by the NCCL communicator; Abort(cause)
+// tells every peer through it (MpiComm's Abort) before aborting NCCL here;
+// a peer's notice reaches this rank's Health() and watchdog as kUnavailable
+// "rank R stopped: <cause>". Without a channel (a caller-supplied id or
+// communicator), Abort breaks only this rank, and the peers' watchdogs find
+// it silent after timeout_seconds.
 //
 // No CUDA or NCCL header leaks from this file. Thread-safety: as
 // Communicator; one thread at a time enqueues into the NCCL communicator
@@ -69,18 +71,16 @@ struct NcclUniqueId {
 // ncclGetUniqueId: call on one rank, hand the result to every rank.
 Result<NcclUniqueId> NewNcclUniqueId();
 
-// The ranks of the MPI world (one process per GPU under mpirun; one rank
-// without mpirun): rank 0 makes the id and broadcasts it through an MPI
-// communicator, which the result keeps as its notice channel (Abort/Health
-// above). `cuda_device` is this process's device ordinal.
-Result<std::unique_ptr<Communicator>> CreateNcclCommunicatorOverMpi(int cuda_device, const CommOptions& options);
-
-// ncclCommInitRankConfig (non-blocking) with a caller-supplied id (e.g.
-// exchanged through torchrun's store). Collective over the `size` ranks:
-// returns once all joined, or kUnavailable after options.timeout_seconds
-// (the half-made communicator aborted).
+// ncclCommInitRankConfig (non-blocking) with an id from rank 0 (e.g.
+// broadcast over MPI, or exchanged through torchrun's store). Collective over
+// the `size` ranks: returns once all joined, or kUnavailable after
+// options.timeout_seconds (the half-made communicator aborted). `notices`,
+// when not null, is a host communicator over the same ranks that the result
+// keeps as its notice channel (Abort/Health above). `cuda_device` is this
+// process's device ordinal.
 Result<std::unique_ptr<Communicator>> CreateNcclCommunicator(int rank, int size, const NcclUniqueId& id,
-                                                             int cuda_device, const CommOptions& options);
+                                                             int cuda_device, const CommOptions& options,
+                                                             std::unique_ptr<Communicator> notices = nullptr);
 
 // Wraps an existing communicator, blocking or not as the caller made it (a
 // non-blocking one still initializing is waited for, up to

@@ -1,81 +1,100 @@
+// The host device's DeviceKernels: the CPU kernels (cpu/adam.h, cast.h,
+// norm.h) as stream tasks over the device memory's host addresses, each on
+// the stream's own thread (a one-thread arena: the twin is about the bits,
+// not the speed).
 #include "sched/device_kernels.h"
 
-#include <string>
+#include <oneapi/tbb/task_arena.h>
 
-#include "common/build_config.h"
+#include <chrono>
+#include <span>
+#include <thread>
 
-#if ZINF_HAVE_CUDA
-#include "gpu/cuda_device.h"
-#include "gpu/cuda_host_register.h"
-#include "gpu/kernels.h"
-#endif
-#if ZINF_HAVE_NCCL
-#include "gpu/nccl_comm.h"
-#endif
+#include "cpu/adam.h"
+#include "cpu/cast.h"
+#include "cpu/norm.h"
 
 namespace zinf::sched {
-
-#if ZINF_HAVE_CUDA
-
-Status DeviceAddInPlace(float* a, const float* b, size_t n, Stream& stream) {
-  return gpu::AddInPlace(a, b, n, stream.native_handle());
-}
-
-Status DeviceSumSquaresBlocks(const float* data, size_t n, double* out, Stream& stream) {
-  return gpu::SumSquaresBlocks(data, n, out, stream.native_handle());
-}
-
-Status DeviceAdamStep(const AdamStepConstants& constants, float* params, float* exp_avg, float* exp_avg_sq,
-                      const float* grads, void* copy, DType copy_dtype, size_t n, Stream& stream) {
-  return gpu::AdamStep(constants, params, exp_avg, exp_avg_sq, grads, DType::kFloat32, copy, copy_dtype, n,
-                       stream.native_handle());
-}
-
-Status DeviceCast(const void* src, DType src_dtype, void* dst, DType dst_dtype, size_t n, Stream& stream) {
-  return gpu::Cast(src, src_dtype, dst, dst_dtype, n, stream.native_handle());
-}
-
-Result<std::unique_ptr<MemoryRegistrar>> CreateHostRegistrarFor(Device& device) {
-  const int ordinal = gpu::CudaOrdinal(device);
-  if (ordinal < 0) return InvalidArgument("device " + device.name() + " is not a CUDA device");
-  ZINF_ASSIGN_OR_RETURN(auto r, gpu::CudaHostRegistrar::Create(ordinal));
-  return std::unique_ptr<MemoryRegistrar>(std::move(r));
-}
-
-Result<std::string> DevicePciBusId(Device& device) {
-  if (device.kind() == DeviceKind::kHost) return std::string();
-  const int ordinal = gpu::CudaOrdinal(device);
-  if (ordinal < 0) return InvalidArgument("device " + device.name() + " is not a CUDA device");
-  return gpu::CudaDevicePciBusId(ordinal);
-}
-
-#else
-
 namespace {
-Status NoCuda() { return Unimplemented("this build of zinf has no CUDA (configure with -DZINF_WITH_CUDA=ON)"); }
+
+template <class T>
+T* HostOf(const StreamContext& ctx, T* device_ptr) {
+  return device_ptr ? static_cast<T*>(ctx.Host(device_ptr)) : nullptr;
+}
+
+Status HostAddInPlace(float* a, const float* b, size_t n, Stream& stream) {
+  return stream.Enqueue([a, b, n](const StreamContext& ctx) {
+    float* ha = HostOf(ctx, a);
+    const float* hb = HostOf(ctx, b);
+    for (size_t i = 0; i < n; ++i) ha[i] = ha[i] + hb[i];
+    return Status::Ok();
+  });
+}
+
+Status HostSumSquaresBlocks(const float* data, size_t n, double* out, Stream& stream) {
+  return stream.Enqueue([data, n, out](const StreamContext& ctx) {
+    tbb::task_arena arena(1);
+    return SumSquaresBlocks(arena, HostOf(ctx, data), DType::kFloat32, n,
+                            std::span<double>(HostOf(ctx, out), NumNormBlocks(n)))
+        .status();
+  });
+}
+
+Status HostAdamStep(const AdamStepConstants& constants, float* params, float* exp_avg, float* exp_avg_sq,
+                    const float* grads, void* copy, DType copy_dtype, size_t n, Stream& stream) {
+  return stream.Enqueue([=](const StreamContext& ctx) {
+    tbb::task_arena arena(1);
+    const AdamBuffers buffers{.params = HostOf(ctx, params),
+                              .exp_avg = HostOf(ctx, exp_avg),
+                              .exp_avg_sq = HostOf(ctx, exp_avg_sq),
+                              .grads = HostOf(ctx, grads),
+                              .grad_dtype = DType::kFloat32,
+                              .param_copy = HostOf(ctx, copy),
+                              .param_copy_dtype = copy_dtype,
+                              .num_elems = n};
+    return AdamStep(arena, constants, buffers);
+  });
+}
+
+Status HostCast(const void* src, DType src_dtype, void* dst, DType dst_dtype, size_t n, Stream& stream) {
+  return stream.Enqueue([=](const StreamContext& ctx) {
+    tbb::task_arena arena(1);
+    return Cast(arena, HostOf(ctx, src), src_dtype, HostOf(ctx, dst), dst_dtype, n);
+  });
+}
+
+Status HostBusyWait(double seconds, Stream& stream) {
+  if (!(seconds >= 0)) return InvalidArgument("busy_wait: seconds must be >= 0");
+  return stream.Enqueue([seconds](const StreamContext&) {
+    std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+    return Status::Ok();
+  });
+}
+
+Result<std::unique_ptr<MemoryRegistrar>> HostRegistrar(Device& device) {
+  return InvalidArgument("device " + device.name() + ": host memory needs no page-locking registrar");
+}
+
+Result<std::string> HostPciBusId(Device&) { return std::string(); }
+
+constexpr DeviceKernels kHostKernels{
+    .add_in_place = HostAddInPlace,
+    .sum_squares_blocks = HostSumSquaresBlocks,
+    .adam_step = HostAdamStep,
+    .cast = HostCast,
+    .busy_wait = HostBusyWait,
+    .create_host_registrar = HostRegistrar,
+    .pci_bus_id = HostPciBusId,
+};
+
 }  // namespace
 
-Status DeviceAddInPlace(float*, const float*, size_t, Stream&) { return NoCuda(); }
-Status DeviceSumSquaresBlocks(const float*, size_t, double*, Stream&) { return NoCuda(); }
-Status DeviceAdamStep(const AdamStepConstants&, float*, float*, float*, const float*, void*, DType, size_t, Stream&) {
-  return NoCuda();
-}
-Status DeviceCast(const void*, DType, void*, DType, size_t, Stream&) { return NoCuda(); }
-Result<std::unique_ptr<MemoryRegistrar>> CreateHostRegistrarFor(Device&) { return NoCuda(); }
-Result<std::string> DevicePciBusId(Device& device) {
-  if (device.kind() == DeviceKind::kHost) return std::string();
-  return NoCuda();
+const DeviceKernels& HostKernels() { return kHostKernels; }
+
+Result<std::unique_ptr<MemoryRegistrar>> CreateHostRegistrarFor(Device& device) {
+  return KernelsFor(device.kind()).create_host_registrar(device);
 }
 
-#endif
-
-bool CommunicatesDeviceMemory(const Communicator* comm) {
-#if ZINF_HAVE_NCCL
-  return gpu::IsNcclCommunicator(comm);
-#else
-  (void)comm;
-  return false;
-#endif
-}
+Result<std::string> DevicePciBusId(Device& device) { return KernelsFor(device.kind()).pci_bus_id(device); }
 
 }  // namespace zinf::sched

@@ -156,7 +156,7 @@ Status EngineImpl::HostAccumulate(Unit& u, const float* reduced, bool first) {
 // same fp32 additions in the same order in every stage.
 Status EngineImpl::EnqueueAccumulate(float* accum, const float* reduced, int64_t elems, bool first) {
   if (first) return device_.CopyOnDevice(accum, reduced, elems * 4, *stream_);
-  if (!host_memory_) return sched::DeviceAddInPlace(accum, reduced, elems, *stream_);
+  if (!host_memory_) return kernels_.add_in_place(accum, reduced, elems, *stream_);
   return stream_->Enqueue([this, accum, reduced, elems](const StreamContext& ctx) {
     float* a = static_cast<float*>(ctx.Host(accum));
     const float* r = static_cast<const float*>(ctx.Host(reduced));
@@ -214,7 +214,7 @@ Status EngineImpl::DevicePartials(size_t i, int region, bool zero, const void* h
   const int64_t blocks = n / kNormBlock;
   double* out = partials_ + region * norm_layout_.blocks_per_rank + norm_layout_.unit_block_offset[i];
   if (zero) return device_.Memset(out, 0, blocks * sizeof(double), *stream_);  // +0.0 is all zero bits
-  if (!offload_) return sched::DeviceSumSquaresBlocks(owned_accum(u), n, out, *stream_);
+  if (!offload_) return kernels_.sum_squares_blocks(owned_accum(u), n, out, *stream_);
   double* host = static_cast<double*>(h_partials_.data()) + norm_layout_.unit_block_offset[i];
   ZINF_RETURN_IF_ERROR(stream_->Enqueue([this, host_accum, n, host, blocks](const StreamContext&) {
     return SumSquaresBlocks(arena_, host_accum, DType::kFloat32, n, std::span<double>(host, blocks)).status();

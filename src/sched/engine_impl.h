@@ -177,6 +177,7 @@ class EngineImpl final : public Engine {
         param_offload_(config.zero.stage == 3 && config.zero.offload_param.device != OffloadDevice::kNone),
         param_nvme_(config.zero.stage == 3 && config.zero.offload_param.device == OffloadDevice::kNvme),
         host_memory_(device.kind() == DeviceKind::kHost),
+        kernels_(KernelsFor(device.kind())),
         active_offload_(config.zinf.active_offload),
         table_(UnitTableOptions{.world = world_,
                                 .stage = stage_,
@@ -251,10 +252,10 @@ class EngineImpl final : public Engine {
         o.registrars.push_back(param_registrar_.get());
       }
       if (!host_memory_) {  // copies to and from the device stay asynchronous and in stream order
-        ZINF_ASSIGN_OR_RETURN(device_registrar_, sched::CreateHostRegistrarFor(device_));
+        ZINF_ASSIGN_OR_RETURN(device_registrar_, kernels_.create_host_registrar(device_));
         o.registrars.push_back(device_registrar_.get());
         // Pinned memory on the NUMA node next to the GPU, where hwloc knows it.
-        ZINF_ASSIGN_OR_RETURN(o.gpu_pci_bus_id, sched::DevicePciBusId(device_));
+        ZINF_ASSIGN_OR_RETURN(o.gpu_pci_bus_id, kernels_.pci_bus_id(device_));
       }
       ZINF_ASSIGN_OR_RETURN(pool_, PinnedPool::Create(std::move(o)));
       Log().log(host_memory_ ? spdlog::level::debug : spdlog::level::info, "engine: pinned host memory on NUMA node {} ({})",
@@ -496,10 +497,11 @@ class EngineImpl final : public Engine {
   const bool param_offload_;  // stage 3, offload_param cpu or nvme: partitioned units' shards off the device
   const bool param_nvme_;     // stage 3, offload_param nvme: shards past max_in_cpu in the parameter store
   // HostDevice: device memory is host memory and the engine's arithmetic on
-  // it runs as host tasks (ctx.Host). Otherwise (CUDA) it runs as the
-  // kernels of sched/device_kernels.h, and the boundary's decision is read
+  // it runs as host tasks (ctx.Host) in arena_. Otherwise (CUDA) it runs as
+  // the device's kernels (kernels_), and the boundary's decision is read
   // back to the host before the updates are enqueued.
   const bool host_memory_;
+  const DeviceKernels& kernels_;  // the registry's table for the device's kind
   const bool active_offload_;  // zinf.active_offload (Engine::Create checked its conditions)
   std::unique_ptr<MemoryRegistrar> device_registrar_;  // CUDA: page-locks the pool's buffers for async copies
   void* param_scratch_ = nullptr;  // offload_param without offload_optimizer: the new shard on its way home

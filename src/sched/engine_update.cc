@@ -253,7 +253,7 @@ Status EngineImpl::EnqueueDeviceUpdate(Unit& u, bool home, bool has_grad) {
   float* master = static_cast<float*>(u.master);
   void* param_dst = home ? param_scratch_ : param_home(u);
   if (d.skip || !has_grad) {  // the scratch is copied home regardless: refill it with the unchanged copy
-    if (home) return sched::DeviceCast(master, DType::kFloat32, param_dst, compute_dtype_, valid, *stream_);
+    if (home) return kernels_.cast(master, DType::kFloat32, param_dst, compute_dtype_, valid, *stream_);
     return Status::Ok();
   }
   const bool copy = compute_dtype_ != DType::kFloat32;
@@ -262,11 +262,11 @@ Status EngineImpl::EnqueueDeviceUpdate(Unit& u, bool home, bool has_grad) {
   for (const UnitLayout::GroupRun& r : u.GroupRuns(owned_begin(u), valid)) {
     ZINF_ASSIGN_OR_RETURN(AdamStepConstants constants,
                           MakeAdamStepConstants(GroupAdam(d.adam, *groups, r.group), u.steps + 1, d.grad_scale));
-    ZINF_RETURN_IF_ERROR(sched::DeviceAdamStep(constants, master + r.offset, static_cast<float*>(u.exp_avg) + r.offset,
-                                               static_cast<float*>(u.exp_avg_sq) + r.offset,
-                                               static_cast<const float*>(owned_accum(u)) + r.offset,
-                                               copy ? static_cast<char*>(param_dst) + r.offset * esize : nullptr,
-                                               compute_dtype_, r.elems, *stream_)
+    ZINF_RETURN_IF_ERROR(kernels_.adam_step(constants, master + r.offset, static_cast<float*>(u.exp_avg) + r.offset,
+                                            static_cast<float*>(u.exp_avg_sq) + r.offset,
+                                            static_cast<const float*>(owned_accum(u)) + r.offset,
+                                            copy ? static_cast<char*>(param_dst) + r.offset * esize : nullptr,
+                                            compute_dtype_, r.elems, *stream_)
                              .WithContext("unit '" + u.name + "'"));
   }
   ++u.steps;

@@ -23,11 +23,9 @@
 #include "cpu/host_device.h"
 #include "cpu/mpi_comm.h"
 #include "gpu/cuda_device.h"
+#include "sched/backends.h"
 #include "gpu/cuda_host_register.h"
 #include "gpu/cuda_probe.h"
-#if ZINF_HAVE_NCCL
-#include "gpu/nccl_comm.h"
-#endif
 #include "test_util.h"
 #include "zinf/config.h"
 #include "zinf/engine.h"
@@ -285,7 +283,7 @@ TEST_F(EngineOnCudaTest, PinnedMemoryIsPlacedByTheGpusNumaNode) {
 // ends with the same bits as the same ranks on host devices with MPI (the
 // NCCL reductions add in rank order, as MPI's do).
 TEST_F(EngineOnCudaTest, NcclRanksMatchMpiRanksBitForBit) {
-#if ZINF_HAVE_NCCL
+  if (!sched::Built(OptionalBackend::kNccl)) GTEST_SKIP() << NotBuilt(OptionalBackend::kNccl).message();
   auto mpi = CreateMpiCommunicator(CommOptions{.timeout_seconds = 60, .checking = true});
   ASSERT_TRUE(mpi.ok()) << mpi.status().ToString();
   const int world = (*mpi)->size(), rank = (*mpi)->rank();
@@ -293,7 +291,7 @@ TEST_F(EngineOnCudaTest, NcclRanksMatchMpiRanksBitForBit) {
   if (gpu::CudaDeviceCount() < world) {
     GTEST_SKIP() << "needs one GPU per rank: " << gpu::CudaDeviceCount() << " for " << world << " ranks";
   }
-  auto nccl = gpu::CreateNcclCommunicatorOverMpi(rank, CommOptions{.timeout_seconds = 60});
+  auto nccl = sched::CreateCommunicator(sched::CommBackend::kNccl, CommOptions{.timeout_seconds = 60}, rank);
   ASSERT_TRUE(nccl.ok()) << nccl.status().ToString();
   std::vector<Config> configs;
   for (int stage = 0; stage <= 3; ++stage) configs.push_back(Base(stage));
@@ -323,9 +321,6 @@ TEST_F(EngineOnCudaTest, NcclRanksMatchMpiRanksBitForBit) {
       }
     }
   }
-#else
-  GTEST_SKIP() << "built without NCCL";
-#endif
 }
 
 }  // namespace

@@ -30,6 +30,7 @@
 #include "gpu/cuda_device.h"
 #include "gpu/cuda_probe.h"
 #include "gpu/reduce_kernels.h"
+#include "sched/backends.h"
 #include "zinf/device.h"
 #include "test_util.h"
 
@@ -346,7 +347,7 @@ class NcclMultiRankTest : public ::testing::Test {
     if (CudaDeviceCount() < world_)
       GTEST_SKIP() << "needs one GPU per rank: " << CudaDeviceCount() << " for " << world_ << " ranks";
     ASSERT_EQ(cudaSetDevice(rank_), cudaSuccess);
-    auto nccl = CreateNcclCommunicatorOverMpi(rank_, CommOptions{.timeout_seconds = 60});
+    auto nccl = sched::CreateCommunicator(sched::CommBackend::kNccl, CommOptions{.timeout_seconds = 60}, rank_);
     ASSERT_TRUE(nccl.ok()) << nccl.status().ToString();
     comm_ = std::move(*nccl);
   }
