@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include "common/float16.h"
@@ -268,6 +269,7 @@ Result<HfCheckpoint> HfCheckpoint::Open(const std::string& dir, const GptConfig&
   ck.config_ = config;
   const std::string index_path = dir + "/model.safetensors.index.json";
   std::map<std::string, std::string> weight_map;  // tensor -> file
+  std::set<std::string> listed;
   if (fs::exists(index_path)) {
     ZINF_ASSIGN_OR_RETURN(nlohmann::json index, ReadJson(index_path));
     if (!index.contains("weight_map") || !index["weight_map"].is_object()) {
@@ -279,9 +281,8 @@ Result<HfCheckpoint> HfCheckpoint::Open(const std::string& dir, const GptConfig&
                                ", not the name of a file in the folder");
       }
       weight_map[name] = file.get<std::string>();
-      if (std::find(ck.files_.begin(), ck.files_.end(), file.get<std::string>()) == ck.files_.end()) {
-        ck.files_.push_back(file.get<std::string>());
-      }
+      // In order of first mention, each once (a set: an index may name many files).
+      if (listed.insert(file.get<std::string>()).second) ck.files_.push_back(file.get<std::string>());
     }
   } else {
     ck.files_.push_back("model.safetensors");
