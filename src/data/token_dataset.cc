@@ -2,6 +2,7 @@
 
 #include <xxhash.h>
 
+#include <algorithm>
 #include <bit>
 #include <cstring>
 #include <filesystem>
@@ -47,10 +48,17 @@ std::string CacheMismatch(const MappedFile& cache, const CacheHeader& want) {
   if (h.tokenizer_fingerprint != want.tokenizer_fingerprint || h.vocab_size != want.vocab_size) {
     return "made with another tokenizer";
   }
-  if (cache.size_bytes() != sizeof(CacheHeader) + 4 * h.num_tokens) return "truncated";
-  if (XXH3_64bits(cache.chars() + sizeof(CacheHeader), 4 * h.num_tokens) != h.tokens_hash) {
-    return "its tokens do not match their checksum";
-  }
+  // Divide, not multiply: 4 * num_tokens wraps for a header that says 2^62
+  // tokens, and the ids would be read far beyond the file.
+  const uint64_t body_bytes = cache.size_bytes() - sizeof(CacheHeader);
+  if (body_bytes % 4 != 0 || h.num_tokens != body_bytes / 4) return "truncated";
+  const auto* ids = reinterpret_cast<const int32_t*>(cache.chars() + sizeof(CacheHeader));
+  if (XXH3_64bits(ids, body_bytes) != h.tokens_hash) return "its tokens do not match their checksum";
+  // A checksum is no proof against a file made to pass it: every id must be
+  // one of the tokenizer's, or the model would index outside its tables.
+  int64_t largest = 0;
+  for (uint64_t i = 0; i < h.num_tokens; ++i) largest = std::max<int64_t>(largest, ids[i] < 0 ? INT64_MAX : ids[i]);
+  if (h.num_tokens > 0 && static_cast<uint64_t>(largest) >= want.vocab_size) return "it holds ids the tokenizer has not";
   return "";
 }
 

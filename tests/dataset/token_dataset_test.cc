@@ -5,7 +5,9 @@
 #include "data/token_dataset.h"
 
 #include <gtest/gtest.h>
+#include <xxhash.h>
 
+#include <cstring>
 #include <filesystem>
 #include <set>
 
@@ -77,6 +79,43 @@ TEST(TokenDatasetTest, RemakesACorruptCache) {
   ASSERT_TRUE(ds.ok());
   EXPECT_FALSE((*ds)->reused_cache());
   EXPECT_EQ((*ds)->num_tokens(), 21);
+}
+
+// A cache made to pass the checks: a header claiming 2^62 + 5 tokens (4x that
+// wraps to the real 20 bytes) read the ids far beyond the file; ids beyond the
+// vocabulary with a correct checksum reached the model. Both are remade.
+TEST(TokenDatasetTest, RemakesACacheMadeToPassItsChecks) {
+  const std::string dir = FreshDir();
+  const std::string path = dir + "/text.txt";
+  WriteFile(path, "abcde");
+  ByteTokenizer tok;
+  std::string cache_path;
+  {
+    auto ds = TokenDataset::Open(path, tok);
+    ASSERT_TRUE(ds.ok());
+    cache_path = (*ds)->cache_path();
+  }
+  const std::string good = ReadFile(cache_path);
+  ASSERT_EQ(good.size(), 64u + 20u);
+  std::string bytes = good;
+  const uint64_t wrapped = (uint64_t{1} << 62) + 5;
+  std::memcpy(bytes.data() + 16, &wrapped, 8);  // num_tokens
+  WriteFile(cache_path, bytes);
+  auto ds = TokenDataset::Open(path, tok);
+  ASSERT_TRUE(ds.ok()) << ds.status().ToString();
+  EXPECT_FALSE((*ds)->reused_cache());
+  EXPECT_EQ((*ds)->num_tokens(), 5);
+
+  bytes = good;
+  const int32_t beyond = 1 << 20;
+  std::memcpy(bytes.data() + 64, &beyond, 4);
+  const uint64_t sum = XXH3_64bits(bytes.data() + 64, 20);
+  std::memcpy(bytes.data() + 56, &sum, 8);  // tokens_hash, made to match
+  WriteFile(cache_path, bytes);
+  ds = TokenDataset::Open(path, tok);
+  ASSERT_TRUE(ds.ok()) << ds.status().ToString();
+  EXPECT_FALSE((*ds)->reused_cache());
+  EXPECT_EQ((*ds)->tokens()[0], 'a');
 }
 
 TEST(TokenDatasetTest, CacheDirectoryAndTokenizerKeepCachesApart) {
