@@ -467,9 +467,10 @@ Result<Config> ParseConfig(std::string_view text, std::string_view source) {
     if (problems == 1) {
       msg += d.errors[0];
     } else {
-      msg += std::to_string(problems) + " problems:";
-      for (const auto& e : d.errors) msg += "\n  " + e;
-      if (d.errors_not_kept > 0) msg += "\n  (and " + std::to_string(d.errors_not_kept) + " more)";
+      // One line, as every tool error is: "N problems: a: ...; b: ...".
+      msg += std::to_string(problems) + " problems: ";
+      for (size_t i = 0; i < d.errors.size(); ++i) msg += (i ? "; " : "") + d.errors[i];
+      if (d.errors_not_kept > 0) msg += "; and " + std::to_string(d.errors_not_kept) + " more";
     }
     return InvalidArgument(msg);
   }
