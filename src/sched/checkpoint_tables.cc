@@ -132,6 +132,7 @@ int64_t CoveredElements(std::vector<SlicePart> parts, int64_t first, int64_t cou
 
 Result<std::vector<SlicePart>> PlanRange(const CheckpointTables& t, const std::string& dir, const std::string& unit,
                                          const std::string& kind, int64_t unit_elems, int64_t first, int64_t count) {
+  if (count == 0) return std::vector<SlicePart>{};  // nothing asked, wherever (a shard of padding only)
   if (unit_elems < 0 || first < 0 || count < 0 || first > unit_elems - count) {
     return InvalidArgument("checkpoint " + dir + ": unit '" + unit + "' " + kind + ": elements [" +
                            std::to_string(first) + ", +" + std::to_string(count) + ") asked of a unit of " +

@@ -68,7 +68,8 @@ struct SlicePart {
 // The slices of (unit, kind) that hold elements [first, first + count) of a
 // unit of `unit_elems` elements, in table order. kDataLoss naming `dir`, the
 // unit and the count when a slice lies outside the unit or an element asked
-// for lies in no slice; kInvalidArgument for a range outside the unit.
+// for lies in no slice; kInvalidArgument for a range outside the unit (an
+// empty range is always fine, and plans nothing).
 Result<std::vector<SlicePart>> PlanRange(const CheckpointTables& tables, const std::string& dir,
                                          const std::string& unit, const std::string& kind, int64_t unit_elems,
                                          int64_t first, int64_t count);

@@ -94,6 +94,7 @@ TEST(CheckpointTablesTest, ASliceListedTwiceCoversItsElementsOnce) {
   EXPECT_EQ(CoveredElements(*whole, 0, 8), 8);
   EXPECT_FALSE(PlanRange(t, "ckpt", "u", "master", 6, 0, 6).ok());  // a slice beyond the unit
   EXPECT_EQ(PlanRange(t, "ckpt", "u", "master", 8, 4, 8).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(PlanRange(t, "ckpt", "u", "master", 8, 12, 0).value().empty());  // nothing asked
 }
 
 class CheckpointReaderTest : public ::testing::Test {
