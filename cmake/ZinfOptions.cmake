@@ -17,6 +17,18 @@ if(ZINF_WERROR)
   target_compile_options(zinf_options INTERFACE $<$<COMPILE_LANGUAGE:CXX,C>:-Werror>)
 endif()
 
+# clang's thread-safety analysis (src/common/thread_annotations.h): the
+# locking written as GUARDED_BY and REQUIRES is checked as the code compiles,
+# and a finding is an error. clang only; CI builds src/sched with it.
+option(ZINF_THREAD_SAFETY_ANALYSIS "Check the locking annotations with clang's -Wthread-safety, as errors" OFF)
+if(ZINF_THREAD_SAFETY_ANALYSIS)
+  if(NOT CMAKE_CXX_COMPILER_ID MATCHES "Clang")
+    message(FATAL_ERROR "ZINF_THREAD_SAFETY_ANALYSIS=ON needs clang; the C++ compiler is ${CMAKE_CXX_COMPILER_ID} "
+                        "(configure with CXX=clang++)")
+  endif()
+  target_compile_options(zinf_options INTERFACE $<$<COMPILE_LANGUAGE:CXX>:-Wthread-safety -Werror=thread-safety>)
+endif()
+
 if(ZINF_SANITIZE)
   string(REPLACE ";" "," _zinf_san "${ZINF_SANITIZE}")
   target_compile_options(zinf_options INTERFACE

@@ -258,7 +258,7 @@ Status EngineImpl::BuildAfterRegistration() {
   if (param_nvme_) ZINF_RETURN_IF_ERROR(SetUpParamSwap());
   if (nvme_) ZINF_RETURN_IF_ERROR(SetUpSwap());
   {  // the initial state written above is not a step's I/O
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     io_base_ = IoTotals();
   }
   // Released starts out complete: the first boundary waits on nothing.
@@ -266,9 +266,15 @@ Status EngineImpl::BuildAfterRegistration() {
   ZINF_RETURN_IF_ERROR(SetTimelineOrigin());
   const uint64_t params = std::accumulate(units_.begin(), units_.end(), uint64_t{0},
                                           [](uint64_t s, const Unit& u) { return s + u.part.num_elems; });
+  std::string scaler, schedule;
+  {
+    MutexLock lock(mu_);
+    scaler = decider_.scaler().Describe();
+    schedule = decider_.schedule().Describe();
+  }
   ZINF_LOG_INFO("engine: rank {}/{}, ZeRO stage {}, {} units, {} parameters, {} compute, accumulation {}, {}, {}",
                 rank_, world_, stage_, units_.size(), FormatCount(static_cast<double>(params)),
-                DTypeName(compute_dtype_), accumulation_, decider_.scaler().Describe(), decider_.schedule().Describe());
+                DTypeName(compute_dtype_), accumulation_, scaler, schedule);
   return Status::Ok();
 }
 
@@ -286,7 +292,7 @@ std::string EngineImpl::ResumeHint() const {
 }
 
 Status EngineImpl::ReportLoss(double loss) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (!broken_.ok()) return broken_;
   if (std::isfinite(loss) || !config_.zinf.stop_on_nonfinite_loss) return Status::Ok();
   char text[32];
@@ -302,7 +308,7 @@ Result<bool> EngineImpl::Step() {
   ZINF_RETURN_IF_ERROR(Finalize());
   ResolveSpans();  // what has been timed so far; logs the steps closed before the last boundary
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (!broken_.ok()) return broken_;
   }
   for (const Unit& u : units_) {
@@ -333,15 +339,15 @@ Result<bool> EngineImpl::Step() {
 Result<float> EngineImpl::loss_scale() {
   bool pending;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     pending = decision_pending_ && decider_.scaler().dynamic();
   }
   if (pending) {
     ZINF_RETURN_IF_ERROR(decided_->Synchronize());
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     decision_pending_ = false;
   }
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return static_cast<float>(decider_.scaler().scale());
 }
 

@@ -81,7 +81,7 @@ Status EngineImpl::WriteState(int unit, StateKind kind, const float* host_src) {
                               std::to_string(accumulation_) + " micro-steps of this step are done");
   }
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     ZINF_RETURN_IF_ERROR(broken_);
   }
   ZINF_RETURN_IF_ERROR(Synchronize());
@@ -277,7 +277,7 @@ Result<std::string> EngineImpl::Save(const std::string& dir, const std::string& 
                                   std::to_string(accumulation_) + " micro-steps of this step are done");
   }
   if (prepared.ok()) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     prepared = broken_;
   }
   if (prepared.ok() && client.is_discarded()) prepared = InvalidArgument("Save: client_state is not valid JSON");
@@ -327,7 +327,7 @@ Result<std::string> EngineImpl::Save(const std::string& dir, const std::string& 
     LossScaler::State ls;
     int64_t steps_applied;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       ls = decider_.scaler().state();
       steps_applied = decider_.steps_applied();
     }
@@ -360,7 +360,7 @@ Result<std::string> EngineImpl::Save(const std::string& dir, const std::string& 
   }
   ZINF_RETURN_IF_ERROR(AgreeOk(committed));
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     last_checkpoint_ = final_dir;
   }
   return final_dir;
@@ -497,7 +497,7 @@ Result<std::string> EngineImpl::Load(const std::string& path) {
   std::unique_ptr<ckpt::CheckpointReader> reader;
   auto prepare = [&]() -> Status {
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       if (!broken_.ok() && !broken_by_load_) {
         return FailedPrecondition("this engine stopped during a step (" + broken_.message() +
                                   "): create a new engine and load the checkpoint there");
@@ -543,14 +543,14 @@ Result<std::string> EngineImpl::Load(const std::string& path) {
     // A failure part-way leaves this rank's state mixed: no steps until a
     // Load succeeds.
     if (Status s = AgreeOk(ReadShards(*reader)); !s.ok()) {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       broken_ = Status(s.code(), "Load from " + ckpt_dir + " failed part-way, the engine's state is mixed (load a "
                                  "checkpoint again): " + s.message());
       broken_by_load_ = true;
       return s;
     }
     const auto& ls = manifest.at("loss_scale");
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     broken_ = Status::Ok();
     broken_by_load_ = false;
     decider_.scaler().Restore({ls.at("scale").get<double>(), ls.at("cur_hysteresis").get<int64_t>(), ls.at("iter").get<int64_t>(),

@@ -27,6 +27,13 @@
 //   swap_schedule.h   the order of the NVMe swapper's reads and writes
 //   optimizer_swapper.h  the optimizer state's NVMe home: sub-groups, swap
 //                     buffers, the pipelined reads and writes, swapped gradients
+//
+// Thread-safety: one client thread drives the engine (zinf/engine.h); its
+// stream tasks run on the streams' threads. EngineImpl's members come in
+// three groups: constant after construction; the client thread's, which the
+// stream tasks read in the order enqueues and events set; and those guarded
+// by mu_ (GUARDED_BY, and REQUIRES on the helpers that need it held), which
+// clang checks (-Wthread-safety: cmake -DZINF_THREAD_SAFETY_ANALYSIS=ON).
 #pragma once
 
 #include "zinf/engine.h"
@@ -45,7 +52,6 @@
 #include <cstring>
 #include <deque>
 #include <map>
-#include <mutex>
 #include <numeric>
 #include <optional>
 #include <thread>
@@ -55,6 +61,7 @@
 
 #include "common/communicator.h"
 #include "common/logging.h"
+#include "common/thread_annotations.h"
 #include "common/units.h"
 #include "cpu/adam.h"
 #include "cpu/cast.h"
@@ -287,26 +294,27 @@ class EngineImpl final : public Engine {
   Result<UnitPointers> GradBuffers(int unit) override;
   Status GradsReady(int unit, Stream& stream) override;
   Status Release(int unit, Stream& stream) override;
-  Result<bool> Step() override;
+  Result<bool> Step() override EXCLUDES(mu_);
   Status Trace(Stream& stream, const std::string& lane, const std::string& what,
                const std::function<Status()>& enqueue) override;
-  Result<int64_t> TraceBegin(Stream& stream) override;
-  Status TraceEnd(int64_t token, Stream& stream, const std::string& lane, const std::string& what) override;
-  Status ReportLoss(double loss) override;
-  Result<float> loss_scale() override;
-  Status Synchronize() override {
+  Result<int64_t> TraceBegin(Stream& stream) override EXCLUDES(mu_);
+  Status TraceEnd(int64_t token, Stream& stream, const std::string& lane, const std::string& what) override
+      EXCLUDES(mu_);
+  Status ReportLoss(double loss) override EXCLUDES(mu_);
+  Result<float> loss_scale() override EXCLUDES(mu_);
+  Status Synchronize() override EXCLUDES(mu_) {
     Status a = stream_->Synchronize();
     Status b = copy_stream_->Synchronize();
     Status c = gather_stream_->Synchronize();
     ResolveSpans();
     return !a.ok() ? a : !b.ok() ? b : c;
   }
-  Result<StepStats> Stats() override;
-  Result<StepStats> Stats(int64_t boundary) override;
-  Result<std::string> Save(const std::string& dir, const std::string& client_state) override;
-  Result<std::string> Load(const std::string& path) override;
+  Result<StepStats> Stats() override EXCLUDES(mu_);
+  Result<StepStats> Stats(int64_t boundary) override EXCLUDES(mu_);
+  Result<std::string> Save(const std::string& dir, const std::string& client_state) override EXCLUDES(mu_);
+  Result<std::string> Load(const std::string& path) override EXCLUDES(mu_);
   Status ReadState(int unit, StateKind kind, float* host_dst) override;
-  Status WriteState(int unit, StateKind kind, const float* host_src) override;
+  Status WriteState(int unit, StateKind kind, const float* host_src) override EXCLUDES(mu_);
 
  private:
   bool sharded() const { return stage_ >= 1 && world_ > 1; }
@@ -396,15 +404,15 @@ class EngineImpl final : public Engine {
   Status DevicePartials(size_t i, int region, bool zero, const void* host_accum);
   // Unit u's update by the device's kernels (optimizer state in device
   // memory, not host-addressable), with the boundary's decision made.
-  Status EnqueueDeviceUpdate(Unit& u, bool home, bool has_grad);
+  Status EnqueueDeviceUpdate(Unit& u, bool home, bool has_grad) EXCLUDES(mu_);
   // An I/O failure of a step's swap transfers: the state on disk is mixed
   // (or the window's gradients lost), the engine refuses further steps
   // (broken_).
   enum class SwapKind { kState, kParams, kGradients };
-  Status SwapFailure(Status s, SwapKind kind = SwapKind::kState);
+  Status SwapFailure(Status s, SwapKind kind = SwapKind::kState) EXCLUDES(mu_);
   // "resume from the last complete checkpoint (<path>)" for the messages of
-  // broken_ (mu_ held).
-  std::string ResumeHint() const;
+  // broken_.
+  std::string ResumeHint() const REQUIRES(mu_);
   // A swapped gradient's accumulation: into a staging buffer (after the
   // stored one is read back, unless `first`), then written to the store.
   Status SwapAccumulate(size_t i, const float* reduced, bool first);
@@ -448,27 +456,26 @@ class EngineImpl final : public Engine {
   // completed, ResolveSpans passes the seconds between them to `account`,
   // with the window the work was enqueued in.
   // A timing event (a spare one, or new) recorded on `stream`.
-  Result<std::unique_ptr<Event>> RecordTimingEvent(Stream& stream);
+  Result<std::unique_ptr<Event>> RecordTimingEvent(Stream& stream) EXCLUDES(mu_);
   // TimeSpan's second half: the end event, and the span kept for ResolveSpans.
   Status EndSpan(std::unique_ptr<Event> start, Stream& stream, std::string lane, std::string what,
-                 std::function<void(Window&, double)> account);
+                 std::function<void(Window&, double)> account) EXCLUDES(mu_);
   // The span also goes on the window's timeline, in `lane` as `what`.
   Status TimeSpan(Stream& stream, const char* lane, std::string what, const std::function<Status()>& enqueue,
                   std::function<void(Window&, double)> account);
   // The timeline's origin: a timing event on the engine stream and the host
   // time it completed at (set once, at the end of the set-up).
-  Status SetTimelineOrigin();
-  // Seconds since the origin of a host time (mu_ held).
-  double TimelineSeconds(Clock::time_point t) const { return Seconds(timeline_origin_host_, t); }
-  // The NVMe engines' busy intervals since the last call, on the timeline
-  // (mu_ held).
-  void TakeDiskBusy(Window& w);
+  Status SetTimelineOrigin() EXCLUDES(mu_);
+  // Seconds since the origin of a host time.
+  double TimelineSeconds(Clock::time_point t) const REQUIRES(mu_) { return Seconds(timeline_origin_host_, t); }
+  // The NVMe engines' busy intervals since the last call, on the timeline.
+  void TakeDiskBusy(Window& w) REQUIRES(mu_);
   // On host threads only (an event's time is a device call): accounts the
   // spans whose events have completed, and logs each step one boundary
   // after it closed (or at Synchronize) with its timed work in it.
-  void ResolveSpans();
-  // A closed step's StepStats with its timed work added (mu_ held).
-  StepStats WithSpans(const StepStats& closed) const;
+  void ResolveSpans() EXCLUDES(mu_);
+  // A closed step's StepStats with its timed work added.
+  StepStats WithSpans(const StepStats& closed) const REQUIRES(mu_);
   // Stage 3 prefetch: follows the client's Fetch calls against the trace,
   // gathers ahead along it, keeps a released unit gathered when the trace
   // uses it again soon, and drops what the engine holds.
@@ -482,8 +489,9 @@ class EngineImpl final : public Engine {
   // drops what the engine holds ahead of use; on several ranks it is an
   // error (the gathers must stay the same on every rank).
   Result<void*> AllocateForClient(uint64_t bytes, Stream& stream);
-  void Decide(const double* partials_host, int64_t boundary);
+  void Decide(const double* partials_host, int64_t boundary) EXCLUDES(mu_);
 
+  // Constant after construction.
   const Config config_;
   Device& device_;
   Communicator* comm_;
@@ -503,6 +511,14 @@ class EngineImpl final : public Engine {
   const bool host_memory_;
   const DeviceKernels& kernels_;  // the registry's table for the device's kind
   const bool active_offload_;  // zinf.active_offload (Engine::Create checked its conditions)
+
+  // Not guarded by mu_, by design. Set up on the client thread (Init,
+  // AddUnit, Finalize) before any stream task that reads them is enqueued,
+  // or the client thread's own (one client thread drives an engine,
+  // zinf/engine.h) and read by the engine's stream tasks only in the order
+  // the client's enqueues and the streams' events set: a task reads what the
+  // client wrote before enqueueing it, and the client touches what a task
+  // writes only after an event (or a Synchronize) says the task is done.
   std::unique_ptr<MemoryRegistrar> device_registrar_;  // CUDA: page-locks the pool's buffers for async copies
   void* param_scratch_ = nullptr;  // offload_param without offload_optimizer: the new shard on its way home
   std::unique_ptr<nvme::IoEngine> io_;
@@ -539,9 +555,6 @@ class EngineImpl final : public Engine {
   int next_grad_stage_ = 0;               // enqueue order
   std::vector<int> grad_stage_of_;        // enqueue order: the staging buffer still holding unit i's gradient, or -1
   bool early_reads_ = false;  // this window's first sub-group reads were issued during backward
-  Status broken_;  // an I/O failure mid-step: the state on disk is mixed, no further steps
-  bool broken_by_load_ = false;  // broken_ is a failed Load's (the streams are fine: another Load may fix it)
-  std::string last_checkpoint_;  // the last one saved or loaded, for the message of broken_ (mu_)
   std::unique_ptr<nvme::IoEngine> ckpt_io_;  // checkpoint I/O when the optimizer is not on NVMe
   PinnedBuffer h_grad_stage_;               // one unit's reduced gradient on its way to the accumulator
   std::vector<PinnedBuffer> h_param_slots_;  // new compute-copy shards on their way to the device
@@ -570,7 +583,6 @@ class EngineImpl final : public Engine {
   Status finalize_status_;  // the set-up's failure, once finalized_
   int64_t micro_in_window_ = 0;  // micro-steps since the last boundary
   int64_t boundaries_ = 0;
-  int64_t first_boundary_ = 1;  // this engine's first since it started or loaded (under mu_)
   // Stages 2 and 3: the reduce buckets (the open one, and those closed but
   // held until the micro-step ends when overlap_comm is off).
   ReduceBuckets buckets_;
@@ -585,18 +597,32 @@ class EngineImpl final : public Engine {
   std::vector<ParamGroupOptions> groups_;
   std::shared_ptr<const std::vector<ParamGroupOptions>> groups_snapshot_;
 
-  std::mutex mu_;  // guards everything below and the Window
-  nvme::IoEngineStats io_base_;  // IoTotals() at the last boundary, less checkpoint I/O since
-  StreamCounts stream_counts_;   // since the last boundary, in the engine stream's order
-  std::map<int64_t, StreamCounts> closing_;  // per boundary, until its window closes
-  uint64_t nvme_total_read_ = 0, nvme_total_written_ = 0;  // over every closed window
-  StepDecision decider_;  // the loss scaler and the applied steps
-  Decision decision_;
+  // Work enqueued by EnqueueBoundary belongs to its own boundary's window,
+  // work enqueued between boundaries to the next one (client thread).
+  bool in_boundary_ = false;
+
+  // Guarded by mu_: shared between the client thread and the engine's
+  // stream tasks, with no order between them.
+  Mutex mu_;
+  // An I/O failure mid-step (the state on disk is mixed), a non-finite loss,
+  // a step that cannot be skipped, or a failed Load: no further steps.
+  Status broken_ GUARDED_BY(mu_);
+  // broken_ is a failed Load's (the streams are fine: another Load may fix it).
+  bool broken_by_load_ GUARDED_BY(mu_) = false;
+  std::string last_checkpoint_ GUARDED_BY(mu_);  // the last one saved or loaded, for the message of broken_
+  int64_t first_boundary_ GUARDED_BY(mu_) = 1;   // this engine's first since it started or loaded
+  nvme::IoEngineStats io_base_ GUARDED_BY(mu_);  // IoTotals() at the last boundary, less checkpoint I/O since
+  StreamCounts stream_counts_ GUARDED_BY(mu_);   // since the last boundary, in the engine stream's order
+  std::map<int64_t, StreamCounts> closing_ GUARDED_BY(mu_);  // per boundary, until its window closes
+  uint64_t nvme_total_read_ GUARDED_BY(mu_) = 0;  // over every closed window
+  uint64_t nvme_total_written_ GUARDED_BY(mu_) = 0;
+  StepDecision decider_ GUARDED_BY(mu_);  // the loss scaler and the applied steps
+  Decision decision_ GUARDED_BY(mu_);
   // Each boundary's decision and the steps applied with it, until its
   // window closes.
-  std::map<int64_t, std::pair<Decision, int64_t>> decided_steps_;
-  Window window_;
-  std::map<int64_t, StepStats> closed_;  // the last 64 boundaries' metrics, by boundary
+  std::map<int64_t, std::pair<Decision, int64_t>> decided_steps_ GUARDED_BY(mu_);
+  Window window_ GUARDED_BY(mu_);
+  std::map<int64_t, StepStats> closed_ GUARDED_BY(mu_);  // the last 64 boundaries' metrics, by boundary
   // Timed spans (TimeSpan) not yet accounted; the windows they added up
   // to, by boundary (kept as long as closed_ keeps the boundary); spare
   // timing events; the last boundary logged.
@@ -606,20 +632,17 @@ class EngineImpl final : public Engine {
     std::function<void(Window&, double)> account;
     std::string lane, what;
   };
-  std::unique_ptr<Event> timeline_origin_;  // null until SetTimelineOrigin
-  Clock::time_point timeline_origin_host_;
+  std::unique_ptr<Event> timeline_origin_ GUARDED_BY(mu_);  // null until SetTimelineOrigin
+  Clock::time_point timeline_origin_host_ GUARDED_BY(mu_);
   // TraceBegin's start events until their TraceEnd, by token.
   static constexpr size_t kMaxOpenTraces = 4096;
-  std::map<int64_t, std::unique_ptr<Event>> open_traces_;
-  int64_t next_trace_ = 1;
-  std::deque<Span> spans_;
-  std::map<int64_t, Window> timed_;
-  std::vector<std::unique_ptr<Event>> spare_timing_events_;
-  int64_t logged_through_ = 0;
-  // Work enqueued by EnqueueBoundary belongs to its own boundary's window,
-  // work enqueued between boundaries to the next one.
-  bool in_boundary_ = false;
-  bool decision_pending_ = false;  // a boundary was enqueued whose decision the host has not waited for
+  std::map<int64_t, std::unique_ptr<Event>> open_traces_ GUARDED_BY(mu_);
+  int64_t next_trace_ GUARDED_BY(mu_) = 1;
+  std::deque<Span> spans_ GUARDED_BY(mu_);
+  std::map<int64_t, Window> timed_ GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<Event>> spare_timing_events_ GUARDED_BY(mu_);
+  int64_t logged_through_ GUARDED_BY(mu_) = 0;
+  bool decision_pending_ GUARDED_BY(mu_) = false;  // a boundary was enqueued whose decision the host has not waited for
 };
 
 // Checkpoint and ReadState I/O through the engine's I/O engines is left out
@@ -630,7 +653,7 @@ struct EngineImpl::ExcludeIo {
   explicit ExcludeIo(EngineImpl* engine) : e(engine), before(engine->IoTotals()) {}
   ~ExcludeIo() {
     const nvme::IoEngineStats after = e->IoTotals();
-    std::lock_guard lock(e->mu_);
+    MutexLock lock(e->mu_);
     e->io_base_.bytes_read += after.bytes_read - before.bytes_read;
     e->io_base_.bytes_written += after.bytes_written - before.bytes_written;
   }

@@ -28,7 +28,7 @@ Status EngineImpl::Timed(double Window::*field, std::string what, StreamTask tas
         const auto start = Clock::now();
         Status s = task(ctx);
         const auto end = Clock::now();
-        std::lock_guard lock(mu_);
+        MutexLock lock(mu_);
         window_.*field += Seconds(start, end);
         if (timeline_origin_) window_.AddSpan(lane, what, TimelineSeconds(start), TimelineSeconds(end));
         return s;
@@ -64,7 +64,7 @@ Status EngineImpl::SetTimelineOrigin() {
       origin_host = before + (after - before) / 2;
     }
   }
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   timeline_origin_ = std::move(origin);
   timeline_origin_host_ = origin_host;
   for (nvme::IoEngine* e : {io_.get(), param_io_.get()}) {
@@ -115,7 +115,7 @@ Status EngineImpl::WaitTimed(Stream& stream, Event& event, const Unit& u, const 
 Result<std::unique_ptr<Event>> EngineImpl::RecordTimingEvent(Stream& stream) {
   std::unique_ptr<Event> e;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (!spare_timing_events_.empty()) {
       e = std::move(spare_timing_events_.back());
       spare_timing_events_.pop_back();
@@ -131,7 +131,7 @@ Result<std::unique_ptr<Event>> EngineImpl::RecordTimingEvent(Stream& stream) {
 Status EngineImpl::EndSpan(std::unique_ptr<Event> start, Stream& stream, std::string lane, std::string what,
                            std::function<void(Window&, double)> account) {
   ZINF_ASSIGN_OR_RETURN(std::unique_ptr<Event> end, RecordTimingEvent(stream));
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   spans_.push_back(Span{std::move(start), std::move(end), boundaries_ + (in_boundary_ ? 0 : 1), std::move(account),
                         std::move(lane), std::move(what)});
   return Status::Ok();
@@ -146,7 +146,7 @@ Status EngineImpl::TimeSpan(Stream& stream, const char* lane, std::string what,
 
 Result<int64_t> EngineImpl::TraceBegin(Stream& stream) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (!timeline_origin_) return int64_t{0};  // before the first Fetch: untimed
     if (open_traces_.size() >= kMaxOpenTraces) {
       return FailedPrecondition("TraceBegin: " + std::to_string(open_traces_.size()) +
@@ -154,7 +154,7 @@ Result<int64_t> EngineImpl::TraceBegin(Stream& stream) {
     }
   }
   ZINF_ASSIGN_OR_RETURN(std::unique_ptr<Event> start, RecordTimingEvent(stream));
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   const int64_t token = next_trace_++;
   open_traces_[token] = std::move(start);
   return token;
@@ -164,7 +164,7 @@ Status EngineImpl::TraceEnd(int64_t token, Stream& stream, const std::string& la
   if (token == 0) return Status::Ok();  // begun before the first Fetch: untimed
   std::unique_ptr<Event> start;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     auto it = open_traces_.find(token);
     if (it == open_traces_.end()) {
       return InvalidArgument("TraceEnd: " + std::to_string(token) + " is not an open trace (from TraceBegin, ended once)");
@@ -178,7 +178,7 @@ Status EngineImpl::TraceEnd(int64_t token, Stream& stream, const std::string& la
 void EngineImpl::ResolveSpans() {
   std::vector<std::string> lines;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     for (auto it = spans_.begin(); it != spans_.end();) {
       Result<double> seconds = it->end->SecondsSince(*it->start);
       if (!seconds.ok() && seconds.status().code() == StatusCode::kFailedPrecondition) {
@@ -243,7 +243,7 @@ Result<StepStats> EngineImpl::Stats() {
   ResolveSpans();
   int64_t first;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (!closed_.empty()) {
       StepStats s = WithSpans(closed_.rbegin()->second);
       s.behind = boundaries_ - s.boundary;
@@ -253,7 +253,7 @@ Result<StepStats> EngineImpl::Stats() {
     first = first_boundary_;  // none has finished: wait for this engine's first
   }
   ZINF_ASSIGN_OR_RETURN(StepStats s, Stats(first));
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   s.behind = boundaries_ - s.boundary;
   return s;
 }
@@ -261,7 +261,7 @@ Result<StepStats> EngineImpl::Stats() {
 Result<StepStats> EngineImpl::Stats(int64_t boundary) {
   ResolveSpans();
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (auto it = closed_.find(boundary); it != closed_.end()) return WithSpans(it->second);
     if (boundary > boundaries_ || boundary < first_boundary_ ||
         (!closed_.empty() && boundary < closed_.begin()->first)) {
@@ -273,7 +273,7 @@ Result<StepStats> EngineImpl::Stats(int64_t boundary) {
   ZINF_RETURN_IF_ERROR(closed_events_[boundary % closed_events_.size()]->Synchronize());
   ResolveSpans();
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (auto it = closed_.find(boundary); it != closed_.end()) return WithSpans(it->second);
   }
   // Not kept although its window's event completed: its stream failed (the
@@ -290,7 +290,7 @@ Result<StepStats> EngineImpl::Stats(int64_t boundary) {
 // back and the engine stream's last task).
 Status EngineImpl::EnqueueWindowClose(int64_t boundary) {
   ZINF_RETURN_IF_ERROR(stream_->Enqueue([this, boundary](const StreamContext&) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     StreamCounts c = stream_counts_;
     stream_counts_ = StreamCounts{};
     const nvme::IoEngineStats now = IoTotals();
@@ -310,7 +310,7 @@ Status EngineImpl::EnqueueWindowClose(int64_t boundary) {
   ZINF_RETURN_IF_ERROR(closing.Enqueue([this, boundary](const StreamContext&) {
     StepStats s;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       auto decided = decided_steps_.find(boundary);
       if (decided == decided_steps_.end()) {
         return Internal("the window of boundary " + std::to_string(boundary) + " closed before its decision");
@@ -356,7 +356,7 @@ Status EngineImpl::EnqueueWindowClose(int64_t boundary) {
       s.host_pinned_bytes = ps.pinned_bytes;
       s.host_peak_pinned_bytes = ps.peak_pinned_bytes;
     }
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     closed_[boundary] = std::move(s);
     while (closed_.size() > 64) closed_.erase(closed_.begin());
     return Status::Ok();

@@ -51,7 +51,7 @@ Result<UnitPointers> EngineImpl::Fetch(int unit, Stream& stream) {
     // Counted in the engine stream's order, so the step they belong to is
     // the one whose boundary follows them there.
     ZINF_RETURN_IF_ERROR(stream_->Enqueue([this, hit](const StreamContext&) {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       stream_counts_.fetches += 1;
       stream_counts_.prefetch_hits += hit;
       return Status::Ok();

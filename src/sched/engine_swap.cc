@@ -140,7 +140,7 @@ Status EngineImpl::AddShardToStore(const Unit& u, const float* master) {
 // not: the engine refuses further steps.
 Status EngineImpl::SwapFailure(Status s, SwapKind kind) {
   if (s.ok()) return s;
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (broken_.ok()) {
     const char* what = kind == SwapKind::kParams      ? "parameter shards on NVMe: "
                        : kind == SwapKind::kGradients ? "gradients swapped to NVMe: "

@@ -17,15 +17,15 @@ namespace zinf {
 namespace sched {
 namespace {
 
-std::mutex hook_mu;
-testing::HostUpdateHook host_update_hook;
+Mutex hook_mu;
+testing::HostUpdateHook host_update_hook GUARDED_BY(hook_mu);
 std::atomic<bool> has_host_update_hook{false};
 
 void RunHostUpdateHook(int unit, int64_t boundary) {
   if (!has_host_update_hook.load(std::memory_order_acquire)) return;
   testing::HostUpdateHook hook;
   {
-    std::lock_guard lock(hook_mu);
+    MutexLock lock(hook_mu);
     hook = host_update_hook;
   }
   if (hook) hook(unit, boundary);
@@ -34,14 +34,14 @@ void RunHostUpdateHook(int unit, int64_t boundary) {
 }  // namespace
 
 void testing::SetHostUpdateHook(HostUpdateHook hook) {
-  std::lock_guard lock(hook_mu);
+  MutexLock lock(hook_mu);
   has_host_update_hook.store(static_cast<bool>(hook), std::memory_order_release);
   host_update_hook = std::move(hook);
 }
 
 void EngineImpl::Decide(const double* partials, int64_t boundary) {
   const double total = SumNormPartials(partials, norm_layout_);
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   decision_ = decider_.Decide(total);
   if (active_offload_ && decision_.skip && broken_.ok()) {
     broken_ = FailedPrecondition("the gradient norm of optimizer step " + std::to_string(boundary) +
@@ -120,7 +120,7 @@ Status EngineImpl::EnqueueBoundary() {
   }
   ZINF_RETURN_IF_ERROR(decided_->Record(*stream_));
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     decision_pending_ = true;
   }
   // Per unit, in forward order (EnqueueUnitUpdate).
@@ -242,7 +242,7 @@ Status EngineImpl::MaybeActiveUpdate(size_t i) {
 Status EngineImpl::EnqueueDeviceUpdate(Unit& u, bool home, bool has_grad) {
   Decision d;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     d = decision_;
   }
   const int64_t valid = owned_valid(u);
@@ -313,7 +313,7 @@ StreamTask EngineImpl::HostUpdateTask(Unit& u, const UpdateTarget& t, bool has, 
     RunHostUpdateHook(u.index, boundary);
     Decision d;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       // Active: the previous boundary's decision ran before this task on
       // the engine stream, so the step count is this boundary's.
       d = active ? decider_.Predecide() : decision_;

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "common/logging.h"
+#include "common/thread_annotations.h"
 
 namespace zinf::sched {
 namespace {
@@ -102,13 +103,13 @@ class SharedFailureEngine final : public Engine {
     return result;
   }
 
-  Status Stopped() {
-    std::lock_guard<std::mutex> lock(mu_);
+  Status Stopped() EXCLUDES(mu_) {
+    MutexLock lock(mu_);
     return stopped_;
   }
 
-  Status Stop(const Status& cause) {
-    std::lock_guard<std::mutex> lock(mu_);
+  Status Stop(const Status& cause) EXCLUDES(mu_) {
+    MutexLock lock(mu_);
     if (stopped_.ok()) {
       // A cause that came from a peer is already broken on the communicator:
       // Abort then sends nothing back.
@@ -123,8 +124,8 @@ class SharedFailureEngine final : public Engine {
 
   std::unique_ptr<Engine> inner_;
   Communicator& comm_;
-  std::mutex mu_;
-  Status stopped_;  // the first failure (mu_)
+  Mutex mu_;
+  Status stopped_ GUARDED_BY(mu_);  // the first failure
 };
 
 }  // namespace

@@ -27,7 +27,6 @@
 #pragma once
 
 #include <memory>
-#include <mutex>
 
 #include "common/communicator.h"
 #include "zinf/engine.h"
