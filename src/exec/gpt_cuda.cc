@@ -11,8 +11,6 @@
 
 #include <algorithm>
 #include <array>
-#include <map>
-#include <optional>
 #include <cmath>
 #include <span>
 #include <string>
@@ -20,7 +18,7 @@
 #include <vector>
 
 #include "common/logging.h"
-#include "gpu/cublas_lib.h"
+#include "exec/gpt_cublas.h"
 #include "gpu/cuda_check.h"
 #include "gpu/decoder_kernels.h"
 #include "gpu/kernels.h"
@@ -35,15 +33,6 @@ using model::EmbeddingLayout;
 using model::FinalNormLayout;
 using model::TensorAt;
 
-Status CublasError(const CublasLib& lib, cublasStatus_t st, const char* what) {
-  return Internal(std::string("cuBLAS ") + what + ": " + lib.status_name(st) + " (" + lib.status_string(st) + ")");
-}
-#define ZINF_CUBLAS_RETURN_IF_ERROR(stmt, what)                        \
-  do {                                                                 \
-    const cublasStatus_t zinf_cublas_st_ = (stmt);                     \
-    if (zinf_cublas_st_ != CUBLAS_STATUS_SUCCESS) return CublasError(*blas_, zinf_cublas_st_, what); \
-  } while (0)
-
 class CudaStages final : public model::GptStages {
  public:
   CudaStages(Device& device, Stream& stream, const model::GptConfig& config, const model::GptRunOptions& options,
@@ -56,8 +45,6 @@ class CudaStages final : public model::GptStages {
         layout_(layout),
         arena_(static_cast<char*>(arena)) {}
   ~CudaStages() override {
-    if (handle_) blas_->destroy(handle_);
-    if (lt_handle_) lt_->destroy(lt_handle_);
     if (bias_grad_) device_.Free(bias_grad_, stream_).IgnoreError();
     if (count_) device_.Free(count_, stream_).IgnoreError();
     if (rope_cos_) device_.Free(rope_cos_, stream_).IgnoreError();
@@ -80,37 +67,17 @@ class CudaStages final : public model::GptStages {
       ZINF_ASSIGN_OR_RETURN(dout16_only_, FlashAttentionCopiesFit(D));
       qkv16_only_ = qkv16_ && dout16_only_;
     }
-    ZINF_ASSIGN_OR_RETURN(blas_, Cublas());
-    ZINF_CUBLAS_RETURN_IF_ERROR(blas_->create(&handle_), "cublasCreate");
-    ZINF_CUBLAS_RETURN_IF_ERROR(blas_->set_stream(handle_, static_cast<cudaStream_t>(s_)), "cublasSetStream");
-    // fp32 products: no TF32 (the CPU path computes in fp32). bf16 operands:
-    // the products name their compute type themselves (Gemm below), and a
-    // product with a bf16 result (GemmToBf16) adds in fp32 throughout:
-    // cuBLAS may not round a split-k partial to the output's type.
-    const cublasMath_t math = bf16_ ? static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH |
-                                                                CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)
-                                    : CUBLAS_PEDANTIC_MATH;
-    ZINF_CUBLAS_RETURN_IF_ERROR(blas_->set_math_mode(handle_, math), "cublasSetMathMode");
+    // Without cuBLASLt (its library missing, or no handle), the biases and
+    // residual adds run as kernels beside the products, as with fp32
+    // products.
+    ZINF_RETURN_IF_ERROR(blas_.Init(s_, bf16_));
     ZINF_ASSIGN_OR_RETURN(void* c, device_.Allocate(sizeof(float), stream_));
     count_ = static_cast<float*>(c);
-    if (bf16_) {
-      // Without cuBLASLt (its library missing, or no handle), the biases and
-      // residual adds run as kernels beside the products, as with fp32
-      // products.
-      Result<const CublasLtLib*> lt = CublasLt();
-      if (!lt.ok()) ZINF_LOG_DEBUG("gpt model on CUDA: no fused biases: {}", lt.status().ToString());
-      cublasStatus_t st = CUBLAS_STATUS_NOT_INITIALIZED;
-      if (lt.ok() && (st = (*lt)->create(&lt_handle_)) != CUBLAS_STATUS_SUCCESS) {
-        lt_handle_ = nullptr;
-        ZINF_LOG_DEBUG("gpt model on CUDA: no fused biases: cublasLtCreate: {}", (*lt)->status_name(st));
-      }
-      if (lt_handle_) lt_ = *lt;
-      if (lt_handle_ && (config_.linear_bias || config_.qkv_bias)) {
-        bias_grad_elems_ = std::max({config_.embed_dim, config_.qkv_dim(), config_.fc_dim()});
-        ZINF_ASSIGN_OR_RETURN(void* g, device_.Allocate(static_cast<uint64_t>(bias_grad_elems_) * sizeof(float),
-                                                        stream_));
-        bias_grad_ = static_cast<float*>(g);
-      }
+    if (blas_.has_lt() && (config_.linear_bias || config_.qkv_bias)) {
+      bias_grad_elems_ = std::max({config_.embed_dim, config_.qkv_dim(), config_.fc_dim()});
+      ZINF_ASSIGN_OR_RETURN(void* g, device_.Allocate(static_cast<uint64_t>(bias_grad_elems_) * sizeof(float),
+                                                      stream_));
+      bias_grad_ = static_cast<float*>(g);
     }
     if (config_.positions == model::PositionKind::kRope) {
       // The CPU model's table (fp32, built on the host), uploaded once; the
@@ -611,50 +578,15 @@ class CudaStages final : public model::GptStages {
   Status GemmBatched(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
                      int64_t sa, const float* b, int64_t ldb, int64_t sb, float beta, void* c, int64_t ldc,
                      int64_t sc, int64_t count, cudaDataType c_type = CUDA_R_32F) {
-    const cublasOperation_t op_a = ta ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
     if (bf16_) {
       ZINF_ASSIGN_OR_RETURN(const Bf16Operands ops, OperandsInBf16(ta, tb, m, n, k, a, lda, sa, b, ldb, sb, count));
-      const void* a16 = ops.a;
-      const void* b16 = ops.b;
       Op(product_op_ ? product_op_ : "matmul");
-      // A single product whose sizes are not multiples of 8 (the GPT-2 LM
-      // head's V = 50257) runs as pieces of whole multiples and remainders
-      // (model::AlignedGemmPieces): cuBLAS's fast bf16 kernels need them. k
-      // is cut only into an fp32 result (a bf16 one would round between the
-      // parts).
-      const std::vector<model::GemmPiece> pieces =
-          count == 1 ? model::AlignedGemmPieces(m, n, k, 8, c_type == CUDA_R_32F)
-                     : std::vector<model::GemmPiece>{{0, m, 0, n, 0, k}};
-      const size_t c_size = c_type == CUDA_R_32F ? 4 : 2;
-      for (const model::GemmPiece& p : pieces) {
-        const float piece_beta = p.k0 == 0 ? beta : 1.0f;
-        ZINF_CUBLAS_RETURN_IF_ERROR(
-            blas_->gemm_strided_batched_ex(
-                handle_, op_b, op_a, static_cast<int>(p.n), static_cast<int>(p.m), static_cast<int>(p.k), &alpha,
-                static_cast<const uint16_t*>(b16) + p.BOffset(tb, ldb), CUDA_R_16BF, static_cast<int>(ldb), sb,
-                static_cast<const uint16_t*>(a16) + p.AOffset(ta, lda), CUDA_R_16BF, static_cast<int>(lda), sa,
-                &piece_beta, static_cast<char*>(c) + p.COffset(ldc) * c_size, c_type, static_cast<int>(ldc), sc,
-                static_cast<int>(count), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-            "cublasGemmStridedBatchedEx (bf16 operands, fp32 accumulation)");
-      }
-      return Status::Ok();
+      return blas_.Bf16Products(ta, tb, m, n, k, alpha, ops.a, lda, sa, ops.b, ldb, sb, beta, c, ldc, sc, count,
+                                c_type);
     }
     Op(product_op_ ? product_op_ : "matmul");
-    if (count == 1) {
-      ZINF_CUBLAS_RETURN_IF_ERROR(blas_->sgemm(handle_, op_b, op_a, static_cast<int>(n), static_cast<int>(m),
-                                               static_cast<int>(k), &alpha, b, static_cast<int>(ldb), a,
-                                               static_cast<int>(lda), &beta, static_cast<float*>(c),
-                                               static_cast<int>(ldc)),
-                                  "cublasSgemm");
-      return Status::Ok();
-    }
-    ZINF_CUBLAS_RETURN_IF_ERROR(
-        blas_->sgemm_strided_batched(handle_, op_b, op_a, static_cast<int>(n), static_cast<int>(m),
-                                     static_cast<int>(k), &alpha, b, static_cast<int>(ldb), sb, a,
-                                     static_cast<int>(lda), sa, &beta, static_cast<float*>(c), static_cast<int>(ldc),
-                                     sc, static_cast<int>(count)),
-        "cublasSgemmStridedBatched");
-    return Status::Ok();
+    return blas_.Fp32Products(ta, tb, m, n, k, alpha, a, lda, sa, b, ldb, sb, beta, static_cast<float*>(c), ldc, sc,
+                              count);
   }
   // A product's bf16 operands (op "matmul operand cast" while they are
   // made): each operand rounds into a copy the other does not stand in;
@@ -678,148 +610,38 @@ class CudaStages final : public model::GptStages {
   }
 
   // One bf16 product (row-major, as Gemm) through cuBLASLt with a fused
-  // epilogue, c = a·b + beta · c_in (c_in: c itself unless given, so a
-  // residual add reads the residual and writes the sum in one pass):
-  // CUBLASLT_EPILOGUE_DEFAULT nothing more; CUBLASLT_EPILOGUE_BIAS adds the
-  // fp32 `bias` (one value a column of C) to every row;
-  // CUBLASLT_EPILOGUE_BGRADA writes into `bias` the sums over k of B's
-  // columns, the bias gradient of a linear layer's
-  // weight-gradient product (dW = Xᵀ dY, db = Σ rows of dY), as cuBLASLt
-  // sees the product (column-major, the operands swapped: its A is our B).
-  // False where cuBLASLt has no algorithm for it, or its sizes are not
-  // multiples of 8 or the bias is not 16-byte aligned: the caller then runs
-  // the product and the bias kernel apart (the first time a shape is
-  // refused, its operands were rounded to bf16 already and are rounded
-  // again). The bias gradient is summed over the bf16 rounding of dout, the
-  // operand the product reads, in cuBLASLt's order, where the CPU sums fp32
-  // dout in column chunks: it agrees with the CPU's within bf16 rounding, as
-  // the weight gradient does.
+  // epilogue (LtProduct, gpt_cublas.h), c = a·b + beta · c_in (c_in: c
+  // itself unless given, so a residual add reads the residual and writes the
+  // sum in one pass). False where cuBLASLt has no algorithm for it, or its
+  // sizes are not multiples of 8 or the bias is not 16-byte aligned: the
+  // caller then runs the product and the bias kernel apart (the first time a
+  // shape is refused, its operands were rounded to bf16 already and are
+  // rounded again). The bias gradient is summed over the bf16 rounding of
+  // dout, the operand the product reads, in cuBLASLt's order, where the CPU
+  // sums fp32 dout in column chunks: it agrees with the CPU's within bf16
+  // rounding, as the weight gradient does.
   Result<bool> LtGemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
                       int64_t ldb, float beta, void* c, cudaDataType c_type, int64_t ldc, cublasLtEpilogue_t epilogue,
                       const float* bias, const void* c_in = nullptr) {
-    if (!c_in) c_in = c;
-    const bool with_bias = epilogue != CUBLASLT_EPILOGUE_DEFAULT;
-    // Sizes of whole multiples of 8, and a 16-byte-aligned bias (cuBLASLt's
-    // epilogue reads it in vectors).
-    if (!lt_handle_ || m % 8 != 0 || n % 8 != 0 || k % 8 != 0 ||
-        (with_bias && reinterpret_cast<uintptr_t>(bias) % 16 != 0)) {
-      return false;
-    }
-    // Each pointer's alignment, up to cuBLASLt's default assumption of 256
-    // bytes: the algorithm is chosen for it (MIN_ALIGNMENT preferences), so
-    // it is part of the key.
-    const auto align = [](const void* p) {
-      uint32_t bytes = 256;
-      while (bytes > 1 && reinterpret_cast<uintptr_t>(p) % bytes != 0) bytes /= 2;
-      return bytes;
-    };
-    const auto c_bytes = align(c), c_in_bytes = align(c_in);
-    const LtKey shape{ta,  tb,  m,   n, k, lda, ldb, ldc, static_cast<int64_t>(c_type), static_cast<int64_t>(epilogue),
-                      beta != 0.0f, c_bytes, c_in_bytes, 0, 0};
-    if (auto known = lt_algos_.find(shape); known != lt_algos_.end() && !known->second) return false;
+    const LtProduct p{.ta = ta,
+                      .tb = tb,
+                      .m = m,
+                      .n = n,
+                      .k = k,
+                      .lda = lda,
+                      .ldb = ldb,
+                      .ldc = ldc,
+                      .beta = beta,
+                      .d = c,
+                      .d_type = c_type,
+                      .epilogue = epilogue,
+                      .bias = bias,
+                      .c_in = c_in ? c_in : c};
+    if (!blas_.LtMayFuse(p)) return false;
     ZINF_ASSIGN_OR_RETURN(const Bf16Operands ops, OperandsInBf16(ta, tb, m, n, k, a, lda, 0, b, ldb, 0, 1));
-    const void* a16 = ops.a;
-    const void* b16 = ops.b;
-    LtKey key = shape;
-    key[13] = align(a16);
-    key[14] = align(b16);
     Op(product_op_ ? product_op_ : "matmul");
-    const CublasLtLib& lt = *lt_;
-    // Descriptors for this call, destroyed on every path.
-    struct Descs {
-      const CublasLtLib& lt;
-      cublasLtMatmulDesc_t op = nullptr;
-      cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
-      ~Descs() {
-        if (op) lt.desc_destroy(op);
-        for (cublasLtMatrixLayout_t l : {a, b, c}) {
-          if (l) lt.layout_destroy(l);
-        }
-      }
-    } d{lt};
-    const auto check = [&](cublasStatus_t st, const char* what) -> Status {
-      if (st == CUBLAS_STATUS_SUCCESS) return Status::Ok();
-      return Internal(std::string("cuBLASLt ") + what + ": " + lt.status_name(st) + " (" + lt.status_string(st) + ")");
-    };
-    ZINF_RETURN_IF_ERROR(check(lt.desc_create(&d.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate"));
-    // Column-major: C[n, m] = op(B)[n, k] · op(A)[k, m], as GemmBatched calls cuBLAS.
-    const cublasOperation_t op_a = tb ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
-    const int32_t bias_type = CUDA_R_32F;
-    const void* bias_ptr = bias;
-    ZINF_RETURN_IF_ERROR(check(lt.desc_set(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)), "TRANSA"));
-    ZINF_RETURN_IF_ERROR(check(lt.desc_set(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)), "TRANSB"));
-    ZINF_RETURN_IF_ERROR(check(lt.desc_set(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)),
-                               "EPILOGUE"));
-    if (with_bias) {
-      ZINF_RETURN_IF_ERROR(
-          check(lt.desc_set(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_ptr, sizeof(bias_ptr)), "BIAS_POINTER"));
-      ZINF_RETURN_IF_ERROR(check(
-          lt.desc_set(d.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)), "BIAS_DATA_TYPE"));
-    }
-    // Each operand as stored: our B is cuBLASLt's A, our A its B.
-    ZINF_RETURN_IF_ERROR(check(lt.layout_create(&d.a, CUDA_R_16BF, static_cast<uint64_t>(tb ? k : n),
-                                                static_cast<uint64_t>(tb ? n : k), ldb),
-                               "cublasLtMatrixLayoutCreate (A)"));
-    ZINF_RETURN_IF_ERROR(check(lt.layout_create(&d.b, CUDA_R_16BF, static_cast<uint64_t>(ta ? m : k),
-                                                static_cast<uint64_t>(ta ? k : m), lda),
-                               "cublasLtMatrixLayoutCreate (B)"));
-    ZINF_RETURN_IF_ERROR(check(lt.layout_create(&d.c, c_type, static_cast<uint64_t>(n), static_cast<uint64_t>(m), ldc),
-                               "cublasLtMatrixLayoutCreate (C)"));
-    auto found = lt_algos_.find(key);
-    if (found == lt_algos_.end()) {
-      cublasLtMatmulPreference_t pref = nullptr;
-      ZINF_RETURN_IF_ERROR(check(lt.pref_create(&pref), "cublasLtMatmulPreferenceCreate"));
-      const uint64_t workspace = 0;  // none: the arena holds every byte the model uses
-      // Split-k partials only in fp32, as the cuBLAS handle's math mode asks.
-      const uint32_t reductions = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
-      // cuBLASLt's A is our B (b16), its B our A (a16); its C is c_in, its D c.
-      const uint32_t a_bytes = static_cast<uint32_t>(key[14]), b_bytes = static_cast<uint32_t>(key[13]);
-      cublasStatus_t st = lt.pref_set(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace));
-      if (st == CUBLAS_STATUS_SUCCESS) {
-        st = lt.pref_set(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &reductions, sizeof(reductions));
-      }
-      const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> alignments[] = {
-          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, a_bytes},
-          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, b_bytes},
-          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, c_in_bytes},
-          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, c_bytes}};
-      for (const auto& [attr, bytes] : alignments) {
-        if (st == CUBLAS_STATUS_SUCCESS) st = lt.pref_set(pref, attr, &bytes, sizeof(bytes));
-      }
-      cublasLtMatmulHeuristicResult_t result{};
-      int returned = 0;
-      if (st == CUBLAS_STATUS_SUCCESS) {
-        st = lt.heuristic(lt_handle_, d.op, d.a, d.b, d.c, d.c, pref, 1, &result, &returned);
-      }
-      lt.pref_destroy(pref);
-      std::optional<cublasLtMatmulAlgo_t> algo;
-      if (st == CUBLAS_STATUS_SUCCESS && returned > 0 && result.state == CUBLAS_STATUS_SUCCESS) {
-        algo = result.algo;
-      } else {  // the shape, layout or alignment is not one cuBLASLt fuses: the kernels apart, from now on
-        ZINF_LOG_DEBUG("gpt model on CUDA: cuBLASLt has no algorithm for a {} x {} x {} product with epilogue {} ({}, "
-                       "{} found); the bias runs as its own kernel",
-                       m, n, k, static_cast<int>(epilogue), lt.status_name(st), returned);
-        lt_algos_.emplace(shape, std::nullopt);  // whatever the operands' alignment
-      }
-      found = lt_algos_.emplace(key, algo).first;
-    }
-    if (!found->second) return false;
-    const float alpha = 1.0f;
-    const cublasStatus_t st = lt.matmul(lt_handle_, d.op, &alpha, b16, d.a, a16, d.b, &beta, c_in, d.c, c, d.c,
-                                        &*found->second, nullptr, 0, static_cast<cudaStream_t>(s_));
-    if (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE) {  // refused before any launch
-      ZINF_LOG_DEBUG("gpt model on CUDA: cublasLtMatmul refused a {} x {} x {} product with epilogue {} ({})", m, n, k,
-                     static_cast<int>(epilogue), lt.status_name(st));
-      found->second.reset();
-      lt_algos_.emplace(shape, std::nullopt);
-      return false;
-    }
-    ZINF_RETURN_IF_ERROR(check(st, "cublasLtMatmul"));
-    return true;
+    return blas_.LtRun(p, ops.a, ops.b);
   }
-  // ta, tb, m, n, k, lda, ldb, ldc, C's type, epilogue, beta != 0, and the
-  // alignments of D, C, A and B (A and B 0: any operands).
-  using LtKey = std::array<int64_t, 15>;
 
   // The elements from the first of `count` row-major [rows, cols] matrices
   // (leading dimension ld, `stride` elements apart) to the last one's end.
@@ -857,7 +679,7 @@ class CudaStages final : public model::GptStages {
   // after it), fused into the product's epilogue where cuBLASLt takes it.
   Status LinearForward(float* out, const float* inp, const float* w, const float* bias, int64_t rows, int64_t in_dim,
                        int64_t out_dim, const float* residual = nullptr) {
-    if ((bias || residual) && bf16_ && lt_handle_) {  // the bias and the residual in the product's epilogue
+    if ((bias || residual) && bf16_ && blas_.has_lt()) {  // the bias and the residual in the product's epilogue
       ZINF_ASSIGN_OR_RETURN(
           const bool fused,
           LtGemm(false, false, rows, out_dim, in_dim, inp, in_dim, w, out_dim, residual ? 1.0f : 0.0f, out,
@@ -891,7 +713,7 @@ class CudaStages final : public model::GptStages {
     // The bias gradient in the weight gradient's epilogue (into bias_grad_,
     // then added to dbias), where cuBLASLt has an algorithm for it.
     bool bias_fused = false;
-    if (dbias && bf16_ && lt_handle_ && out_dim <= bias_grad_elems_) {
+    if (dbias && bf16_ && blas_.has_lt() && out_dim <= bias_grad_elems_) {
       ZINF_ASSIGN_OR_RETURN(
           bias_fused, LtGemm(true, false, in_dim, out_dim, rows, inp, in_dim, dout, out_dim, dw.bf16 ? 0.0f : 1.0f,
                              dw.bf16 ? static_cast<void*>(dw.bf16) : static_cast<void*>(dw.f32),
@@ -1238,16 +1060,11 @@ class CudaStages final : public model::GptStages {
   // their gradient in bf16 alone either way.
   const bool qkv16_ = model::QkvInBf16(config_, options_);
   bool qkv16_only_ = false;
-  const CublasLib* blas_ = nullptr;  // set by Init()
-  cublasHandle_t handle_ = nullptr;
-  // cuBLASLt, for the linear layers' biases with bf16 products (LtGemm): the
-  // handle, a device buffer for one layer's bias gradient, and each
-  // product shape's algorithm (none: cuBLASLt has no algorithm for it).
-  const CublasLtLib* lt_ = nullptr;
-  cublasLtHandle_t lt_handle_ = nullptr;
+  GptCublas blas_;  // the products (set up by Init)
+  // With cuBLASLt, for the linear layers' biases with bf16 products
+  // (LtGemm): a device buffer for one layer's bias gradient.
   float* bias_grad_ = nullptr;
   int64_t bias_grad_elems_ = 0;
-  std::map<LtKey, std::optional<cublasLtMatmulAlgo_t>> lt_algos_;
   float* count_ = nullptr;  // device: the last HeadForward's number of targets
   model::RopeTable rope_;        // RoPE: the host table rope_cos_ and rope_sin_ were copied from
   float* rope_cos_ = nullptr;    // device [T, D/2]; one allocation with rope_sin_
