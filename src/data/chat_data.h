@@ -37,7 +37,8 @@
 // found by tokenizing the text up to it and taking the longest common prefix
 // with the whole, so a token that straddles a boundary goes with the text
 // after it (Tokenizer::SharedPrefixLengths; for a tokenizer.json, in time
-// linear in the conversation, however many turns it has). Target t (predicting token t + 1) is trained when token t + 1 is.
+// linear in the conversation, however many turns it has). Target t
+// (predicting token t + 1) is trained when token t + 1 is.
 //
 // Packing. Examples are packed in file order into rows of seq_len + 1
 // tokens without splitting any: an example that does not fit in the rest of

@@ -40,7 +40,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   ZINF_FUZZ_CHECK(text.ok(), text.status().message());
   // The same text in chunks of one token gives the same ids.
   std::vector<int32_t> streamed;
-  t.EncodeStream(kText, 1, [&](std::span<const int32_t> chunk) { streamed.insert(streamed.end(), chunk.begin(), chunk.end()); });
+  t.EncodeStream(kText, 1,
+                 [&](std::span<const int32_t> chunk) { streamed.insert(streamed.end(), chunk.begin(), chunk.end()); });
   ZINF_FUZZ_CHECK(streamed == ids, "EncodeStream differs from Encode");
   std::vector<int32_t> each;
   for (int32_t id = 0; id < 512 && id < vocab; ++id) each.push_back(id);
