@@ -296,6 +296,13 @@ class Engine {
   // and v and the step counts stay. Between optimizer steps only. kind must
   // be kMaster.
   virtual Status WriteState(int unit, StateKind kind, const float* host_src) = 0;
+  // Copies `bytes` of host memory from rank `root`'s `host` into every
+  // other rank's (root's is read only), through the engine's communicator,
+  // after everything the engine enqueued has run. Collective: every rank
+  // calls with the same `bytes` and `root`; between optimizer steps only.
+  // It returns on every rank only once every rank has joined, so with
+  // `bytes` 0 it is a barrier. One rank: nothing to copy.
+  virtual Status Broadcast(void* host, size_t bytes, int root) = 0;
 
   // Checkpoints, between optimizer steps only (at an accumulation boundary);
   // collective: every rank calls. Save writes `dir`/step-N/ atomically: each

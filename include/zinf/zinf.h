@@ -380,6 +380,14 @@ ZINF_API int zinf_engine_read_state(zinf_engine* engine, int unit, zinf_state_ki
 ZINF_API int zinf_engine_write_state(zinf_engine* engine, int unit, zinf_state_kind kind, const float* host_src,
                                      size_t num_elems);
 
+/* Copies `bytes` of host memory from rank `root`'s `host` into every other
+ * rank's, through the engine's communicator, once everything the engine
+ * enqueued has run. Collective: every rank calls with the same `bytes` and
+ * `root`; between optimizer steps only. Returns on every rank only once
+ * every rank has joined: with `bytes` 0 (host may then be NULL) it is a
+ * barrier. Blocks. */
+ZINF_API int zinf_engine_broadcast(zinf_engine* engine, void* host, size_t bytes, int root);
+
 /* ---- Checkpoints -----------------------------------------------------------
  * Between optimizer steps only (after a zinf_engine_step that reported an
  * accumulation boundary, or before the first); collective: every rank of the

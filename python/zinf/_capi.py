@@ -57,6 +57,7 @@ _SIGNATURES = {
     "zinf_engine_set_group_lr": (c_int, [c_void_p, c_int, c_double]),
     "zinf_engine_scheduled_lr": (c_int, [c_void_p, ctypes.c_int64, ctypes.POINTER(c_double)]),
     "zinf_engine_write_state": (c_int, [c_void_p, c_int, c_int, c_void_p, c_size]),
+    "zinf_engine_broadcast": (c_int, [c_void_p, c_void_p, c_size, c_int]),
     "zinf_engine_config_json": (c_int, [c_void_p, ctypes.POINTER(c_void_p)]),
     "zinf_config_resolve_auto": (c_int, [c_char_p, c_char_p, ctypes.POINTER(c_void_p), ctypes.POINTER(c_void_p)]),
     "zinf_engine_fetch": (c_int, [c_void_p, c_int, c_void_p, ctypes.POINTER(UnitPointers)]),

@@ -275,6 +275,20 @@ def _hidden_size(model):
     return None
 
 
+# The engines alive in this process, newest last (zinf.deepspeed.comm's
+# barrier runs through one).
+_LIVE_ENGINES = []
+
+
+def live_engine():
+    """The newest engine of this process not yet closed, or None."""
+    for ref in reversed(_LIVE_ENGINES):
+        e = ref()
+        if e is not None and e.__dict__.get("_engine"):
+            return e
+    return None
+
+
 class Engine(torch.nn.Module):
     """The model under zinf; see the module comment. Created by initialize()
     (or zinf.deepspeed.initialize)."""
@@ -358,6 +372,7 @@ class Engine(torch.nn.Module):
         self._accumulation = info.gradient_accumulation_steps
         self._compute_dtype = info.compute_dtype
         _config.check_world(self.world_size)
+        _LIVE_ENGINES[:] = [r for r in _LIVE_ENGINES if r() is not None] + [weakref.ref(self)]
 
         # Parameter groups: each of the trainer's groups is one of the engine's.
         self._group_of = {}
@@ -1030,30 +1045,38 @@ class Engine(torch.nn.Module):
             p.data = self._param_value(unit, i).to(device=self.device, dtype=unit.dtypes[i]).clone()
             unit.bound = None
 
-    def _release_gathered(self, params, write):
-        """GatheredParameters' exit: with `write`, the values go back to the
-        tiers (every rank must hold the same: checked when torch.distributed
-        can compare them); the parameters are emptied again."""
+    def broadcast_(self, tensor, root):
+        """Copies rank `root`'s CPU tensor into every rank's, in place, through
+        zinf's communicator (collective, between optimizer steps; every rank
+        passes a tensor of the same size). Returns the tensor."""
+        if tensor.device.type != "cpu" or not tensor.is_contiguous():
+            raise ValueError("zinf: broadcast_ takes a contiguous CPU tensor")
+        nbytes = tensor.numel() * tensor.element_size()
+        check(_capi.lib().zinf_engine_broadcast(self._engine, ctypes.c_void_p(tensor.data_ptr() if nbytes else None),
+                                                nbytes, int(root)), "broadcast from rank %d" % root)
+        return tensor
+
+    def barrier(self):
+        """Returns on every rank once every rank has called it, after the
+        engine's own work (collective, between optimizer steps)."""
+        check(_capi.lib().zinf_engine_broadcast(self._engine, None, 0, 0), "barrier")
+
+    def _release_gathered(self, params, modifier_rank):
+        """GatheredParameters' exit: with a modifier_rank, that rank's values
+        go back to the tiers on every rank (as DeepSpeed broadcasts them);
+        the parameters are emptied again."""
+        if modifier_rank is not None and not 0 <= modifier_rank < self.world_size:
+            raise ValueError("zinf: GatheredParameters(modifier_rank=%r): not a rank of %d"
+                             % (modifier_rank, self.world_size))
         updates = {}
         for p in params:
             unit = self._unit_of[id(p)]
             i = next(j for j, (_, q) in enumerate(unit.params) if q is p)
-            if write:
-                updates.setdefault(unit.index, {})[i] = p.data.detach().to("cpu", torch.float32).clone()
-        if write and self.world_size > 1:
-            import torch.distributed as dist
-            if not (dist.is_available() and dist.is_initialized()):
-                raise RuntimeError("zinf: GatheredParameters(modifier_rank=...) with %d ranks needs "
-                                   "torch.distributed initialized to check that every rank wrote the same values"
-                                   % self.world_size)
-            mine = torch.tensor([float(sum(t.double().sum().item() for u in updates.values() for t in u.values()))],
-                                dtype=torch.float64)
-            lo, hi = mine.clone(), mine.clone()
-            dist.all_reduce(lo, op=dist.ReduceOp.MIN)
-            dist.all_reduce(hi, op=dist.ReduceOp.MAX)
-            if lo.item() != hi.item():
-                raise RuntimeError("zinf: GatheredParameters: the ranks wrote different values (zinf takes the same "
-                                   "write on every rank; write from every rank, not only modifier_rank)")
+            if modifier_rank is not None:
+                value = p.data.detach().to("cpu", torch.float32).contiguous().clone()
+                if self.world_size > 1:
+                    self.broadcast_(value, modifier_rank)
+                updates.setdefault(unit.index, {})[i] = value
         for p in params:
             p.data = torch.empty(0, dtype=p.dtype, device=self.device)
             self._unit_of[id(p)].bound = None
@@ -1107,6 +1130,8 @@ class Engine(torch.nn.Module):
             _atomic_write(os.path.join(path, "zinf_client_state.pt"), lambda f: torch.save(extra, f))
             if save_latest:
                 _atomic_write(os.path.join(save_dir, "latest"), lambda f: f.write(tag.encode()))
+        if self.world_size > 1:
+            self.barrier()  # no rank goes on (to load it, say) before rank 0's files are in place
         return True
 
     def load_checkpoint(self, load_dir, tag=None, load_module_strict=True, load_optimizer_states=True,
@@ -1157,6 +1182,8 @@ class Engine(torch.nn.Module):
         if self.rank == 0:
             os.makedirs(save_dir, exist_ok=True)
             _atomic_write(os.path.join(save_dir, save_filename), lambda f: torch.save(state, f))
+        if self.world_size > 1:
+            self.barrier()
         return True
 
     def close(self):

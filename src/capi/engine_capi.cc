@@ -546,6 +546,14 @@ ZINF_API int zinf_engine_write_state(zinf_engine* engine, int unit, zinf_state_k
   });
 }
 
+ZINF_API int zinf_engine_broadcast(zinf_engine* engine, void* host, size_t bytes, int root) {
+  return Guard(__func__, [&]() -> Status {
+    ZINF_RETURN_IF_ERROR(NotNull(engine, "engine"));
+    if (bytes > 0) ZINF_RETURN_IF_ERROR(NotNull(host, "host"));
+    return engine->engine->Broadcast(host, bytes, root);
+  });
+}
+
 // ---- Checkpoints ------------------------------------------------------------
 
 ZINF_API int zinf_engine_save(zinf_engine* engine, const char* dir, const char* client_json, char** out_path) {

@@ -108,6 +108,52 @@ Status EngineImpl::WriteState(int unit, StateKind kind, const float* host_src) {
   return WriteComputeCopy(u, host_src, 0);
 }
 
+Status EngineImpl::Broadcast(void* host, size_t bytes, int root) {
+  if (root < 0 || root >= world_) {
+    return InvalidArgument("Broadcast: root " + std::to_string(root) + " is not a rank of " + std::to_string(world_));
+  }
+  if (bytes > 0 && host == nullptr) return InvalidArgument("Broadcast: host is null");
+  if (micro_in_window_ != 0) {
+    return FailedPrecondition("Broadcast between optimizer steps only: " + std::to_string(micro_in_window_) + " of " +
+                              std::to_string(accumulation_) + " micro-steps of this step are done");
+  }
+  {
+    MutexLock lock(mu_);
+    ZINF_RETURN_IF_ERROR(broken_);
+  }
+  ZINF_RETURN_IF_ERROR(Synchronize());
+  if (!distributed()) return Status::Ok();
+  // Staged through device memory in pieces (the communicator moves device
+  // buffers), as whole 4-byte words: the tail's padding is never copied out.
+  constexpr size_t kPieceBytes = size_t{16} << 20;
+  Status s = Status::Ok();
+  if (bytes > 0) {
+    const size_t staging = std::min(kPieceBytes, (bytes + 3) / 4 * 4);
+    Result<void*> buf = Alloc(staging, "broadcast staging");
+    // Every rank enters each piece's collective, or none does.
+    if (Status agreed = AgreeOk(buf.status()); !agreed.ok()) {
+      if (buf.ok()) (void)device_.Free(*buf, *stream_);
+      return agreed.WithContext("Broadcast staging");
+    }
+    char* p = static_cast<char*>(host);
+    for (size_t done = 0; done < bytes;) {
+      const size_t n = std::min(kPieceBytes, bytes - done);
+      Status c = rank_ == root ? device_.CopyToDevice(*buf, p + done, n, *stream_) : Status::Ok();
+      Status b = comm_->Broadcast(*buf, (n + 3) / 4, DType::kFloat32, root, *stream_);
+      if (b.ok() && rank_ != root) c = device_.CopyToHost(p + done, *buf, n, *stream_);
+      Status sync = stream_->Synchronize();
+      if (s.ok()) s = !b.ok() ? b : !c.ok() ? c : sync;
+      if (!b.ok() || !sync.ok()) break;  // the communicator or the stream is broken: no further piece
+      done += n;
+    }
+    if (buf.ok()) {
+      if (Status f = device_.Free(*buf, *stream_); s.ok()) s = f;
+    }
+  }
+  // Every rank learns every other's outcome, and none returns before all joined.
+  return AgreeOk(s).WithContext("Broadcast of " + std::to_string(bytes) + " bytes from rank " + std::to_string(root));
+}
+
 Status EngineImpl::ReadFrozenSlice(Unit& u, std::vector<float>* out) {
   const size_t esize = DTypeSizeBytes(compute_dtype_);
   const int64_t begin = u.part.shard_begin(rank_), count = u.part.valid_in_shard(rank_);

@@ -315,6 +315,7 @@ class EngineImpl final : public Engine {
   Result<std::string> Load(const std::string& path) override EXCLUDES(mu_);
   Status ReadState(int unit, StateKind kind, float* host_dst) override;
   Status WriteState(int unit, StateKind kind, const float* host_src) override EXCLUDES(mu_);
+  Status Broadcast(void* host, size_t bytes, int root) override EXCLUDES(mu_);
 
  private:
   bool sharded() const { return stage_ >= 1 && world_ > 1; }

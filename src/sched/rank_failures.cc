@@ -77,6 +77,9 @@ class SharedFailureEngine final : public Engine {
   Status WriteState(int unit, StateKind kind, const float* host_src) override {
     return Shared([&] { return inner_->WriteState(unit, kind, host_src); });
   }
+  Status Broadcast(void* host, size_t bytes, int root) override {
+    return Shared([&] { return inner_->Broadcast(host, bytes, root); });
+  }
   // Save agrees on its outcome across the ranks itself (a failed save fails
   // on every rank, and training may go on); a stopped engine saves nothing.
   Result<std::string> Save(const std::string& dir, const std::string& client_state) override {

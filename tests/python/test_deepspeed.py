@@ -276,20 +276,27 @@ def test_checkpoint_tags_and_state_dict(scratch):
         got = engine(input_ids=x, labels=x).loss.item()
         want = other(input_ids=x, labels=x).loss.item()
     assert abs(got - want) <= 1e-6 * abs(want), (got, want)
-    # GatheredParameters: whole values inside, a modification written back
-    # (with several ranks and no torch.distributed to compare their writes:
-    # refused, saying so).
+    # GatheredParameters: whole values inside; what the modifier rank writes
+    # reaches every rank (the others write something else, which is dropped,
+    # as DeepSpeed's broadcast drops it), and the next forward uses it.
     w = model.model.norm.weight
-    try:
-        with zds.zero.GatheredParameters([w], modifier_rank=0):
-            assert w.shape == (32,)
-            with torch.no_grad():
-                w.fill_(0.5)
-    except RuntimeError as e:
-        assert WORLD > 1 and "torch.distributed" in str(e), str(e)
-    else:
-        assert WORLD == 1
-        assert torch.equal(model.state_dict()["model.norm.weight"], torch.full((32,), 0.5))
+    modifier = WORLD - 1
+    with zds.zero.GatheredParameters([w], modifier_rank=modifier):
+        assert w.shape == (32,)
+        with torch.no_grad():
+            w.fill_(0.5 if RANK == modifier else -7.0)
+    assert torch.equal(model.state_dict()["model.norm.weight"], torch.full((32,), 0.5))
+    with torch.no_grad():
+        got = engine(input_ids=x, labels=x).loss.item()
+        other.model.norm.weight.fill_(0.5)
+        want = other(input_ids=x, labels=x).loss.item()
+    assert abs(got - want) <= 1e-6 * abs(want), (got, want)
+    # Without a modifier_rank a write inside is not kept.
+    with zds.zero.GatheredParameters([w]):
+        with torch.no_grad():
+            w.fill_(3.0)
+    assert torch.equal(model.state_dict()["model.norm.weight"], torch.full((32,), 0.5))
+    zds.comm.barrier()
     # An in-place write outside it is refused at the next step, not lost.
     with torch.no_grad():
         torch.nn.init.normal_(model.model.layers[0].mlp.up_proj.weight)

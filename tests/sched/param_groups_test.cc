@@ -10,6 +10,9 @@
 //     and a checkpoint carries its values.
 //   - WriteState sets the parameters (master and compute copy) and keeps m
 //     and v, on every tier.
+//   - Broadcast copies a root's host bytes to every rank (what a value
+//     written on one rank needs before WriteState), also across pieces and
+//     with a tail shorter than a word, and refuses a bad root.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -363,6 +366,40 @@ TEST_F(ParamGroupsTest, WriteStateSetsTheParametersAndKeepsTheMoments) {
     for (size_t i = 0; i < seen.size(); ++i) ASSERT_EQ(seen[i], FloatToBf16Bits(written[2][i])) << i;
     MustOk(e->Release(2, *stream_));
     MustOk(stream_->Synchronize());
+  }
+}
+
+// Broadcast: every root's bytes arrive whole on every rank (an odd length
+// spanning several 16 MiB pieces), mid-training and before a step; a bad
+// root and a call inside an accumulation window are refused.
+TEST_F(ParamGroupsTest, BroadcastCopiesTheRootsBytesToEveryRank) {
+  const TwoTensorUnits net;
+  auto e = Must(Engine::Create(Base(3), *device_, comm_.get()));
+  std::vector<std::vector<float>> keep;
+  for (int u = 0; u < 3; ++u) (void)Must(e->AddUnit("u" + std::to_string(u), net.Specs(u, keep, 0, 0)));
+  const size_t bytes = (size_t{33} << 20) + 3;
+  auto pattern = [](int root, size_t i) { return static_cast<uint8_t>((i * 2654435761u >> 7) + root * 31); };
+  std::vector<uint8_t> buf(bytes);
+  for (int round = 0; round < 2; ++round) {
+    for (int root = 0; root < world(); ++root) {
+      for (size_t i = 0; i < bytes; ++i) buf[i] = rank() == root ? pattern(root, i) : 0xee;
+      MustOk(e->Broadcast(buf.data(), bytes, root));
+      size_t wrong = 0;
+      for (size_t i = 0; i < bytes; ++i) wrong += buf[i] != pattern(root, i);
+      EXPECT_EQ(wrong, 0u) << "root " << root << " round " << round;
+    }
+    MustOk(e->Broadcast(nullptr, 0, 0));  // a barrier
+    MustOk(net.MicroStep(*e, *stream_, static_cast<uint64_t>(round) * world() + rank(), {0, 1, 2}));
+    EXPECT_FALSE(Must(e->Step()));  // 1 of 2 micro-steps
+    if (world() == 1) {  // refused calls stop every rank with several
+      EXPECT_EQ(e->Broadcast(buf.data(), 8, 0).code(), StatusCode::kFailedPrecondition);
+    }
+    MustOk(net.MicroStep(*e, *stream_, static_cast<uint64_t>(round) * world() + rank() + 7, {0, 1, 2}));
+    EXPECT_TRUE(Must(e->Step()));
+  }
+  if (world() == 1) {
+    EXPECT_EQ(e->Broadcast(buf.data(), 8, 1).code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(e->Broadcast(nullptr, 8, 0).code(), StatusCode::kInvalidArgument);
   }
 }
 

@@ -20,13 +20,18 @@ def is_initialized():
 
 
 def barrier(group=None):
-    """Every rank waits for the others (through torch.distributed when it is
-    initialized; one rank: nothing to wait for)."""
+    """Every rank waits for the others: through torch.distributed when it is
+    initialized, else through the newest zinf engine's communicator (between
+    optimizer steps); one rank: nothing to wait for."""
     import torch.distributed as dist
     if get_world_size() == 1:
         return
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
         return
-    raise RuntimeError("zinf.deepspeed.comm.barrier with %d ranks needs torch.distributed initialized (zinf's own "
-                       "collectives run inside the engine)" % get_world_size())
+    from ..torch import live_engine
+    engine = live_engine()
+    if engine is None:
+        raise RuntimeError("zinf.deepspeed.comm.barrier with %d ranks needs a zinf engine (deepspeed.initialize) "
+                           "or torch.distributed initialized" % get_world_size())
+    engine.barrier()

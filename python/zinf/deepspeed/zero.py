@@ -2,10 +2,8 @@
 
 GatheredParameters(params, modifier_rank=None): inside the block the given
 parameters hold their whole values (read from zinf's tiers); with a
-modifier_rank, what the block writes into them goes back to the tiers on
-exit (every rank must then write the same values: zinf checks it with a
-checksum across the ranks when torch.distributed is initialized, and with one
-rank there is nothing to check).
+modifier_rank, what that rank's block wrote into them goes to every rank
+(through zinf's communicator) and back to the tiers on exit.
 
 Init(...): DeepSpeed partitions a model's parameters as its modules are
 constructed. zinf builds the model whole in host memory and partitions it at
@@ -138,5 +136,5 @@ class GatheredParameters:
 
     def __exit__(self, exc_type, exc, tb):
         for engine, params in self._engines.values():
-            engine._release_gathered(params, write=self.modifier_rank is not None and exc_type is None)
+            engine._release_gathered(params, self.modifier_rank if exc_type is None else None)
         return False
