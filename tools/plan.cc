@@ -21,6 +21,7 @@
 #include "sched/partition.h"
 #include "model/gpt_plan.h"
 #include "sched/plan.h"
+#include "tools/tool_status.h"
 #include "zinf/config.h"
 
 namespace zinf::tools {
@@ -43,19 +44,21 @@ struct PlanOptions {
   bool json = false;
 };
 
-struct Usage {
-  std::string message;
+// What the phases resolve, in order.
+struct PlanRun {
+  PlanInput in;
+  model::GptConfig mc;                  // the shape (unused with --params)
+  std::vector<std::string> auto_lines;  // the "auto" values resolved
+  DType compute = DType::kFloat32;
+  std::string device_from, host_from, nvme_from;  // where each capacity came from
 };
 
-uint64_t Size(const std::string& text, const char* flag) {
+// A size flag: > 0, or bad input naming the flag.
+Result<uint64_t> Size(const std::string& text, const char* flag) {
   auto v = ParseSize(text);
-  if (!v.ok()) throw Usage{std::string(flag) + ": " + v.status().message()};
-  if (*v == 0) throw Usage{std::string(flag) + ": must be > 0"};
+  if (!v.ok()) return BadInput(std::string(flag) + ": " + v.status().message());
+  if (*v == 0) return BadInput(std::string(flag) + ": must be > 0");
   return *v;
-}
-
-void Check(const Status& s) {
-  if (!s.ok()) throw Usage{s.message()};
 }
 
 std::string Seconds(double s) {
@@ -65,44 +68,46 @@ std::string Seconds(double s) {
   return buf;
 }
 
-int Run(const PlanOptions& opt) {
-  PlanInput in;
+// The config file, the ranks, and whether their reductions stage on the
+// device: on a CUDA device several ranks reduce through NCCL ("auto" is
+// CUDA when this machine has one, as in zinf train).
+Status ResolveRanks(const PlanOptions& opt, PlanRun& run) {
+  PlanInput& in = run.in;
   if (!opt.config.empty()) {
     auto c = LoadConfigFile(opt.config);
-    if (!c.ok()) throw Usage{c.status().message()};
+    if (!c.ok()) return BadInput(c.status().message());
     in.config = std::move(*c);
   }
-  if (opt.ranks < 1 || opt.ranks > (1 << 20)) throw Usage{"--ranks must be >= 1"};
+  if (opt.ranks < 1 || opt.ranks > (1 << 20)) return BadInput("--ranks must be >= 1");
   in.world_size = static_cast<int>(opt.ranks);
-  // On a CUDA device several ranks reduce through NCCL, which stages on the
-  // device ("auto" is CUDA when this machine has one, as in zinf train).
   const std::string device = opt.device.empty() ? in.config.zinf.device : opt.device;
   if (device != "auto" && device != "cpu" && device != "cuda" && device.rfind("cuda:", 0) != 0) {
-    throw Usage{"--device " + device + ": expected auto, cpu, cuda or cuda:N"};
+    return BadInput("--device " + device + ": expected auto, cpu, cuda or cuda:N");
   }
   bool cuda = device.rfind("cuda", 0) == 0;
   if (device == "auto") {
     for (const BackendInfo& b : ProbeRuntime().backends) cuda |= b.name == "cuda" && b.usable;
   }
   in.reductions_on_device = cuda && in.world_size > 1;
-  // ---- Which model: a preset, a shape, or a bare parameter count.
-  const bool shape_flags = opt.layers > 0 || opt.d_model > 0 || opt.heads > 0 || opt.vocab > 0;
-  if (!opt.model.empty() && !opt.params.empty()) throw Usage{"give --model or --params, not both"};
-  if (!opt.params.empty() && shape_flags) throw Usage{"--params takes no --layers/--d-model/--heads/--vocab"};
-  if (opt.params.empty() && opt.model.empty() && !shape_flags) {
-    throw Usage{"give --model PRESET (" + [] {
-      std::string s;
-      for (const auto& n : model::GptPresetNames()) s += (s.empty() ? "" : ", ") + n;
-      return s;
-    }() + "), a shape (--layers, --d-model, --heads, --vocab, --seq-len) or --params N"};
-  }
-  if (opt.steps < 0) throw Usage{"--steps must be >= 1"};
+  return Status::Ok();
+}
 
-  // ---- The model.
-  model::GptConfig mc;
+// Which model: a preset, a shape, or a bare parameter count.
+Status ResolveShape(const PlanOptions& opt, PlanRun& run) {
+  const bool shape_flags = opt.layers > 0 || opt.d_model > 0 || opt.heads > 0 || opt.vocab > 0;
+  if (!opt.model.empty() && !opt.params.empty()) return BadInput("give --model or --params, not both");
+  if (!opt.params.empty() && shape_flags) return BadInput("--params takes no --layers/--d-model/--heads/--vocab");
+  if (opt.params.empty() && opt.model.empty() && !shape_flags) {
+    std::string presets;
+    for (const auto& n : model::GptPresetNames()) presets += (presets.empty() ? "" : ", ") + n;
+    return BadInput("give --model PRESET (" + presets +
+                    "), a shape (--layers, --d-model, --heads, --vocab, --seq-len) or --params N");
+  }
+  if (opt.steps < 0) return BadInput("--steps must be >= 1");
+  model::GptConfig& mc = run.mc;
   if (!opt.model.empty()) {
     auto p = model::GptPreset(opt.model);
-    if (!p.ok()) throw Usage{"--model: " + p.status().message()};
+    if (!p.ok()) return BadInput("--model: " + p.status().message());
     mc = *p;
   } else {
     mc = DefaultTrainModel();  // zinf train's default shape
@@ -112,114 +117,124 @@ int Run(const PlanOptions& opt) {
   if (opt.heads > 0) mc.num_heads = opt.heads;
   if (opt.vocab > 0) mc.vocab_size = opt.vocab;
   if (opt.seq_len > 0 && opt.model.empty()) mc.max_seq_len = opt.seq_len;
+  return Status::Ok();
+}
 
-  std::vector<std::string> auto_lines;
-  // ---- "auto" values, from the model's shape and --steps, as zinf train
-  // resolves them (DeepSpeed's Hugging Face integration does the same).
-  if (!in.config.auto_keys.empty()) {
+// "auto" values, from the model's shape and --steps, as zinf train resolves
+// them (DeepSpeed's Hugging Face integration does the same); then the
+// compute precision.
+Status ResolveAutoValues(const PlanOptions& opt, PlanRun& run) {
+  Config& config = run.in.config;
+  if (!config.auto_keys.empty()) {
     AutoContext ctx;
-    ctx.world_size = in.world_size;
+    ctx.world_size = run.in.world_size;
     ctx.min_reduce_bucket_elems = kNormBlock;
-    if (opt.params.empty()) ctx.hidden_size = mc.embed_dim;
+    if (opt.params.empty()) ctx.hidden_size = run.mc.embed_dim;
     if (opt.steps > 0) ctx.total_num_steps = opt.steps;
-    auto r = ResolveAuto(in.config, ctx);
+    auto r = ResolveAuto(config, ctx);
     if (!r.ok()) {
       const std::string& m = r.status().message();
-      throw Usage{m + (m.find("hidden size") != std::string::npos ? " (--params gives none: use --model or --d-model)" : "") +
-                  (m.find("total_num_steps") != std::string::npos ? " (give --steps)" : "")};
+      return BadInput(m +
+                      (m.find("hidden size") != std::string::npos ? " (--params gives none: use --model or --d-model)" : "") +
+                      (m.find("total_num_steps") != std::string::npos ? " (give --steps)" : ""));
     }
-    auto_lines = std::move(*r);
+    run.auto_lines = std::move(*r);
   }
   if (!opt.dtype.empty()) {
     if (opt.dtype != "bf16" && opt.dtype != "fp16" && opt.dtype != "fp32") {
-      throw Usage{"--dtype: expected bf16, fp16 or fp32, got '" + opt.dtype + "'"};
+      return BadInput("--dtype: expected bf16, fp16 or fp32, got '" + opt.dtype + "'");
     }
-    in.config.bf16.enabled = opt.dtype == "bf16";
-    in.config.fp16.enabled = opt.dtype == "fp16";
+    config.bf16.enabled = opt.dtype == "bf16";
+    config.fp16.enabled = opt.dtype == "fp16";
   }
-  const DType compute = in.config.bf16.enabled   ? DType::kBFloat16
-                        : in.config.fp16.enabled ? DType::kFloat16
-                                                 : DType::kFloat32;
+  run.compute = config.bf16.enabled ? DType::kBFloat16 : config.fp16.enabled ? DType::kFloat16 : DType::kFloat32;
+  return Status::Ok();
+}
+
+// The batch sizes, and the model as the plan sees it: GPT layers, or
+// --units equal units of a bare parameter count.
+Status PlanTheModel(const PlanOptions& opt, PlanRun& run) {
+  PlanInput& in = run.in;
   if (opt.micro_batch < 0 || opt.grad_accum < 0 || opt.seq_len < 0) {
-    throw Usage{"--micro-batch, --grad-accum and --seq-len must be >= 1"};
+    return BadInput("--micro-batch, --grad-accum and --seq-len must be >= 1");
   }
   if (opt.micro_batch > 0) in.config.train_micro_batch_size_per_gpu = opt.micro_batch;
   if (opt.grad_accum > 0) in.config.gradient_accumulation_steps = opt.grad_accum;
   auto batch = ResolveBatchSizes(in.config, in.world_size);
-  if (!batch.ok()) throw Usage{batch.status().message()};
+  if (!batch.ok()) return BadInput(batch.status().message());
   in.gradient_accumulation_steps = batch->gradient_accumulation_steps;
   const int64_t B = batch->micro_batch_size;
-
-  if (!opt.params.empty()) {
-    auto n = ParseParamCount(opt.params);
-    if (!n.ok()) throw Usage{"--params: " + n.status().message()};
-    if (opt.units < 1) throw Usage{"--units must be >= 1"};
-    int64_t tokens = 0;
-    if (opt.seq_len > 0 && __builtin_mul_overflow(B, opt.seq_len, &tokens)) {
-      throw Usage{"--seq-len " + std::to_string(opt.seq_len) + " x micro batch " + std::to_string(B) + " overflows"};
-    }
-    auto m = PlanParamsModel(*n, opt.units, tokens);
-    if (!m.ok()) throw Usage{m.status().message()};
-    in.model = std::move(*m);
-  } else {
-    auto m = PlanGptModel(mc, B, opt.seq_len, opt.checkpointing, compute, in.config.zinf.matmul,
+  if (opt.params.empty()) {
+    auto m = PlanGptModel(run.mc, B, opt.seq_len, opt.checkpointing, run.compute, in.config.zinf.matmul,
                           model::ToAttentionKernel(in.config.zinf.attention));
-    if (!m.ok()) throw Usage{m.status().message()};
+    if (!m.ok()) return BadInput(m.status().message());
     in.model = std::move(*m);
+    return Status::Ok();
   }
+  auto n = ParseParamCount(opt.params);
+  if (!n.ok()) return BadInput("--params: " + n.status().message());
+  if (opt.units < 1) return BadInput("--units must be >= 1");
+  int64_t tokens = 0;
+  if (opt.seq_len > 0 && __builtin_mul_overflow(B, opt.seq_len, &tokens)) {
+    return BadInput("--seq-len " + std::to_string(opt.seq_len) + " x micro batch " + std::to_string(B) + " overflows");
+  }
+  auto m = PlanParamsModel(*n, opt.units, tokens);
+  if (!m.ok()) return BadInput(m.status().message());
+  in.model = std::move(*m);
+  return Status::Ok();
+}
 
-  // ---- Rates.
-  Check(ApplyPlanRateFlags(opt.rates, in.rates));
-
-  // ---- Capacities.
-  std::string device_from, host_from, nvme_from;
+// Each tier's capacity per rank: the flag, the config, else a default,
+// with where it came from.
+Status ResolveCapacities(const PlanOptions& opt, PlanRun& run) {
+  PlanInput& in = run.in;
   if (!opt.device_memory.empty()) {
-    in.device_memory = Size(opt.device_memory, "--device-memory");
-    device_from = "--device-memory";
+    ZINF_ASSIGN_OR_RETURN(in.device_memory, Size(opt.device_memory, "--device-memory"));
+    run.device_from = "--device-memory";
   } else if (in.config.zinf.device_memory > 0) {
     in.device_memory = in.config.zinf.device_memory;
-    device_from = "zinf.device_memory";
+    run.device_from = "zinf.device_memory";
   } else {
     in.device_memory = PhysicalMemoryBytes() / 4;
-    device_from = "default: HostDevice's 1/4 of RAM";
+    run.device_from = "default: HostDevice's 1/4 of RAM";
   }
   if (!opt.host_memory.empty()) {
-    in.host_memory = Size(opt.host_memory, "--host-memory");
-    host_from = "--host-memory";
+    ZINF_ASSIGN_OR_RETURN(in.host_memory, Size(opt.host_memory, "--host-memory"));
+    run.host_from = "--host-memory";
   } else if (in.config.zinf.host_memory > 0) {
     in.host_memory = in.config.zinf.host_memory;
-    host_from = "zinf.host_memory";
+    run.host_from = "zinf.host_memory";
   } else {
     in.host_memory = PinnedBudgetBytes(in.config);
-    host_from = "default: physical memory, the engine's pinned budget";
+    run.host_from = "default: physical memory, the engine's pinned budget";
   }
   if (!opt.nvme_free.empty()) {
-    in.nvme_free = Size(opt.nvme_free, "--nvme-free");
-    nvme_from = "--nvme-free";
+    ZINF_ASSIGN_OR_RETURN(in.nvme_free, Size(opt.nvme_free, "--nvme-free"));
+    run.nvme_from = "--nvme-free";
   } else if (const std::string path = PlanNvmePath(in.config); !path.empty()) {
     if (auto free = FreeBytesAt(path); free.ok()) {
       in.nvme_free = *free;
-      nvme_from = "free space at " + path;
+      run.nvme_from = "free space at " + path;
     } else {
-      nvme_from = "not checked: " + path + " not found; give --nvme-free";
+      run.nvme_from = "not checked: " + path + " not found; give --nvme-free";
     }
   } else {
-    nvme_from = "not checked: give --nvme-free";
+    run.nvme_from = "not checked: give --nvme-free";
   }
+  return Status::Ok();
+}
 
-  const std::vector<PlanRow> rows = PlanAll(in);
-  if (opt.json) {
-    std::printf("%s\n", PlanToJson(in, rows).c_str());
-    return 0;
-  }
+// What the plan assumed: the model, the capacities and the rates.
+void PrintAssumptions(const PlanRun& run) {
+  const PlanInput& in = run.in;
   std::printf("zinf plan: %s; %d rank(s), %s compute, accumulation %lld\n", in.model.description.c_str(),
-              in.world_size, std::string(DTypeName(compute)).c_str(),
+              in.world_size, std::string(DTypeName(run.compute)).c_str(),
               static_cast<long long>(in.gradient_accumulation_steps));
   std::printf("  activations: %s\n", in.model.activation_note.c_str());
-  for (const std::string& line : auto_lines) std::printf("  auto: %s\n", line.c_str());
+  for (const std::string& line : run.auto_lines) std::printf("  auto: %s\n", line.c_str());
   std::printf("  capacity per rank: device %s (%s), host %s (%s), nvme %s (%s)\n",
-              FormatBytes(in.device_memory).c_str(), device_from.c_str(), FormatBytes(in.host_memory).c_str(),
-              host_from.c_str(), in.nvme_free ? FormatBytes(in.nvme_free).c_str() : "?", nvme_from.c_str());
+              FormatBytes(in.device_memory).c_str(), run.device_from.c_str(), FormatBytes(in.host_memory).c_str(),
+              run.host_from.c_str(), in.nvme_free ? FormatBytes(in.nvme_free).c_str() : "?", run.nvme_from.c_str());
   if (in.reductions_on_device) {
     std::printf("  collectives: NCCL on the device; the largest gradient reduction's staging is counted in device "
                 "memory\n");
@@ -233,6 +248,10 @@ int Run(const PlanOptions& opt) {
               in.model.flops_per_micro_step > 0 ? "" : " - no compute term: no tokens (give --seq-len)");
   std::printf("         copies %.3g GB/s (%s), collectives %.3g GB/s (%s)\n", r.copy_gbps.value,
               r.copy_gbps.source.c_str(), r.comm_gbps.value, r.comm_gbps.source.c_str());
+}
+
+// One row per combination, then the notes of those that cannot run.
+void PrintRows(const std::vector<PlanRow>& rows) {
   std::printf("%-5s %-9s %-6s %11s %11s %11s %-12s %10s %10s %10s %10s\n", "stage", "optimizer", "param", "device",
               "host", "nvme", "fits", "step", "compute", "optimizer", "nvme io");
   for (const PlanRow& row : rows) {
@@ -263,7 +282,24 @@ int Run(const PlanOptions& opt) {
                 std::string(OffloadDeviceName(row.optimizer)).c_str(),
                 std::string(OffloadDeviceName(row.param)).c_str(), row.note.c_str());
   }
-  return 0;
+}
+
+Status Run(const PlanOptions& opt) {
+  PlanRun run;
+  ZINF_RETURN_IF_ERROR(ResolveRanks(opt, run));
+  ZINF_RETURN_IF_ERROR(ResolveShape(opt, run));
+  ZINF_RETURN_IF_ERROR(ResolveAutoValues(opt, run));
+  ZINF_RETURN_IF_ERROR(PlanTheModel(opt, run));
+  if (Status s = ApplyPlanRateFlags(opt.rates, run.in.rates); !s.ok()) return BadInput(s.message());
+  ZINF_RETURN_IF_ERROR(ResolveCapacities(opt, run));
+  const std::vector<PlanRow> rows = PlanAll(run.in);
+  if (opt.json) {
+    std::printf("%s\n", PlanToJson(run.in, rows).c_str());
+    return Status::Ok();
+  }
+  PrintAssumptions(run);
+  PrintRows(rows);
+  return Status::Ok();
 }
 
 }  // namespace
@@ -326,13 +362,11 @@ void RegisterPlan(CLI::App& app, int* exit_code) {
   cmd->add_option("--nvme-free", opt->nvme_free, "Free NVMe space per rank (default: free space at nvme_path)");
   AddPlanRateOptions(cmd, opt->rates);
   cmd->add_flag("--json", opt->json, "Print one JSON object");
+  // Every error of zinf plan is bad input (exit code 2).
   cmd->callback([opt, exit_code] {
-    try {
-      *exit_code = Run(*opt);
-    } catch (const Usage& u) {
-      std::fprintf(stderr, "zinf plan: %s\n", u.message.c_str());
-      *exit_code = 2;
-    }
+    const Status s = Run(*opt);
+    if (!s.ok()) std::fprintf(stderr, "zinf plan: %s\n", s.message().c_str());
+    *exit_code = s.ok() ? 0 : 2;
   });
 }
 
