@@ -273,6 +273,102 @@ __host__ __device__ constexpr int TileBytes(int fixed, int fetched) {
   return (fixed + (kAsync ? 2 : 1) * fetched) * Pitch<D>::kTileBytes;
 }
 
+// The forward's scores of a key block, started from zero: sc[m] = (the
+// warp's query rows of tile m, as A operands qf[m]) · (k tile rows)ᵀ, 8 keys
+// a tile; each B operand (two 8-key tiles of k) is loaded once for the kM
+// row tiles.
+template <int D, int kM>
+__device__ __forceinline__ void ForwardScores(float (&sc)[kM][kB / 8][4], const uint32_t (&qf)[kM][D / 16][4],
+                                              const bf16* kt, int lane) {
+#pragma unroll
+  for (int m = 0; m < kM; ++m) {
+#pragma unroll
+    for (int n = 0; n < kB / 8; ++n) sc[m][n][0] = sc[m][n][1] = sc[m][n][2] = sc[m][n][3] = 0.0f;
+  }
+#pragma unroll
+  for (int n = 0; n < kB / 8; n += 2) {
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t kf[4];
+      RowsB<D>(kf, kt, n * 8, kk, lane);
+#pragma unroll
+      for (int m = 0; m < kM; ++m) {
+        simt::MmaBf16(sc[m][n], qf[m][kk], kf[0], kf[1]);
+        simt::MmaBf16(sc[m][n + 1], qf[m][kk], kf[2], kf[3]);
+      }
+    }
+  }
+}
+
+// The online softmax's step over one row tile's scores sc of key block j0
+// (the thread's rows `rows`): the scores to log2 units (hidden ones -inf
+// where `masked`), the running maximum m_run and sum l, the accumulator o
+// rescaled, and the probabilities p, in sc and as the A operands pf of p v.
+template <int D>
+__device__ __forceinline__ void OnlineSoftmaxStep(float (&sc)[kB / 8][4], uint32_t (&pf)[kB / 16][4],
+                                                  float (&o)[D / 8][4], float (&m_run)[2], float (&l)[2],
+                                                  const int64_t (&rows)[2], float log2_scale, bool masked, int64_t j0,
+                                                  int64_t T, int c) {
+  // z in log2 units; a hidden score is -inf, which 2^(z - m) takes to 0.
+  float row_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int n = 0; n < kB / 8; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      sc[n][e] *= log2_scale;
+      if (masked && !model::FlashVisible(rows[e / 2], j0 + n * 8 + 2 * c + e % 2, T)) sc[n][e] = -INFINITY;
+      row_max[e / 2] = fmaxf(row_max[e / 2], sc[n][e]);
+    }
+  }
+  float alpha[2], sum[2] = {0.0f, 0.0f}, m_sub[2];
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    const float m_new = fmaxf(m_run[k], RowMax4(row_max[k]));
+    alpha[k] = model::FlashRescale(m_run[k], m_new);
+    m_run[k] = m_new;
+    m_sub[k] = m_new == -INFINITY ? 0.0f : m_new;  // a row past T sees no key: its p are 0, not NaN
+  }
+#pragma unroll
+  for (int n = 0; n < kB / 8; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      sc[n][e] = model::FlashProb(sc[n][e], m_sub[e / 2]);
+      sum[e / 2] += sc[n][e];
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < 2; ++k) l[k] = l[k] * alpha[k] + RowSum4(sum[k]);
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) {
+    o[n][0] *= alpha[0];
+    o[n][1] *= alpha[0];
+    o[n][2] *= alpha[1];
+    o[n][3] *= alpha[1];
+  }
+#pragma unroll
+  for (int kk = 0; kk < kB / 16; ++kk) TilesOperand(pf[kk], sc[2 * kk], sc[2 * kk + 1]);
+}
+
+// o[m] += p[m] v over a key block, 16 keys a step; each B operand (v) is
+// loaded once for the kM row tiles.
+template <int D, int kM>
+__device__ __forceinline__ void ForwardPv(float (&o)[kM][D / 8][4], const uint32_t (&pf)[kM][kB / 16][4],
+                                          const bf16* vt, int lane) {
+#pragma unroll
+  for (int kk = 0; kk < kB / 16; ++kk) {
+#pragma unroll
+    for (int n = 0; n < D / 8; n += 2) {
+      uint32_t vf[4];
+      TileB<D>(vf, vt, kk * 16, n, lane);
+#pragma unroll
+      for (int m = 0; m < kM; ++m) {
+        simt::MmaBf16(o[m][n], pf[m][kk], vf[0], vf[1]);
+        simt::MmaBf16(o[m][n + 1], pf[m][kk], vf[2], vf[3]);
+      }
+    }
+  }
+}
+
 // The forward of one (batch row, head, block of kM · 64 queries): each warp
 // takes kM row tiles of 16 (rows warp · 16 kM ...), so every B operand a
 // warp loads from shared memory (k for q kᵀ, v for p v) feeds kM products;
@@ -355,82 +451,15 @@ __global__ void __launch_bounds__(kThreadsFa) FlashForwardKernel(AttentionShape 
     const bool masked = j0 + kB - 1 > i0 || i0 + kQ > T;
     // Scores q·k of the warp's rows against the 64 keys, 8 keys a tile;
     // element e of tile n: row rows[m][e / 2], key j0 + 8n + 2c + e % 2.
-    // Each B operand (two 8-key tiles of k) is loaded once for the kM row tiles.
     float sc[kM][kB / 8][4];
-#pragma unroll
-    for (int m = 0; m < kM; ++m) {
-#pragma unroll
-      for (int n = 0; n < kB / 8; ++n) sc[m][n][0] = sc[m][n][1] = sc[m][n][2] = sc[m][n][3] = 0.0f;
-    }
-#pragma unroll
-    for (int n = 0; n < kB / 8; n += 2) {
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        uint32_t kf[4];
-        RowsB<D>(kf, kt, n * 8, kk, lane);
-#pragma unroll
-        for (int m = 0; m < kM; ++m) {
-          simt::MmaBf16(sc[m][n], qf[m][kk], kf[0], kf[1]);
-          simt::MmaBf16(sc[m][n + 1], qf[m][kk], kf[2], kf[3]);
-        }
-      }
-    }
+    ForwardScores<D, kM>(sc, qf, kt, lane);
     uint32_t pf[kM][kB / 16][4];  // p as the A operands of p v, 16 keys a step
 #pragma unroll
     for (int m = 0; m < kM; ++m) {
-      // z in log2 units; a hidden score is -inf, which 2^(z - m) takes to 0.
-      float row_max[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-      for (int n = 0; n < kB / 8; ++n) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          sc[m][n][e] *= log2_scale;
-          if (masked && !model::FlashVisible(rows[m][e / 2], j0 + n * 8 + 2 * c + e % 2, T)) sc[m][n][e] = -INFINITY;
-          row_max[e / 2] = fmaxf(row_max[e / 2], sc[m][n][e]);
-        }
-      }
-      float alpha[2], sum[2] = {0.0f, 0.0f}, m_sub[2];
-#pragma unroll
-      for (int k = 0; k < 2; ++k) {
-        const float m_new = fmaxf(m_run[m][k], RowMax4(row_max[k]));
-        alpha[k] = model::FlashRescale(m_run[m][k], m_new);
-        m_run[m][k] = m_new;
-        m_sub[k] = m_new == -INFINITY ? 0.0f : m_new;  // a row past T sees no key: its p are 0, not NaN
-      }
-#pragma unroll
-      for (int n = 0; n < kB / 8; ++n) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          sc[m][n][e] = model::FlashProb(sc[m][n][e], m_sub[e / 2]);
-          sum[e / 2] += sc[m][n][e];
-        }
-      }
-#pragma unroll
-      for (int k = 0; k < 2; ++k) l[m][k] = l[m][k] * alpha[k] + RowSum4(sum[k]);
-#pragma unroll
-      for (int n = 0; n < D / 8; ++n) {
-        o[m][n][0] *= alpha[0];
-        o[m][n][1] *= alpha[0];
-        o[m][n][2] *= alpha[1];
-        o[m][n][3] *= alpha[1];
-      }
-#pragma unroll
-      for (int kk = 0; kk < kB / 16; ++kk) TilesOperand(pf[m][kk], sc[m][2 * kk], sc[m][2 * kk + 1]);
+      OnlineSoftmaxStep<D>(sc[m], pf[m], o[m], m_run[m], l[m], rows[m], log2_scale, masked, j0, T, c);
     }
-    // o += p v, 16 keys a step; each B operand (v) loaded once for the kM tiles.
-#pragma unroll
-    for (int kk = 0; kk < kB / 16; ++kk) {
-#pragma unroll
-      for (int n = 0; n < D / 8; n += 2) {
-        uint32_t vf[4];
-        TileB<D>(vf, vt, kk * 16, n, lane);
-#pragma unroll
-        for (int m = 0; m < kM; ++m) {
-          simt::MmaBf16(o[m][n], pf[m][kk], vf[0], vf[1]);
-          simt::MmaBf16(o[m][n + 1], pf[m][kk], vf[2], vf[3]);
-        }
-      }
-    }
+    // o += p v.
+    ForwardPv<D, kM>(o, pf, vt, lane);
   }
 #pragma unroll
   for (int m = 0; m < kM; ++m) {

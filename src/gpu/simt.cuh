@@ -130,6 +130,9 @@ __device__ inline void CpAsyncWaitAll() { asm volatile("cp.async.wait_all;\n" ::
 #ifndef __host__
 #define __host__
 #endif
+#ifndef __forceinline__
+#define __forceinline__ inline
+#endif
 #ifndef __launch_bounds__
 #define __launch_bounds__(...)
 #endif
