@@ -328,127 +328,168 @@ Result<uint64_t> FreeBytesAt(const std::string& path) {
   return static_cast<uint64_t>(st.f_bavail) * st.f_frsize;
 }
 
-PlanRow PlanCombination(const PlanInput& in, int stage, OffloadDevice optimizer, OffloadDevice param) {
-  const ZeroConfig& z = in.config.zero;
-  const int N = std::max(1, in.world_size);
-  const DType compute = in.config.bf16.enabled   ? DType::kBFloat16
-                        : in.config.fp16.enabled ? DType::kFloat16
-                                                 : DType::kFloat32;
-  const uint64_t esize = DTypeSizeBytes(compute);
-  const bool offload = optimizer != OffloadDevice::kNone;
-  const bool nvme = optimizer == OffloadDevice::kNvme;
-  const int64_t k = std::max<int64_t>(1, in.gradient_accumulation_steps);
-  PlanRow row;
-  row.stage = stage;
-  row.optimizer = optimizer;
-  row.param = param;
-  row.zero_formula = ModelStateBytes(in.model.num_params(), N, stage, optimizer, param);
-  Items dev, host, disk;
+namespace {
 
-  std::vector<UnitPartition> parts;
-  for (int64_t n : in.model.unit_elems) parts.push_back(PartitionUnit(std::max<int64_t>(n, 1), N));
-  auto owned = [&](const UnitPartition& p) { return stage == 0 ? p.padded_elems : p.shard_elems; };
-  auto partitioned = [&](size_t u) { return stage == 3 && in.model.unit_elems[u] > z.stage3_param_persistence_threshold; };
-  int64_t max_owned = 0, owned_total = 0, blocks = 0, accum_total = 0, max_host_shard = 0;
-  // offload_param nvme, as the engine: shards in host memory up to
-  // max_in_cpu elements, the rest in the parameter store.
-  int64_t cpu_shard_elems = 0, max_nvme_shard = 0, nvme_units = 0;
-  uint64_t grad_swap_bytes = 0;  // offload_optimizer nvme: gradients in the swap store
-  std::vector<char> shard_on_nvme(parts.size(), 0);
-  for (size_t u = 0; u < parts.size(); ++u) {
-    const UnitPartition& p = parts[u];
-    const int64_t o = owned(p);
-    max_owned = std::max(max_owned, o);
-    owned_total += o;
-    blocks += o / kNormBlock;
-    accum_total += offload ? o : (stage >= 2 ? p.shard_elems : p.padded_elems);
-    if (partitioned(u)) {
-      const uint64_t shard = static_cast<uint64_t>(p.shard_elems) * esize;
-      const bool to_nvme = param == OffloadDevice::kNvme &&
-                           cpu_shard_elems + p.shard_elems > z.offload_param.max_in_cpu;
-      if (param == OffloadDevice::kNone) {
-        dev.Add("compute copy (parameter shards)", Dev(shard));
-      } else if (!to_nvme) {
-        host.Add(param == OffloadDevice::kCpu ? "parameter shards (offload_param)"
-                                              : "parameter shards in host memory (offload_param max_in_cpu)",
-                 Pin(shard));
-        if (param == OffloadDevice::kNvme) cpu_shard_elems += p.shard_elems;
+// One stage × offload combination, counted in phases in the order the
+// engine allocates (each tier's items keep that order in the row): the
+// units, the device's buffers, the offloaded optimizer's staging (and with
+// NVMe its sub-groups and gradients), the parameters' staging; then the
+// totals against the capacities and the step time.
+class CombinationCount {
+ public:
+  CombinationCount(const PlanInput& in, int stage, OffloadDevice optimizer, OffloadDevice param)
+      : in_(in),
+        z_(in.config.zero),
+        stage_(stage),
+        param_(param),
+        N_(std::max(1, in.world_size)),
+        esize_(DTypeSizeBytes(in.config.bf16.enabled   ? DType::kBFloat16
+                              : in.config.fp16.enabled ? DType::kFloat16
+                                                       : DType::kFloat32)),
+        offload_(optimizer != OffloadDevice::kNone),
+        nvme_(optimizer == OffloadDevice::kNvme),
+        k_(std::max<int64_t>(1, in.gradient_accumulation_steps)) {
+    row_.stage = stage;
+    row_.optimizer = optimizer;
+    row_.param = param;
+    row_.zero_formula = ModelStateBytes(in.model.num_params(), N_, stage, optimizer, param);
+    for (int64_t n : in.model.unit_elems) parts_.push_back(PartitionUnit(std::max<int64_t>(n, 1), N_));
+    shard_on_nvme_.assign(parts_.size(), 0);
+  }
+
+  PlanRow Count() && {
+    CountUnits();
+    CountDeviceBuffers();
+    if (offload_) CountOffloadStaging();
+    if (nvme_) CountNvmeOptimizer();
+    CountParamStaging();
+    SetTotals();
+    CountStepTime();
+    return std::move(row_);
+  }
+
+ private:
+  int64_t owned(const UnitPartition& p) const { return stage_ == 0 ? p.padded_elems : p.shard_elems; }
+  bool partitioned(size_t u) const {
+    return stage_ == 3 && in_.model.unit_elems[u] > z_.stage3_param_persistence_threshold;
+  }
+
+  // Per unit: its compute copy or parameter shard (device, pinned host or
+  // the parameter store), its gradients, and the optimizer's state where it
+  // is not on NVMe.
+  void CountUnits() {
+    for (size_t u = 0; u < parts_.size(); ++u) {
+      const UnitPartition& p = parts_[u];
+      const int64_t o = owned(p);
+      max_owned_ = std::max(max_owned_, o);
+      owned_total_ += o;
+      blocks_ += o / kNormBlock;
+      accum_total_ += offload_ ? o : (stage_ >= 2 ? p.shard_elems : p.padded_elems);
+      if (partitioned(u)) {
+        CountShard(u);
       } else {
-        disk.Add("parameter shards (offload_param)", (shard + kExtentBytes - 1) / kExtentBytes * kExtentBytes);
-        shard_on_nvme[u] = 1;
-        ++nvme_units;
-        max_nvme_shard = std::max(max_nvme_shard, p.shard_elems);
+        dev_.Add("compute copy", Dev(static_cast<uint64_t>(p.padded_elems) * esize_));
       }
-      if (param != OffloadDevice::kNone) max_host_shard = std::max(max_host_shard, p.shard_elems);
-    } else {
-      dev.Add("compute copy", Dev(static_cast<uint64_t>(p.padded_elems) * esize));
+      if (!partitioned(u)) dev_.Add("fp32 gradients", Dev(static_cast<uint64_t>(p.padded_elems) * 4));
+      if (!offload_) {
+        dev_.Add("fp32 gradient accumulator",
+                 Dev(static_cast<uint64_t>(stage_ >= 2 ? p.shard_elems : p.padded_elems) * 4));
+        dev_.Add("fp32 master, m, v", 3 * Dev(static_cast<uint64_t>(o) * 4));
+      } else if (nvme_) {
+        // Host memory or the swap store: decided in CountNvmeOptimizer, with
+        // what else is pinned.
+      } else {
+        host_.Add("fp32 master, m, v", 3 * Pin(static_cast<uint64_t>(o) * 4));
+        host_.Add("fp32 gradient accumulator", Pin(static_cast<uint64_t>(o) * 4));
+      }
     }
-    if (!partitioned(u)) dev.Add("fp32 gradients", Dev(static_cast<uint64_t>(p.padded_elems) * 4));
-    if (!offload) {
-      dev.Add("fp32 gradient accumulator", Dev(static_cast<uint64_t>(stage >= 2 ? p.shard_elems : p.padded_elems) * 4));
-      dev.Add("fp32 master, m, v", 3 * Dev(static_cast<uint64_t>(o) * 4));
-    } else if (nvme) {
-      // Host memory or the swap store: decided below, with what else is pinned.
-    } else {
-      host.Add("fp32 master, m, v", 3 * Pin(static_cast<uint64_t>(o) * 4));
-      host.Add("fp32 gradient accumulator", Pin(static_cast<uint64_t>(o) * 4));
-    }
   }
-  if (stage == 3) {
-    const Stage3Peak peak = SimulateStage3(in, parts, esize, partitioned);
-    dev.Add("gathered parameters (stage 3: fetched, prefetched and kept for reuse)", peak.gathered);
-    dev.Add("fp32 gradients (stage 3: from backward to their reduce bucket)", peak.grads);
-  }
-  dev.Add("norm partials", Dev(static_cast<uint64_t>(blocks) * (stage == 0 ? 1 : N) * 8));
-  // Stage 2/3 reduce buckets: units in backward order, greedily up to
-  // reduce_bucket_size; a bucket of several units is packed into one buffer
-  // (only with several ranks and contiguous_gradients).
-  int64_t max_reduced = 0;  // the most elements one gradient reduction takes (all ranks' shares)
-  for (const UnitPartition& p : parts) max_reduced = std::max(max_reduced, p.padded_elems);
-  if (stage >= 2 && N > 1 && z.contiguous_gradients) {
-    int64_t open = 0, open_units = 0, max_bucket = 0;
-    auto close = [&] {
-      if (open_units > 1) max_bucket = std::max(max_bucket, open);
-      open = open_units = 0;
-    };
-    for (size_t i = parts.size(); i-- > 0;) {
-      if (open_units > 0 && open + parts[i].padded_elems > z.reduce_bucket_size) close();
-      open += parts[i].padded_elems;
-      ++open_units;
-    }
-    close();
-    if (max_bucket > 0) dev.Add("reduce bucket", Dev(static_cast<uint64_t>(max_bucket) * 4));
-    max_reduced = std::max(max_reduced, max_bucket);
-  }
-  // NCCL's deterministic reductions land the other ranks' chunks of this
-  // rank's share in a staging buffer from the device budget while each runs:
-  // (N - 1) × the share, fp32, at most one at a time (the engine stream).
-  if (in.reductions_on_device && N > 1) {
-    dev.Add("NCCL reduction staging (the largest gradient reduction)",
-            Dev(static_cast<uint64_t>(N - 1) * static_cast<uint64_t>(max_reduced / N) * 4));
-  }
-  dev.Add("activations", in.model.activation_bytes);
-  dev.Add("batch buffers", in.model.io_buffer_bytes);
 
-  if (offload) {
-    host.Add("gradient staging", Pin(static_cast<uint64_t>(max_owned) * 4));
-    const int64_t slots = std::clamp<int64_t>(z.offload_optimizer.buffer_count, 2, 64);
-    host.Add("parameter staging slots", slots * Pin(static_cast<uint64_t>(max_owned) * esize));
+  // A stage-3 unit's shard. offload_param nvme, as the engine: shards in
+  // host memory up to max_in_cpu elements, the rest in the parameter store.
+  void CountShard(size_t u) {
+    const UnitPartition& p = parts_[u];
+    const uint64_t shard = static_cast<uint64_t>(p.shard_elems) * esize_;
+    const bool to_nvme =
+        param_ == OffloadDevice::kNvme && cpu_shard_elems_ + p.shard_elems > z_.offload_param.max_in_cpu;
+    if (param_ == OffloadDevice::kNone) {
+      dev_.Add("compute copy (parameter shards)", Dev(shard));
+    } else if (!to_nvme) {
+      host_.Add(param_ == OffloadDevice::kCpu ? "parameter shards (offload_param)"
+                                              : "parameter shards in host memory (offload_param max_in_cpu)",
+                Pin(shard));
+      if (param_ == OffloadDevice::kNvme) cpu_shard_elems_ += p.shard_elems;
+    } else {
+      disk_.Add("parameter shards (offload_param)", (shard + kExtentBytes - 1) / kExtentBytes * kExtentBytes);
+      shard_on_nvme_[u] = 1;
+      ++nvme_units_;
+      max_nvme_shard_ = std::max(max_nvme_shard_, p.shard_elems);
+    }
+    if (param_ != OffloadDevice::kNone) max_host_shard_ = std::max(max_host_shard_, p.shard_elems);
   }
-  if (nvme) {
-    // As the engine: units packed into sub-groups of at most
-    // min(sub_group_size, 1 GiB of state); a larger unit alone, up to one
-    // pinned buffer (gradient_placement.h).
+
+  // The device's buffers beyond the units': stage 3's gathered parameters
+  // and gradients at their peak, norm partials, the reduce bucket, NCCL's
+  // staging, activations and batch buffers.
+  void CountDeviceBuffers() {
+    if (stage_ == 3) {
+      const Stage3Peak peak = SimulateStage3(in_, parts_, esize_, [this](size_t u) { return partitioned(u); });
+      dev_.Add("gathered parameters (stage 3: fetched, prefetched and kept for reuse)", peak.gathered);
+      dev_.Add("fp32 gradients (stage 3: from backward to their reduce bucket)", peak.grads);
+    }
+    dev_.Add("norm partials", Dev(static_cast<uint64_t>(blocks_) * (stage_ == 0 ? 1 : N_) * 8));
+    // Stage 2/3 reduce buckets: units in backward order, greedily up to
+    // reduce_bucket_size; a bucket of several units is packed into one buffer
+    // (only with several ranks and contiguous_gradients).
+    int64_t max_reduced = 0;  // the most elements one gradient reduction takes (all ranks' shares)
+    for (const UnitPartition& p : parts_) max_reduced = std::max(max_reduced, p.padded_elems);
+    if (stage_ >= 2 && N_ > 1 && z_.contiguous_gradients) {
+      int64_t open = 0, open_units = 0, max_bucket = 0;
+      auto close = [&] {
+        if (open_units > 1) max_bucket = std::max(max_bucket, open);
+        open = open_units = 0;
+      };
+      for (size_t i = parts_.size(); i-- > 0;) {
+        if (open_units > 0 && open + parts_[i].padded_elems > z_.reduce_bucket_size) close();
+        open += parts_[i].padded_elems;
+        ++open_units;
+      }
+      close();
+      if (max_bucket > 0) dev_.Add("reduce bucket", Dev(static_cast<uint64_t>(max_bucket) * 4));
+      max_reduced = std::max(max_reduced, max_bucket);
+    }
+    // NCCL's deterministic reductions land the other ranks' chunks of this
+    // rank's share in a staging buffer from the device budget while each runs:
+    // (N - 1) × the share, fp32, at most one at a time (the engine stream).
+    if (in_.reductions_on_device && N_ > 1) {
+      dev_.Add("NCCL reduction staging (the largest gradient reduction)",
+               Dev(static_cast<uint64_t>(N_ - 1) * static_cast<uint64_t>(max_reduced / N_) * 4));
+    }
+    dev_.Add("activations", in_.model.activation_bytes);
+    dev_.Add("batch buffers", in_.model.io_buffer_bytes);
+  }
+
+  // With optimizer offload: the gradient staging and the parameter slots.
+  void CountOffloadStaging() {
+    host_.Add("gradient staging", Pin(static_cast<uint64_t>(max_owned_) * 4));
+    const int64_t slots = std::clamp<int64_t>(z_.offload_optimizer.buffer_count, 2, 64);
+    host_.Add("parameter staging slots", slots * Pin(static_cast<uint64_t>(max_owned_) * esize_));
+  }
+
+  // offload_optimizer nvme. As the engine: units packed into sub-groups of
+  // at most min(sub_group_size, 1 GiB of state); a larger unit alone, up to
+  // one pinned buffer (gradient_placement.h).
+  void CountNvmeOptimizer() {
     const int64_t cap = static_cast<int64_t>(PinnedPool::kMaxBufferBytes / 12);
-    const int64_t limit = std::min<int64_t>(z.sub_group_size, kSubGroupPackElems);
+    const int64_t limit = std::min<int64_t>(z_.sub_group_size, kSubGroupPackElems);
     std::vector<int64_t> groups;
     GradientPlacementInput gin;  // each unit's owned elements and sub-group, for the gradients below
-    for (const UnitPartition& p : parts) {
+    for (const UnitPartition& p : parts_) {
       const int64_t o = owned(p);
       if (o > cap) {
-        row.runnable = false;
-        row.note = "a unit has " + std::to_string(o) + " elements on a rank: its optimizer state exceeds one " +
-                   FormatBytes(PinnedPool::kMaxBufferBytes) + " swap buffer; split it or shard it over more ranks";
+        row_.runnable = false;
+        row_.note = "a unit has " + std::to_string(o) + " elements on a rank: its optimizer state exceeds one " +
+                    FormatBytes(PinnedPool::kMaxBufferBytes) + " swap buffer; split it or shard it over more ranks";
       }
       if (groups.empty() || groups.back() + o > limit) groups.push_back(0);
       groups.back() += o;
@@ -457,116 +498,153 @@ PlanRow PlanCombination(const PlanInput& in, int stage, OffloadDevice optimizer,
     }
     const int64_t max_group = groups.empty() ? 0 : *std::max_element(groups.begin(), groups.end());
     // As the engine: no more buffers than sub-groups.
-    const int64_t buffers = std::min<int64_t>(std::clamp<int64_t>(z.offload_optimizer.buffer_count, 1, 64),
+    const int64_t buffers = std::min<int64_t>(std::clamp<int64_t>(z_.offload_optimizer.buffer_count, 1, 64),
                                               std::max<int64_t>(1, static_cast<int64_t>(groups.size())));
-    host.Add("NVMe swap buffers (" + std::to_string(buffers) + " x largest of " + std::to_string(groups.size()) +
-                 " sub-groups)",
-             buffers * Pin(static_cast<uint64_t>(max_group) * 12));
+    host_.Add("NVMe swap buffers (" + std::to_string(buffers) + " x largest of " + std::to_string(groups.size()) +
+                  " sub-groups)",
+              buffers * Pin(static_cast<uint64_t>(max_group) * 12));
     for (int64_t g : groups) {
-      disk.Add("fp32 master, m, v", (static_cast<uint64_t>(g) * 12 + kExtentBytes - 1) / kExtentBytes * kExtentBytes);
+      disk_.Add("fp32 master, m, v", (static_cast<uint64_t>(g) * 12 + kExtentBytes - 1) / kExtentBytes * kExtentBytes);
     }
-    // Gradients, as the engine places them: pinned host memory while the
-    // host budget allows (the first units first), else the swap store
-    // through a gradient buffer per swap buffer and two staging buffers.
-    const uint64_t state_bufs = buffers * Pin(static_cast<uint64_t>(max_group) * 12);
-    uint64_t others = 0;  // what the engine has pinned when it decides
-    for (const PlanItem& i : host.items) others += i.bytes;
-    others -= state_bufs;
-    if (nvme_units > 0) {
-      others += 2 * Pin((static_cast<uint64_t>(max_nvme_shard) * esize + 4095) / 4096 * 4096);
-    }
-    const uint64_t budget = in.host_memory;
-    const uint64_t avail = budget == 0 ? UINT64_MAX : budget > others ? budget - others : 0;
-    gin.home = in.config.zinf.gradients;
     gin.buffers = buffers;
-    gin.state_buffer_bytes = state_bufs;
-    gin.available = avail;
+    gin.state_buffer_bytes = buffers * Pin(static_cast<uint64_t>(max_group) * 12);
+    CountNvmeGradients(gin);
+  }
+
+  // Gradients, as the engine places them: pinned host memory while the host
+  // budget allows (the first units first), else the swap store through a
+  // gradient buffer per swap buffer and two staging buffers.
+  void CountNvmeGradients(GradientPlacementInput& gin) {
+    uint64_t others = 0;  // what the engine has pinned when it decides
+    for (const PlanItem& i : host_.items) others += i.bytes;
+    others -= gin.state_buffer_bytes;
+    if (nvme_units_ > 0) {
+      others += 2 * Pin((static_cast<uint64_t>(max_nvme_shard_) * esize_ + 4095) / 4096 * 4096);
+    }
+    const uint64_t budget = in_.host_memory;
+    gin.home = in_.config.zinf.gradients;
+    gin.available = budget == 0 ? UINT64_MAX : budget > others ? budget - others : 0;
     const GradientPlacement place = PlaceGradients(gin);
     if (!place.swap) {
-      host.Add("fp32 gradient accumulator", place.host_bytes);
-    } else {
-      host.Add("NVMe gradient buffers (" + std::to_string(buffers) + " x a sub-group's gradients, 2 staging)",
-               place.buffer_bytes);
-      // Short even of these buffers, every gradient is swapped (and the row
-      // does not fit).
-      if (place.host_bytes > 0) host.Add("fp32 gradient accumulator (the units host memory holds)", place.host_bytes);
-      disk.Add("fp32 gradients (swapped: host memory short)", place.nvme_bytes);
-      grad_swap_bytes += place.nvme_bytes;
+      host_.Add("fp32 gradient accumulator", place.host_bytes);
+      return;
     }
+    host_.Add("NVMe gradient buffers (" + std::to_string(gin.buffers) + " x a sub-group's gradients, 2 staging)",
+              place.buffer_bytes);
+    // Short even of these buffers, every gradient is swapped (and the row
+    // does not fit).
+    if (place.host_bytes > 0) host_.Add("fp32 gradient accumulator (the units host memory holds)", place.host_bytes);
+    disk_.Add("fp32 gradients (swapped: host memory short)", place.nvme_bytes);
+    grad_swap_bytes_ += place.nvme_bytes;
   }
-  if (param != OffloadDevice::kNone && !offload && max_host_shard > 0) {
-    dev.Add("parameter update scratch (offload_param, one shard)", Dev(static_cast<uint64_t>(max_host_shard) * esize));
-  }
-  if (nvme_units > 0) {
-    const uint64_t padded = (static_cast<uint64_t>(max_nvme_shard) * esize + 4095) / 4096 * 4096;
-    host.Add("parameter staging buffers (offload_param nvme: gathers' and updates', the largest shard each)",
-             2 * Pin(padded));
-    if (max_nvme_shard > z.offload_param.buffer_size) {
-      row.runnable = false;
-      row.note = "offload_param.buffer_size " + std::to_string(z.offload_param.buffer_size) +
-                 " is smaller than a parameter shard (" + std::to_string(max_nvme_shard) + " elements): raise it";
-    }
-  }
-  row.device_items = dev.items;
-  row.host_items = host.items;
-  row.nvme_items = disk.items;
-  row.device_bytes = dev.total();
-  row.host_bytes = host.total();
-  row.nvme_bytes = disk.total();
-  row.fits_device = in.device_memory == 0 || row.device_bytes <= in.device_memory;
-  row.fits_host = in.host_memory == 0 || row.host_bytes <= in.host_memory;
-  row.fits_nvme = in.nvme_free == 0 || row.nvme_bytes <= in.nvme_free;
 
-  // ---- Step time, per optimizer step of k micro-steps.
-  const PlanRates& r = in.rates;
-  row.compute_s = static_cast<double>(k) * in.model.flops_per_micro_step / (r.model_gflops.value * 1e9);
-  // Copies and passes: the reduced gradient into the accumulator (to the
-  // host with offload) every micro-step; stage 3 on one rank copies each
-  // partitioned unit's shard into its gathered buffer per fetch (forward and
-  // backward; held units once); at the boundary the norm reads the owned
-  // gradients and, with offload, the new compute copy comes back.
-  double copy_bytes = static_cast<double>(k) * static_cast<double>(accum_total) * 4;
-  double comm_bytes = 0, shard_read_bytes = 0, shard_write_bytes = 0;
-  const double share = static_cast<double>(N - 1) / N;
-  for (size_t u = 0; u < parts.size(); ++u) {
-    const double P = static_cast<double>(parts[u].padded_elems);
-    if (partitioned(u)) {
-      const bool held = std::find(in.model.held_units.begin(), in.model.held_units.end(), static_cast<int>(u)) !=
-                        in.model.held_units.end();
-      const double gathers = static_cast<double>(k) * (held ? 1 : 2);
-      if (N == 1) copy_bytes += gathers * P * esize;
-      else comm_bytes += gathers * P * esize * share;
-      if (shard_on_nvme[u]) {
-        const double shard = static_cast<double>(parts[u].shard_elems) * esize;
-        shard_read_bytes += gathers * shard;
-        shard_write_bytes += shard;
+  // offload_param: the update's device scratch without optimizer offload,
+  // and with shards on NVMe the two staging buffers (a shard larger than
+  // buffer_size cannot run).
+  void CountParamStaging() {
+    if (param_ != OffloadDevice::kNone && !offload_ && max_host_shard_ > 0) {
+      dev_.Add("parameter update scratch (offload_param, one shard)",
+               Dev(static_cast<uint64_t>(max_host_shard_) * esize_));
+    }
+    if (nvme_units_ == 0) return;
+    const uint64_t padded = (static_cast<uint64_t>(max_nvme_shard_) * esize_ + 4095) / 4096 * 4096;
+    host_.Add("parameter staging buffers (offload_param nvme: gathers' and updates', the largest shard each)",
+              2 * Pin(padded));
+    if (max_nvme_shard_ > z_.offload_param.buffer_size) {
+      row_.runnable = false;
+      row_.note = "offload_param.buffer_size " + std::to_string(z_.offload_param.buffer_size) +
+                  " is smaller than a parameter shard (" + std::to_string(max_nvme_shard_) + " elements): raise it";
+    }
+  }
+
+  void SetTotals() {
+    row_.device_items = dev_.items;
+    row_.host_items = host_.items;
+    row_.nvme_items = disk_.items;
+    row_.device_bytes = dev_.total();
+    row_.host_bytes = host_.total();
+    row_.nvme_bytes = disk_.total();
+    row_.fits_device = in_.device_memory == 0 || row_.device_bytes <= in_.device_memory;
+    row_.fits_host = in_.host_memory == 0 || row_.host_bytes <= in_.host_memory;
+    row_.fits_nvme = in_.nvme_free == 0 || row_.nvme_bytes <= in_.nvme_free;
+  }
+
+  // Step time, per optimizer step of k micro-steps.
+  void CountStepTime() {
+    const PlanRates& r = in_.rates;
+    const double k = static_cast<double>(k_);
+    const double esize = static_cast<double>(esize_);
+    row_.compute_s = k * in_.model.flops_per_micro_step / (r.model_gflops.value * 1e9);
+    // Copies and passes: the reduced gradient into the accumulator (to the
+    // host with offload) every micro-step; stage 3 on one rank copies each
+    // partitioned unit's shard into its gathered buffer per fetch (forward and
+    // backward; held units once); at the boundary the norm reads the owned
+    // gradients and, with offload, the new compute copy comes back.
+    double copy_bytes = k * static_cast<double>(accum_total_) * 4;
+    double comm_bytes = 0, shard_read_bytes = 0, shard_write_bytes = 0;
+    const double share = static_cast<double>(N_ - 1) / N_;
+    for (size_t u = 0; u < parts_.size(); ++u) {
+      const double P = static_cast<double>(parts_[u].padded_elems);
+      if (partitioned(u)) {
+        const bool held = std::find(in_.model.held_units.begin(), in_.model.held_units.end(), static_cast<int>(u)) !=
+                          in_.model.held_units.end();
+        const double gathers = k * (held ? 1 : 2);
+        if (N_ == 1) copy_bytes += gathers * P * esize;
+        else comm_bytes += gathers * P * esize * share;
+        if (shard_on_nvme_[u]) {
+          const double shard = static_cast<double>(parts_[u].shard_elems) * esize;
+          shard_read_bytes += gathers * shard;
+          shard_write_bytes += shard;
+        }
+      }
+      if (N_ > 1) {
+        comm_bytes += k * P * 4 * (stage_ < 2 ? 2 * share : share);                    // all-reduce / reduce-scatter
+        if (stage_ >= 1 && !partitioned(u)) comm_bytes += P * esize * share;           // the new shards gathered
       }
     }
-    if (N > 1) {
-      comm_bytes += static_cast<double>(k) * P * 4 * (stage < 2 ? 2 * share : share);  // all-reduce / reduce-scatter
-      if (stage >= 1 && !partitioned(u)) comm_bytes += P * esize * share;              // the new shards gathered
+    copy_bytes += static_cast<double>(owned_total_) * 4;
+    if (offload_) copy_bytes += static_cast<double>(owned_total_) * esize;
+    row_.copy_s = copy_bytes / (r.copy_gbps.value * 1e9);
+    row_.comm_s = comm_bytes / (r.comm_gbps.value * 1e9);
+    const double extra = esize_ < 4 ? esize : 8.0;  // the compute copy written (fp32: a memcpy)
+    row_.optimizer_s =
+        static_cast<double>(owned_total_) / r.adam_params_per_s.value * (28.0 + extra) / r.adam_bytes_per_param;
+    if (nvme_) {
+      const double state = static_cast<double>(owned_total_) * 12;
+      row_.nvme_s = state / (r.nvme_read_gbps.value * 1e9) + state / (r.nvme_write_gbps.value * 1e9);
+      // Swapped gradients: written each micro-step, read back for each later
+      // micro-step's accumulation and once for the update.
+      const double grads = k * static_cast<double>(grad_swap_bytes_);
+      row_.nvme_s += grads / (r.nvme_read_gbps.value * 1e9) + grads / (r.nvme_write_gbps.value * 1e9);
     }
+    row_.nvme_s += shard_write_bytes / (r.nvme_write_gbps.value * 1e9);
+    row_.param_read_s = shard_read_bytes / (r.nvme_read_gbps.value * 1e9);
+    row_.step_s = std::max(row_.compute_s, row_.param_read_s) + row_.copy_s + row_.comm_s +
+                  std::max(row_.optimizer_s, row_.nvme_s);
   }
-  copy_bytes += static_cast<double>(owned_total) * 4;
-  if (offload) copy_bytes += static_cast<double>(owned_total) * esize;
-  row.copy_s = copy_bytes / (r.copy_gbps.value * 1e9);
-  row.comm_s = comm_bytes / (r.comm_gbps.value * 1e9);
-  const double extra = esize < 4 ? static_cast<double>(esize) : 8.0;  // the compute copy written (fp32: a memcpy)
-  row.optimizer_s = static_cast<double>(owned_total) / r.adam_params_per_s.value * (28.0 + extra) /
-                    r.adam_bytes_per_param;
-  if (nvme) {
-    const double state = static_cast<double>(owned_total) * 12;
-    row.nvme_s = state / (r.nvme_read_gbps.value * 1e9) + state / (r.nvme_write_gbps.value * 1e9);
-    // Swapped gradients: written each micro-step, read back for each later
-    // micro-step's accumulation and once for the update.
-    const double grads = static_cast<double>(k) * static_cast<double>(grad_swap_bytes);
-    row.nvme_s += grads / (r.nvme_read_gbps.value * 1e9) + grads / (r.nvme_write_gbps.value * 1e9);
-  }
-  row.nvme_s += shard_write_bytes / (r.nvme_write_gbps.value * 1e9);
-  row.param_read_s = shard_read_bytes / (r.nvme_read_gbps.value * 1e9);
-  row.step_s = std::max(row.compute_s, row.param_read_s) + row.copy_s + row.comm_s +
-               std::max(row.optimizer_s, row.nvme_s);
-  return row;
+
+  const PlanInput& in_;
+  const ZeroConfig& z_;
+  const int stage_;
+  const OffloadDevice param_;
+  const int N_;
+  const uint64_t esize_;    // bytes of the compute dtype
+  const bool offload_;      // the optimizer on the host (cpu or nvme)
+  const bool nvme_;         // the optimizer's state on NVMe
+  const int64_t k_;         // micro-steps per optimizer step
+  std::vector<UnitPartition> parts_;
+  PlanRow row_;
+  Items dev_, host_, disk_;
+  int64_t max_owned_ = 0, owned_total_ = 0, blocks_ = 0, accum_total_ = 0, max_host_shard_ = 0;
+  int64_t cpu_shard_elems_ = 0, max_nvme_shard_ = 0, nvme_units_ = 0;  // offload_param nvme
+  uint64_t grad_swap_bytes_ = 0;  // offload_optimizer nvme: gradients in the swap store
+  std::vector<char> shard_on_nvme_;
+};
+
+}  // namespace
+
+PlanRow PlanCombination(const PlanInput& in, int stage, OffloadDevice optimizer, OffloadDevice param) {
+  return CombinationCount(in, stage, optimizer, param).Count();
 }
 
 std::vector<PlanRow> PlanAll(const PlanInput& input) {
