@@ -40,6 +40,110 @@ int NestingDepth(std::string_view text) {
 
 bool MulOverflows(uint64_t a, uint64_t b, uint64_t* out) { return __builtin_mul_overflow(a, b, out); }
 
+// One tensor's entry of the header, `key`: {"dtype", "shape",
+// "data_offsets"}, checked against the data buffer's `data_bytes` (its
+// place there, `data + begin`, becomes the tensor's data).
+Result<SafetensorsTensor> ParseTensor(const std::string& name, const std::string& key, const json& v,
+                                      const std::byte* data, uint64_t data_bytes, const SafetensorsLimits& limits) {
+  auto fail = [&](StatusCode code, const std::string& what) { return Status(code, name + ": " + what); };
+  const std::string t = "tensor '" + key + "': ";
+  if (key.empty()) return fail(StatusCode::kInvalidArgument, "a tensor has an empty name");
+  if (!v.is_object())
+    return fail(StatusCode::kInvalidArgument, t + "expected an object with dtype, shape, data_offsets");
+  for (auto f = v.begin(); f != v.end(); ++f) {
+    if (f.key() != "dtype" && f.key() != "shape" && f.key() != "data_offsets") {
+      return fail(StatusCode::kInvalidArgument, t + "unknown field '" + f.key() + "'");
+    }
+  }
+  for (const char* field : {"dtype", "shape", "data_offsets"}) {
+    if (!v.contains(field)) return fail(StatusCode::kInvalidArgument, t + "missing field '" + field + "'");
+  }
+  SafetensorsTensor tensor;
+  tensor.name = key;
+  if (!v["dtype"].is_string()) return fail(StatusCode::kInvalidArgument, t + "dtype is not a string");
+  tensor.dtype = v["dtype"].get<std::string>();
+  const size_t elem_bytes = SafetensorsDTypeBytes(tensor.dtype);
+  if (elem_bytes == 0) {
+    return fail(
+        StatusCode::kInvalidArgument,
+        t + "unknown dtype '" + tensor.dtype +
+            "'; expected BOOL, U8, I8, F8_E4M3, F8_E5M2, I16, U16, F16, BF16, I32, U32, F32, I64, U64 or F64");
+  }
+  const json& shape = v["shape"];
+  if (!shape.is_array()) return fail(StatusCode::kInvalidArgument, t + "shape is not an array");
+  if (static_cast<int64_t>(shape.size()) > limits.max_rank) {
+    return fail(StatusCode::kInvalidArgument, t + "shape has " + std::to_string(shape.size()) +
+                                                  " dimensions, more than the limit of " +
+                                                  std::to_string(limits.max_rank));
+  }
+  uint64_t num_elems = 1;
+  for (const json& d : shape) {
+    if (!d.is_number_unsigned()) {
+      return fail(StatusCode::kInvalidArgument,
+                  t + "shape " + shape.dump() + " has a dimension that is not a non-negative integer");
+    }
+    const uint64_t dim = d.get<uint64_t>();
+    if (dim > static_cast<uint64_t>(INT64_MAX) || MulOverflows(num_elems, dim, &num_elems) ||
+        num_elems > static_cast<uint64_t>(INT64_MAX)) {
+      return fail(StatusCode::kInvalidArgument, t + "shape " + shape.dump() + " has too many elements");
+    }
+    tensor.shape.push_back(static_cast<int64_t>(dim));
+  }
+  uint64_t nbytes = 0;
+  if (MulOverflows(num_elems, elem_bytes, &nbytes)) {
+    return fail(StatusCode::kInvalidArgument,
+                t + "shape " + shape.dump() + " × " + std::to_string(elem_bytes) + " bytes overflows");
+  }
+  const json& off = v["data_offsets"];
+  if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned()) {
+    return fail(StatusCode::kInvalidArgument, t + "data_offsets " + off.dump() + " is not two non-negative integers");
+  }
+  const uint64_t begin = off[0].get<uint64_t>(), end = off[1].get<uint64_t>();
+  if (begin > end) {
+    return fail(StatusCode::kInvalidArgument, t + "data_offsets " + Range(begin, end) + " ends before it begins");
+  }
+  if (end > data_bytes) {
+    return fail(StatusCode::kDataLoss, t + "data_offsets " + Range(begin, end) + " run past the data buffer (" +
+                                           std::to_string(data_bytes) + " bytes)");
+  }
+  if (end - begin != nbytes) {
+    return fail(StatusCode::kInvalidArgument, t + "data_offsets " + Range(begin, end) + " hold " +
+                                                  std::to_string(end - begin) + " bytes, but " + tensor.dtype + " " +
+                                                  tensor.ShapeString() + " needs " + std::to_string(nbytes));
+  }
+  tensor.offset_bytes = begin;
+  tensor.data = std::span<const std::byte>(data + begin, nbytes);
+  return tensor;
+}
+
+// The tensors, sorted by offset, must cover the data buffer's `data_bytes`
+// exactly: no overlap, no gap, nothing after the last.
+Status CheckCoverage(const std::string& name, const std::vector<SafetensorsTensor>& tensors, uint64_t data_bytes) {
+  auto fail = [&](StatusCode code, const std::string& what) { return Status(code, name + ": " + what); };
+  uint64_t covered = 0;
+  const SafetensorsTensor* prev = nullptr;
+  for (const SafetensorsTensor& t : tensors) {
+    const uint64_t b = t.offset_bytes, e = b + t.data.size();
+    if (b < covered) {
+      return fail(StatusCode::kInvalidArgument, "tensor '" + t.name + "' " + Range(b, e) + " overlaps tensor '" +
+                                                    prev->name + "' " +
+                                                    Range(prev->offset_bytes, prev->offset_bytes + prev->data.size()));
+    }
+    if (b > covered) {
+      return fail(StatusCode::kInvalidArgument,
+                  "data bytes " + Range(covered, b) + " before tensor '" + t.name + "' belong to no tensor");
+    }
+    covered = e;
+    prev = &t;
+  }
+  if (covered != data_bytes) {
+    return fail(StatusCode::kInvalidArgument,
+                "data bytes " + Range(covered, data_bytes) +
+                    (prev ? " after the last tensor '" + prev->name + "'" : std::string()) + " belong to no tensor");
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 size_t SafetensorsDTypeBytes(std::string_view d) {
@@ -137,73 +241,7 @@ Result<SafetensorsReader> SafetensorsReader::Parse(std::span<const std::byte> fi
       }
       continue;
     }
-    const std::string t = "tensor '" + key + "': ";
-    if (key.empty()) return fail(StatusCode::kInvalidArgument, "a tensor has an empty name");
-    if (!v.is_object())
-      return fail(StatusCode::kInvalidArgument, t + "expected an object with dtype, shape, data_offsets");
-    for (auto f = v.begin(); f != v.end(); ++f) {
-      if (f.key() != "dtype" && f.key() != "shape" && f.key() != "data_offsets") {
-        return fail(StatusCode::kInvalidArgument, t + "unknown field '" + f.key() + "'");
-      }
-    }
-    for (const char* field : {"dtype", "shape", "data_offsets"}) {
-      if (!v.contains(field)) return fail(StatusCode::kInvalidArgument, t + "missing field '" + field + "'");
-    }
-    SafetensorsTensor tensor;
-    tensor.name = key;
-    if (!v["dtype"].is_string()) return fail(StatusCode::kInvalidArgument, t + "dtype is not a string");
-    tensor.dtype = v["dtype"].get<std::string>();
-    const size_t elem_bytes = SafetensorsDTypeBytes(tensor.dtype);
-    if (elem_bytes == 0) {
-      return fail(
-          StatusCode::kInvalidArgument,
-          t + "unknown dtype '" + tensor.dtype +
-              "'; expected BOOL, U8, I8, F8_E4M3, F8_E5M2, I16, U16, F16, BF16, I32, U32, F32, I64, U64 or F64");
-    }
-    const json& shape = v["shape"];
-    if (!shape.is_array()) return fail(StatusCode::kInvalidArgument, t + "shape is not an array");
-    if (static_cast<int64_t>(shape.size()) > limits.max_rank) {
-      return fail(StatusCode::kInvalidArgument, t + "shape has " + std::to_string(shape.size()) +
-                                                    " dimensions, more than the limit of " +
-                                                    std::to_string(limits.max_rank));
-    }
-    uint64_t num_elems = 1;
-    for (const json& d : shape) {
-      if (!d.is_number_unsigned()) {
-        return fail(StatusCode::kInvalidArgument,
-                    t + "shape " + shape.dump() + " has a dimension that is not a non-negative integer");
-      }
-      const uint64_t dim = d.get<uint64_t>();
-      if (dim > static_cast<uint64_t>(INT64_MAX) || MulOverflows(num_elems, dim, &num_elems) ||
-          num_elems > static_cast<uint64_t>(INT64_MAX)) {
-        return fail(StatusCode::kInvalidArgument, t + "shape " + shape.dump() + " has too many elements");
-      }
-      tensor.shape.push_back(static_cast<int64_t>(dim));
-    }
-    uint64_t nbytes = 0;
-    if (MulOverflows(num_elems, elem_bytes, &nbytes)) {
-      return fail(StatusCode::kInvalidArgument,
-                  t + "shape " + shape.dump() + " × " + std::to_string(elem_bytes) + " bytes overflows");
-    }
-    const json& off = v["data_offsets"];
-    if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned()) {
-      return fail(StatusCode::kInvalidArgument, t + "data_offsets " + off.dump() + " is not two non-negative integers");
-    }
-    const uint64_t begin = off[0].get<uint64_t>(), end = off[1].get<uint64_t>();
-    if (begin > end) {
-      return fail(StatusCode::kInvalidArgument, t + "data_offsets " + Range(begin, end) + " ends before it begins");
-    }
-    if (end > data_bytes) {
-      return fail(StatusCode::kDataLoss, t + "data_offsets " + Range(begin, end) + " run past the data buffer (" +
-                                             std::to_string(data_bytes) + " bytes)");
-    }
-    if (end - begin != nbytes) {
-      return fail(StatusCode::kInvalidArgument, t + "data_offsets " + Range(begin, end) + " hold " +
-                                                    std::to_string(end - begin) + " bytes, but " + tensor.dtype + " " +
-                                                    tensor.ShapeString() + " needs " + std::to_string(nbytes));
-    }
-    tensor.offset_bytes = begin;
-    tensor.data = std::span<const std::byte>(data + begin, nbytes);
+    ZINF_ASSIGN_OR_RETURN(SafetensorsTensor tensor, ParseTensor(name, key, v, data, data_bytes, limits));
     r.tensors_.push_back(std::move(tensor));
   }
 
@@ -211,27 +249,7 @@ Result<SafetensorsReader> SafetensorsReader::Parse(std::span<const std::byte> fi
     if (a.offset_bytes != b.offset_bytes) return a.offset_bytes < b.offset_bytes;
     return a.data.size() < b.data.size();
   });
-  uint64_t covered = 0;
-  const SafetensorsTensor* prev = nullptr;
-  for (const SafetensorsTensor& t : r.tensors_) {
-    const uint64_t b = t.offset_bytes, e = b + t.data.size();
-    if (b < covered) {
-      return fail(StatusCode::kInvalidArgument, "tensor '" + t.name + "' " + Range(b, e) + " overlaps tensor '" +
-                                                    prev->name + "' " +
-                                                    Range(prev->offset_bytes, prev->offset_bytes + prev->data.size()));
-    }
-    if (b > covered) {
-      return fail(StatusCode::kInvalidArgument,
-                  "data bytes " + Range(covered, b) + " before tensor '" + t.name + "' belong to no tensor");
-    }
-    covered = e;
-    prev = &t;
-  }
-  if (covered != data_bytes) {
-    return fail(StatusCode::kInvalidArgument,
-                "data bytes " + Range(covered, data_bytes) +
-                    (prev ? " after the last tensor '" + prev->name + "'" : std::string()) + " belong to no tensor");
-  }
+  ZINF_RETURN_IF_ERROR(CheckCoverage(name, r.tensors_, data_bytes));
   return r;
 }
 
