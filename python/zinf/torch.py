@@ -72,7 +72,7 @@ import weakref
 import torch
 import torch.utils._pytree as pytree
 
-from . import _capi, _config, _optim
+from . import _capi, _config, _lazy, _optim
 from ._capi import ZinfError, check  # noqa: F401  (ZinfError is part of the API)
 
 _TORCH_DTYPE = {_capi.DTYPE_FP32: torch.float32, _capi.DTYPE_BF16: torch.bfloat16, _capi.DTYPE_FP16: torch.float16}
@@ -302,6 +302,8 @@ class Engine(torch.nn.Module):
         self.module = model
         if _weights is None and getattr(model, "_zinf_weights", None) is not None:
             _weights = model._zinf_weights  # built by from_pretrained inside zinf.deepspeed.zero.Init
+        elif _weights is None and _lazy.has_lazy(model):
+            _weights = _lazy.Reader(model)  # built inside zinf.deepspeed.zero.Init: the values wait in its spill
         self.device = _model_device(model, zinf_keys) if _weights is None else torch.device("cpu")
         self._cuda = self.device.type == "cuda"
 

@@ -16,8 +16,10 @@
    from module.state_dict() and load_state_dict() after initialize,
    GatheredParameters, frozen parameters offloaded and exported, a changed
    requires_grad or an in-place write refused, torchrun refused, a missing
-   config file named, and torch.utils.checkpoint recomputing (reentrant and
-   not) with the activation memory it saves measured.
+   config file named, torch.utils.checkpoint recomputing (reentrant and
+   not) with the activation memory it saves measured, and zero.Init building
+   models (transformers' and a custom one) module by module off host memory,
+   bit for bit as a plain build.
 
   test_deepspeed.py SCRATCH_DIR [--only NAME[,NAME...]]
 Under mpirun every rank trains the same batches, so torch's single-process
@@ -449,9 +451,107 @@ def test_activation_checkpointing(scratch):
                                                          results["non-reentrant"][0] / 2**20))
 
 
+_INIT_MEMORY = r"""
+import resource, sys, torch, transformers
+import zinf.deepspeed as zds
+cfg = transformers.LlamaConfig(vocab_size=32000, hidden_size=512, intermediate_size=1536, num_hidden_layers=40,
+                               num_attention_heads=8, num_key_value_heads=8)
+torch.manual_seed(0)
+torch.nn.Linear(64, 64)  # torch's first-use allocations, outside the measurement
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+if sys.argv[1] == "init":
+    with zds.zero.Init(config_dict_or_path=sys.argv[2]):
+        model = transformers.LlamaForCausalLM(cfg)
+else:
+    model = transformers.LlamaForCausalLM(cfg)
+grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base
+print(sum(p.numel() for p in model.parameters()) * 4, grown * 1024)
+"""
+
+
+def test_zero_init(scratch):
+    from transformers import GPT2Config, GPT2LMHeadModel
+    nvme = os.path.join(scratch, "init-nvme-np%d-r%d" % (WORLD, RANK))
+    shutil.rmtree(nvme, ignore_errors=True)
+    os.makedirs(nvme)
+    cfg = base_config(3)
+    cfg["zero_optimization"].update({"offload_param": {"device": "nvme", "nvme_path": nvme},
+                                     "offload_optimizer": {"device": "nvme", "nvme_path": nvme}})
+
+    class Custom(nn.Module):  # a parent that changes its children's parameters after building them
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(128, 32, padding_idx=0)
+            self.mix = nn.Linear(32, 32)
+            self.head = nn.Linear(32, 128)
+            with torch.no_grad():
+                nn.init.orthogonal_(self.mix.weight)
+                self.mix.weight.data.mul_(0.5)
+                self.head.weight[0].fill_(0.25)
+                self.head.bias.copy_(self.mix.weight[:, 0].repeat(4))
+            self.gain = nn.Parameter(torch.full((32,), float(self.mix.weight.detach().abs().max())))
+
+        def forward(self, input_ids, labels=None):
+            h = torch.tanh(self.mix(self.emb(input_ids)) * self.gain)
+            logits = self.head(h)
+            return nn.functional.cross_entropy(logits[:, :-1].reshape(-1, 128), labels[:, 1:].reshape(-1))
+
+    builds = {
+        "llama (tied)": lambda: tiny_llama(seed=5, tie=True),
+        "gpt2": lambda: (torch.manual_seed(5), GPT2LMHeadModel(GPT2Config(
+            vocab_size=128, n_embd=32, n_layer=2, n_head=4, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0,
+            attn_pdrop=0.0)))[1],
+        "custom": lambda: (torch.manual_seed(5), Custom())[1],
+    }
+    xs = batches(3)
+    for name, build in builds.items():
+        eager = build()
+        after_eager = torch.rand(4)
+        with zds.zero.Init(config_dict_or_path=cfg):
+            lazy = build()
+        after_lazy = torch.rand(4)
+        assert all(p.is_meta for p in lazy.parameters()), "%s: parameters left in host memory under Init" % name
+        assert torch.equal(after_eager, after_lazy), "%s: Init drew other random numbers than a plain build" % name
+        # Before initialize, GatheredParameters reads (and with a modifier, writes) the values kept aside.
+        first_eager, first_lazy = next(eager.parameters()), next(lazy.parameters())
+        with zds.zero.GatheredParameters([first_lazy]):
+            assert torch.equal(first_lazy.sum(), first_eager.detach().sum()), name
+            with torch.no_grad():
+                first_lazy.add_(1.0)  # no modifier_rank: dropped
+        with zds.zero.GatheredParameters([first_lazy], modifier_rank=0):
+            assert torch.equal(first_lazy.clone(), first_eager.detach()), "%s: a write without modifier kept" % name
+        losses = {}
+        for kind, model in (("eager", eager), ("init", lazy)):
+            engine, _, _, _ = zds.initialize(model=model, config=cfg)
+            assert not engine.built_under_zero_init
+            losses[kind] = []
+            for x in xs:
+                out = engine(input_ids=x, labels=x)
+                loss = out if torch.is_tensor(out) else out.loss
+                engine.backward(loss)
+                engine.step()
+                losses[kind].append(loss.item())
+            engine.close()
+        assert losses["eager"] == losses["init"], "%s: %s != %s" % (name, losses["eager"], losses["init"])
+    # Memory: a 169 M-parameter Llama built under Init grows the process by a fraction of its size.
+    measured = {}
+    for mode in ("plain", "init"):
+        r = subprocess.run([sys.executable, "-c", _INIT_MEMORY, mode, json.dumps(cfg)], capture_output=True, text=True,
+                           timeout=600, env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+        assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+        model_bytes, grown = map(int, r.stdout.split()[-2:])
+        measured[mode] = grown
+    assert measured["plain"] >= 0.8 * model_bytes, measured  # the measurement sees a plain build
+    assert measured["init"] <= model_bytes / 2, "built under Init the process grew by %d MiB for a %d MiB model" % (
+        measured["init"] >> 20, model_bytes >> 20)
+    print("  zero.Init: llama, gpt2 and a custom parent init built bit for bit as a plain build (same random "
+          "numbers, same losses at ZeRO-3 on NVMe); a %d MiB Llama grows the process by %d MiB under Init, "
+          "%d MiB plain" % (model_bytes >> 20, measured["init"] >> 20, measured["plain"] >> 20))
+
+
 TESTS = [test_same_script, test_initialize_and_engine_api, test_groups_and_scheduler, test_client_optimizers,
          test_checkpoint_tags_and_state_dict, test_frozen_parameters, test_torchrun_refused,
-         test_activation_checkpointing]
+         test_activation_checkpointing, test_zero_init]
 
 
 def main():
