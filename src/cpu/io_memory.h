@@ -6,9 +6,8 @@
 // virtio disk takes in one request (254 here), so the block layer splits
 // every block and cannot merge neighbours. In a huge page a block is one
 // segment and sequential blocks merge up to the device's largest request:
-// 1 MiB O_DIRECT reads at queue depth 16 reached this machine's disk as 8221
-// requests of 510 KiB in 4 KiB pages and as 1024 requests of 4 MiB in huge
-// pages (/proc/diskstats), at 1.1–2× the throughput.
+// the disk then sees fewer, larger requests and serves them faster (counted
+// in /proc/diskstats; docs/figures.md, storage).
 //
 // Huge pages are advice: where the kernel has none to give (THP disabled,
 // memory fragmented) the memory is ordinary pages and works the same.
@@ -17,8 +16,8 @@
 // with enough free, buffers of 2 MiB or more come from it instead
 // (MAP_HUGETLB; ZINF_IO_HUGETLB=0 turns this off). Pool pages stay with the
 // guest: on a VM whose balloon reports free memory to the host, a freshly
-// faulted transparent huge page is faulted on the host as well — touching
-// 512 MiB of them took 1.2–1.4 s of system time here, of pool pages 0.08 s.
+// faulted transparent huge page is faulted on the host as well, so its first
+// touch costs many times a pool page's (docs/figures.md, storage).
 // Thread-safe (plain functions).
 #pragma once
 

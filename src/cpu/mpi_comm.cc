@@ -627,8 +627,9 @@ class MpiComm final : public Communicator {
       }
       // Spin (yielding) while messages flow or were just posted, then sleep:
       // on an oversubscribed node a rank that spins while it waits for a late
-      // peer starves the others. (2 cores, zinf bench comm: without the spin
-      // window a 4 KiB all-reduce took 450 us on 2 ranks, with it 27 us.)
+      // peer starves the others, and a rank that sleeps at once makes every
+      // small collective wait out its naps (docs/figures.md, the MPI
+      // communicator).
       if (now - last_event < kSpinWindow)
         std::this_thread::yield();
       else

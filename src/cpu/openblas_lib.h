@@ -1,8 +1,8 @@
 // OpenBLAS, opened the first time a product or a probe asks for it. zinf does
 // not link it: OpenBLAS starts its worker threads when it is loaded, and they
-// spin (sched_yield) before they sleep — 0.026 s of CPU in every process on
-// this 2-core machine, which `zinf aio` and the engine without a model would
-// pay for nothing.
+// spin (sched_yield) before they sleep: CPU time in every process, which
+// `zinf aio` and the engine without a model would pay for nothing
+// (docs/figures.md, process start).
 #pragma once
 
 #include <cblas.h>

@@ -184,9 +184,9 @@ class CudaStages final : public model::GptStages {
   // CPU's RoundToBf16, gemm.h) into the layout's bf16 copies, and cuBLAS
   // multiplies those on tensor cores with fp32 accumulation and output
   // (CUBLAS_COMPUTE_32F). cuBLAS's own down-conversion of fp32 operands
-  // (CUBLAS_COMPUTE_32F_FAST_16BF) does not round as the CPU does: on an H100
-  // it put the gradients 5e-3 apart from the CPU model's, where rounding to
-  // nearest even leaves only the order of the sums.
+  // (CUBLAS_COMPUTE_32F_FAST_16BF) does not round as the CPU does: it puts
+  // the gradients far from the CPU model's (docs/figures.md, on the H100),
+  // where rounding to nearest even leaves only the order of the sums.
   Status Gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
               const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
     return GemmBatched(ta, tb, m, n, k, alpha, a, lda, 0, b, ldb, 0, beta, c, ldc, 0, 1);

@@ -1,7 +1,8 @@
 // cuBLAS, opened the first time a CUDA model asks for it. zinf does not link
 // it: loading libcublas pulls in libcublasLt, whose static initialisers cost
-// every process about 0.13 s of CPU and 210 MB of resident memory on start,
-// which `zinf aio`, `zinf plan` and every HostDevice run would pay for nothing.
+// every process CPU time and resident memory on start (docs/figures.md,
+// process start), which `zinf aio`, `zinf plan` and every HostDevice run
+// would pay for nothing.
 #pragma once
 
 #include <cublasLt.h>

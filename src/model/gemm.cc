@@ -79,14 +79,14 @@ void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, F alpha, 
 
 // Tiles of C. Each tile repacks its rows of op(A) (k × tile_m) and its
 // columns of op(B) (k × tile_n): OpenBLAS packs both operands per call, so
-// the more tiles, the more packing (it was a fifth of the GEMM time with
-// 256 × 768 tiles on gpt2). Tiles are therefore large — at least 512 × 768
+// the more tiles, the more packing (a large share of the GEMM time with
+// small tiles on gpt2). Tiles are therefore large — at least 512 × 768
 // where the product is that large, and up to 4096 along a dimension long
 // enough to still give 16 tiles (the LM head's V) — and split each
 // dimension evenly, so a few threads get balanced work (the LM head's dx,
-// 1024 × 768 with k = V, becomes two 512-row tiles). On this 2-core VM the
-// tiles of the three LM-head products ran at 0.94-1.08 of one
-// OpenBLAS-threaded call, 0.96-0.99 single-threaded.
+// 1024 × 768 with k = V, becomes two 512-row tiles), at about the speed of
+// one OpenBLAS-threaded call (docs/figures.md, the CPU model's matrix
+// products).
 std::vector<GemmPiece> AlignedGemmPieces(int64_t m, int64_t n, int64_t k, int64_t align, bool split_k) {
   struct Part {
     int64_t at, size;

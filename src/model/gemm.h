@@ -9,10 +9,11 @@
 // and so gives the same bits for any thread count (each element of C is
 // computed by the same call on the same operands). OpenBLAS's own threads
 // would not give that: with OpenBLAS 0.3.21 (Debian 12, SkylakeX kernels),
-// cblas_sgemm on 2 threads differed from 1 thread in 46% of the elements of
-// the LM head's dx (1024 × 768, k = 50257), while ParallelGemm's tiles gave
-// the bits of one single-threaded call on every gpt2 shape. It also keeps a
-// single pool: no OpenBLAS threads spin beside the arena's. UseSingleThreadedBlas()
+// cblas_sgemm on 2 threads does not give 1 thread's bits on the LM head's dx
+// (1024 × 768, k = 50257; docs/figures.md, the CPU model's matrix products),
+// while ParallelGemm's tiles gave the bits of one single-threaded call on
+// every gpt2 shape. It also keeps a single pool: no OpenBLAS threads spin
+// beside the arena's. UseSingleThreadedBlas()
 // sets OpenBLAS's process-wide thread count to 1 (openblas_set_num_threads):
 // GptModel calls it when created; the bench's sgemm reference sets it to
 // the thread count for its own measurement and back.
@@ -74,10 +75,10 @@ GemmTiles GemmTilesFor(int64_t m, int64_t n, int64_t k);
 
 // A product cut where its sizes are not multiples of `align`, for a GPU
 // library whose fast kernels need them (cuBLAS on bf16 operands: at the
-// GPT-2 vocabulary, 50257, the LM head's products ran at about a tenth of
-// their speed on an H100): each of m, n (and k, with split_k) larger than
-// align and not a multiple of it becomes a part of whole multiples and a
-// remainder below align. The pieces cover C once per k part; a product of
+// GPT-2 vocabulary, 50257, the LM head's products ran far below their speed
+// at aligned sizes; docs/figures.md, on the H100): each of m, n (and k, with
+// split_k) larger than align and not a multiple of it becomes a part of
+// whole multiples and a remainder below align. The pieces cover C once per k part; a product of
 // aligned sizes is one piece. With k split, a (m, n) block's second k part
 // adds onto the first (beta 1), so the caller's beta goes to k0 == 0 only;
 // offsets are in elements of row-major storage, as Gemm's arguments.
