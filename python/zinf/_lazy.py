@@ -60,6 +60,7 @@ class Spill:
         self.fd, self.path, self.end = fd, path, 0
         self.cache = collections.OrderedDict()  # id(record) -> [record, tensor, dirty]
         self.cached_bytes = 0
+        self.release_memory = _libc_trim()
 
     def __del__(self):
         fd = self.__dict__.get("fd")
@@ -117,8 +118,11 @@ class Spill:
     def trim(self):
         """Writes back and drops the values least recently used beyond the
         cache's budget (between calls: never a value a call is using)."""
+        evicted = 0
         while len(self.cache) > 2 and self.cached_bytes > _CACHE_BYTES:
-            self._evict(next(iter(self.cache)))
+            evicted += self._evict(next(iter(self.cache)))
+        if evicted >= (1 << 20):
+            self.release_memory()
 
     def mark_dirty(self, record):
         self.cache[id(record)][2] = True
@@ -128,6 +132,7 @@ class Spill:
         self.cached_bytes -= record.nbytes
         if dirty:
             self._pwrite(_bytes_of(t), record.offset)
+        return record.nbytes
 
     def flush(self):
         for key in list(self.cache):
@@ -326,7 +331,7 @@ class Builder:
         self.mode = LazyMode(self.spill)
         self.hook = None
         self.saved_init_subclass = None
-        self.trim = _libc_trim()
+        self.trim = self.spill.release_memory
 
     def _wrap(self, cls):
         original = cls.__dict__.get("__init__")

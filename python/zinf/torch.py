@@ -195,6 +195,11 @@ class _Unit:
         # CUDA tensor over foreign memory costs tens of microseconds).
         self.views = {}
         self.reported = False  # grads_ready called this backward
+        # What zinf_engine_fetch and zinf_engine_grad_buffers fill, made once.
+        self.fetch_ptrs = _capi.UnitPointers()
+        self.fetch_ref = ctypes.byref(self.fetch_ptrs)
+        self.grad_ptrs = _capi.UnitPointers()
+        self.grad_ref = ctypes.byref(self.grad_ptrs)
         self.persistent = False  # its buffer stays put between fetches (stages 0-2, stage-3 persistent units)
 
 
@@ -296,7 +301,7 @@ class Engine(torch.nn.Module):
     def __init__(self, model, config, unit_modules=None, optimizer=None, model_parameters=None, lr_scheduler=None,
                  comm_timeout_seconds=None, auto_context=None, _weights=None):
         super().__init__()
-        L = _capi.lib()
+        L = self._lib = _capi.lib()
         cfg = _config.load(config)
         zinf_keys = cfg.get("zinf") if isinstance(cfg.get("zinf"), dict) else {}
         self.module = model
@@ -568,18 +573,25 @@ class Engine(torch.nn.Module):
         module.register_forward_pre_hook(self._make_pre_hook(um), with_kwargs=True)
         module.register_forward_hook(self._make_post_hook(um))
 
+    # The hooks below run per unit per micro-step: the library, the
+    # structures the C calls fill and their messages are made once, not per
+    # call (a failure's message is formatted only when it fails).
     def _fetch(self, unit):
         if unit.fetched:
             return
-        self._flush()  # the units handed over before: released before another is gathered
+        if self._handed_over:
+            self._flush()  # the units handed over before: released before another is gathered
         if self._pending_writes:
             self._write_pending()
-        L = _capi.lib()
-        ptrs = _capi.UnitPointers()
-        check(L.zinf_engine_fetch(self._engine, unit.index, self._stream, ctypes.byref(ptrs)),
-              "fetch unit '%s'" % unit.name)
+        L = self._lib
+        ptrs = unit.fetch_ptrs
+        rc = L.zinf_engine_fetch(self._engine, unit.index, self._stream, unit.fetch_ref)
+        if rc:
+            check(rc, "fetch unit '%s'" % unit.name)
         if not self._cuda:  # torch computes on this thread; on a GPU, on the stream that waits
-            check(L.zinf_stream_synchronize(self._stream), "fetch unit '%s'" % unit.name)
+            rc = L.zinf_stream_synchronize(self._stream)
+            if rc:
+                check(rc, "fetch unit '%s'" % unit.name)
         if unit.bound != ptrs.data:
             _, views = _unit_views(unit, ptrs.data, ptrs.tensors, ptrs.num_elems, ptrs.dtype, self.device)
             for (_, p), v in zip(unit.params, views):
@@ -605,7 +617,9 @@ class Engine(torch.nn.Module):
             for _, p in unit.params:
                 p.data = self._empty(p.dtype)
             unit.bound = None
-        check(_capi.lib().zinf_engine_release(self._engine, unit.index, self._stream), "release unit '%s'" % unit.name)
+        rc = self._lib.zinf_engine_release(self._engine, unit.index, self._stream)
+        if rc:
+            check(rc, "release unit '%s'" % unit.name)
         unit.fetched = False
 
     # ---- hooks -------------------------------------------------------------------
@@ -726,12 +740,15 @@ class Engine(torch.nn.Module):
         return hook
 
     def _grad_buffers(self, unit):
-        L = _capi.lib()
-        ptrs = _capi.UnitPointers()
-        check(L.zinf_engine_grad_buffers(self._engine, unit.index, ctypes.byref(ptrs)),
-              "gradient buffers of unit '%s'" % unit.name)
+        L = self._lib
+        ptrs = unit.grad_ptrs
+        rc = L.zinf_engine_grad_buffers(self._engine, unit.index, unit.grad_ref)
+        if rc:
+            check(rc, "gradient buffers of unit '%s'" % unit.name)
         if not self._cuda:  # on a GPU the copies into it are kernels on the adopted stream
-            check(L.zinf_stream_synchronize(self._stream), "gradient buffers of unit '%s'" % unit.name)
+            rc = L.zinf_stream_synchronize(self._stream)
+            if rc:
+                check(rc, "gradient buffers of unit '%s'" % unit.name)
         _, unit.grad_views = _unit_views(unit, ptrs.data, ptrs.tensors, ptrs.num_elems, _capi.DTYPE_FP32,
                                          self.device)
         unit.received = [False] * len(unit.params)
@@ -751,7 +768,8 @@ class Engine(torch.nn.Module):
         self._handed_over = []
 
     def _on_grad(self, unit, index, grad):
-        self._flush()
+        if self._handed_over:
+            self._flush()
         if unit.grad_views is None:
             self._grad_buffers(unit)
         unit.grad_views[index].copy_(grad.view(unit.shapes[index]))  # widened to fp32 by the copy
@@ -765,8 +783,9 @@ class Engine(torch.nn.Module):
         for view, got in zip(unit.grad_views, unit.received):
             if not got:  # the buffer is overwritten each micro-step: zeros where no gradient came
                 view.zero_()
-        check(_capi.lib().zinf_engine_grads_ready(self._engine, unit.index, self._stream),
-              "gradients of unit '%s'" % unit.name)
+        rc = self._lib.zinf_engine_grads_ready(self._engine, unit.index, self._stream)
+        if rc:
+            check(rc, "gradients of unit '%s'" % unit.name)
         unit.grad_views = None
         unit.received = None
         unit.reported = True

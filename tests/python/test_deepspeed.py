@@ -452,20 +452,28 @@ def test_activation_checkpointing(scratch):
 
 
 _INIT_MEMORY = r"""
-import resource, sys, torch, transformers
+import sys, torch, transformers
 import zinf.deepspeed as zds
+
+
+def status(key):  # kB
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(key + ":"))
+
+
 cfg = transformers.LlamaConfig(vocab_size=32000, hidden_size=512, intermediate_size=1536, num_hidden_layers=40,
                                num_attention_heads=8, num_key_value_heads=8)
 torch.manual_seed(0)
 torch.nn.Linear(64, 64)  # torch's first-use allocations, outside the measurement
-base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")  # the peak (VmHWM) starts again from here: the imports' own peak does not count
+base = status("VmRSS")
 if sys.argv[1] == "init":
     with zds.zero.Init(config_dict_or_path=sys.argv[2]):
         model = transformers.LlamaForCausalLM(cfg)
 else:
     model = transformers.LlamaForCausalLM(cfg)
-grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base
-print(sum(p.numel() for p in model.parameters()) * 4, grown * 1024)
+print(sum(p.numel() for p in model.parameters()) * 4, (status("VmHWM") - base) * 1024)
 """
 
 
@@ -541,7 +549,7 @@ def test_zero_init(scratch):
         assert r.returncode == 0, r.stdout + r.stderr[-3000:]
         model_bytes, grown = map(int, r.stdout.split()[-2:])
         measured[mode] = grown
-    assert measured["plain"] >= 0.8 * model_bytes, measured  # the measurement sees a plain build
+    assert measured["plain"] >= model_bytes, measured  # the measurement sees a plain build
     assert measured["init"] <= model_bytes / 2, "built under Init the process grew by %d MiB for a %d MiB model" % (
         measured["init"] >> 20, model_bytes >> 20)
     print("  zero.Init: llama, gpt2 and a custom parent init built bit for bit as a plain build (same random "
