@@ -448,8 +448,8 @@ Result<Config> ParseConfig(std::string_view text, std::string_view source) {
   json root = std::move(parsed->value);
   // A key given twice is a mistake that json.load in Python would hide by
   // keeping the last one.
-  for (const std::string& key : parsed->duplicate_keys)
-    d.AddError(key + ": key appears more than once in the same object");
+  for (const DuplicateKey& dup : parsed->duplicate_keys)
+    d.AddError(dup.path + ": key appears more than once in the same object");
   if (!root.is_object())
     return InvalidArgument(std::string(source) + ": the top level must be a JSON object, found " + Describe(root));
 

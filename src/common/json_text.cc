@@ -57,7 +57,7 @@ class DomBuilder {
     auto& object = f.value->get_ref<json::object_t&>();
     auto [it, inserted] = object.emplace(k, nullptr);
     if (!inserted) {
-      if (duplicates_.size() < kMaxDuplicateKeysListed) duplicates_.push_back(PathWith(k));
+      if (duplicates_.size() < kMaxDuplicateKeysListed) duplicates_.push_back({PathWith(k), k});
       it->second = nullptr;  // the later value replaces it
     }
     f.slot = &it->second;
@@ -76,7 +76,7 @@ class DomBuilder {
   size_t error_position() const { return error_position_; }
   const std::string& error_path() const { return error_path_; }
   bool too_deep() const { return too_deep_; }
-  std::vector<std::string> TakeDuplicates() { return std::move(duplicates_); }
+  std::vector<DuplicateKey> TakeDuplicates() { return std::move(duplicates_); }
 
  private:
   struct Frame {
@@ -150,7 +150,7 @@ class DomBuilder {
   const int max_depth_;
   std::vector<Frame> stack_;
   json* placed_ = nullptr;
-  std::vector<std::string> duplicates_;
+  std::vector<DuplicateKey> duplicates_;
   std::string error_, error_path_;
   size_t error_position_ = 0;
   bool too_deep_ = false;

@@ -32,11 +32,16 @@ inline constexpr int kMaxJsonDepth = 64;
 // Duplicate keys listed at most (a file of a million repeats is one message).
 inline constexpr size_t kMaxDuplicateKeysListed = 16;
 
+struct DuplicateKey {
+  std::string path;  // where it appears a second time: "zero_optimization.stage", "a[2].b"
+  std::string key;   // the key itself: "stage", "b"
+};
+
 struct ParsedJson {
   nlohmann::json value;
-  // Where a key appears a second time in one object: "zero_optimization.stage",
-  // "a[2].b" (at most kMaxDuplicateKeysListed of them).
-  std::vector<std::string> duplicate_keys;
+  // Keys given a second time in one object, in order (at most
+  // kMaxDuplicateKeysListed of them).
+  std::vector<DuplicateKey> duplicate_keys;
 };
 
 // Parses `text` (a whole JSON document; whitespace around it is allowed).

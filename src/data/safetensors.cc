@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <cstring>
 #include <nlohmann/json.hpp>
-#include <set>
 
 #include "common/float16.h"
+#include "common/json_text.h"
 
 namespace zinf::data {
 namespace {
@@ -204,24 +204,21 @@ Result<SafetensorsReader> SafetensorsReader::Parse(std::span<const std::byte> fi
                 "header nests " + std::to_string(depth) + " levels deep; the format has at most 3");
   }
 
-  // Duplicate keys: nlohmann keeps the last silently, so watch the key events.
-  std::vector<std::set<std::string>> open_objects;
-  std::string duplicate;
-  json::parser_callback_t watch = [&](int /*depth*/, json::parse_event_t event, json& parsed) {
-    if (event == json::parse_event_t::object_start) {
-      open_objects.emplace_back();
-    } else if (event == json::parse_event_t::object_end) {
-      if (!open_objects.empty()) open_objects.pop_back();
-    } else if (event == json::parse_event_t::key && !open_objects.empty() && parsed.is_string()) {
-      if (!open_objects.back().insert(parsed.get<std::string>()).second && duplicate.empty()) {
-        duplicate = parsed.get<std::string>();
-      }
-    }
-    return true;
-  };
-  json j = json::parse(header.begin(), header.end(), watch, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return fail(StatusCode::kInvalidArgument, "header is not valid JSON (or not UTF-8)");
-  if (!duplicate.empty()) return fail(StatusCode::kInvalidArgument, "header repeats the key '" + duplicate + "'");
+  // Duplicate keys: nlohmann keeps the last silently; ParseJsonText lists
+  // them. (nlohmann's callback parser, used here before, rescans an object's
+  // members at the end of each member object: quadratic in the tensors.)
+  auto parsed = ParseJsonText(header, "header");
+  if (!parsed.ok()) {
+    // "header:1:5: malformed JSON: ..." -> "... at 1:5: malformed JSON: ..."
+    return fail(StatusCode::kInvalidArgument,
+                "header is not valid JSON (or not UTF-8) at " + parsed.status().message().substr(7));
+  }
+  if (!parsed->duplicate_keys.empty()) {
+    const DuplicateKey& dup = parsed->duplicate_keys.front();
+    return fail(StatusCode::kInvalidArgument,
+                "header repeats the key '" + dup.key + "'" + (dup.path != dup.key ? " (at " + dup.path + ")" : ""));
+  }
+  const json j = std::move(parsed->value);
   if (!j.is_object()) return fail(StatusCode::kInvalidArgument, "header is not a JSON object");
 
   const uint64_t data_bytes = file.size() - 8 - header_bytes;
@@ -250,14 +247,13 @@ Result<SafetensorsReader> SafetensorsReader::Parse(std::span<const std::byte> fi
     return a.data.size() < b.data.size();
   });
   ZINF_RETURN_IF_ERROR(CheckCoverage(name, r.tensors_, data_bytes));
+  for (size_t i = 0; i < r.tensors_.size(); ++i) r.by_name_.emplace(r.tensors_[i].name, i);
   return r;
 }
 
 const SafetensorsTensor* SafetensorsReader::Find(std::string_view name) const {
-  for (const SafetensorsTensor& t : tensors_) {
-    if (t.name == name) return &t;
-  }
-  return nullptr;
+  auto it = by_name_.find(name);
+  return it == by_name_.end() ? nullptr : &tensors_[it->second];
 }
 
 Status SafetensorsReader::ReadAsFloat32(const SafetensorsTensor& t, std::span<float> out) {

@@ -68,6 +68,7 @@ class SafetensorsReader {
 
   // Sorted by offset.
   const std::vector<SafetensorsTensor>& tensors() const { return tensors_; }
+  // By name, in O(log n): a file may hold a hundred thousand tensors.
   const SafetensorsTensor* Find(std::string_view name) const;
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   const std::string& name() const { return name_; }
@@ -80,6 +81,7 @@ class SafetensorsReader {
   std::shared_ptr<MappedFile> file_;
   std::string name_;
   std::vector<SafetensorsTensor> tensors_;
+  std::map<std::string, size_t, std::less<>> by_name_;  // index into tensors_
   std::map<std::string, std::string> metadata_;
 };
 

@@ -64,8 +64,9 @@ TEST(JsonTextTest, DuplicateKeysAreListedWithTheirPath) {
   auto r = ParseJsonText(R"({"z": {"stage": 1, "stage": 2}, "l": [{"k": 1, "k": 2}]})", "f.json");
   ASSERT_TRUE(r.ok());
   ASSERT_EQ(r->duplicate_keys.size(), 2u);
-  EXPECT_EQ(r->duplicate_keys[0], "z.stage");
-  EXPECT_EQ(r->duplicate_keys[1], "l[0].k");
+  EXPECT_EQ(r->duplicate_keys[0].path, "z.stage");
+  EXPECT_EQ(r->duplicate_keys[0].key, "stage");
+  EXPECT_EQ(r->duplicate_keys[1].path, "l[0].k");
   EXPECT_EQ(r->value["z"]["stage"].get<int>(), 2);  // the later value is kept
 }
 
