@@ -6,11 +6,15 @@
 // exit status 1 without exit handlers, since MPI_Finalize would block too)
 // when the section has not called Done within its deadline. It can name the
 // call it was in, not the missing rank: MPI does not say who it waits for.
+// When the MPI library itself ends the process inside the section (Open
+// MPI's runtime calls exit() once it learns a peer is gone), an exit
+// handler says so on stderr, naming the call, before the process goes.
 //
 // Thread-safety: Phase and Done may be called from any thread; the watch
 // runs one thread of its own until Done or destruction.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <mutex>
 #include <string>
@@ -34,6 +38,7 @@ class StartupWatch {
 
  private:
   void Watch();
+  static void AtExit();
 
   const std::string who_, setting_;
   const double seconds_;
@@ -41,6 +46,7 @@ class StartupWatch {
   std::condition_variable cv_;
   bool done_ = false;               // mu_
   const char* phase_ = "start-up";  // mu_
+  std::atomic<const char*> phase_atomic_{"start-up"};  // phase_, for the exit handler
   std::thread thread_;
 };
 

@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <thread>
 
 namespace zinf {
@@ -34,6 +36,32 @@ TEST(StartupWatchTest, AStuckSectionEndsTheProcessNamingTheCall) {
       },
       ::testing::ExitedWithCode(1),
       "zinf: rank 3: MPI start-up \\(MPI_Comm_dup\\) has not finished after 0.2 s \\(zinf.comm_timeout_s\\)");
+}
+
+// Open MPI's runtime calls exit() with its own status when it learns, inside
+// MPI_Init, that a peer is gone: the exit handler still names the call.
+TEST(StartupWatchTest, AnExitInsideTheSectionIsNamed) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        StartupWatch watch("rank 2", 30.0, "zinf.comm_timeout_s");
+        watch.Phase("MPI_Init_thread");
+        std::exit(195);
+      },
+      ::testing::ExitedWithCode(195),
+      "zinf: rank 2: the MPI library ended this process inside its start-up \\(MPI start-up \\(MPI_Init_thread\\)");
+}
+
+// After the section, an exit is the program's own business: nothing is said.
+TEST(StartupWatchTest, AnExitAfterTheSectionSaysNothing) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        { StartupWatch watch("rank 2", 30.0, "zinf.comm_timeout_s"); }
+        std::fputs("plain exit\n", stderr);
+        std::exit(3);
+      },
+      ::testing::ExitedWithCode(3), "^plain exit\n$");
 }
 
 }  // namespace

@@ -16,7 +16,8 @@
 # within the collectives' deadline (zinf.comm_timeout_s, 5 s here) + 5 s,
 # every survivor naming the failed rank and the cause, except inside MPI's
 # start-up, where no one can say which rank is missing and the survivors'
-# start-up watch names the MPI call instead; then a new run resumed
+# start-up watch names the MPI call instead (or its exit handler does, when
+# MPI's runtime ends the process itself); then a new run resumed
 # from `latest` (or from scratch when no checkpoint was complete) must end
 # with exactly the loss and gradient norm of the run that never failed.
 # Prints the rounds and the median and maximum time to detection (the fault
