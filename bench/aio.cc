@@ -163,8 +163,9 @@ class Pass {
     if (data_ == WriteData::kPattern) FillPattern(s->buf, b * o_.block_size, o_.block_size);
     if (data_ == WriteData::kScramble) ScrambleBlock(s->buf, b, o_.block_size);
     s->t_submit = NowSeconds();
-    engine_.Submit({nvme::IoOp{kind_, files_[b % nf], (b / nf) * o_.block_size, s->buf, o_.block_size}},
-                   [s](const Status& st) { s->pass->OnDone(s, st); }, nullptr, static_cast<int>(s->job));
+    engine_.Submit(
+        {nvme::IoOp{kind_, files_[b % nf], (b / nf) * o_.block_size, s->buf, o_.block_size}},
+        [s](const Status& st) { s->pass->OnDone(s, st); }, nullptr, static_cast<int>(s->job));
   }
 
   void OnDone(Slot* s, Status st) {
@@ -193,9 +194,11 @@ class Pass {
       uint64_t file_offset = (s.block / nf) * o_.block_size + 8 * i + byte;
       char detail[96];
       std::snprintf(detail, sizeof(detail), "expected 0x%02x, read 0x%02x",
-                    static_cast<unsigned>((want >> (8 * byte)) & 0xff), static_cast<unsigned>((got >> (8 * byte)) & 0xff));
+                    static_cast<unsigned>((want >> (8 * byte)) & 0xff),
+                    static_cast<unsigned>((got >> (8 * byte)) & 0xff));
       return DataLoss("verify: " + files_[s.block % nf]->path() + " offset=" + std::to_string(file_offset) + ": " +
-                      detail + " (the file does not hold zinf aio's pattern: it was changed, or written by another program "
+                      detail +
+                      " (the file does not hold zinf aio's pattern: it was changed, or written by another program "
                       "or by 'zinf aio write' without --verify)");
     }
     return Status::Ok();
@@ -230,16 +233,19 @@ Status ValidateAio(const AioOptions& o) {
   if (o.paths.empty()) return InvalidArgument("--path is required");
   if (o.block_size == 0 || o.block_size % 4096)
     return InvalidArgument("--block-size " + std::to_string(o.block_size) + " is not a positive multiple of 4096");
-  if (o.block_size > (1ull << 30)) return InvalidArgument("--block-size " + FormatBytes(o.block_size) + " exceeds 1 GiB");
+  if (o.block_size > (1ull << 30))
+    return InvalidArgument("--block-size " + FormatBytes(o.block_size) + " exceeds 1 GiB");
   if (o.queue_depth == 0 || o.queue_depth > 4096)
     return InvalidArgument("--queue-depth " + std::to_string(o.queue_depth) + " is outside 1..4096");
-  if (o.threads == 0 || o.threads > 256) return InvalidArgument("--threads " + std::to_string(o.threads) + " is outside 1..256");
+  if (o.threads == 0 || o.threads > 256)
+    return InvalidArgument("--threads " + std::to_string(o.threads) + " is outside 1..256");
   if (o.loops < 1) return InvalidArgument("--loops must be >= 1");
   const uint64_t unit = o.block_size * o.threads * o.paths.size();
   if (o.size == 0 || o.size % unit)
-    return InvalidArgument("--size " + FormatBytes(o.size) + " is not a positive multiple of --block-size x --threads x paths = " +
-                           FormatBytes(o.block_size) + " x " + std::to_string(o.threads) + " x " +
-                           std::to_string(o.paths.size()) + " = " + FormatBytes(unit));
+    return InvalidArgument(
+        "--size " + FormatBytes(o.size) +
+        " is not a positive multiple of --block-size x --threads x paths = " + FormatBytes(o.block_size) + " x " +
+        std::to_string(o.threads) + " x " + std::to_string(o.paths.size()) + " = " + FormatBytes(unit));
   if (static_cast<uint64_t>(o.queue_depth) * o.threads * o.block_size > kMaxSlotBytes)
     return InvalidArgument("--queue-depth x --threads x --block-size = " +
                            FormatBytes(static_cast<uint64_t>(o.queue_depth) * o.threads * o.block_size) +
@@ -255,8 +261,8 @@ Status ValidateAio(const AioOptions& o) {
       if (!S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode))
         return InvalidArgument("--path " + p + " is neither a regular file nor a block device");
       if (::access(p.c_str(), o.kind == IoKind::kWrite ? (R_OK | W_OK) : R_OK) != 0)
-        return InvalidArgument("--path " + p + " is not " + (o.kind == IoKind::kWrite ? "writable" : "readable") + ": " +
-                               std::strerror(errno));
+        return InvalidArgument("--path " + p + " is not " + (o.kind == IoKind::kWrite ? "writable" : "readable") +
+                               ": " + std::strerror(errno));
     } else {
       std::string dir = ParentDir(p);
       struct stat dst {};
@@ -357,8 +363,8 @@ Result<AioResult> RunAio(const AioOptions& o, const std::function<void(double)>&
     // Only --verify pays for generating the pattern per block; a plain write
     // sends other bytes, which a later `read --verify` reports as a mismatch.
     const WriteData data = o.kind == IoKind::kRead ? WriteData::kNone
-                           : o.verify             ? WriteData::kPattern
-                                                  : WriteData::kScramble;
+                           : o.verify              ? WriteData::kPattern
+                                                   : WriteData::kScramble;
     Pass pass(*engine, files, o, o.kind, pool.get(), data, /*check=*/o.kind == IoKind::kRead && o.verify);
     auto r = pass.Run(report);
     if (!r.ok()) {
@@ -458,11 +464,12 @@ int RunReadWrite(CliAio& c, IoKind kind) {
   std::string paths;
   for (const auto& p : c.o.paths) paths += (paths.empty() ? "" : ", ") + p;
   if (!c.json)
-    std::printf("# zinf aio %s: %s; %s in %s blocks; queue depth %u per thread; %u thread(s); %s; fixed buffers %s; "
-                "sqpoll %s; single submit %s; %d loop(s); verify %s\n",
-                op, paths.c_str(), FormatBytes(c.o.size).c_str(), FormatBytes(c.o.block_size).c_str(), c.o.queue_depth,
-                c.o.threads, c.o.buffered ? "buffered" : "O_DIRECT", c.o.fixed_buffers ? "on" : "off",
-                c.o.sqpoll ? "on" : "off", c.o.single_submit ? "on" : "off", c.o.loops, c.o.verify ? "on" : "off");
+    std::printf(
+        "# zinf aio %s: %s; %s in %s blocks; queue depth %u per thread; %u thread(s); %s; fixed buffers %s; "
+        "sqpoll %s; single submit %s; %d loop(s); verify %s\n",
+        op, paths.c_str(), FormatBytes(c.o.size).c_str(), FormatBytes(c.o.block_size).c_str(), c.o.queue_depth,
+        c.o.threads, c.o.buffered ? "buffered" : "O_DIRECT", c.o.fixed_buffers ? "on" : "off",
+        c.o.sqpoll ? "on" : "off", c.o.single_submit ? "on" : "off", c.o.loops, c.o.verify ? "on" : "off");
   std::fflush(stdout);
   auto r = RunAio(c.o, ProgressLine(op));
   if (!r.ok()) return Fail(r.status());
@@ -471,11 +478,18 @@ int RunReadWrite(CliAio& c, IoKind kind) {
     nlohmann::json j = {{"command", "aio"},
                         {"op", op},
                         {"config",
-                         {{"paths", c.o.paths}, {"size_bytes", c.o.size}, {"block_size", c.o.block_size},
-                          {"queue_depth", c.o.queue_depth}, {"threads", c.o.threads}, {"buffered", c.o.buffered},
-                          {"fixed_buffers", c.o.fixed_buffers}, {"sqpoll", c.o.sqpoll},
-                          {"single_submit", c.o.single_submit}, {"loops", c.o.loops},
-                          {"verify", c.o.verify}, {"backend", r->backend}}},
+                         {{"paths", c.o.paths},
+                          {"size_bytes", c.o.size},
+                          {"block_size", c.o.block_size},
+                          {"queue_depth", c.o.queue_depth},
+                          {"threads", c.o.threads},
+                          {"buffered", c.o.buffered},
+                          {"fixed_buffers", c.o.fixed_buffers},
+                          {"sqpoll", c.o.sqpoll},
+                          {"single_submit", c.o.single_submit},
+                          {"loops", c.o.loops},
+                          {"verify", c.o.verify},
+                          {"backend", r->backend}}},
                         {"laid_out", r->laid_out},
                         {"loops", nlohmann::json::array()},
                         {"median", LoopJson(r->median)},
@@ -588,9 +602,10 @@ int RunSweep(CliSweep& s) {
   const size_t total =
       std::size(kSweepThreads) * std::size(kSweepBlocks) * std::size(kSweepDepths) * 2 + kConfirm * 2 * 2;
   if (!c.json)
-    std::printf("# zinf aio sweep: %s, %s per point, %zu points (block 128K-8M x queue depth 1-64 x threads 1-2 x "
-                "write, read), %d loop(s) each\n",
-                c.o.paths[0].c_str(), FormatBytes(c.o.size).c_str(), total, c.o.loops);
+    std::printf(
+        "# zinf aio sweep: %s, %s per point, %zu points (block 128K-8M x queue depth 1-64 x threads 1-2 x "
+        "write, read), %d loop(s) each\n",
+        c.o.paths[0].c_str(), FormatBytes(c.o.size).c_str(), total, c.o.loops);
   std::vector<SweepPoint> points;
   size_t done = 0;
   double t0 = NowSeconds();
@@ -612,7 +627,8 @@ int RunSweep(CliSweep& s) {
       std::fprintf(stderr, "%s[%3zu/%zu] %-5s %6s qd %2u t%u%s %7.3f GB/s   elapsed %4.0fs  ETA %4.0fs%s",
                    ::isatty(STDERR_FILENO) ? "\r" : "", done, total, kind == IoKind::kRead ? "read" : "write",
                    FormatBytes(p.block_size).c_str(), p.queue_depth, p.threads, single_submit ? " single" : "",
-                   r->median.gb_per_s, elapsed, elapsed / done * (total - done), ::isatty(STDERR_FILENO) ? "   " : "\n");
+                   r->median.gb_per_s, elapsed, elapsed / done * (total - done),
+                   ::isatty(STDERR_FILENO) ? "   " : "\n");
     }
     return Status::Ok();
   };
@@ -661,15 +677,18 @@ int RunSweep(CliSweep& s) {
   const Confirmed& rec = *std::min_element(confirmed.begin(), confirmed.end(), [&](const auto& a, const auto& b) {
     return time_per_byte(a.p) < time_per_byte(b.p);
   });
-  nlohmann::json config = {
-      {"aio",
-       {{"block_size", rec.p.block_size},
-        {"queue_depth", rec.p.queue_depth},
-        {"intra_op_parallelism", rec.p.threads},
-        {"single_submit", rec.single_submit},
-        {"overlap_events", true}}},
-      {"zinf", {{"aio", {{"rings", rec.p.threads}, {"fixed_buffers", c.o.fixed_buffers}, {"sqpoll", c.o.sqpoll},
-                         {"buffered", c.o.buffered}}}}}};
+  nlohmann::json config = {{"aio",
+                            {{"block_size", rec.p.block_size},
+                             {"queue_depth", rec.p.queue_depth},
+                             {"intra_op_parallelism", rec.p.threads},
+                             {"single_submit", rec.single_submit},
+                             {"overlap_events", true}}},
+                           {"zinf",
+                            {{"aio",
+                              {{"rings", rec.p.threads},
+                               {"fixed_buffers", c.o.fixed_buffers},
+                               {"sqpoll", c.o.sqpoll},
+                               {"buffered", c.o.buffered}}}}}};
   {
     std::ofstream out(s.output);
     out << config.dump(2) << "\n";
@@ -690,19 +709,25 @@ int RunSweep(CliSweep& s) {
                         {"confirmed", nlohmann::json::array()},
                         {"recommended", config}};
     for (const auto& p : points)
-      j["points"].push_back({{"threads", p.threads}, {"block_size", p.block_size}, {"queue_depth", p.queue_depth},
-                             {"read_gb_per_s", p.read_gbps}, {"write_gb_per_s", p.write_gbps}});
+      j["points"].push_back({{"threads", p.threads},
+                             {"block_size", p.block_size},
+                             {"queue_depth", p.queue_depth},
+                             {"read_gb_per_s", p.read_gbps},
+                             {"write_gb_per_s", p.write_gbps}});
     for (const auto& c2 : confirmed)
-      j["confirmed"].push_back({{"threads", c2.p.threads}, {"block_size", c2.p.block_size},
-                                {"queue_depth", c2.p.queue_depth}, {"single_submit", c2.single_submit},
-                                {"read_gb_per_s", c2.p.read_gbps}, {"write_gb_per_s", c2.p.write_gbps}});
+      j["confirmed"].push_back({{"threads", c2.p.threads},
+                                {"block_size", c2.p.block_size},
+                                {"queue_depth", c2.p.queue_depth},
+                                {"single_submit", c2.single_submit},
+                                {"read_gb_per_s", c2.p.read_gbps},
+                                {"write_gb_per_s", c2.p.write_gbps}});
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
   std::printf("%-8s %-9s %3s %9s %9s\n", "threads", "block", "qd", "read", "write");
   for (const auto& p : points)
-    std::printf("%-8u %-9s %3u %9.3f %9.3f\n", p.threads, FormatBytes(p.block_size).c_str(), p.queue_depth,
-                p.read_gbps, p.write_gbps);
+    std::printf("%-8u %-9s %3u %9.3f %9.3f\n", p.threads, FormatBytes(p.block_size).c_str(), p.queue_depth, p.read_gbps,
+                p.write_gbps);
   std::printf("best read:  %.3f GB/s at %s\n", best_read->read_gbps, describe(*best_read).c_str());
   std::printf("best write: %.3f GB/s at %s\n", best_write->write_gbps, describe(*best_write).c_str());
   std::printf("measured again (the %zu points with the least read + write time, batched and single-submitted):\n",
@@ -710,10 +735,11 @@ int RunSweep(CliSweep& s) {
   for (const auto& c2 : confirmed)
     std::printf("  %-36s single submit %-3s read %7.3f write %7.3f GB/s\n", describe(c2.p).c_str(),
                 c2.single_submit ? "on" : "off", c2.p.read_gbps, c2.p.write_gbps);
-  std::printf("recommended (least read + write time measured again): %s, single submit %s, read %.3f, write %.3f "
-              "GB/s -> %s%s%s\n",
-              describe(rec.p).c_str(), rec.single_submit ? "on" : "off", rec.p.read_gbps, rec.p.write_gbps,
-              s.output.c_str(), s.svg.empty() ? "" : ", heatmap ", s.svg.c_str());
+  std::printf(
+      "recommended (least read + write time measured again): %s, single submit %s, read %.3f, write %.3f "
+      "GB/s -> %s%s%s\n",
+      describe(rec.p).c_str(), rec.single_submit ? "on" : "off", rec.p.read_gbps, rec.p.write_gbps, s.output.c_str(),
+      s.svg.empty() ? "" : ", heatmap ", s.svg.c_str());
   return 0;
 }
 
@@ -732,8 +758,9 @@ void RegisterAio(CLI::App& app, int* exit_code) {
 
   auto sweep = std::make_shared<CliSweep>();
   sweep->c.size = "1G";
-  CLI::App* s = aio->add_subcommand("sweep", "Block size x queue depth x threads, read and write; writes the best "
-                                             "`aio` settings as a config file");
+  CLI::App* s = aio->add_subcommand("sweep",
+                                    "Block size x queue depth x threads, read and write; writes the best "
+                                    "`aio` settings as a config file");
   AddCommonOptions(s, sweep->c, true);
   s->add_option("--output", sweep->output, "Where to write the recommended config")->capture_default_str();
   s->add_option("--svg", sweep->svg, "Also draw a GB/s heatmap (block size x queue depth) for read and write");

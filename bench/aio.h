@@ -29,8 +29,8 @@ struct AioOptions {
   std::vector<std::string> paths;  // files; the blocks are striped across them
   uint64_t size = 4ull << 30;      // total bytes, across all paths
   uint64_t block_size = 1 << 20;
-  unsigned queue_depth = 32;       // per thread (ring), like fio's iodepth per job
-  unsigned threads = 2;            // rings, like fio's numjobs, each on its own region
+  unsigned queue_depth = 32;  // per thread (ring), like fio's iodepth per job
+  unsigned threads = 2;       // rings, like fio's numjobs, each on its own region
   bool buffered = false;
   bool fixed_buffers = false;
   bool sqpoll = false;
@@ -41,9 +41,9 @@ struct AioOptions {
 
 struct AioLoop {
   double seconds = 0;
-  double gb_per_s = 0;   // 10^9 bytes of payload per second
-  double iops = 0;       // blocks per second
-  double p50_us = 0;     // per-block latency, submit to completion
+  double gb_per_s = 0;  // 10^9 bytes of payload per second
+  double iops = 0;      // blocks per second
+  double p50_us = 0;    // per-block latency, submit to completion
   double p99_us = 0;
   double cpu_seconds = 0;  // user + system of this process
 };

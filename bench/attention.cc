@@ -71,8 +71,8 @@ int Run(const Options& opt) {
   const Result<const sched::CudaTimings*> cuda = sched::GetCudaTimings();
   if (!cuda.ok()) return Fail(cuda.status());
   if ((*cuda)->device_count() == 0) return Fail(Unavailable("needs a CUDA device; none found"));
-  const double pairs = static_cast<double>(s.batch * s.heads) * static_cast<double>(s.seq_len) *
-                       static_cast<double>(s.seq_len + 1) / 2;
+  const double pairs =
+      static_cast<double>(s.batch * s.heads) * static_cast<double>(s.seq_len) * static_cast<double>(s.seq_len + 1) / 2;
   const double fwd_flops = 4.0 * s.head_dim * pairs, bwd_flops = 10.0 * s.head_dim * pairs;
   auto timed = [&](bool bf16_copies, gpu::FlashVariant variant = {}) {
     return (*cuda)->time_flash_attention(s, bf16_copies, opt.reps, /*seed=*/1, /*range=*/2.0f, variant);
@@ -144,13 +144,14 @@ int Run(const Options& opt) {
       std::printf("# backward, dK/dV capped at 168 registers (3 blocks a SM) against uncapped (186, 2 a SM): %.2fx\n",
                   kv_uncapped->backward / cp->backward);
     }
-    std::printf("# the copies' casts: %.3f ms of the above; forward + backward: %.2fx the reference\n",
-                cp->casts * 1e3, ratio);
+    std::printf("# the copies' casts: %.3f ms of the above; forward + backward: %.2fx the reference\n", cp->casts * 1e3,
+                ratio);
     std::printf("# same bits: %s\n", same_bits ? "yes" : "NO");
     if (!*two_buffers) {
-      std::printf("# this GPU's shared memory per block is too small for the two-buffer kernels at head_dim %lld:\n"
-                  "# the copies' path ran the one-buffer kernels (only the casts differ)\n",
-                  static_cast<long long>(s.head_dim));
+      std::printf(
+          "# this GPU's shared memory per block is too small for the two-buffer kernels at head_dim %lld:\n"
+          "# the copies' path ran the one-buffer kernels (only the casts differ)\n",
+          static_cast<long long>(s.head_dim));
     }
   }
   if (!same_bits) {

@@ -95,10 +95,11 @@ double Copy(nvme::IoEngine& io, const std::shared_ptr<nvme::File>& src, const st
 int Run(const Options& opt) {
   auto count = ParseCount(opt.params);
   auto sub_group = ParseCount(opt.sub_group_size);
-  if (!count.ok() || *count < static_cast<uint64_t>(opt.units) || opt.units < 1 || opt.rounds < 1 ||
-      !sub_group.ok() || *sub_group == 0 || opt.path.empty() || (opt.offload != "nvme" && opt.offload != "cpu")) {
-    std::fprintf(stderr, "zinf bench checkpoint: --path DIR is required; --params a count >= --units; --rounds >= 1; "
-                         "--sub-group-size a positive count; --offload nvme or cpu\n");
+  if (!count.ok() || *count < static_cast<uint64_t>(opt.units) || opt.units < 1 || opt.rounds < 1 || !sub_group.ok() ||
+      *sub_group == 0 || opt.path.empty() || (opt.offload != "nvme" && opt.offload != "cpu")) {
+    std::fprintf(stderr,
+                 "zinf bench checkpoint: --path DIR is required; --params a count >= --units; --rounds >= 1; "
+                 "--sub-group-size a positive count; --offload nvme or cpu\n");
     return 2;
   }
   namespace fs = std::filesystem;
@@ -124,11 +125,12 @@ int Run(const Options& opt) {
   const int64_t P = per_unit * opt.units;
   const uint64_t state_bytes = static_cast<uint64_t>(P) * 12;
   if (!opt.json) {
-    std::printf("# zinf bench checkpoint: %s parameters in %d units, optimizer state (%s) on %s, checkpoint in %s, "
-                "%d rounds, %u cores\n",
-                FormatCount(static_cast<double>(P)).c_str(), opt.units, FormatBytes(state_bytes).c_str(),
-                nvme ? swap_dir.c_str() : "pinned host memory", ckpt_dir.c_str(), opt.rounds,
-                std::thread::hardware_concurrency());
+    std::printf(
+        "# zinf bench checkpoint: %s parameters in %d units, optimizer state (%s) on %s, checkpoint in %s, "
+        "%d rounds, %u cores\n",
+        FormatCount(static_cast<double>(P)).c_str(), opt.units, FormatBytes(state_bytes).c_str(),
+        nvme ? swap_dir.c_str() : "pinned host memory", ckpt_dir.c_str(), opt.rounds,
+        std::thread::hardware_concurrency());
     std::fflush(stdout);
   }
 
@@ -151,8 +153,7 @@ int Run(const Options& opt) {
     std::vector<float> init(per_unit);
     for (int u = 0; u < opt.units; ++u) {
       for (int64_t i = 0; i < per_unit; ++i) init[i] = static_cast<float>((i * 2654435761u + u) % 1000003) * 1e-6f;
-      Check(engine->AddUnit("unit" + std::to_string(u), {{"w", {per_unit}, DType::kFloat32, init.data()}}),
-            "register");
+      Check(engine->AddUnit("unit" + std::to_string(u), {{"w", {per_unit}, DType::kFloat32, init.data()}}), "register");
     }
   }
   {
@@ -190,7 +191,7 @@ int Run(const Options& opt) {
     auto b = Check(io->Open(b_path, fo), "bound file");
     const uint64_t bytes = (state_bytes + 4095) / 4096 * 4096;
     const uint64_t chunk = 64ull << 20;  // bytes is a multiple of 4 KiB; chunks are too
-    {  // lay out the source with real data
+    {                                    // lay out the source with real data
       std::unique_ptr<char, decltype(&std::free)> buf(static_cast<char*>(std::aligned_alloc(4096, chunk)), &std::free);
       for (uint64_t i = 0; i < chunk; ++i) buf.get()[i] = static_cast<char>(i * 131);
       std::vector<nvme::IoRequest> w;
@@ -206,8 +207,8 @@ int Run(const Options& opt) {
     if (!opt.json) std::fprintf(stderr, "  bound: copying %s each way...\n", FormatBytes(bytes).c_str());
     // The best of a few chunk sizes and depths, each way.
     bound_save = bound_load = 1e30;
-    for (const auto& [bytes_per_chunk, depth] : {std::pair<uint64_t, int>{64ull << 20, 4}, {16ull << 20, 16},
-                                                  {64ull << 20, 8}}) {
+    for (const auto& [bytes_per_chunk, depth] :
+         {std::pair<uint64_t, int>{64ull << 20, 4}, {16ull << 20, 16}, {64ull << 20, 8}}) {
       bound_save = std::min(bound_save, Copy(*io, a, b, bytes, bytes_per_chunk, depth));
       bound_load = std::min(bound_load, Copy(*io, b, a, bytes, bytes_per_chunk, depth));
     }
@@ -231,9 +232,10 @@ int Run(const Options& opt) {
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
-  std::printf("# bound: zinf's I/O engine copying the same %s between the two directories, the best of 64 MiB x 4, "
-              "16 MiB x 16 and 64 MiB x 8 in flight, alone\n",
-              FormatBytes(state_bytes).c_str());
+  std::printf(
+      "# bound: zinf's I/O engine copying the same %s between the two directories, the best of 64 MiB x 4, "
+      "16 MiB x 16 and 64 MiB x 8 in flight, alone\n",
+      FormatBytes(state_bytes).c_str());
   std::printf("%6s %12s %10s %12s %14s %8s\n", "", "median s", "GB/s", "bound s", "bound GB/s", "ratio");
   std::printf("%6s %12.2f %10.2f %12.2f %14.2f %8.2f\n", "save", save, save_gbs, bound_save, bsave_gbs,
               save_gbs / bsave_gbs);

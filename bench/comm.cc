@@ -85,10 +85,13 @@ constexpr Collective kCollectives[] = {{Kind::kAllReduce, "all_reduce"},
 
 double BusFactor(Kind kind, int n) {
   switch (kind) {
-    case Kind::kAllReduce: return 2.0 * (n - 1) / n;
+    case Kind::kAllReduce:
+      return 2.0 * (n - 1) / n;
     case Kind::kAllGather:
-    case Kind::kReduceScatter: return static_cast<double>(n - 1) / n;
-    case Kind::kBroadcast: return 1.0;
+    case Kind::kReduceScatter:
+      return static_cast<double>(n - 1) / n;
+    case Kind::kBroadcast:
+      return 1.0;
   }
   return 1.0;
 }
@@ -137,10 +140,14 @@ class Runner {
     ZINF_RETURN_IF_ERROR(device_.Memset(recv, 0, s.recv_bytes, stream_));
     auto enqueue = [&]() -> Status {
       switch (kind) {
-        case Kind::kAllReduce: return comm_.AllReduce(send, recv, s.count, dtype_, ReduceOp::kSum, stream_);
-        case Kind::kAllGather: return comm_.AllGather(send, recv, s.count, dtype_, stream_);
-        case Kind::kReduceScatter: return comm_.ReduceScatter(send, recv, s.count, dtype_, ReduceOp::kSum, stream_);
-        case Kind::kBroadcast: return comm_.Broadcast(send, s.count, dtype_, 0, stream_);
+        case Kind::kAllReduce:
+          return comm_.AllReduce(send, recv, s.count, dtype_, ReduceOp::kSum, stream_);
+        case Kind::kAllGather:
+          return comm_.AllGather(send, recv, s.count, dtype_, stream_);
+        case Kind::kReduceScatter:
+          return comm_.ReduceScatter(send, recv, s.count, dtype_, ReduceOp::kSum, stream_);
+        case Kind::kBroadcast:
+          return comm_.Broadcast(send, s.count, dtype_, 0, stream_);
       }
       return Internal("unknown collective");
     };
@@ -172,7 +179,8 @@ class Runner {
         case Kind::kReduceScatter:
           return MPI_Reduce_scatter_block(send.data(), recv.data(), static_cast<int>(s.count), MPI_FLOAT, MPI_SUM,
                                           MPI_COMM_WORLD);
-        case Kind::kBroadcast: return MPI_Bcast(send.data(), bytes_per_rank, MPI_BYTE, 0, MPI_COMM_WORLD);
+        case Kind::kBroadcast:
+          return MPI_Bcast(send.data(), bytes_per_rank, MPI_BYTE, 0, MPI_COMM_WORLD);
       }
       return MPI_ERR_OTHER;
     };

@@ -76,14 +76,16 @@ int Run(const Options& opt) {
   const double gb = static_cast<double>(*bytes) / 1e9;
   double ref_gbps = gb / Median(ref), h2d_gbps = gb / Median(h2d), d2h_gbps = gb / Median(d2h);
   if (opt.json) {
-    nlohmann::json j = {{"bench", "copy"},         {"device", (*device)->name()}, {"bytes", *bytes},
-                        {"loops", opt.loops},      {"memcpy_gb_per_s", ref_gbps}, {"h2d_gb_per_s", h2d_gbps},
-                        {"d2h_gb_per_s", d2h_gbps}, {"h2d_ratio", h2d_gbps / ref_gbps}, {"d2h_ratio", d2h_gbps / ref_gbps}};
+    nlohmann::json j = {
+        {"bench", "copy"},          {"device", (*device)->name()},      {"bytes", *bytes},
+        {"loops", opt.loops},       {"memcpy_gb_per_s", ref_gbps},      {"h2d_gb_per_s", h2d_gbps},
+        {"d2h_gb_per_s", d2h_gbps}, {"h2d_ratio", h2d_gbps / ref_gbps}, {"d2h_ratio", d2h_gbps / ref_gbps}};
     std::printf("%s\n", j.dump(2).c_str());
   } else {
-    std::printf("# zinf bench copy: %s per copy, device %s, median of %d loops; reference: memcpy between the same "
-                "host buffers (1 thread)\n",
-                FormatBytes(*bytes).c_str(), (*device)->name().c_str(), opt.loops);
+    std::printf(
+        "# zinf bench copy: %s per copy, device %s, median of %d loops; reference: memcpy between the same "
+        "host buffers (1 thread)\n",
+        FormatBytes(*bytes).c_str(), (*device)->name().c_str(), opt.loops);
     std::printf("%-14s %8s %10s\n", "copy", "GB/s", "vs memcpy");
     std::printf("%-14s %8.2f %10.2f\n", "memcpy", ref_gbps, 1.0);
     std::printf("%-14s %8.2f %10.2f\n", "host->device", h2d_gbps, h2d_gbps / ref_gbps);

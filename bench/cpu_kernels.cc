@@ -130,10 +130,13 @@ double TimeUpdateBound(tbb::task_arena& arena, unsigned char* base, size_t bytes
   const float* b = reinterpret_cast<const float*>(base + n * 4);
   const double t0 = NowSeconds();
   arena.execute([&] {
-    tbb::parallel_for(tbb::blocked_range<size_t>(0, n, kGrain), [&](const tbb::blocked_range<size_t>& r) {
-      FlushDenormals ftz;
-      Update(a, b, 1e-7f, r.begin(), r.end());
-    }, tbb::static_partitioner());
+    tbb::parallel_for(
+        tbb::blocked_range<size_t>(0, n, kGrain),
+        [&](const tbb::blocked_range<size_t>& r) {
+          FlushDenormals ftz;
+          Update(a, b, 1e-7f, r.begin(), r.end());
+        },
+        tbb::static_partitioner());
   });
   benchmark::ClobberMemory();
   return NowSeconds() - t0;
@@ -149,9 +152,12 @@ double TimeCopyBound(tbb::task_arena& arena, unsigned char* base, size_t bytes) 
   const float* b = reinterpret_cast<const float*>(base + n * 4);
   const double t0 = NowSeconds();
   arena.execute([&] {
-    tbb::parallel_for(tbb::blocked_range<size_t>(0, n, kGrain), [&](const tbb::blocked_range<size_t>& r) {
-      std::memcpy(a + r.begin(), b + r.begin(), (r.end() - r.begin()) * sizeof(float));
-    }, tbb::static_partitioner());
+    tbb::parallel_for(
+        tbb::blocked_range<size_t>(0, n, kGrain),
+        [&](const tbb::blocked_range<size_t>& r) {
+          std::memcpy(a + r.begin(), b + r.begin(), (r.end() - r.begin()) * sizeof(float));
+        },
+        tbb::static_partitioner());
   });
   benchmark::ClobberMemory();
   return NowSeconds() - t0;
@@ -165,10 +171,13 @@ double TimeReadBound(tbb::task_arena& arena, const unsigned char* base, size_t b
   const float* a = reinterpret_cast<const float*>(base);
   const double t0 = NowSeconds();
   arena.execute([&] {
-    tbb::parallel_for(tbb::blocked_range<size_t>(0, n, kGrain), [&](const tbb::blocked_range<size_t>& r) {
-      FlushDenormals ftz;
-      benchmark::DoNotOptimize(Sum(a, r.begin(), r.end()));
-    }, tbb::static_partitioner());
+    tbb::parallel_for(
+        tbb::blocked_range<size_t>(0, n, kGrain),
+        [&](const tbb::blocked_range<size_t>& r) {
+          FlushDenormals ftz;
+          benchmark::DoNotOptimize(Sum(a, r.begin(), r.end()));
+        },
+        tbb::static_partitioner());
   });
   return NowSeconds() - t0;
 }
@@ -242,7 +251,8 @@ void AddCommonOptions(CLI::App* cmd, CommonOptions* opt, const char* count_flag,
   cmd->add_option("--threads", opt->threads, "oneTBB arena size, or a list (1,2) for one row each")
       ->capture_default_str();
   cmd->add_option("--loops", opt->loops, "Timed passes per case (median reported)")->capture_default_str();
-  cmd->add_option("--simd", opt->simd, "SIMD level: scalar, sse2, avx2, avx512 (default: the best, capped by ZINF_SIMD)");
+  cmd->add_option("--simd", opt->simd,
+                  "SIMD level: scalar, sse2, avx2, avx512 (default: the best, capped by ZINF_SIMD)");
   cmd->add_flag("--json", opt->json, "Print one JSON object instead of the table");
 }
 
@@ -297,7 +307,8 @@ int RunAdam(const AdamBenchOptions& opt) {
   const bool ds_own_grads = *grad_dtype != DType::kFloat32;
   Region ds_grads_region = ds_own_grads ? AllocRegion(f32, kName) : nullptr;
   float* ds_grads = ds_own_grads ? reinterpret_cast<float*>(ds_grads_region.get()) : reinterpret_cast<float*>(grads);
-  if (Status st = DsAdamSelfCheck(thread_counts.back(), ds, adam, grad_scale, *grad_dtype, with_copy, copy_dtype, level);
+  if (Status st =
+          DsAdamSelfCheck(thread_counts.back(), ds, adam, grad_scale, *grad_dtype, with_copy, copy_dtype, level);
       !st.ok()) {
     std::fprintf(stderr, "zinf bench adam: self-check: %s\n", st.ToString().c_str());
     return 1;
@@ -311,23 +322,30 @@ int RunAdam(const AdamBenchOptions& opt) {
     std::printf("# bytes/param %zu: params, exp_avg, exp_avg_sq read+written 24, grad %s read %zu", bytes_per_param,
                 std::string(DTypeName(*grad_dtype)).c_str(), grad_bytes);
     if (with_copy) std::printf(", %s copy written %zu", std::string(DTypeName(copy_dtype)).c_str(), copy_bytes);
-    std::printf("\n# bound: the fastest streaming kernel moving these bytes over the same arrays (params, exp_avg, "
-                "exp_avg_sq read and written, grad read%s), threads and pages: %zu variants (vector width, unrolled "
-                "x1/x4, auto or static partition), each timed every loop, best median\n",
-                with_copy ? ", copy written" : "", StreamVariants(level).size());
+    std::printf(
+        "\n# bound: the fastest streaming kernel moving these bytes over the same arrays (params, exp_avg, "
+        "exp_avg_sq read and written, grad read%s), threads and pages: %zu variants (vector width, unrolled "
+        "x1/x4, auto or static partition), each timed every loop, best median\n",
+        with_copy ? ", copy written" : "", StreamVariants(level).size());
     std::printf("# ds-shape: %s; timed in turn with zinf every loop (ds Mp/s, zinf/ds = the two rates' ratio)\n",
                 DsAdamDescription(ds, with_copy).c_str());
     std::printf("%7s %11s %8s %11s %7s %8s %9s %8s  %s\n", "threads", "Mparams/s", "GB/s", "bound GB/s", "ratio",
                 "scaling", "ds Mp/s", "zinf/ds", "bound's variant");
   }
-  nlohmann::json out = {{"bench", "adam"},          {"params", n},
+  nlohmann::json out = {{"bench", "adam"},
+                        {"params", n},
                         {"grad_dtype", DTypeName(*grad_dtype)},
                         {"param_copy", with_copy ? DTypeName(copy_dtype) : "none"},
-                        {"simd", SimdLevelName(level)}, {"bytes_per_param", bytes_per_param},
-                        {"footprint_bytes", footprint}, {"loops", opt.common.loops},
-                        {"ds_shape", {{"simd", ds.name}, {"floats_per_vector", ds.floats_per_vector},
-                                      {"grad_dtype", "fp32"}, {"passes", with_copy ? 2 : 1},
-                                      {"bytes_per_param", DsAdamBytesPerParam(with_copy)}}},
+                        {"simd", SimdLevelName(level)},
+                        {"bytes_per_param", bytes_per_param},
+                        {"footprint_bytes", footprint},
+                        {"loops", opt.common.loops},
+                        {"ds_shape",
+                         {{"simd", ds.name},
+                          {"floats_per_vector", ds.floats_per_vector},
+                          {"grad_dtype", "fp32"},
+                          {"passes", with_copy ? 2 : 1},
+                          {"bytes_per_param", DsAdamBytesPerParam(with_copy)}}},
                         {"rows", nlohmann::json::array()}};
   double first_rate = 0;
   for (int threads : thread_counts) {
@@ -395,16 +413,21 @@ int RunAdam(const AdamBenchOptions& opt) {
     nlohmann::json variant_rows = nlohmann::json::array();
     for (size_t k = 0; k < variants.size(); ++k) {
       if (Median(variant_s[k]) < Median(variant_s[best])) best = k;
-      variant_rows.push_back({{"variant", variants[k].name},
-                              {"gb_per_s", StreamBytes(buffers) / Median(variant_s[k]) / 1e9}});
+      variant_rows.push_back(
+          {{"variant", variants[k].name}, {"gb_per_s", StreamBytes(buffers) / Median(variant_s[k]) / 1e9}});
     }
     const double bound_gbs = StreamBytes(buffers) / Median(variant_s[best]) / 1e9;
     if (first_rate == 0) first_rate = rate;
     if (opt.common.json) {
-      out["rows"].push_back({{"threads", threads}, {"params_per_s", rate}, {"gb_per_s", gbs},
-                             {"bound_gb_per_s", bound_gbs}, {"ratio", gbs / bound_gbs},
-                             {"bound_variant", variants[best].name}, {"bound_variants", variant_rows},
-                             {"scaling", rate / first_rate}, {"ds_shape_params_per_s", ds_rate},
+      out["rows"].push_back({{"threads", threads},
+                             {"params_per_s", rate},
+                             {"gb_per_s", gbs},
+                             {"bound_gb_per_s", bound_gbs},
+                             {"ratio", gbs / bound_gbs},
+                             {"bound_variant", variants[best].name},
+                             {"bound_variants", variant_rows},
+                             {"scaling", rate / first_rate},
+                             {"ds_shape_params_per_s", ds_rate},
                              {"zinf_over_ds_shape", rate / ds_rate}});
     } else {
       std::printf("%7d %11.1f %8.2f %11.2f %7.2f %8.2f %9.1f %8.2f  %s\n", threads, rate / 1e6, gbs, bound_gbs,
@@ -446,8 +469,12 @@ int RunCast(const CommonOptions& opt) {
     std::printf("%7s %-11s %11s %8s %11s %7s %10s %7s\n", "threads", "case", "Melem/s", "GB/s", "update GB/s", "ratio",
                 "copy GB/s", "ratio");
   }
-  nlohmann::json out = {{"bench", "cast"}, {"elems", n}, {"simd", SimdLevelName(level)},
-                        {"bytes_per_elem", 6}, {"footprint_bytes", footprint}, {"loops", opt.loops},
+  nlohmann::json out = {{"bench", "cast"},
+                        {"elems", n},
+                        {"simd", SimdLevelName(level)},
+                        {"bytes_per_elem", 6},
+                        {"footprint_bytes", footprint},
+                        {"loops", opt.loops},
                         {"rows", nlohmann::json::array()}};
   for (int threads : thread_counts) {
     tbb::task_arena arena(threads);
@@ -490,9 +517,14 @@ int RunCast(const CommonOptions& opt) {
       const double rate = double(n) / Median(case_s[c]);
       const double gbs = rate * 6 / 1e9;
       if (opt.json) {
-        out["rows"].push_back({{"threads", threads}, {"case", cases[c].name}, {"elems_per_s", rate},
-                               {"gb_per_s", gbs}, {"bound_gb_per_s", bound_gbs}, {"ratio", gbs / bound_gbs},
-                               {"copy_bound_gb_per_s", copy_gbs}, {"ratio_to_copy", gbs / copy_gbs}});
+        out["rows"].push_back({{"threads", threads},
+                               {"case", cases[c].name},
+                               {"elems_per_s", rate},
+                               {"gb_per_s", gbs},
+                               {"bound_gb_per_s", bound_gbs},
+                               {"ratio", gbs / bound_gbs},
+                               {"copy_bound_gb_per_s", copy_gbs},
+                               {"ratio_to_copy", gbs / copy_gbs}});
       } else {
         std::printf("%7d %-11s %11.1f %8.2f %11.2f %7.2f %10.2f %7.2f\n", threads, cases[c].name, rate / 1e6, gbs,
                     bound_gbs, gbs / bound_gbs, copy_gbs, gbs / copy_gbs);
@@ -526,19 +558,25 @@ int RunNorm(const NormBenchOptions& opt) {
   Region region = AllocRegion(footprint, kName);
   std::vector<double> partials(NumNormBlocks(n));
   if (!opt.common.json) {
-    std::printf("# zinf bench norm: sum of squares of %s %s values in 64 Ki blocks (double lanes, non-finite check), "
-                "simd %s, median of %d loops\n",
-                FormatCount(double(n)).c_str(), std::string(DTypeName(*dtype)).c_str(),
-                std::string(SimdLevelName(level)).c_str(), opt.common.loops);
-    std::printf("# bytes/elem %zu (read only); bounds over the same %s: in-place update a[i] += s*b[i] (12 B/elem) "
-                "and read-only sum (4 B/elem)\n",
-                elem_bytes, FormatBytes(footprint).c_str());
+    std::printf(
+        "# zinf bench norm: sum of squares of %s %s values in 64 Ki blocks (double lanes, non-finite check), "
+        "simd %s, median of %d loops\n",
+        FormatCount(double(n)).c_str(), std::string(DTypeName(*dtype)).c_str(),
+        std::string(SimdLevelName(level)).c_str(), opt.common.loops);
+    std::printf(
+        "# bytes/elem %zu (read only); bounds over the same %s: in-place update a[i] += s*b[i] (12 B/elem) "
+        "and read-only sum (4 B/elem)\n",
+        elem_bytes, FormatBytes(footprint).c_str());
     std::printf("%7s %11s %8s %11s %7s %10s %7s\n", "threads", "Melem/s", "GB/s", "update GB/s", "ratio", "read GB/s",
                 "ratio");
   }
-  nlohmann::json out = {{"bench", "norm"}, {"elems", n}, {"dtype", DTypeName(*dtype)},
-                        {"simd", SimdLevelName(level)}, {"bytes_per_elem", elem_bytes},
-                        {"footprint_bytes", footprint}, {"loops", opt.common.loops},
+  nlohmann::json out = {{"bench", "norm"},
+                        {"elems", n},
+                        {"dtype", DTypeName(*dtype)},
+                        {"simd", SimdLevelName(level)},
+                        {"bytes_per_elem", elem_bytes},
+                        {"footprint_bytes", footprint},
+                        {"loops", opt.common.loops},
                         {"rows", nlohmann::json::array()}};
   for (int threads : thread_counts) {
     tbb::task_arena arena(threads);
@@ -577,9 +615,13 @@ int RunNorm(const NormBenchOptions& opt) {
     const double update_gbs = UpdateBoundBytes(footprint) / Median(update_s) / 1e9;
     const double read_gbs = double(footprint / 4 * 4) / Median(read_s) / 1e9;
     if (opt.common.json) {
-      out["rows"].push_back({{"threads", threads}, {"elems_per_s", rate}, {"gb_per_s", gbs},
-                             {"update_bound_gb_per_s", update_gbs}, {"ratio_to_update", gbs / update_gbs},
-                             {"read_bound_gb_per_s", read_gbs}, {"ratio_to_read", gbs / read_gbs}});
+      out["rows"].push_back({{"threads", threads},
+                             {"elems_per_s", rate},
+                             {"gb_per_s", gbs},
+                             {"update_bound_gb_per_s", update_gbs},
+                             {"ratio_to_update", gbs / update_gbs},
+                             {"read_bound_gb_per_s", read_gbs},
+                             {"ratio_to_read", gbs / read_gbs}});
     } else {
       std::printf("%7d %11.1f %8.2f %11.2f %7.2f %10.2f %7.2f\n", threads, rate / 1e6, gbs, update_gbs,
                   gbs / update_gbs, read_gbs, gbs / read_gbs);

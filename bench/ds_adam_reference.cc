@@ -115,8 +115,10 @@ Status DsAdamSelfCheck(int threads, const DsAdamKernels& k, const AdamOptions& o
   const double copy_rel = copy_dtype == DType::kBFloat16 ? 1.0 / 128 : 1.0 / 1024;  // one rounding step
   auto mismatch = [&](size_t i, const char* what, double z, double r) {
     char msg[256];
-    std::snprintf(msg, sizeof msg, "ds-shape reference (%s) disagrees with zinf's Adam at element %zu of %zu: %s %.9g "
-                  "(zinf) vs %.9g (reference)", k.name.c_str(), i, n, what, z, r);
+    std::snprintf(msg, sizeof msg,
+                  "ds-shape reference (%s) disagrees with zinf's Adam at element %zu of %zu: %s %.9g "
+                  "(zinf) vs %.9g (reference)",
+                  k.name.c_str(), i, n, what, z, r);
     return Internal(msg);
   };
   for (size_t i = 0; i < n; ++i) {

@@ -127,10 +127,13 @@ void ForStaticTiles(tbb::task_arena& arena, size_t begin, size_t end, size_t blo
     const size_t tile_end = std::min(end, t + kDsTileElems);
     const size_t blocks = (tile_end - t) / block, q = blocks / threads, r = blocks % threads;
     arena.execute([&] {
-      tbb::parallel_for(size_t{0}, threads, [&](size_t k) {
-        const size_t first = k * q + std::min(k, r), count = q + (k < r ? 1 : 0);
-        if (count > 0) fn(t + first * block, t + (first + count) * block);
-      }, tbb::static_partitioner());
+      tbb::parallel_for(
+          size_t{0}, threads,
+          [&](size_t k) {
+            const size_t first = k * q + std::min(k, r), count = q + (k < r ? 1 : 0);
+            if (count > 0) fn(t + first * block, t + (first + count) * block);
+          },
+          tbb::static_partitioner());
     });
   }
 }
@@ -142,12 +145,18 @@ struct DsKernel {
 
   struct Coefs {
     explicit Coefs(const DsAdamConstants& c)
-        : grad_scale(Ops::Set(c.base.grad_scale)), beta1(Ops::Set(c.base.beta1)),
-          one_minus_beta1(Ops::Set(c.base.one_minus_beta1)), beta2(Ops::Set(c.base.beta2)),
-          one_minus_beta2(Ops::Set(c.base.one_minus_beta2)), eps(Ops::Set(c.base.eps)),
-          inv_sqrt_bc2(Ops::Set(c.base.inv_sqrt_bc2)), neg_step_size(Ops::Set(c.neg_step_size)),
-          weight_decay(Ops::Set(c.base.weight_decay)), decay_term(Ops::Set(c.decay_term)),
-          scale(c.base.grad_scale != 1.0f), l2(c.base.decay == AdamDecay::kL2),
+        : grad_scale(Ops::Set(c.base.grad_scale)),
+          beta1(Ops::Set(c.base.beta1)),
+          one_minus_beta1(Ops::Set(c.base.one_minus_beta1)),
+          beta2(Ops::Set(c.base.beta2)),
+          one_minus_beta2(Ops::Set(c.base.one_minus_beta2)),
+          eps(Ops::Set(c.base.eps)),
+          inv_sqrt_bc2(Ops::Set(c.base.inv_sqrt_bc2)),
+          neg_step_size(Ops::Set(c.neg_step_size)),
+          weight_decay(Ops::Set(c.base.weight_decay)),
+          decay_term(Ops::Set(c.decay_term)),
+          scale(c.base.grad_scale != 1.0f),
+          l2(c.base.decay == AdamDecay::kL2),
           decoupled(c.base.decay == AdamDecay::kDecoupled) {}
     V grad_scale, beta1, one_minus_beta1, beta2, one_minus_beta2, eps, inv_sqrt_bc2, neg_step_size, weight_decay,
         decay_term;
@@ -230,7 +239,8 @@ struct DsKernel {
     size_t done = AdamSpan<8>(arena, k, b, 0);
     done = AdamSpan<4>(arena, k, b, done);
     done = AdamSpan<1>(arena, k, b, done);
-    if (done < b.num_elems) DsKernel<ScalarOps>::AdamBlocks<1>(typename DsKernel<ScalarOps>::Coefs(c), b, done, b.num_elems);
+    if (done < b.num_elems)
+      DsKernel<ScalarOps>::AdamBlocks<1>(typename DsKernel<ScalarOps>::Coefs(c), b, done, b.num_elems);
   }
 
   template <bool kBf16>

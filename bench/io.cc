@@ -121,12 +121,13 @@ Result<Measurement> RunFio(const Case& c, IoKind kind, const std::string& path, 
                            const std::string& iomem) {
   const uint64_t per_job = bytes / c.rings;
   std::string out_path = path + ".fio.json";
-  std::string cmd = "fio --name=zinf-ref --filename=" + path + " --rw=" + (kind == IoKind::kRead ? "read" : "write") +
-                    " --bs=" + std::to_string(c.block_size) + " --iodepth=" + std::to_string(c.queue_depth) +
-                    " --numjobs=" + std::to_string(c.rings) + " --size=" + std::to_string(per_job) +
-                    " --offset_increment=" + std::to_string(per_job) +
-                    " --ioengine=io_uring --direct=1 --thread=0 --group_reporting --output-format=json --output=" +
-                    out_path + (iomem.empty() ? "" : " --iomem=" + iomem) + " > /dev/null 2>&1";
+  std::string cmd =
+      "fio --name=zinf-ref --filename=" + path + " --rw=" + (kind == IoKind::kRead ? "read" : "write") +
+      " --bs=" + std::to_string(c.block_size) + " --iodepth=" + std::to_string(c.queue_depth) +
+      " --numjobs=" + std::to_string(c.rings) + " --size=" + std::to_string(per_job) +
+      " --offset_increment=" + std::to_string(per_job) +
+      " --ioengine=io_uring --direct=1 --thread=0 --group_reporting --output-format=json --output=" + out_path +
+      (iomem.empty() ? "" : " --iomem=" + iomem) + " > /dev/null 2>&1";
   double cpu0 = CpuSeconds(RUSAGE_CHILDREN);
   int rc = std::system(cmd.c_str());
   double cpu = CpuSeconds(RUSAGE_CHILDREN) - cpu0;
@@ -151,7 +152,8 @@ Result<Measurement> RunFio(const Case& c, IoKind kind, const std::string& path, 
 Result<Case> ParseCase(const std::string& text) {
   // "BS:QD:RINGS", e.g. "8M:32:2"
   auto c1 = text.find(':'), c2 = text.rfind(':');
-  if (c1 == std::string::npos || c1 == c2) return InvalidArgument("case '" + text + "': expected BLOCK:QD:RINGS, e.g. 8M:32:2");
+  if (c1 == std::string::npos || c1 == c2)
+    return InvalidArgument("case '" + text + "': expected BLOCK:QD:RINGS, e.g. 8M:32:2");
   ZINF_ASSIGN_OR_RETURN(uint64_t bs, ParseSize(text.substr(0, c1)));
   int qd = std::atoi(text.substr(c1 + 1, c2 - c1 - 1).c_str()), rings = std::atoi(text.substr(c2 + 1).c_str());
   if (bs == 0 || bs % 4096 || qd < 1 || rings < 1)
@@ -185,8 +187,9 @@ int Run(const Options& opt) {
   }
   bool fio = !opt.no_fio && std::system("command -v fio > /dev/null 2>&1") == 0;
   if (!opt.no_fio && !fio) {
-    std::fprintf(stderr, "zinf bench io: fio not found; install it (apt-get install fio, or scripts/setup --with fio) "
-                         "or pass --no-fio\n");
+    std::fprintf(stderr,
+                 "zinf bench io: fio not found; install it (apt-get install fio, or scripts/setup --with fio) "
+                 "or pass --no-fio\n");
     return 1;
   }
   const std::string path = opt.dir + "/zinf-bench-io.dat";
@@ -194,14 +197,15 @@ int Run(const Options& opt) {
   // Lay the file out once with real data, so no read ever touches an
   // unwritten extent (those read back at memory speed).
   if (!opt.json) {
-    std::printf("# zinf bench io: %s file %s, %d rounds, reference fio %s\n", FormatBytes(*size).c_str(),
-                path.c_str(), opt.rounds, fio ? "(io_uring, direct=1, same bs/iodepth/numjobs)" : "off");
+    std::printf("# zinf bench io: %s file %s, %d rounds, reference fio %s\n", FormatBytes(*size).c_str(), path.c_str(),
+                opt.rounds, fio ? "(io_uring, direct=1, same bs/iodepth/numjobs)" : "off");
     if (fio) {
-      std::printf("# buffers: zinf huge pages; fio %s\n",
-                  opt.fio_iomem.empty()
-                      ? "its default, 4 KiB pages (not like for like: buffer memory can decide the figure; "
-                        "--fio-iomem shmhuge with a hugetlb pool, or bench/aio_vs_fio.sh, gives the like-for-like pairing)"
-                      : ("--iomem=" + opt.fio_iomem).c_str());
+      std::printf(
+          "# buffers: zinf huge pages; fio %s\n",
+          opt.fio_iomem.empty()
+              ? "its default, 4 KiB pages (not like for like: buffer memory can decide the figure; "
+                "--fio-iomem shmhuge with a hugetlb pool, or bench/aio_vs_fio.sh, gives the like-for-like pairing)"
+              : ("--iomem=" + opt.fio_iomem).c_str());
     }
   }
   {
@@ -220,7 +224,10 @@ int Run(const Options& opt) {
     ::sync();
   }
 
-  nlohmann::json out = {{"bench", "io"}, {"file", path}, {"bytes", *size}, {"rounds", opt.rounds},
+  nlohmann::json out = {{"bench", "io"},
+                        {"file", path},
+                        {"bytes", *size},
+                        {"rounds", opt.rounds},
                         {"fio_iomem", opt.fio_iomem.empty() ? "default" : opt.fio_iomem},
                         {"cases", nlohmann::json::array()}};
   if (!opt.json)
@@ -248,8 +255,9 @@ int Run(const Options& opt) {
       double zm = Median(z), fm = Median(f);
       const char* op = kind == IoKind::kRead ? "read" : "write";
       if (opt.json) {
-        nlohmann::json row = {{"block_size", c.block_size}, {"queue_depth", c.queue_depth}, {"rings", c.rings},
-                              {"op", op}, {"zinf_gb_per_s", zm}, {"zinf_cpu_s_per_gb", Median(zc)}, {"zinf_rounds", z}};
+        nlohmann::json row = {
+            {"block_size", c.block_size}, {"queue_depth", c.queue_depth},    {"rings", c.rings}, {"op", op},
+            {"zinf_gb_per_s", zm},        {"zinf_cpu_s_per_gb", Median(zc)}, {"zinf_rounds", z}};
         if (fio) {
           row["fio_gb_per_s"] = fm;
           row["fio_cpu_s_per_gb"] = Median(fc);
@@ -275,7 +283,8 @@ int Run(const Options& opt) {
 
 void RegisterIo(CLI::App& bench, int* exit_code) {
   auto opt = std::make_shared<Options>();
-  CLI::App* cmd = bench.add_subcommand("io", "Sequential NVMe read/write through zinf's I/O engine vs fio, same settings");
+  CLI::App* cmd =
+      bench.add_subcommand("io", "Sequential NVMe read/write through zinf's I/O engine vs fio, same settings");
   cmd->add_option("--path", opt->dir, "Directory for the test file (on the drive to measure)")->required();
   cmd->add_option("--size", opt->size, "File size")->capture_default_str();
   cmd->add_option("--rounds", opt->rounds, "Rounds per case (zinf and fio interleaved); medians are reported")
@@ -283,8 +292,9 @@ void RegisterIo(CLI::App& bench, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--case", opt->cases, "BLOCK:QUEUE_DEPTH:RINGS, repeatable (default 1M:16:1 and 8M:32:2)");
   cmd->add_flag("--no-fio", opt->no_fio, "Skip the fio reference");
-  cmd->add_option("--fio-iomem", opt->fio_iomem, "fio's --iomem for its buffers, e.g. shmhuge (huge pages from the "
-                                                 "hugetlb pool, as zinf's: like for like); default: fio's, 4 KiB pages");
+  cmd->add_option("--fio-iomem", opt->fio_iomem,
+                  "fio's --iomem for its buffers, e.g. shmhuge (huge pages from the "
+                  "hugetlb pool, as zinf's: like for like); default: fio's, 4 KiB pages");
   cmd->add_flag("--keep", opt->keep, "Keep the test file");
   cmd->add_flag("--json", opt->json, "Print one JSON object");
   cmd->callback([opt, exit_code] { *exit_code = Run(*opt); });

@@ -41,8 +41,8 @@ Buffer AllocAligned(size_t n) {
 }
 
 // Restrict-qualified so the compiler vectorizes without runtime alias checks.
-__attribute__((noinline)) void Triad(float* __restrict a, const float* __restrict b, const float* __restrict c,
-                                     float s, size_t lo, size_t hi) {
+__attribute__((noinline)) void Triad(float* __restrict a, const float* __restrict b, const float* __restrict c, float s,
+                                     size_t lo, size_t hi) {
   for (size_t i = lo; i < hi; ++i) a[i] = b[i] + s * c[i];
 }
 __attribute__((noinline)) void Update(float* __restrict a, const float* __restrict b, float s, size_t lo, size_t hi) {
@@ -65,9 +65,9 @@ double TimeKernel(tbb::task_arena& arena, size_t n, int loops, Body body) {
   for (int l = 0; l < loops + 1; ++l) {  // the first pass warms pages and caches
     double t0 = NowSeconds();
     arena.execute([&] {
-      tbb::parallel_for(tbb::blocked_range<size_t>(0, n, kGrain),
-                        [&](const tbb::blocked_range<size_t>& r) { body(r.begin(), r.end()); },
-                        tbb::static_partitioner());
+      tbb::parallel_for(
+          tbb::blocked_range<size_t>(0, n, kGrain),
+          [&](const tbb::blocked_range<size_t>& r) { body(r.begin(), r.end()); }, tbb::static_partitioner());
     });
     benchmark::ClobberMemory();
     if (l > 0) seconds.push_back(NowSeconds() - t0);
@@ -94,9 +94,12 @@ int Run(const Options& opt) {
   Buffer a = AllocAligned(n), b = AllocAligned(n), c = AllocAligned(n);
   tbb::task_arena arena(opt.threads);
   arena.execute([&] {
-    tbb::parallel_for(tbb::blocked_range<size_t>(0, n, kGrain), [&](const tbb::blocked_range<size_t>& r) {
-      for (size_t i = r.begin(); i < r.end(); ++i) a[i] = 1.0f, b[i] = 2.0f, c[i] = 0.5f;
-    }, tbb::static_partitioner());
+    tbb::parallel_for(
+        tbb::blocked_range<size_t>(0, n, kGrain),
+        [&](const tbb::blocked_range<size_t>& r) {
+          for (size_t i = r.begin(); i < r.end(); ++i) a[i] = 1.0f, b[i] = 2.0f, c[i] = 0.5f;
+        },
+        tbb::static_partitioner());
   });
   const float s = 1e-7f;
   float* pa = a.get();
@@ -108,9 +111,8 @@ int Run(const Options& opt) {
                 FormatBytes(n * sizeof(float)).c_str(), opt.threads, opt.loops);
     std::printf("%-8s %12s %10s %8s\n", "kernel", "bytes", "GB/s", "vs copy");
   }
-  double t_copy = TimeKernel(arena, n, opt.loops, [&](size_t lo, size_t hi) {
-    std::memcpy(pa + lo, pb + lo, (hi - lo) * sizeof(float));
-  });
+  double t_copy = TimeKernel(arena, n, opt.loops,
+                             [&](size_t lo, size_t hi) { std::memcpy(pa + lo, pb + lo, (hi - lo) * sizeof(float)); });
   double t_triad = TimeKernel(arena, n, opt.loops, [&](size_t lo, size_t hi) { Triad(pa, pb, pc, s, lo, hi); });
   double t_update = TimeKernel(arena, n, opt.loops, [&](size_t lo, size_t hi) { Update(pa, pb, s, lo, hi); });
   benchmark::DoNotOptimize(pa[n / 2]);
@@ -121,12 +123,18 @@ int Run(const Options& opt) {
   };
   const Row rows[] = {{"copy", 8.0 * n, t_copy}, {"triad", 12.0 * n, t_triad}, {"update", 12.0 * n, t_update}};
   const double copy_gbs = rows[0].bytes / rows[0].seconds / 1e9;
-  nlohmann::json out = {{"bench", "membw"}, {"array_bytes", n * sizeof(float)}, {"threads", opt.threads},
-                        {"loops", opt.loops}, {"kernels", nlohmann::json::array()}};
+  nlohmann::json out = {{"bench", "membw"},
+                        {"array_bytes", n * sizeof(float)},
+                        {"threads", opt.threads},
+                        {"loops", opt.loops},
+                        {"kernels", nlohmann::json::array()}};
   for (const auto& r : rows) {
     double gbs = r.bytes / r.seconds / 1e9;
     if (opt.json) {
-      out["kernels"].push_back({{"kernel", r.name}, {"bytes", r.bytes}, {"seconds", r.seconds}, {"gb_per_s", gbs},
+      out["kernels"].push_back({{"kernel", r.name},
+                                {"bytes", r.bytes},
+                                {"seconds", r.seconds},
+                                {"gb_per_s", gbs},
                                 {"ratio_to_copy", gbs / copy_gbs}});
     } else {
       std::printf("%-8s %12.0f %10.2f %8.2f\n", r.name, r.bytes, gbs, gbs / copy_gbs);

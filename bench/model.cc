@@ -44,8 +44,8 @@
 namespace zinf::bench {
 namespace {
 
+using exec::GptDevice;
 using model::GptConfig;
-using model::GptDevice;
 using model::GptRunOptions;
 
 struct Options {
@@ -109,17 +109,22 @@ Result<StageTimes> RunStep(GptDevice& gpt, const std::vector<const void*>& p, co
   const int L = static_cast<int>(c.num_layers), fin = model::FinalNormUnit(c);
   Stream& s = gpt.stream();
   StageTimes t;
-  ZINF_RETURN_IF_ERROR(Timed(&t.embed_fwd, [&] { return gpt.EnqueueEmbedForward(tokens, p[0]); }, s));
+  ZINF_RETURN_IF_ERROR(Timed(
+      &t.embed_fwd, [&] { return gpt.EnqueueEmbedForward(tokens, p[0]); }, s));
   for (int l = 0; l < L; ++l) {
-    ZINF_RETURN_IF_ERROR(Timed(&t.blocks_fwd, [&] { return gpt.EnqueueBlockForward(l, p[l + 1]); }, s));
+    ZINF_RETURN_IF_ERROR(Timed(
+        &t.blocks_fwd, [&] { return gpt.EnqueueBlockForward(l, p[l + 1]); }, s));
   }
-  ZINF_RETURN_IF_ERROR(Timed(&t.head_fwd, [&] { return gpt.EnqueueHeadForward(targets, p[fin], p[0], loss); }, s));
-  ZINF_RETURN_IF_ERROR(
-      Timed(&t.head_bwd, [&] { return gpt.EnqueueHeadBackward(1.0f, p[fin], p[0], g[fin], g[0]); }, s));
+  ZINF_RETURN_IF_ERROR(Timed(
+      &t.head_fwd, [&] { return gpt.EnqueueHeadForward(targets, p[fin], p[0], loss); }, s));
+  ZINF_RETURN_IF_ERROR(Timed(
+      &t.head_bwd, [&] { return gpt.EnqueueHeadBackward(1.0f, p[fin], p[0], g[fin], g[0]); }, s));
   for (int l = L - 1; l >= 0; --l) {
-    ZINF_RETURN_IF_ERROR(Timed(&t.blocks_bwd, [&] { return gpt.EnqueueBlockBackward(l, p[l + 1], g[l + 1]); }, s));
+    ZINF_RETURN_IF_ERROR(Timed(
+        &t.blocks_bwd, [&] { return gpt.EnqueueBlockBackward(l, p[l + 1], g[l + 1]); }, s));
   }
-  ZINF_RETURN_IF_ERROR(Timed(&t.embed_bwd, [&] { return gpt.EnqueueEmbedBackward(g[0]); }, s));
+  ZINF_RETURN_IF_ERROR(Timed(
+      &t.embed_bwd, [&] { return gpt.EnqueueEmbedBackward(g[0]); }, s));
   return t;
 }
 
@@ -154,7 +159,8 @@ int Run(const Options& opt) {
   }
   if (opt.peak_tflops < 0) return Fail(InvalidArgument("--peak-tflops must be >= 0"));
   if (opt.loss_chunk_rows < 0) return Fail(InvalidArgument("--loss-chunk-rows must be >= 0 (0: the model's choice)"));
-  const int threads = opt.threads > 0 ? opt.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int threads =
+      opt.threads > 0 ? opt.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   GptRunOptions o;
   o.batch_size = opt.micro_batch;
   o.seq_len = opt.seq_len;
@@ -240,7 +246,7 @@ int Run(const Options& opt) {
   if (!st.ok()) return Fail(st);
   std::unique_ptr<model::OpProfile> profile;
   if (opt.breakdown) {
-    profile = model::CreateOpProfile(dev, s);
+    profile = exec::CreateOpProfile(dev, s);
     o.profile = profile.get();
   }
   auto gpt = GptDevice::Create(dev, s, c, o);
@@ -275,15 +281,15 @@ int Run(const Options& opt) {
       w = bf16_products ? bits[0] | bits[1] << 16 : bits[0];
     }
     const uint64_t pattern_bytes = pattern.size() * 4;
-    for (auto [ptr, bytes] : {std::pair<void**, uint64_t>{&gpu_a, M * K * esize}, {&gpu_b, N * K * esize},
-                              {&gpu_c, M * N * 4}}) {
+    for (auto [ptr, bytes] :
+         {std::pair<void**, uint64_t>{&gpu_a, M * K * esize}, {&gpu_b, N * K * esize}, {&gpu_c, M * N * 4}}) {
       auto buf = dev.Allocate(bytes, s);
       if (!buf.ok()) return Fail(buf.status().WithContext("the reference product's operands"));
       *ptr = *buf;
       if (ptr == &gpu_c) break;  // the output: written by the product
       for (uint64_t at = 0; at < bytes; at += pattern_bytes) {
-        Status fill = dev.CopyToDevice(static_cast<char*>(*ptr) + at, pattern.data(),
-                                       std::min(pattern_bytes, bytes - at), s);
+        Status fill =
+            dev.CopyToDevice(static_cast<char*>(*ptr) + at, pattern.data(), std::min(pattern_bytes, bytes - at), s);
         if (!fill.ok()) return Fail(fill);
       }
     }
@@ -314,25 +320,28 @@ int Run(const Options& opt) {
   const double gemm_flops = 2.0 * M * N * K;
   if (!opt.json) {
     std::printf("# zinf bench model: %s on %s\n", c.ToString().c_str(), dev.name().c_str());
-    std::printf("# micro-batch %lld x seq %lld = %lld tokens; params %s, grads %s, matmul operands %s; %.*s attention; "
-                "%d thread(s); checkpointing %s; loss in chunks of %lld rows; median of %d steps after 1 warm-up\n",
-                static_cast<long long>(opt.micro_batch), static_cast<long long>(opt.seq_len),
-                static_cast<long long>(BT), opt.dtype.c_str(), opt.grad_dtype.c_str(), opt.matmul.c_str(),
-                static_cast<int>(attention.size()), attention.data(), threads, opt.checkpointing ? "on" : "off",
-                static_cast<long long>(model::LossChunkRows(c, o)), opt.steps);
+    std::printf(
+        "# micro-batch %lld x seq %lld = %lld tokens; params %s, grads %s, matmul operands %s; %.*s attention; "
+        "%d thread(s); checkpointing %s; loss in chunks of %lld rows; median of %d steps after 1 warm-up\n",
+        static_cast<long long>(opt.micro_batch), static_cast<long long>(opt.seq_len), static_cast<long long>(BT),
+        opt.dtype.c_str(), opt.grad_dtype.c_str(), opt.matmul.c_str(), static_cast<int>(attention.size()),
+        attention.data(), threads, opt.checkpointing ? "on" : "off", static_cast<long long>(model::LossChunkRows(c, o)),
+        opt.steps);
     std::printf("# FLOPs/step = 6*N*tokens + 12*L*C*T*tokens (attention) = %.4g + %.4g = %.4g (forward 1/3)\n",
                 6.0 * n_params * BT, flops - 6.0 * n_params * BT, flops);
     std::printf("# activations: %s\n", activation_text.c_str());
     if (on_gpu) {
-      std::printf("# reference: cuBLAS M=%lld N=%lld K=%lld (B*T x C times C x V, the LM head), %s operands with "
-                  "fp32 sums, median of 3 products per step, CUDA events\n",
-                  static_cast<long long>(M), static_cast<long long>(N), static_cast<long long>(K),
-                  bf16_products ? "bf16" : "fp32 (no TF32)");
+      std::printf(
+          "# reference: cuBLAS M=%lld N=%lld K=%lld (B*T x C times C x V, the LM head), %s operands with "
+          "fp32 sums, median of 3 products per step, CUDA events\n",
+          static_cast<long long>(M), static_cast<long long>(N), static_cast<long long>(K),
+          bf16_products ? "bf16" : "fp32 (no TF32)");
     } else {
-      std::printf("# reference: cblas_sgemm M=%lld N=%lld K=%lld (B*T x C times C x V, the LM head), OpenBLAS "
-                  "threads=%d [%s]\n",
-                  static_cast<long long>(M), static_cast<long long>(N), static_cast<long long>(K), threads,
-                  model::BlasConfig().c_str());
+      std::printf(
+          "# reference: cblas_sgemm M=%lld N=%lld K=%lld (B*T x C times C x V, the LM head), OpenBLAS "
+          "threads=%d [%s]\n",
+          static_cast<long long>(M), static_cast<long long>(N), static_cast<long long>(K), threads,
+          model::BlasConfig().c_str());
     }
   }
 
@@ -407,33 +416,34 @@ int Run(const Options& opt) {
   double ops_total = 0;
   for (const auto& [op, seconds] : ops) ops_total += seconds;
   if (opt.json) {
-    nlohmann::json j = {{"bench", "model"},
-                        {"preset", c.name},
-                        {"params", n_params},
-                        {"micro_batch", opt.micro_batch},
-                        {"seq_len", opt.seq_len},
-                        {"tokens", BT},
-                        {"threads", threads},
-                        {"param_dtype", opt.dtype},
-                        {"grad_dtype", opt.grad_dtype},
-                        {"matmul", opt.matmul},
-                        {"attention", std::string(attention)},
-                        {"checkpointing", opt.checkpointing},
-                        {"loss_chunk_rows", model::LossChunkRows(c, o)},
-                        {"steps", opt.steps},
-                        {"flops_per_step", flops},
-                        {"flops_formula", "6*N*tokens + 12*L*C*T*tokens"},
-                        {"activation_bytes", activation_bytes},
-                        {"device_peak_bytes", dev.memory_stats().peak_in_use_bytes},
-                        {"loss", loss},
-                        {"device", dev.name()},
-                        {"reference", {{"kind", on_gpu ? "cublas" : "cblas_sgemm"},
-                                       {"m", M}, {"n", N}, {"k", K}, {"gflop_per_s", ref_gflops}}},
-                        {"ratio_to_reference", ratio},
-                        {"tflop_per_s", step_gflops / 1e3},
-                        {"peak_tflop_per_s", peak_tflops},
-                        {"mfu", mfu},
-                        {"phases", nlohmann::json::array()}};
+    nlohmann::json j = {
+        {"bench", "model"},
+        {"preset", c.name},
+        {"params", n_params},
+        {"micro_batch", opt.micro_batch},
+        {"seq_len", opt.seq_len},
+        {"tokens", BT},
+        {"threads", threads},
+        {"param_dtype", opt.dtype},
+        {"grad_dtype", opt.grad_dtype},
+        {"matmul", opt.matmul},
+        {"attention", std::string(attention)},
+        {"checkpointing", opt.checkpointing},
+        {"loss_chunk_rows", model::LossChunkRows(c, o)},
+        {"steps", opt.steps},
+        {"flops_per_step", flops},
+        {"flops_formula", "6*N*tokens + 12*L*C*T*tokens"},
+        {"activation_bytes", activation_bytes},
+        {"device_peak_bytes", dev.memory_stats().peak_in_use_bytes},
+        {"loss", loss},
+        {"device", dev.name()},
+        {"reference",
+         {{"kind", on_gpu ? "cublas" : "cblas_sgemm"}, {"m", M}, {"n", N}, {"k", K}, {"gflop_per_s", ref_gflops}}},
+        {"ratio_to_reference", ratio},
+        {"tflop_per_s", step_gflops / 1e3},
+        {"peak_tflop_per_s", peak_tflops},
+        {"mfu", mfu},
+        {"phases", nlohmann::json::array()}};
     for (size_t i = 0; i < num_rows; ++i) {
       const Row& r = rows[i];
       std::string name = r.name;
@@ -462,13 +472,15 @@ int Run(const Options& opt) {
         std::printf("%-14s %10.4f %10s %10s %9s\n", r.name, r.seconds, "-", "-", "-");
       }
     }
-    std::printf("# step: %.2f GFLOP/s = %.3f of the reference product (%.2f GFLOP/s); loss %.4f; activations %s, "
-                "device peak %s\n",
-                step_gflops, ratio, ref_gflops, loss, FormatBytes(activation_bytes).c_str(),
-                FormatBytes(dev.memory_stats().peak_in_use_bytes).c_str());
+    std::printf(
+        "# step: %.2f GFLOP/s = %.3f of the reference product (%.2f GFLOP/s); loss %.4f; activations %s, "
+        "device peak %s\n",
+        step_gflops, ratio, ref_gflops, loss, FormatBytes(activation_bytes).c_str(),
+        FormatBytes(dev.memory_stats().peak_in_use_bytes).c_str());
     if (opt.breakdown) {
-      std::printf("# per op (--breakdown): median seconds per step, each op from its mark to the next%s\n",
-                  on_gpu ? " (timing events between the kernels on the stream)" : " (the host's clock in the stage's task)");
+      std::printf(
+          "# per op (--breakdown): median seconds per step, each op from its mark to the next%s\n",
+          on_gpu ? " (timing events between the kernels on the stream)" : " (the host's clock in the stage's task)");
       std::printf("%-22s %10s %8s\n", "op", "ms/step", "share");
       for (const auto& [op, seconds] : ops) {
         std::printf("%-22s %10.3f %7.1f%%\n", op.c_str(), seconds * 1e3, 100 * seconds / Median(step));

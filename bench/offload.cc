@@ -50,7 +50,7 @@ namespace {
 struct Options : EngineBenchRun {
   std::string params = "500M";
   std::string offload = "cpu";
-  std::string path;                   // nvme: the directory of the swap store
+  std::string path;                    // nvme: the directory of the swap store
   std::string sub_group_size = "50M";  // nvme: elements per sub-group
   std::string host_memory;             // zinf.host_memory (empty: the machine's RAM)
   bool phased_swaps = true;            // zinf.aio.phased_swaps
@@ -206,8 +206,8 @@ double DeviceCopiesAndNorm(Device& device, Stream& stream, int64_t params, int t
 
 int Run(const Options& opt) {
   auto count = ParseCount(opt.params);
-  if (!count.ok() || *count < static_cast<uint64_t>(opt.units) || opt.units < 1 || opt.steps < 1 ||
-      opt.threads < 1 || opt.compute_ms < 0 || !(opt.backward_factor > 0) ||
+  if (!count.ok() || *count < static_cast<uint64_t>(opt.units) || opt.units < 1 || opt.steps < 1 || opt.threads < 1 ||
+      opt.compute_ms < 0 || !(opt.backward_factor > 0) ||
       (opt.offload != "cpu" && opt.offload != "none" && opt.offload != "nvme") ||
       (opt.offload == "nvme" && opt.path.empty())) {
     std::fprintf(stderr,
@@ -234,12 +234,12 @@ int Run(const Options& opt) {
   const int64_t P = per_unit * opt.units;
   const bool offload = opt.offload != "none";
   if (!opt.json) {
-    std::printf("# zinf bench offload: %s parameters in %d units, bf16 compute, ZeRO stage 0, offload %s%s, "
-                "%d optimizer threads (%u cores), compute %.1f ms per unit forward and %.1f backward, device %s\n",
-                FormatCount(static_cast<double>(P)).c_str(), opt.units, opt.offload.c_str(),
-                opt.active_offload ? " (active: updates start during backward)" : "", opt.threads,
-                std::thread::hardware_concurrency(), opt.compute_ms, opt.compute_ms * opt.backward_factor,
-                opt.device.c_str());
+    std::printf(
+        "# zinf bench offload: %s parameters in %d units, bf16 compute, ZeRO stage 0, offload %s%s, "
+        "%d optimizer threads (%u cores), compute %.1f ms per unit forward and %.1f backward, device %s\n",
+        FormatCount(static_cast<double>(P)).c_str(), opt.units, opt.offload.c_str(),
+        opt.active_offload ? " (active: updates start during backward)" : "", opt.threads,
+        std::thread::hardware_concurrency(), opt.compute_ms, opt.compute_ms * opt.backward_factor, opt.device.c_str());
     std::fflush(stdout);
   }
   // 1. The bound, alone; and what a step must also do on this device: move
@@ -412,7 +412,8 @@ int Run(const Options& opt) {
     const double from = timeline.size() >= 2 ? timeline[timeline.size() - 2].start : 0;
     const double to = timeline.empty() ? 0 : timeline.back().end;
     char title[256];
-    std::snprintf(title, sizeof title, "zinf bench offload: %s parameters, %d units, offload %s%s, compute %.1f ms/unit, %s",
+    std::snprintf(title, sizeof title,
+                  "zinf bench offload: %s parameters, %d units, offload %s%s, compute %.1f ms/unit, %s",
                   FormatCount(static_cast<double>(P)).c_str(), opt.units, opt.offload.c_str(),
                   opt.active_offload ? " (active)" : "", opt.compute_ms, device->name().c_str());
     Check(sched::WriteTimelineSvg(opt.timeline, shown, title, from, to), "--timeline");
@@ -425,7 +426,8 @@ int Run(const Options& opt) {
   if (nvme) {
     io_bound = nvme_read / (io_read_gbps * 1e9) + nvme_written / (io_write_gbps * 1e9);
     for (size_t s = 0; s < step_times.size(); ++s) {
-      pair_ratios.push_back(step_times[s] / (nvme_read / (read_rates[s] * 1e9) + nvme_written / (write_rates[s] * 1e9)));
+      pair_ratios.push_back(step_times[s] /
+                            (nvme_read / (read_rates[s] * 1e9) + nvme_written / (write_rates[s] * 1e9)));
     }
   }
   const double busy = step - compute_alone;
@@ -468,15 +470,18 @@ int Run(const Options& opt) {
                         {"host_peak_pinned_bytes_per_param", peak_per_param}};
     nlohmann::json steps = nlohmann::json::array();
     for (const sched::StepTimeline& t : timeline) {
-      steps.push_back({{"boundary", t.boundary}, {"seconds", t.seconds()}, {"busy_seconds", t.busy},
+      steps.push_back({{"boundary", t.boundary},
+                       {"seconds", t.seconds()},
+                       {"busy_seconds", t.busy},
                        {"stall_seconds_by_cause", t.stalls}});
     }
     j["timeline"] = {{"steps", steps},
-                     {"median_share", {{"compute", median_share("compute")},
-                                       {"optimizer", median_share("optimizer")},
-                                       {"disk", median_share("disk")},
-                                       {"copy", median_share("copy")},
-                                       {"stall", median_share("stall")}}}};
+                     {"median_share",
+                      {{"compute", median_share("compute")},
+                       {"optimizer", median_share("optimizer")},
+                       {"disk", median_share("disk")},
+                       {"copy", median_share("copy")},
+                       {"stall", median_share("stall")}}}};
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
@@ -490,27 +495,29 @@ int Run(const Options& opt) {
               copies_and_norm, step / (bound + copies_and_norm), optimizer, compute_alone,
               compute_alone > 0 ? step / compute_alone : 0.0, 100 * hidden, peak_per_param);
   // The per-step timeline.
-  std::printf("# timeline, each step's stretch on the compute stream (forward+backward, waits included) and the "
-              "share of it each lane was busy; stalls by cause\n");
+  std::printf(
+      "# timeline, each step's stretch on the compute stream (forward+backward, waits included) and the "
+      "share of it each lane was busy; stalls by cause\n");
   for (const sched::StepTimeline& t : timeline) {
     std::printf("  step %lld: %.3f s | %s\n", static_cast<long long>(t.boundary), t.seconds(),
                 sched::FormatStepTimeline(t).c_str());
   }
-  std::printf("# median over %zu steps: compute %.0f%%, optimizer %.0f%%, disk %.0f%%, copy %.0f%%; stalled %.1f%% of "
-              "forward+backward%s\n",
-              timeline.size(), 100 * median_share("compute"), 100 * median_share("optimizer"),
-              100 * median_share("disk"), 100 * median_share("copy"), 100 * median_share("stall"),
-              opt.timeline.empty() ? "" : ("; picture of the last two: " + opt.timeline).c_str());
+  std::printf(
+      "# median over %zu steps: compute %.0f%%, optimizer %.0f%%, disk %.0f%%, copy %.0f%%; stalled %.1f%% of "
+      "forward+backward%s\n",
+      timeline.size(), 100 * median_share("compute"), 100 * median_share("optimizer"), 100 * median_share("disk"),
+      100 * median_share("copy"), 100 * median_share("stall"),
+      opt.timeline.empty() ? "" : ("; picture of the last two: " + opt.timeline).c_str());
   if (nvme) {
-    std::printf("# nvme: per step the engine read %s and wrote %s (optimizer state %s each way, and swapped "
-                "gradients); at the median rates of the same I/O engine and store reading, then writing, %s alone "
-                "between the steps (%.2f GB/s read, %.2f GB/s write) that is %.3f s: median step/io bound %.2f; "
-                "nvme waits in the last step %.3f s\n",
-                FormatBytes(static_cast<uint64_t>(nvme_read)).c_str(),
-                FormatBytes(static_cast<uint64_t>(nvme_written)).c_str(),
-                FormatBytes(static_cast<uint64_t>(P) * 12).c_str(),
-                FormatBytes(static_cast<uint64_t>(io_bound_store->bytes())).c_str(), io_read_gbps, io_write_gbps,
-                io_bound, step / io_bound, last.io_seconds);
+    std::printf(
+        "# nvme: per step the engine read %s and wrote %s (optimizer state %s each way, and swapped "
+        "gradients); at the median rates of the same I/O engine and store reading, then writing, %s alone "
+        "between the steps (%.2f GB/s read, %.2f GB/s write) that is %.3f s: median step/io bound %.2f; "
+        "nvme waits in the last step %.3f s\n",
+        FormatBytes(static_cast<uint64_t>(nvme_read)).c_str(), FormatBytes(static_cast<uint64_t>(nvme_written)).c_str(),
+        FormatBytes(static_cast<uint64_t>(P) * 12).c_str(),
+        FormatBytes(static_cast<uint64_t>(io_bound_store->bytes())).c_str(), io_read_gbps, io_write_gbps, io_bound,
+        step / io_bound, last.io_seconds);
     std::printf("# nvme: each step (synchronized, after its bound pass) over the bound of the pass before it:");
     for (double r : pair_ratios) std::printf(" %.2f", r);
     std::printf("\n");
@@ -527,16 +534,18 @@ int Run(const Options& opt) {
   }
   std::printf("\n");
   if (nvme) {
-    std::printf("# host pinned peak %s = the fp32 gradient accumulator (4 B/param, or as much as --host-memory "
-                "allows, the rest swapped to NVMe) + %lld swap buffers of one sub-group (12 B/element, and 4 B/element "
-                "of swapped gradients) + staging (one unit's fp32 gradient, bf16 parameter slots)\n",
-                FormatBytes(last.host_peak_pinned_bytes).c_str(),
-                static_cast<long long>(c.zero.offload_optimizer.buffer_count));
+    std::printf(
+        "# host pinned peak %s = the fp32 gradient accumulator (4 B/param, or as much as --host-memory "
+        "allows, the rest swapped to NVMe) + %lld swap buffers of one sub-group (12 B/element, and 4 B/element "
+        "of swapped gradients) + staging (one unit's fp32 gradient, bf16 parameter slots)\n",
+        FormatBytes(last.host_peak_pinned_bytes).c_str(),
+        static_cast<long long>(c.zero.offload_optimizer.buffer_count));
   } else {
-    std::printf("# host pinned peak %s = 16 B/param of state and gradient shard + staging (one unit's fp32 gradient, "
-                "%lld bf16 parameter slots of one unit)\n",
-                FormatBytes(last.host_peak_pinned_bytes).c_str(),
-                static_cast<long long>(c.zero.offload_optimizer.buffer_count));
+    std::printf(
+        "# host pinned peak %s = 16 B/param of state and gradient shard + staging (one unit's fp32 gradient, "
+        "%lld bf16 parameter slots of one unit)\n",
+        FormatBytes(last.host_peak_pinned_bytes).c_str(),
+        static_cast<long long>(c.zero.offload_optimizer.buffer_count));
   }
   return 0;
 }
@@ -545,7 +554,8 @@ int Run(const Options& opt) {
 
 void RegisterOffload(CLI::App& bench, int* exit_code) {
   auto opt = std::make_shared<Options>();
-  CLI::App* cmd = bench.add_subcommand("offload", "Engine steps with the optimizer offloaded to the CPU vs the Adam bound");
+  CLI::App* cmd =
+      bench.add_subcommand("offload", "Engine steps with the optimizer offloaded to the CPU vs the Adam bound");
   cmd->add_option("--params", opt->params, "Parameters, e.g. 500M")->capture_default_str();
   cmd->add_option("--offload", opt->offload, "cpu, nvme or none")->capture_default_str();
   cmd->add_option("--path", opt->path, "nvme: directory for the optimizer state (on the NVMe to measure)");
@@ -554,7 +564,7 @@ void RegisterOffload(CLI::App& bench, int* exit_code) {
   cmd->add_option("--host-memory", opt->host_memory,
                   "Pinned host budget (zinf.host_memory), e.g. 4G; nvme: gradients go to NVMe when it is short");
   cmd->add_flag("--active-offload", opt->active_offload,
-               "zinf.active_offload: each unit's update starts during backward (offload cpu)");
+                "zinf.active_offload: each unit's update starts during backward (offload cpu)");
   cmd->add_option("--backward-factor", opt->backward_factor,
                   "Backward's synthetic compute per unit as a multiple of forward's (a GPU's is about 2)")
       ->capture_default_str();
@@ -563,7 +573,8 @@ void RegisterOffload(CLI::App& bench, int* exit_code) {
                   "nvme: sub-group reads and writes in phases (zinf.aio.phased_swaps), or together")
       ->capture_default_str();
   AddEngineBenchRunOptions(cmd, *opt);
-  SetEngineBenchAction(cmd, [opt] { return Run(*opt); }, exit_code);
+  SetEngineBenchAction(
+      cmd, [opt] { return Run(*opt); }, exit_code);
 }
 
 }  // namespace zinf::bench

@@ -15,7 +15,6 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -74,7 +73,7 @@ struct BoundTimes {
   double read = 0, write = 0;
 };
 BoundTimes IoBound(const std::string& path, const std::vector<uint64_t>& shard_bytes,
-               const std::vector<uint64_t>& group_bytes) {
+                   const std::vector<uint64_t>& group_bytes) {
   Config io_config;
   io_config.zero.offload_optimizer.nvme_path = {path};
   auto io = Check(nvme::IoEngine::Create(nvme::IoEngineOptionsFromConfig(io_config)), "io engine");
@@ -141,14 +140,22 @@ int Run(const Options& opt) {
   auto param_tier = Tier(opt.offload_param, "--offload-param");
   auto opt_tier = Tier(opt.offload_optimizer, "--offload-optimizer");
   std::string bad;
-  if (!count.ok() || *count < static_cast<uint64_t>(std::max(1, opt.units))) bad = "--params must be a count >= --units";
-  else if (opt.units < 1 || opt.steps < 1 || opt.threads < 1) bad = "--units, --steps and --threads must be >= 1";
-  else if (!memory.ok() || *memory == 0) bad = "--device-memory must be a size, e.g. 1G";
-  else if (!sub_group.ok() || *sub_group == 0) bad = "--sub-group-size must be a positive count, e.g. 50M";
-  else if (!param_tier.ok()) bad = param_tier.status().message();
-  else if (!opt_tier.ok()) bad = opt_tier.status().message();
-  else if (opt.compute_ms < 0) bad = "--compute-ms-per-unit must be >= 0";
-  else if (opt.buffer_count < 1 || opt.buffer_count > 64) bad = "--buffer-count must be 1 to 64";
+  if (!count.ok() || *count < static_cast<uint64_t>(std::max(1, opt.units)))
+    bad = "--params must be a count >= --units";
+  else if (opt.units < 1 || opt.steps < 1 || opt.threads < 1)
+    bad = "--units, --steps and --threads must be >= 1";
+  else if (!memory.ok() || *memory == 0)
+    bad = "--device-memory must be a size, e.g. 1G";
+  else if (!sub_group.ok() || *sub_group == 0)
+    bad = "--sub-group-size must be a positive count, e.g. 50M";
+  else if (!param_tier.ok())
+    bad = param_tier.status().message();
+  else if (!opt_tier.ok())
+    bad = opt_tier.status().message();
+  else if (opt.compute_ms < 0)
+    bad = "--compute-ms-per-unit must be >= 0";
+  else if (opt.buffer_count < 1 || opt.buffer_count > 64)
+    bad = "--buffer-count must be 1 to 64";
   else if (!host_budget.ok() || (!opt.host_memory.empty() && *host_budget == 0))
     bad = "--host-memory must be a size, e.g. 4G";
   else if ((*param_tier == OffloadDevice::kNvme || *opt_tier == OffloadDevice::kNvme) && opt.path.empty())
@@ -202,18 +209,21 @@ int Run(const Options& opt) {
   const PlanRow plan = PlanCombination(in, 3, *opt_tier, *param_tier);
   if (!plan.runnable || !plan.fits_device || !plan.fits_host) {
     std::fprintf(stderr, "zinf bench stage3: the plan does not fit: %s (device %s of %s, host pinned %s of %s)\n",
-                 !plan.runnable ? plan.note.c_str() : !plan.fits_device ? "device memory" : "host memory",
+                 !plan.runnable      ? plan.note.c_str()
+                 : !plan.fits_device ? "device memory"
+                                     : "host memory",
                  FormatBytes(plan.device_bytes).c_str(), FormatBytes(*memory).c_str(),
                  FormatBytes(plan.host_bytes).c_str(), FormatBytes(in.host_memory).c_str());
     return 2;
   }
   if (!opt.json) {
-    std::printf("# zinf bench stage3: %s parameters in %d units, bf16, ZeRO stage 3, offload_param %s, "
-                "offload_optimizer %s (%d swap buffers), device %s of %s, %d optimizer threads (%u cores), compute %.1f ms "
-                "per unit and pass\n",
-                FormatCount(static_cast<double>(P)).c_str(), opt.units, opt.offload_param.c_str(),
-                opt.offload_optimizer.c_str(), opt.buffer_count, opt.device.c_str(), FormatBytes(*memory).c_str(), opt.threads,
-                std::thread::hardware_concurrency(), opt.compute_ms);
+    std::printf(
+        "# zinf bench stage3: %s parameters in %d units, bf16, ZeRO stage 3, offload_param %s, "
+        "offload_optimizer %s (%d swap buffers), device %s of %s, %d optimizer threads (%u cores), compute %.1f ms "
+        "per unit and pass\n",
+        FormatCount(static_cast<double>(P)).c_str(), opt.units, opt.offload_param.c_str(),
+        opt.offload_optimizer.c_str(), opt.buffer_count, opt.device.c_str(), FormatBytes(*memory).c_str(), opt.threads,
+        std::thread::hardware_concurrency(), opt.compute_ms);
     std::printf("# plan: device %s, host pinned %s, nvme %s\n", FormatBytes(plan.device_bytes).c_str(),
                 FormatBytes(plan.host_bytes).c_str(), FormatBytes(plan.nvme_bytes).c_str());
     std::fflush(stdout);
@@ -227,8 +237,8 @@ int Run(const Options& opt) {
   {
     if (*param_tier == OffloadDevice::kNvme) shards.assign(opt.units, static_cast<uint64_t>(per_unit) * 2);
     if (*opt_tier == OffloadDevice::kNvme) {
-      const int64_t limit = std::min<int64_t>(static_cast<int64_t>(*sub_group),
-                                              static_cast<int64_t>(PinnedPool::kMaxBufferBytes / 12));
+      const int64_t limit =
+          std::min<int64_t>(static_cast<int64_t>(*sub_group), static_cast<int64_t>(PinnedPool::kMaxBufferBytes / 12));
       const int64_t per_group = std::max<int64_t>(1, limit / per_unit);
       for (int64_t u = 0; u < opt.units; u += per_group) {
         groups.push_back(static_cast<uint64_t>(std::min<int64_t>(per_group, opt.units - u) * per_unit) * 12);
@@ -245,8 +255,9 @@ int Run(const Options& opt) {
   }
   auto measure_bound = [&]() -> BoundTimes {
     if (bound_read == 0) return {};
-    if (!opt.json) std::fprintf(stderr, "  measuring the I/O bound (%s read, %s written)...\n",
-                                FormatBytes(bound_read).c_str(), FormatBytes(bound_written).c_str());
+    if (!opt.json)
+      std::fprintf(stderr, "  measuring the I/O bound (%s read, %s written)...\n", FormatBytes(bound_read).c_str(),
+                   FormatBytes(bound_written).c_str());
     return IoBound(opt.path, shards, groups);
   };
   const BoundTimes bound_before = measure_bound();
@@ -359,44 +370,44 @@ int Run(const Options& opt) {
   const double stall_frac = compute_alone > 0 ? stall / compute_alone : 0.0;
   const double nvme_rate = static_cast<double>(nvme_read + nvme_written) / step / 1e9;
   if (opt.json) {
-    nlohmann::json j = {{"bench", "stage3"},
-                        {"params", P},
-                        {"units", opt.units},
-                        {"offload_param", opt.offload_param},
-                        {"offload_optimizer", opt.offload_optimizer},
-                        {"device", device->name()},
-                        {"device_memory_bytes", *memory},
-                        {"threads", opt.threads},
-                        {"buffer_count", opt.buffer_count},
-                        {"compute_ms_per_unit", opt.compute_ms},
-                        {"step_seconds", step},
-                        {"last_update_seconds", drain},
-                        {"compute_alone_seconds", compute_alone},
-                        {"step_over_compute", compute_alone > 0 ? step / compute_alone : 0.0},
-                        {"stall_seconds", stall},
-                        {"stall_fraction", stall_frac},
-                        {"io_bound_seconds", io_bound},
-                        {"io_bound_read_gb_per_s", bound_read / std::min(bound_before.read, bound_after.read) / 1e9},
-                        {"io_bound_write_gb_per_s",
-                         bound_written / std::min(bound_before.write, bound_after.write) / 1e9},
-                        {"step_over_io_bound", io_bound > 0 ? step / io_bound : 0.0},
-                        {"io_bound_bytes_read", bound_read},
-                        {"io_bound_bytes_written", bound_written},
-                        {"nvme_bytes_read", nvme_read},
-                        {"nvme_bytes_written", nvme_written},
-                        {"nvme_gb_per_s", nvme_rate},
-                        {"copy_bytes", last.copy_bytes},
-                        {"io_wait_seconds", last.io_seconds},
-                        {"optimizer_seconds", last.optimizer_seconds},
-                        {"prefetch_hits", last.prefetch_hits},
-                        {"fetches", last.fetches},
-                        {"device_peak_bytes", dm.peak_in_use_bytes},
-                        {"plan_device_bytes", plan.device_bytes},
-                        {"host_peak_pinned_bytes", last.host_peak_pinned_bytes},
-                        {"plan_host_bytes", plan.host_bytes},
-                        {"host_memory_budget_bytes", in.host_memory},
-                        {"peak_rss_bytes", rss},
-                        {"peak_rss_outside_device_bytes", rss_outside_device}};
+    nlohmann::json j = {
+        {"bench", "stage3"},
+        {"params", P},
+        {"units", opt.units},
+        {"offload_param", opt.offload_param},
+        {"offload_optimizer", opt.offload_optimizer},
+        {"device", device->name()},
+        {"device_memory_bytes", *memory},
+        {"threads", opt.threads},
+        {"buffer_count", opt.buffer_count},
+        {"compute_ms_per_unit", opt.compute_ms},
+        {"step_seconds", step},
+        {"last_update_seconds", drain},
+        {"compute_alone_seconds", compute_alone},
+        {"step_over_compute", compute_alone > 0 ? step / compute_alone : 0.0},
+        {"stall_seconds", stall},
+        {"stall_fraction", stall_frac},
+        {"io_bound_seconds", io_bound},
+        {"io_bound_read_gb_per_s", bound_read / std::min(bound_before.read, bound_after.read) / 1e9},
+        {"io_bound_write_gb_per_s", bound_written / std::min(bound_before.write, bound_after.write) / 1e9},
+        {"step_over_io_bound", io_bound > 0 ? step / io_bound : 0.0},
+        {"io_bound_bytes_read", bound_read},
+        {"io_bound_bytes_written", bound_written},
+        {"nvme_bytes_read", nvme_read},
+        {"nvme_bytes_written", nvme_written},
+        {"nvme_gb_per_s", nvme_rate},
+        {"copy_bytes", last.copy_bytes},
+        {"io_wait_seconds", last.io_seconds},
+        {"optimizer_seconds", last.optimizer_seconds},
+        {"prefetch_hits", last.prefetch_hits},
+        {"fetches", last.fetches},
+        {"device_peak_bytes", dm.peak_in_use_bytes},
+        {"plan_device_bytes", plan.device_bytes},
+        {"host_peak_pinned_bytes", last.host_peak_pinned_bytes},
+        {"plan_host_bytes", plan.host_bytes},
+        {"host_memory_budget_bytes", in.host_memory},
+        {"peak_rss_bytes", rss},
+        {"peak_rss_outside_device_bytes", rss_outside_device}};
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
@@ -404,30 +415,33 @@ int Run(const Options& opt) {
               "stall", "io bound s", "step/io bound", "nvme read", "written", "nvme GB/s");
   std::printf("%8.3f %10.3f %12.2f %8.3f %6.1f%% %10.3f %12.2f %10s %10s %9.2f\n", step, compute_alone,
               compute_alone > 0 ? step / compute_alone : 0.0, stall, 100 * stall_frac, io_bound,
-              io_bound > 0 ? step / io_bound : 0.0, FormatBytes(nvme_read).c_str(),
-              FormatBytes(nvme_written).c_str(), nvme_rate);
+              io_bound > 0 ? step / io_bound : 0.0, FormatBytes(nvme_read).c_str(), FormatBytes(nvme_written).c_str(),
+              nvme_rate);
   if (bound_read > 0) {
-    std::printf("# the I/O bound: the same store reading %s, then writing %s (every shard twice and the optimizer "
-                "state once, then both once) alone, before the engine ran and after: read %.2f / %.2f GB/s, write "
-                "%.2f / %.2f GB/s; the bound is the engine's step bytes at the faster rates\n",
-                FormatBytes(bound_read).c_str(), FormatBytes(bound_written).c_str(), bound_read / bound_before.read / 1e9,
-                bound_read / bound_after.read / 1e9, bound_written / bound_before.write / 1e9,
-                bound_written / bound_after.write / 1e9);
+    std::printf(
+        "# the I/O bound: the same store reading %s, then writing %s (every shard twice and the optimizer "
+        "state once, then both once) alone, before the engine ran and after: read %.2f / %.2f GB/s, write "
+        "%.2f / %.2f GB/s; the bound is the engine's step bytes at the faster rates\n",
+        FormatBytes(bound_read).c_str(), FormatBytes(bound_written).c_str(), bound_read / bound_before.read / 1e9,
+        bound_read / bound_after.read / 1e9, bound_written / bound_before.write / 1e9,
+        bound_written / bound_after.write / 1e9);
   }
   if (opt.steps >= 2) {
-    std::printf("# step: the mean of the %d intervals between the ends of consecutive timed backwards (the steady "
-                "state: each holds the previous update overlapped with a forward); the run's last update, which no "
-                "forward follows, took %.3f s more\n",
-                opt.steps - 1, drain);
+    std::printf(
+        "# step: the mean of the %d intervals between the ends of consecutive timed backwards (the steady "
+        "state: each holds the previous update overlapped with a forward); the run's last update, which no "
+        "forward follows, took %.3f s more\n",
+        opt.steps - 1, drain);
   } else {
-    std::printf("# step: one step's forward, backward and update with nothing overlapping (--steps 2 or more for the "
-                "steady state)\n");
+    std::printf(
+        "# step: one step's forward, backward and update with nothing overlapping (--steps 2 or more for the "
+        "steady state)\n");
   }
-  std::printf("# last step: host<->device copies %s (%.2f GB/s), nvme waits %.3f s, optimizer %.3f s, %lld/%lld gathers "
-              "prefetched\n",
-              FormatBytes(last.copy_bytes).c_str(), static_cast<double>(last.copy_bytes) / step / 1e9, last.io_seconds,
-              last.optimizer_seconds, static_cast<long long>(last.prefetch_hits),
-              static_cast<long long>(last.fetches));
+  std::printf(
+      "# last step: host<->device copies %s (%.2f GB/s), nvme waits %.3f s, optimizer %.3f s, %lld/%lld gathers "
+      "prefetched\n",
+      FormatBytes(last.copy_bytes).c_str(), static_cast<double>(last.copy_bytes) / step / 1e9, last.io_seconds,
+      last.optimizer_seconds, static_cast<long long>(last.prefetch_hits), static_cast<long long>(last.fetches));
   std::printf("# device peak %s (plan %s); host pinned peak %s (plan %s, budget %s); peak RSS %s",
               FormatBytes(dm.peak_in_use_bytes).c_str(), FormatBytes(plan.device_bytes).c_str(),
               FormatBytes(last.host_peak_pinned_bytes).c_str(), FormatBytes(plan.host_bytes).c_str(),
@@ -440,12 +454,14 @@ int Run(const Options& opt) {
   for (const PlanItem& item : plan.nvme_items) {
     if (item.what.find("gradients") != std::string::npos) {
       std::printf("# gradients: swapped to NVMe (%s; the host budget decides), %s of host gradient buffers\n",
-                  FormatBytes(item.bytes).c_str(), [&] {
+                  FormatBytes(item.bytes).c_str(),
+                  [&] {
                     for (const PlanItem& h : plan.host_items) {
                       if (h.what.find("gradient buffers") != std::string::npos) return FormatBytes(h.bytes);
                     }
                     return std::string("none");
-                  }().c_str());
+                  }()
+                      .c_str());
     }
   }
   return 0;
@@ -471,7 +487,8 @@ void RegisterStage3(CLI::App& bench, int* exit_code) {
                   "step's optimizer state during backward")
       ->capture_default_str();
   AddEngineBenchRunOptions(cmd, *opt);
-  SetEngineBenchAction(cmd, [opt] { return Run(*opt); }, exit_code);
+  SetEngineBenchAction(
+      cmd, [opt] { return Run(*opt); }, exit_code);
 }
 
 }  // namespace zinf::bench

@@ -26,7 +26,7 @@ namespace zinf::bench {
 // is 16-bit whatever its dtype, so only its size matters.
 // One variant of the streaming kernel.
 struct StreamVariant {
-  std::string name;  // e.g. "avx512 x4 static"
+  std::string name;                                                        // e.g. "avx512 x4 static"
   double (*time)(tbb::task_arena& arena, const AdamBuffers& a) = nullptr;  // seconds for one pass
 };
 

@@ -138,10 +138,13 @@ double TimeStream(tbb::task_arena& arena, const AdamBuffers& a) {
       // One contiguous chunk per thread, split on 64-byte (16-float) lines.
       const size_t threads = static_cast<size_t>(arena.max_concurrency());
       const size_t lines = (n + 15) / 16;
-      tbb::parallel_for(size_t{0}, threads, [&](size_t t) {
-        const size_t lo = std::min(n, lines * t / threads * 16), hi = std::min(n, lines * (t + 1) / threads * 16);
-        StreamChunk<W, U, k16BitGrad, kCopy>(a, lo, hi);
-      }, tbb::static_partitioner());
+      tbb::parallel_for(
+          size_t{0}, threads,
+          [&](size_t t) {
+            const size_t lo = std::min(n, lines * t / threads * 16), hi = std::min(n, lines * (t + 1) / threads * 16);
+            StreamChunk<W, U, k16BitGrad, kCopy>(a, lo, hi);
+          },
+          tbb::static_partitioner());
     } else {
       // Tasks of at least 64 Ki elements, split on 16-element lines too.
       const size_t lines = (n + 15) / 16;

@@ -152,7 +152,8 @@ int Run(const Options& opt) {
 
 void RegisterTokenizer(CLI::App& bench, int* exit_code) {
   auto opt = std::make_shared<Options>();
-  CLI::App* cmd = bench.add_subcommand("tokenizer", "Encoding speed of a tokenizer (MB/s per thread) vs the byte tokenizer");
+  CLI::App* cmd =
+      bench.add_subcommand("tokenizer", "Encoding speed of a tokenizer (MB/s per thread) vs the byte tokenizer");
   cmd->add_option("--tokenizer", opt->tokenizer, "tokenizer.json (or a directory with one), or a GPT-2 BPE directory")
       ->required();
   cmd->add_option("--text", opt->text_file, "Text file to encode (default: the embedded corpus)");

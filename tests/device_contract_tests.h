@@ -223,7 +223,7 @@ TEST_P(DeviceContractTest, HostWaitsAreCountedWhenTheyBlock) {
   const DeviceWaitStats mid = device_->wait_stats();
   EXPECT_EQ(mid.blocking, before.blocking + 1);
   EXPECT_EQ(mid.draining, before.draining);  // the second task was still queued
-  ASSERT_TRUE(s->Synchronize().ok());  // waits for the second: drains the stream
+  ASSERT_TRUE(s->Synchronize().ok());        // waits for the second: drains the stream
   opener.join();
   const DeviceWaitStats after = device_->wait_stats();
   EXPECT_EQ(after.blocking, before.blocking + 2);

@@ -46,9 +46,7 @@ struct ExportOptions {
   std::string hf_dir;
 };
 
-const char* SafetensorsDType(DType d) {
-  return d == DType::kFloat32 ? "F32" : d == DType::kBFloat16 ? "BF16" : "F16";
-}
+const char* SafetensorsDType(DType d) { return d == DType::kFloat32 ? "F32" : d == DType::kBFloat16 ? "BF16" : "F16"; }
 
 // The checkpoint being exported: its reader, its units, and the unit read
 // last (the fp32 master, whole).
@@ -196,8 +194,9 @@ Status RegisteredTensors(ExportRun& run, const nlohmann::json& manifest,
 // Returns the tensors written.
 Result<uint64_t> ExportRegistered(const ExportOptions& opt, ExportRun& run, const nlohmann::json& manifest) {
   if (run.naming != data::WeightNaming::kZinf) {
-    return BadInput("--names hf needs a GPT checkpoint saved by `zinf train`; this one has the engine client's own "
-                    "tensors (use --names zinf)");
+    return BadInput(
+        "--names hf needs a GPT checkpoint saved by `zinf train`; this one has the engine client's own "
+        "tensors (use --names zinf)");
   }
   std::vector<data::SafetensorsTensorSpec> specs;
   std::vector<TensorPlace> where;
@@ -232,8 +231,9 @@ Status Run(const ExportOptions& opt) {
   const nlohmann::json client = manifest.value("client_state", nlohmann::json::object());
   const bool llama_family = client.is_object() && client.contains("hf_config");
   if (!opt.hf_dir.empty() && !llama_family) {
-    return BadInput("--hf-dir needs a Llama-family model saved by `zinf train`; this checkpoint has none (for GPT-2 "
-                    "give OUT.safetensors --names hf)");
+    return BadInput(
+        "--hf-dir needs a Llama-family model saved by `zinf train`; this checkpoint has none (for GPT-2 "
+        "give OUT.safetensors --names hf)");
   }
   if (!opt.out.empty() && llama_family) {
     return BadInput("this checkpoint holds a Llama-family model: write it with --hf-dir DIR");

@@ -63,8 +63,10 @@ Result<uint64_t> Size(const std::string& text, const char* flag) {
 
 std::string Seconds(double s) {
   char buf[32];
-  if (s >= 1) std::snprintf(buf, sizeof buf, "%.2f s", s);
-  else std::snprintf(buf, sizeof buf, "%.1f ms", s * 1e3);
+  if (s >= 1)
+    std::snprintf(buf, sizeof buf, "%.2f s", s);
+  else
+    std::snprintf(buf, sizeof buf, "%.1f ms", s * 1e3);
   return buf;
 }
 
@@ -134,9 +136,9 @@ Status ResolveAutoValues(const PlanOptions& opt, PlanRun& run) {
     auto r = ResolveAuto(config, ctx);
     if (!r.ok()) {
       const std::string& m = r.status().message();
-      return BadInput(m +
-                      (m.find("hidden size") != std::string::npos ? " (--params gives none: use --model or --d-model)" : "") +
-                      (m.find("total_num_steps") != std::string::npos ? " (give --steps)" : ""));
+      return BadInput(
+          m + (m.find("hidden size") != std::string::npos ? " (--params gives none: use --model or --d-model)" : "") +
+          (m.find("total_num_steps") != std::string::npos ? " (give --steps)" : ""));
     }
     run.auto_lines = std::move(*r);
   }
@@ -227,17 +229,17 @@ Status ResolveCapacities(const PlanOptions& opt, PlanRun& run) {
 // What the plan assumed: the model, the capacities and the rates.
 void PrintAssumptions(const PlanRun& run) {
   const PlanInput& in = run.in;
-  std::printf("zinf plan: %s; %d rank(s), %s compute, accumulation %lld\n", in.model.description.c_str(),
-              in.world_size, std::string(DTypeName(run.compute)).c_str(),
-              static_cast<long long>(in.gradient_accumulation_steps));
+  std::printf("zinf plan: %s; %d rank(s), %s compute, accumulation %lld\n", in.model.description.c_str(), in.world_size,
+              std::string(DTypeName(run.compute)).c_str(), static_cast<long long>(in.gradient_accumulation_steps));
   std::printf("  activations: %s\n", in.model.activation_note.c_str());
   for (const std::string& line : run.auto_lines) std::printf("  auto: %s\n", line.c_str());
   std::printf("  capacity per rank: device %s (%s), host %s (%s), nvme %s (%s)\n",
               FormatBytes(in.device_memory).c_str(), run.device_from.c_str(), FormatBytes(in.host_memory).c_str(),
               run.host_from.c_str(), in.nvme_free ? FormatBytes(in.nvme_free).c_str() : "?", run.nvme_from.c_str());
   if (in.reductions_on_device) {
-    std::printf("  collectives: NCCL on the device; the largest gradient reduction's staging is counted in device "
-                "memory\n");
+    std::printf(
+        "  collectives: NCCL on the device; the largest gradient reduction's staging is counted in device "
+        "memory\n");
   }
   const PlanRates& r = in.rates;
   std::printf("  rates: Adam %s params/s (%s)\n", FormatCount(r.adam_params_per_s.value).c_str(),
@@ -267,15 +269,16 @@ void PrintRows(const std::vector<PlanRow>& rows) {
       if (!row.fits_nvme) fits += " nvme";
     }
     std::printf("%-5d %-9s %-6s %11s %11s %11s %-12s %10s %10s %10s %10s\n", row.stage,
-                std::string(OffloadDeviceName(row.optimizer)).c_str(), std::string(OffloadDeviceName(row.param)).c_str(),
-                FormatBytes(row.device_bytes).c_str(), FormatBytes(row.host_bytes).c_str(),
-                FormatBytes(row.nvme_bytes).c_str(), fits.c_str(), Seconds(row.step_s).c_str(),
-                Seconds(row.compute_s).c_str(), Seconds(row.optimizer_s).c_str(),
+                std::string(OffloadDeviceName(row.optimizer)).c_str(),
+                std::string(OffloadDeviceName(row.param)).c_str(), FormatBytes(row.device_bytes).c_str(),
+                FormatBytes(row.host_bytes).c_str(), FormatBytes(row.nvme_bytes).c_str(), fits.c_str(),
+                Seconds(row.step_s).c_str(), Seconds(row.compute_s).c_str(), Seconds(row.optimizer_s).c_str(),
                 row.nvme_s > 0 ? Seconds(row.nvme_s).c_str() : "-");
   }
-  std::printf("bytes per rank as the engine allocates them (buffers, buckets, staging, activations included); host = "
-              "pinned memory. step = max(compute, parameter shard reads) + copies + collectives + max(optimizer, nvme "
-              "io) per optimizer step. --json has the breakdown.\n");
+  std::printf(
+      "bytes per rank as the engine allocates them (buffers, buckets, staging, activations included); host = "
+      "pinned memory. step = max(compute, parameter shard reads) + copies + collectives + max(optimizer, nvme "
+      "io) per optimizer step. --json has the breakdown.\n");
   for (const PlanRow& row : rows) {
     if (row.runnable) continue;
     std::printf("note: stage %d, optimizer %s, param %s: %s\n", row.stage,
@@ -306,8 +309,9 @@ Status Run(const PlanOptions& opt) {
 
 void AddPlanRateOptions(CLI::App* cmd, PlanRateFlags& flags) {
   cmd->add_option("--adam-json", flags.adam_json, "Adam rate from `zinf bench adam --json` output");
-  cmd->add_option("--aio-json", flags.aio_json, "NVMe rates from `zinf aio sweep --json` (or aio read/write --json) "
-                                                "output; may repeat");
+  cmd->add_option("--aio-json", flags.aio_json,
+                  "NVMe rates from `zinf aio sweep --json` (or aio read/write --json) "
+                  "output; may repeat");
   cmd->add_option("--model-json", flags.model_json, "GFLOP/s from `zinf bench model --json` output");
   cmd->add_option("--copy-gbps", flags.copy_gbps, "Device copy bandwidth, GB/s (default 10)");
   cmd->add_option("--comm-gbps", flags.comm_gbps, "Collective bus bandwidth, GB/s (default 5)");
@@ -337,8 +341,9 @@ void RegisterPlan(CLI::App& app, int* exit_code) {
       "plan", "Bytes per tier per rank, what fits and the predicted step time, for every ZeRO stage x offload");
   cmd->add_option("--config", opt->config, "DeepSpeed-style JSON config (buffer counts, buckets, precision, ...)");
   cmd->add_option("--model", opt->model, "A GPT preset: tiny, gpt2, gpt2-medium, ..., gpt-13b");
-  cmd->add_option("--params", opt->params, "A parameter count (e.g. 1.5B) instead of a model: --units equal units, "
-                                           "no activations");
+  cmd->add_option("--params", opt->params,
+                  "A parameter count (e.g. 1.5B) instead of a model: --units equal units, "
+                  "no activations");
   cmd->add_option("--units", opt->units, "Units for --params")->capture_default_str();
   cmd->add_option("--layers", opt->layers, "GPT shape: transformer blocks");
   cmd->add_option("--d-model", opt->d_model, "GPT shape: embedding width");
@@ -352,13 +357,16 @@ void RegisterPlan(CLI::App& app, int* exit_code) {
   cmd->add_flag("--checkpointing", opt->checkpointing, "Activation checkpointing");
   cmd->add_option("--dtype", opt->dtype, "Compute precision bf16, fp16 or fp32 (default: the config's)");
   cmd->add_option("--ranks", opt->ranks, "Number of ranks")->capture_default_str();
-  cmd->add_option("--device", opt->device, "The engine's device, auto, cpu, cuda or cuda:N (default: the config's "
-                                           "zinf.device); with several ranks on CUDA, NCCL's reduction staging is "
-                                           "counted");
-  cmd->add_option("--device-memory", opt->device_memory, "Device memory per rank (default: zinf.device_memory, "
-                                                         "else HostDevice's 1/4 of RAM)");
-  cmd->add_option("--host-memory", opt->host_memory, "Pinned host memory per rank (default: zinf.host_memory, "
-                                                     "else physical memory)");
+  cmd->add_option("--device", opt->device,
+                  "The engine's device, auto, cpu, cuda or cuda:N (default: the config's "
+                  "zinf.device); with several ranks on CUDA, NCCL's reduction staging is "
+                  "counted");
+  cmd->add_option("--device-memory", opt->device_memory,
+                  "Device memory per rank (default: zinf.device_memory, "
+                  "else HostDevice's 1/4 of RAM)");
+  cmd->add_option("--host-memory", opt->host_memory,
+                  "Pinned host memory per rank (default: zinf.host_memory, "
+                  "else physical memory)");
   cmd->add_option("--nvme-free", opt->nvme_free, "Free NVMe space per rank (default: free space at nvme_path)");
   AddPlanRateOptions(cmd, opt->rates);
   cmd->add_flag("--json", opt->json, "Print one JSON object");

@@ -21,15 +21,12 @@ inline Status BadInput(std::string message) { return InvalidArgument(std::move(m
 // code is kept, except that an InvalidArgument cause becomes
 // FailedPrecondition (the input was accepted; the run could not go on).
 inline Status RunFailed(const Status& cause, std::string_view what) {
-  const StatusCode code =
-      cause.code() == StatusCode::kInvalidArgument ? StatusCode::kFailedPrecondition : cause.code();
+  const StatusCode code = cause.code() == StatusCode::kInvalidArgument ? StatusCode::kFailedPrecondition : cause.code();
   return Status(code, std::string(what) + ": " + cause.ToString());
 }
 
 // 0 for OK, 2 for bad input, 1 for a failure.
-inline int ToolExitCode(const Status& s) {
-  return s.ok() ? 0 : s.code() == StatusCode::kInvalidArgument ? 2 : 1;
-}
+inline int ToolExitCode(const Status& s) { return s.ok() ? 0 : s.code() == StatusCode::kInvalidArgument ? 2 : 1; }
 
 // Prints a non-OK status as "zinf <command>: <message>" on stderr; returns
 // its exit code.

@@ -77,7 +77,8 @@ model::GptConfig DefaultTrainModel(int64_t vocab_size) {
 
 void RegisterTrain(CLI::App& app, int* exit_code) {
   auto opt = std::make_shared<TrainOptions>();
-  CLI::App* cmd = app.add_subcommand("train", "Fine-tune the GPT reference model through the engine (no arguments: the embedded default)");
+  CLI::App* cmd = app.add_subcommand(
+      "train", "Fine-tune the GPT reference model through the engine (no arguments: the embedded default)");
   cmd->add_option("--config", opt->config, "DeepSpeed-style JSON config (flags override it)");
   cmd->add_option("--model", opt->model, "A preset: tiny, gpt2, gpt2-medium, ..., gpt-13b");
   cmd->add_option("--layers", opt->layers, "Transformer blocks");
@@ -98,7 +99,9 @@ void RegisterTrain(CLI::App& app, int* exit_code) {
   cmd->add_option("--micro-batch", opt->micro_batch, "Sequences per micro-step per rank");
   cmd->add_option("--grad-accum", opt->grad_accum, "Micro-steps per optimizer step");
   cmd->add_option("--lr", opt->lr, "Peak learning rate");
-  cmd->add_option("--device", opt->device, "auto (CUDA device 0 if there is one, else cpu), cpu, cuda or cuda:N; default: the config's zinf.device, auto");
+  cmd->add_option(
+      "--device", opt->device,
+      "auto (CUDA device 0 if there is one, else cpu), cpu, cuda or cuda:N; default: the config's zinf.device, auto");
   cmd->add_option("--device-memory", opt->device_memory, "Device memory budget, e.g. 2G");
   cmd->add_option("--matmul", opt->matmul,
                   "Matrix products: fp32, or bf16 operands with fp32 sums (tensor cores on CUDA); default: the "
@@ -109,8 +112,8 @@ void RegisterTrain(CLI::App& app, int* exit_code) {
                   "config's zinf.attention, auto: flash with bf16 products and heads of 64 or 128")
       ->check(CLI::IsMember({"auto", "plain", "flash"}));
   cmd->add_flag("--checkpointing", opt->checkpointing,
-               "Activation checkpointing: keep each block's input only and run its forward again in its backward "
-               "(same results, less activation memory)");
+                "Activation checkpointing: keep each block's input only and run its forward again in its backward "
+                "(same results, less activation memory)");
   cmd->add_option("--seed", opt->seed, "Initialisation, data order and sampling")->capture_default_str();
   cmd->add_option("--threads", opt->threads, "CPU threads per rank for kernels and the optimizer (0: cores / ranks)");
   cmd->add_option("--sample-tokens", opt->sample_tokens, "Tokens to sample after training (CPU model; 0: none)")

@@ -37,9 +37,7 @@ Result<std::unique_ptr<TrainFeed>> TrainFeed::Create(Device& device, Stream& str
 
 TrainFeed::~TrainFeed() { (void)stream_.Synchronize(); }
 
-int32_t* TrainFeed::slot_base(int64_t m) const {
-  return reinterpret_cast<int32_t*>(base_) + (m % 2) * 2 * tokens_;
-}
+int32_t* TrainFeed::slot_base(int64_t m) const { return reinterpret_cast<int32_t*>(base_) + (m % 2) * 2 * tokens_; }
 
 float* TrainFeed::loss_slot(int64_t step) const {
   return reinterpret_cast<float*>(base_ + 2 * 2 * tokens_ * 4) + (step % 2) * accumulation_;

@@ -51,7 +51,8 @@ Status Resume(TrainRun& run) {
   ZINF_RETURN_IF_ERROR(
       run.Check(run.loop.loader->Restore({j["loader"]["epoch"].get<uint64_t>(), j["loader"]["window"].get<uint64_t>()}),
                 "resume"));
-  if (run.talk) std::printf("  resumed from %s at step %lld\n", from.c_str(), static_cast<long long>(run.loop.first_step));
+  if (run.talk)
+    std::printf("  resumed from %s at step %lld\n", from.c_str(), static_cast<long long>(run.loop.first_step));
   return Status::Ok();
 }
 
@@ -99,7 +100,7 @@ Result<HeadUnits> EnqueueForward(TrainRun& run, const char* what) {
   TrainLoopState& loop = run.loop;
   Engine& engine = *run.engine;
   Stream& stream = *run.stream;
-  model::GptDevice& gpt = *run.gpt;
+  exec::GptDevice& gpt = *run.gpt;
   const int L = static_cast<int>(run.mc.num_layers);
   ZINF_RETURN_IF_ERROR(run.Check(loop.feed->Feed(loop.micro++, loop.dtok, loop.dtgt), "copy"));
   HeadUnits head;
@@ -127,7 +128,7 @@ Result<HeadUnits> EnqueueForward(TrainRun& run, const char* what) {
 Status EnqueueBackward(TrainRun& run, const HeadUnits& head) {
   Engine& engine = *run.engine;
   Stream& stream = *run.stream;
-  model::GptDevice& gpt = *run.gpt;
+  exec::GptDevice& gpt = *run.gpt;
   const int L = static_cast<int>(run.mc.num_layers);
   ZINF_ASSIGN_OR_RETURN(const float scale, run.Check(engine.loss_scale(), "loss scale"));
   {
@@ -168,8 +169,10 @@ Status MicroStep(TrainRun& run, int64_t step, int64_t k) {
   const std::string step_name = "step " + std::to_string(step + 1);
   ZINF_ASSIGN_OR_RETURN(auto slot, run.Check(loop.feed->Slot(loop.micro), step_name));
   for (int r = 0; r < run.world; ++r) {  // every rank its own windows
-    if (r == run.rank) loop.loader->Next(slot.first, slot.second);
-    else loop.loader->Next(loop.skip_tok.data(), loop.skip_tgt.data());
+    if (r == run.rank)
+      loop.loader->Next(slot.first, slot.second);
+    else
+      loop.loader->Next(loop.skip_tok.data(), loop.skip_tgt.data());
   }
   ZINF_ASSIGN_OR_RETURN(const HeadUnits head, EnqueueForward(run, "forward"));
   ZINF_RETURN_IF_ERROR(EnqueueBackward(run, head));
@@ -224,16 +227,27 @@ void PrintProgress(const TrainRun& run, const StepReport& r, std::chrono::steady
 // One --metrics-json line.
 void WriteMetrics(TrainLoopState& loop, const StepReport& r) {
   const StepStats& st = r.stats;
-  nlohmann::json j = {{"step", r.step + 1}, {"loss", r.loss}, {"tokens_per_s", r.tps}, {"step_seconds", r.secs},
-                      {"lr", st.lr}, {"grad_norm", st.grad_norm}, {"clip_coef", st.clip_coef},
-                      {"skipped", st.skipped}, {"loss_scale", st.loss_scale},
-                      {"optimizer_seconds", st.optimizer_seconds}, {"comm_seconds", st.comm_seconds},
-                      {"copy_seconds", st.copy_seconds}, {"io_seconds", st.io_seconds},
-                      {"stall_seconds", st.stall_seconds}, {"nvme_bytes_read", st.nvme_bytes_read},
-                      {"nvme_bytes_written", st.nvme_bytes_written}, {"copy_bytes", st.copy_bytes},
+  nlohmann::json j = {{"step", r.step + 1},
+                      {"loss", r.loss},
+                      {"tokens_per_s", r.tps},
+                      {"step_seconds", r.secs},
+                      {"lr", st.lr},
+                      {"grad_norm", st.grad_norm},
+                      {"clip_coef", st.clip_coef},
+                      {"skipped", st.skipped},
+                      {"loss_scale", st.loss_scale},
+                      {"optimizer_seconds", st.optimizer_seconds},
+                      {"comm_seconds", st.comm_seconds},
+                      {"copy_seconds", st.copy_seconds},
+                      {"io_seconds", st.io_seconds},
+                      {"stall_seconds", st.stall_seconds},
+                      {"nvme_bytes_read", st.nvme_bytes_read},
+                      {"nvme_bytes_written", st.nvme_bytes_written},
+                      {"copy_bytes", st.copy_bytes},
                       {"device_bytes_in_use", st.device_bytes_in_use},
                       {"host_pinned_bytes", st.host_pinned_bytes},
-                      {"host_waits", r.blocking}, {"host_waits_draining", r.draining}};
+                      {"host_waits", r.blocking},
+                      {"host_waits_draining", r.draining}};
   if (r.timeline) {
     const sched::StepTimeline& tl = *r.timeline;
     std::map<std::string, double> share;
@@ -300,9 +314,13 @@ Status Save(TrainRun& run, int64_t done) {
   const data::LoaderPosition at = run.loop.loader->Position();
   nlohmann::json client = {{"step", done},
                            {"loader", {{"epoch", at.epoch}, {"window", at.window}}},
-                           {"model", {{"name", mc.name}, {"vocab_size", mc.vocab_size}, {"max_seq_len", mc.max_seq_len},
-                                      {"embed_dim", mc.embed_dim}, {"num_layers", mc.num_layers},
-                                      {"num_heads", mc.num_heads}}}};
+                           {"model",
+                            {{"name", mc.name},
+                             {"vocab_size", mc.vocab_size},
+                             {"max_seq_len", mc.max_seq_len},
+                             {"embed_dim", mc.embed_dim},
+                             {"num_layers", mc.num_layers},
+                             {"num_heads", mc.num_heads}}}};
   // The Llama family's whole shape, for `zinf export --hf-dir`.
   if (!mc.IsGpt2Family()) {
     client["hf_config"] = run.hf ? run.hf->config_json : data::HfConfigJson(mc);
@@ -371,9 +389,9 @@ Result<double> Validate(TrainRun& run) {
   Stream& stream = *run.stream;
   const int64_t B = run.B, T = run.T;
   const int L = static_cast<int>(run.mc.num_layers);
-  ZINF_ASSIGN_OR_RETURN(
-      data::BatchLoader valid,
-      run.Check(data::BatchLoader::Create(run.split.valid, {B, T, 0, false}, run.split.valid_targets), "validation data"));
+  ZINF_ASSIGN_OR_RETURN(data::BatchLoader valid,
+                        run.Check(data::BatchLoader::Create(run.split.valid, {B, T, 0, false}, run.split.valid_targets),
+                                  "validation data"));
   const int64_t windows = std::max<int64_t>(1, std::min<int64_t>(valid.NumWindows() / B, 16));
   double vloss = 0;
   for (int64_t w = 0; w < windows; ++w) {

@@ -26,7 +26,8 @@ std::string TrainSvg(const std::vector<double>& loss, const std::vector<double>&
   return "<svg xmlns='http://www.w3.org/2000/svg' width='720' height='360' font-family='sans-serif'>"
          "<rect width='720' height='360' fill='white'/>"
          "<text x='50' y='20' font-size='13'>zinf train: loss (blue) and tokens/s (orange) per step</text>"
-         "<line x1='50' y1='310' x2='670' y2='310' stroke='#888'/><line x1='50' y1='50' x2='50' y2='310' stroke='#888'/>" +
+         "<line x1='50' y1='310' x2='670' y2='310' stroke='#888'/><line x1='50' y1='50' x2='50' y2='310' "
+         "stroke='#888'/>" +
          line(loss, "blue") + line(tps, "orange") + "</svg>\n";
 }
 

@@ -44,7 +44,8 @@ Result<std::string> Sample(TrainRun& run, const std::vector<std::vector<float>>&
   // trained target); text: the first half window.
   int64_t prompt_len = T / 2;
   if (run.chat) {
-    const auto first = std::find_if(split.valid_targets.begin(), split.valid_targets.end(), [](int32_t t) { return t >= 0; });
+    const auto first =
+        std::find_if(split.valid_targets.begin(), split.valid_targets.end(), [](int32_t t) { return t >= 0; });
     if (first != split.valid_targets.end()) prompt_len = (first - split.valid_targets.begin()) + 1;
   }
   std::vector<int32_t> ctx(split.valid.begin(), split.valid.begin() + prompt_len), window(T), none(T, -1), out;
@@ -65,7 +66,8 @@ Result<std::string> Sample(TrainRun& run, const std::vector<std::vector<float>>&
   auto prompt = run.tokenizer->Decode(std::span<const int32_t>(split.valid.data(), prompt_len));
   auto text = run.tokenizer->Decode(out);
   std::string sample = (prompt.ok() ? *prompt : "") + "|" + (text.ok() ? *text : "<undecodable>");
-  for (char& c : sample) if (c == '\n') c = ' ';
+  for (char& c : sample)
+    if (c == '\n') c = ' ';
   return sample;
 }
 
@@ -78,8 +80,7 @@ Status Export(TrainRun& run, const std::vector<std::vector<float>>& masters) {
     auto naming = data::ParseWeightNaming(opt.export_names);
     auto dtype = ParseDType(opt.export_dtype);
     if (!naming.ok() || !dtype.ok()) return BadInput("--export-names zinf|hf and --export-dtype fp32|bf16|fp16");
-    ZINF_RETURN_IF_ERROR(
-        run.Check(data::ExportGptWeights(master, run.mc, *naming, *dtype, opt.export_path), "export"));
+    ZINF_RETURN_IF_ERROR(run.Check(data::ExportGptWeights(master, run.mc, *naming, *dtype, opt.export_path), "export"));
   }
   if (!opt.export_dir.empty()) {
     data::HfExportOptions eo;
@@ -100,10 +101,11 @@ Status PrintTrainedSummary(TrainRun& run) {
   const TrainTotals& t = run.loop.totals;
   const int64_t trained = run.steps - run.loop.first_step;
   const double tokens = static_cast<double>(trained * run.batch.train_batch_size * run.T);
-  std::printf("  %s tokens in %.1f s: %s tokens/s; time in optimizer %.0f%%, collectives %.0f%%, copies %.0f%%, nvme waits %.0f%%, compute stalled %.0f%%\n",
-              FormatCount(tokens).c_str(), t.train_s, FormatCount(tokens / t.train_s).c_str(),
-              100 * t.optimizer_s / t.train_s, 100 * t.comm_s / t.train_s, 100 * t.copy_s / t.train_s,
-              100 * t.io_s / t.train_s, 100 * t.stall_s / t.train_s);
+  std::printf(
+      "  %s tokens in %.1f s: %s tokens/s; time in optimizer %.0f%%, collectives %.0f%%, copies %.0f%%, nvme waits "
+      "%.0f%%, compute stalled %.0f%%\n",
+      FormatCount(tokens).c_str(), t.train_s, FormatCount(tokens / t.train_s).c_str(), 100 * t.optimizer_s / t.train_s,
+      100 * t.comm_s / t.train_s, 100 * t.copy_s / t.train_s, 100 * t.io_s / t.train_s, 100 * t.stall_s / t.train_s);
   std::printf("  bytes moved: nvme read %s, written %s; host<->device copies %s (per step %s, %s, %s)\n",
               FormatBytes(t.nvme_read).c_str(), FormatBytes(t.nvme_written).c_str(), FormatBytes(t.copied).c_str(),
               FormatBytes(t.nvme_read / std::max<int64_t>(1, trained)).c_str(),
@@ -120,12 +122,11 @@ Status PrintTrainedSummary(TrainRun& run) {
   const double median_step = steady[steady.size() / 2];
   std::printf("  step time: median %.3g s over %zu steps, plan %.3g s at %s rates (plan/measured %.2f)\n", median_step,
               steady.size(), plan.step_s, run.rates_measured ? "measured" : "default", plan.step_s / median_step);
-  std::printf("  memory: device peak %s, pinned host peak %s (plan %s and %s); peak RSS %s%s\n",
-              FormatBytes(dm.peak_in_use_bytes).c_str(), FormatBytes(st.host_peak_pinned_bytes).c_str(),
-              FormatBytes(plan.device_bytes).c_str(), FormatBytes(plan.host_bytes).c_str(),
-              FormatBytes(PeakRssBytes()).c_str(),
-              host_device ? (" (HostDevice's " + FormatBytes(dm.budget_bytes) + " of device memory included)").c_str()
-                          : "");
+  std::printf(
+      "  memory: device peak %s, pinned host peak %s (plan %s and %s); peak RSS %s%s\n",
+      FormatBytes(dm.peak_in_use_bytes).c_str(), FormatBytes(st.host_peak_pinned_bytes).c_str(),
+      FormatBytes(plan.device_bytes).c_str(), FormatBytes(plan.host_bytes).c_str(), FormatBytes(PeakRssBytes()).c_str(),
+      host_device ? (" (HostDevice's " + FormatBytes(dm.budget_bytes) + " of device memory included)").c_str() : "");
   return Status::Ok();
 }
 

@@ -43,14 +43,14 @@ struct TrainOptions {
   std::string model;  // a preset; empty: the flags below (or the default's shape)
   int64_t layers = 0, d_model = 0, heads = 0, seq_len = 0, vocab = 0;
   std::string data, tokenizer, init, export_path, export_names = "zinf", export_dtype = "bf16";
-  std::string model_dir, export_dir;  // Hugging Face folders in and out
+  std::string model_dir, export_dir;   // Hugging Face folders in and out
   std::string chat_template = "auto";  // for .jsonl data
   int64_t steps = 0, micro_batch = 0, grad_accum = 0;
   double lr = 0;
   std::string device;  // empty: the config's zinf.device (auto by default)
   std::string device_memory;
-  std::string matmul;  // empty: the config's zinf.matmul (fp32 by default)
-  std::string attention;  // empty: the config's zinf.attention (auto by default)
+  std::string matmul;          // empty: the config's zinf.matmul (fp32 by default)
+  std::string attention;       // empty: the config's zinf.attention (auto by default)
   bool checkpointing = false;  // activation checkpointing: each block's forward again in its backward
   uint64_t seed = 1;
   int threads = 0;
@@ -88,8 +88,8 @@ struct TrainTotals {
 // The training loop's state (tools/train_loop.cc).
 struct TrainLoopState {
   std::optional<data::BatchLoader> loader;
-  int64_t first_step = 0;  // resumed at this step
-  bool tty = false;        // stderr is a terminal: one live progress line
+  int64_t first_step = 0;                   // resumed at this step
+  bool tty = false;                         // stderr is a terminal: one live progress line
   std::vector<int32_t> skip_tok, skip_tgt;  // the other ranks' windows, read past
   std::unique_ptr<TrainFeed> feed;
   int64_t micro = 0;  // micro-steps fed, validation included
@@ -159,7 +159,7 @@ struct TrainRun {
   bool rates_measured = false;  // any rate from a file, not the stated defaults
   PlanRow plan_row;
   model::GptRunOptions ro;
-  std::unique_ptr<model::GptDevice> gpt;
+  std::unique_ptr<exec::GptDevice> gpt;
   int units = 0;
   int64_t params = 0;
 

@@ -70,7 +70,8 @@ Status ApplyScheduleFlags(TrainRun& run) {
     config.optimizer.lr = opt.lr;
     if (config.scheduler.type != SchedulerType::kNone) config.scheduler.warmup_max_lr = opt.lr;
   }
-  if (config.scheduler.type == SchedulerType::kWarmupDecayLR || config.scheduler.type == SchedulerType::kWarmupCosineLR) {
+  if (config.scheduler.type == SchedulerType::kWarmupDecayLR ||
+      config.scheduler.type == SchedulerType::kWarmupCosineLR) {
     if (config.scheduler.total_num_steps <= 0 || run.defaults) {
       config.scheduler.total_num_steps = std::max<int64_t>(run.steps, config.scheduler.warmup_num_steps + 2);
     }
@@ -78,15 +79,17 @@ Status ApplyScheduleFlags(TrainRun& run) {
   if (opt.micro_batch > 0) {
     if (config.train_micro_batch_size_per_gpu && *config.train_micro_batch_size_per_gpu != opt.micro_batch &&
         !run.defaults) {
-      return BadInput("--micro-batch " + std::to_string(opt.micro_batch) + " contradicts train_micro_batch_size_per_gpu = " +
-                      std::to_string(*config.train_micro_batch_size_per_gpu) + " in " + opt.config +
-                      ": drop one of them");
+      return BadInput(
+          "--micro-batch " + std::to_string(opt.micro_batch) + " contradicts train_micro_batch_size_per_gpu = " +
+          std::to_string(*config.train_micro_batch_size_per_gpu) + " in " + opt.config + ": drop one of them");
     }
     config.train_micro_batch_size_per_gpu = opt.micro_batch;
   }
   if (opt.grad_accum > 0) config.gradient_accumulation_steps = opt.grad_accum;
-  if (!config.train_micro_batch_size_per_gpu && !config.train_batch_size) config.train_micro_batch_size_per_gpu = kDefaultMicroBatch;
-  if (!config.gradient_accumulation_steps && !(config.train_batch_size && config.train_micro_batch_size_per_gpu)) config.gradient_accumulation_steps = 1;
+  if (!config.train_micro_batch_size_per_gpu && !config.train_batch_size)
+    config.train_micro_batch_size_per_gpu = kDefaultMicroBatch;
+  if (!config.gradient_accumulation_steps && !(config.train_batch_size && config.train_micro_batch_size_per_gpu))
+    config.gradient_accumulation_steps = 1;
   auto b = ResolveBatchSizes(config, run.world);
   if (!b.ok()) return BadInput(b.status().message());
   run.batch = *b;
@@ -103,7 +106,8 @@ Status OpenChatData(TrainRun& run) {
   const data::Tokenizer& tokenizer = *run.tokenizer;
   const int64_t T = run.T;
   data::ChatTemplate tmpl;
-  auto t = opt.chat_template == "auto" ? data::DetectChatTemplate(tokenizer) : data::ParseChatTemplate(opt.chat_template);
+  auto t =
+      opt.chat_template == "auto" ? data::DetectChatTemplate(tokenizer) : data::ParseChatTemplate(opt.chat_template);
   if (!t.ok()) return BadInput("--chat-template: " + t.status().message());
   tmpl = *t;
   const bool tty = run.talk && isatty(2);
@@ -118,12 +122,13 @@ Status OpenChatData(TrainRun& run) {
   if (!d.ok()) return BadInput(d.status().message());
   const data::ChatDataStats& st = (*d)->stats();
   if (run.talk) {
-    std::printf("  chat data: %lld examples (%s template), %lld rows of %lld tokens (%.0f%% filled), "
-                "%lld trained targets (%.0f%%)",
-                static_cast<long long>(st.examples), std::string(data::ChatTemplateName(tmpl)).c_str(),
-                static_cast<long long>(st.rows), static_cast<long long>(T),
-                100.0 * st.tokens / std::max<double>(1, st.rows * (T + 1)), static_cast<long long>(st.trained_targets),
-                100.0 * st.trained_targets / std::max<double>(1, st.rows * T));
+    std::printf(
+        "  chat data: %lld examples (%s template), %lld rows of %lld tokens (%.0f%% filled), "
+        "%lld trained targets (%.0f%%)",
+        static_cast<long long>(st.examples), std::string(data::ChatTemplateName(tmpl)).c_str(),
+        static_cast<long long>(st.rows), static_cast<long long>(T),
+        100.0 * st.tokens / std::max<double>(1, st.rows * (T + 1)), static_cast<long long>(st.trained_targets),
+        100.0 * st.trained_targets / std::max<double>(1, st.rows * T));
     if (st.truncated) {
       std::printf("; %lld longer than a row were cut (%lld of them dropped: no response left)",
                   static_cast<long long>(st.truncated), static_cast<long long>(st.dropped));
@@ -224,7 +229,8 @@ Status BuildEngine(TrainRun& run) {
     dopt.memory_budget = *m;
   }
   auto d = CreateDevice(dopt);
-  if (!d.ok() && d.status().code() == StatusCode::kInvalidArgument) return BadInput("--device: " + d.status().message());
+  if (!d.ok() && d.status().code() == StatusCode::kInvalidArgument)
+    return BadInput("--device: " + d.status().message());
   ZINF_ASSIGN_OR_RETURN(run.device, run.Check(std::move(d), "device"));
   ZINF_ASSIGN_OR_RETURN(run.stream, run.Check(run.device->CreateStream(), "stream"));
   auto e = Engine::Create(run.config, *run.device, run.comm.get());
@@ -244,7 +250,9 @@ std::string ShortOf(const char* tier, uint64_t need, uint64_t have, const char* 
 Status CheckPlan(TrainRun& run) {
   const TrainOptions& opt = run.opt;
   const Config& config = run.config;
-  run.matmul_dtype = opt.matmul.empty() ? config.zinf.matmul : opt.matmul == "bf16" ? DType::kBFloat16 : DType::kFloat32;
+  run.matmul_dtype = opt.matmul.empty()     ? config.zinf.matmul
+                     : opt.matmul == "bf16" ? DType::kBFloat16
+                                            : DType::kFloat32;
   run.attention = opt.attention.empty()      ? model::ToAttentionKernel(config.zinf.attention)
                   : opt.attention == "flash" ? model::AttentionKernel::kFlash
                   : opt.attention == "plain" ? model::AttentionKernel::kPlain
@@ -273,7 +281,8 @@ Status CheckPlan(TrainRun& run) {
   if (!row.fits_device) add(ShortOf("device", row.device_bytes, pin.device_memory, "--device-memory, or offload more"));
   if (!row.fits_host) add(ShortOf("pinned host memory", row.host_bytes, pin.host_memory, "zinf.host_memory"));
   if (!row.fits_nvme) add(ShortOf("NVMe", row.nvme_bytes, pin.nvme_free, "free space at nvme_path"));
-  if (!problems.empty()) return BadInput("the model does not fit (zinf plan's row for this configuration): " + problems);
+  if (!problems.empty())
+    return BadInput("the model does not fit (zinf plan's row for this configuration): " + problems);
   run.plan_row = row;
   return Status::Ok();
 }
@@ -293,7 +302,7 @@ Status BuildModel(TrainRun& run) {
   ro.matmul_dtype = run.matmul_dtype;
   ro.attention = run.attention;
   ro.activation_checkpointing = opt.checkpointing;
-  ZINF_ASSIGN_OR_RETURN(run.gpt, run.Check(model::GptDevice::Create(*run.device, *run.stream, mc, ro), "model"));
+  ZINF_ASSIGN_OR_RETURN(run.gpt, run.Check(exec::GptDevice::Create(*run.device, *run.stream, mc, ro), "model"));
 
   run.units = model::NumUnits(mc);
   std::vector<std::vector<float>> init;
@@ -322,10 +331,11 @@ Status BuildModel(TrainRun& run) {
     } else {
       v = std::move(init[u]);
     }
-    ZINF_RETURN_IF_ERROR(run.Check(
-        run.engine->AddUnit("unit" + std::to_string(u),
-                            {{"flat", {static_cast<int64_t>(v.size())}, DType::kFloat32, v.data()}}),
-        "register").status());
+    ZINF_RETURN_IF_ERROR(
+        run.Check(run.engine->AddUnit("unit" + std::to_string(u),
+                                      {{"flat", {static_cast<int64_t>(v.size())}, DType::kFloat32, v.data()}}),
+                  "register")
+            .status());
   }
   run.params = model::NumParams(mc);
   return Status::Ok();
@@ -345,7 +355,8 @@ Status ResolveConfig(TrainRun& run) {
     SetDefaultConfig(run);
   }
   ZINF_ASSIGN_OR_RETURN(
-      run.comm, run.Check(CreateMpiCommunicator(CommOptions{.timeout_seconds = run.config.zinf.comm_timeout_s}), "ranks"));
+      run.comm,
+      run.Check(CreateMpiCommunicator(CommOptions{.timeout_seconds = run.config.zinf.comm_timeout_s}), "ranks"));
   run.rank = run.comm->rank();
   run.world = run.comm->size();
   run.talk = run.rank == 0;
@@ -364,8 +375,10 @@ Status OpenData(TrainRun& run) {
     files = opt.model_dir;
   } else if (!tokenizer_spec.empty()) {
     const std::filesystem::path t(tokenizer_spec);
-    if (t.filename() == "tokenizer.json") files = t.parent_path().string();
-    else if (std::filesystem::exists(t / "tokenizer.json")) files = t.string();
+    if (t.filename() == "tokenizer.json")
+      files = t.parent_path().string();
+    else if (std::filesystem::exists(t / "tokenizer.json"))
+      files = t.string();
   }
   if (!files.empty()) {
     std::error_code ec;
@@ -418,35 +431,40 @@ void PrintRunHeader(const TrainRun& run) {
   if (!run.talk) return;
   const Config& config = run.config;
   const model::GptConfig& mc = run.mc;
-  std::printf("zinf train: %s, %s parameters (%s), %d rank(s), %s\n", run.embedded ? "embedded corpus" : run.opt.data.c_str(),
+  std::printf("zinf train: %s, %s parameters (%s), %d rank(s), %s\n",
+              run.embedded ? "embedded corpus" : run.opt.data.c_str(),
               FormatCount(static_cast<double>(run.params)).c_str(), mc.ToString().c_str(), run.world,
               run.device->name().c_str());
-  std::printf("  config: ZeRO stage %d, %s compute, parameter shards on %s, optimizer %s on %s, micro-batch %lld x accumulation %lld x %d rank(s) = %lld sequences of %lld tokens, %s lr %.3g, clipping %.3g, %lld steps\n",
-              config.zero.stage, std::string(DTypeName(run.engine->compute_dtype())).c_str(),
-              config.zero.offload_param.device == OffloadDevice::kNone
-                  ? "device"
-                  : std::string(OffloadDeviceName(config.zero.offload_param.device)).c_str(),
-              std::string(OptimizerTypeName(config.optimizer.type)).c_str(),
-              std::string(OffloadDeviceName(config.zero.offload_optimizer.device)).c_str(), static_cast<long long>(run.B),
-              static_cast<long long>(run.batch.gradient_accumulation_steps), run.world,
-              static_cast<long long>(run.batch.train_batch_size), static_cast<long long>(run.T),
-              std::string(SchedulerTypeName(config.scheduler.type)).c_str(), config.optimizer.lr, config.gradient_clipping,
-              static_cast<long long>(run.steps));
+  std::printf(
+      "  config: ZeRO stage %d, %s compute, parameter shards on %s, optimizer %s on %s, micro-batch %lld x "
+      "accumulation %lld x %d rank(s) = %lld sequences of %lld tokens, %s lr %.3g, clipping %.3g, %lld steps\n",
+      config.zero.stage, std::string(DTypeName(run.engine->compute_dtype())).c_str(),
+      config.zero.offload_param.device == OffloadDevice::kNone
+          ? "device"
+          : std::string(OffloadDeviceName(config.zero.offload_param.device)).c_str(),
+      std::string(OptimizerTypeName(config.optimizer.type)).c_str(),
+      std::string(OffloadDeviceName(config.zero.offload_optimizer.device)).c_str(), static_cast<long long>(run.B),
+      static_cast<long long>(run.batch.gradient_accumulation_steps), run.world,
+      static_cast<long long>(run.batch.train_batch_size), static_cast<long long>(run.T),
+      std::string(SchedulerTypeName(config.scheduler.type)).c_str(), config.optimizer.lr, config.gradient_clipping,
+      static_cast<long long>(run.steps));
   if (!run.tmp.path.empty()) {
-    std::printf("  optimizer state on NVMe in %s%s\n", run.tmp.path.c_str(), run.tmp.remove ? " (removed afterwards)" : "");
+    std::printf("  optimizer state on NVMe in %s%s\n", run.tmp.path.c_str(),
+                run.tmp.remove ? " (removed afterwards)" : "");
   }
   const StateBytes sb = ModelStateBytes(run.params, run.world, config.zero.stage, config.zero.offload_optimizer.device,
                                         config.zero.offload_param.device);
-  std::printf("  plan per rank: model state on device %s, host %s, nvme %s; activations %s; tokens: train %s, validation %s\n",
-              FormatBytes(static_cast<uint64_t>(sb.device)).c_str(), FormatBytes(static_cast<uint64_t>(sb.host)).c_str(),
-              FormatBytes(static_cast<uint64_t>(sb.nvme)).c_str(), FormatBytes(run.gpt->activation_bytes()).c_str(),
-              FormatCount(static_cast<double>(run.split.train.size())).c_str(),
-              FormatCount(static_cast<double>(run.split.valid.size())).c_str());
-  std::printf("  plan of this configuration (zinf plan's row, buffers included): device %s, pinned host %s, nvme %s; "
-              "predicted step %.3g s at %s rates\n",
-              FormatBytes(run.plan_row.device_bytes).c_str(), FormatBytes(run.plan_row.host_bytes).c_str(),
-              FormatBytes(run.plan_row.nvme_bytes).c_str(), run.plan_row.step_s,
-              run.rates_measured ? "measured" : "default");
+  std::printf(
+      "  plan per rank: model state on device %s, host %s, nvme %s; activations %s; tokens: train %s, validation %s\n",
+      FormatBytes(static_cast<uint64_t>(sb.device)).c_str(), FormatBytes(static_cast<uint64_t>(sb.host)).c_str(),
+      FormatBytes(static_cast<uint64_t>(sb.nvme)).c_str(), FormatBytes(run.gpt->activation_bytes()).c_str(),
+      FormatCount(static_cast<double>(run.split.train.size())).c_str(),
+      FormatCount(static_cast<double>(run.split.valid.size())).c_str());
+  std::printf(
+      "  plan of this configuration (zinf plan's row, buffers included): device %s, pinned host %s, nvme %s; "
+      "predicted step %.3g s at %s rates\n",
+      FormatBytes(run.plan_row.device_bytes).c_str(), FormatBytes(run.plan_row.host_bytes).c_str(),
+      FormatBytes(run.plan_row.nvme_bytes).c_str(), run.plan_row.step_s, run.rates_measured ? "measured" : "default");
   std::fflush(stdout);
 }
 

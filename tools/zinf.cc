@@ -102,8 +102,9 @@ int RunConfigCheck(const ConfigCheckOptions& opt) {
 
 int main(int argc, char** argv) {
   CLI::App app{"zinf: train and fine-tune models far larger than GPU memory (ZeRO 1-3, Offload, Infinity)", "zinf"};
-  app.set_version_flag("--version", [] { return zinf::FormatRuntimeInfo(zinf::ProbeRuntime()); },
-                       "Print the version, what was built and what this machine has");
+  app.set_version_flag(
+      "--version", [] { return zinf::FormatRuntimeInfo(zinf::ProbeRuntime()); },
+      "Print the version, what was built and what this machine has");
   std::string log_level;
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error or off (default: $ZINF_LOG_LEVEL or info)");
   app.require_subcommand(1);
@@ -118,7 +119,8 @@ int main(int argc, char** argv) {
   config_check->add_option("--world-size", check.world_size, "Number of ranks (for the batch sizes)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  config_check->add_option("--params", check.params, "Parameter count (e.g. 1.5G), to print model-state bytes per rank");
+  config_check->add_option("--params", check.params,
+                           "Parameter count (e.g. 1.5G), to print model-state bytes per rank");
   config_check->add_flag("--print", check.print, "Print the effective config as JSON (all defaults filled in)");
   config_check->callback([&] { exit_code = RunConfigCheck(check); });
 

@@ -29,9 +29,9 @@ enum class SchedulerType { kNone, kWarmupLR, kWarmupDecayLR, kWarmupCosineLR };
 enum class WarmupType { kLog, kLinear };
 enum class AioBackend { kAsyncIo, kPosix };
 
-std::string_view OffloadDeviceName(OffloadDevice d);      // "none", "cpu", "nvme"
-std::string_view OptimizerTypeName(OptimizerType t);      // "Adam", "AdamW"
-std::string_view SchedulerTypeName(SchedulerType t);      // "none", "WarmupLR", ...
+std::string_view OffloadDeviceName(OffloadDevice d);  // "none", "cpu", "nvme"
+std::string_view OptimizerTypeName(OptimizerType t);  // "Adam", "AdamW"
+std::string_view SchedulerTypeName(SchedulerType t);  // "none", "WarmupLR", ...
 
 // zero_optimization.offload_param
 struct OffloadParamConfig {
@@ -125,17 +125,17 @@ struct SchedulerConfig {
   double warmup_max_lr = 0.001;     // WarmupLR, WarmupDecayLR
   int64_t warmup_num_steps = 1000;  // all three
   WarmupType warmup_type = WarmupType::kLog;
-  int64_t total_num_steps = 0;      // WarmupDecayLR, WarmupCosineLR (required there)
-  double warmup_min_ratio = 0.0;    // WarmupCosineLR
-  double cos_min_ratio = 0.0001;    // WarmupCosineLR
+  int64_t total_num_steps = 0;    // WarmupDecayLR, WarmupCosineLR (required there)
+  double warmup_min_ratio = 0.0;  // WarmupCosineLR
+  double cos_min_ratio = 0.0001;  // WarmupCosineLR
 };
 
 // Options of zinf's own, under the top-level "zinf" block.
 struct ZinfAioConfig {
-  int64_t rings = 0;           // io_uring rings, one worker thread each; 0 = intra_op_parallelism
-  bool fixed_buffers = true;   // register pinned buffers with the ring
-  bool sqpoll = false;         // kernel submission-queue polling thread (costs a core)
-  bool buffered = false;       // page-cache I/O instead of O_DIRECT
+  int64_t rings = 0;          // io_uring rings, one worker thread each; 0 = intra_op_parallelism
+  bool fixed_buffers = true;  // register pinned buffers with the ring
+  bool sqpoll = false;        // kernel submission-queue polling thread (costs a core)
+  bool buffered = false;      // page-cache I/O instead of O_DIRECT
   // offload_optimizer nvme: sub-group swaps in phases — a batch of
   // buffer_count reads, then their writes — instead of reads and writes in
   // flight together (a disk serves a pure stream faster than a mix).
@@ -154,10 +154,10 @@ enum class GradientHome { kAuto, kHost, kNvme };
 enum class AttentionChoice { kAuto, kPlain, kFlash };
 
 struct ZinfConfig {
-  std::string device = "auto";   // auto | cpu | cuda | cuda:N
-  uint64_t device_memory = 0;    // bytes; 0 = all of the device (HostDevice: 1/4 of RAM)
-  uint64_t host_memory = 0;      // pinned host budget in bytes; 0 = no limit beyond the plan
-  int64_t optimizer_threads = 0; // CPU Adam threads; 0 = hardware threads / ranks on this machine
+  std::string device = "auto";    // auto | cpu | cuda | cuda:N
+  uint64_t device_memory = 0;     // bytes; 0 = all of the device (HostDevice: 1/4 of RAM)
+  uint64_t host_memory = 0;       // pinned host budget in bytes; 0 = no limit beyond the plan
+  int64_t optimizer_threads = 0;  // CPU Adam threads; 0 = hardware threads / ranks on this machine
   // Multi-rank runs: a collective with no progress for this long fails on
   // every waiting rank, naming the silent ranks (a dead or stopped peer).
   double comm_timeout_s = 300;
@@ -178,7 +178,7 @@ struct ZinfConfig {
   // the engine instead (units were already updated).
   bool active_offload = false;
   GradientHome gradients = GradientHome::kAuto;  // "gradients": "auto" | "host" | "nvme"
-  bool checksums = false;        // XXH3 per swapped extent, verified on read
+  bool checksums = false;                        // XXH3 per swapped extent, verified on read
   // The model's matrix products: kFloat32, or kBFloat16 operands with fp32
   // accumulation (tensor cores on CUDA). "matmul": "fp32" | "bf16".
   DType matmul = DType::kFloat32;

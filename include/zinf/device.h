@@ -82,12 +82,12 @@ class Stream {
 };
 
 struct DeviceMemoryStats {
-  uint64_t budget_bytes = 0;      // the reservation; nothing is allocated beyond it
-  uint64_t in_use_bytes = 0;      // handed out, in size-class blocks
+  uint64_t budget_bytes = 0;  // the reservation; nothing is allocated beyond it
+  uint64_t in_use_bytes = 0;  // handed out, in size-class blocks
   uint64_t peak_in_use_bytes = 0;
-  uint64_t requested_bytes = 0;   // what callers asked for (in_use minus rounding)
+  uint64_t requested_bytes = 0;     // what callers asked for (in_use minus rounding)
   uint64_t largest_free_bytes = 0;  // the biggest contiguous free range
-  uint64_t allocations = 0;       // live allocations
+  uint64_t allocations = 0;         // live allocations
 };
 
 // Host threads waiting on the device: Stream::Synchronize and
@@ -146,9 +146,9 @@ class Device {
 };
 
 struct DeviceOptions {
-  std::string spec = "auto";    // auto | cpu | cuda | cuda:N
-  uint64_t memory_budget = 0;   // bytes; 0 = HostDevice: 1/4 of RAM, CUDA: 90% of free memory
-  bool checking = false;        // HostDevice: tagged pointers, random 0-2 ms delays per stream op
+  std::string spec = "auto";   // auto | cpu | cuda | cuda:N
+  uint64_t memory_budget = 0;  // bytes; 0 = HostDevice: 1/4 of RAM, CUDA: 90% of free memory
+  bool checking = false;       // HostDevice: tagged pointers, random 0-2 ms delays per stream op
   // HostDevice: stream tasks (Stream::Enqueue) of all streams run one at a
   // time, as CUDA may serialize host functions across streams; copies,
   // memsets and event operations are not tasks and still overlap them. A
@@ -156,7 +156,7 @@ struct DeviceOptions {
   // another stream's task, hangs here as it would there. Also on when the
   // environment sets ZINF_SERIALIZE_TASKS=1.
   bool serialize_tasks = false;
-  uint64_t seed = 0;            // for checking-mode delays (0 = from the clock)
+  uint64_t seed = 0;  // for checking-mode delays (0 = from the clock)
 };
 
 // The registry: "auto" picks CUDA when a device is present, else the host,

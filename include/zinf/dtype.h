@@ -22,9 +22,12 @@ enum class DType : uint8_t {
 // "fp32", "bf16", "fp16".
 constexpr std::string_view DTypeName(DType dtype) {
   switch (dtype) {
-    case DType::kFloat32: return "fp32";
-    case DType::kBFloat16: return "bf16";
-    case DType::kFloat16: return "fp16";
+    case DType::kFloat32:
+      return "fp32";
+    case DType::kBFloat16:
+      return "bf16";
+    case DType::kFloat16:
+      return "fp16";
   }
   return "?";
 }

@@ -106,7 +106,7 @@ struct UnitOptions {
 struct UnitPointers {
   void* data = nullptr;  // the first tensor
   DType dtype = DType::kFloat32;
-  int64_t num_elems = 0;             // sum of the tensors' elements
+  int64_t num_elems = 0;  // sum of the tensors' elements
   // One pointer per tensor, into `data`. The array is the engine's and stays
   // as returned until the engine is destroyed: a later call that returns
   // another address (a stage-3 unit gathered elsewhere) returns another array.
@@ -150,12 +150,12 @@ struct StepStats {
   double loss_scale = 1;       // the scale the step's gradients carried
   double next_loss_scale = 1;  // the scale for the next micro-steps
   double lr = 0;
-  double grad_norm = 0;        // global L2 norm of the mean unscaled gradient (inf/NaN on overflow)
-  double clip_coef = 1;        // applied multiplier (1 when not clipping)
+  double grad_norm = 0;  // global L2 norm of the mean unscaled gradient (inf/NaN on overflow)
+  double clip_coef = 1;  // applied multiplier (1 when not clipping)
   double optimizer_seconds = 0;
-  double comm_seconds = 0;     // collectives on the engine stream
-  double copy_seconds = 0;     // bucket packing and other device copies
-  double io_seconds = 0;       // NVMe offload: waiting for sub-group and parameter-shard reads and writes
+  double comm_seconds = 0;  // collectives on the engine stream
+  double copy_seconds = 0;  // bucket packing and other device copies
+  double io_seconds = 0;    // NVMe offload: waiting for sub-group and parameter-shard reads and writes
   // Bytes the step moved: read from and written to NVMe by the engine's
   // I/O (optimizer state and parameter shards; checkpoints not counted),
   // and copied between host and device memory (offloaded gradients down,
@@ -165,8 +165,8 @@ struct StepStats {
   // since the engine started are exact.
   uint64_t nvme_bytes_read = 0, nvme_bytes_written = 0, copy_bytes = 0;
   uint64_t nvme_bytes_read_total = 0, nvme_bytes_written_total = 0;
-  double stall_seconds = 0;    // the client's streams waiting on the engine
-  std::string longest_stall;   // what the longest wait was for ("" when none)
+  double stall_seconds = 0;   // the client's streams waiting on the engine
+  std::string longest_stall;  // what the longest wait was for ("" when none)
   // The client streams' waits that were not hidden, by unit and cause:
   // "optimizer" (the unit's update), "disk" (its update, with the optimizer
   // state on NVMe, or its shard read from NVMe), "comm" (its gradient

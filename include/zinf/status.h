@@ -15,17 +15,17 @@ namespace zinf {
 
 enum class StatusCode : int {
   kOk = 0,
-  kInvalidArgument = 1,    // the caller passed something wrong
-  kNotFound = 2,           // a named thing does not exist
+  kInvalidArgument = 1,  // the caller passed something wrong
+  kNotFound = 2,         // a named thing does not exist
   kAlreadyExists = 3,
-  kFailedPrecondition = 4, // the call is valid, but not in the current state
+  kFailedPrecondition = 4,  // the call is valid, but not in the current state
   kOutOfRange = 5,
   kUnimplemented = 6,
-  kIoError = 7,            // an operating-system I/O call failed
-  kDataLoss = 8,           // bytes are missing or corrupt (checksum, short file)
-  kOutOfMemory = 9,        // a budget or an allocator said no
-  kUnavailable = 10,       // a peer or device is not there (dead rank, no GPU)
-  kInternal = 11,          // a bug in zinf
+  kIoError = 7,       // an operating-system I/O call failed
+  kDataLoss = 8,      // bytes are missing or corrupt (checksum, short file)
+  kOutOfMemory = 9,   // a budget or an allocator said no
+  kUnavailable = 10,  // a peer or device is not there (dead rank, no GPU)
+  kInternal = 11,     // a bug in zinf
 };
 
 // "InvalidArgument", "IoError", ...
@@ -52,9 +52,7 @@ class [[nodiscard]] Status {
   // Explicitly drops a status the caller has decided not to act on.
   void IgnoreError() const {}
 
-  friend bool operator==(const Status& a, const Status& b) {
-    return a.code_ == b.code_ && a.message_ == b.message_;
-  }
+  friend bool operator==(const Status& a, const Status& b) { return a.code_ == b.code_ && a.message_ == b.message_; }
 
  private:
   StatusCode code_ = StatusCode::kOk;
@@ -79,7 +77,7 @@ Status Internal(std::string message);
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : value_(std::move(value)) {}  // NOLINT: implicit by design
+  Result(T value) : value_(std::move(value)) {}         // NOLINT: implicit by design
   Result(Status status) : status_(std::move(status)) {  // NOLINT
     if (status_.ok()) status_ = Status(StatusCode::kInternal, "Result constructed from OK status without a value");
   }
@@ -88,11 +86,26 @@ class [[nodiscard]] Result {
   const Status& status() const& { return status_; }
   Status status() && { return std::move(status_); }
 
-  T& value() & { CheckOk(); return *value_; }
-  const T& value() const& { CheckOk(); return *value_; }
-  T&& value() && { CheckOk(); return std::move(*value_); }
-  T* operator->() { CheckOk(); return &*value_; }
-  const T* operator->() const { CheckOk(); return &*value_; }
+  T& value() & {
+    CheckOk();
+    return *value_;
+  }
+  const T& value() const& {
+    CheckOk();
+    return *value_;
+  }
+  T&& value() && {
+    CheckOk();
+    return std::move(*value_);
+  }
+  T* operator->() {
+    CheckOk();
+    return &*value_;
+  }
+  const T* operator->() const {
+    CheckOk();
+    return &*value_;
+  }
   T& operator*() & { return value(); }
   const T& operator*() const& { return value(); }
 
@@ -123,10 +136,10 @@ void Result<T>::DieOnBadAccess(const Status& status) {
 #define ZINF_STATUS_CONCAT_(a, b) ZINF_STATUS_CONCAT_INNER_(a, b)
 
 // Returns the status from the enclosing function when it is not OK.
-#define ZINF_RETURN_IF_ERROR(expr)                 \
-  do {                                             \
-    ::zinf::Status zinf_status_ = (expr);          \
-    if (!zinf_status_.ok()) return zinf_status_;   \
+#define ZINF_RETURN_IF_ERROR(expr)               \
+  do {                                           \
+    ::zinf::Status zinf_status_ = (expr);        \
+    if (!zinf_status_.ok()) return zinf_status_; \
   } while (0)
 
 // ZINF_ASSIGN_OR_RETURN(auto x, MakeX()); declares x or returns the error.

@@ -60,17 +60,17 @@ extern "C" {
  * Thread-safety: every function of this group may be called from any thread. */
 typedef enum zinf_status {
   ZINF_OK = 0,
-  ZINF_ERR_INVALID_ARGUMENT = 1,    /* the caller passed something wrong */
-  ZINF_ERR_NOT_FOUND = 2,           /* a named thing (a file) does not exist */
+  ZINF_ERR_INVALID_ARGUMENT = 1, /* the caller passed something wrong */
+  ZINF_ERR_NOT_FOUND = 2,        /* a named thing (a file) does not exist */
   ZINF_ERR_ALREADY_EXISTS = 3,
   ZINF_ERR_FAILED_PRECONDITION = 4, /* valid call, wrong state (e.g. add_unit after fetch) */
   ZINF_ERR_OUT_OF_RANGE = 5,
-  ZINF_ERR_UNIMPLEMENTED = 6,       /* not in this build or not yet (e.g. the engine on CUDA) */
-  ZINF_ERR_IO = 7,                  /* an OS I/O call failed: the message names op, path, offset, length, errno */
-  ZINF_ERR_DATA_LOSS = 8,           /* bytes missing or corrupt (short file, checksum) */
-  ZINF_ERR_OUT_OF_MEMORY = 9,       /* a budget or an allocator said no */
-  ZINF_ERR_UNAVAILABLE = 10,        /* a peer or device is not there (dead rank, no GPU) */
-  ZINF_ERR_INTERNAL = 11            /* a bug in zinf, or an exception caught at this boundary */
+  ZINF_ERR_UNIMPLEMENTED = 6, /* not in this build or not yet (e.g. the engine on CUDA) */
+  ZINF_ERR_IO = 7,            /* an OS I/O call failed: the message names op, path, offset, length, errno */
+  ZINF_ERR_DATA_LOSS = 8,     /* bytes missing or corrupt (short file, checksum) */
+  ZINF_ERR_OUT_OF_MEMORY = 9, /* a budget or an allocator said no */
+  ZINF_ERR_UNAVAILABLE = 10,  /* a peer or device is not there (dead rank, no GPU) */
+  ZINF_ERR_INTERNAL = 11      /* a bug in zinf, or an exception caught at this boundary */
 } zinf_status;
 
 /* The message of the last failed call on the calling thread, "" when the
@@ -221,8 +221,8 @@ typedef struct zinf_engine_info {
   int world_size;
   int zero_stage;
   int num_units;
-  zinf_dtype compute_dtype;               /* the compute copy's type (bf16, fp16 or fp32) */
-  int64_t gradient_accumulation_steps;    /* micro-steps per optimizer step */
+  zinf_dtype compute_dtype;            /* the compute copy's type (bf16, fp16 or fp32) */
+  int64_t gradient_accumulation_steps; /* micro-steps per optimizer step */
 } zinf_engine_info;
 ZINF_API int zinf_engine_get_info(const zinf_engine* engine, zinf_engine_info* out);
 
@@ -231,9 +231,9 @@ ZINF_API int zinf_engine_get_info(const zinf_engine* engine, zinf_engine_info* o
  * same values. zinf copies what it needs before returning. */
 typedef struct zinf_param_spec {
   const char* name;
-  const int64_t* shape;  /* ndim extents, each > 0 */
+  const int64_t* shape; /* ndim extents, each > 0 */
   size_t ndim;
-  zinf_dtype dtype;      /* of init */
+  zinf_dtype dtype; /* of init */
   const void* init;
 } zinf_param_spec;
 
@@ -282,7 +282,7 @@ ZINF_API int zinf_engine_add_unit_ex(zinf_engine* engine, const char* name, cons
 typedef struct zinf_unit_pointers {
   void* data;
   zinf_dtype dtype;
-  int64_t num_elems;           /* sum of the tensors' elements */
+  int64_t num_elems; /* sum of the tensors' elements */
   void* const* tensors;
   size_t num_tensors;
 } zinf_unit_pointers;
@@ -361,10 +361,10 @@ ZINF_API int zinf_engine_synchronize(zinf_engine* engine);
 ZINF_API int zinf_engine_stats_json(zinf_engine* engine, char** out_json);
 
 typedef enum zinf_state_kind {
-  ZINF_STATE_MASTER = 0,          /* fp32 master parameters */
-  ZINF_STATE_EXP_AVG = 1,         /* Adam m */
-  ZINF_STATE_EXP_AVG_SQ = 2,      /* Adam v */
-  ZINF_STATE_COMPUTE_PARAMS = 3   /* the compute copy, widened to fp32 */
+  ZINF_STATE_MASTER = 0,        /* fp32 master parameters */
+  ZINF_STATE_EXP_AVG = 1,       /* Adam m */
+  ZINF_STATE_EXP_AVG_SQ = 2,    /* Adam v */
+  ZINF_STATE_COMPUTE_PARAMS = 3 /* the compute copy, widened to fp32 */
 } zinf_state_kind;
 
 /* Copies the whole unit's state, widened to fp32, into host memory:
@@ -483,9 +483,9 @@ typedef struct zinf_aio zinf_aio;
 typedef struct zinf_file zinf_file;
 typedef struct zinf_aio_request zinf_aio_request;
 
-#define ZINF_AIO_SINGLE_SUBMIT 1u     /* one io_uring_submit per block instead of per batch */
-#define ZINF_AIO_POSIX 2u             /* the pread/pwrite thread pool instead of io_uring */
-#define ZINF_AIO_NO_FIXED_BUFFERS 4u  /* do not use registered buffers */
+#define ZINF_AIO_SINGLE_SUBMIT 1u    /* one io_uring_submit per block instead of per batch */
+#define ZINF_AIO_POSIX 2u            /* the pread/pwrite thread pool instead of io_uring */
+#define ZINF_AIO_NO_FIXED_BUFFERS 4u /* do not use registered buffers */
 
 /* block_size: bytes per block, a multiple of 4096 (0: 1 MiB); queue_depth
  * (0: 32); num_threads: rings (0: 1); flags: ZINF_AIO_*. io_uring falls back
@@ -506,11 +506,11 @@ ZINF_API void zinf_aio_destroy(zinf_aio* aio);
 /* "io_uring" or "posix" (static storage; "" for NULL). */
 ZINF_API const char* zinf_aio_backend(const zinf_aio* aio);
 
-#define ZINF_FILE_READ 0u      /* O_RDONLY */
-#define ZINF_FILE_WRITE 1u     /* O_RDWR */
-#define ZINF_FILE_CREATE 2u    /* O_CREAT (mode 0644); with ZINF_FILE_WRITE */
-#define ZINF_FILE_TRUNCATE 4u  /* O_TRUNC; with ZINF_FILE_WRITE */
-#define ZINF_FILE_DIRECT 8u    /* O_DIRECT (4096-byte alignment, see above) */
+#define ZINF_FILE_READ 0u     /* O_RDONLY */
+#define ZINF_FILE_WRITE 1u    /* O_RDWR */
+#define ZINF_FILE_CREATE 2u   /* O_CREAT (mode 0644); with ZINF_FILE_WRITE */
+#define ZINF_FILE_TRUNCATE 4u /* O_TRUNC; with ZINF_FILE_WRITE */
+#define ZINF_FILE_DIRECT 8u   /* O_DIRECT (4096-byte alignment, see above) */
 
 /* Opens `path` for I/O through `aio`. Errors: ZINF_ERR_NOT_FOUND (missing
  * file), ZINF_ERR_IO (other open failures, e.g. O_DIRECT unsupported by the
@@ -573,13 +573,13 @@ ZINF_API int zinf_aio_unregister_buffer(zinf_aio* aio, void* addr);
 typedef struct zinf_adam zinf_adam;
 
 typedef struct zinf_adam_options {
-  double lr;            /* >= 0 */
-  double beta1;         /* [0, 1) */
-  double beta2;         /* [0, 1) */
-  double eps;           /* > 0 */
-  double weight_decay;  /* >= 0 */
-  int adamw_mode;       /* 1: decoupled weight decay (AdamW), 0: L2 added to the gradient (Adam) */
-  int bias_correction;  /* 1: divide by 1 - beta^step */
+  double lr;           /* >= 0 */
+  double beta1;        /* [0, 1) */
+  double beta2;        /* [0, 1) */
+  double eps;          /* > 0 */
+  double weight_decay; /* >= 0 */
+  int adamw_mode;      /* 1: decoupled weight decay (AdamW), 0: L2 added to the gradient (Adam) */
+  int bias_correction; /* 1: divide by 1 - beta^step */
 } zinf_adam_options;
 
 /* DeepSpeed's defaults: lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight decay
@@ -601,8 +601,8 @@ ZINF_API void zinf_adam_destroy(zinf_adam* adam);
  * same pass. No buffer may overlap another. Blocks until done.
  * Errors: ZINF_ERR_INVALID_ARGUMENT naming the bad option or buffer. */
 ZINF_API int zinf_adam_step(zinf_adam* adam, const zinf_adam_options* options, int64_t step, double grad_scale,
-                            float* params, float* exp_avg, float* exp_avg_sq, const void* grads,
-                            zinf_dtype grad_dtype, void* param_copy, zinf_dtype param_copy_dtype, size_t num_elems);
+                            float* params, float* exp_avg, float* exp_avg_sq, const void* grads, zinf_dtype grad_dtype,
+                            void* param_copy, zinf_dtype param_copy_dtype, size_t num_elems);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -51,8 +51,8 @@ ZINF_API void zinf_adam_destroy(zinf_adam* adam) {
 }
 
 ZINF_API int zinf_adam_step(zinf_adam* adam, const zinf_adam_options* options, int64_t step, double grad_scale,
-                            float* params, float* exp_avg, float* exp_avg_sq, const void* grads,
-                            zinf_dtype grad_dtype, void* param_copy, zinf_dtype param_copy_dtype, size_t num_elems) {
+                            float* params, float* exp_avg, float* exp_avg_sq, const void* grads, zinf_dtype grad_dtype,
+                            void* param_copy, zinf_dtype param_copy_dtype, size_t num_elems) {
   return Guard(__func__, [&]() -> Status {
     ZINF_RETURN_IF_ERROR(NotNull(adam, "adam"));
     ZINF_RETURN_IF_ERROR(NotNull(options, "options"));

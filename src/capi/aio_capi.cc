@@ -112,9 +112,7 @@ ZINF_API void zinf_aio_destroy(zinf_aio* aio) {
   GuardVoid([&] { delete aio; });  // ~IoEngine waits for the requests in flight
 }
 
-ZINF_API const char* zinf_aio_backend(const zinf_aio* aio) {
-  return aio ? aio->backend.c_str() : "";
-}
+ZINF_API const char* zinf_aio_backend(const zinf_aio* aio) { return aio ? aio->backend.c_str() : ""; }
 
 ZINF_API int zinf_aio_open(zinf_aio* aio, const char* path, unsigned flags, zinf_file** out) {
   return Guard(__func__, [&]() -> Status {
@@ -124,7 +122,8 @@ ZINF_API int zinf_aio_open(zinf_aio* aio, const char* path, unsigned flags, zinf
     constexpr unsigned kKnown = ZINF_FILE_WRITE | ZINF_FILE_CREATE | ZINF_FILE_TRUNCATE | ZINF_FILE_DIRECT;
     if (flags & ~kKnown) return zinf::InvalidArgument("unknown file flags " + std::to_string(flags & ~kKnown));
     if ((flags & (ZINF_FILE_CREATE | ZINF_FILE_TRUNCATE)) && !(flags & ZINF_FILE_WRITE)) {
-      return zinf::InvalidArgument(std::string(path) + ": ZINF_FILE_CREATE and ZINF_FILE_TRUNCATE need ZINF_FILE_WRITE");
+      return zinf::InvalidArgument(std::string(path) +
+                                   ": ZINF_FILE_CREATE and ZINF_FILE_TRUNCATE need ZINF_FILE_WRITE");
     }
     zinf::nvme::FileOptions options;
     options.direct = flags & ZINF_FILE_DIRECT;

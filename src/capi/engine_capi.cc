@@ -87,7 +87,8 @@ Status CheckStream(const zinf_engine* engine, const zinf_stream* stream) {
   ZINF_RETURN_IF_ERROR(NotNull(engine, "engine"));
   ZINF_RETURN_IF_ERROR(NotNull(stream, "stream"));
   if (stream->device != engine->device) {
-    return InvalidArgument("the stream belongs to another engine's device (create it with zinf_stream_create on this engine)");
+    return InvalidArgument(
+        "the stream belongs to another engine's device (create it with zinf_stream_create on this engine)");
   }
   return Status::Ok();
 }
@@ -160,8 +161,8 @@ ZINF_API int zinf_comm_create_nccl(int rank, int world_size, const void* unique_
     ZINF_RETURN_IF_ERROR(NotNull(out, "out"));
     ZINF_RETURN_IF_ERROR(NotNull(unique_id, "unique_id"));
     if (unique_id_bytes != ZINF_NCCL_UNIQUE_ID_BYTES) {
-      return zinf::InvalidArgument("unique_id_bytes is " + std::to_string(unique_id_bytes) +
-                                   "; an ncclUniqueId has " + std::to_string(ZINF_NCCL_UNIQUE_ID_BYTES));
+      return zinf::InvalidArgument("unique_id_bytes is " + std::to_string(unique_id_bytes) + "; an ncclUniqueId has " +
+                                   std::to_string(ZINF_NCCL_UNIQUE_ID_BYTES));
     }
     if (world_size < 1 || rank < 0 || rank >= world_size) {
       return zinf::InvalidArgument("rank " + std::to_string(rank) + " of world_size " + std::to_string(world_size) +
@@ -244,15 +245,24 @@ ZINF_API int zinf_config_resolve_auto(const char* config_json, const char* conte
           *dst = value.get<double>();
           return Status::Ok();
         };
-        if (key == "hidden_size") ZINF_RETURN_IF_ERROR(need_int(&ctx.hidden_size));
-        else if (key == "micro_batch_size") ZINF_RETURN_IF_ERROR(need_int(&ctx.micro_batch_size));
-        else if (key == "gradient_accumulation_steps") ZINF_RETURN_IF_ERROR(need_int(&ctx.gradient_accumulation_steps));
-        else if (key == "total_num_steps") ZINF_RETURN_IF_ERROR(need_int(&ctx.total_num_steps));
-        else if (key == "warmup_num_steps") ZINF_RETURN_IF_ERROR(need_int(&ctx.warmup_num_steps));
-        else if (key == "world_size") ZINF_RETURN_IF_ERROR(need_int(&ctx.world_size));
-        else if (key == "lr") ZINF_RETURN_IF_ERROR(need_num(&ctx.lr));
-        else if (key == "weight_decay") ZINF_RETURN_IF_ERROR(need_num(&ctx.weight_decay));
-        else if (key == "gradient_clipping") ZINF_RETURN_IF_ERROR(need_num(&ctx.gradient_clipping));
+        if (key == "hidden_size")
+          ZINF_RETURN_IF_ERROR(need_int(&ctx.hidden_size));
+        else if (key == "micro_batch_size")
+          ZINF_RETURN_IF_ERROR(need_int(&ctx.micro_batch_size));
+        else if (key == "gradient_accumulation_steps")
+          ZINF_RETURN_IF_ERROR(need_int(&ctx.gradient_accumulation_steps));
+        else if (key == "total_num_steps")
+          ZINF_RETURN_IF_ERROR(need_int(&ctx.total_num_steps));
+        else if (key == "warmup_num_steps")
+          ZINF_RETURN_IF_ERROR(need_int(&ctx.warmup_num_steps));
+        else if (key == "world_size")
+          ZINF_RETURN_IF_ERROR(need_int(&ctx.world_size));
+        else if (key == "lr")
+          ZINF_RETURN_IF_ERROR(need_num(&ctx.lr));
+        else if (key == "weight_decay")
+          ZINF_RETURN_IF_ERROR(need_num(&ctx.weight_decay));
+        else if (key == "gradient_clipping")
+          ZINF_RETURN_IF_ERROR(need_num(&ctx.gradient_clipping));
         else {
           return zinf::InvalidArgument("context_json." + key +
                                        ": unknown (hidden_size, lr, weight_decay, micro_batch_size, "
@@ -335,8 +345,8 @@ ZINF_API int zinf_engine_scheduled_lr(const zinf_engine* engine, int64_t complet
 ZINF_API int zinf_engine_add_param_group(zinf_engine* engine, double weight_decay, double lr, int* out_group) {
   return Guard(__func__, [&]() -> Status {
     ZINF_RETURN_IF_ERROR(NotNull(engine, "engine"));
-    ZINF_ASSIGN_OR_RETURN(int group, engine->engine->AddParamGroup(zinf::ParamGroupOptions{.weight_decay = weight_decay,
-                                                                                           .lr = lr}));
+    ZINF_ASSIGN_OR_RETURN(
+        int group, engine->engine->AddParamGroup(zinf::ParamGroupOptions{.weight_decay = weight_decay, .lr = lr}));
     if (out_group) *out_group = group;
     return Status::Ok();
   });
@@ -370,8 +380,8 @@ ZINF_API int zinf_engine_add_unit_ex(zinf_engine* engine, const char* name, cons
       specs[i].init = p.init;
       specs[i].group = groups ? groups[i] : 0;
     }
-    ZINF_ASSIGN_OR_RETURN(int unit, engine->engine->AddUnit(name, specs,
-                                                            zinf::UnitOptions{.frozen = (flags & ZINF_UNIT_FROZEN) != 0}));
+    ZINF_ASSIGN_OR_RETURN(
+        int unit, engine->engine->AddUnit(name, specs, zinf::UnitOptions{.frozen = (flags & ZINF_UNIT_FROZEN) != 0}));
     if (out_unit) *out_unit = unit;
     return Status::Ok();
   });
@@ -629,8 +639,8 @@ ZINF_API int zinf_stream_enqueue_host(zinf_stream* stream, zinf_host_fn fn, void
         return zinf::Internal("host function threw an exception");
       }
       if (rc == 0) return Status::Ok();
-      const auto code = (rc > 0 && rc <= ZINF_ERR_INTERNAL) ? static_cast<zinf::StatusCode>(rc)
-                                                            : zinf::StatusCode::kInternal;
+      const auto code =
+          (rc > 0 && rc <= ZINF_ERR_INTERNAL) ? static_cast<zinf::StatusCode>(rc) : zinf::StatusCode::kInternal;
       return Status(code, "host function returned " + std::to_string(rc));
     });
   });
@@ -645,9 +655,12 @@ ZINF_API int zinf_stream_copy(zinf_stream* stream, void* dst, const void* src, u
     }
     zinf::Device& d = *stream->device;
     switch (kind) {
-      case ZINF_COPY_HOST_TO_DEVICE: return d.CopyToDevice(dst, src, bytes, *stream->stream);
-      case ZINF_COPY_DEVICE_TO_HOST: return d.CopyToHost(dst, src, bytes, *stream->stream);
-      case ZINF_COPY_DEVICE_TO_DEVICE: return d.CopyOnDevice(dst, src, bytes, *stream->stream);
+      case ZINF_COPY_HOST_TO_DEVICE:
+        return d.CopyToDevice(dst, src, bytes, *stream->stream);
+      case ZINF_COPY_DEVICE_TO_HOST:
+        return d.CopyToHost(dst, src, bytes, *stream->stream);
+      case ZINF_COPY_DEVICE_TO_DEVICE:
+        return d.CopyOnDevice(dst, src, bytes, *stream->stream);
     }
     return zinf::InvalidArgument("kind " + std::to_string(static_cast<int>(kind)) + " is not a zinf_copy_kind");
   });

@@ -8,8 +8,8 @@
 namespace zinf::internal {
 
 void CheckFailed(const char* condition, const char* file, int line, const char* message) {
-  std::fprintf(stderr, "zinf: check failed at %s:%d: %s%s%s\n", file, line, condition,
-               message ? ": " : "", message ? message : "");
+  std::fprintf(stderr, "zinf: check failed at %s:%d: %s%s%s\n", file, line, condition, message ? ": " : "",
+               message ? message : "");
   std::fflush(stderr);
   std::abort();
 }

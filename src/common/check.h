@@ -8,14 +8,14 @@ namespace zinf::internal {
 [[noreturn]] void CheckFailed(const char* condition, const char* file, int line, const char* message);
 }  // namespace zinf::internal
 
-#define ZINF_CHECK(cond)                                                      \
-  do {                                                                        \
-    if (!(cond)) [[unlikely]]                                                 \
-      ::zinf::internal::CheckFailed(#cond, __FILE__, __LINE__, nullptr);      \
+#define ZINF_CHECK(cond)                                                 \
+  do {                                                                   \
+    if (!(cond)) [[unlikely]]                                            \
+      ::zinf::internal::CheckFailed(#cond, __FILE__, __LINE__, nullptr); \
   } while (0)
 
-#define ZINF_CHECK_MSG(cond, msg)                                             \
-  do {                                                                        \
-    if (!(cond)) [[unlikely]]                                                 \
-      ::zinf::internal::CheckFailed(#cond, __FILE__, __LINE__, (msg));        \
+#define ZINF_CHECK_MSG(cond, msg)                                      \
+  do {                                                                 \
+    if (!(cond)) [[unlikely]]                                          \
+      ::zinf::internal::CheckFailed(#cond, __FILE__, __LINE__, (msg)); \
   } while (0)

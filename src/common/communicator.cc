@@ -11,7 +11,8 @@
 namespace zinf {
 
 int LocalRanksFromEnvironment() {
-  for (const char* var : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"}) {
+  for (const char* var :
+       {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"}) {
     const char* v = std::getenv(var);
     if (!v || !*v) continue;
     char* end = nullptr;
@@ -85,20 +86,31 @@ void ReduceInRankOrder(const void* const* inputs, int n, void* out, size_t count
   ZINF_CHECK(n >= 1);
   if (count == 0) return;
   switch (dtype) {
-    case DType::kFloat32: ReduceWithCodec<reduce::Fp32Codec>(inputs, n, out, count, op); return;
-    case DType::kBFloat16: ReduceWithCodec<reduce::Bf16Codec>(inputs, n, out, count, op); return;
-    case DType::kFloat16: ReduceWithCodec<reduce::Fp16Codec>(inputs, n, out, count, op); return;
+    case DType::kFloat32:
+      ReduceWithCodec<reduce::Fp32Codec>(inputs, n, out, count, op);
+      return;
+    case DType::kBFloat16:
+      ReduceWithCodec<reduce::Bf16Codec>(inputs, n, out, count, op);
+      return;
+    case DType::kFloat16:
+      ReduceWithCodec<reduce::Fp16Codec>(inputs, n, out, count, op);
+      return;
   }
   ZINF_CHECK_MSG(false, "ReduceInRankOrder: unknown dtype");
 }
 
 std::string_view CollectiveName(CollectiveKind kind) {
   switch (kind) {
-    case CollectiveKind::kAllGather: return "all_gather";
-    case CollectiveKind::kReduceScatter: return "reduce_scatter";
-    case CollectiveKind::kAllReduce: return "all_reduce";
-    case CollectiveKind::kBroadcast: return "broadcast";
-    case CollectiveKind::kBarrier: return "barrier";
+    case CollectiveKind::kAllGather:
+      return "all_gather";
+    case CollectiveKind::kReduceScatter:
+      return "reduce_scatter";
+    case CollectiveKind::kAllReduce:
+      return "all_reduce";
+    case CollectiveKind::kBroadcast:
+      return "broadcast";
+    case CollectiveKind::kBarrier:
+      return "barrier";
   }
   return "?";
 }

@@ -48,7 +48,8 @@ bool IsFp32OrNull(const json& v) {
 }
 
 void ReadOffloadDevice(ObjectReader& r, OffloadDevice* device) {
-  r.Enum("device", device, {{"none", OffloadDevice::kNone}, {"cpu", OffloadDevice::kCpu}, {"nvme", OffloadDevice::kNvme}});
+  r.Enum("device", device,
+         {{"none", OffloadDevice::kNone}, {"cpu", OffloadDevice::kCpu}, {"nvme", OffloadDevice::kNvme}});
 }
 
 void ReadOffloadParam(ObjectReader& r, OffloadParamConfig& c) {
@@ -87,10 +88,10 @@ void ReadZero(ObjectReader& r, ZeroConfig& z, Diagnostics& d) {
   r.OptBool("overlap_comm", &z.overlap_comm, &overlap_set);
   r.Int("sub_group_size", &z.sub_group_size, 1, kMaxInt);
   r.Int({"stage3_prefetch_bucket_size", {"prefetch_bucket_size"}}, &z.stage3_prefetch_bucket_size, 0, kMaxInt, true);
-  r.Int({"stage3_param_persistence_threshold", {"param_persistence_threshold"}},
-        &z.stage3_param_persistence_threshold, 0, kMaxInt, true);
-  r.Int({"stage3_model_persistence_threshold", {"model_persistence_threshold"}},
-        &z.stage3_model_persistence_threshold, 0, kMaxInt);
+  r.Int({"stage3_param_persistence_threshold", {"param_persistence_threshold"}}, &z.stage3_param_persistence_threshold,
+        0, kMaxInt, true);
+  r.Int({"stage3_model_persistence_threshold", {"model_persistence_threshold"}}, &z.stage3_model_persistence_threshold,
+        0, kMaxInt);
   r.Int({"stage3_max_live_parameters", {"max_live_parameters"}}, &z.stage3_max_live_parameters, 0, kMaxInt);
   r.Int({"stage3_max_reuse_distance", {"max_reuse_distance"}}, &z.stage3_max_reuse_distance, 0, kMaxInt);
   r.Bool({"stage3_gather_16bit_weights_on_model_save",
@@ -104,12 +105,14 @@ void ReadZero(ObjectReader& r, ZeroConfig& z, Diagnostics& d) {
   r.OptBool("cpu_offload", &cpu_offload, &set);
   if (set) {
     d.warnings.push_back(r.PathOf("cpu_offload") + " is deprecated; use offload_optimizer.device");
-    if (cpu_offload && z.offload_optimizer.device == OffloadDevice::kNone) z.offload_optimizer.device = OffloadDevice::kCpu;
+    if (cpu_offload && z.offload_optimizer.device == OffloadDevice::kNone)
+      z.offload_optimizer.device = OffloadDevice::kCpu;
   }
   r.OptBool("cpu_offload_param", &cpu_offload_param, &set);
   if (set) {
     d.warnings.push_back(r.PathOf("cpu_offload_param") + " is deprecated; use offload_param.device");
-    if (cpu_offload_param && z.offload_param.device == OffloadDevice::kNone) z.offload_param.device = OffloadDevice::kCpu;
+    if (cpu_offload_param && z.offload_param.device == OffloadDevice::kNone)
+      z.offload_param.device = OffloadDevice::kCpu;
   }
   r.OptBool("cpu_offload_use_pin_memory", &pin, &set);
   if (set) {
@@ -147,8 +150,9 @@ void ReadZero(ObjectReader& r, ZeroConfig& z, Diagnostics& d) {
   r.RejectUnless("zero_quantized_nontrainable_weights", IsFalse, "false", "quantized weights (ZeRO++)");
   r.RejectUnless("zero_quantized_gradients", IsFalse, "false", "quantized gradient communication (ZeRO++)");
   r.RejectUnless("zeropp_loco_param", IsNull, "null", "LoCo-Zero++");
-  r.RejectUnless("mics_shard_size", [](const json& v) { return v.is_number_integer() && v.get<int64_t>() == -1; },
-                 "-1", "MiCS sharding");
+  r.RejectUnless(
+      "mics_shard_size", [](const json& v) { return v.is_number_integer() && v.get<int64_t>() == -1; }, "-1",
+      "MiCS sharding");
   r.RejectUnless("zenflow", IsNull, "null", "ZenFlow's asynchronous updates");
 }
 
@@ -263,8 +267,9 @@ void ReadScheduler(ObjectReader& r, SchedulerConfig& s) {
       p.OptInt("total_num_steps", &total, 1, kMaxInt, true);
       if (total) s.total_num_steps = *total;
     }
-    p.RejectUnless("last_batch_iteration", [](const json& v) { return v.is_number_integer() && v.get<int64_t>() == -1; },
-                   "-1", "starting a schedule mid-way (resume from a zinf checkpoint instead)");
+    p.RejectUnless(
+        "last_batch_iteration", [](const json& v) { return v.is_number_integer() && v.get<int64_t>() == -1; }, "-1",
+        "starting a schedule mid-way (resume from a zinf checkpoint instead)");
   });
 }
 
@@ -331,33 +336,33 @@ void ReadTop(ObjectReader& r, const json& root, Config& c, Diagnostics& d) {
   r.Object("zinf", [&](ObjectReader& z) { ReadZinf(z, c.zinf); });
 
   // DeepSpeed features outside zinf's scope that do not change the numbers.
-  for (const char* key : {"steps_per_print", "wall_clock_breakdown", "dump_state", "memory_breakdown",
-                          "flops_profiler", "tensorboard", "wandb", "csv_monitor", "comet", "monitor_config",
-                          "comms_logger", "timers"})
+  for (const char* key : {"steps_per_print", "wall_clock_breakdown", "dump_state", "memory_breakdown", "flops_profiler",
+                          "tensorboard", "wandb", "csv_monitor", "comet", "monitor_config", "comms_logger", "timers"})
     r.Ignored(key, "logging and monitoring; zinf reports through its own metrics");
   for (const char* key : {"activation_checkpointing", "checkpoint", "autotuning", "zero_allow_untested_optimizer",
-                          "zero_force_ds_cpu_optimizer", "disable_allgather", "nebula", "pipeline",
-                          "graph_harvesting", "use_data_before_expert_parallelism", "compile",
-                          "seq_parallel_communication_data_type", "dataloader_drop_last", "gradient_checkpointing"})
+                          "zero_force_ds_cpu_optimizer", "disable_allgather", "nebula", "pipeline", "graph_harvesting",
+                          "use_data_before_expert_parallelism", "compile", "seq_parallel_communication_data_type",
+                          "dataloader_drop_last", "gradient_checkpointing"})
     r.Ignored(key, "a DeepSpeed runtime feature");
   // Features that would change the numbers: accepted only when off.
   r.RejectUnless("prescale_gradients", IsFalse, "false", "gradient pre-scaling");
-  r.RejectUnless("gradient_predivide_factor",
-                 [](const json& v) { return v.is_number() && v.get<double>() == 1.0; }, "1.0",
-                 "gradient pre-division");
+  r.RejectUnless(
+      "gradient_predivide_factor", [](const json& v) { return v.is_number() && v.get<double>() == 1.0; }, "1.0",
+      "gradient pre-division");
   r.RejectUnless("sparse_gradients", IsFalse, "false", "sparse gradients");
   r.RejectUnless("amp", IsDisabledBlock, "{\"enabled\": false}", "Apex AMP");
   r.RejectUnless("communication_data_type", IsFp32OrNull, "null or \"fp32\"",
                  "reduced-precision gradient communication (zinf reduces in fp32)");
-  r.RejectUnless("data_types",
-                 [](const json& v) {
-                   if (v.is_null()) return true;
-                   if (!v.is_object()) return false;
-                   for (auto it = v.begin(); it != v.end(); ++it)
-                     if (it.key() != "grad_accum_dtype" || !IsFp32OrNull(it.value())) return false;
-                   return true;
-                 },
-                 "{\"grad_accum_dtype\": \"fp32\"}", "gradient accumulation in a 16-bit type (zinf accumulates in fp32)");
+  r.RejectUnless(
+      "data_types",
+      [](const json& v) {
+        if (v.is_null()) return true;
+        if (!v.is_object()) return false;
+        for (auto it = v.begin(); it != v.end(); ++it)
+          if (it.key() != "grad_accum_dtype" || !IsFp32OrNull(it.value())) return false;
+        return true;
+      },
+      "{\"grad_accum_dtype\": \"fp32\"}", "gradient accumulation in a 16-bit type (zinf accumulates in fp32)");
   r.RejectUnless("elasticity", IsDisabledBlock, "{\"enabled\": false}", "elastic training");
   r.RejectUnless("compression_training", IsNullOrEmpty, "{}", "compression training");
   r.RejectUnless("data_efficiency", IsDisabledBlock, "{\"enabled\": false}", "data efficiency");
@@ -369,22 +374,23 @@ void ReadTop(ObjectReader& r, const json& root, Config& c, Diagnostics& d) {
   r.RejectUnless("torch_autocast", IsDisabledBlock, "{\"enabled\": false}", "torch autocast");
   r.RejectUnless("sparse_attention", IsNull, "null", "sparse attention");
   r.RejectUnless("weight_quantization", IsNull, "null", "weight quantization");
-  r.RejectUnless("tensor_parallel",
-                 [](const json& v) {
-                   if (v.is_null()) return true;
-                   if (!v.is_object()) return false;
-                   auto it = v.find("autotp_size");
-                   return it == v.end() || (it->is_number_integer() && it->get<int64_t>() <= 1);
-                 },
-                 "{\"autotp_size\": 1}", "tensor parallelism");
+  r.RejectUnless(
+      "tensor_parallel",
+      [](const json& v) {
+        if (v.is_null()) return true;
+        if (!v.is_object()) return false;
+        auto it = v.find("autotp_size");
+        return it == v.end() || (it->is_number_integer() && it->get<int64_t>() <= 1);
+      },
+      "{\"autotp_size\": 1}", "tensor parallelism");
 }
 
 // Checks that need more than one key.
 void CrossCheck(const Config& c, Diagnostics& d) {
   const auto& z = c.zero;
   if (z.offload_param.device != OffloadDevice::kNone && z.stage != 3)
-    d.AddError("zero_optimization.offload_param: parameter offload needs stage 3 (stage is " +
-                       std::to_string(z.stage) + "); set \"stage\": 3 or remove offload_param");
+    d.AddError("zero_optimization.offload_param: parameter offload needs stage 3 (stage is " + std::to_string(z.stage) +
+               "); set \"stage\": 3 or remove offload_param");
   if (z.offload_param.device == OffloadDevice::kNvme && z.offload_param.nvme_path.empty())
     d.AddError("zero_optimization.offload_param.nvme_path: required when offload_param.device is \"nvme\"");
   if (z.offload_optimizer.device == OffloadDevice::kNvme && z.offload_optimizer.nvme_path.empty())
@@ -393,21 +399,23 @@ void CrossCheck(const Config& c, Diagnostics& d) {
     if (z.stage != 3)
       d.AddError("zero_optimization.offload_optimizer.ratio: partial offload (ratio < 1) needs stage 3");
     else
-      d.warnings.push_back("zero_optimization.offload_optimizer.ratio: partial offload is not implemented; "
-                           "all optimizer state is offloaded (the result is the same)");
+      d.warnings.push_back(
+          "zero_optimization.offload_optimizer.ratio: partial offload is not implemented; "
+          "all optimizer state is offloaded (the result is the same)");
   }
   bool fp16_auto = std::find(c.auto_keys.begin(), c.auto_keys.end(), "fp16.enabled") != c.auto_keys.end();
   bool bf16_auto = std::find(c.auto_keys.begin(), c.auto_keys.end(), "bf16.enabled") != c.auto_keys.end();
   if (c.fp16.enabled && c.bf16.enabled && !fp16_auto && !bf16_auto)
     d.AddError("fp16.enabled and bf16.enabled are both true; choose one 16-bit type");
   const auto& s = c.scheduler;
-  bool total_auto = std::find(c.auto_keys.begin(), c.auto_keys.end(), "scheduler.params.total_num_steps") !=
-                    c.auto_keys.end();
-  if ((s.type == SchedulerType::kWarmupDecayLR || s.type == SchedulerType::kWarmupCosineLR) &&
-      s.total_num_steps <= 0 && !total_auto)
+  bool total_auto =
+      std::find(c.auto_keys.begin(), c.auto_keys.end(), "scheduler.params.total_num_steps") != c.auto_keys.end();
+  if ((s.type == SchedulerType::kWarmupDecayLR || s.type == SchedulerType::kWarmupCosineLR) && s.total_num_steps <= 0 &&
+      !total_auto)
     d.AddError("scheduler.params.total_num_steps: required by " + std::string(SchedulerTypeName(s.type)));
   if (c.aio.use_gds)
-    d.warnings.push_back("aio.use_gds: GPUDirect Storage is not implemented; NVMe data is staged through pinned host memory");
+    d.warnings.push_back(
+        "aio.use_gds: GPUDirect Storage is not implemented; NVMe data is staged through pinned host memory");
   if (c.fp16.auto_cast)
     d.warnings.push_back("fp16.auto_cast: zinf does not cast model inputs; the model decides its compute type");
 }
@@ -422,9 +430,12 @@ json ToJsonValue(const std::vector<std::string>& paths) {
 
 std::string_view OffloadDeviceName(OffloadDevice d) {
   switch (d) {
-    case OffloadDevice::kNone: return "none";
-    case OffloadDevice::kCpu: return "cpu";
-    case OffloadDevice::kNvme: return "nvme";
+    case OffloadDevice::kNone:
+      return "none";
+    case OffloadDevice::kCpu:
+      return "cpu";
+    case OffloadDevice::kNvme:
+      return "nvme";
   }
   return "?";
 }
@@ -433,10 +444,14 @@ std::string_view OptimizerTypeName(OptimizerType t) { return t == OptimizerType:
 
 std::string_view SchedulerTypeName(SchedulerType t) {
   switch (t) {
-    case SchedulerType::kNone: return "none";
-    case SchedulerType::kWarmupLR: return "WarmupLR";
-    case SchedulerType::kWarmupDecayLR: return "WarmupDecayLR";
-    case SchedulerType::kWarmupCosineLR: return "WarmupCosineLR";
+    case SchedulerType::kNone:
+      return "none";
+    case SchedulerType::kWarmupLR:
+      return "WarmupLR";
+    case SchedulerType::kWarmupDecayLR:
+      return "WarmupDecayLR";
+    case SchedulerType::kWarmupCosineLR:
+      return "WarmupCosineLR";
   }
   return "?";
 }
@@ -555,7 +570,8 @@ std::string Config::ToJson(int indent) const {
   }
   if (scheduler.type != SchedulerType::kNone) {
     const auto& s = scheduler;
-    json p = {{"warmup_num_steps", s.warmup_num_steps}, {"warmup_type", s.warmup_type == WarmupType::kLog ? "log" : "linear"}};
+    json p = {{"warmup_num_steps", s.warmup_num_steps},
+              {"warmup_type", s.warmup_type == WarmupType::kLog ? "log" : "linear"}};
     if (s.type == SchedulerType::kWarmupCosineLR) {
       p["warmup_min_ratio"] = s.warmup_min_ratio;
       p["cos_min_ratio"] = s.cos_min_ratio;
@@ -608,8 +624,9 @@ Result<std::vector<std::string>> ResolveAuto(Config& c, const AutoContext& ctx) 
     if (path == "zero_optimization.reduce_bucket_size" || path == "zero_optimization.stage3_prefetch_bucket_size" ||
         path == "zero_optimization.stage3_param_persistence_threshold") {
       if (!h || *h <= 0) {
-        errors.push_back(path + " is \"auto\", which is derived from the model's hidden size; set a number or "
-                                "give the hidden size (zinf train knows it from the model)");
+        errors.push_back(path +
+                         " is \"auto\", which is derived from the model's hidden size; set a number or "
+                         "give the hidden size (zinf train knows it from the model)");
         continue;
       }
       // h^2 * 9 must stay within int64; no model is near this wide.
@@ -695,8 +712,8 @@ Result<BatchSizes> ResolveBatchSizes(const Config& c, int64_t world_size) {
   const std::string ws = std::to_string(world_size);
   auto indivisible = [&](int64_t total, int64_t by, const char* derived) {
     return InvalidArgument(c.source + ": train_batch_size " + std::to_string(total) + " is not divisible by " +
-                           std::to_string(by) + " (world size " + ws + " x the other batch factor), so " +
-                           derived + " cannot be derived");
+                           std::to_string(by) + " (world size " + ws + " x the other batch factor), so " + derived +
+                           " cannot be derived");
   };
   for (const auto& [name, v] : {std::pair{"train_batch_size", tb}, std::pair{"train_micro_batch_size_per_gpu", mb},
                                 std::pair{"gradient_accumulation_steps", gas}}) {
@@ -713,8 +730,8 @@ Result<BatchSizes> ResolveBatchSizes(const Config& c, int64_t world_size) {
   auto too_large = [&] {
     return InvalidArgument(c.source + ": the batch sizes (train_batch_size " + (tb ? std::to_string(*tb) : "unset") +
                            ", train_micro_batch_size_per_gpu " + (mb ? std::to_string(*mb) : "unset") +
-                           ", gradient_accumulation_steps " + (gas ? std::to_string(*gas) : "unset") +
-                           ", world size " + ws + ") multiply beyond 2^63");
+                           ", gradient_accumulation_steps " + (gas ? std::to_string(*gas) : "unset") + ", world size " +
+                           ws + ") multiply beyond 2^63");
   };
   BatchSizes out{};
   int64_t m_w = 0, g_w = 0, m_g_w = 0;
@@ -743,7 +760,8 @@ Result<BatchSizes> ResolveBatchSizes(const Config& c, int64_t world_size) {
   }
   if (out.micro_batch_size < 1 || out.gradient_accumulation_steps < 1)
     return InvalidArgument(c.source + ": batch sizes resolve to micro batch " + std::to_string(out.micro_batch_size) +
-                           " and accumulation " + std::to_string(out.gradient_accumulation_steps) + "; both must be >= 1");
+                           " and accumulation " + std::to_string(out.gradient_accumulation_steps) +
+                           "; both must be >= 1");
   return out;
 }
 

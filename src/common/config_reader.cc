@@ -11,12 +11,18 @@ namespace zinf::config_internal {
 std::string Describe(const json& v) {
   const std::string dump = JsonSnippet(v, 48);
   switch (v.type()) {
-    case json::value_t::string: return "the string " + dump;
-    case json::value_t::boolean: return dump;
-    case json::value_t::null: return "null";
-    case json::value_t::object: return "an object";
-    case json::value_t::array: return "the array " + dump;
-    default: return "the number " + dump;
+    case json::value_t::string:
+      return "the string " + dump;
+    case json::value_t::boolean:
+      return dump;
+    case json::value_t::null:
+      return "null";
+    case json::value_t::object:
+      return "an object";
+    case json::value_t::array:
+      return "the array " + dump;
+    default:
+      return "the number " + dump;
   }
 }
 

@@ -116,8 +116,8 @@ class ObjectReader {
     ReadInt(key, out, min, max, allow_auto);
   }
 
-  void Double(const Key& key, double* out, double min, double max, bool allow_auto = false,
-              bool min_exclusive = false, bool max_exclusive = false) {
+  void Double(const Key& key, double* out, double min, double max, bool allow_auto = false, bool min_exclusive = false,
+              bool max_exclusive = false) {
     const json* v = Take(key);
     if (!v) return;
     std::string accepted = "a number in " + std::string(min_exclusive ? "(" : "[") + FormatDouble(min) + ", " +
@@ -228,7 +228,8 @@ class ObjectReader {
     // Switched off: nothing is being ignored, so nothing to say.
     bool off = v->is_null() || (v->is_boolean() && !v->get<bool>()) ||
                (v->is_object() && (v->empty() || (v->contains("enabled") && (*v)["enabled"] == false)));
-    if (!off) d_.warnings.push_back(PathOf(key) + " is a DeepSpeed setting zinf does not implement (" + why + "); ignored");
+    if (!off)
+      d_.warnings.push_back(PathOf(key) + " is a DeepSpeed setting zinf does not implement (" + why + "); ignored");
   }
 
   // A DeepSpeed key zinf does not implement and whose non-default values
@@ -237,7 +238,8 @@ class ObjectReader {
                     const char* what) {
     const json* v = Take(key);
     if (v && !harmless(*v))
-      Error(key, std::string("zinf does not implement ") + what + ", and ignoring it would change the result; remove it or set " + noop);
+      Error(key, std::string("zinf does not implement ") + what +
+                     ", and ignoring it would change the result; remove it or set " + noop);
   }
 
   // Everything not consumed is unknown.
@@ -254,8 +256,7 @@ class ObjectReader {
       for (const auto& k : known_) {
         // The distance is at least the difference in length: a key far longer
         // than every known one costs nothing here.
-        const size_t length_gap =
-            it.key().size() > k.size() ? it.key().size() - k.size() : k.size() - it.key().size();
+        const size_t length_gap = it.key().size() > k.size() ? it.key().size() - k.size() : k.size() - it.key().size();
         if (length_gap > limit) continue;
         size_t dist = EditDistance(it.key(), k);
         if (dist < best_distance) best_distance = dist, best = k;

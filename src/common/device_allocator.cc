@@ -178,8 +178,10 @@ Result<uint64_t> DeviceAllocator::Allocate(uint64_t bytes, Stream& stream) {
         pending_[k] = std::move(pending_.back());
         pending_.pop_back();
       }
-      if (tail && tail->event) pending_.push_back(std::move(*tail));
-      else if (tail) InsertFree(tail->offset, tail->size);
+      if (tail && tail->event)
+        pending_.push_back(std::move(*tail));
+      else if (tail)
+        InsertFree(tail->offset, tail->size);
       return take(start);
     }
   }

@@ -87,24 +87,35 @@ void FromEnvironment() {
 // Whether `site` is an event of the plan's kind.
 bool Counts(Kind kind, Site site) {
   switch (kind) {
-    case Kind::kAlloc: return site == Site::kDeviceAlloc;
-    case Kind::kEio: return site == Site::kIoRead || site == Site::kIoWrite;
-    case Kind::kEnospc: return site == Site::kIoWrite;
-    case Kind::kRing: return site == Site::kRingSubmit;
-    case Kind::kNan: return site == Site::kLoss;
+    case Kind::kAlloc:
+      return site == Site::kDeviceAlloc;
+    case Kind::kEio:
+      return site == Site::kIoRead || site == Site::kIoWrite;
+    case Kind::kEnospc:
+      return site == Site::kIoWrite;
+    case Kind::kRing:
+      return site == Site::kRingSubmit;
+    case Kind::kNan:
+      return site == Site::kLoss;
     case Kind::kNone:
-    case Kind::kCount: return false;
+    case Kind::kCount:
+      return false;
   }
   return false;
 }
 
 const char* SiteName(Site site) {
   switch (site) {
-    case Site::kDeviceAlloc: return "device allocation";
-    case Site::kIoRead: return "NVMe read";
-    case Site::kIoWrite: return "NVMe write";
-    case Site::kRingSubmit: return "io_uring submission";
-    case Site::kLoss: return "loss";
+    case Site::kDeviceAlloc:
+      return "device allocation";
+    case Site::kIoRead:
+      return "NVMe read";
+    case Site::kIoWrite:
+      return "NVMe write";
+    case Site::kRingSubmit:
+      return "io_uring submission";
+    case Site::kLoss:
+      return "loss";
   }
   return "?";
 }

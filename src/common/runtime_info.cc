@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <cstdio>
 
-
 namespace zinf {
 namespace {
 
@@ -20,8 +19,10 @@ struct OptionalBackendNames {
 
 OptionalBackendNames NamesOf(OptionalBackend backend) {
   switch (backend) {
-    case OptionalBackend::kCuda: return {"cuda", "CUDA", "ZINF_WITH_CUDA"};
-    case OptionalBackend::kNccl: return {"nccl", "NCCL", "ZINF_WITH_NCCL"};
+    case OptionalBackend::kCuda:
+      return {"cuda", "CUDA", "ZINF_WITH_CUDA"};
+    case OptionalBackend::kNccl:
+      return {"nccl", "NCCL", "ZINF_WITH_NCCL"};
   }
   return {"?", "?", "?"};
 }

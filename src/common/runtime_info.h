@@ -20,7 +20,7 @@ struct BackendInfo {
 };
 
 struct RuntimeInfo {
-  std::string version;  // zinf's own
+  std::string version;   // zinf's own
   std::string revision;  // the git revision built, "+dirty" when the tree differed from it
   std::vector<BackendInfo> backends;
 };

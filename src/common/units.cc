@@ -27,16 +27,17 @@ enum class UnitBase { kBytes, kCount };
 Result<uint64_t> ParseWithUnits(std::string_view text, UnitBase base) {
   const bool bytes_mode = base == UnitBase::kBytes;
   auto bad = [&](std::string_view why) {
-    return InvalidArgument(std::string(bytes_mode ? "invalid size '" : "invalid count '") + std::string(text) + "': " +
-                           std::string(why) +
-                           (bytes_mode ? " (examples: 4096, 512K, 4G, 1.5GiB, 1e9)" : " (examples: 1000, 350K, 124M, 1.5B, 7e9)"));
+    return InvalidArgument(
+        std::string(bytes_mode ? "invalid size '" : "invalid count '") + std::string(text) + "': " + std::string(why) +
+        (bytes_mode ? " (examples: 4096, 512K, 4G, 1.5GiB, 1e9)" : " (examples: 1000, 350K, 124M, 1.5B, 7e9)"));
   };
   std::string_view s = text;
   while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
   while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
   if (s.empty()) return bad("empty");
   if (s.front() == '-') return bad("negative");
-  if (!std::isdigit(static_cast<unsigned char>(s.front())) && s.front() != '.') return bad("does not start with a number");
+  if (!std::isdigit(static_cast<unsigned char>(s.front())) && s.front() != '.')
+    return bad("does not start with a number");
 
   // Split number and suffix: the number may contain digits, '.', and an exponent.
   size_t i = 0;

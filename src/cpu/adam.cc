@@ -86,8 +86,7 @@ Status AdamStep(tbb::task_arena& arena, const AdamStepConstants& constants, cons
                                             {b.grads, n * DTypeSizeBytes(b.grad_dtype), "grads"},
                                             {b.param_copy, n * 2, "param_copy"}})
                            .WithContext("Adam"));
-  const cpu::AdamKernelFn kernel =
-      cpu::Kernels(level).adam[static_cast<int>(b.grad_dtype)][static_cast<int>(copy)];
+  const cpu::AdamKernelFn kernel = cpu::Kernels(level).adam[static_cast<int>(b.grad_dtype)][static_cast<int>(copy)];
   const size_t grad_bytes = DTypeSizeBytes(b.grad_dtype);
   const size_t bytes_per_elem = 24 + grad_bytes + (b.param_copy ? 2 : 0);
   cpu::ParallelForBlocks(arena, n, bytes_per_elem, [&](size_t begin, size_t end) {

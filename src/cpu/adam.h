@@ -52,7 +52,7 @@ struct AdamBuffers {
   float* exp_avg_sq = nullptr;  // v, updated in place
   const void* grads = nullptr;  // grad_dtype elements
   DType grad_dtype = DType::kFloat32;
-  void* param_copy = nullptr;   // optional: receives the updated parameter as param_copy_dtype
+  void* param_copy = nullptr;                 // optional: receives the updated parameter as param_copy_dtype
   DType param_copy_dtype = DType::kBFloat16;  // kBFloat16 or kFloat16
   size_t num_elems = 0;
 };

@@ -54,8 +54,8 @@ struct WaitCounters {
 struct EventState {
   std::mutex mu;
   std::condition_variable cv;
-  uint64_t recorded = 0;   // generation of the latest Record
-  uint64_t completed = 0;  // generation whose work has run
+  uint64_t recorded = 0;                               // generation of the latest Record
+  uint64_t completed = 0;                              // generation whose work has run
   std::chrono::steady_clock::time_point completed_at;  // when `completed` last moved
   // Where the latest Record put it: its stream's count of submitted
   // operations just after it (a wait drains the stream when the count has
@@ -92,7 +92,11 @@ class HostContext : public StreamContext {
 // and overlap work running on other streams, like a GPU's DMA engine.
 class CopyEngine {
  public:
-  CopyEngine() : thread_([this] { t_device_thread = true; Loop(); }) {}
+  CopyEngine()
+      : thread_([this] {
+          t_device_thread = true;
+          Loop();
+        }) {}
   ~CopyEngine() {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -273,8 +277,11 @@ void* HostContext::Host(const void* device_ptr) const {
 class HostStream : public Stream {
  public:
   HostStream(HostDevice* device, uint64_t seed)
-      : device_(device), id_(next_stream_id.fetch_add(1)), rng_(seed ^ (id_ * 0x9e3779b97f4a7c15ull)),
-        context_(device), thread_([this] {
+      : device_(device),
+        id_(next_stream_id.fetch_add(1)),
+        rng_(seed ^ (id_ * 0x9e3779b97f4a7c15ull)),
+        context_(device),
+        thread_([this] {
           t_device_thread = true;
           Loop();
         }) {}
@@ -496,8 +503,8 @@ Result<std::unique_ptr<Device>> CreateHostDevice(const DeviceOptions& options) {
   // Reserved, not committed: pages are backed as they are touched.
   void* base = ::mmap(nullptr, budget, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (base == MAP_FAILED)
-    return OutOfMemory("HostDevice: cannot reserve " + FormatBytes(budget) + " of address space: " +
-                       std::strerror(errno));
+    return OutOfMemory("HostDevice: cannot reserve " + FormatBytes(budget) +
+                       " of address space: " + std::strerror(errno));
   DeviceOptions resolved = options;
   if (const char* v = std::getenv("ZINF_SERIALIZE_TASKS"); v != nullptr && std::string_view(v) == "1") {
     resolved.serialize_tasks = true;

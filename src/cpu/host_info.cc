@@ -14,7 +14,6 @@
 #include "cpu/openblas_lib.h"
 #include "cpu/simd_level.h"
 
-
 namespace zinf {
 
 BackendInfo ProbeTbb() {
@@ -33,10 +32,10 @@ BackendInfo ProbeHwloc() {
   auto count = [&](hwloc_obj_type_t type) { return std::to_string(hwloc_get_nbobjs_by_type(topo, type)); };
   unsigned api = hwloc_get_api_version();
   info.usable = true;
-  info.detail = "API " + std::to_string(api >> 16) + "." + std::to_string((api >> 8) & 0xff) + "." + std::to_string(api & 0xff) +
-                ": " + count(HWLOC_OBJ_PACKAGE) + " package(s), " + count(HWLOC_OBJ_NUMANODE) + " NUMA node(s), " +
-                count(HWLOC_OBJ_CORE) + " core(s), " + count(HWLOC_OBJ_PU) + " PU(s), " +
-                FormatBytes(hwloc_get_root_obj(topo)->total_memory) + " memory";
+  info.detail = "API " + std::to_string(api >> 16) + "." + std::to_string((api >> 8) & 0xff) + "." +
+                std::to_string(api & 0xff) + ": " + count(HWLOC_OBJ_PACKAGE) + " package(s), " +
+                count(HWLOC_OBJ_NUMANODE) + " NUMA node(s), " + count(HWLOC_OBJ_CORE) + " core(s), " +
+                count(HWLOC_OBJ_PU) + " PU(s), " + FormatBytes(hwloc_get_root_obj(topo)->total_memory) + " memory";
   hwloc_topology_destroy(topo);
   return info;
 }

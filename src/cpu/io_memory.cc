@@ -44,8 +44,8 @@ void* MapIoMemory(uint64_t bytes) {
   if (UseHugetlbPool()) {
     // Reserved at mmap time: fails at once (ENOMEM) when the pool is short.
     constexpr int kTwoMiBPages = 21 << MAP_HUGE_SHIFT;  // log2 of the page size
-    void* p = mmap(nullptr, hlen, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB | kTwoMiBPages, -1,
-                   0);
+    void* p =
+        mmap(nullptr, hlen, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB | kTwoMiBPages, -1, 0);
     if (p != MAP_FAILED) return p;
   }
   // Map a huge page more than asked, keep the 2 MiB-aligned middle.

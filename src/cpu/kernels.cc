@@ -15,10 +15,14 @@ const KernelTable& Kernels(SimdLevel level) {
                  "SIMD level above what this CPU supports");
 #if defined(__x86_64__) || defined(_M_X64)
   switch (level) {
-    case SimdLevel::kAvx512: return Avx512Kernels();
-    case SimdLevel::kAvx2: return Avx2Kernels();
-    case SimdLevel::kSse2: return Sse2Kernels();
-    case SimdLevel::kScalar: return ScalarKernels();
+    case SimdLevel::kAvx512:
+      return Avx512Kernels();
+    case SimdLevel::kAvx2:
+      return Avx2Kernels();
+    case SimdLevel::kSse2:
+      return Sse2Kernels();
+    case SimdLevel::kScalar:
+      return ScalarKernels();
   }
 #endif
   return ScalarKernels();

@@ -26,7 +26,9 @@ struct Avx512Io {
     const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
     return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
   }
-  static F LoadFp16(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+  static F LoadFp16(const uint16_t* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
   static void StoreBf16(uint16_t* p, const F& x) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), Bf16Vector(x)); }
   static void StoreFp16(uint16_t* p, const F& x) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), Fp16Vector(x)); }
   static void StreamBf16(uint16_t* p, const F& x) { _mm256_stream_si256(reinterpret_cast<__m256i*>(p), Bf16Vector(x)); }

@@ -191,7 +191,8 @@ void AdamSimd(const AdamStepConstants& c, float* params, float* exp_avg, float* 
     std::memcpy(p, params + body, rest * sizeof(float));
     std::memcpy(m, exp_avg + body, rest * sizeof(float));
     std::memcpy(v, exp_avg_sq + body, rest * sizeof(float));
-    std::memcpy(g, static_cast<const unsigned char*>(grads) + body * DTypeSizeBytes(kGrad), rest * DTypeSizeBytes(kGrad));
+    std::memcpy(g, static_cast<const unsigned char*>(grads) + body * DTypeSizeBytes(kGrad),
+                rest * DTypeSizeBytes(kGrad));
     AdamVectors<Io, kGrad, kCopy, false>(k, p, m, v, g, copy, W);
     std::memcpy(params + body, p, rest * sizeof(float));
     std::memcpy(exp_avg + body, m, rest * sizeof(float));

@@ -233,8 +233,8 @@ class MpiComm final : public Communicator {
       for (int p = 0; p < size_; ++p) {
         if (p == rank_) continue;
         MPI_Request request = MPI_REQUEST_NULL;
-        if (MPI_Isend(notice_.data(), static_cast<int>(notice_.size()), MPI_BYTE, p, kNoticeTag, notices_,
-                      &request) == MPI_SUCCESS &&
+        if (MPI_Isend(notice_.data(), static_cast<int>(notice_.size()), MPI_BYTE, p, kNoticeTag, notices_, &request) ==
+                MPI_SUCCESS &&
             request != MPI_REQUEST_NULL) {
           MPI_Request_free(&request);
         }
@@ -764,11 +764,11 @@ class MpiComm final : public Communicator {
   std::atomic<bool> broken_{false};
   mutable std::mutex broken_mu_;
   Status broken_cause_;
-  bool aborted_ = false;                   // Abort ran (broken_mu_)
+  bool aborted_ = false;                       // Abort ran (broken_mu_)
   std::atomic<bool> notified_by_peer_{false};  // broken by a peer's notice: no notice goes back
   std::atomic<bool> peers_gone_{false};        // a deadline found a rank silent, here or at a notice's sender
-  std::vector<char> notice_;               // the notice sent, alive while the sends are
-  std::mutex notice_mu_;                   // PollNotices, one thread at a time
+  std::vector<char> notice_;                   // the notice sent, alive while the sends are
+  std::mutex notice_mu_;                       // PollNotices, one thread at a time
 };
 
 }  // namespace

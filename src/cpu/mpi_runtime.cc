@@ -39,8 +39,10 @@ StatusCode MpiErrorCode(int rc) {
   switch (error_class) {
     case MPI_ERR_TRUNCATE:
     case MPI_ERR_COUNT:
-    case MPI_ERR_BUFFER: return StatusCode::kInvalidArgument;
-    default: return StatusCode::kInternal;
+    case MPI_ERR_BUFFER:
+      return StatusCode::kInvalidArgument;
+    default:
+      return StatusCode::kInternal;
   }
 }
 
@@ -80,10 +82,14 @@ Result<MpiRuntime*> MpiRuntime::Get() {
 
 std::string MpiRuntime::ThreadLevelName(int level) {
   switch (level) {
-    case MPI_THREAD_SINGLE: return "MPI_THREAD_SINGLE";
-    case MPI_THREAD_FUNNELED: return "MPI_THREAD_FUNNELED";
-    case MPI_THREAD_SERIALIZED: return "MPI_THREAD_SERIALIZED";
-    case MPI_THREAD_MULTIPLE: return "MPI_THREAD_MULTIPLE";
+    case MPI_THREAD_SINGLE:
+      return "MPI_THREAD_SINGLE";
+    case MPI_THREAD_FUNNELED:
+      return "MPI_THREAD_FUNNELED";
+    case MPI_THREAD_SERIALIZED:
+      return "MPI_THREAD_SERIALIZED";
+    case MPI_THREAD_MULTIPLE:
+      return "MPI_THREAD_MULTIPLE";
   }
   return std::to_string(level);
 }

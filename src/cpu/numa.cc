@@ -23,8 +23,8 @@ std::string NodeList(hwloc_const_nodeset_t set) {
 Result<NumaChoice> CallerNode(hwloc_topology_t topology, int caller_node, std::string prefix) {
   if (caller_node >= 0) {
     if (!hwloc_get_numanode_obj_by_os_index(topology, static_cast<unsigned>(caller_node))) {
-      return InvalidArgument("NUMA node " + std::to_string(caller_node) + " does not exist (nodes: " +
-                             NodeList(hwloc_get_root_obj(topology)->nodeset) + ")");
+      return InvalidArgument("NUMA node " + std::to_string(caller_node) +
+                             " does not exist (nodes: " + NodeList(hwloc_get_root_obj(topology)->nodeset) + ")");
     }
     return NumaChoice{caller_node, prefix + "caller's node " + std::to_string(caller_node)};
   }

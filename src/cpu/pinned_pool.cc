@@ -174,13 +174,12 @@ Result<void*> PinnedPool::CreateBuffer(uint64_t capacity) {
   // engine's O_DIRECT and DMA buffers (io_memory.h says why that matters).
   void* data = MapIoMemory(capacity);
   if (data == nullptr) return OutOfMemory("mmap " + FormatBytes(capacity) + ": " + ErrnoText(errno));
-  if (topology_.is_this_system() &&
-      hwloc_set_area_membind(topology_.get(), data, capacity, nodeset_, HWLOC_MEMBIND_BIND,
-                             HWLOC_MEMBIND_BYNODESET) != 0) {
+  if (topology_.is_this_system() && hwloc_set_area_membind(topology_.get(), data, capacity, nodeset_,
+                                                           HWLOC_MEMBIND_BIND, HWLOC_MEMBIND_BYNODESET) != 0) {
     // Binding is a placement hint for speed; a kernel or container without
     // mbind still gives correct memory.
-    WarnOnce("pinned host memory: cannot bind to NUMA node " + std::to_string(choice_.node) + ": " +
-             ErrnoText(errno) + "; using the default placement");
+    WarnOnce("pinned host memory: cannot bind to NUMA node " + std::to_string(choice_.node) + ": " + ErrnoText(errno) +
+             "; using the default placement");
   }
   madvise(data, capacity, MADV_DONTFORK);  // best effort, see the file comment
   if (options_.lock && mlock(data, capacity) != 0) {

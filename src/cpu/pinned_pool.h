@@ -39,10 +39,10 @@ namespace zinf {
 class PinnedPool;
 
 struct PinnedPoolOptions {
-  uint64_t budget_bytes = 0;   // required: the most the pool may hold at once
-  std::string gpu_pci_bus_id;  // "0000:17:00.0": bind near this GPU; empty: no GPU
-  int numa_node = -1;          // the caller's node (without a GPU); -1: the calling thread's
-  bool lock = true;            // mlock each buffer (false only where locking is impossible: tests)
+  uint64_t budget_bytes = 0;                 // required: the most the pool may hold at once
+  std::string gpu_pci_bus_id;                // "0000:17:00.0": bind near this GPU; empty: no GPU
+  int numa_node = -1;                        // the caller's node (without a GPU); -1: the calling thread's
+  bool lock = true;                          // mlock each buffer (false only where locking is impossible: tests)
   std::vector<MemoryRegistrar*> registrars;  // not owned; must outlive the pool
 };
 

@@ -44,8 +44,8 @@ class StartupWatch {
   const double seconds_;
   std::mutex mu_;
   std::condition_variable cv_;
-  bool done_ = false;               // mu_
-  const char* phase_ = "start-up";  // mu_
+  bool done_ = false;                                  // mu_
+  const char* phase_ = "start-up";                     // mu_
   std::atomic<const char*> phase_atomic_{"start-up"};  // phase_, for the exit handler
   std::thread thread_;
 };

@@ -19,7 +19,9 @@ struct TemplateInfo {
 
 const std::vector<TemplateInfo>& Templates() {
   static const std::vector<TemplateInfo> kTemplates = {
-      {ChatTemplate::kLlama3, "llama3", {"<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"},
+      {ChatTemplate::kLlama3,
+       "llama3",
+       {"<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"},
        "<|eot_id|>"},
       {ChatTemplate::kChatMl, "chatml", {"<|im_start|>", "<|im_end|>"}, "<|im_end|>"},
       {ChatTemplate::kQwen3, "qwen3", {"<|im_start|>", "<|im_end|>"}, "<|im_end|>"},
@@ -60,7 +62,6 @@ std::pair<std::string, std::string> SplitThinking(std::string_view content) {
   return {std::string(StripNewlines(reasoning, true, false)),
           std::string(StripNewlines(content.substr(last_close + 8), true, false))};
 }
-
 
 }  // namespace
 
@@ -141,8 +142,10 @@ Result<std::vector<ChatMessage>> ParseChatLine(std::string_view line, const std:
 Result<std::vector<ChatPiece>> RenderChat(ChatTemplate t, std::span<const ChatMessage> messages) {
   std::vector<ChatPiece> pieces;
   auto context = [&](std::string s) {
-    if (!pieces.empty() && !pieces.back().trained) pieces.back().text += s;
-    else pieces.push_back({std::move(s), false});
+    if (!pieces.empty() && !pieces.back().trained)
+      pieces.back().text += s;
+    else
+      pieces.push_back({std::move(s), false});
   };
   auto trained = [&](std::string s) { pieces.push_back({std::move(s), true}); };
   switch (t) {
@@ -151,8 +154,10 @@ Result<std::vector<ChatPiece>> RenderChat(ChatTemplate t, std::span<const ChatMe
       for (const ChatMessage& m : messages) {
         context("<|start_header_id|>" + m.role + "<|end_header_id|>\n\n");
         const std::string body = std::string(Trim(m.content)) + "<|eot_id|>";
-        if (m.role == "assistant") trained(body);
-        else context(body);
+        if (m.role == "assistant")
+          trained(body);
+        else
+          context(body);
       }
       break;
     case ChatTemplate::kChatMl:
@@ -196,7 +201,8 @@ Result<std::vector<ChatPiece>> RenderChat(ChatTemplate t, std::span<const ChatMe
         const ChatMessage& m = messages[i];
         const bool want_user = (i - first) % 2 == 0;
         if ((m.role == "user") != want_user || m.role == "system") {
-          return InvalidArgument("messages[" + std::to_string(i) + "]: the mistral template needs user and assistant "
+          return InvalidArgument("messages[" + std::to_string(i) +
+                                 "]: the mistral template needs user and assistant "
                                  "turns alternating, starting with user (after an optional system message)");
         }
         if (m.role == "user") {
@@ -273,8 +279,8 @@ void RowPacker::Finish() { CloseRow(); }
 // ---- ChatDataset ----------------------------------------------------------------
 
 Result<std::unique_ptr<ChatDataset>> ChatDataset::Open(const std::string& path, const Tokenizer& tokenizer,
-                                                        ChatTemplate chat_template, int64_t seq_len,
-                                                        const std::function<void(uint64_t, uint64_t)>& progress) {
+                                                       ChatTemplate chat_template, int64_t seq_len,
+                                                       const std::function<void(uint64_t, uint64_t)>& progress) {
   if (seq_len < 1) return InvalidArgument("chat data: sequence length must be >= 1");
   ZINF_RETURN_IF_ERROR(CheckChatTemplate(chat_template, tokenizer).WithContext(path));
   auto file_or = MappedFile::Open(path);
@@ -284,9 +290,9 @@ Result<std::unique_ptr<ChatDataset>> ChatDataset::Open(const std::string& path, 
 }
 
 Result<std::unique_ptr<ChatDataset>> ChatDataset::FromText(std::string_view text, const std::string& path,
-                                                            const Tokenizer& tokenizer, ChatTemplate chat_template,
-                                                            int64_t seq_len,
-                                                            const std::function<void(uint64_t, uint64_t)>& progress) {
+                                                           const Tokenizer& tokenizer, ChatTemplate chat_template,
+                                                           int64_t seq_len,
+                                                           const std::function<void(uint64_t, uint64_t)>& progress) {
   if (seq_len < 1) return InvalidArgument("chat data: sequence length must be >= 1");
   ZINF_RETURN_IF_ERROR(CheckChatTemplate(chat_template, tokenizer).WithContext(path));
   auto ds = std::unique_ptr<ChatDataset>(new ChatDataset());
@@ -317,7 +323,8 @@ Result<std::unique_ptr<ChatDataset>> ChatDataset::FromText(std::string_view text
   ds->stats_.tokens = packer.packed_tokens();
   ds->inputs_ = std::move(packer.inputs());
   ds->targets_ = std::move(packer.targets());
-  ds->stats_.trained_targets = std::count_if(ds->targets_.begin(), ds->targets_.end(), [](int32_t t) { return t >= 0; });
+  ds->stats_.trained_targets =
+      std::count_if(ds->targets_.begin(), ds->targets_.end(), [](int32_t t) { return t >= 0; });
   return ds;
 }
 

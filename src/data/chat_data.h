@@ -128,9 +128,9 @@ class RowPacker {
 struct ChatDataStats {
   int64_t examples = 0;
   int64_t rows = 0;
-  int64_t truncated = 0;       // cut to one row
-  int64_t dropped = 0;         // nothing trained left after the cut
-  int64_t tokens = 0;          // in rows, padding excluded
+  int64_t truncated = 0;  // cut to one row
+  int64_t dropped = 0;    // nothing trained left after the cut
+  int64_t tokens = 0;     // in rows, padding excluded
   int64_t trained_targets = 0;
 };
 

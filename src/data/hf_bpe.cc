@@ -156,9 +156,8 @@ struct BpeModel::Impl {
         continue;
       }
       const std::string_view ch = word.substr(begin[i], len[i]);
-      if (byte_fallback && std::all_of(ch.begin(), ch.end(), [&](char b) {
-            return fallback_token[static_cast<uint8_t>(b)] >= 0;
-          })) {
+      if (byte_fallback &&
+          std::all_of(ch.begin(), ch.end(), [&](char b) { return fallback_token[static_cast<uint8_t>(b)] >= 0; })) {
         for (char b : ch) out->push_back(fallback_token[static_cast<uint8_t>(b)]);
         last_unk = false;
       } else if (unk_id >= 0) {

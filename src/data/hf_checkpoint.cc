@@ -347,7 +347,9 @@ Status HfCheckpoint::ReadUnit(int unit, std::span<float> out) const {
 
 std::string HfConfigJson(const GptConfig& c) {
   const std::string type = c.qk_norm ? "qwen3" : c.qkv_bias ? "qwen2" : "llama";
-  const std::string arch = type == "qwen3" ? "Qwen3ForCausalLM" : type == "qwen2" ? "Qwen2ForCausalLM" : "LlamaForCausalLM";
+  const std::string arch = type == "qwen3"   ? "Qwen3ForCausalLM"
+                           : type == "qwen2" ? "Qwen2ForCausalLM"
+                                             : "LlamaForCausalLM";
   nlohmann::json j = {{"architectures", {arch}},
                       {"model_type", type},
                       {"vocab_size", c.vocab_size},
@@ -469,7 +471,8 @@ Status ExportHfCheckpoint(const UnitSource& units, const GptConfig& c, const std
               std::memcpy(row.data() + 2 * i, &h, 2);
             }
           }
-          ZINF_RETURN_IF_ERROR(writer.Write(p.name, std::as_bytes(std::span<const unsigned char>(row.data(), n * elem_bytes))));
+          ZINF_RETURN_IF_ERROR(
+              writer.Write(p.name, std::as_bytes(std::span<const unsigned char>(row.data(), n * elem_bytes))));
         }
       }
     }
@@ -483,8 +486,11 @@ Status ExportHfCheckpoint(const UnitSource& units, const GptConfig& c, const std
   }
   std::string config_json = o.config_json.empty() ? HfConfigJson(c) : o.config_json;
   nlohmann::json cj = nlohmann::json::parse(config_json, nullptr, false);
-  if (cj.is_discarded() || !cj.is_object()) return InvalidArgument("Hugging Face export: config_json is not a JSON object");
-  const char* dtype_name = o.dtype == DType::kFloat32 ? "float32" : o.dtype == DType::kBFloat16 ? "bfloat16" : "float16";
+  if (cj.is_discarded() || !cj.is_object())
+    return InvalidArgument("Hugging Face export: config_json is not a JSON object");
+  const char* dtype_name = o.dtype == DType::kFloat32    ? "float32"
+                           : o.dtype == DType::kBFloat16 ? "bfloat16"
+                                                         : "float16";
   cj["torch_dtype"] = dtype_name;
   if (cj.contains("dtype")) cj["dtype"] = dtype_name;  // transformers 5's name for it
   ZINF_RETURN_IF_ERROR(WriteText(dir + "/config.json", cj.dump(2)));

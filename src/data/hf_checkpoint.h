@@ -91,7 +91,7 @@ class HfCheckpoint {
 };
 
 struct HfExportOptions {
-  DType dtype = DType::kBFloat16;             // of the tensors: bf16, fp16 or fp32
+  DType dtype = DType::kBFloat16;            // of the tensors: bf16, fp16 or fp32
   uint64_t max_shard_bytes = 5'000'000'000;  // transformers' default shard size
   // config.json to write (HfModel::config_json, its torch_dtype updated);
   // empty: one is written from the config (model_type llama, or qwen2 / qwen3

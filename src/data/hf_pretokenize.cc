@@ -207,8 +207,7 @@ void Split(SplitPattern pattern, std::string_view text, Piece& piece) {
 
 }  // namespace
 
-void SplitByPattern(SplitPattern pattern, std::string_view text,
-                    const std::function<void(std::string_view)>& piece) {
+void SplitByPattern(SplitPattern pattern, std::string_view text, const std::function<void(std::string_view)>& piece) {
   Split(pattern, text, piece);
 }
 

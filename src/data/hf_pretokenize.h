@@ -30,8 +30,7 @@ std::optional<SplitPattern> RecognizeSplitRegex(std::string_view regex);
 
 // Calls `piece` with each piece of `text` under `pattern`, in order (views
 // into `text`), as the scan finds them: no memory in proportion to the text.
-void SplitByPattern(SplitPattern pattern, std::string_view text,
-                    const std::function<void(std::string_view)>& piece);
+void SplitByPattern(SplitPattern pattern, std::string_view text, const std::function<void(std::string_view)>& piece);
 // The same, appending the pieces to *pieces.
 void SplitByPattern(SplitPattern pattern, std::string_view text, std::vector<std::string_view>* pieces);
 

@@ -65,9 +65,9 @@ Status Bad(const std::string& where, const std::string& what) { return InvalidAr
 // character). Without them a file of a few bytes could make encoding
 // exponential (a Replace that doubles the text, repeated) or recurse a
 // thousand pre-tokenizers deep.
-constexpr size_t kMaxSteps = 32;             // per normalizer, pre-tokenizer, decoder
-constexpr size_t kMaxPipelineString = 256;   // bytes of a Prepend, Replace or Metaspace string
-constexpr double kMaxGrowth = 256;           // how many times longer the steps may make a text
+constexpr size_t kMaxSteps = 32;            // per normalizer, pre-tokenizer, decoder
+constexpr size_t kMaxPipelineString = 256;  // bytes of a Prepend, Replace or Metaspace string
+constexpr double kMaxGrowth = 256;          // how many times longer the steps may make a text
 
 Status CheckStepCount(size_t steps, const std::string& where) {
   if (steps <= kMaxSteps) return Status::Ok();
@@ -194,8 +194,8 @@ Status ParsePreTokenizer(const Json& j, const std::string& where, std::vector<Pr
     ZINF_ASSIGN_OR_RETURN(std::string regex, GetString(*it, "Regex", key));
     auto pattern = RecognizeSplitRegex(regex);
     if (!pattern) {
-      return Bad(Key(key, "Regex"), "unsupported split regex '" + regex +
-                                        "' (zinf knows the GPT-2, Llama 3 and Qwen2 patterns)");
+      return Bad(Key(key, "Regex"),
+                 "unsupported split regex '" + regex + "' (zinf knows the GPT-2, Llama 3 and Qwen2 patterns)");
     }
     s.pattern = *pattern;
     ZINF_ASSIGN_OR_RETURN(std::string behavior, GetString(j, "behavior", where, std::string("Isolated")));
@@ -332,7 +332,8 @@ Result<BpeConfig> ParseModel(const Json& j, bool byte_level) {
   config.vocab.reserve(vocab->size());
   for (auto it = vocab->begin(); it != vocab->end(); ++it) {
     if (!it.value().is_number_integer()) {
-      return Bad(Key(where, "vocab"), "token '" + it.key() + "' maps to " + JsonSnippet(it.value()) + ", expected an id");
+      return Bad(Key(where, "vocab"),
+                 "token '" + it.key() + "' maps to " + JsonSnippet(it.value()) + ", expected an id");
     }
     config.vocab.emplace_back(it.key(), it.value().get<int64_t>());
   }
@@ -351,7 +352,8 @@ Result<BpeConfig> ParseModel(const Json& j, bool byte_level) {
     } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
       config.merges.emplace_back(m[0].get<std::string>(), m[1].get<std::string>());
     } else {
-      return Bad(Index(Key(where, "merges"), i), "expected \"left right\" or [\"left\", \"right\"], got " + JsonSnippet(m));
+      return Bad(Index(Key(where, "merges"), i),
+                 "expected \"left right\" or [\"left\", \"right\"], got " + JsonSnippet(m));
     }
   }
   return config;
@@ -555,8 +557,7 @@ struct HfTokenizer::Impl {
       case PreKind::kMetaspace: {
         std::string m;
         ReplaceAll(piece, " ", p.replacement, &m);
-        const bool prepend =
-            p.prepend == PrependScheme::kAlways || (p.prepend == PrependScheme::kFirst && at_start);
+        const bool prepend = p.prepend == PrependScheme::kAlways || (p.prepend == PrependScheme::kFirst && at_start);
         if (prepend && !std::string_view(m).starts_with(p.replacement)) m.insert(0, p.replacement);
         const std::string_view v = m;
         if (!p.split) {
@@ -630,7 +631,10 @@ struct HfTokenizer::Impl {
           bool pending = false;
           for (const std::string& t : tokens) {
             auto hex = [](char c) {
-              return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+              return c >= '0' && c <= '9'   ? c - '0'
+                     : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                     : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                            : -1;
             };
             if (t.size() == 6 && t.starts_with("<0x") && t[5] == '>' && hex(t[3]) >= 0 && hex(t[4]) >= 0) {
               bytes.push_back(static_cast<char>(hex(t[3]) * 16 + hex(t[4])));
@@ -721,9 +725,8 @@ Result<std::unique_ptr<HfTokenizer>> HfTokenizer::FromJson(std::string_view json
     impl->vocab_size = std::max<int64_t>(impl->vocab_size, int64_t{a.id} + 1);
   }
   for (auto& list : impl->added_by_first_byte) {
-    std::stable_sort(list.begin(), list.end(), [&](size_t a, size_t b) {
-      return impl->added[a].content.size() > impl->added[b].content.size();
-    });
+    std::stable_sort(list.begin(), list.end(),
+                     [&](size_t a, size_t b) { return impl->added[a].content.size() > impl->added[b].content.size(); });
   }
   impl->alphabet_byte.fill(-1);
   for (int b = 0; b < 256; ++b) {
@@ -849,8 +852,7 @@ std::vector<size_t> HfTokenizer::SharedPrefixLengths(std::string_view text, std:
       if (rest[r].added >= 0) {
         scratch.push_back(m.added[rest[r].added].id);
       } else {
-        m.EncodeText(prefix.substr(rest[r].begin, rest[r].end - rest[r].begin), rest[r].begin == 0, &scratch,
-                     no_flush);
+        m.EncodeText(prefix.substr(rest[r].begin, rest[r].end - rest[r].begin), rest[r].begin == 0, &scratch, no_flush);
       }
     }
     size_t shared = first_id[last] + 1;

@@ -64,10 +64,9 @@ Result<SafetensorsTensor> ParseTensor(const std::string& name, const std::string
   tensor.dtype = v["dtype"].get<std::string>();
   const size_t elem_bytes = SafetensorsDTypeBytes(tensor.dtype);
   if (elem_bytes == 0) {
-    return fail(
-        StatusCode::kInvalidArgument,
-        t + "unknown dtype '" + tensor.dtype +
-            "'; expected BOOL, U8, I8, F8_E4M3, F8_E5M2, I16, U16, F16, BF16, I32, U32, F32, I64, U64 or F64");
+    return fail(StatusCode::kInvalidArgument,
+                t + "unknown dtype '" + tensor.dtype +
+                    "'; expected BOOL, U8, I8, F8_E4M3, F8_E5M2, I16, U16, F16, BF16, I32, U32, F32, I64, U64 or F64");
   }
   const json& shape = v["shape"];
   if (!shape.is_array()) return fail(StatusCode::kInvalidArgument, t + "shape is not an array");

@@ -58,7 +58,8 @@ std::string CacheMismatch(const MappedFile& cache, const CacheHeader& want) {
   // one of the tokenizer's, or the model would index outside its tables.
   int64_t largest = 0;
   for (uint64_t i = 0; i < h.num_tokens; ++i) largest = std::max<int64_t>(largest, ids[i] < 0 ? INT64_MAX : ids[i]);
-  if (h.num_tokens > 0 && static_cast<uint64_t>(largest) >= want.vocab_size) return "it holds ids the tokenizer has not";
+  if (h.num_tokens > 0 && static_cast<uint64_t>(largest) >= want.vocab_size)
+    return "it holds ids the tokenizer has not";
   return "";
 }
 

@@ -37,8 +37,8 @@ namespace zinf::data {
 // A token stream's split (train and valid), or packed rows' split (chat
 // data: then the targets are the rows' own, -1 where there is no target).
 struct DataSplit {
-  std::span<const int32_t> train;  // the first tokens
-  std::span<const int32_t> valid;  // the last floor(n · valid_fraction) tokens
+  std::span<const int32_t> train;               // the first tokens
+  std::span<const int32_t> valid;               // the last floor(n · valid_fraction) tokens
   std::span<const int32_t> train_targets = {};  // empty for a token stream
   std::span<const int32_t> valid_targets = {};
 };

@@ -170,8 +170,8 @@ bool IsNfcQuickSafe(std::string_view text) {
     const Utf8Char c = DecodeUtf8(text, pos);
     pos += c.length;
     if (c.code_point < 0) continue;
-    const bool unsafe =
-        c.code_point < 0x10000 ? (table[c.code_point] & kClassNfcUnsafe) != 0 : FindRange(kNfcUnsafeRanges, c.code_point) != nullptr;
+    const bool unsafe = c.code_point < 0x10000 ? (table[c.code_point] & kClassNfcUnsafe) != 0
+                                               : FindRange(kNfcUnsafeRanges, c.code_point) != nullptr;
     if (unsafe) return false;
   }
   return true;

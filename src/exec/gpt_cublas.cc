@@ -10,15 +10,19 @@
 #include "common/logging.h"
 #include "model/gemm.h"
 
-namespace zinf::gpu {
+namespace zinf::exec {
+
+using gpu::Cublas;
+using gpu::CublasLt;
+
 namespace {
 
 Status CublasError(const CublasLib& lib, cublasStatus_t st, const char* what) {
   return Internal(std::string("cuBLAS ") + what + ": " + lib.status_name(st) + " (" + lib.status_string(st) + ")");
 }
-#define ZINF_CUBLAS_RETURN_IF_ERROR(stmt, what)                                                     \
-  do {                                                                                              \
-    const cublasStatus_t zinf_cublas_st_ = (stmt);                                                  \
+#define ZINF_CUBLAS_RETURN_IF_ERROR(stmt, what)                                                      \
+  do {                                                                                               \
+    const cublasStatus_t zinf_cublas_st_ = (stmt);                                                   \
     if (zinf_cublas_st_ != CUBLAS_STATUS_SUCCESS) return CublasError(*blas_, zinf_cublas_st_, what); \
   } while (0)
 
@@ -45,9 +49,9 @@ Status GptCublas::Init(void* stream, bool bf16_products) {
   // the products name their compute type themselves (Bf16Products), and a
   // product with a bf16 result adds in fp32 throughout: cuBLAS may not round
   // a split-k partial to the output's type.
-  const cublasMath_t math = bf16_products ? static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH |
-                                                                      CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)
-                                          : CUBLAS_PEDANTIC_MATH;
+  const cublasMath_t math =
+      bf16_products ? static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)
+                    : CUBLAS_PEDANTIC_MATH;
   ZINF_CUBLAS_RETURN_IF_ERROR(blas_->set_math_mode(handle_, math), "cublasSetMathMode");
   if (!bf16_products) return Status::Ok();
   Result<const CublasLtLib*> lt = CublasLt();
@@ -66,17 +70,16 @@ Status GptCublas::Fp32Products(bool ta, bool tb, int64_t m, int64_t n, int64_t k
                                int64_t ldc, int64_t sc, int64_t count) {
   const cublasOperation_t op_a = ta ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
   if (count == 1) {
-    ZINF_CUBLAS_RETURN_IF_ERROR(blas_->sgemm(handle_, op_b, op_a, static_cast<int>(n), static_cast<int>(m),
-                                             static_cast<int>(k), &alpha, b, static_cast<int>(ldb), a,
-                                             static_cast<int>(lda), &beta, c, static_cast<int>(ldc)),
-                                "cublasSgemm");
+    ZINF_CUBLAS_RETURN_IF_ERROR(
+        blas_->sgemm(handle_, op_b, op_a, static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, b,
+                     static_cast<int>(ldb), a, static_cast<int>(lda), &beta, c, static_cast<int>(ldc)),
+        "cublasSgemm");
     return Status::Ok();
   }
   ZINF_CUBLAS_RETURN_IF_ERROR(
-      blas_->sgemm_strided_batched(handle_, op_b, op_a, static_cast<int>(n), static_cast<int>(m),
-                                   static_cast<int>(k), &alpha, b, static_cast<int>(ldb), sb, a,
-                                   static_cast<int>(lda), sa, &beta, c, static_cast<int>(ldc), sc,
-                                   static_cast<int>(count)),
+      blas_->sgemm_strided_batched(handle_, op_b, op_a, static_cast<int>(n), static_cast<int>(m), static_cast<int>(k),
+                                   &alpha, b, static_cast<int>(ldb), sb, a, static_cast<int>(lda), sa, &beta, c,
+                                   static_cast<int>(ldc), sc, static_cast<int>(count)),
       "cublasSgemmStridedBatched");
   return Status::Ok();
 }
@@ -85,9 +88,8 @@ Status GptCublas::Bf16Products(bool ta, bool tb, int64_t m, int64_t n, int64_t k
                                int64_t lda, int64_t sa, const void* b16, int64_t ldb, int64_t sb, float beta, void* c,
                                int64_t ldc, int64_t sc, int64_t count, cudaDataType c_type) {
   const cublasOperation_t op_a = ta ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const std::vector<model::GemmPiece> pieces = count == 1
-                                                   ? model::AlignedGemmPieces(m, n, k, 8, c_type == CUDA_R_32F)
-                                                   : std::vector<model::GemmPiece>{{0, m, 0, n, 0, k}};
+  const std::vector<model::GemmPiece> pieces = count == 1 ? model::AlignedGemmPieces(m, n, k, 8, c_type == CUDA_R_32F)
+                                                          : std::vector<model::GemmPiece>{{0, m, 0, n, 0, k}};
   const size_t c_size = c_type == CUDA_R_32F ? 4 : 2;
   for (const model::GemmPiece& p : pieces) {
     const float piece_beta = p.k0 == 0 ? beta : 1.0f;
@@ -95,9 +97,9 @@ Status GptCublas::Bf16Products(bool ta, bool tb, int64_t m, int64_t n, int64_t k
         blas_->gemm_strided_batched_ex(
             handle_, op_b, op_a, static_cast<int>(p.n), static_cast<int>(p.m), static_cast<int>(p.k), &alpha,
             static_cast<const uint16_t*>(b16) + p.BOffset(tb, ldb), CUDA_R_16BF, static_cast<int>(ldb), sb,
-            static_cast<const uint16_t*>(a16) + p.AOffset(ta, lda), CUDA_R_16BF, static_cast<int>(lda), sa,
-            &piece_beta, static_cast<char*>(c) + p.COffset(ldc) * c_size, c_type, static_cast<int>(ldc), sc,
-            static_cast<int>(count), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+            static_cast<const uint16_t*>(a16) + p.AOffset(ta, lda), CUDA_R_16BF, static_cast<int>(lda), sa, &piece_beta,
+            static_cast<char*>(c) + p.COffset(ldc) * c_size, c_type, static_cast<int>(ldc), sc, static_cast<int>(count),
+            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
         "cublasGemmStridedBatchedEx (bf16 operands, fp32 accumulation)");
   }
   return Status::Ok();
@@ -164,8 +166,8 @@ Result<bool> GptCublas::LtRun(const LtProduct& p, const void* a16, const void* b
   if (with_bias) {
     ZINF_RETURN_IF_ERROR(
         check(lt.desc_set(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_ptr, sizeof(bias_ptr)), "BIAS_POINTER"));
-    ZINF_RETURN_IF_ERROR(check(
-        lt.desc_set(d.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)), "BIAS_DATA_TYPE"));
+    ZINF_RETURN_IF_ERROR(
+        check(lt.desc_set(d.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)), "BIAS_DATA_TYPE"));
   }
   // Each operand as stored: our B is cuBLASLt's A, our A its B.
   ZINF_RETURN_IF_ERROR(check(lt.layout_create(&d.a, CUDA_R_16BF, static_cast<uint64_t>(p.tb ? p.k : p.n),
@@ -174,9 +176,9 @@ Result<bool> GptCublas::LtRun(const LtProduct& p, const void* a16, const void* b
   ZINF_RETURN_IF_ERROR(check(lt.layout_create(&d.b, CUDA_R_16BF, static_cast<uint64_t>(p.ta ? p.m : p.k),
                                               static_cast<uint64_t>(p.ta ? p.k : p.m), p.lda),
                              "cublasLtMatrixLayoutCreate (B)"));
-  ZINF_RETURN_IF_ERROR(check(
-      lt.layout_create(&d.c, p.d_type, static_cast<uint64_t>(p.n), static_cast<uint64_t>(p.m), p.ldc),
-      "cublasLtMatrixLayoutCreate (C)"));
+  ZINF_RETURN_IF_ERROR(
+      check(lt.layout_create(&d.c, p.d_type, static_cast<uint64_t>(p.n), static_cast<uint64_t>(p.m), p.ldc),
+            "cublasLtMatrixLayoutCreate (C)"));
   auto found = lt_algos_.find(key);
   if (found == lt_algos_.end()) {
     cublasLtMatmulPreference_t pref = nullptr;
@@ -207,9 +209,10 @@ Result<bool> GptCublas::LtRun(const LtProduct& p, const void* a16, const void* b
     if (st == CUBLAS_STATUS_SUCCESS && returned > 0 && result.state == CUBLAS_STATUS_SUCCESS) {
       algo = result.algo;
     } else {  // the shape, layout or alignment is not one cuBLASLt fuses: the kernels apart, from now on
-      ZINF_LOG_DEBUG("gpt model on CUDA: cuBLASLt has no algorithm for a {} x {} x {} product with epilogue {} ({}, "
-                     "{} found); the bias runs as its own kernel",
-                     p.m, p.n, p.k, static_cast<int>(p.epilogue), lt.status_name(st), returned);
+      ZINF_LOG_DEBUG(
+          "gpt model on CUDA: cuBLASLt has no algorithm for a {} x {} x {} product with epilogue {} ({}, "
+          "{} found); the bias runs as its own kernel",
+          p.m, p.n, p.k, static_cast<int>(p.epilogue), lt.status_name(st), returned);
       lt_algos_.emplace(shape, std::nullopt);  // whatever the operands' alignment
     }
     found = lt_algos_.emplace(key, algo).first;
@@ -229,4 +232,4 @@ Result<bool> GptCublas::LtRun(const LtProduct& p, const void* a16, const void* b
   return true;
 }
 
-}  // namespace zinf::gpu
+}  // namespace zinf::exec

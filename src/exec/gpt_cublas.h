@@ -18,7 +18,10 @@
 #include "gpu/cublas_lib.h"
 #include "zinf/status.h"
 
-namespace zinf::gpu {
+namespace zinf::exec {
+
+using gpu::CublasLib;
+using gpu::CublasLtLib;
 
 // What cuBLASLt's algorithm for a product depends on. Operands as the
 // stages name them (row-major: A, B; C the input added, D the output).
@@ -105,4 +108,4 @@ class GptCublas {
   std::map<LtKey, std::optional<cublasLtMatmulAlgo_t>> lt_algos_;
 };
 
-}  // namespace zinf::gpu
+}  // namespace zinf::exec

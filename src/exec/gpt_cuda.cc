@@ -26,15 +26,34 @@
 #include "gpu/kernels.h"
 #include "model/gemm.h"
 
-namespace zinf::gpu {
+namespace zinf::exec {
+
+using gpu::BroadcastRow;
+using gpu::Cast;
+using gpu::CausalSoftmaxForward;
+using gpu::EmbeddingForward;
+using gpu::FlashAttentionCopiesFit;
+using gpu::FlashAttentionForward;
+using gpu::GeluForward;
+using gpu::GeluForwardBf16;
+using gpu::LayerNormForward;
+using gpu::LayerNormForwardBf16;
+using gpu::MeanLoss;
+using gpu::ResidualForward;
+using gpu::RmsNormForwardBf16;
+using gpu::RopeForwardBf16;
+using gpu::SoftmaxCrossEntropyForward;
+using gpu::SwiGluForward;
+using gpu::SwiGluForwardBf16;
 
 Status CudaStages::Init() {
   if (!s_) return InvalidArgument("gpt model on CUDA: the stream has no CUDA stream");
   if (flash_) {
     const int64_t D = config_.head_dim();
     if (!bf16_) {
-      return InvalidArgument("gpt model on CUDA: flash attention runs on tensor cores and takes bf16 operands "
-                             "(zinf.matmul bf16, zinf train --matmul bf16)");
+      return InvalidArgument(
+          "gpt model on CUDA: flash attention runs on tensor cores and takes bf16 operands "
+          "(zinf.matmul bf16, zinf train --matmul bf16)");
     }
     if (D != 64 && D != 128) {
       return InvalidArgument("gpt model on CUDA: flash attention takes head sizes 64 and 128, " + config_.name +
@@ -53,8 +72,7 @@ Status CudaStages::Init() {
   count_ = static_cast<float*>(c);
   if (blas_.has_lt() && (config_.linear_bias || config_.qkv_bias)) {
     bias_grad_elems_ = std::max({config_.embed_dim, config_.qkv_dim(), config_.fc_dim()});
-    ZINF_ASSIGN_OR_RETURN(void* g, device_.Allocate(static_cast<uint64_t>(bias_grad_elems_) * sizeof(float),
-                                                    stream_));
+    ZINF_ASSIGN_OR_RETURN(void* g, device_.Allocate(static_cast<uint64_t>(bias_grad_elems_) * sizeof(float), stream_));
     bias_grad_ = static_cast<float*>(g);
   }
   if (config_.positions == model::PositionKind::kRope) {
@@ -136,8 +154,8 @@ Status CudaStages::HeadForward(const int32_t* targets, const void* final_norm, c
     Op("matmul");
     ZINF_RETURN_IF_ERROR(Gemm(false, true, rows, V, C, 1.0f, lnf + r0 * C, C, head, C, 0.0f, probs, ld));
     Op("loss");
-    ZINF_RETURN_IF_ERROR(SoftmaxCrossEntropyForward(probs, I32(layout_.targets) + r0, probs,
-                                                    F32(layout_.losses) + r0, rows, V, ld, s_));
+    ZINF_RETURN_IF_ERROR(
+        SoftmaxCrossEntropyForward(probs, I32(layout_.targets) + r0, probs, F32(layout_.losses) + r0, rows, V, ld, s_));
   }
   ZINF_RETURN_IF_ERROR(MeanLoss(F32(layout_.losses), I32(layout_.targets), BT, loss, count_, s_));
   EndOps();
@@ -184,8 +202,7 @@ Status CudaStages::GemmBatched(bool ta, bool tb, int64_t m, int64_t n, int64_t k
   if (bf16_) {
     ZINF_ASSIGN_OR_RETURN(const Bf16Operands ops, OperandsInBf16(ta, tb, m, n, k, a, lda, sa, b, ldb, sb, count));
     Op(product_op_ ? product_op_ : "matmul");
-    return blas_.Bf16Products(ta, tb, m, n, k, alpha, ops.a, lda, sa, ops.b, ldb, sb, beta, c, ldc, sc, count,
-                              c_type);
+    return blas_.Bf16Products(ta, tb, m, n, k, alpha, ops.a, lda, sa, ops.b, ldb, sb, beta, c, ldc, sc, count, c_type);
   }
   Op(product_op_ ? product_op_ : "matmul");
   return blas_.Fp32Products(ta, tb, m, n, k, alpha, a, lda, sa, b, ldb, sb, beta, static_cast<float*>(c), ldc, sc,
@@ -251,8 +268,8 @@ Status CudaStages::LinearForward(float* out, const float* inp, const float* w, c
   if ((bias || residual) && bf16_ && blas_.has_lt()) {  // the bias and the residual in the product's epilogue
     ZINF_ASSIGN_OR_RETURN(
         const bool fused,
-        LtGemm(false, false, rows, out_dim, in_dim, inp, in_dim, w, out_dim, residual ? 1.0f : 0.0f, out,
-               CUDA_R_32F, out_dim, bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT, bias, residual));
+        LtGemm(false, false, rows, out_dim, in_dim, inp, in_dim, w, out_dim, residual ? 1.0f : 0.0f, out, CUDA_R_32F,
+               out_dim, bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT, bias, residual));
     if (fused) return Status::Ok();
   }
   if (residual) {
@@ -317,8 +334,8 @@ Status CudaStages::FlashCopies(model::AttentionTensors& t, bool backward) {
   const uint16_t* qkv16 = reinterpret_cast<const uint16_t*>(t.q);
   if (!qkv16_only_) {
     auto* copy = reinterpret_cast<uint16_t*>(arena_ + layout_.bf16_a);
-    ZINF_RETURN_IF_ERROR(Cast(t.q, DType::kFloat32, copy, DType::kBFloat16,
-                              static_cast<size_t>(BT * config_.qkv_dim()), s_));
+    ZINF_RETURN_IF_ERROR(
+        Cast(t.q, DType::kFloat32, copy, DType::kBFloat16, static_cast<size_t>(BT * config_.qkv_dim()), s_));
     qkv16 = copy;
   }
   t.q16 = qkv16;
@@ -361,8 +378,8 @@ Status CudaStages::AttentionForward(const ActivationLayout::Block& a) {
   for (int64_t b = 0; b < B; ++b) {
     const float* v = qkv + b * T * S + Q + K;
     for (int64_t g = 0; g < G; ++g) {  // out = att v
-      ZINF_RETURN_IF_ERROR(GemmBatched(false, false, T, D, T, 1.0f, att + (b * H + g) * TT, T, G * TT, v, S, D,
-                                       0.0f, out + b * T * Q + g * D, Q, G * D, Hkv));
+      ZINF_RETURN_IF_ERROR(GemmBatched(false, false, T, D, T, 1.0f, att + (b * H + g) * TT, T, G * TT, v, S, D, 0.0f,
+                                       out + b * T * Q + g * D, Q, G * D, Hkv));
     }
   }
   return Status::Ok();
@@ -419,8 +436,8 @@ Status CudaStages::RunBlockForward(int layer, const float* p) {
   ZINF_RETURN_IF_ERROR(AttentionForward(a));
   ZINF_RETURN_IF_ERROR(
       LinearForward(res_mid, F32(a.atty), p + w.attn_proj_w, TensorAt(p, w.attn_proj_b), BT, Q, C, in));
-  ZINF_RETURN_IF_ERROR(NormForward(F32(a.ln2), F32(a.ln2_mean), F32(a.ln2_rstd), res_mid, p + w.ln2_w,
-                                   TensorAt(p, w.ln2_b), kLn2));
+  ZINF_RETURN_IF_ERROR(
+      NormForward(F32(a.ln2), F32(a.ln2_mean), F32(a.ln2_rstd), res_mid, p + w.ln2_w, TensorAt(p, w.ln2_b), kLn2));
   // The fc output in bf16 alone where only SwiGLU reads it (model::SwiGluInBf16).
   const bool fch16 = model::SwiGluInBf16(c, options_);
   if (fch16) {
@@ -433,9 +450,9 @@ Status CudaStages::RunBlockForward(int layer, const float* p) {
   const bool swiglu = c.mlp == model::MlpKind::kSwiGlu;
   if (bf16_) {  // only ever the next product's operand: kept in bf16 alone
     uint16_t* act16 = OnlyBf16(kActivation, F32(a.fch_gelu), BT * I);
-    ZINF_RETURN_IF_ERROR(fch16 ? SwiGluForwardBf16(reinterpret_cast<const uint16_t*>(F32(a.fch)), act16, BT, I, s_)
+    ZINF_RETURN_IF_ERROR(fch16    ? SwiGluForwardBf16(reinterpret_cast<const uint16_t*>(F32(a.fch)), act16, BT, I, s_)
                          : swiglu ? SwiGluForwardBf16(F32(a.fch), act16, BT, I, s_)
-                                : GeluForwardBf16(F32(a.fch), act16, static_cast<size_t>(BT * I), s_));
+                                  : GeluForwardBf16(F32(a.fch), act16, static_cast<size_t>(BT * I), s_));
   } else if (swiglu) {
     ZINF_RETURN_IF_ERROR(SwiGluForward(F32(a.fch), F32(a.fch_gelu), BT, I, s_));
   } else {
@@ -447,14 +464,14 @@ Status CudaStages::RunBlockForward(int layer, const float* p) {
   return Status::Ok();
 }
 
-Result<std::unique_ptr<model::GptStages>> CreateGptCudaStages(Device& device, Stream& stream,
-                                                              const model::GptConfig& config,
-                                                              const model::GptRunOptions& options,
-                                                              const model::ActivationLayout& layout, void* arena) {
-  if (device.kind() != DeviceKind::kCuda) return InvalidArgument("gpt model: " + device.name() + " is not a CUDA device");
+Result<std::unique_ptr<GptStages>> CreateGptCudaStages(Device& device, Stream& stream, const model::GptConfig& config,
+                                                       const model::GptRunOptions& options,
+                                                       const model::ActivationLayout& layout, void* arena) {
+  if (device.kind() != DeviceKind::kCuda)
+    return InvalidArgument("gpt model: " + device.name() + " is not a CUDA device");
   auto stages = std::make_unique<CudaStages>(device, stream, config, options, layout, arena);
   ZINF_RETURN_IF_ERROR(stages->Init());
-  return std::unique_ptr<model::GptStages>(std::move(stages));
+  return std::unique_ptr<GptStages>(std::move(stages));
 }
 
-}  // namespace zinf::gpu
+}  // namespace zinf::exec

@@ -1,4 +1,4 @@
-// The GPT model's stages on a CUDA device (model::GptStages) for the whole
+// The GPT model's stages on a CUDA device (GptStages) for the whole
 // decoder family of model/gpt_config.h: the layers of model/layers.h and
 // model/decoder_layers.h as the kernels of gpu/kernels.h and
 // gpu/decoder_kernels.h plus cuBLAS matrix products (fp32 without TF32, or
@@ -19,13 +19,12 @@
 #include "exec/gpt_device.h"
 #include "zinf/device.h"
 
-namespace zinf::gpu {
+namespace zinf::exec {
 
 // `arena` holds layout.total_bytes of `device` memory; device and stream
 // (a CUDA stream of `device`) must outlive the stages.
-Result<std::unique_ptr<model::GptStages>> CreateGptCudaStages(Device& device, Stream& stream,
-                                                              const model::GptConfig& config,
-                                                              const model::GptRunOptions& options,
-                                                              const model::ActivationLayout& layout, void* arena);
+Result<std::unique_ptr<GptStages>> CreateGptCudaStages(Device& device, Stream& stream, const model::GptConfig& config,
+                                                       const model::GptRunOptions& options,
+                                                       const model::ActivationLayout& layout, void* arena);
 
-}  // namespace zinf::gpu
+}  // namespace zinf::exec

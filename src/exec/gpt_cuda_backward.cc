@@ -13,7 +13,26 @@
 #include "gpu/decoder_kernels.h"
 #include "gpu/kernels.h"
 
-namespace zinf::gpu {
+namespace zinf::exec {
+
+using gpu::AddInPlace;
+using gpu::Cast;
+using gpu::CausalSoftmaxBackward;
+using gpu::ColumnSumAccumulate;
+using gpu::EmbeddingBackward;
+using gpu::FlashAttentionBackward;
+using gpu::GeluBackward;
+using gpu::LayerNormBackward;
+using gpu::RmsNormBackward;
+using gpu::RopeBackward;
+using gpu::RopeBackwardBf16;
+using gpu::ScaleByCount;
+using gpu::SoftmaxCrossEntropyBackward;
+using gpu::SoftmaxCrossEntropyBackwardBf16;
+using gpu::SoftmaxCrossEntropyForward;
+using gpu::SoftmaxCrossEntropyGradBf16;
+using gpu::SwiGluBackward;
+using gpu::SwiGluBackwardBf16;
 
 Status CudaStages::HeadBackward(float loss_scale, const void* final_norm, const void* embedding, void* final_norm_grad,
                                 void* embedding_grad) {
@@ -87,7 +106,8 @@ Status CudaStages::HeadBackward(float loss_scale, const void* final_norm, const 
       }
       Op("matmul");
       ZINF_RETURN_IF_ERROR(Gemm(false, false, rows, C, V, 1.0f, dlogits, ld, head, C, 0.0f, dlnf + r0 * C, C));
-      if (!bf16_) ZINF_RETURN_IF_ERROR(Gemm(true, false, V, C, rows, 1.0f, dlogits, ld, lnf + r0 * C, C, 1.0f, ghead, C));
+      if (!bf16_)
+        ZINF_RETURN_IF_ERROR(Gemm(true, false, V, C, rows, 1.0f, dlogits, ld, lnf + r0 * C, C, 1.0f, ghead, C));
     }
     if (bf16_) {
       // The group's weight gradient: `dlogits` names its rows in the A copy.
@@ -95,8 +115,7 @@ Status CudaStages::HeadBackward(float loss_scale, const void* final_norm, const 
       // own place (one chunk's), so only this product runs while it is set;
       // its other operand, lnf, lies before probs.
       bf16_copies_[kProductInput] = Bf16Copy{dlogits, dlogits16, group_rows * ld};
-      ZINF_RETURN_IF_ERROR(
-          Gemm(true, false, V, C, group_rows, 1.0f, dlogits, ld, lnf + g0 * C, C, 1.0f, ghead, C));
+      ZINF_RETURN_IF_ERROR(Gemm(true, false, V, C, group_rows, 1.0f, dlogits, ld, lnf + g0 * C, C, 1.0f, ghead, C));
     }
     bf16_copies_[kProductInput] = {};  // the next chunk's products overwrite the copy
   }
@@ -171,8 +190,7 @@ Status CudaStages::BlockBackward(int layer, const void* block, void* block_grad)
     Op("activation");
     ZINF_RETURN_IF_ERROR(GeluBackward(F32(a.fch), dfch, dfch, static_cast<size_t>(BT * I), s_));
   }
-  ZINF_RETURN_IF_ERROR(
-      LinearBackward(dbuf, dw(w.fc_w), TensorAt(g, w.fc_b), dfch, F32(a.ln2), p + w.fc_w, BT, C, FC));
+  ZINF_RETURN_IF_ERROR(LinearBackward(dbuf, dw(w.fc_w), TensorAt(g, w.fc_b), dfch, F32(a.ln2), p + w.fc_w, BT, C, FC));
   ZINF_RETURN_IF_ERROR(NormBackward(dres, g + w.ln2_w, TensorAt(g, w.ln2_b), dbuf, F32(a.res_mid), p + w.ln2_w,
                                     F32(a.ln2_mean), F32(a.ln2_rstd)));
   // Attention: res_mid = in + attn_proj(attention(rope(qk_norm(qkv(norm1(in)))))).
@@ -196,15 +214,15 @@ Status CudaStages::BlockBackward(int layer, const void* block, void* block_grad)
     // dq and dk through their RMSNorm, in place over dqkv (weight gradients first).
     Op("qk norm");
     const float* pre = F32(a.qk_pre);
-    ZINF_RETURN_IF_ERROR(RmsNormBackward(dqkv, pre, p + w.q_norm_w, F32(a.qk_rstd), dqkv, false, g + w.q_norm_w,
-                                         QueryRows(), s_));
-    ZINF_RETURN_IF_ERROR(RmsNormBackward(dqkv + Q, pre + Q, p + w.k_norm_w, F32(a.qk_rstd) + BT * c.num_heads,
-                                         dqkv + Q, false, g + w.k_norm_w, KeyRows(), s_));
+    ZINF_RETURN_IF_ERROR(
+        RmsNormBackward(dqkv, pre, p + w.q_norm_w, F32(a.qk_rstd), dqkv, false, g + w.q_norm_w, QueryRows(), s_));
+    ZINF_RETURN_IF_ERROR(RmsNormBackward(dqkv + Q, pre + Q, p + w.k_norm_w, F32(a.qk_rstd) + BT * c.num_heads, dqkv + Q,
+                                         false, g + w.k_norm_w, KeyRows(), s_));
   }
   ZINF_RETURN_IF_ERROR(
       LinearBackward(dbuf, dw(w.qkv_w), TensorAt(g, w.qkv_b), dqkv, F32(a.ln1), p + w.qkv_w, BT, C, S));
-  ZINF_RETURN_IF_ERROR(NormBackward(dres, g + w.ln1_w, TensorAt(g, w.ln1_b), dbuf, in, p + w.ln1_w,
-                                    F32(a.ln1_mean), F32(a.ln1_rstd)));
+  ZINF_RETURN_IF_ERROR(
+      NormBackward(dres, g + w.ln1_w, TensorAt(g, w.ln1_b), dbuf, in, p + w.ln1_w, F32(a.ln1_mean), F32(a.ln1_rstd)));
   ZINF_RETURN_IF_ERROR(EndGrad(block_grad, g, w.num_elems, direct_ranges));
   EndOps();
   --backward_next_;
@@ -221,8 +239,8 @@ Status CudaStages::EmbedBackward(void* embedding_grad) {
   // row, rounded up to a power of two, against its 4 · max(C, Q, I)).
   const uint64_t dbuf_bytes = static_cast<uint64_t>(B * T) * std::max({C, config_.q_dim(), config_.mlp_dim()}) * 4;
   ZINF_RETURN_IF_ERROR(EmbeddingBackward(F32(layout_.dres), I32(layout_.tokens), embedding_grad32_ + e.wte,
-                                         TensorAt(embedding_grad32_, e.wpe), B * T, T, C, F32(layout_.dbuf),
-                                         dbuf_bytes, s_));
+                                         TensorAt(embedding_grad32_, e.wpe), B * T, T, C, F32(layout_.dbuf), dbuf_bytes,
+                                         s_));
   ZINF_RETURN_IF_ERROR(EndGrad(embedding_grad, embedding_grad32_, e.num_elems));
   EndOps();
   embedding_grad32_ = nullptr;
@@ -263,21 +281,20 @@ Status CudaStages::LinearBackward(float* dinp, WeightGrad dw, float* dbias, cons
   // then added to dbias), where cuBLASLt has an algorithm for it.
   bool bias_fused = false;
   if (dbias && bf16_ && blas_.has_lt() && out_dim <= bias_grad_elems_) {
-    ZINF_ASSIGN_OR_RETURN(
-        bias_fused, LtGemm(true, false, in_dim, out_dim, rows, inp, in_dim, dout, out_dim, dw.bf16 ? 0.0f : 1.0f,
-                           dw.bf16 ? static_cast<void*>(dw.bf16) : static_cast<void*>(dw.f32),
-                           dw.bf16 ? CUDA_R_16BF : CUDA_R_32F, out_dim, CUBLASLT_EPILOGUE_BGRADA, bias_grad_));
+    ZINF_ASSIGN_OR_RETURN(bias_fused,
+                          LtGemm(true, false, in_dim, out_dim, rows, inp, in_dim, dout, out_dim, dw.bf16 ? 0.0f : 1.0f,
+                                 dw.bf16 ? static_cast<void*>(dw.bf16) : static_cast<void*>(dw.f32),
+                                 dw.bf16 ? CUDA_R_16BF : CUDA_R_32F, out_dim, CUBLASLT_EPILOGUE_BGRADA, bias_grad_));
   }
   if (!bias_fused) {
-    ZINF_RETURN_IF_ERROR(dw.bf16 ? GemmToBf16(true, false, in_dim, out_dim, rows, inp, in_dim, dout, out_dim,
-                                              dw.bf16, out_dim)
-                                 : Gemm(true, false, in_dim, out_dim, rows, 1.0f, inp, in_dim, dout, out_dim, 1.0f,
-                                        dw.f32, out_dim));
+    ZINF_RETURN_IF_ERROR(
+        dw.bf16 ? GemmToBf16(true, false, in_dim, out_dim, rows, inp, in_dim, dout, out_dim, dw.bf16, out_dim)
+                : Gemm(true, false, in_dim, out_dim, rows, 1.0f, inp, in_dim, dout, out_dim, 1.0f, dw.f32, out_dim));
   }
   if (bf16_) bf16_copies_[kProductInput] = Bf16Copy{dout, static_cast<const uint16_t*>(last_b16_), rows * out_dim};
-  const Status st =
-      dinp16 ? GemmToBf16(false, true, rows, in_dim, out_dim, dout, out_dim, w, out_dim, dinp16, in_dim)
-             : Gemm(false, true, rows, in_dim, out_dim, 1.0f, dout, out_dim, w, out_dim, 0.0f, dinp, in_dim);
+  const Status st = dinp16
+                        ? GemmToBf16(false, true, rows, in_dim, out_dim, dout, out_dim, w, out_dim, dinp16, in_dim)
+                        : Gemm(false, true, rows, in_dim, out_dim, 1.0f, dout, out_dim, w, out_dim, 0.0f, dinp, in_dim);
   bf16_copies_[kProductInput] = {};
   ZINF_RETURN_IF_ERROR(st);
   if (dbias) {
@@ -313,7 +330,7 @@ Status CudaStages::AttentionBackward(const ActivationLayout::Block& a_set) {
     }
     if (qkv16_ && !qkv16_only_) {  // q, k and v stored in bf16, widened for kernels that read fp32
       Op("cast");
-      float* wide = F32(layout_.dfch);  // free after the MLP's backward
+      float* wide = F32(layout_.dfch);     // free after the MLP's backward
       bf16_copies_[kActivationGrad] = {};  // the bf16 SwiGLU gradient there is overwritten
       const size_t n = static_cast<size_t>(options_.batch_size * options_.seq_len * config_.qkv_dim());
       ZINF_RETURN_IF_ERROR(Cast(t.q, DType::kBFloat16, wide, DType::kFloat32, n, s_));
@@ -359,9 +376,9 @@ Status CudaStages::AttentionBackward(const ActivationLayout::Block& a_set) {
                                        g == 0 ? 0.0f : 1.0f, dv, S, D, Hkv));
     }
     ZINF_RETURN_IF_ERROR(CausalSoftmaxBackward(a, da, H, T, scale, s_));  // da becomes d(q kᵀ)
-    for (int64_t g = 0; g < G; ++g) {  // dq = d(q kᵀ) k
-      ZINF_RETURN_IF_ERROR(GemmBatched(false, false, T, D, T, 1.0f, da + g * TT, T, G * TT, k, S, D, 0.0f,
-                                       dq + g * D, S, G * D, Hkv));
+    for (int64_t g = 0; g < G; ++g) {                                     // dq = d(q kᵀ) k
+      ZINF_RETURN_IF_ERROR(
+          GemmBatched(false, false, T, D, T, 1.0f, da + g * TT, T, G * TT, k, S, D, 0.0f, dq + g * D, S, G * D, Hkv));
     }
     for (int64_t g = 0; g < G; ++g) {  // dk (+)= d(q kᵀ)ᵀ q
       ZINF_RETURN_IF_ERROR(GemmBatched(true, false, T, D, T, 1.0f, da + g * TT, T, G * TT, q + g * D, S, G * D,
@@ -371,4 +388,4 @@ Status CudaStages::AttentionBackward(const ActivationLayout::Block& a_set) {
   return Status::Ok();
 }
 
-}  // namespace zinf::gpu
+}  // namespace zinf::exec

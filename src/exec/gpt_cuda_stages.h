@@ -18,15 +18,16 @@
 #include "model/op_profile.h"
 #include "zinf/device.h"
 
-namespace zinf::gpu {
+namespace zinf::exec {
 
+using gpu::StridedRows;
 using model::ActivationLayout;
 using model::BlockLayout;
 using model::EmbeddingLayout;
 using model::FinalNormLayout;
 using model::TensorAt;
 
-class CudaStages final : public model::GptStages {
+class CudaStages final : public GptStages {
  public:
   CudaStages(Device& device, Stream& stream, const model::GptConfig& config, const model::GptRunOptions& options,
              const ActivationLayout& layout, void* arena)
@@ -47,7 +48,7 @@ class CudaStages final : public model::GptStages {
   // stage runs).
   Status Init();
 
-  // model::GptStages. The forward stages are in gpt_cuda.cc, the backward
+  // GptStages. The forward stages are in gpt_cuda.cc, the backward
   // ones in gpt_cuda_backward.cc.
   Status EmbedForward(const int32_t* tokens, const void* embedding) override;
   Status BlockForward(int layer, const void* block) override;
@@ -164,9 +165,7 @@ class CudaStages final : public model::GptStages {
   // would hold, without the accumulator's zeroing, read-modify-write and
   // cast (12 bytes an element). The rest of the unit (norm weights, biases)
   // goes through the accumulator as before.
-  bool DirectGrads() const {
-    return bf16_ && options_.grad_dtype == DType::kBFloat16 && !options_.accumulate_grads;
-  }
+  bool DirectGrads() const { return bf16_ && options_.grad_dtype == DType::kBFloat16 && !options_.accumulate_grads; }
   // fn(from, to) over [0, n) less the `skip` ranges (disjoint, in increasing
   // order): each gap in turn.
   template <class Fn>
@@ -347,10 +346,10 @@ class CudaStages final : public model::GptStages {
   // (LtGemm): a device buffer for one layer's bias gradient.
   float* bias_grad_ = nullptr;
   int64_t bias_grad_elems_ = 0;
-  float* count_ = nullptr;  // device: the last HeadForward's number of targets
-  model::RopeTable rope_;        // RoPE: the host table rope_cos_ and rope_sin_ were copied from
-  float* rope_cos_ = nullptr;    // device [T, D/2]; one allocation with rope_sin_
-  float* rope_sin_ = nullptr;    // device [T, D/2]
+  float* count_ = nullptr;     // device: the last HeadForward's number of targets
+  model::RopeTable rope_;      // RoPE: the host table rope_cos_ and rope_sin_ were copied from
+  float* rope_cos_ = nullptr;  // device [T, D/2]; one allocation with rope_sin_
+  float* rope_sin_ = nullptr;  // device [T, D/2]
 
   int forward_next_ = -1;
   bool head_forward_done_ = false;
@@ -359,4 +358,4 @@ class CudaStages final : public model::GptStages {
   float* embedding_grad32_ = nullptr;
 };
 
-}  // namespace zinf::gpu
+}  // namespace zinf::exec

@@ -9,7 +9,16 @@
 #include "exec/gpt_cuda.h"
 #endif
 
-namespace zinf::model {
+namespace zinf::exec {
+
+using model::BlockUnit;
+using model::EmbeddingUnit;
+using model::FinalNormUnit;
+using model::GptModel;
+using model::kStageOther;
+using model::MarkOp;
+using model::NumUnits;
+
 namespace {
 
 template <class T>
@@ -33,8 +42,8 @@ class HostStages final : public GptStages {
   }
   Status HeadForward(const int32_t* targets, const void* final_norm, const void* embedding, float* loss) override {
     return Enqueue([=](GptModel& m, const StreamContext& ctx) -> Status {
-      ZINF_ASSIGN_OR_RETURN(float value, m.HeadForward(HostOf(ctx, targets), HostOf(ctx, final_norm),
-                                                       HostOf(ctx, embedding)));
+      ZINF_ASSIGN_OR_RETURN(float value,
+                            m.HeadForward(HostOf(ctx, targets), HostOf(ctx, final_norm), HostOf(ctx, embedding)));
       if (loss) *HostOf(ctx, loss) = value;
       return Status::Ok();
     });
@@ -42,8 +51,8 @@ class HostStages final : public GptStages {
   Status HeadBackward(float loss_scale, const void* final_norm, const void* embedding, void* final_norm_grad,
                       void* embedding_grad) override {
     return Enqueue([=](GptModel& m, const StreamContext& ctx) {
-      return m.HeadBackward(loss_scale, HostOf(ctx, final_norm), HostOf(ctx, embedding),
-                            HostOf(ctx, final_norm_grad), HostOf(ctx, embedding_grad));
+      return m.HeadBackward(loss_scale, HostOf(ctx, final_norm), HostOf(ctx, embedding), HostOf(ctx, final_norm_grad),
+                            HostOf(ctx, embedding_grad));
     });
   }
   Status BlockBackward(int layer, const void* block, void* block_grad) override {
@@ -79,7 +88,7 @@ class HostStages final : public GptStages {
 Result<std::unique_ptr<GptStages>> CreateDeviceStages(Device& device, Stream& stream, const GptConfig& config,
                                                       const GptModel& model, void* arena) {
 #if ZINF_HAVE_CUDA
-  return gpu::CreateGptCudaStages(device, stream, config, model.options(), model.activation_layout(), arena);
+  return CreateGptCudaStages(device, stream, config, model.options(), model.activation_layout(), arena);
 #else
   return NotBuilt(OptionalBackend::kCuda);
 #endif
@@ -167,4 +176,4 @@ Status GptDevice::EnqueueBackward(const std::vector<const void*>& unit_params, c
   return EnqueueEmbedBackward(unit_grads[emb]);
 }
 
-}  // namespace zinf::model
+}  // namespace zinf::exec

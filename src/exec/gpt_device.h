@@ -27,7 +27,12 @@
 #include "model/gpt.h"
 #include "zinf/device.h"
 
-namespace zinf::model {
+namespace zinf::exec {
+
+using model::ActivationLayout;
+using model::GptConfig;
+using model::GptModel;
+using model::GptRunOptions;
 
 // The six stages on one kind of device; every pointer is device memory.
 // GptDevice checks arguments and order where it can and forwards here.
@@ -79,8 +84,8 @@ class GptDevice {
   Device& device_;
   Stream& stream_;
   std::shared_ptr<GptModel> model_;  // the layout; on HostDevice also the kernels
-  void* arena_;  // device pointer
+  void* arena_;                      // device pointer
   std::unique_ptr<GptStages> stages_;
 };
 
-}  // namespace zinf::model
+}  // namespace zinf::exec

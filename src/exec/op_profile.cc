@@ -2,7 +2,10 @@
 
 #include <utility>
 
-namespace zinf::model {
+namespace zinf::exec {
+
+using model::HostOpProfile;
+using model::OpProfile;
 
 void EventOpProfile::Record(const char* op) {
   std::unique_ptr<Event> e;
@@ -48,4 +51,4 @@ std::unique_ptr<OpProfile> CreateOpProfile(Device& device, Stream& stream) {
   return std::make_unique<EventOpProfile>(device, stream);
 }
 
-}  // namespace zinf::model
+}  // namespace zinf::exec

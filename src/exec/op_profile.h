@@ -10,7 +10,9 @@
 #include "model/op_profile.h"
 #include "zinf/device.h"
 
-namespace zinf::model {
+namespace zinf::exec {
+
+using model::OpProfile;
 
 class EventOpProfile final : public OpProfile {
  public:
@@ -21,7 +23,7 @@ class EventOpProfile final : public OpProfile {
 
  private:
   struct Point {
-    const char* op;  // the op starting here (null: the stage's end)
+    const char* op;                // the op starting here (null: the stage's end)
     std::unique_ptr<Event> event;  // null: it could not be recorded
   };
   void Record(const char* op);
@@ -35,4 +37,4 @@ class EventOpProfile final : public OpProfile {
 // host device, EventOpProfile on a CUDA device.
 std::unique_ptr<OpProfile> CreateOpProfile(Device& device, Stream& stream);
 
-}  // namespace zinf::model
+}  // namespace zinf::exec

@@ -22,14 +22,13 @@ struct CublasLib {
   decltype(&::cublasSgemmStridedBatched) sgemm_strided_batched = nullptr;
   // C++ sees two cublasGemmEx overloads (the other takes a cudaDataType
   // compute type and is an inline wrapper): these are the library's own.
-  using GemmExFn = cublasStatus_t (*)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int,
-                                      const void*, const void*, cudaDataType, int, const void*, cudaDataType, int,
-                                      const void*, void*, cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t);
-  using GemmStridedBatchedExFn = cublasStatus_t (*)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int,
-                                                    int, const void*, const void*, cudaDataType, int, long long,
-                                                    const void*, cudaDataType, int, long long, const void*, void*,
-                                                    cudaDataType, int, long long, int, cublasComputeType_t,
-                                                    cublasGemmAlgo_t);
+  using GemmExFn = cublasStatus_t (*)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const void*,
+                                      const void*, cudaDataType, int, const void*, cudaDataType, int, const void*,
+                                      void*, cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t);
+  using GemmStridedBatchedExFn = cublasStatus_t (*)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int,
+                                                    const void*, const void*, cudaDataType, int, long long, const void*,
+                                                    cudaDataType, int, long long, const void*, void*, cudaDataType, int,
+                                                    long long, int, cublasComputeType_t, cublasGemmAlgo_t);
   GemmExFn gemm_ex = nullptr;
   GemmStridedBatchedExFn gemm_strided_batched_ex = nullptr;
   decltype(&::cublasGetStatusName) status_name = nullptr;

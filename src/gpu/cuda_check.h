@@ -21,9 +21,8 @@ inline Status CudaError(cudaError_t err, const char* stmt, const char* file, int
 
 }  // namespace zinf::gpu
 
-#define ZINF_CUDA_RETURN_IF_ERROR(stmt)                                        \
-  do {                                                                         \
-    cudaError_t zinf_cuda_err_ = (stmt);                                       \
-    if (zinf_cuda_err_ != cudaSuccess)                                         \
-      return ::zinf::gpu::CudaError(zinf_cuda_err_, #stmt, __FILE__, __LINE__); \
+#define ZINF_CUDA_RETURN_IF_ERROR(stmt)                                                                          \
+  do {                                                                                                           \
+    cudaError_t zinf_cuda_err_ = (stmt);                                                                         \
+    if (zinf_cuda_err_ != cudaSuccess) return ::zinf::gpu::CudaError(zinf_cuda_err_, #stmt, __FILE__, __LINE__); \
   } while (0)

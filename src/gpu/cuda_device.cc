@@ -113,8 +113,9 @@ class CudaStream : public Stream {
     CUresult r = wait_value_(reinterpret_cast<CUstream>(stream_), flag_dev_, seq, CU_STREAM_WAIT_VALUE_GEQ);
     if (r != CUDA_SUCCESS) {
       // Later work would not wait for the task: the stream's order is lost.
-      Status st = Internal("cuStreamWaitValue32 on a stream of cuda:" + std::to_string(ordinal_) + " failed (CUresult " +
-                           std::to_string(static_cast<int>(r)) + "): the stream's later work would not wait for its task");
+      Status st =
+          Internal("cuStreamWaitValue32 on a stream of cuda:" + std::to_string(ordinal_) + " failed (CUresult " +
+                   std::to_string(static_cast<int>(r)) + "): the stream's later work would not wait for its task");
       SetSticky(st);
       return st;
     }
@@ -315,7 +316,9 @@ class CudaDevice : public Device {
     return allocator_.Free(static_cast<uint64_t>(p - base_), stream);
   }
   DeviceMemoryStats memory_stats() const override { return allocator_.stats(); }
-  DeviceWaitStats wait_stats() const override { return DeviceWaitStats{waits_.blocking.load(), waits_.draining.load()}; }
+  DeviceWaitStats wait_stats() const override {
+    return DeviceWaitStats{waits_.blocking.load(), waits_.draining.load()};
+  }
 
   Result<std::unique_ptr<Stream>> CreateStream() override {
     ZINF_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
@@ -331,8 +334,8 @@ class CudaDevice : public Device {
     int device = -1;
     ZINF_CUDA_RETURN_IF_ERROR(cudaStreamGetDevice(s, &device));
     if (device != ordinal_) {
-      return InvalidArgument("AdoptStream: the stream belongs to cuda:" + std::to_string(device) + ", not cuda:" +
-                             std::to_string(ordinal_));
+      return InvalidArgument("AdoptStream: the stream belongs to cuda:" + std::to_string(device) +
+                             ", not cuda:" + std::to_string(ordinal_));
     }
     auto stream = std::make_unique<CudaStream>(ordinal_, s, &waits_, /*owned=*/false);
     ZINF_RETURN_IF_ERROR(stream->Init());
@@ -400,7 +403,8 @@ Result<std::unique_ptr<Device>> CreateCudaDevice(int ordinal, const DeviceOption
   cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess || count == 0) {
     cudaGetLastError();
-    return Unavailable("no CUDA device (" + std::string(err == cudaSuccess ? "0 devices" : cudaGetErrorName(err)) + ")");
+    return Unavailable("no CUDA device (" + std::string(err == cudaSuccess ? "0 devices" : cudaGetErrorName(err)) +
+                       ")");
   }
   if (ordinal < 0 || ordinal >= count)
     return InvalidArgument("cuda:" + std::to_string(ordinal) + " does not exist; " + std::to_string(count) +

@@ -56,11 +56,12 @@ BackendInfo ProbeCuda() {
   cudaError_t err = cudaGetDeviceCount(&count);
   if (err == cudaErrorNoDevice || err == cudaErrorInsufficientDriver || (err == cudaSuccess && count == 0)) {
     cudaGetLastError();
-    info.detail = versions + "; no GPU (" + std::string(err == cudaSuccess ? "0 devices" : cudaGetErrorName(err)) +
-                  "): using host; the GPU path is compiled, not run here (pending: ctest -L gpu — gpu_test: the "
-                  "kernels against their CPU twins, CudaDevice's contract, the engine on CudaDevice against HostDevice, "
-                  "the model with fp32 and bf16 matmul against the CPU model, bench model's cuBLAS reference product; "
-                  "nccl_comm_test; mpi_gpu_engine_test, one GPU per rank)";
+    info.detail =
+        versions + "; no GPU (" + std::string(err == cudaSuccess ? "0 devices" : cudaGetErrorName(err)) +
+        "): using host; the GPU path is compiled, not run here (pending: ctest -L gpu — gpu_test: the "
+        "kernels against their CPU twins, CudaDevice's contract, the engine on CudaDevice against HostDevice, "
+        "the model with fp32 and bf16 matmul against the CPU model, bench model's cuBLAS reference product; "
+        "nccl_comm_test; mpi_gpu_engine_test, one GPU per rank)";
     return info;
   }
   if (err != cudaSuccess) {
@@ -78,8 +79,9 @@ BackendInfo ProbeCuda() {
   Status kernel = CheckKernelImage();
   info.usable = kernel.ok();
   info.detail = versions + devices +
-                (kernel.ok() ? "; kernels load" : "; kernels do NOT load on device 0: " + kernel.message() +
-                                                      " (rebuild with CMAKE_CUDA_ARCHITECTURES set for this GPU)");
+                (kernel.ok() ? "; kernels load"
+                             : "; kernels do NOT load on device 0: " + kernel.message() +
+                                   " (rebuild with CMAKE_CUDA_ARCHITECTURES set for this GPU)");
   // Offload needs no cuBLAS; the GPT model on CUDA does, so say whether it opens.
   Result<const CublasLib*> blas = Cublas();
   info.detail += blas.ok() ? "; cuBLAS opens" : "; " + blas.status().message();

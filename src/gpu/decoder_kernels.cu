@@ -68,8 +68,8 @@ Status LaunchRmsNormForward(const char* fn, const float* x, const float* w, Out*
       return InvalidArgument(std::string(fn) + ": y overlaps x");
     }
   }
-  RmsNormForwardKernel<Out><<<BlocksForHalfWarpRows(rows.rows), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-      x, w, y, rstd, rows, eps);
+  RmsNormForwardKernel<Out>
+      <<<BlocksForHalfWarpRows(rows.rows), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(x, w, y, rstd, rows, eps);
   return ZINF_CHECK_LAUNCH("RmsNormForwardKernel");
 }
 
@@ -98,7 +98,7 @@ Status RmsNormBackward(const float* dy, const float* x, const float* w, const fl
   RmsNormWeightGradKernel<<<tiles, kColumnWarps * 32, 0, s>>>(dy, x, rstd, dw, rows);
   ZINF_RETURN_IF_ERROR(ZINF_CHECK_LAUNCH("RmsNormWeightGradKernel"));
   RmsNormBackwardRowsKernel<<<BlocksForHalfWarpRows(rows.rows), kThreads, 0, s>>>(dy, x, w, rstd, dx, accumulate_dx,
-                                                                                 rows);
+                                                                                  rows);
   return ZINF_CHECK_LAUNCH("RmsNormBackwardRowsKernel");
 }
 
@@ -130,10 +130,12 @@ Status LaunchSwiGluForward(const char* fn, const In* x, Out* out, int64_t rows, 
   if (rows == 0) return Status::Ok();
   if (!x || !out) return InvalidArgument(std::string(fn) + ": null x or out");
   const size_t n = static_cast<size_t>(rows) * static_cast<size_t>(inter);
-  if (Overlap(x, 2 * n * sizeof(In), out, n * sizeof(Out))) return InvalidArgument(std::string(fn) + ": out overlaps x");
+  if (Overlap(x, 2 * n * sizeof(In), out, n * sizeof(Out)))
+    return InvalidArgument(std::string(fn) + ": out overlaps x");
   const bool vector = SwiGluVector(x, x, out, inter);
-  SwiGluForwardKernel<Out, In><<<elementwise::BlocksForElements(n, vector), kThreads, 0,
-                                 static_cast<cudaStream_t>(stream)>>>(x, out, rows, inter, vector);
+  SwiGluForwardKernel<Out, In>
+      <<<elementwise::BlocksForElements(n, vector), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(x, out, rows,
+                                                                                                      inter, vector);
   return ZINF_CHECK_LAUNCH("SwiGluForwardKernel");
 }
 
@@ -148,8 +150,9 @@ Status LaunchSwiGluBackward(const char* fn, const In* x, const Dy* dy, Out* dx, 
     return InvalidArgument(std::string(fn) + ": dx overlaps x or dy");
   }
   const bool vector = SwiGluVector(x, dy, dx, inter);
-  SwiGluBackwardKernel<Out, In, Dy><<<elementwise::BlocksForElements(n, vector), kThreads, 0,
-                                      static_cast<cudaStream_t>(stream)>>>(x, dy, dx, rows, inter, vector);
+  SwiGluBackwardKernel<Out, In, Dy>
+      <<<elementwise::BlocksForElements(n, vector), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(x, dy, dx, rows,
+                                                                                                      inter, vector);
   return ZINF_CHECK_LAUNCH("SwiGluBackwardKernel");
 }
 

@@ -72,7 +72,10 @@ __global__ void RmsNormForwardKernel(const float* x, const float* __restrict__ w
     const float s = model::RmsNormRstd(LaneSumThenTail(mask, acc, tail_x * tail_x, tail), n, eps);
     Out* yr = y + at;
     ForLaneBatches<kForwardRowBatch>(
-        lane, n, [&](int64_t c) { return XW{xr[c], w[c]}; },
+        lane, n,
+        [&](int64_t c) {
+          return XW{xr[c], w[c]};
+        },
         [&](int64_t c, XW v) { simt::StoreAs(yr + c, model::RmsNormOutput(v.x, s, v.w)); });
     if (lane == 0) rstd[r] = s;
   }
@@ -95,14 +98,20 @@ __global__ void RmsNormBackwardRowsKernel(const float* dy, const float* __restri
     const float s = rstd[r];
     float acc = 0.0f;  // RmsNormGradDot: lane `lane`
     ForLaneBatches<kBackwardRowBatch>(
-        lane, full, [&](int64_t c) { return Terms{dyr[c], w[c], xr[c], 0.0f}; },
+        lane, full,
+        [&](int64_t c) {
+          return Terms{dyr[c], w[c], xr[c], 0.0f};
+        },
         [&](int64_t, Terms v) { acc += model::RmsNormGradDotTerm(v.dy, v.w, v.x, s); });
     const float tail_term =
         lane < tail ? model::RmsNormGradDotTerm(dyr[full + lane], w[full + lane], xr[full + lane], s) : 0.0f;
     const float dot = LaneSumThenTail(mask, acc, tail_term, tail);
     float* dxr = dx + at;
     ForLaneBatches<kBackwardRowBatch>(
-        lane, n, [&](int64_t c) { return Terms{dyr[c], w[c], xr[c], accumulate ? dxr[c] : 0.0f}; },
+        lane, n,
+        [&](int64_t c) {
+          return Terms{dyr[c], w[c], xr[c], accumulate ? dxr[c] : 0.0f};
+        },
         [&](int64_t c, Terms v) {
           const float g = model::RmsNormInputGrad(v.dy, v.w, v.x, s, dot, n);
           dxr[c] = accumulate ? v.dx + g : g;
@@ -111,8 +120,8 @@ __global__ void RmsNormBackwardRowsKernel(const float* dy, const float* __restri
 }
 
 __global__ void __launch_bounds__(kColumnWarps * 32)
-    RmsNormWeightGradKernel(const float* __restrict__ dy, const float* __restrict__ x,
-                            const float* __restrict__ rstd, float* __restrict__ dw, StridedRows rows) {
+    RmsNormWeightGradKernel(const float* __restrict__ dy, const float* __restrict__ x, const float* __restrict__ rstd,
+                            float* __restrict__ dw, StridedRows rows) {
   using Partials = float[32];
   ZINF_STATIC_SMEM(Partials, part, model::kMaxColumnChunks);
   const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
@@ -280,8 +289,8 @@ __global__ void SwiGluBackwardKernel(const In* __restrict__ x, const Dy* __restr
         const In* gate = x + GateOffset(e, inter);
         Out* dgate = dx + GateOffset(e, inter);
         float dg, du;
-        model::SwiGluGrad(elementwise::LoadAs(gate), elementwise::LoadAs(gate + inter), elementwise::LoadAs(dy + e),
-                          dg, du);
+        model::SwiGluGrad(elementwise::LoadAs(gate), elementwise::LoadAs(gate + inter), elementwise::LoadAs(dy + e), dg,
+                          du);
         simt::StoreAs(dgate, dg);
         simt::StoreAs(dgate + inter, du);
       });

@@ -41,7 +41,9 @@ Result<bool> ReadsCopies(const char* fn, const AttentionTensors& t, bool backwar
     const uint16_t* p;
     int64_t stride;
   };
-  const Copy copies[] = {{"q16", t.q16, t.q_stride}, {"k16", t.k16, t.kv_stride}, {"v16", t.v16, t.kv_stride},
+  const Copy copies[] = {{"q16", t.q16, t.q_stride},
+                         {"k16", t.k16, t.kv_stride},
+                         {"v16", t.v16, t.kv_stride},
                          {"dout16", t.dout16, t.out_stride}};
   const int n = backward ? 4 : 3;
   int given = 0;
@@ -87,8 +89,7 @@ Status Launch(Kernel kernel, const char* name, const LaunchShape& l, void* strea
 
 template <int D, bool kAsync, int kM>
 Status Forward(const AttentionShape& s, const AttentionTensors& t, void* stream) {
-  return Launch(FlashForwardKernel<D, kAsync, kM>, "FlashForwardKernel", ForwardLaunch<D, kAsync, kM>(s), stream, s,
-                t);
+  return Launch(FlashForwardKernel<D, kAsync, kM>, "FlashForwardKernel", ForwardLaunch<D, kAsync, kM>(s), stream, s, t);
 }
 
 template <int D, bool kAsync, int kKvMin = kKvMinBlocks<D>>

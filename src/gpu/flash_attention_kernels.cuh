@@ -33,17 +33,15 @@
 
 namespace zinf::gpu::flash {
 
-
-using simt::bf16;
 using model::AttentionShape;
 using model::AttentionTensors;
+using simt::bf16;
 
 constexpr int kB = model::kFlashBlock;
 constexpr int kWarps = 4;
 constexpr int kThreadsFa = kWarps * 32;
 constexpr int kWarpRows = kB / kWarps;  // 16, one mma tile's height
 static_assert(kWarpRows == 16, "one row of mma tiles per warp");
-
 
 // Shared-memory tiles: bf16 [64][D] rows of q, k, v or dO, padded so that
 // the eight rows an ldmatrix or a row of pair loads touches fall in
@@ -116,10 +114,12 @@ __device__ void IssueTile(bf16* tile, const uint16_t* base, int64_t stride, int6
 // bf16 copy (in flight until CpAsyncWaitAll): the head's columns start at
 // `col` in both.
 template <int D, bool kAsync>
-__device__ void FetchTile(bf16* tile, const float* x32, const uint16_t* x16, int64_t col, int64_t stride,
-                          int64_t first, int count) {
-  if constexpr (kAsync) IssueTile<D>(tile, x16 + col, stride, first, count);
-  else LoadTile<D>(tile, x32 + col, stride, first, count);
+__device__ void FetchTile(bf16* tile, const float* x32, const uint16_t* x16, int64_t col, int64_t stride, int64_t first,
+                          int count) {
+  if constexpr (kAsync)
+    IssueTile<D>(tile, x16 + col, stride, first, count);
+  else
+    LoadTile<D>(tile, x32 + col, stride, first, count);
 }
 
 // The start of step `it` of a loop over `steps` blocks of fetched tiles;
@@ -210,8 +210,8 @@ __device__ inline void MmaTile(float (&acc)[D / 8][4], int n, const uint32_t (&a
 // sb likewise from b_tile and tb (the scores and their gradients, or
 // their transposes), the A operands loaded once a 16-wide step.
 template <int D, int kN>
-__device__ inline void ScorePair(float (&sa)[kN / 8][4], float (&sb)[kN / 8][4], const bf16* a_tile,
-                                 const bf16* b_tile, int row0, const bf16* ta, const bf16* tb, int col0, int lane) {
+__device__ inline void ScorePair(float (&sa)[kN / 8][4], float (&sb)[kN / 8][4], const bf16* a_tile, const bf16* b_tile,
+                                 int row0, const bf16* ta, const bf16* tb, int col0, int lane) {
 #pragma unroll
   for (int n = 0; n < kN / 8; ++n) {
 #pragma unroll
@@ -405,8 +405,7 @@ __global__ void __launch_bounds__(kThreadsFa) FlashForwardKernel(AttentionShape 
   for (int m = 0; m < kM; ++m) {  // rows past T are zero (a tile wholly past T reads row i0, which exists)
     const int64_t first = i0 + m * kB;
     const int rows = static_cast<int>(Min64(kB, T - first));
-    FetchTile<D, kAsync>(qs + m * kB * P::kTile, t.q, t.q16, h * D, t.q_stride, row0 + (rows > 0 ? first : i0),
-                         rows);
+    FetchTile<D, kAsync>(qs + m * kB * P::kTile, t.q, t.q16, h * D, t.q_stride, row0 + (rows > 0 ? first : i0), rows);
   }
   if constexpr (kAsync) {
     fetch_kv(0, 0);
@@ -538,9 +537,7 @@ __global__ void __launch_bounds__(kThreadsFa, kMinBlocks) FlashBackwardKvKernel(
   // Buffer i's q, dO, lse and δ (i = 0, and 1 with kAsync).
   auto qs = [&](int i) { return reinterpret_cast<bf16*>(smem + (2 + 2 * i) * P::kTileBytes); };
   auto dos = [&](int i) { return reinterpret_cast<bf16*>(smem + (3 + 2 * i) * P::kTileBytes); };
-  auto lses = [&](int i) {
-    return reinterpret_cast<float*>(smem + TileBytes<D, kAsync>(2, 2) + i * kStatsBytes);
-  };
+  auto lses = [&](int i) { return reinterpret_cast<float*>(smem + TileBytes<D, kAsync>(2, 2) + i * kStatsBytes); };
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane >> 2, c = lane & 3;
 

@@ -29,8 +29,8 @@ struct Resources {
 
 }  // namespace
 
-Result<double> TimeCublasProduct(void* stream, int64_t m, int64_t n, int64_t k, bool bf16, const void* a,
-                                 const void* b, float* c, int reps) {
+Result<double> TimeCublasProduct(void* stream, int64_t m, int64_t n, int64_t k, bool bf16, const void* a, const void* b,
+                                 float* c, int reps) {
   if (m <= 0 || n <= 0 || k <= 0 || reps < 1) {
     return InvalidArgument("TimeCublasProduct: m, n, k and reps must be positive");
   }
@@ -60,7 +60,8 @@ Result<double> TimeCublasProduct(void* stream, int64_t m, int64_t n, int64_t k, 
              : lib.sgemm(r.handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
                          static_cast<int>(k), &one, static_cast<const float*>(b), static_cast<int>(k),
                          static_cast<const float*>(a), static_cast<int>(k), &zero, c, static_cast<int>(n));
-    if (st != CUBLAS_STATUS_SUCCESS) return CublasFailed(lib, st, bf16 ? "cublasGemmEx (bf16, fp32 sums)" : "cublasSgemm");
+    if (st != CUBLAS_STATUS_SUCCESS)
+      return CublasFailed(lib, st, bf16 ? "cublasGemmEx (bf16, fp32 sums)" : "cublasSgemm");
     return Status::Ok();
   };
   for (int i = 0; i < 2 * reps; ++i) {

@@ -15,7 +15,7 @@ namespace zinf::gpu {
 // Row-major C[m, n] = A[m, k] · B[n, k]ᵀ on `stream` (a cudaStream_t), the
 // operands device memory of bf16 (`bf16`) or fp32 elements, C fp32. Seconds
 // per product: the median of `reps` timed products after one warm-up.
-Result<double> TimeCublasProduct(void* stream, int64_t m, int64_t n, int64_t k, bool bf16, const void* a,
-                                 const void* b, float* c, int reps);
+Result<double> TimeCublasProduct(void* stream, int64_t m, int64_t n, int64_t k, bool bf16, const void* a, const void* b,
+                                 float* c, int reps);
 
 }  // namespace zinf::gpu

@@ -71,8 +71,8 @@ __global__ void AdamKernel(AdamStepConstants c, float* __restrict__ params, floa
 }
 
 template <DType kGrad>
-Status LaunchAdam(const AdamStepConstants& c, float* p, float* m, float* v, const void* g, void* copy,
-                  DType copy_dtype, size_t n, cudaStream_t stream) {
+Status LaunchAdam(const AdamStepConstants& c, float* p, float* m, float* v, const void* g, void* copy, DType copy_dtype,
+                  size_t n, cudaStream_t stream) {
   const unsigned blocks = BlocksFor(n);
   if (copy == nullptr) {
     AdamKernel<kGrad, 0><<<blocks, kThreads, 0, stream>>>(c, p, m, v, g, copy, n);
@@ -233,7 +233,10 @@ __global__ void __launch_bounds__(kColumnWarps * 32)
         float d, xn;
       };
       ColumnChunk(
-          k * chunk, min(rows, (k + 1) * chunk), [&](int64_t r) { return Pair{dy[r * cols + c], x[r * cols + c]}; },
+          k * chunk, min(rows, (k + 1) * chunk),
+          [&](int64_t r) {
+            return Pair{dy[r * cols + c], x[r * cols + c]};
+          },
           [&](int64_t r, Pair p) {
             acc_w += p.d * model::LayerNormNormalize(p.xn, mean[r], rstd[r]);
             acc_b += p.d;
@@ -440,9 +443,8 @@ std::string DTypeArg(DType d) { return std::to_string(static_cast<int>(d)); }
 
 }  // namespace
 
-Status AdamStep(const AdamStepConstants& constants, float* params, float* exp_avg, float* exp_avg_sq,
-                const void* grads, DType grad_dtype, void* param_copy, DType param_copy_dtype, size_t n,
-                void* stream) {
+Status AdamStep(const AdamStepConstants& constants, float* params, float* exp_avg, float* exp_avg_sq, const void* grads,
+                DType grad_dtype, void* param_copy, DType param_copy_dtype, size_t n, void* stream) {
   if (!IsFloatDType(grad_dtype)) return InvalidArgument("gpu::AdamStep: unknown grad dtype " + DTypeArg(grad_dtype));
   if (param_copy != nullptr && param_copy_dtype != DType::kBFloat16 && param_copy_dtype != DType::kFloat16)
     return InvalidArgument("gpu::AdamStep: param_copy dtype must be bf16 or fp16, got " + DTypeArg(param_copy_dtype));
@@ -452,14 +454,14 @@ Status AdamStep(const AdamStepConstants& constants, float* params, float* exp_av
   auto s = static_cast<cudaStream_t>(stream);
   switch (grad_dtype) {
     case DType::kFloat32:
-      return LaunchAdam<DType::kFloat32>(constants, params, exp_avg, exp_avg_sq, grads, param_copy, param_copy_dtype,
-                                         n, s);
+      return LaunchAdam<DType::kFloat32>(constants, params, exp_avg, exp_avg_sq, grads, param_copy, param_copy_dtype, n,
+                                         s);
     case DType::kBFloat16:
-      return LaunchAdam<DType::kBFloat16>(constants, params, exp_avg, exp_avg_sq, grads, param_copy,
-                                          param_copy_dtype, n, s);
+      return LaunchAdam<DType::kBFloat16>(constants, params, exp_avg, exp_avg_sq, grads, param_copy, param_copy_dtype,
+                                          n, s);
     case DType::kFloat16:
-      return LaunchAdam<DType::kFloat16>(constants, params, exp_avg, exp_avg_sq, grads, param_copy, param_copy_dtype,
-                                         n, s);
+      return LaunchAdam<DType::kFloat16>(constants, params, exp_avg, exp_avg_sq, grads, param_copy, param_copy_dtype, n,
+                                         s);
   }
   return InvalidArgument("gpu::AdamStep: unknown grad dtype " + DTypeArg(grad_dtype));
 }
@@ -510,8 +512,9 @@ Status GeluForward(const float* x, float* y, size_t n, void* stream) {
   if (n == 0) return Status::Ok();
   if (!x || !y) return InvalidArgument("gpu::GeluForward: null x or y");
   const bool vector = elementwise::Aligned16(x) && elementwise::Aligned16(y);
-  elementwise::GeluForwardKernel<float><<<elementwise::BlocksForElements(n, vector), elementwise::kThreads, 0,
-                                           static_cast<cudaStream_t>(stream)>>>(x, y, n, vector);
+  elementwise::GeluForwardKernel<float>
+      <<<elementwise::BlocksForElements(n, vector), elementwise::kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+          x, y, n, vector);
   return ZINF_CHECK_LAUNCH("GeluForwardKernel");
 }
 
@@ -520,8 +523,9 @@ Status GeluForwardBf16(const float* x, uint16_t* y, size_t n, void* stream) {
   if (!x || !y) return InvalidArgument("gpu::GeluForwardBf16: null x or y");
   if (Overlap(x, n * 4, y, n * 2)) return InvalidArgument("gpu::GeluForwardBf16: y overlaps x");
   const bool vector = elementwise::Aligned16(x) && elementwise::Aligned16(y);
-  elementwise::GeluForwardKernel<uint16_t><<<elementwise::BlocksForElements(n, vector), elementwise::kThreads, 0,
-                                           static_cast<cudaStream_t>(stream)>>>(x, y, n, vector);
+  elementwise::GeluForwardKernel<uint16_t>
+      <<<elementwise::BlocksForElements(n, vector), elementwise::kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+          x, y, n, vector);
   return ZINF_CHECK_LAUNCH("GeluForwardKernel");
 }
 
@@ -545,8 +549,9 @@ Status LaunchLayerNormForward(const char* fn, const float* x, const float* w, co
     return InvalidArgument(std::string(fn) + ": null x, w, b, y, mean or rstd");
   const size_t n = static_cast<size_t>(rows) * static_cast<size_t>(cols);
   if (Overlap(x, n * 4, y, n * sizeof(Out))) return InvalidArgument(std::string(fn) + ": y overlaps x");
-  layernorm::LayerNormForwardKernel<Out><<<layernorm::BlocksForRows(rows), layernorm::kThreads, 0,
-                                            static_cast<cudaStream_t>(stream)>>>(x, w, b, y, mean, rstd, rows, cols);
+  layernorm::LayerNormForwardKernel<Out>
+      <<<layernorm::BlocksForRows(rows), layernorm::kThreads, 0, static_cast<cudaStream_t>(stream)>>>(x, w, b, y, mean,
+                                                                                                      rstd, rows, cols);
   return ZINF_CHECK_LAUNCH("LayerNormForwardKernel");
 }
 
@@ -572,8 +577,7 @@ Status LayerNormBackward(const float* dy, const float* x, const float* w, const 
   layernorm::LayerNormBackwardRowsKernel<<<layernorm::BlocksForRows(rows), layernorm::kThreads, 0, s>>>(
       dy, x, w, mean, rstd, dx, rows, cols);
   ZINF_RETURN_IF_ERROR(ZINF_CHECK_LAUNCH("LayerNormBackwardRowsKernel"));
-  LayerNormBackwardColumnsKernel<<<ColumnTiles(cols), kColumnWarps * 32, 0, s>>>(dy, x, mean, rstd, dw, db, rows,
-                                                                                cols);
+  LayerNormBackwardColumnsKernel<<<ColumnTiles(cols), kColumnWarps * 32, 0, s>>>(dy, x, mean, rstd, dw, db, rows, cols);
   return ZINF_CHECK_LAUNCH("LayerNormBackwardColumnsKernel");
 }
 
@@ -588,7 +592,7 @@ Status EmbeddingForwardOf(const int32_t* tokens, const W* wte, const float* wpe,
   if (!tokens || !wte || !out) return InvalidArgument("gpu::EmbeddingForward: null tokens, wte or out");
   const size_t n = static_cast<size_t>(rows) * static_cast<size_t>(channels);
   EmbeddingForwardKernel<W><<<BlocksFor(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(tokens, wte, wpe, out,
-                                                                                               rows, seq_len, channels);
+                                                                                              rows, seq_len, channels);
   return ZINF_CHECK_LAUNCH("EmbeddingForwardKernel");
 }
 
@@ -666,8 +670,7 @@ Status BroadcastRow(const float* row, float* out, int64_t rows, int64_t cols, vo
 Status ColumnSumAccumulate(const float* x, float* out, int64_t rows, int64_t cols, void* stream) {
   ZINF_RETURN_IF_ERROR(CheckRows("gpu::ColumnSumAccumulate", rows, cols, "cols"));
   if (!x || !out) return InvalidArgument("gpu::ColumnSumAccumulate: null x or out");
-  ColumnSumKernel<<<ColumnTiles(cols), kColumnWarps * 32, 0, static_cast<cudaStream_t>(stream)>>>(x, out, rows,
-                                                                                               cols);
+  ColumnSumKernel<<<ColumnTiles(cols), kColumnWarps * 32, 0, static_cast<cudaStream_t>(stream)>>>(x, out, rows, cols);
   return ZINF_CHECK_LAUNCH("ColumnSumKernel");
 }
 

@@ -70,7 +70,10 @@ __global__ void LayerNormForwardKernel(const float* __restrict__ x, const float*
     const float s = model::LayerNormRstd(var);
     Out* yr = y + r * cols;
     ForLaneBatches<kBackwardRowBatch>(
-        lane, cols, [&](int64_t c) { return XWB{xr[c], w[c], b[c]}; },
+        lane, cols,
+        [&](int64_t c) {
+          return XWB{xr[c], w[c], b[c]};
+        },
         [&](int64_t c, XWB v) {
           simt::StoreAs(yr + c, model::LayerNormAffine(model::LayerNormNormalize(v.x, m, s), v.w, v.b));
         });
@@ -101,7 +104,10 @@ __global__ void LayerNormBackwardRowsKernel(const float* __restrict__ dy, const 
     // Σ dy·w and Σ (dy·w)·x̂ in one pass, each in its own lane chain.
     float acc_g = 0.0f, acc_gx = 0.0f;
     ForLaneBatches<kBackwardRowBatch>(
-        lane, full, [&](int64_t c) { return Terms{dyr[c], w[c], xr[c], 0.0f}; },
+        lane, full,
+        [&](int64_t c) {
+          return Terms{dyr[c], w[c], xr[c], 0.0f};
+        },
         [&](int64_t, Terms v) {
           const float g = v.dy * v.w;
           acc_g += g;
@@ -115,10 +121,13 @@ __global__ void LayerNormBackwardRowsKernel(const float* __restrict__ dy, const 
     const float mean_g = LaneSumThenTail(mask, acc_g, tail_g, tail) / fc;
     const float mean_gx = LaneSumThenTail(mask, acc_gx, tail_gx, tail) / fc;
     ForLaneBatches<kBackwardRowBatch>(
-        lane, cols, [&](int64_t c) { return Terms{dyr[c], w[c], xr[c], dxr[c]}; },
+        lane, cols,
+        [&](int64_t c) {
+          return Terms{dyr[c], w[c], xr[c], dxr[c]};
+        },
         [&](int64_t c, Terms v) {
-          dxr[c] = v.dx + model::LayerNormInputGrad(v.dy * v.w, model::LayerNormNormalize(v.x, m, s), mean_g,
-                                                    mean_gx, s);
+          dxr[c] =
+              v.dx + model::LayerNormInputGrad(v.dy * v.w, model::LayerNormNormalize(v.x, m, s), mean_g, mean_gx, s);
         });
   }
 }

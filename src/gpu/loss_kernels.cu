@@ -90,7 +90,8 @@ Status SoftmaxCrossEntropyGradBf16(const float* logits, const int32_t* targets, 
 
 Status MeanLoss(const float* losses, const int32_t* targets, int64_t rows, float* loss, float* count, void* stream) {
   if (rows < 0) return InvalidArgument("gpu::MeanLoss: rows " + std::to_string(rows));
-  if (!count || (rows > 0 && (!losses || !targets))) return InvalidArgument("gpu::MeanLoss: null losses, targets or count");
+  if (!count || (rows > 0 && (!losses || !targets)))
+    return InvalidArgument("gpu::MeanLoss: null losses, targets or count");
   MeanLossKernel<<<1, 1, 0, static_cast<cudaStream_t>(stream)>>>(losses, targets, rows, loss, count);
   return ZINF_CHECK_LAUNCH("MeanLossKernel");
 }

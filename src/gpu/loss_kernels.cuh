@@ -68,8 +68,8 @@ __device__ void ForRowTiles(int64_t n, const Load& load, const Use& use) {
 }
 
 template <class Load, class Value, class Fold>
-__device__ void LossRowLanes(int64_t n, float init, const Load& load, const Value& value, const Fold& fold,
-                             float* tile, float* scratch) {
+__device__ void LossRowLanes(int64_t n, float init, const Load& load, const Value& value, const Fold& fold, float* tile,
+                             float* scratch) {
   const int64_t full = n - n % kLanes;
   float acc = init;  // lane threadIdx.x (< 16), or the tail (16)
   for (int64_t t0 = 0; t0 < n; t0 += kLossTile) {
@@ -131,9 +131,11 @@ __global__ void __launch_bounds__(kLossThreads)
     const float target_logit = t >= 0 ? xr[t] : 0.0f;
     // out[i] = exp(x[i] - max), stored by the thread that loaded x[i].
     float row_max, sum;
-    RowMaxExpSum(xr, vocab, [&](int64_t i, float e) { pr[i] = e; }, tile, scratch, row_max, sum);
+    RowMaxExpSum(
+        xr, vocab, [&](int64_t i, float e) { pr[i] = e; }, tile, scratch, row_max, sum);
     const float inv_sum = 1.0f / sum;
-    ForRowTiles(vocab, [&](int64_t i) { return pr[i]; }, [&](int64_t i, float e) { pr[i] = e * inv_sum; });
+    ForRowTiles(
+        vocab, [&](int64_t i) { return pr[i]; }, [&](int64_t i, float e) { pr[i] = e * inv_sum; });
     if (threadIdx.x == 0) losses[r] = t >= 0 ? model::CrossEntropyLoss(row_max, sum, target_logit) : 0.0f;
     simt::SyncThreads();  // scratch and the row's last reads before the next row
   }
@@ -193,7 +195,8 @@ __global__ void __launch_bounds__(kLossThreads)
       continue;
     }
     float row_max, sum;
-    RowMaxExpSum(xr, vocab, [](int64_t, float) {}, tile, scratch, row_max, sum);
+    RowMaxExpSum(
+        xr, vocab, [](int64_t, float) {}, tile, scratch, row_max, sum);
     const float inv_sum = 1.0f / sum;
     ForRowTiles(
         vocab, [&](int64_t i) { return xr[i]; },

@@ -52,10 +52,15 @@ Status NcclError(ncclResult_t rc, const char* stmt, ncclComm_t comm, const char*
   StatusCode code = StatusCode::kInternal;
   switch (rc) {
     case ncclInvalidArgument:
-    case ncclInvalidUsage: code = StatusCode::kInvalidArgument; break;
+    case ncclInvalidUsage:
+      code = StatusCode::kInvalidArgument;
+      break;
     case ncclSystemError:
-    case ncclRemoteError: code = StatusCode::kUnavailable; break;
-    default: break;
+    case ncclRemoteError:
+      code = StatusCode::kUnavailable;
+      break;
+    default:
+      break;
   }
   const char* detail = ncclGetLastError(comm);
   int device = -1;
@@ -96,9 +101,12 @@ std::string FormatSeconds(double seconds) {
 
 ncclDataType_t NcclType(DType dtype) {
   switch (dtype) {
-    case DType::kFloat32: return ncclFloat32;
-    case DType::kBFloat16: return ncclBfloat16;
-    case DType::kFloat16: return ncclFloat16;
+    case DType::kFloat32:
+      return ncclFloat32;
+    case DType::kBFloat16:
+      return ncclBfloat16;
+    case DType::kFloat16:
+      return ncclFloat16;
   }
   return ncclFloat32;
 }
@@ -181,13 +189,12 @@ class NcclComm final : public Communicator {
   Status AllGather(const void* send, void* recv, size_t count, DType dtype, Stream& stream) override {
     std::lock_guard<std::mutex> lock(mu_);
     ZINF_ASSIGN_OR_RETURN(Op op, Begin(CollectiveKind::kAllGather, count, dtype, stream));
-    Status st = Call(op, "ncclAllGather",
-                     [&] { return ncclAllGather(send, recv, count, NcclType(dtype), comm_, op.stream); });
+    Status st =
+        Call(op, "ncclAllGather", [&] { return ncclAllGather(send, recv, count, NcclType(dtype), comm_, op.stream); });
     return Finish(op, std::move(st));
   }
 
-  Status ReduceScatter(const void* send, void* recv, size_t count, DType dtype, ReduceOp op,
-                       Stream& stream) override {
+  Status ReduceScatter(const void* send, void* recv, size_t count, DType dtype, ReduceOp op, Stream& stream) override {
     std::lock_guard<std::mutex> lock(mu_);
     ZINF_ASSIGN_OR_RETURN(Op call, Begin(CollectiveKind::kReduceScatter, count, dtype, stream));
     const size_t bytes = count * DTypeSizeBytes(dtype);
@@ -260,9 +267,7 @@ class NcclComm final : public Communicator {
     std::string what;
   };
 
-  std::string Who() const {
-    return "NCCL communicator rank " + std::to_string(rank_) + " of " + std::to_string(size_);
-  }
+  std::string Who() const { return "NCCL communicator rank " + std::to_string(rank_) + " of " + std::to_string(size_); }
 
   // Validation, the collective's name and number, and its watchdog event.
   // An error here enqueued nothing. Caller holds mu_.
@@ -309,8 +314,8 @@ class NcclComm final : public Communicator {
   }
 
   Status BrokenError(const std::string& what) const {
-    return Unavailable(what + ": the NCCL communicator is unusable after an earlier failure: " +
-                       LocalFailure().message());
+    return Unavailable(what +
+                       ": the NCCL communicator is unusable after an earlier failure: " + LocalFailure().message());
   }
 
   // The first cause wins. Tells the peers (this rank issues no further
@@ -463,8 +468,7 @@ class NcclComm final : public Communicator {
       for (int p = 0; p < size_; ++p) {
         if (p == rank_) continue;
         if (my_count) {
-          ZINF_RETURN_IF_ERROR(
-              InGroup(ncclSend(out + mine * elem, my_count, type, p, comm_, call.stream), "ncclSend"));
+          ZINF_RETURN_IF_ERROR(InGroup(ncclSend(out + mine * elem, my_count, type, p, comm_, call.stream), "ncclSend"));
         }
         const size_t begin = ChunkBegin(count, size_, p), n = ChunkBegin(count, size_, p + 1) - begin;
         if (n) {
@@ -480,8 +484,8 @@ class NcclComm final : public Communicator {
   // stream-ordered (from the staging device's budget, else cudaMallocAsync),
   // so concurrent collectives on different streams never share it. Caller
   // holds mu_.
-  Status AllToAllThenReduce(const Op& call, const std::vector<std::pair<const void*, size_t>>& chunks,
-                            size_t my_count, void* out, DType dtype, ReduceOp op, Stream& stream) {
+  Status AllToAllThenReduce(const Op& call, const std::vector<std::pair<const void*, size_t>>& chunks, size_t my_count,
+                            void* out, DType dtype, ReduceOp op, Stream& stream) {
     const size_t elem = DTypeSizeBytes(dtype);
     if (size_ == 1) {
       if (my_count && out != chunks[0].first) {
@@ -607,7 +611,7 @@ class NcclComm final : public Communicator {
   std::atomic<Device*> staging_device_{nullptr};
   float* barrier_scratch_ = nullptr;
 
-  std::mutex mu_;  // one collective at a time
+  std::mutex mu_;          // one collective at a time
   uint64_t next_seq_ = 0;  // mu_
 
   std::mutex nccl_mu_;

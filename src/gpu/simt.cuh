@@ -104,8 +104,7 @@ __device__ inline void CpAsync16(void* dst, const void* src, bool valid) {
                : "memory");
 }
 __device__ inline void CpAsync4(void* dst, const void* src, bool valid) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(SharedAddress(dst)), "l"(src),
-               "r"(valid ? 4 : 0)
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(SharedAddress(dst)), "l"(src), "r"(valid ? 4 : 0)
                : "memory");
 }
 __device__ inline void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }

@@ -38,11 +38,16 @@ enum class WarpOp { kShfl, kShflIdx, kMma, kLdm, kLdmTrans };
 
 const char* OpName(WarpOp op) {
   switch (op) {
-    case WarpOp::kShfl: return "shfl.xor";
-    case WarpOp::kShflIdx: return "shfl.idx";
-    case WarpOp::kMma: return "mma.sync m16n8k16";
-    case WarpOp::kLdm: return "ldmatrix.x4";
-    case WarpOp::kLdmTrans: return "ldmatrix.x4.trans";
+    case WarpOp::kShfl:
+      return "shfl.xor";
+    case WarpOp::kShflIdx:
+      return "shfl.idx";
+    case WarpOp::kMma:
+      return "mma.sync m16n8k16";
+    case WarpOp::kLdm:
+      return "ldmatrix.x4";
+    case WarpOp::kLdmTrans:
+      return "ldmatrix.x4.trans";
   }
   return "?";
 }
@@ -110,8 +115,8 @@ struct Machine {
   const std::function<void()>* kernel = nullptr;
   std::vector<Thread> threads;
   std::vector<WarpState> warps;
-  unsigned char* smem = nullptr;  // this block's, cfg.smem_bytes
-  unsigned char* static_smem = nullptr;  // kStaticSmemBytes
+  unsigned char* smem = nullptr;                              // this block's, cfg.smem_bytes
+  unsigned char* static_smem = nullptr;                       // kStaticSmemBytes
   std::vector<std::pair<const void*, size_t>> static_arrays;  // key, offset: this block's
   size_t static_used = 0;
   Dim3 block_idx;
@@ -146,7 +151,7 @@ void ToScheduler(Thread& t, bool final) {
 #if defined(ZINF_EMU_ASAN)
   __sanitizer_start_switch_fiber(final ? nullptr : &t.fake_stack, M().sched_stack_bottom, M().sched_stack_size);
 #else
-  (void)final;
+  (void) final;
 #endif
   swapcontext(&t.ctx, &M().sched);
 #if defined(ZINF_EMU_ASAN)
@@ -309,9 +314,12 @@ void Resume(Machine& m, Thread& t) {
 bool Runnable(const Machine& m, const Thread& t) {
   if (t.done) return false;
   switch (t.wait) {
-    case Wait::kNone: return true;
-    case Wait::kWarp: return m.warps[static_cast<size_t>(t.warp)].groups[t.wait_group].gen != t.wait_gen;
-    case Wait::kBlock: return m.barrier_gen != t.wait_gen;
+    case Wait::kNone:
+      return true;
+    case Wait::kWarp:
+      return m.warps[static_cast<size_t>(t.warp)].groups[t.wait_group].gen != t.wait_gen;
+    case Wait::kBlock:
+      return m.barrier_gen != t.wait_gen;
   }
   return false;
 }
@@ -332,8 +340,8 @@ std::string Stuck(const Machine& m) {
                   std::to_string(at_warp) + " at warp instructions";
   if (example) {
     const Group& g = m.warps[static_cast<size_t>(example->warp)].groups[example->wait_group];
-    s += " (warp " + std::to_string(example->warp) + " at " + OpName(g.op) + ", " + std::to_string(g.arrived) +
-         " of " + std::to_string(std::popcount(g.members)) + " lanes arrived)";
+    s += " (warp " + std::to_string(example->warp) + " at " + OpName(g.op) + ", " + std::to_string(g.arrived) + " of " +
+         std::to_string(std::popcount(g.members)) + " lanes arrived)";
   }
   return s;
 }
@@ -478,9 +486,11 @@ uint32_t ShflXor(uint32_t value, int lane_mask) {
   LaneIn in{};
   in.a[0] = value;
   in.arg = lane_mask;
-  return WarpCollective(WarpOp::kShfl, kAllLanes, kWarpSize, in, [](Group& g) {
-           for (int l = 0; l < kWarpSize; ++l) g.out[l].r[0] = g.in[l ^ g.arg].a[0];
-         }).r[0];
+  return WarpCollective(WarpOp::kShfl, kAllLanes, kWarpSize, in,
+                        [](Group& g) {
+                          for (int l = 0; l < kWarpSize; ++l) g.out[l].r[0] = g.in[l ^ g.arg].a[0];
+                        })
+      .r[0];
 }
 
 void MmaBf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
@@ -524,20 +534,20 @@ void LoadMatrices(uint32_t (&m)[4], const void* row, bool trans) {
   in.p = static_cast<const unsigned char*>(row);
   const LaneOut out =
       WarpCollective(trans ? WarpOp::kLdmTrans : WarpOp::kLdm, kAllLanes, kWarpSize, in, [trans](Group& w) {
-    for (int l = 0; l < kWarpSize; ++l) {
-      const int g = l / 4, c = l % 4;
-      for (int i = 0; i < 4; ++i) {  // matrix i's rows come from lanes 8i .. 8i + 7
-        if (!trans) {  // row g, columns 2c and 2c + 1
-          std::memcpy(&w.out[l].r[i], w.in[8 * i + g].p + 4 * c, 4);
-        } else {  // column g, rows 2c and 2c + 1
-          uint16_t lo, hi;
-          std::memcpy(&lo, w.in[8 * i + 2 * c].p + 2 * g, 2);
-          std::memcpy(&hi, w.in[8 * i + 2 * c + 1].p + 2 * g, 2);
-          w.out[l].r[i] = lo | static_cast<uint32_t>(hi) << 16;
+        for (int l = 0; l < kWarpSize; ++l) {
+          const int g = l / 4, c = l % 4;
+          for (int i = 0; i < 4; ++i) {  // matrix i's rows come from lanes 8i .. 8i + 7
+            if (!trans) {                // row g, columns 2c and 2c + 1
+              std::memcpy(&w.out[l].r[i], w.in[8 * i + g].p + 4 * c, 4);
+            } else {  // column g, rows 2c and 2c + 1
+              uint16_t lo, hi;
+              std::memcpy(&lo, w.in[8 * i + 2 * c].p + 2 * g, 2);
+              std::memcpy(&hi, w.in[8 * i + 2 * c + 1].p + 2 * g, 2);
+              w.out[l].r[i] = lo | static_cast<uint32_t>(hi) << 16;
+            }
+          }
         }
-      }
-    }
-  });
+      });
   std::copy(out.r, out.r + 4, m);
 }
 
@@ -548,17 +558,19 @@ uint32_t ShflIdx(uint32_t members, uint32_t value, int src_lane, int width) {
   LaneIn in{};
   in.a[0] = value;
   in.arg = src_lane;
-  return WarpCollective(WarpOp::kShflIdx, members, width, in, [](Group& g) {
-           for (int l = 0; l < kWarpSize; ++l) {
-             if (!(g.members >> l & 1u)) continue;
-             const int src = l / g.width * g.width + g.arg % g.width;
-             if (!(g.members >> src & 1u)) {
-               throw Broken{Where(Current()) + ": shfl.idx from lane " + std::to_string(src) +
-                            ", outside the member mask"};
-             }
-             g.out[l].r[0] = g.in[src].a[0];
-           }
-         }).r[0];
+  return WarpCollective(WarpOp::kShflIdx, members, width, in,
+                        [](Group& g) {
+                          for (int l = 0; l < kWarpSize; ++l) {
+                            if (!(g.members >> l & 1u)) continue;
+                            const int src = l / g.width * g.width + g.arg % g.width;
+                            if (!(g.members >> src & 1u)) {
+                              throw Broken{Where(Current()) + ": shfl.idx from lane " + std::to_string(src) +
+                                           ", outside the member mask"};
+                            }
+                            g.out[l].r[0] = g.in[src].a[0];
+                          }
+                        })
+      .r[0];
 }
 
 void CpAsync(void* dst, const void* src, int bytes, int src_bytes) {

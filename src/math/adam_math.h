@@ -102,14 +102,14 @@ struct AdamCoefficients {
 template <class T>
 ZINF_HOST_DEVICE inline void AdamUpdate(const AdamCoefficients<T>& k, const T& grad, T& param, T& exp_avg,
                                         T& exp_avg_sq) {
-  T g = grad * k.grad_scale;                                      // (1)
-  if (k.decay == AdamDecay::kL2) g = g + k.weight_decay * param;  // (2)
-  exp_avg = k.beta1 * exp_avg + k.one_minus_beta1 * g;            // (3)
+  T g = grad * k.grad_scale;                                        // (1)
+  if (k.decay == AdamDecay::kL2) g = g + k.weight_decay * param;    // (2)
+  exp_avg = k.beta1 * exp_avg + k.one_minus_beta1 * g;              // (3)
   exp_avg_sq = k.beta2 * exp_avg_sq + k.one_minus_beta2 * (g * g);  // (4)
-  const T denom = SqrtRn(exp_avg_sq) * k.inv_sqrt_bc2 + k.eps;    // (5)
+  const T denom = SqrtRn(exp_avg_sq) * k.inv_sqrt_bc2 + k.eps;      // (5)
   T p = param;
-  if (k.decay == AdamDecay::kDecoupled) p = p * k.decay_factor;   // (6)
-  param = p - k.step_size * (exp_avg / denom);                    // (7)
+  if (k.decay == AdamDecay::kDecoupled) p = p * k.decay_factor;  // (6)
+  param = p - k.step_size * (exp_avg / denom);                   // (7)
 }
 
 }  // namespace zinf

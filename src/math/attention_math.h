@@ -98,9 +98,7 @@ ZINF_HOST_DEVICE inline float FlashOperand(float x, bool bf16) {
 }
 
 // Whether query i sees key j (both positions inside [0, T)).
-ZINF_HOST_DEVICE inline bool FlashVisible(int64_t i, int64_t j, int64_t seq_len) {
-  return j <= i && i < seq_len;
-}
+ZINF_HOST_DEVICE inline bool FlashVisible(int64_t i, int64_t j, int64_t seq_len) { return j <= i && i < seq_len; }
 
 // The softmax works in base 2, as the GPU's special-function unit does:
 // a score is kept as z = log2(e) · s, so exp(s - m) = 2^(z - m₂) with m₂

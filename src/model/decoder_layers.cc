@@ -199,13 +199,13 @@ void SwiGluBackward(const ModelThreads& th, float* dinp, const uint16_t* inp, co
   SwiGluBackwardOf(th, dinp, inp, dout, rows, inter);
 }
 
-#define ZINF_MODEL_INSTANTIATE_DECODER_LAYERS(F)                                                                   \
-  template void RmsNormForward<F>(const ModelThreads&, F*, F*, const F*, const F*, const RowSet&, F);              \
-  template void RmsNormBackward<F>(const ModelThreads&, F*, bool, F*, const F*, const F*, const F*, const F*,     \
-                                   const RowSet&);                                                                 \
-  template void RopeForward<F>(const ModelThreads&, F*, const RowSet&, int64_t, const RopeTable&);                \
-  template void RopeBackward<F>(const ModelThreads&, F*, const RowSet&, int64_t, const RopeTable&);               \
-  template void SwiGluForward<F>(const ModelThreads&, F*, const F*, int64_t, int64_t);                             \
+#define ZINF_MODEL_INSTANTIATE_DECODER_LAYERS(F)                                                              \
+  template void RmsNormForward<F>(const ModelThreads&, F*, F*, const F*, const F*, const RowSet&, F);         \
+  template void RmsNormBackward<F>(const ModelThreads&, F*, bool, F*, const F*, const F*, const F*, const F*, \
+                                   const RowSet&);                                                            \
+  template void RopeForward<F>(const ModelThreads&, F*, const RowSet&, int64_t, const RopeTable&);            \
+  template void RopeBackward<F>(const ModelThreads&, F*, const RowSet&, int64_t, const RopeTable&);           \
+  template void SwiGluForward<F>(const ModelThreads&, F*, const F*, int64_t, int64_t);                        \
   template void SwiGluBackward<F>(const ModelThreads&, F*, const F*, const F*, int64_t, int64_t);
 
 ZINF_MODEL_INSTANTIATE_DECODER_LAYERS(float)

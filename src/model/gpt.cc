@@ -81,18 +81,24 @@ class Planner {
 
 std::string_view AttentionKernelName(AttentionKernel a) {
   switch (a) {
-    case AttentionKernel::kAuto: return "auto";
-    case AttentionKernel::kPlain: return "plain";
-    case AttentionKernel::kFlash: return "flash";
+    case AttentionKernel::kAuto:
+      return "auto";
+    case AttentionKernel::kPlain:
+      return "plain";
+    case AttentionKernel::kFlash:
+      return "flash";
   }
   return "?";
 }
 
 AttentionKernel ToAttentionKernel(AttentionChoice choice) {
   switch (choice) {
-    case AttentionChoice::kPlain: return AttentionKernel::kPlain;
-    case AttentionChoice::kFlash: return AttentionKernel::kFlash;
-    case AttentionChoice::kAuto: break;
+    case AttentionChoice::kPlain:
+      return AttentionKernel::kPlain;
+    case AttentionChoice::kFlash:
+      return AttentionKernel::kFlash;
+    case AttentionChoice::kAuto:
+      break;
   }
   return AttentionKernel::kAuto;
 }
@@ -101,12 +107,16 @@ AttentionKernel ResolveAttention(const GptConfig& c, const GptRunOptions& o) {
   if (o.attention != AttentionKernel::kAuto) return o.attention;
   const int64_t D = c.num_heads > 0 ? c.head_dim() : 0;
   return o.matmul_dtype == DType::kBFloat16 && (D == 64 || D == 128) ? AttentionKernel::kFlash
-                                                                       : AttentionKernel::kPlain;
+                                                                     : AttentionKernel::kPlain;
 }
 
 AttentionShape FlashAttentionShape(const GptConfig& c, const GptRunOptions& o) {
   const int64_t D = c.head_dim();
-  return AttentionShape{o.batch_size, o.seq_len ? o.seq_len : c.max_seq_len, c.num_heads, c.kv_heads(), D,
+  return AttentionShape{o.batch_size,
+                        o.seq_len ? o.seq_len : c.max_seq_len,
+                        c.num_heads,
+                        c.kv_heads(),
+                        D,
                         1.0f / std::sqrt(static_cast<float>(D))};
 }
 
@@ -231,8 +241,8 @@ ActivationLayout ActivationLayout::For(const GptConfig& c, const GptRunOptions& 
     // attention, one batch row's (scores H × T × T, the row's qkv T × 3C);
     // flash attention's copies of qkv [B·T, S] and d(atty) [B·T, Q] fit in
     // the linear layers' size.
-    l.bf16_operand_elems =
-        std::max({BT * std::max({FC, S, Q, C}), C * std::max(FC, S), I * C, Q * C, l.loss_chunk_rows * l.logits_ld, V * C});
+    l.bf16_operand_elems = std::max(
+        {BT * std::max({FC, S, Q, C}), C * std::max(FC, S), I * C, Q * C, l.loss_chunk_rows * l.logits_ld, V * C});
     if (!flash) l.bf16_operand_elems = std::max({l.bf16_operand_elems, H * T * T, T * S});
     l.bf16_a = p.Take(static_cast<uint64_t>(l.bf16_operand_elems) * 2);
     l.bf16_b = p.Take(static_cast<uint64_t>(l.bf16_operand_elems) * 2);
@@ -251,13 +261,16 @@ namespace {
 
 Status CheckMatmulDtype(DType d) {
   if (d == DType::kFloat32 || d == DType::kBFloat16) return Status::Ok();
-  return InvalidArgument(std::string("gpt model: matrix products take fp32 or bf16 operands, not ") + std::string(DTypeName(d)));
+  return InvalidArgument(std::string("gpt model: matrix products take fp32 or bf16 operands, not ") +
+                         std::string(DTypeName(d)));
 }
 
 }  // namespace
 
 GptModel::GptModel(const GptConfig& config, const GptRunOptions& options)
-    : config_(config), options_(options), layout_(ActivationLayout::For(config, options)),
+    : config_(config),
+      options_(options),
+      layout_(ActivationLayout::For(config, options)),
       threads_(options.num_threads, options.matmul_dtype) {
   if (config.positions == PositionKind::kRope) rope_ = RopeTable::For(config, options.seq_len);
 }
@@ -266,7 +279,8 @@ Result<std::unique_ptr<GptModel>> GptModel::Create(const GptConfig& config, cons
   ZINF_RETURN_IF_ERROR(config.Validate());
   GptRunOptions o = options;
   if (o.seq_len == 0) o.seq_len = config.max_seq_len;
-  if (o.batch_size < 1) return InvalidArgument("gpt model: batch_size must be >= 1, got " + std::to_string(o.batch_size));
+  if (o.batch_size < 1)
+    return InvalidArgument("gpt model: batch_size must be >= 1, got " + std::to_string(o.batch_size));
   if (o.seq_len < 1 || o.seq_len > config.max_seq_len) {
     return InvalidArgument("gpt model: seq_len must be in 1.." + std::to_string(config.max_seq_len) + " (the " +
                            config.name + " context length), got " + std::to_string(o.seq_len));
@@ -494,9 +508,9 @@ void GptModel::RunBlockForward(int layer, const float* p) {
 Status GptModel::BlockForward(int layer, const void* block) {
   ZINF_RETURN_IF_ERROR(CheckArena());
   if (forward_next_ < 0 || layer != forward_next_ || layer >= config_.num_layers) {
-    return FailedPrecondition("gpt model: BlockForward(" + std::to_string(layer) + ") out of order; expected " +
-                              (forward_next_ < 0 ? std::string("EmbedForward first")
-                                                 : "block " + std::to_string(forward_next_)));
+    return FailedPrecondition(
+        "gpt model: BlockForward(" + std::to_string(layer) + ") out of order; expected " +
+        (forward_next_ < 0 ? std::string("EmbedForward first") : "block " + std::to_string(forward_next_)));
   }
   MarkOp(options_.profile, "cast");
   RunBlockForward(layer, Widen(block, BlockLayout::For(config_).num_elems, layout_.wide_unit));
@@ -524,8 +538,8 @@ Result<float> GptModel::HeadForward(const int32_t* targets, const void* final_no
   OpProfile* const prof = options_.profile;
   MarkOp(prof, "cast");
   const float* pf = Widen(final_norm, f.num_elems, layout_.wide_unit);
-  const float* head = config_.tied_head ? Widen(embedding, e.num_elems, layout_.wide_embedding) + e.wte
-                                        : pf + f.lm_head;
+  const float* head =
+      config_.tied_head ? Widen(embedding, e.num_elems, layout_.wide_embedding) + e.wte : pf + f.lm_head;
   float* lnf = F32(layout_.lnf);
   float* probs = F32(layout_.probs);
   MarkOp(prof, "norm");
@@ -563,8 +577,8 @@ Status GptModel::HeadBackward(float loss_scale, const void* final_norm, const vo
   OpProfile* const prof = options_.profile;
   MarkOp(prof, "cast");
   const float* pf = Widen(final_norm, f.num_elems, layout_.wide_unit);
-  const float* head = config_.tied_head ? Widen(embedding, e.num_elems, layout_.wide_embedding) + e.wte
-                                        : pf + f.lm_head;
+  const float* head =
+      config_.tied_head ? Widen(embedding, e.num_elems, layout_.wide_embedding) + e.wte : pf + f.lm_head;
   MarkOp(prof, "gradient init");
   float* gf = BeginGrad(final_norm_grad, f.num_elems, layout_.grad_unit);
   embedding_grad32_ = BeginGrad(embedding_grad, e.num_elems, layout_.grad_embedding);
@@ -580,8 +594,8 @@ Status GptModel::HeadBackward(float loss_scale, const void* final_norm, const vo
       MarkOp(prof, "matmul");
       ParallelGemm<float>(threads_, false, true, rows, V, C, 1.0f, lnf + r0 * C, C, head, C, 0.0f, dlogits, V);
       MarkOp(prof, "loss");
-      SoftmaxCrossEntropyForward<float>(threads_, dlogits, F32(layout_.losses) + r0, dlogits,
-                                        I32(layout_.targets) + r0, rows, V);
+      SoftmaxCrossEntropyForward<float>(threads_, dlogits, F32(layout_.losses) + r0, dlogits, I32(layout_.targets) + r0,
+                                        rows, V);
     }
     MarkOp(prof, "loss");
     SoftmaxCrossEntropyBackward<float>(threads_, dlogits, dlogits, I32(layout_.targets) + r0, rows, V, scale);
@@ -591,7 +605,8 @@ Status GptModel::HeadBackward(float loss_scale, const void* final_norm, const vo
   }
   float* dres = F32(layout_.dres);
   MarkOp(prof, "norm");
-  threads_.ForChunks(BT * C, kConvertGrain, [&](int64_t i0, int64_t i1) { std::memset(dres + i0, 0, F32Bytes(i1 - i0)); });
+  threads_.ForChunks(BT * C, kConvertGrain,
+                     [&](int64_t i0, int64_t i1) { std::memset(dres + i0, 0, F32Bytes(i1 - i0)); });
   NormBackward(dres, gf + f.w, TensorAt(gf, f.b), dlnf, F32(layout_.residual) + L * BT * C, pf + f.w,
                F32(layout_.lnf_mean), F32(layout_.lnf_rstd));
   MarkOp(prof, "cast");
@@ -615,9 +630,9 @@ void GptModel::LinearBackwardFrom(float* dinp, float* dw, float* dbias, const fl
 Status GptModel::BlockBackward(int layer, const void* block, void* block_grad) {
   ZINF_RETURN_IF_ERROR(CheckArena());
   if (backward_next_ < 0 || layer != backward_next_) {
-    return FailedPrecondition("gpt model: BlockBackward(" + std::to_string(layer) + ") out of order; expected " +
-                              (backward_next_ < 0 ? std::string("HeadBackward first")
-                                                  : "block " + std::to_string(backward_next_)));
+    return FailedPrecondition(
+        "gpt model: BlockBackward(" + std::to_string(layer) + ") out of order; expected " +
+        (backward_next_ < 0 ? std::string("HeadBackward first") : "block " + std::to_string(backward_next_)));
   }
   const GptConfig& c = config_;
   const int64_t B = options_.batch_size, T = options_.seq_len, C = c.embed_dim;
@@ -639,8 +654,8 @@ Status GptModel::BlockBackward(int layer, const void* block, void* block_grad) {
   // MLP: out = res_mid + fc_proj(act(fc(norm2(res_mid)))).
   if (c.mlp == MlpKind::kSwiGlu) {
     MarkOp(prof, "matmul");
-    LinearBackwardFrom(dbuf, g + w.fc_proj_w, TensorAt(g, w.fc_proj_b), dres, a.fch_gelu, inputs16, p + w.fc_proj_w,
-                       I, C);
+    LinearBackwardFrom(dbuf, g + w.fc_proj_w, TensorAt(g, w.fc_proj_b), dres, a.fch_gelu, inputs16, p + w.fc_proj_w, I,
+                       C);
     MarkOp(prof, "activation");
     if (SwiGluInBf16(c, options_)) {
       RoundToBf16InPlace(threads_, dbuf, BT * I);
@@ -650,8 +665,8 @@ Status GptModel::BlockBackward(int layer, const void* block, void* block_grad) {
     }
   } else {
     MarkOp(prof, "matmul");
-    LinearBackwardFrom(dfch, g + w.fc_proj_w, TensorAt(g, w.fc_proj_b), dres, a.fch_gelu, inputs16, p + w.fc_proj_w,
-                       I, C);
+    LinearBackwardFrom(dfch, g + w.fc_proj_w, TensorAt(g, w.fc_proj_b), dres, a.fch_gelu, inputs16, p + w.fc_proj_w, I,
+                       C);
     MarkOp(prof, "activation");
     GeluBackward<float>(threads_, dfch, F32(a.fch), dfch, BT * I);
   }
@@ -663,8 +678,7 @@ Status GptModel::BlockBackward(int layer, const void* block, void* block_grad) {
   // Attention: res_mid = in + attn_proj(attention(rope(qk_norm(qkv(norm1(in)))))).
   MarkOp(prof, "matmul");
   const bool qkv16 = QkvInBf16(c, options_), out16 = AttentionInBf16(c, options_);
-  LinearBackwardFrom(dbuf, g + w.attn_proj_w, TensorAt(g, w.attn_proj_b), dres, a.atty, out16, p + w.attn_proj_w, Q,
-                     C);
+  LinearBackwardFrom(dbuf, g + w.attn_proj_w, TensorAt(g, w.attn_proj_b), dres, a.atty, out16, p + w.attn_proj_w, Q, C);
   MarkOp(prof, "attention");
   if (out16) RoundToBf16InPlace(threads_, dbuf, BT * Q);
   if (options_.attention == AttentionKernel::kFlash) {

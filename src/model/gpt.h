@@ -54,7 +54,7 @@ namespace zinf::model {
 // the products take bf16 operands and the head size is 64 or 128 (those the
 // CUDA kernels take), kPlain otherwise.
 enum class AttentionKernel { kAuto, kPlain, kFlash };
-std::string_view AttentionKernelName(AttentionKernel a);  // "auto", "plain", "flash"
+std::string_view AttentionKernelName(AttentionKernel a);    // "auto", "plain", "flash"
 AttentionKernel ToAttentionKernel(AttentionChoice choice);  // zinf.attention
 
 struct GptRunOptions {
@@ -158,8 +158,7 @@ struct ActivationLayout {
   // with ProductInputsInBf16, fch with SwiGluInBf16, qkv with QkvInBf16 and
   // atty with AttentionInBf16.
   struct Block {
-    uint64_t ln1, ln1_mean, ln1_rstd, qkv, qk_pre, qk_rstd, att, atty, res_mid, ln2, ln2_mean, ln2_rstd, fch,
-        fch_gelu;
+    uint64_t ln1, ln1_mean, ln1_rstd, qkv, qk_pre, qk_rstd, att, atty, res_mid, ln2, ln2_mean, ln2_rstd, fch, fch_gelu;
   };
   uint64_t tokens = 0, targets = 0;  // int32 [B·T]
   uint64_t residual = 0;             // (L + 1) × [B·T, C]: residual l is block l's input
@@ -235,8 +234,7 @@ class GptModel {
 
   // The whole step: unit_params / unit_grads hold NumUnits() pointers.
   Result<float> Forward(const int32_t* tokens, const int32_t* targets, std::span<const void* const> unit_params);
-  Status Backward(std::span<const void* const> unit_params, std::span<void* const> unit_grads,
-                  float loss_scale = 1.0f);
+  Status Backward(std::span<const void* const> unit_params, std::span<void* const> unit_grads, float loss_scale = 1.0f);
 
   // After HeadForward: the softmax of the logits of the last loss chunk,
   // rows [B·T − n, B·T) × V for its n rows (overwritten by HeadBackward):
@@ -275,9 +273,9 @@ class GptModel {
   char* arena_ = nullptr;
 
   // Stage order.
-  int forward_next_ = -1;   // next block to forward; -1 before EmbedForward
+  int forward_next_ = -1;  // next block to forward; -1 before EmbedForward
   bool head_forward_done_ = false;
-  int backward_next_ = -2;  // next block to backward; -2 until HeadBackward
+  int backward_next_ = -2;     // next block to backward; -2 until HeadBackward
   int checkpoint_layer_ = -1;  // with checkpointing: whose tensors the single set holds
   int64_t num_targets_ = 0;
   float* embedding_grad32_ = nullptr;  // unit 0's fp32 accumulator between HeadBackward and EmbedBackward

@@ -111,7 +111,8 @@ std::string KnownPresetNames() {
 
 Status GptConfig::Validate() const {
   auto positive = [&](const char* field, int64_t v) -> Status {
-    if (v < 1) return InvalidArgument("gpt config '" + name + "': " + field + " must be >= 1, got " + std::to_string(v));
+    if (v < 1)
+      return InvalidArgument("gpt config '" + name + "': " + field + " must be >= 1, got " + std::to_string(v));
     return Status::Ok();
   };
   ZINF_RETURN_IF_ERROR(positive("vocab_size", vocab_size));
@@ -124,10 +125,10 @@ Status GptConfig::Validate() const {
   // is bounded before any product of them is formed, so none overflows.
   constexpr int64_t kMaxDim = std::numeric_limits<int32_t>::max();
   constexpr int64_t kMaxLayers = int64_t{1} << 20;
-  for (const auto& [field, v] : {std::pair{"vocab_size", vocab_size}, std::pair{"max_seq_len", max_seq_len},
-                                 std::pair{"embed_dim", embed_dim}, std::pair{"num_heads", num_heads},
-                                 std::pair{"num_kv_heads", num_kv_heads}, std::pair{"head_dim", head_dim_size},
-                                 std::pair{"intermediate_size", intermediate_size}}) {
+  for (const auto& [field, v] :
+       {std::pair{"vocab_size", vocab_size}, std::pair{"max_seq_len", max_seq_len}, std::pair{"embed_dim", embed_dim},
+        std::pair{"num_heads", num_heads}, std::pair{"num_kv_heads", num_kv_heads},
+        std::pair{"head_dim", head_dim_size}, std::pair{"intermediate_size", intermediate_size}}) {
     if (v > kMaxDim) return bad(std::string(field) + " " + std::to_string(v) + " is not below 2^31");
   }
   if (num_layers > kMaxLayers) return bad("num_layers " + std::to_string(num_layers) + " is above 2^20");
@@ -152,8 +153,9 @@ Status GptConfig::Validate() const {
     const RopeScaling& r = rope_scaling;
     if (r.llama3 && !(r.factor >= 1.0 && r.low_freq_factor > 0 && r.high_freq_factor > r.low_freq_factor &&
                       r.original_max_position >= 1)) {
-      return bad("llama3 rope_scaling needs factor >= 1, 0 < low_freq_factor < high_freq_factor and "
-                 "original_max_position_embeddings >= 1");
+      return bad(
+          "llama3 rope_scaling needs factor >= 1, 0 < low_freq_factor < high_freq_factor and "
+          "original_max_position_embeddings >= 1");
     }
   }
   // Leading dimensions too (H·D and the fused q|k|v width, in double first).
@@ -185,8 +187,7 @@ std::string GptConfig::ToString() const {
                   " C=" + std::to_string(embed_dim) + " L=" + std::to_string(num_layers) +
                   " H=" + std::to_string(num_heads);
   if (!IsGpt2Family()) {
-    s += " H_kv=" + std::to_string(kv_heads()) + " D=" + std::to_string(head_dim()) +
-         " I=" + std::to_string(mlp_dim());
+    s += " H_kv=" + std::to_string(kv_heads()) + " D=" + std::to_string(head_dim()) + " I=" + std::to_string(mlp_dim());
     s += norm == NormKind::kRmsNorm ? " rmsnorm" : " layernorm";
     s += positions == PositionKind::kRope ? " rope" : " learned-positions";
     s += mlp == MlpKind::kSwiGlu ? " swiglu" : " gelu";
@@ -334,9 +335,12 @@ std::vector<UnitTensor> UnitTensors(const GptConfig& c, int unit) {
 
 int64_t UnitNumParams(const GptConfig& c, int unit) {
   switch (KindOfUnit(c, unit)) {
-    case UnitKind::kEmbedding: return EmbeddingLayout::For(c).num_elems;
-    case UnitKind::kBlock: return BlockLayout::For(c).num_elems;
-    case UnitKind::kFinalNorm: return FinalNormLayout::For(c).num_elems;
+    case UnitKind::kEmbedding:
+      return EmbeddingLayout::For(c).num_elems;
+    case UnitKind::kBlock:
+      return BlockLayout::For(c).num_elems;
+    case UnitKind::kFinalNorm:
+      return FinalNormLayout::For(c).num_elems;
   }
   return 0;
 }
@@ -347,8 +351,8 @@ int64_t NumParams(const GptConfig& c) {
 }
 
 int64_t MaxUnitNumParams(const GptConfig& c) {
-  return std::max({EmbeddingLayout::For(c).num_elems, BlockLayout::For(c).num_elems,
-                   FinalNormLayout::For(c).num_elems});
+  return std::max(
+      {EmbeddingLayout::For(c).num_elems, BlockLayout::For(c).num_elems, FinalNormLayout::For(c).num_elems});
 }
 
 void InitUnitParams(const GptConfig& c, int unit, uint64_t seed, float* out) {
@@ -395,6 +399,8 @@ double ForwardFlops(const GptConfig& c, int64_t batch, int64_t seq_len) {
                    4.0 * static_cast<double>(c.num_layers * c.q_dim()) * static_cast<double>(seq_len));
 }
 
-double TrainingFlops(const GptConfig& c, int64_t batch, int64_t seq_len) { return 3.0 * ForwardFlops(c, batch, seq_len); }
+double TrainingFlops(const GptConfig& c, int64_t batch, int64_t seq_len) {
+  return 3.0 * ForwardFlops(c, batch, seq_len);
+}
 
 }  // namespace zinf::model

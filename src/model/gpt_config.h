@@ -101,12 +101,12 @@ struct GptConfig {
   bool tied_head = true;
 
   int64_t head_dim() const { return head_dim_size > 0 ? head_dim_size : embed_dim / num_heads; }  // D
-  int64_t kv_heads() const { return num_kv_heads > 0 ? num_kv_heads : num_heads; }            // H_kv
-  int64_t q_dim() const { return num_heads * head_dim(); }                                  // Q = H·D
-  int64_t kv_dim() const { return kv_heads() * head_dim(); }                                // K = H_kv·D
+  int64_t kv_heads() const { return num_kv_heads > 0 ? num_kv_heads : num_heads; }                // H_kv
+  int64_t q_dim() const { return num_heads * head_dim(); }                                        // Q = H·D
+  int64_t kv_dim() const { return kv_heads() * head_dim(); }                                      // K = H_kv·D
   int64_t qkv_dim() const { return q_dim() + 2 * kv_dim(); }
   int64_t mlp_dim() const { return intermediate_size > 0 ? intermediate_size : 4 * embed_dim; }  // I
-  int64_t fc_dim() const { return mlp == MlpKind::kSwiGlu ? 2 * mlp_dim() : mlp_dim(); }   // fc's outputs
+  int64_t fc_dim() const { return mlp == MlpKind::kSwiGlu ? 2 * mlp_dim() : mlp_dim(); }         // fc's outputs
   // GPT-2's architecture (any size): what the original kernels cover.
   bool IsGpt2Family() const;
 

@@ -12,9 +12,8 @@ uint64_t Dev(uint64_t bytes) { return DeviceAllocator::RoundUp(bytes); }
 
 }  // namespace
 
-Result<PlanModel> PlanGptModel(const model::GptConfig& config, int64_t micro_batch, int64_t seq_len,
-                               bool checkpointing, DType compute_dtype, DType matmul_dtype,
-                               model::AttentionKernel attention) {
+Result<PlanModel> PlanGptModel(const model::GptConfig& config, int64_t micro_batch, int64_t seq_len, bool checkpointing,
+                               DType compute_dtype, DType matmul_dtype, model::AttentionKernel attention) {
   ZINF_RETURN_IF_ERROR(config.Validate());
   if (micro_batch < 1) return InvalidArgument("micro-batch must be >= 1");
   if (seq_len == 0) seq_len = model::DefaultSeqLen(config);
@@ -40,7 +39,8 @@ Result<PlanModel> PlanGptModel(const model::GptConfig& config, int64_t micro_bat
   const uint64_t tokens = static_cast<uint64_t>(micro_batch * seq_len);
   m.io_buffer_bytes = 2 * Dev(tokens * 4) + Dev(4);
   m.activation_note = "micro-batch " + std::to_string(micro_batch) + " x seq-len " + std::to_string(seq_len) +
-                      (checkpointing ? ", checkpointing" : "") + (flash ? ", flash attention" : "") + ": " + layout.ToString();
+                      (checkpointing ? ", checkpointing" : "") + (flash ? ", flash attention" : "") + ": " +
+                      layout.ToString();
   m.flops_per_micro_step = model::TrainingFlops(config, micro_batch, seq_len);
   return m;
 }

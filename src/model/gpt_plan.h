@@ -18,8 +18,8 @@ namespace zinf {
 // products' operands (bf16 operands add their rounded copies), and the
 // attention (model::ResolveAttention: flash keeps O(T) per head, plain T²).
 // seq_len 0 is model::DefaultSeqLen.
-Result<PlanModel> PlanGptModel(const model::GptConfig& config, int64_t micro_batch, int64_t seq_len,
-                               bool checkpointing, DType compute_dtype, DType matmul_dtype = DType::kFloat32,
+Result<PlanModel> PlanGptModel(const model::GptConfig& config, int64_t micro_batch, int64_t seq_len, bool checkpointing,
+                               DType compute_dtype, DType matmul_dtype = DType::kFloat32,
                                model::AttentionKernel attention = model::AttentionKernel::kAuto);
 
 }  // namespace zinf

@@ -208,8 +208,8 @@ void LinearForward(const ModelThreads& th, F* out, const F* inp, const F* w, con
 }
 
 template <class F>
-void LinearBackward(const ModelThreads& th, F* dinp, bool accumulate_dinp, F* dw, F* dbias, const F* dout,
-                    const F* inp, const F* w, int64_t rows, int64_t in_dim, int64_t out_dim) {
+void LinearBackward(const ModelThreads& th, F* dinp, bool accumulate_dinp, F* dw, F* dbias, const F* dout, const F* inp,
+                    const F* w, int64_t rows, int64_t in_dim, int64_t out_dim) {
   ParallelGemm<F>(th, false, true, rows, in_dim, out_dim, F(1), dout, out_dim, w, out_dim,
                   accumulate_dinp ? F(1) : F(0), dinp, in_dim);
   ParallelGemm<F>(th, true, false, in_dim, out_dim, rows, F(1), inp, in_dim, dout, out_dim, F(1), dw, out_dim);
@@ -311,8 +311,8 @@ void ResidualForward(const ModelThreads& th, F* out, const F* a, const F* b, int
 }
 
 template <class F>
-int64_t SoftmaxCrossEntropyForward(const ModelThreads& th, F* probs, F* losses, const F* logits,
-                                   const int32_t* targets, int64_t rows, int64_t vocab) {
+int64_t SoftmaxCrossEntropyForward(const ModelThreads& th, F* probs, F* losses, const F* logits, const int32_t* targets,
+                                   int64_t rows, int64_t vocab) {
   const int64_t V = vocab;
   th.ForChunks(rows, RowGrain(V), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
@@ -353,33 +353,30 @@ void SoftmaxCrossEntropyBackward(const ModelThreads& th, F* dlogits, const F* pr
   });
 }
 
-#define ZINF_MODEL_INSTANTIATE_LAYERS(F)                                                                         \
-  template void EncoderForward<F>(const ModelThreads&, F*, const int32_t*, const F*, const F*, int64_t, int64_t,  \
-                                  int64_t);                                                                      \
-  template void EncoderBackward<F>(const ModelThreads&, F*, F*, const F*, const int32_t*, int64_t, int64_t,       \
-                                   int64_t);                                                                     \
-  template void LayerNormForward<F>(const ModelThreads&, F*, F*, F*, const F*, const F*, const F*, int64_t,       \
-                                    int64_t);                                                                    \
-  template void LayerNormBackward<F>(const ModelThreads&, F*, F*, F*, const F*, const F*, const F*, const F*,     \
-                                     const F*, int64_t, int64_t);                                                \
-  template void LinearForward<F>(const ModelThreads&, F*, const F*, const F*, const F*, int64_t, int64_t,         \
-                                 int64_t);                                                                       \
-  template void LinearBackward<F>(const ModelThreads&, F*, bool, F*, F*, const F*, const F*, const F*, int64_t,   \
-                                  int64_t, int64_t);                                                             \
-  template void AttentionForward<F>(const ModelThreads&, F*, F*, const F*, int64_t, int64_t, int64_t, int64_t);   \
-  template void AttentionBackward<F>(const ModelThreads&, F*, F*, const F*, const F*, const F*, int64_t, int64_t, \
-                                     int64_t, int64_t);                                                          \
-  template void AttentionForward<F>(const ModelThreads&, F*, F*, const F*, int64_t, int64_t, int64_t, int64_t,    \
-                                    int64_t);                                                                    \
-  template void AttentionBackward<F>(const ModelThreads&, F*, F*, const F*, const F*, const F*, int64_t, int64_t, \
-                                     int64_t, int64_t, int64_t);                                                 \
-  template void GeluForward<F>(const ModelThreads&, F*, const F*, int64_t);                                       \
-  template void GeluBackward<F>(const ModelThreads&, F*, const F*, const F*, int64_t);                            \
-  template void ResidualForward<F>(const ModelThreads&, F*, const F*, const F*, int64_t);                         \
-  template int64_t SoftmaxCrossEntropyForward<F>(const ModelThreads&, F*, F*, const F*, const int32_t*, int64_t,  \
-                                                 int64_t);                                                       \
-  template void SoftmaxCrossEntropyBackward<F>(const ModelThreads&, F*, const F*, const int32_t*, int64_t,        \
-                                               int64_t, F);                                                      \
+#define ZINF_MODEL_INSTANTIATE_LAYERS(F)                                                                              \
+  template void EncoderForward<F>(const ModelThreads&, F*, const int32_t*, const F*, const F*, int64_t, int64_t,      \
+                                  int64_t);                                                                           \
+  template void EncoderBackward<F>(const ModelThreads&, F*, F*, const F*, const int32_t*, int64_t, int64_t, int64_t); \
+  template void LayerNormForward<F>(const ModelThreads&, F*, F*, F*, const F*, const F*, const F*, int64_t, int64_t); \
+  template void LayerNormBackward<F>(const ModelThreads&, F*, F*, F*, const F*, const F*, const F*, const F*,         \
+                                     const F*, int64_t, int64_t);                                                     \
+  template void LinearForward<F>(const ModelThreads&, F*, const F*, const F*, const F*, int64_t, int64_t, int64_t);   \
+  template void LinearBackward<F>(const ModelThreads&, F*, bool, F*, F*, const F*, const F*, const F*, int64_t,       \
+                                  int64_t, int64_t);                                                                  \
+  template void AttentionForward<F>(const ModelThreads&, F*, F*, const F*, int64_t, int64_t, int64_t, int64_t);       \
+  template void AttentionBackward<F>(const ModelThreads&, F*, F*, const F*, const F*, const F*, int64_t, int64_t,     \
+                                     int64_t, int64_t);                                                               \
+  template void AttentionForward<F>(const ModelThreads&, F*, F*, const F*, int64_t, int64_t, int64_t, int64_t,        \
+                                    int64_t);                                                                         \
+  template void AttentionBackward<F>(const ModelThreads&, F*, F*, const F*, const F*, const F*, int64_t, int64_t,     \
+                                     int64_t, int64_t, int64_t);                                                      \
+  template void GeluForward<F>(const ModelThreads&, F*, const F*, int64_t);                                           \
+  template void GeluBackward<F>(const ModelThreads&, F*, const F*, const F*, int64_t);                                \
+  template void ResidualForward<F>(const ModelThreads&, F*, const F*, const F*, int64_t);                             \
+  template int64_t SoftmaxCrossEntropyForward<F>(const ModelThreads&, F*, F*, const F*, const int32_t*, int64_t,      \
+                                                 int64_t);                                                            \
+  template void SoftmaxCrossEntropyBackward<F>(const ModelThreads&, F*, const F*, const int32_t*, int64_t, int64_t,   \
+                                               F);                                                                    \
   template void ColumnSumAccumulate<F>(const ModelThreads&, F*, const F*, int64_t, int64_t);
 
 ZINF_MODEL_INSTANTIATE_LAYERS(float)

@@ -49,8 +49,8 @@ void LinearForward(const ModelThreads& th, F* out, const F* inp, const F* w, con
 // dinp = dout · wᵀ (overwritten, or accumulated when accumulate_dinp);
 // dw += inpᵀ · dout; dbias += Σ_rows dout (dbias may be null).
 template <class F>
-void LinearBackward(const ModelThreads& th, F* dinp, bool accumulate_dinp, F* dw, F* dbias, const F* dout,
-                    const F* inp, const F* w, int64_t rows, int64_t in_dim, int64_t out_dim);
+void LinearBackward(const ModelThreads& th, F* dinp, bool accumulate_dinp, F* dw, F* dbias, const F* dout, const F* inp,
+                    const F* w, int64_t rows, int64_t in_dim, int64_t out_dim);
 // The same with bf16 products (th.matmul_dtype() kBFloat16) and inp given
 // as bf16 bits: the gradients LinearBackward<float> gives for an inp of
 // those values.
@@ -99,8 +99,8 @@ void ResidualForward(const ModelThreads& th, F* out, const F* a, const F* b, int
 // logits (in place). Targets must be < vocab. Returns the number of rows
 // with a target.
 template <class F>
-int64_t SoftmaxCrossEntropyForward(const ModelThreads& th, F* probs, F* losses, const F* logits,
-                                   const int32_t* targets, int64_t rows, int64_t vocab);
+int64_t SoftmaxCrossEntropyForward(const ModelThreads& th, F* probs, F* losses, const F* logits, const int32_t* targets,
+                                   int64_t rows, int64_t vocab);
 // dlogits[r] = scale · (probs[r] - onehot(targets[r])), 0 for ignored rows;
 // overwritten, and may be probs (in place).
 template <class F>

@@ -35,8 +35,7 @@ class ModelThreads {
  public:
   // num_threads >= 1; 1 runs everything on the calling thread. matmul:
   // kFloat32 or kBFloat16 (see gemm.h).
-  explicit ModelThreads(int num_threads, DType matmul = DType::kFloat32)
-      : num_threads_(num_threads), matmul_(matmul) {
+  explicit ModelThreads(int num_threads, DType matmul = DType::kFloat32) : num_threads_(num_threads), matmul_(matmul) {
     ZINF_CHECK(num_threads >= 1);
     ZINF_CHECK(matmul == DType::kFloat32 || matmul == DType::kBFloat16);
     if (num_threads > 1) arena_ = std::make_unique<tbb::task_arena>(num_threads);

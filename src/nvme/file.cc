@@ -48,8 +48,9 @@ Result<std::shared_ptr<File>> File::Open(const std::string& path, const FileOpti
     int err = errno;
     std::string what = "open " + path + ": " + std::strerror(err) + " (errno " + std::to_string(err) + ")";
     if (err == EINVAL && options.direct) {
-      what += "; this filesystem does not support O_DIRECT (tmpfs, some overlay and network filesystems): "
-              "put the file on a local disk, or use buffered I/O";
+      what +=
+          "; this filesystem does not support O_DIRECT (tmpfs, some overlay and network filesystems): "
+          "put the file on a local disk, or use buffered I/O";
     } else if (err == EISDIR) {
       what += "; a file path is needed, not a directory";
     }

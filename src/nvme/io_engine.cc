@@ -27,7 +27,6 @@
 #include "common/fault_injection.h"
 #include "common/logging.h"
 #include "common/units.h"
-#include "zinf/config.h"
 
 namespace zinf::nvme {
 
@@ -70,20 +69,20 @@ uint64_t IoRequest::bytes_transferred() const { return state_ ? state_->bytes.lo
 
 namespace {
 
-constexpr int kMaxRetries = 16;       // EAGAIN / EINTR per block
-constexpr unsigned kBufferSlots = 512;  // registered-buffer table per ring
-constexpr unsigned kFileSlots = 1024;   // registered-file table per ring
+constexpr int kMaxRetries = 16;                   // EAGAIN / EINTR per block
+constexpr unsigned kBufferSlots = 512;            // registered-buffer table per ring
+constexpr unsigned kFileSlots = 1024;             // registered-file table per ring
 constexpr uint64_t kMaxFixedBuffer = 1ull << 30;  // io_uring's per-buffer limit
 
 struct Block {
   std::shared_ptr<internal::RequestState> req;
   std::shared_ptr<File> file;
   IoKind kind;
-  uint64_t offset;      // of the remainder
-  char* buffer;         // of the remainder
-  uint64_t remaining;   // bytes still to transfer
-  uint64_t total;       // the block's full length
-  uint64_t attempt = 0; // length of the attempt in flight
+  uint64_t offset;       // of the remainder
+  char* buffer;          // of the remainder
+  uint64_t remaining;    // bytes still to transfer
+  uint64_t total;        // the block's full length
+  uint64_t attempt = 0;  // length of the attempt in flight
   int retries = 0;
 };
 
@@ -142,8 +141,8 @@ class IoEngine::Impl {
       uint64_t done = b->total - b->remaining;
       if (b->kind == IoKind::kRead) {
         FinishBlock(b, DataLoss("pread " + b->file->path() + " offset=" + std::to_string(b->offset) +
-                                " len=" + std::to_string(b->remaining) + ": end of file after " +
-                                std::to_string(done) + " of " + std::to_string(b->total) + " bytes of the block"));
+                                " len=" + std::to_string(b->remaining) + ": end of file after " + std::to_string(done) +
+                                " of " + std::to_string(b->total) + " bytes of the block"));
       } else {
         FinishBlock(b, IoError("pwrite " + b->file->path() + " offset=" + std::to_string(b->offset) +
                                " len=" + std::to_string(b->remaining) + ": wrote 0 bytes"));
@@ -305,7 +304,9 @@ class IoEngine::Impl::UringWorker : public IoEngine::Impl::Worker {
 
   io_uring* ring() { return &ring_; }
 
-  void Start() { thread_ = std::thread([this] { Loop(); }); }
+  void Start() {
+    thread_ = std::thread([this] { Loop(); });
+  }
 
   ~UringWorker() override {
     if (thread_.joinable()) Stop();
@@ -454,9 +455,14 @@ class IoEngine::Impl::UringWorker : public IoEngine::Impl::Worker {
         Block* b = local.front();
         local.pop_front();
         switch (engine_->Prepare(b)) {
-          case Next::kIssue: Issue(b); break;
-          case Next::kAgain: local.push_front(b); break;
-          case Next::kHandled: break;
+          case Next::kIssue:
+            Issue(b);
+            break;
+          case Next::kAgain:
+            local.push_front(b);
+            break;
+          case Next::kHandled:
+            break;
         }
       }
       if (issue_error_ != 0) return FailRing(issue_error_, local);
@@ -517,7 +523,7 @@ class IoEngine::Impl::UringWorker : public IoEngine::Impl::Worker {
   std::atomic<bool> waiting_{false};
   std::atomic<bool> stop_{false};
   unsigned inflight_ = 0;
-  int ring_error_ = 0;  // the errno of the submission that failed for good; the worker thread's
+  int ring_error_ = 0;   // the errno of the submission that failed for good; the worker thread's
   int issue_error_ = 0;  // a single-block submission's hard failure (-errno), for Loop to handle
 };
 
@@ -601,8 +607,7 @@ Result<std::unique_ptr<IoEngine>> IoEngine::Create(const IoEngineOptions& option
   const auto& o = options;
   if (o.block_size == 0 || o.block_size % kDirectAlignment != 0)
     return InvalidArgument("block size " + std::to_string(o.block_size) + " is not a positive multiple of 4096");
-  if (o.block_size > (1ull << 31))
-    return InvalidArgument("block size " + FormatBytes(o.block_size) + " exceeds 2 GiB");
+  if (o.block_size > (1ull << 31)) return InvalidArgument("block size " + FormatBytes(o.block_size) + " exceeds 2 GiB");
   if (o.queue_depth == 0 || o.queue_depth > 4096)
     return InvalidArgument("queue depth " + std::to_string(o.queue_depth) + " is outside 1..4096");
   if (o.rings == 0 || o.rings > 256) return InvalidArgument("rings " + std::to_string(o.rings) + " is outside 1..256");
@@ -703,7 +708,8 @@ Status IoEngine::RegisterBuffer(void* addr, uint64_t bytes) {
   std::unique_lock<std::shared_mutex> lock(impl_->buffers_mu);
   auto next = impl_->registrations.lower_bound(p);
   const bool overlaps_next = next != impl_->registrations.end() && next->first < p + bytes;
-  const bool overlaps_prev = next != impl_->registrations.begin() && std::prev(next)->first + std::prev(next)->second > p;
+  const bool overlaps_prev =
+      next != impl_->registrations.begin() && std::prev(next)->first + std::prev(next)->second > p;
   if (overlaps_next || overlaps_prev) {
     return AlreadyExists("buffer at " + std::to_string(p) + " overlaps a registered one");
   }
@@ -761,7 +767,8 @@ Status IoEngine::UnregisterBuffer(void* addr) {
     const int slot = it->second.second;
     iovec none{nullptr, 0};
     __u64 tag = 0;
-    for (io_uring* ring : impl_->rings) io_uring_register_buffers_update_tag(ring, static_cast<unsigned>(slot), &none, &tag, 1);
+    for (io_uring* ring : impl_->rings)
+      io_uring_register_buffers_update_tag(ring, static_cast<unsigned>(slot), &none, &tag, 1);
     impl_->free_buffer_slots.push_back(slot);
     impl_->buffers.erase(it);
   }
@@ -797,9 +804,12 @@ IoRequest IoEngine::Submit(std::vector<IoOp> ops, IoCallback callback, IoFinaliz
     if (op.file->direct()) {
       auto addr = reinterpret_cast<uintptr_t>(op.buffer);
       std::string what;
-      if (op.offset % kDirectAlignment) what = "offset " + std::to_string(op.offset);
-      else if (op.length % kDirectAlignment) what = "length " + std::to_string(op.length);
-      else if (addr % kDirectAlignment) what = "buffer address " + std::to_string(addr);
+      if (op.offset % kDirectAlignment)
+        what = "offset " + std::to_string(op.offset);
+      else if (op.length % kDirectAlignment)
+        what = "length " + std::to_string(op.length);
+      else if (addr % kDirectAlignment)
+        what = "buffer address " + std::to_string(addr);
       if (!what.empty()) {
         invalid = InvalidArgument(std::string(verb) + " " + op.file->path() + ": " + what +
                                   " is not a multiple of 4096, which O_DIRECT requires of offset, length and buffer");
@@ -852,18 +862,6 @@ Status IoEngine::WriteSync(std::shared_ptr<File> file, uint64_t offset, const vo
 
 bool IoEngine::IsRegistered(const void* addr, uint64_t bytes) const {
   return impl_->fixed_buffers_enabled && impl_->FixedBufferSlot(static_cast<const char*>(addr), bytes) >= 0;
-}
-
-IoEngineOptions IoEngineOptionsFromConfig(const Config& config) {
-  IoEngineOptions o;
-  o.block_size = static_cast<uint64_t>(config.aio.block_size);
-  o.queue_depth = static_cast<unsigned>(config.aio.queue_depth);
-  o.rings = static_cast<unsigned>(config.zinf.aio.rings > 0 ? config.zinf.aio.rings : config.aio.intra_op_parallelism);
-  o.single_submit = config.aio.single_submit;
-  o.backend = config.aio.io_backend == AioBackend::kPosix ? IoBackend::kPosix : IoBackend::kAuto;
-  o.fixed_buffers = config.zinf.aio.fixed_buffers;
-  o.sqpoll = config.zinf.aio.sqpoll;
-  return o;
 }
 
 IoEngineStats IoEngine::stats() const {

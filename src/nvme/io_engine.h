@@ -47,8 +47,8 @@ struct IoEngineOptions {
   bool fixed_files = true;        // register files opened through IoEngine::Open
   bool sqpoll = false;            // kernel SQ polling thread per ring (costs a core each)
   unsigned sqpoll_idle_ms = 50;
-  bool single_submit = false;     // one io_uring_submit per block instead of one per batch (the
-                                  // kernel then neither plugs nor merges neighbouring blocks)
+  bool single_submit = false;  // one io_uring_submit per block instead of one per batch (the
+                               // kernel then neither plugs nor merges neighbouring blocks)
 };
 
 // The engine settings of a config: aio.block_size, aio.queue_depth,
@@ -81,8 +81,8 @@ class IoRequest {
  public:
   IoRequest() = default;
   bool valid() const { return state_ != nullptr; }
-  bool Done() const;     // non-blocking
-  Status Wait() const;   // blocks until every block of the request finished
+  bool Done() const;    // non-blocking
+  Status Wait() const;  // blocks until every block of the request finished
   uint64_t bytes_transferred() const;
 
  private:
@@ -94,9 +94,9 @@ class IoRequest {
 struct IoEngineStats {
   uint64_t bytes_read = 0;
   uint64_t bytes_written = 0;
-  uint64_t blocks = 0;             // block attempts issued
-  uint64_t short_resubmits = 0;    // short transfers resubmitted for the remainder
-  uint64_t retries = 0;            // EAGAIN/EINTR retries
+  uint64_t blocks = 0;           // block attempts issued
+  uint64_t short_resubmits = 0;  // short transfers resubmitted for the remainder
+  uint64_t retries = 0;          // EAGAIN/EINTR retries
   uint64_t failed_requests = 0;
   // io_uring: submissions that carried blocks (one per block with
   // single_submit; a batch of up to queue_depth otherwise, which the kernel

@@ -135,14 +135,13 @@ Status SwapStore::CheckSpace(uint64_t per_dir) const {
   bool short_of_space = false;
   for (const auto& [dev, fs] : per_fs) short_of_space |= fs.first > fs.second;
   if (!short_of_space) return Status::Ok();
-  std::string msg = "not enough space for the swap store (" + FormatBytes(per_dir * options_.dirs.size()) +
-                    " in all" + (reserved_per_dir_ > 0 ? ", " + FormatBytes(more * options_.dirs.size()) + " more" : "") +
-                    "):";
+  std::string msg = "not enough space for the swap store (" + FormatBytes(per_dir * options_.dirs.size()) + " in all" +
+                    (reserved_per_dir_ > 0 ? ", " + FormatBytes(more * options_.dirs.size()) + " more" : "") + "):";
   for (size_t i = 0; i < options_.dirs.size(); ++i) {
     const auto& fs = per_fs[devs[i]];
     msg += " " + options_.dirs[i] + " needs " + FormatBytes(more) + (reserved_per_dir_ > 0 ? " more, " : ", ") +
-           FormatBytes(fs.second) +
-           " available" + (fs.first > more ? " (shared with other paths on this filesystem)" : "") + ";";
+           FormatBytes(fs.second) + " available" +
+           (fs.first > more ? " (shared with other paths on this filesystem)" : "") + ";";
   }
   msg.pop_back();
   return IoError(msg);
@@ -231,7 +230,8 @@ IoRequest SwapStore::Write(TensorId id, const void* buffer, IoCallback callback)
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = tensors_.find(id);
-    if (it == tensors_.end()) return Failed(NotFound("swap store: write of unallocated tensor " + std::to_string(id)), std::move(callback));
+    if (it == tensors_.end())
+      return Failed(NotFound("swap store: write of unallocated tensor " + std::to_string(id)), std::move(callback));
     Tensor& t = it->second;
     const char* p = static_cast<const char*>(buffer);
     uint64_t off = 0;
@@ -264,18 +264,20 @@ IoRequest SwapStore::Read(TensorId id, void* buffer, IoCallback callback) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = tensors_.find(id);
-    if (it == tensors_.end()) return Failed(NotFound("swap store: read of unallocated tensor " + std::to_string(id)), std::move(callback));
+    if (it == tensors_.end())
+      return Failed(NotFound("swap store: read of unallocated tensor " + std::to_string(id)), std::move(callback));
     const Tensor& t = it->second;
     switch (t.state) {
-      case State::kWritten: break;
+      case State::kWritten:
+        break;
       case State::kEmpty:
       case State::kWriting:
         return Failed(FailedPrecondition("swap store: tensor " + std::to_string(id) +
                                          " is read before it was written in full (its extents hold no data yet)"),
                       std::move(callback));
       case State::kFailed:
-        return Failed(DataLoss("swap store: tensor " + std::to_string(id) + " is incomplete on disk: its last write failed (" +
-                               t.failure + ")"),
+        return Failed(DataLoss("swap store: tensor " + std::to_string(id) +
+                               " is incomplete on disk: its last write failed (" + t.failure + ")"),
                       std::move(callback));
     }
     char* p = static_cast<char*>(buffer);

@@ -116,8 +116,8 @@ BackendInfo ProbeCuda() { return NotBuiltInfo(OptionalBackend::kCuda); }
 constexpr bool kHaveNccl = true;
 
 Result<gpu::NcclUniqueId> NcclId() { return gpu::NewNcclUniqueId(); }
-Result<std::unique_ptr<Communicator>> NcclCommunicator(int rank, int size, const gpu::NcclUniqueId& id,
-                                                       int cuda_device, const CommOptions& options,
+Result<std::unique_ptr<Communicator>> NcclCommunicator(int rank, int size, const gpu::NcclUniqueId& id, int cuda_device,
+                                                       const CommOptions& options,
                                                        std::unique_ptr<Communicator> notices) {
   return gpu::CreateNcclCommunicator(rank, size, id, cuda_device, options, std::move(notices));
 }
@@ -164,15 +164,15 @@ Result<std::unique_ptr<Communicator>> NcclOverMpi(int cuda_device, const CommOpt
 
 bool Built(OptionalBackend backend) {
   switch (backend) {
-    case OptionalBackend::kCuda: return kHaveCuda;
-    case OptionalBackend::kNccl: return kHaveNccl;
+    case OptionalBackend::kCuda:
+      return kHaveCuda;
+    case OptionalBackend::kNccl:
+      return kHaveNccl;
   }
   return false;
 }
 
-const DeviceKernels& KernelsFor(DeviceKind kind) {
-  return kind == DeviceKind::kCuda ? kCudaKernels : HostKernels();
-}
+const DeviceKernels& KernelsFor(DeviceKind kind) { return kind == DeviceKind::kCuda ? kCudaKernels : HostKernels(); }
 
 bool CommunicatesDeviceMemory(const Communicator* comm) { return IsNccl(comm); }
 

@@ -53,7 +53,8 @@ Status File::Write(const void* data, uint64_t bytes, uint64_t offset) {
   while (done < bytes) {
     ssize_t n = ::pwrite(fd_, p + done, bytes - done, static_cast<off_t>(offset + done));
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return IoError("write to " + Where(path_, offset + done, bytes - done) + ": " + Errno(n < 0 ? errno : EIO));
+    if (n <= 0)
+      return IoError("write to " + Where(path_, offset + done, bytes - done) + ": " + Errno(n < 0 ? errno : EIO));
     done += static_cast<uint64_t>(n);
   }
   return Status::Ok();
@@ -291,7 +292,8 @@ Status SliceReader::ReadAll(std::vector<Job>& jobs) {
   };
   std::vector<Chunk> chunks;
   for (size_t j = 0; j < jobs.size(); ++j) {
-    for (uint64_t pos = 0; pos < jobs[j].bytes; pos += chunk_) chunks.push_back({j, pos, std::min(chunk_, jobs[j].bytes - pos)});
+    for (uint64_t pos = 0; pos < jobs[j].bytes; pos += chunk_)
+      chunks.push_back({j, pos, std::min(chunk_, jobs[j].bytes - pos)});
   }
   XXH3_state_t* h = XXH3_createState();  // before any read is in flight
   if (!h) return OutOfMemory("XXH3 state");
@@ -300,7 +302,8 @@ Status SliceReader::ReadAll(std::vector<Job>& jobs) {
   auto issue = [&](size_t c) {
     const Job& j = jobs[chunks[c].job];
     const uint64_t len = chunks[c].len;
-    reqs[c % depth] = io_.Read(j.file, j.offset + chunks[c].pos, bufs_[c % depth], j.file->direct() ? AlignUp(len) : len);
+    reqs[c % depth] =
+        io_.Read(j.file, j.offset + chunks[c].pos, bufs_[c % depth], j.file->direct() ? AlignUp(len) : len);
   };
   for (size_t c = 0; c < std::min<size_t>(chunks.size(), depth); ++c) issue(c);
   Status st;
@@ -378,7 +381,8 @@ Status CheckpointReader::CheckDataFiles() const {
         std::error_code ec;
         sizes[sl.file] = fs::file_size(paths_[sl.file], ec);
         if (ec) {
-          if (ec == std::errc::no_such_file_or_directory) return DataLoss("checkpoint file missing: " + paths_[sl.file]);
+          if (ec == std::errc::no_such_file_or_directory)
+            return DataLoss("checkpoint file missing: " + paths_[sl.file]);
           return IoError("stat " + paths_[sl.file] + ": " + ec.message());
         }
         seen[sl.file] = true;
@@ -397,8 +401,8 @@ Status CheckpointReader::CheckDataFiles() const {
   return Status::Ok();
 }
 
-Status CheckpointReader::ReadRange(const std::string& unit, int kind, int64_t unit_elems, int64_t first,
-                                   int64_t count, float* dst) {
+Status CheckpointReader::ReadRange(const std::string& unit, int kind, int64_t unit_elems, int64_t first, int64_t count,
+                                   float* dst) {
   return ReadRanges({Range{unit, kind, unit_elems, first, count, dst}});
 }
 

@@ -96,7 +96,7 @@ class SliceWriter {
   uint64_t fill_ = 0;        // bytes in the current buffer
   uint64_t buf_offset_ = 0;  // file offset of the current buffer's first byte
   uint64_t submitted_ = 0;
-  void* hash_ = nullptr;     // XXH3 state of the slice being written
+  void* hash_ = nullptr;  // XXH3 state of the slice being written
   Status error_;
 };
 

@@ -27,8 +27,8 @@ Result<int64_t> IntField(const json& obj, const char* key, int64_t min, int64_t 
   if (it == obj.end()) return DataLoss(where + "." + key + " is missing");
   const bool fits = it->is_number_integer() && !(it->is_number_unsigned() && it->get<uint64_t>() > uint64_t(kMaxInt64));
   if (!fits || it->get<int64_t>() < min || it->get<int64_t>() > max) {
-    return DataLoss(where + "." + key + " is " + JsonSnippet(*it) + "; expected an integer in [" +
-                    std::to_string(min) + ", " + std::to_string(max) + "]");
+    return DataLoss(where + "." + key + " is " + JsonSnippet(*it) + "; expected an integer in [" + std::to_string(min) +
+                    ", " + std::to_string(max) + "]");
   }
   return it->get<int64_t>();
 }
@@ -84,10 +84,12 @@ Status AddRankTable(std::string_view text, const std::string& path, CheckpointTa
   // The data file lives beside its table: a name, never a path elsewhere.
   if (file.empty() || file == "." || file == ".." || file.find('/') != std::string::npos ||
       file.find('\0') != std::string::npos) {
-    return DataLoss(path + ": table.file is " + JsonSnippet(json(file)) + "; expected a file name in the step directory");
+    return DataLoss(path + ": table.file is " + JsonSnippet(json(file)) +
+                    "; expected a file name in the step directory");
   }
   auto tensors = table.find("tensors");
-  if (tensors == table.end() || !tensors->is_array()) return DataLoss(path + ": table.tensors is missing or not a list");
+  if (tensors == table.end() || !tensors->is_array())
+    return DataLoss(path + ": table.tensors is missing or not a list");
   const size_t file_index = t->files.size();
   std::vector<std::pair<std::pair<std::string, std::string>, SliceEntry>> entries;
   for (size_t i = 0; i < tensors->size(); ++i) {

@@ -34,7 +34,7 @@ inline constexpr int kCheckpointFormat = 2;
 inline constexpr const char* kStateKindNames[3] = {"master", "exp_avg", "exp_avg_sq"};
 
 struct SliceEntry {
-  int64_t begin = 0, count = 0;  // elements [begin, begin + count) of the unit
+  int64_t begin = 0, count = 0;   // elements [begin, begin + count) of the unit
   uint64_t offset = 0, xxh3 = 0;  // byte offset in the data file, checksum of count * 4 bytes
   size_t file = 0;                // index into CheckpointTables::files
 };

@@ -37,7 +37,8 @@ Result<void*> EngineImpl::Alloc(uint64_t bytes, const std::string& what) {
 }
 
 Result<int> EngineImpl::AddParamGroup(const ParamGroupOptions& options) {
-  if (finalized_) return FailedPrecondition("AddParamGroup after the first Fetch: define groups before the first micro-step");
+  if (finalized_)
+    return FailedPrecondition("AddParamGroup after the first Fetch: define groups before the first micro-step");
   if (!std::isfinite(options.weight_decay) || options.weight_decay < 0) {
     return InvalidArgument("parameter group " + std::to_string(groups_.size()) +
                            ": weight_decay must be a finite value >= 0, got " + std::to_string(options.weight_decay));
@@ -55,7 +56,8 @@ Status EngineImpl::SetGroupLr(int group, double lr) {
     return InvalidArgument("SetGroupLr: no parameter group " + std::to_string(group) + " (" +
                            std::to_string(groups_.size()) + " defined)");
   }
-  if (!std::isfinite(lr)) return InvalidArgument("SetGroupLr: the lr of group " + std::to_string(group) + " is not finite");
+  if (!std::isfinite(lr))
+    return InvalidArgument("SetGroupLr: the lr of group " + std::to_string(group) + " is not finite");
   if (groups_[group].lr == lr) return Status::Ok();
   groups_[group].lr = lr;
   // Updates already enqueued keep the snapshot they took.
@@ -103,8 +105,8 @@ Result<int> EngineImpl::AddUnit(const std::string& name, const std::vector<Param
   } else if (host_home(u)) {
     // Its home is the parameter store: AddShardToStore below.
   } else if (u.partitioned) {
-    ZINF_ASSIGN_OR_RETURN(u.shard_params, Alloc(u.part.shard_elems * DTypeSizeBytes(compute_dtype_),
-                                                what + " parameter shard"));
+    ZINF_ASSIGN_OR_RETURN(u.shard_params,
+                          Alloc(u.part.shard_elems * DTypeSizeBytes(compute_dtype_), what + " parameter shard"));
   } else {
     ZINF_ASSIGN_OR_RETURN(u.params, Alloc(P * DTypeSizeBytes(compute_dtype_), what + " parameters"));
   }
@@ -146,8 +148,8 @@ Result<int> EngineImpl::AddUnit(const std::string& name, const std::vector<Param
   for (size_t i = 0; i < params.size(); ++i) {
     if (!params[i].init) continue;
     const int64_t n = (i + 1 < params.size() ? u.tensor_offsets[i + 1] : total) - u.tensor_offsets[i];
-    ZINF_RETURN_IF_ERROR(Cast(arena_, params[i].init, params[i].dtype, master.data() + u.tensor_offsets[i],
-                              DType::kFloat32, n));
+    ZINF_RETURN_IF_ERROR(
+        Cast(arena_, params[i].init, params[i].dtype, master.data() + u.tensor_offsets[i], DType::kFloat32, n));
   }
   ZINF_RETURN_IF_ERROR(WriteComputeCopy(u, master.data()));
   const int64_t begin = owned_begin(u), valid = owned_valid(u);
@@ -164,8 +166,7 @@ Result<int> EngineImpl::AddUnit(const std::string& name, const std::vector<Param
   ZINF_RETURN_IF_ERROR(stream_->Synchronize());  // the host vectors die here
   if (u.shard_on_nvme) ZINF_RETURN_IF_ERROR(AddShardToStore(u, master.data()));
   if (nvme_ && !u.frozen) {
-    ZINF_RETURN_IF_ERROR(
-        swapper_->AddUnit(u.name, owned_elems(u), master.data() + begin, std::max<int64_t>(valid, 0)));
+    ZINF_RETURN_IF_ERROR(swapper_->AddUnit(u.name, owned_elems(u), master.data() + begin, std::max<int64_t>(valid, 0)));
     swap_unit_.push_back(num_units());
   }
   swap_index_.push_back(nvme_ && !u.frozen ? static_cast<int>(swap_unit_.size()) - 1 : -1);
@@ -199,7 +200,8 @@ Status EngineImpl::Finalize() {
   finalized_ = true;
   finalize_status_ = BuildAfterRegistration();
   if (!finalize_status_.ok()) {
-    finalize_status_ = finalize_status_.WithContext("engine set-up before the first micro-step (the engine is unusable)");
+    finalize_status_ =
+        finalize_status_.WithContext("engine set-up before the first micro-step (the engine is unusable)");
   }
   return finalize_status_;
 }
@@ -223,7 +225,8 @@ Status EngineImpl::BuildAfterRegistration() {
   ZINF_ASSIGN_OR_RETURN(void* p, Alloc(norm_layout_.blocks_per_rank * regions * sizeof(double), "norm partials"));
   partials_ = static_cast<double*>(p);
   if (!host_memory_) {
-    ZINF_ASSIGN_OR_RETURN(h_partials_, Pinned(norm_layout_.blocks_per_rank * regions * sizeof(double), "norm partials read-back"));
+    ZINF_ASSIGN_OR_RETURN(h_partials_,
+                          Pinned(norm_layout_.blocks_per_rank * regions * sizeof(double), "norm partials read-back"));
   }
   if (offload_) {
     int64_t max_owned = 0;
@@ -286,9 +289,9 @@ Result<PinnedBuffer> EngineImpl::Pinned(uint64_t bytes, const std::string& what)
 }
 
 std::string EngineImpl::ResumeHint() const {
-  return "resume from the last complete checkpoint" +
-         (last_checkpoint_.empty() ? std::string(" (this engine has saved or loaded none)")
-                                   : " (" + last_checkpoint_ + ")");
+  return "resume from the last complete checkpoint" + (last_checkpoint_.empty()
+                                                           ? std::string(" (this engine has saved or loaded none)")
+                                                           : " (" + last_checkpoint_ + ")");
 }
 
 Status EngineImpl::ReportLoss(double loss) {
@@ -297,10 +300,10 @@ Status EngineImpl::ReportLoss(double loss) {
   if (std::isfinite(loss) || !config_.zinf.stop_on_nonfinite_loss) return Status::Ok();
   char text[32];
   std::snprintf(text, sizeof text, "%g", loss);
-  broken_ = FailedPrecondition("the loss is " + std::string(text) + " in micro-step " +
-                               std::to_string(micro_in_window_ + 1) + " of optimizer step " +
-                               std::to_string(boundaries_ + 1) +
-                               " (zinf.stop_on_nonfinite_loss): no further steps; " + ResumeHint());
+  broken_ =
+      FailedPrecondition("the loss is " + std::string(text) + " in micro-step " + std::to_string(micro_in_window_ + 1) +
+                         " of optimizer step " + std::to_string(boundaries_ + 1) +
+                         " (zinf.stop_on_nonfinite_loss): no further steps; " + ResumeHint());
   return broken_;
 }
 
@@ -427,7 +430,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(const Config& config, Device& dev
     threads = std::max(1, static_cast<int>(std::max(1u, std::thread::hardware_concurrency())) / std::max(1, local));
   }
   auto engine = std::make_unique<sched::EngineImpl>(config, device, comm, batch.gradient_accumulation_steps,
-                                             std::move(schedule), std::move(scaler), adam, compute, threads);
+                                                    std::move(schedule), std::move(scaler), adam, compute, threads);
   ZINF_RETURN_IF_ERROR(engine->Init());
   if (comm && comm->size() > 1) return sched::StopRanksTogether(std::move(engine), *comm);
   return std::unique_ptr<Engine>(std::move(engine));

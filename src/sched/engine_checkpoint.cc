@@ -93,7 +93,8 @@ Status EngineImpl::WriteState(int unit, StateKind kind, const float* host_src) {
     if (nvme_) {  // the unit's sub-group: read, changed, written back
       const size_t g = swapper_->group_of(swap_id(unit));
       ZINF_ASSIGN_OR_RETURN(uint64_t padded, swapper_->store().PaddedBytes(g));
-      std::unique_ptr<float, decltype(&std::free)> buf(static_cast<float*>(std::aligned_alloc(4096, padded)), &std::free);
+      std::unique_ptr<float, decltype(&std::free)> buf(static_cast<float*>(std::aligned_alloc(4096, padded)),
+                                                       &std::free);
       if (!buf) return OutOfMemory("WriteState: " + FormatBytes(padded) + " for a sub-group");
       ZINF_RETURN_IF_ERROR(swapper_->store().Read(g, buf.get()).Wait());
       std::memcpy(buf.get() + swapper_->offset_in_group(swap_id(unit)), host_src + ob, ov * 4);
@@ -163,14 +164,15 @@ Status EngineImpl::ReadFrozenSlice(Unit& u, std::vector<float>* out) {
   std::vector<uint8_t> staged;
   if (u.shard_on_nvme) {
     void* buf = param_bufs_[kUpdateBuffer].data();
-    ZINF_RETURN_IF_ERROR(param_store_->Read(u.index, buf).Wait().WithContext("parameter shard of unit '" + u.name + "'"));
+    ZINF_RETURN_IF_ERROR(
+        param_store_->Read(u.index, buf).Wait().WithContext("parameter shard of unit '" + u.name + "'"));
     src = buf;
   } else if (host_home(u)) {
     src = u.h_shard.data();
   } else {
     staged.resize(count * esize);
-    const char* dev = u.partitioned ? static_cast<const char*>(u.shard_params)
-                                    : static_cast<const char*>(u.params) + begin * esize;
+    const char* dev =
+        u.partitioned ? static_cast<const char*>(u.shard_params) : static_cast<const char*>(u.params) + begin * esize;
     ZINF_RETURN_IF_ERROR(device_.CopyToHost(staged.data(), dev, staged.size(), *stream_));
     ZINF_RETURN_IF_ERROR(stream_->Synchronize());
     src = staged.data();
@@ -250,7 +252,7 @@ Status EngineImpl::WriteShards(const std::string& path, nlohmann::json* table) {
     if (g < reads.size() && !reads[g].valid()) reads[g] = swapper_->store().Read(g, swapper_->buffer(g));
   };
   DrainRequests drain{reads};  // never leave a read in flight into the engine's buffers
-  std::vector<float> staged;  // offload none: one slice copied off the device
+  std::vector<float> staged;   // offload none: one slice copied off the device
   int64_t current_group = -1;
   uint64_t bytes_out = 0;
   for (size_t i = 0; i < units_.size(); ++i) {
@@ -263,8 +265,12 @@ Status EngineImpl::WriteShards(const std::string& path, nlohmann::json* table) {
       const uint64_t offset = w->BeginSlice();
       ZINF_RETURN_IF_ERROR(w->Append(slice.data(), static_cast<uint64_t>(count) * 4));
       ZINF_ASSIGN_OR_RETURN(uint64_t xxh3, w->EndSlice());
-      table->push_back({{"unit", u.name}, {"kind", kKindNames[0]}, {"begin", begin}, {"count", count},
-                        {"offset", offset}, {"xxh3", xxh3}});
+      table->push_back({{"unit", u.name},
+                        {"kind", kKindNames[0]},
+                        {"begin", begin},
+                        {"count", count},
+                        {"offset", offset},
+                        {"xxh3", xxh3}});
       bytes_out += static_cast<uint64_t>(count) * 4;
       continue;
     }
@@ -302,8 +308,12 @@ Status EngineImpl::WriteShards(const std::string& path, nlohmann::json* table) {
       const uint64_t offset = w->BeginSlice();
       ZINF_RETURN_IF_ERROR(w->Append(p, bytes));
       ZINF_ASSIGN_OR_RETURN(uint64_t xxh3, w->EndSlice());
-      table->push_back({{"unit", u.name}, {"kind", kKindNames[k]}, {"begin", begin}, {"count", count},
-                        {"offset", offset}, {"xxh3", xxh3}});
+      table->push_back({{"unit", u.name},
+                        {"kind", kKindNames[k]},
+                        {"begin", begin},
+                        {"count", count},
+                        {"offset", offset},
+                        {"xxh3", xxh3}});
       bytes_out += bytes;
     }
   }
@@ -353,8 +363,9 @@ Result<std::string> EngineImpl::Save(const std::string& dir, const std::string& 
   nlohmann::json table = nlohmann::json::array();
   Status written = WriteShards((fs::path(tmp) / bin).string(), &table);
   if (written.ok()) {
-    written = ckpt::WriteFileAtomic((fs::path(tmp) / ("rank-" + std::to_string(rank_) + ".json")).string(),
-                                    nlohmann::json{{"file", bin}, {"align", ckpt::kSliceAlign}, {"tensors", table}}.dump(1));
+    written =
+        ckpt::WriteFileAtomic((fs::path(tmp) / ("rank-" + std::to_string(rank_) + ".json")).string(),
+                              nlohmann::json{{"file", bin}, {"align", ckpt::kSliceAlign}, {"tensors", table}}.dump(1));
   }
   if (Status all = AgreeOk(written); !all.ok()) return abandon(all);
   Status committed;
@@ -367,7 +378,10 @@ Result<std::string> EngineImpl::Save(const std::string& dir, const std::string& 
       }
       // steps: the updates this unit has had (fewer than steps_applied when
       // some steps did not fetch it).
-      units.push_back({{"name", u.name}, {"elements", u.part.num_elems}, {"params", params}, {"steps", u.steps},
+      units.push_back({{"name", u.name},
+                       {"elements", u.part.num_elems},
+                       {"params", params},
+                       {"steps", u.steps},
                        {"frozen", u.frozen}});
     }
     LossScaler::State ls;
@@ -377,14 +391,21 @@ Result<std::string> EngineImpl::Save(const std::string& dir, const std::string& 
       ls = decider_.scaler().state();
       steps_applied = decider_.steps_applied();
     }
-    nlohmann::json manifest = {
-        {"format", kCheckpointFormat},        {"world_size", world_},
-        {"stage", stage_},                    {"compute_dtype", std::string(DTypeName(compute_dtype_))},
-        {"boundaries", boundaries_},          {"steps_applied", steps_applied},
-        {"loss_scale", {{"scale", ls.scale}, {"cur_hysteresis", ls.cur_hysteresis}, {"iter", ls.iter},
-                        {"last_overflow_iter", ls.last_overflow_iter}, {"overflows", ls.overflows}}},
-        {"units", units},                     {"config", nlohmann::json::parse(config_.ToJson(0), nullptr, false)},
-        {"client_state", client}};
+    nlohmann::json manifest = {{"format", kCheckpointFormat},
+                               {"world_size", world_},
+                               {"stage", stage_},
+                               {"compute_dtype", std::string(DTypeName(compute_dtype_))},
+                               {"boundaries", boundaries_},
+                               {"steps_applied", steps_applied},
+                               {"loss_scale",
+                                {{"scale", ls.scale},
+                                 {"cur_hysteresis", ls.cur_hysteresis},
+                                 {"iter", ls.iter},
+                                 {"last_overflow_iter", ls.last_overflow_iter},
+                                 {"overflows", ls.overflows}}},
+                               {"units", units},
+                               {"config", nlohmann::json::parse(config_.ToJson(0), nullptr, false)},
+                               {"client_state", client}};
     committed = ckpt::WriteFileAtomic((fs::path(tmp) / "manifest.json").string(), manifest.dump(1));
     if (committed.ok()) committed = ckpt::FsyncDir(tmp);
     if (committed.ok()) {
@@ -457,7 +478,8 @@ Status EngineImpl::ReadShards(ckpt::CheckpointReader& reader) {
         whole[j] = !(u.partitioned || (ob == 0 && ov == u.part.num_elems));
         // A rank whose shard holds only padding reads nothing of the unit.
         if (ov == 0) continue;
-        for (int k = whole[j] ? 1 : 0; k < 3; ++k) ranges.push_back({u.name, k, u.part.num_elems, ob, ov, base + k * oe});
+        for (int k = whole[j] ? 1 : 0; k < 3; ++k)
+          ranges.push_back({u.name, k, u.part.num_elems, ob, ov, base + k * oe});
       }
       ZINF_RETURN_IF_ERROR(reader.ReadRanges(ranges));
       ZINF_RETURN_IF_ERROR(join_copier());
@@ -590,8 +612,10 @@ Result<std::string> EngineImpl::Load(const std::string& path) {
     // Load succeeds.
     if (Status s = AgreeOk(ReadShards(*reader)); !s.ok()) {
       MutexLock lock(mu_);
-      broken_ = Status(s.code(), "Load from " + ckpt_dir + " failed part-way, the engine's state is mixed (load a "
-                                 "checkpoint again): " + s.message());
+      broken_ = Status(s.code(), "Load from " + ckpt_dir +
+                                     " failed part-way, the engine's state is mixed (load a "
+                                     "checkpoint again): " +
+                                     s.message());
       broken_by_load_ = true;
       return s;
     }
@@ -599,8 +623,9 @@ Result<std::string> EngineImpl::Load(const std::string& path) {
     MutexLock lock(mu_);
     broken_ = Status::Ok();
     broken_by_load_ = false;
-    decider_.scaler().Restore({ls.at("scale").get<double>(), ls.at("cur_hysteresis").get<int64_t>(), ls.at("iter").get<int64_t>(),
-                     ls.at("last_overflow_iter").get<int64_t>(), ls.at("overflows").get<int64_t>()});
+    decider_.scaler().Restore({ls.at("scale").get<double>(), ls.at("cur_hysteresis").get<int64_t>(),
+                               ls.at("iter").get<int64_t>(), ls.at("last_overflow_iter").get<int64_t>(),
+                               ls.at("overflows").get<int64_t>()});
     decider_.set_steps_applied(manifest.at("steps_applied").get<int64_t>());
     const auto& saved_units = manifest.at("units");
     for (size_t i = 0; i < units_.size(); ++i) {

@@ -24,8 +24,7 @@ Status EngineImpl::GradsReady(int unit, Stream& stream) {
     // The optimizer state does not depend on the gradients: its first
     // sub-groups are read while backward still runs.
     early_reads_ = true;
-    ZINF_RETURN_IF_ERROR(
-        stream_->Enqueue([this](const StreamContext&) { return swapper_->IssueReads(0, nullptr); }));
+    ZINF_RETURN_IF_ERROR(stream_->Enqueue([this](const StreamContext&) { return swapper_->IssueReads(0, nullptr); }));
   }
   if (u.partitioned && !u.grads) ZINF_RETURN_IF_ERROR(AllocateGrads(u, stream, /*zero=*/true));
   ZINF_RETURN_IF_ERROR(u.grads_ready->Record(stream));
@@ -51,7 +50,8 @@ Status EngineImpl::GradsReady(int unit, Stream& stream) {
   // Stages 2 and 3: into the open bucket; closed buckets go out now
   // (overlap_comm) or when the micro-step's last unit is ready (else Step()
   // closes it: units not fetched this micro-step have no gradients).
-  const bool last = std::all_of(units_.begin(), units_.end(), [](const Unit& x) { return x.grads_ready_this_micro || x.frozen; });
+  const bool last =
+      std::all_of(units_.begin(), units_.end(), [](const Unit& x) { return x.grads_ready_this_micro || x.frozen; });
   if (buckets_.Add(unit, P, last)) return FlushPendingBuckets();
   return Status::Ok();
 }
@@ -109,14 +109,15 @@ Status EngineImpl::FlushBucket(const std::vector<int>& bucket) {
       int64_t off = r * count;
       for (int i : bucket) {
         const Unit& u = units_[i];
-        ZINF_RETURN_IF_ERROR(device_.CopyOnDevice(bucket_ + off, u.grads + u.part.shard_begin(r),
-                                                  u.part.shard_elems * 4, *stream_));
+        ZINF_RETURN_IF_ERROR(
+            device_.CopyOnDevice(bucket_ + off, u.grads + u.part.shard_begin(r), u.part.shard_elems * 4, *stream_));
         off += u.part.shard_elems;
       }
     }
     return Status::Ok();
   };
-  ZINF_RETURN_IF_ERROR(TimeSpan(*stream_, "copy", "pack bucket", pack_bucket, [](Window& w, double seconds) { w.copy += seconds; }));
+  ZINF_RETURN_IF_ERROR(
+      TimeSpan(*stream_, "copy", "pack bucket", pack_bucket, [](Window& w, double seconds) { w.copy += seconds; }));
   for (int i : bucket) ZINF_RETURN_IF_ERROR(FreeGradsIfTransient(units_[i]));  // packed: the bucket holds them now
   float* mine = bucket_ + rank_ * count;
   ZINF_RETURN_IF_ERROR(Collective("reduce_scatter", needed * 4, [&] {
@@ -144,9 +145,10 @@ Status EngineImpl::HostAccumulate(Unit& u, const float* reduced, bool first) {
   if (first) return Status::Ok();
   return stream_->Enqueue([this, a = static_cast<float*>(u.h_accum.data()), r = dst, n](const StreamContext&) {
     arena_.execute([&] {
-      tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, int64_t{1} << 16), [&](const tbb::blocked_range<int64_t>& range) {
-        for (int64_t i = range.begin(); i < range.end(); ++i) a[i] = a[i] + r[i];
-      });
+      tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, int64_t{1} << 16),
+                        [&](const tbb::blocked_range<int64_t>& range) {
+                          for (int64_t i = range.begin(); i < range.end(); ++i) a[i] = a[i] + r[i];
+                        });
     });
     return Status::Ok();
   });

@@ -219,8 +219,7 @@ class EngineImpl final : public Engine {
 
   void FreeUnit(Unit& u) {
     for (void* p : {u.params, u.shard_params, u.gathered, static_cast<void*>(u.grads), static_cast<void*>(u.accum),
-                    static_cast<void*>(u.master),
-                    static_cast<void*>(u.exp_avg), static_cast<void*>(u.exp_avg_sq)}) {
+                    static_cast<void*>(u.master), static_cast<void*>(u.exp_avg), static_cast<void*>(u.exp_avg_sq)}) {
       if (p) (void)device_.Free(p, *stream_);
     }
     u.params = u.shard_params = u.gathered = nullptr;
@@ -265,8 +264,8 @@ class EngineImpl final : public Engine {
         ZINF_ASSIGN_OR_RETURN(o.gpu_pci_bus_id, kernels_.pci_bus_id(device_));
       }
       ZINF_ASSIGN_OR_RETURN(pool_, PinnedPool::Create(std::move(o)));
-      Log().log(host_memory_ ? spdlog::level::debug : spdlog::level::info, "engine: pinned host memory on NUMA node {} ({})",
-                pool_->numa_node(), pool_->numa_reason());
+      Log().log(host_memory_ ? spdlog::level::debug : spdlog::level::info,
+                "engine: pinned host memory on NUMA node {} ({})", pool_->numa_node(), pool_->numa_reason());
     }
     if (nvme_) swapper_ = std::make_unique<OptimizerSwapper>(*io_, SwapperOptions());
     return Status::Ok();
@@ -323,9 +322,7 @@ class EngineImpl final : public Engine {
   // The owned range of the optimizer state: the whole unit in stage 0.
   int64_t owned_begin(const Unit& u) const { return stage_ == 0 ? 0 : u.part.shard_begin(rank_); }
   int64_t owned_elems(const Unit& u) const { return stage_ == 0 ? u.part.padded_elems : u.part.shard_elems; }
-  int64_t owned_valid(const Unit& u) const {
-    return stage_ == 0 ? u.part.num_elems : u.part.valid_in_shard(rank_);
-  }
+  int64_t owned_valid(const Unit& u) const { return stage_ == 0 ? u.part.num_elems : u.part.valid_in_shard(rank_); }
   // The accumulated gradient of the owned range.
   float* owned_accum(const Unit& u) const { return stage_ >= 2 ? u.accum : u.accum + owned_begin(u); }
   // Where the owned range of the compute copy lives on the device.
@@ -432,12 +429,12 @@ class EngineImpl final : public Engine {
   Status EnqueueBoundary();
   // Where a unit's host update at the boundary reads and writes.
   struct UpdateTarget {
-    void* staging = nullptr;      // the new compute copy's staging (a slot, or the shard's pinned home), or null
-    float* swap = nullptr;        // NVMe: the unit's [master | m | v] in its sub-group's buffer
-    const void* grad = nullptr;   // offload: the accumulated gradient
-    bool home = false;            // the shard's home is on the host (offload_param)
-    bool use_slot = false;        // the new compute copy goes up through a staging slot
-    bool to_store = false;        // the new shard goes to the parameter store
+    void* staging = nullptr;     // the new compute copy's staging (a slot, or the shard's pinned home), or null
+    float* swap = nullptr;       // NVMe: the unit's [master | m | v] in its sub-group's buffer
+    const void* grad = nullptr;  // offload: the accumulated gradient
+    bool home = false;           // the shard's home is on the host (offload_param)
+    bool use_slot = false;       // the new compute copy goes up through a staging slot
+    bool to_store = false;       // the new shard goes to the parameter store
   };
   // `active`: an update started during backward (zinf.active_offload),
   // whose constants come from StepDecision::Predecide when it runs.
@@ -501,8 +498,8 @@ class EngineImpl final : public Engine {
   const DType compute_dtype_;
   tbb::task_arena arena_;
 
-  const bool offload_;  // offload_optimizer cpu or nvme: the optimizer runs on the host
-  const bool nvme_;     // offload_optimizer nvme: master, m, v in the swap store
+  const bool offload_;        // offload_optimizer cpu or nvme: the optimizer runs on the host
+  const bool nvme_;           // offload_optimizer nvme: master, m, v in the swap store
   const bool param_offload_;  // stage 3, offload_param cpu or nvme: partitioned units' shards off the device
   const bool param_nvme_;     // stage 3, offload_param nvme: shards past max_in_cpu in the parameter store
   // HostDevice: device memory is host memory and the engine's arithmetic on
@@ -511,7 +508,7 @@ class EngineImpl final : public Engine {
   // back to the host before the updates are enqueued.
   const bool host_memory_;
   const DeviceKernels& kernels_;  // the registry's table for the device's kind
-  const bool active_offload_;  // zinf.active_offload (Engine::Create checked its conditions)
+  const bool active_offload_;     // zinf.active_offload (Engine::Create checked its conditions)
 
   // Not guarded by mu_, by design. Set up on the client thread (Init,
   // AddUnit, Finalize) before any stream task that reads them is enqueued,
@@ -542,7 +539,7 @@ class EngineImpl final : public Engine {
   // swap buffers, swapped gradients). Its boundary calls run as engine-stream
   // tasks.
   std::unique_ptr<OptimizerSwapper> swapper_;
-  uint64_t param_capacity_ = 0;    // bytes asked of the parameter store so far (it grows as shards come)
+  uint64_t param_capacity_ = 0;  // bytes asked of the parameter store so far (it grows as shards come)
   // offload_param nvme: the shards past max_in_cpu in their own store
   // (tensor id = unit index), and two staging buffers of the largest shard:
   // gathers read into one (gather stream), updates write from the other
@@ -552,12 +549,12 @@ class EngineImpl final : public Engine {
   static constexpr size_t kGatherBuffer = 0, kUpdateBuffer = 1;
   // Swapped gradients' accumulations on their way to the store, through
   // the swapper's two staging buffers.
-  nvme::IoRequest grad_stage_write_[2];   // their writes (engine stream only)
-  int next_grad_stage_ = 0;               // enqueue order
-  std::vector<int> grad_stage_of_;        // enqueue order: the staging buffer still holding unit i's gradient, or -1
-  bool early_reads_ = false;  // this window's first sub-group reads were issued during backward
+  nvme::IoRequest grad_stage_write_[2];      // their writes (engine stream only)
+  int next_grad_stage_ = 0;                  // enqueue order
+  std::vector<int> grad_stage_of_;           // enqueue order: the staging buffer still holding unit i's gradient, or -1
+  bool early_reads_ = false;                 // this window's first sub-group reads were issued during backward
   std::unique_ptr<nvme::IoEngine> ckpt_io_;  // checkpoint I/O when the optimizer is not on NVMe
-  PinnedBuffer h_grad_stage_;               // one unit's reduced gradient on its way to the accumulator
+  PinnedBuffer h_grad_stage_;                // one unit's reduced gradient on its way to the accumulator
   std::vector<PinnedBuffer> h_param_slots_;  // new compute-copy shards on their way to the device
   std::vector<std::unique_ptr<Event>> slot_filled_, slot_free_;
   std::unique_ptr<Stream> stream_;
@@ -567,7 +564,7 @@ class EngineImpl final : public Engine {
   // while the engine stream still updates the later ones.
   std::unique_ptr<Stream> gather_stream_;
   std::unique_ptr<Event> gathers_done_;  // the boundary's updates wait for every gather still reading a shard
-  std::unique_ptr<Event> decided_;  // recorded after each boundary's decision
+  std::unique_ptr<Event> decided_;       // recorded after each boundary's decision
   std::unique_ptr<Event> updates_done_;  // offload: the engine stream's last task of a boundary
   // Boundary b's window closed: closed_events_[b % 8], recorded after its
   // StepStats are kept (a wait for b waits for nothing after it unless the
@@ -579,9 +576,9 @@ class EngineImpl final : public Engine {
   // gathered elements the engine holds ahead of use.
   FetchTrace fetch_trace_;
   bool order_change_logged_ = false;
-  int64_t live_elems_ = 0;        // gathered elements of every unit (client's and prefetched)
+  int64_t live_elems_ = 0;  // gathered elements of every unit (client's and prefetched)
   bool finalized_ = false;
-  Status finalize_status_;  // the set-up's failure, once finalized_
+  Status finalize_status_;       // the set-up's failure, once finalized_
   int64_t micro_in_window_ = 0;  // micro-steps since the last boundary
   int64_t boundaries_ = 0;
   // Stages 2 and 3: the reduce buckets (the open one, and those closed but
@@ -615,7 +612,7 @@ class EngineImpl final : public Engine {
   nvme::IoEngineStats io_base_ GUARDED_BY(mu_);  // IoTotals() at the last boundary, less checkpoint I/O since
   StreamCounts stream_counts_ GUARDED_BY(mu_);   // since the last boundary, in the engine stream's order
   std::map<int64_t, StreamCounts> closing_ GUARDED_BY(mu_);  // per boundary, until its window closes
-  uint64_t nvme_total_read_ GUARDED_BY(mu_) = 0;  // over every closed window
+  uint64_t nvme_total_read_ GUARDED_BY(mu_) = 0;             // over every closed window
   uint64_t nvme_total_written_ GUARDED_BY(mu_) = 0;
   StepDecision decider_ GUARDED_BY(mu_);  // the loss scaler and the applied steps
   Decision decision_ GUARDED_BY(mu_);

@@ -97,19 +97,20 @@ Status EngineImpl::TimedCopies(Stream& stream, uint64_t bytes, const std::functi
 Status EngineImpl::WaitTimed(Stream& stream, Event& event, const Unit& u, const char* cause, const std::string& what) {
   ZINF_ASSIGN_OR_RETURN(bool done, event.Query());
   if (done) return Status::Ok();  // nothing to wait for: no operation on the stream
-  return TimeSpan(stream, "stall", std::string(cause) + " " + u.name, [&] { return stream.Wait(event); },
-                  [what, unit = u.name, cause = std::string(cause)](Window& w, double seconds) {
-                    StepStats::Stall& st = w.stalls[{unit, cause}];
-                    st.unit = unit;
-                    st.cause = cause;
-                    st.count += 1;
-                    st.seconds += seconds;
-                    w.stall += seconds;
-                    if (seconds > w.longest_stall) {
-                      w.longest_stall = seconds;
-                      w.longest_stall_what = what;
-                    }
-                  });
+  return TimeSpan(
+      stream, "stall", std::string(cause) + " " + u.name, [&] { return stream.Wait(event); },
+      [what, unit = u.name, cause = std::string(cause)](Window& w, double seconds) {
+        StepStats::Stall& st = w.stalls[{unit, cause}];
+        st.unit = unit;
+        st.cause = cause;
+        st.count += 1;
+        st.seconds += seconds;
+        w.stall += seconds;
+        if (seconds > w.longest_stall) {
+          w.longest_stall = seconds;
+          w.longest_stall_what = what;
+        }
+      });
 }
 
 Result<std::unique_ptr<Event>> EngineImpl::RecordTimingEvent(Stream& stream) {
@@ -137,8 +138,8 @@ Status EngineImpl::EndSpan(std::unique_ptr<Event> start, Stream& stream, std::st
   return Status::Ok();
 }
 
-Status EngineImpl::TimeSpan(Stream& stream, const char* lane, std::string what,
-                            const std::function<Status()>& enqueue, std::function<void(Window&, double)> account) {
+Status EngineImpl::TimeSpan(Stream& stream, const char* lane, std::string what, const std::function<Status()>& enqueue,
+                            std::function<void(Window&, double)> account) {
   ZINF_ASSIGN_OR_RETURN(std::unique_ptr<Event> start, RecordTimingEvent(stream));
   ZINF_RETURN_IF_ERROR(enqueue());
   return EndSpan(std::move(start), stream, lane, std::move(what), std::move(account));
@@ -167,7 +168,8 @@ Status EngineImpl::TraceEnd(int64_t token, Stream& stream, const std::string& la
     MutexLock lock(mu_);
     auto it = open_traces_.find(token);
     if (it == open_traces_.end()) {
-      return InvalidArgument("TraceEnd: " + std::to_string(token) + " is not an open trace (from TraceBegin, ended once)");
+      return InvalidArgument("TraceEnd: " + std::to_string(token) +
+                             " is not an open trace (from TraceBegin, ended once)");
     }
     start = std::move(it->second);
     open_traces_.erase(it);
@@ -279,10 +281,10 @@ Result<StepStats> EngineImpl::Stats(int64_t boundary) {
   // Not kept although its window's event completed: its stream failed (the
   // task was skipped), or the boundary predates a Load.
   ZINF_RETURN_IF_ERROR(Synchronize());
-  return OutOfRange("Stats(" + std::to_string(boundary) + "): that boundary's metrics are not kept (it came before "
+  return OutOfRange("Stats(" + std::to_string(boundary) +
+                    "): that boundary's metrics are not kept (it came before "
                     "this engine's first step or its last Load)");
 }
-
 
 // The window's close: the step's counts in the engine stream's order (every
 // read and write of the step has completed there), then its StepStats,
@@ -384,7 +386,8 @@ std::string StepStats::ToString() const {
       out += buf;
     }
   }
-  std::snprintf(buf, sizeof buf, " | optimizer %.1f ms, comm %.1f ms, copies %.1f ms, nvme waits %.1f ms, compute stalled %.1f ms",
+  std::snprintf(buf, sizeof buf,
+                " | optimizer %.1f ms, comm %.1f ms, copies %.1f ms, nvme waits %.1f ms, compute stalled %.1f ms",
                 optimizer_seconds * 1e3, comm_seconds * 1e3, copy_seconds * 1e3, io_seconds * 1e3, stall_seconds * 1e3);
   out += buf;
   if (!longest_stall.empty()) out += " (longest: " + longest_stall + ")";

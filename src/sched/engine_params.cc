@@ -33,13 +33,14 @@ Result<UnitPointers> EngineImpl::Fetch(int unit, Stream& stream) {
   ZINF_RETURN_IF_ERROR(Finalize());
   Unit& u = units_[unit];
   if (u.active_updated) {
-    return FailedPrecondition("Fetch(unit '" + u.name + "') after its gradients were ready in the window's last "
+    return FailedPrecondition("Fetch(unit '" + u.name +
+                              "') after its gradients were ready in the window's last "
                               "micro-step: with zinf.active_offload its update has started (fetch every unit before "
                               "its GradsReady in a micro-step)");
   }
   u.fetched_this_micro = true;
-  ZINF_RETURN_IF_ERROR(WaitTimed(stream, *u.params_ready, u, nvme_ ? "disk" : "optimizer",
-                                 "update of unit '" + u.name + "'"));
+  ZINF_RETURN_IF_ERROR(
+      WaitTimed(stream, *u.params_ready, u, nvme_ ? "disk" : "optimizer", "update of unit '" + u.name + "'"));
   ZINF_RETURN_IF_ERROR(WaitTimed(stream, *u.grads_free, u, "comm", "gradient reduction of unit '" + u.name + "'"));
   if (u.partitioned) {
     u.fetch_stream = &stream;
@@ -57,8 +58,7 @@ Result<UnitPointers> EngineImpl::Fetch(int unit, Stream& stream) {
       return Status::Ok();
     }));
     const char* cause = u.shard_on_nvme ? "disk" : distributed() ? "comm" : host_home(u) ? "copy" : "comm";
-    ZINF_RETURN_IF_ERROR(WaitTimed(stream, *u.gathered_ready, u, cause,
-                                   "all-gather of unit '" + u.name + "'"));
+    ZINF_RETURN_IF_ERROR(WaitTimed(stream, *u.gathered_ready, u, cause, "all-gather of unit '" + u.name + "'"));
     ZINF_RETURN_IF_ERROR(Prefetch());
     return UnitPointers{u.gathered, compute_dtype_, u.part.num_elems, u.gathered_ptrs.at(u.gathered)};
   }
@@ -137,10 +137,11 @@ void EngineImpl::NoteFetch(int unit) {
   const std::optional<FetchTrace::Divergence> d = fetch_trace_.Note(unit);
   if (d && !order_change_logged_) {
     order_change_logged_ = true;
-    ZINF_LOG_INFO("engine: the order of Fetch calls changed (call {} is unit '{}', the recorded order has {}): no "
-                  "prefetch until the new order is recorded (this is said once)",
-                  d->call + 1, units_[unit].name,
-                  d->expected >= 0 ? "'" + units_[d->expected].name + "'" : std::string("no more calls"));
+    ZINF_LOG_INFO(
+        "engine: the order of Fetch calls changed (call {} is unit '{}', the recorded order has {}): no "
+        "prefetch until the new order is recorded (this is said once)",
+        d->call + 1, units_[unit].name,
+        d->expected >= 0 ? "'" + units_[d->expected].name + "'" : std::string("no more calls"));
   }
 }
 
@@ -220,13 +221,14 @@ Status EngineImpl::Gather(Unit& u, bool prefetch) {
       src = buf;
       const int index = static_cast<int>(&u - units_.data());
       auto read = [this, index, buf](const StreamContext&) -> Status {
-        return param_store_->Read(index, buf).Wait().WithContext("parameter shard of unit '" + units_[index].name + "'");
+        return param_store_->Read(index, buf)
+            .Wait()
+            .WithContext("parameter shard of unit '" + units_[index].name + "'");
       };
       ZINF_RETURN_IF_ERROR(Timed(&Window::io, "read shard " + u.name, std::move(read), &gs));
     }
-    ZINF_RETURN_IF_ERROR(TimedCopies(gs, u.part.shard_elems * esize, [&] {
-      return device_.CopyToDevice(mine, src, u.part.shard_elems * esize, gs);
-    }));
+    ZINF_RETURN_IF_ERROR(TimedCopies(gs, u.part.shard_elems * esize,
+                                     [&] { return device_.CopyToDevice(mine, src, u.part.shard_elems * esize, gs); }));
     shard = mine;
   }
   if (distributed()) {

@@ -67,22 +67,24 @@ Status EngineImpl::SetUpParamSwap() {
     max_shard = std::max(max_shard, u.part.shard_elems);
   }
   if (on_nvme == 0) {
-    ZINF_LOG_INFO("engine: offload_param nvme: every parameter shard ({} elements) fits within "
-                  "offload_param.max_in_cpu = {}: all stay in pinned host memory",
-                  table_.cpu_shard_elems(), pc.max_in_cpu);
+    ZINF_LOG_INFO(
+        "engine: offload_param nvme: every parameter shard ({} elements) fits within "
+        "offload_param.max_in_cpu = {}: all stay in pinned host memory",
+        table_.cpu_shard_elems(), pc.max_in_cpu);
     return Status::Ok();
   }
   const uint64_t padded = (static_cast<uint64_t>(max_shard) * esize + 4095) / 4096 * 4096;
-  ZINF_LOG_INFO("engine: parameter shards on NVMe: {} units, {} elements ({}), {} reserved per path ({}); {} elements "
-                "in host memory (max_in_cpu {}); 2 staging buffers of {} (gathers, updates)",
-                on_nvme, on_nvme_elems, FormatBytes(static_cast<uint64_t>(on_nvme_elems) * esize),
-                FormatBytes(param_store_->bytes_reserved() / pc.nvme_path.size()),
-                [&] {
-                  std::string d;
-                  for (const std::string& p : pc.nvme_path) d += (d.empty() ? "" : ", ") + p;
-                  return d;
-                }(),
-                table_.cpu_shard_elems(), pc.max_in_cpu, FormatBytes(padded));
+  ZINF_LOG_INFO(
+      "engine: parameter shards on NVMe: {} units, {} elements ({}), {} reserved per path ({}); {} elements "
+      "in host memory (max_in_cpu {}); 2 staging buffers of {} (gathers, updates)",
+      on_nvme, on_nvme_elems, FormatBytes(static_cast<uint64_t>(on_nvme_elems) * esize),
+      FormatBytes(param_store_->bytes_reserved() / pc.nvme_path.size()),
+      [&] {
+        std::string d;
+        for (const std::string& p : pc.nvme_path) d += (d.empty() ? "" : ", ") + p;
+        return d;
+      }(),
+      table_.cpu_shard_elems(), pc.max_in_cpu, FormatBytes(padded));
   for (int i = 0; i < 2; ++i) {
     ZINF_ASSIGN_OR_RETURN(PinnedBuffer b, Pinned(padded, "parameter staging buffer (offload_param nvme)"));
     param_bufs_.push_back(std::move(b));
@@ -145,10 +147,11 @@ Status EngineImpl::SwapFailure(Status s, SwapKind kind) {
     const char* what = kind == SwapKind::kParams      ? "parameter shards on NVMe: "
                        : kind == SwapKind::kGradients ? "gradients swapped to NVMe: "
                                                       : "optimizer state on NVMe: ";
-    const char* consequence = kind == SwapKind::kParams ? "; units on disk are now at different steps"
-                              : kind == SwapKind::kGradients
-                                  ? "; this window's gradients are lost and sub-groups on disk may be at different steps"
-                                  : "; sub-groups on disk are now at different steps";
+    const char* consequence =
+        kind == SwapKind::kParams ? "; units on disk are now at different steps"
+        : kind == SwapKind::kGradients
+            ? "; this window's gradients are lost and sub-groups on disk may be at different steps"
+            : "; sub-groups on disk are now at different steps";
     broken_ = DataLoss(std::string(what) + s.ToString() + consequence + ": no further steps; " + ResumeHint());
     // The peers stop now, not at their next collective with this rank.
     if (comm_ && distributed()) comm_->Abort(broken_);
@@ -199,8 +202,7 @@ Result<int> EngineImpl::AcquireGradStage(size_t i) {
 Status EngineImpl::ReadSwappedGrads(size_t i, int stage) {
   return Timed(&Window::io, "read gradient " + units_[i].name, [this, i, stage](const StreamContext&) -> Status {
     ZINF_RETURN_IF_ERROR(WaitGradWrites());  // its last write may still be in flight
-    return SwapFailure(swapper_->ReadGrad(swap_id(i), swapper_->grad_stage(stage)).Wait(),
-                       SwapKind::kGradients);
+    return SwapFailure(swapper_->ReadGrad(swap_id(i), swapper_->grad_stage(stage)).Wait(), SwapKind::kGradients);
   });
 }
 
@@ -211,7 +213,6 @@ Status EngineImpl::WaitGradWrites() {
   }
   return Status::Ok();
 }
-
 
 // NVMe, the boundary's last engine-stream task: waits for every sub-group's
 // write (a failure breaks the engine) and clears the boundary's requests.

@@ -46,7 +46,8 @@ void EngineImpl::Decide(const double* partials, int64_t boundary) {
   if (active_offload_ && decision_.skip && broken_.ok()) {
     broken_ = FailedPrecondition("the gradient norm of optimizer step " + std::to_string(boundary) +
                                  " is not finite, and with zinf.active_offload its units were updated during "
-                                 "backward (the step cannot be skipped): no further steps; " + ResumeHint());
+                                 "backward (the step cannot be skipped): no further steps; " +
+                                 ResumeHint());
   }
   // The window's close reads its own boundary's: with the optimizer
   // offloaded it runs on the copy stream, possibly after the next decision.
@@ -79,7 +80,8 @@ Status EngineImpl::EnqueueBoundary() {
   }
   // Every swapped gradient is on disk before the boundary reads them back.
   if (nvme_ && swapper_->swapped_grad_units() > 0) {
-    ZINF_RETURN_IF_ERROR(Timed(&Window::io, "write gradients", [this](const StreamContext&) { return WaitGradWrites(); }));
+    ZINF_RETURN_IF_ERROR(
+        Timed(&Window::io, "write gradients", [this](const StreamContext&) { return WaitGradWrites(); }));
   }
   // The swapper's reads take it by its own unit index.
   std::vector<char> has_grad_swap;
@@ -101,8 +103,8 @@ Status EngineImpl::EnqueueBoundary() {
     }));
   } else {
     const int regions = stage_ == 0 ? 1 : world_;
-    ZINF_RETURN_IF_ERROR(device_.CopyToHost(h_partials_.data(), partials_, norm_layout_.blocks_per_rank * regions * sizeof(double),
-                                            *stream_));
+    ZINF_RETURN_IF_ERROR(device_.CopyToHost(h_partials_.data(), partials_,
+                                            norm_layout_.blocks_per_rank * regions * sizeof(double), *stream_));
     if (offload_) {
       // The host updates read the decision when they run: it is made by a
       // task where the partials land, and Step() does not wait.
@@ -158,24 +160,25 @@ Status EngineImpl::EnqueueUnitUpdate(size_t i, bool has_grad, int64_t boundary, 
   const bool to_store = u.shard_on_nvme;
   void* home_buf = to_store ? param_bufs_[kUpdateBuffer].data() : u.h_shard.data();
   void* staging = use_slot ? h_param_slots_[slot].data() : home && offload_ ? home_buf : nullptr;
-  float* swap = nullptr;  // NVMe: the unit's [master | m | v] in its group's buffer
+  float* swap = nullptr;                // NVMe: the unit's [master | m | v] in its group's buffer
   const void* grad = u.h_accum.data();  // offload: the accumulated gradient, or its place in the gradient buffer
   if (nvme_) {
     const size_t g = swapper_->group_of(swap_id(i));
     swap = swapper_->state(swap_id(i));
     if (grad_on_nvme(i)) grad = swapper_->grad(swap_id(i));
     if (swapper_->group_units(g).front() == swap_id(i)) {
-      ZINF_RETURN_IF_ERROR(Timed(&Window::io, "read sub-group " + std::to_string(g), [this, g, has = has_grad_shared](const StreamContext&) {
-        return swapper_->ReadGroup(g, *has);
-      }));
+      ZINF_RETURN_IF_ERROR(
+          Timed(&Window::io, "read sub-group " + std::to_string(g),
+                [this, g, has = has_grad_shared](const StreamContext&) { return swapper_->ReadGroup(g, *has); }));
     }
   }
   const UpdateTarget target{staging, swap, grad, home, use_slot, to_store};
   Stream& gather_stream = use_slot ? *copy_stream_ : *stream_;
   if (use_slot) ZINF_RETURN_IF_ERROR(stream_->Wait(*slot_free_[slot]));
   if (!host_memory_ && !offload_) {
-    ZINF_RETURN_IF_ERROR(TimeSpan(*stream_, "optimizer", u.name, [&] { return EnqueueDeviceUpdate(u, home, has_grad); },
-                                  [](Window& w, double seconds) { w.optimizer += seconds; }));
+    ZINF_RETURN_IF_ERROR(TimeSpan(
+        *stream_, "optimizer", u.name, [&] { return EnqueueDeviceUpdate(u, home, has_grad); },
+        [](Window& w, double seconds) { w.optimizer += seconds; }));
   } else {
     ZINF_RETURN_IF_ERROR(Timed(&Window::optimizer, u.name, HostUpdateTask(u, target, has_grad, boundary, active)));
   }
@@ -188,9 +191,8 @@ Status EngineImpl::EnqueueUnitUpdate(size_t i, bool has_grad, int64_t boundary, 
   }
   if (home && !offload_ && owned_valid(u) > 0) {
     const uint64_t bytes = owned_valid(u) * esize;
-    ZINF_RETURN_IF_ERROR(TimedCopies(*stream_, bytes, [&] {
-      return device_.CopyToHost(home_buf, param_scratch_, bytes, *stream_);
-    }));
+    ZINF_RETURN_IF_ERROR(
+        TimedCopies(*stream_, bytes, [&] { return device_.CopyToHost(home_buf, param_scratch_, bytes, *stream_); }));
   }
   if (to_store) {
     // Written before the unit's update counts as done (a gather reads it
@@ -262,11 +264,12 @@ Status EngineImpl::EnqueueDeviceUpdate(Unit& u, bool home, bool has_grad) {
   for (const UnitLayout::GroupRun& r : u.GroupRuns(owned_begin(u), valid)) {
     ZINF_ASSIGN_OR_RETURN(AdamStepConstants constants,
                           MakeAdamStepConstants(GroupAdam(d.adam, *groups, r.group), u.steps + 1, d.grad_scale));
-    ZINF_RETURN_IF_ERROR(kernels_.adam_step(constants, master + r.offset, static_cast<float*>(u.exp_avg) + r.offset,
-                                            static_cast<float*>(u.exp_avg_sq) + r.offset,
-                                            static_cast<const float*>(owned_accum(u)) + r.offset,
-                                            copy ? static_cast<char*>(param_dst) + r.offset * esize : nullptr,
-                                            compute_dtype_, r.elems, *stream_)
+    ZINF_RETURN_IF_ERROR(kernels_
+                             .adam_step(constants, master + r.offset, static_cast<float*>(u.exp_avg) + r.offset,
+                                        static_cast<float*>(u.exp_avg_sq) + r.offset,
+                                        static_cast<const float*>(owned_accum(u)) + r.offset,
+                                        copy ? static_cast<char*>(param_dst) + r.offset * esize : nullptr,
+                                        compute_dtype_, r.elems, *stream_)
                              .WithContext("unit '" + u.name + "'"));
   }
   ++u.steps;
@@ -293,14 +296,14 @@ Status EngineImpl::WriteComputeCopy(Unit& u, const float* master, int64_t first)
     ZINF_RETURN_IF_ERROR(Cast(arena_, master + (begin - first), DType::kFloat32, buf, compute_dtype_, count));
     return SwapFailure(param_store_->Write(u.index, buf).Wait(), SwapKind::kParams);
   }
-  if (host_home(u)) return Cast(arena_, master + (begin - first), DType::kFloat32, u.h_shard.data(), compute_dtype_, count);
+  if (host_home(u))
+    return Cast(arena_, master + (begin - first), DType::kFloat32, u.h_shard.data(), compute_dtype_, count);
   std::vector<uint8_t> compute(count * esize);
   ZINF_RETURN_IF_ERROR(Cast(arena_, master + (begin - first), DType::kFloat32, compute.data(), compute_dtype_, count));
   ZINF_RETURN_IF_ERROR(
       device_.CopyToDevice(u.partitioned ? u.shard_params : u.params, compute.data(), compute.size(), *stream_));
   return stream_->Synchronize();
 }
-
 
 // Unit u's host update at the boundary (HostDevice, or the optimizer
 // offloaded): Adam over the owned range with the boundary's decision, the new

@@ -16,9 +16,8 @@ GradientPlacement PlaceGradients(const GradientPlacementInput& in) {
   out.offset.assign(n, 0);
   uint64_t resident = 0;
   for (int64_t o : in.owned) resident += pinned(o);
-  if (in.home == GradientHome::kHost ||
-      (in.home == GradientHome::kAuto && in.state_buffer_bytes <= in.available &&
-       resident <= in.available - in.state_buffer_bytes)) {
+  if (in.home == GradientHome::kHost || (in.home == GradientHome::kAuto && in.state_buffer_bytes <= in.available &&
+                                         resident <= in.available - in.state_buffer_bytes)) {
     out.host_bytes = resident;
     return out;
   }

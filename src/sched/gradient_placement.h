@@ -25,9 +25,9 @@ namespace zinf {
 inline constexpr int64_t kSubGroupPackElems = (int64_t{1} << 30) / 12;
 struct GradientPlacementInput {
   GradientHome home = GradientHome::kAuto;
-  std::vector<int64_t> owned;      // elements this rank updates, per unit
-  std::vector<int> group_of_unit;  // each unit's sub-group (a group's units are consecutive)
-  int64_t buffers = 1;             // swap buffers (one gradient buffer each)
+  std::vector<int64_t> owned;       // elements this rank updates, per unit
+  std::vector<int> group_of_unit;   // each unit's sub-group (a group's units are consecutive)
+  int64_t buffers = 1;              // swap buffers (one gradient buffer each)
   uint64_t state_buffer_bytes = 0;  // the state's swap buffers, as pinned
   uint64_t available = 0;           // pinned budget left when the engine decides
 };
@@ -35,14 +35,14 @@ struct GradientPlacementInput {
 struct GradientPlacement {
   // false: every gradient in host memory (host_bytes), no gradient buffers.
   bool swap = false;
-  std::vector<char> on_nvme;      // per unit
-  std::vector<uint64_t> offset;   // per unit: bytes into its sub-group's gradient buffer
-  uint64_t region_bytes = 0;      // one gradient buffer: the largest sub-group's gradients
-  uint64_t stage_bytes = 0;       // one staging buffer: the largest unit's gradient
-  uint64_t buffer_bytes = 0;      // buffers × region + 2 × stage, as pinned
-  bool buffers_fit = true;        // the state's and the gradients' buffers within `available`
-  uint64_t host_bytes = 0;        // the gradients kept in host memory, as pinned
-  uint64_t nvme_bytes = 0;        // the gradients in the swap store (4 KiB-padded)
+  std::vector<char> on_nvme;     // per unit
+  std::vector<uint64_t> offset;  // per unit: bytes into its sub-group's gradient buffer
+  uint64_t region_bytes = 0;     // one gradient buffer: the largest sub-group's gradients
+  uint64_t stage_bytes = 0;      // one staging buffer: the largest unit's gradient
+  uint64_t buffer_bytes = 0;     // buffers × region + 2 × stage, as pinned
+  bool buffers_fit = true;       // the state's and the gradients' buffers within `available`
+  uint64_t host_bytes = 0;       // the gradients kept in host memory, as pinned
+  uint64_t nvme_bytes = 0;       // the gradients in the swap store (4 KiB-padded)
   int64_t swapped_units = 0;
 };
 

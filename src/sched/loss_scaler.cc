@@ -28,8 +28,7 @@ Result<LossScaler> LossScaler::Create(const Fp16Config& config) {
   LossScaler s;
   if (!config.enabled) return s;
   if (!std::isfinite(config.loss_scale) || config.loss_scale < 0) {
-    return InvalidArgument("fp16.loss_scale: must be 0 (dynamic) or a finite value > 0, got " +
-                           Num(config.loss_scale));
+    return InvalidArgument("fp16.loss_scale: must be 0 (dynamic) or a finite value > 0, got " + Num(config.loss_scale));
   }
   if (config.loss_scale > 0) {
     s.scale_ = config.loss_scale;

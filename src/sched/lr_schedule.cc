@@ -47,13 +47,13 @@ Result<LrSchedule> LrSchedule::Create(const SchedulerConfig& config, double opti
   }
   const int64_t warmup = std::max<int64_t>(2, config.warmup_num_steps);
   if (config.type == SchedulerType::kWarmupCosineLR) {
-    for (auto [key, v] : {std::pair{"warmup_min_ratio", config.warmup_min_ratio},
-                          std::pair{"cos_min_ratio", config.cos_min_ratio}}) {
+    for (auto [key, v] :
+         {std::pair{"warmup_min_ratio", config.warmup_min_ratio}, std::pair{"cos_min_ratio", config.cos_min_ratio}}) {
       if (!(v >= 0 && v <= 1)) return Bad(p + key, "must be in [0, 1], got " + Num(v));
     }
   } else {
-    for (auto [key, v] : {std::pair{"warmup_min_lr", config.warmup_min_lr},
-                          std::pair{"warmup_max_lr", config.warmup_max_lr}}) {
+    for (auto [key, v] :
+         {std::pair{"warmup_min_lr", config.warmup_min_lr}, std::pair{"warmup_max_lr", config.warmup_max_lr}}) {
       if (!std::isfinite(v) || v < 0) return Bad(p + key, "must be a finite value >= 0, got " + Num(v));
     }
   }
@@ -115,8 +115,7 @@ std::string LrSchedule::Describe() const {
   const std::string over = " over " + std::to_string(warmup_steps_) + " steps";
   if (config_.type == SchedulerType::kWarmupCosineLR) {
     return name + " lr " + Num(optimizer_lr_) + " x ratio " + kind + " " + Num(config_.warmup_min_ratio) + " -> 1" +
-           over + ", cosine to " + Num(config_.cos_min_ratio) + " at step " +
-           std::to_string(config_.total_num_steps);
+           over + ", cosine to " + Num(config_.cos_min_ratio) + " at step " + std::to_string(config_.total_num_steps);
   }
   std::string out = name + " " + kind + " " + Num(config_.warmup_min_lr) + " -> " + Num(config_.warmup_max_lr) + over;
   if (config_.type == SchedulerType::kWarmupDecayLR) {

@@ -40,15 +40,17 @@ Status OptimizerSwapper::AddUnit(const std::string& name, int64_t n, const float
   if (!store_) {
     group_limit_ = std::min<int64_t>(options_.sub_group_size, kSubGroupPackElems);
     if (group_limit_ < options_.sub_group_size) {
-      ZINF_LOG_INFO("engine: sub-groups of at most {} elements (sub_group_size {} capped at 1 GiB of 12 B/element "
-                    "state; a larger unit is a sub-group of its own)",
-                    group_limit_, options_.sub_group_size);
+      ZINF_LOG_INFO(
+          "engine: sub-groups of at most {} elements (sub_group_size {} capped at 1 GiB of 12 B/element "
+          "state; a larger unit is a sub-group of its own)",
+          group_limit_, options_.sub_group_size);
     }
   }
   if (n > group_limit_) {
-    ZINF_LOG_INFO("engine: unit '{}' ({} elements on this rank) is larger than a sub-group ({}): a sub-group of its "
-                  "own, with swap buffers of {}",
-                  name, n, group_limit_, FormatBytes(static_cast<uint64_t>(n) * 12));
+    ZINF_LOG_INFO(
+        "engine: unit '{}' ({} elements on this rank) is larger than a sub-group ({}): a sub-group of its "
+        "own, with swap buffers of {}",
+        name, n, group_limit_, FormatBytes(static_cast<uint64_t>(n) * 12));
   }
   if (!store_) {
     nvme::SwapStoreOptions so;
@@ -115,8 +117,7 @@ Status OptimizerSwapper::Finish(uint64_t host_available, uint64_t host_budget) {
       std::min<int64_t>(std::clamp<int64_t>(options_.buffer_count, 1, 64), static_cast<int64_t>(groups_.size()));
   ZINF_ASSIGN_OR_RETURN(const uint64_t grad_bytes, PlaceGradients(buffers, max_group, host_available, host_budget));
   const uint64_t extent = nvme::SwapStoreOptions{}.extent_bytes;
-  store_capacity_ +=
-      grad_bytes + static_cast<uint64_t>(swapped_grad_units_) * extent * (options_.dirs.size() + 1);
+  store_capacity_ += grad_bytes + static_cast<uint64_t>(swapped_grad_units_) * extent * (options_.dirs.size() + 1);
   ZINF_RETURN_IF_ERROR(store_->Reserve(store_capacity_).WithContext("gradients swapped to NVMe"));
   std::string dirs;
   for (const std::string& p : options_.dirs) dirs += (dirs.empty() ? "" : ", ") + p;
@@ -124,12 +125,11 @@ Status OptimizerSwapper::Finish(uint64_t host_available, uint64_t host_budget) {
                 groups_.size(),
                 swapped_grad_units_ == 0
                     ? std::string()
-                    : ", gradients of " + std::to_string(swapped_grad_units_) + " of " +
-                          std::to_string(owned_.size()) + " units swapped too (" + FormatBytes(grad_bytes) + ")",
+                    : ", gradients of " + std::to_string(swapped_grad_units_) + " of " + std::to_string(owned_.size()) +
+                          " units swapped too (" + FormatBytes(grad_bytes) + ")",
                 FormatBytes(store_->bytes_reserved() / options_.dirs.size()), dirs);
   for (int64_t i = 0; i < buffers; ++i) {
-    ZINF_ASSIGN_OR_RETURN(PinnedBuffer b,
-                          options_.pinned(static_cast<uint64_t>(max_group) * 12, "NVMe swap buffer"));
+    ZINF_ASSIGN_OR_RETURN(PinnedBuffer b, options_.pinned(static_cast<uint64_t>(max_group) * 12, "NVMe swap buffer"));
     bufs_.push_back(std::move(b));
   }
   for (size_t i = 0; i < owned_.size(); ++i) {
@@ -167,8 +167,8 @@ Result<uint64_t> OptimizerSwapper::PlaceGradients(int64_t buffers, int64_t max_g
   if (!place.buffers_fit) {
     return OutOfMemory("host memory: " + FormatBytes(in.available) + " of the pinned budget (" + FormatBytes(budget) +
                        ", zinf.host_memory) is left for the optimizer's NVMe buffers, "
-                       "which need " + FormatBytes(in.state_buffer_bytes + place.buffer_bytes) + " (" +
-                       std::to_string(buffers) +
+                       "which need " +
+                       FormatBytes(in.state_buffer_bytes + place.buffer_bytes) + " (" + std::to_string(buffers) +
                        " swap buffers of a sub-group's state and gradients, two gradient staging buffers): raise "
                        "zinf.host_memory, or lower zero_optimization.sub_group_size or offload_optimizer.buffer_count");
   }

@@ -118,7 +118,9 @@ class OptimizerSwapper {
   static nvme::TensorId GradTensor(int unit) { return (nvme::TensorId{1} << 32) + static_cast<nvme::TensorId>(unit); }
   Status FlushInitialGroup();
   Result<uint64_t> PlaceGradients(int64_t buffers, int64_t max_group, uint64_t available, uint64_t budget);
-  Status Failed(Status s, FailureKind kind) { return s.ok() || !options_.on_failure ? s : options_.on_failure(s, kind); }
+  Status Failed(Status s, FailureKind kind) {
+    return s.ok() || !options_.on_failure ? s : options_.on_failure(s, kind);
+  }
 
   nvme::IoEngine& io_;
   const Options options_;

@@ -24,9 +24,7 @@ struct UnitPartition {
 
   int64_t shard_begin(int rank) const { return shard_elems * rank; }
   // Real (unpadded) elements in rank's shard: 0 .. shard_elems.
-  int64_t valid_in_shard(int rank) const {
-    return std::clamp<int64_t>(num_elems - shard_begin(rank), 0, shard_elems);
-  }
+  int64_t valid_in_shard(int rank) const { return std::clamp<int64_t>(num_elems - shard_begin(rank), 0, shard_elems); }
   int64_t shard_blocks() const { return shard_elems / kNormBlock; }
 };
 

@@ -207,8 +207,8 @@ Result<PlanModel> PlanParamsModel(int64_t num_params, int units, int64_t tokens_
   PlanModel m;
   const int64_t each = num_params / units;
   for (int u = 0; u < units; ++u) m.unit_elems.push_back(u + 1 < units ? each : num_params - each * (units - 1));
-  m.description = FormatCount(static_cast<double>(num_params)) + " parameters in " + std::to_string(units) + " units of ~" +
-                  std::to_string(each) + " elements (no model shape: units assumed)";
+  m.description = FormatCount(static_cast<double>(num_params)) + " parameters in " + std::to_string(units) +
+                  " units of ~" + std::to_string(each) + " elements (no model shape: units assumed)";
   m.activation_note = "not counted (no model shape: give --model for activations)";
   if (tokens_per_micro_step > 0) m.flops_per_micro_step = 6.0 * static_cast<double>(num_params) * tokens_per_micro_step;
   return m;
@@ -589,8 +589,10 @@ class CombinationCount {
         const bool held = std::find(in_.model.held_units.begin(), in_.model.held_units.end(), static_cast<int>(u)) !=
                           in_.model.held_units.end();
         const double gathers = k * (held ? 1 : 2);
-        if (N_ == 1) copy_bytes += gathers * P * esize;
-        else comm_bytes += gathers * P * esize * share;
+        if (N_ == 1)
+          copy_bytes += gathers * P * esize;
+        else
+          comm_bytes += gathers * P * esize * share;
         if (shard_on_nvme_[u]) {
           const double shard = static_cast<double>(parts_[u].shard_elems) * esize;
           shard_read_bytes += gathers * shard;
@@ -598,8 +600,8 @@ class CombinationCount {
         }
       }
       if (N_ > 1) {
-        comm_bytes += k * P * 4 * (stage_ < 2 ? 2 * share : share);                    // all-reduce / reduce-scatter
-        if (stage_ >= 1 && !partitioned(u)) comm_bytes += P * esize * share;           // the new shards gathered
+        comm_bytes += k * P * 4 * (stage_ < 2 ? 2 * share : share);           // all-reduce / reduce-scatter
+        if (stage_ >= 1 && !partitioned(u)) comm_bytes += P * esize * share;  // the new shards gathered
       }
     }
     copy_bytes += static_cast<double>(owned_total_) * 4;
@@ -628,10 +630,10 @@ class CombinationCount {
   const int stage_;
   const OffloadDevice param_;
   const int N_;
-  const uint64_t esize_;    // bytes of the compute dtype
-  const bool offload_;      // the optimizer on the host (cpu or nvme)
-  const bool nvme_;         // the optimizer's state on NVMe
-  const int64_t k_;         // micro-steps per optimizer step
+  const uint64_t esize_;  // bytes of the compute dtype
+  const bool offload_;    // the optimizer on the host (cpu or nvme)
+  const bool nvme_;       // the optimizer's state on NVMe
+  const int64_t k_;       // micro-steps per optimizer step
   std::vector<UnitPartition> parts_;
   PlanRow row_;
   Items dev_, host_, disk_;
@@ -679,7 +681,9 @@ std::string PlanToJson(const PlanInput& in, const std::vector<PlanRow>& rows) {
       {"ranks", in.world_size},
       {"reductions_on_device", in.reductions_on_device},
       {"gradient_accumulation_steps", in.gradient_accumulation_steps},
-      {"compute_dtype", in.config.bf16.enabled ? "bf16" : in.config.fp16.enabled ? "fp16" : "fp32"},
+      {"compute_dtype", in.config.bf16.enabled   ? "bf16"
+                        : in.config.fp16.enabled ? "fp16"
+                                                 : "fp32"},
       {"capacity", {{"device", cap(in.device_memory)}, {"host", cap(in.host_memory)}, {"nvme", cap(in.nvme_free)}}},
       {"rates",
        {{"adam_params_per_s", rate(in.rates.adam_params_per_s)},
@@ -691,29 +695,29 @@ std::string PlanToJson(const PlanInput& in, const std::vector<PlanRow>& rows) {
         {"comm_gb_per_s", rate(in.rates.comm_gbps)}}},
       {"rows", nlohmann::json::array()}};
   for (const PlanRow& r : rows) {
-    j["rows"].push_back({{"stage", r.stage},
-                         {"offload_optimizer", std::string(OffloadDeviceName(r.optimizer))},
-                         {"offload_param", std::string(OffloadDeviceName(r.param))},
-                         {"runnable", r.runnable},
-                         {"note", r.note},
-                         {"device_bytes", r.device_bytes},
-                         {"host_bytes", r.host_bytes},
-                         {"nvme_bytes", r.nvme_bytes},
-                         {"device", items(r.device_items)},
-                         {"host", items(r.host_items)},
-                         {"nvme", items(r.nvme_items)},
-                         {"zero_formula",
-                          {{"device", r.zero_formula.device}, {"host", r.zero_formula.host}, {"nvme", r.zero_formula.nvme}}},
-                         {"fits",
-                          {{"device", r.fits_device}, {"host", r.fits_host}, {"nvme", r.fits_nvme}, {"all", r.fits()}}},
-                         {"seconds",
-                          {{"compute", r.compute_s},
-                           {"copies", r.copy_s},
-                           {"comm", r.comm_s},
-                           {"optimizer", r.optimizer_s},
-                           {"nvme", r.nvme_s},
-                           {"param_read", r.param_read_s},
-                           {"step", r.step_s}}}});
+    j["rows"].push_back(
+        {{"stage", r.stage},
+         {"offload_optimizer", std::string(OffloadDeviceName(r.optimizer))},
+         {"offload_param", std::string(OffloadDeviceName(r.param))},
+         {"runnable", r.runnable},
+         {"note", r.note},
+         {"device_bytes", r.device_bytes},
+         {"host_bytes", r.host_bytes},
+         {"nvme_bytes", r.nvme_bytes},
+         {"device", items(r.device_items)},
+         {"host", items(r.host_items)},
+         {"nvme", items(r.nvme_items)},
+         {"zero_formula",
+          {{"device", r.zero_formula.device}, {"host", r.zero_formula.host}, {"nvme", r.zero_formula.nvme}}},
+         {"fits", {{"device", r.fits_device}, {"host", r.fits_host}, {"nvme", r.fits_nvme}, {"all", r.fits()}}},
+         {"seconds",
+          {{"compute", r.compute_s},
+           {"copies", r.copy_s},
+           {"comm", r.comm_s},
+           {"optimizer", r.optimizer_s},
+           {"nvme", r.nvme_s},
+           {"param_read", r.param_read_s},
+           {"step", r.step_s}}}});
   }
   return j.dump(2);
 }

@@ -8,9 +8,15 @@ namespace {
 
 void Place(StateBytes& s, OffloadDevice where, double bytes) {
   switch (where) {
-    case OffloadDevice::kNone: s.device += bytes; break;
-    case OffloadDevice::kCpu: s.host += bytes; break;
-    case OffloadDevice::kNvme: s.nvme += bytes; break;
+    case OffloadDevice::kNone:
+      s.device += bytes;
+      break;
+    case OffloadDevice::kCpu:
+      s.host += bytes;
+      break;
+    case OffloadDevice::kNvme:
+      s.nvme += bytes;
+      break;
   }
 }
 

@@ -22,8 +22,8 @@ namespace zinf {
 // The decision of one boundary, read by the update tasks after it.
 struct Decision {
   bool skip = false;
-  AdamOptions adam{};       // with the step's lr
-  double grad_scale = 1;    // clipping, 1/loss_scale and the mean, folded
+  AdamOptions adam{};     // with the step's lr
+  double grad_scale = 1;  // clipping, 1/loss_scale and the mean, folded
   double loss_scale = 1, next_loss_scale = 1, lr = 0, grad_norm = 0, clip_coef = 1;
 };
 

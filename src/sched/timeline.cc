@@ -50,14 +50,22 @@ int LaneRank(const std::string& lane) {
 
 const char* LaneColor(const std::string& lane) {
   switch (LaneRank(lane)) {
-    case 0: return "#4c78a8";  // compute
-    case 1: return "#e45756";  // stall
-    case 2: return "#f58518";  // optimizer
-    case 3: return "#54a24b";  // disk
-    case 4: return "#b279a2";  // nvme wait
-    case 5: return "#72b7b2";  // copy
-    case 6: return "#eeca3b";  // comm
-    default: return "#9d755d";
+    case 0:
+      return "#4c78a8";  // compute
+    case 1:
+      return "#e45756";  // stall
+    case 2:
+      return "#f58518";  // optimizer
+    case 3:
+      return "#54a24b";  // disk
+    case 4:
+      return "#b279a2";  // nvme wait
+    case 5:
+      return "#72b7b2";  // copy
+    case 6:
+      return "#eeca3b";  // comm
+    default:
+      return "#9d755d";
   }
 }
 
@@ -65,11 +73,20 @@ std::string Escape(const std::string& s) {
   std::string out;
   for (char c : s) {
     switch (c) {
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '&': out += "&amp;"; break;
-      case '\'': out += "&apos;"; break;
-      default: out += c;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '&':
+        out += "&amp;";
+        break;
+      case '\'':
+        out += "&apos;";
+        break;
+      default:
+        out += c;
     }
   }
   return out;
@@ -188,8 +205,8 @@ std::string TimelineSvg(const std::vector<StepStats>& steps, const std::string& 
     const double y = top + row * static_cast<double>(i);
     std::snprintf(buf, sizeof buf, "<text x='%.0f' y='%.1f' text-anchor='end'>", left - 6, y + bar - 4);
     svg += buf + Escape(lanes[i]) + "</text>\n";
-    std::snprintf(buf, sizeof buf, "<line x1='%.0f' y1='%.1f' x2='%.0f' y2='%.1f' stroke='#eee'/>\n", left,
-                  y + row - 2, W - right, y + row - 2);
+    std::snprintf(buf, sizeof buf, "<line x1='%.0f' y1='%.1f' x2='%.0f' y2='%.1f' stroke='#eee'/>\n", left, y + row - 2,
+                  W - right, y + row - 2);
     svg += buf;
   }
   for (const TimelineSpan& s : spans) {
@@ -198,8 +215,8 @@ std::string TimelineSvg(const std::vector<StepStats>& steps, const std::string& 
     const double x = x_of(s.start), w = std::max(0.5, x_of(s.end) - x);
     // The name is appended as is: a long one must not be cut with the markup after it.
     std::snprintf(buf, sizeof buf,
-                  "<rect x='%.2f' y='%.1f' width='%.2f' height='%.0f' fill='%s' fill-opacity='0.8'><title>", x, y,
-                  w, bar, LaneColor(s.lane));
+                  "<rect x='%.2f' y='%.1f' width='%.2f' height='%.0f' fill='%s' fill-opacity='0.8'><title>", x, y, w,
+                  bar, LaneColor(s.lane));
     svg += buf + Escape(s.what);
     std::snprintf(buf, sizeof buf, ": %.3f ms at %.3f s</title></rect>\n", (s.end - s.start) * 1e3, s.start);
     svg += buf;

@@ -20,9 +20,9 @@ namespace zinf::sched {
 
 struct StepTimeline {
   int64_t boundary = 0;
-  double start = 0, end = 0;               // the period, timeline seconds
-  std::map<std::string, double> busy;      // lane -> seconds busy within the period
-  std::map<std::string, double> stalls;    // cause -> seconds the caller's stream waited
+  double start = 0, end = 0;             // the period, timeline seconds
+  std::map<std::string, double> busy;    // lane -> seconds busy within the period
+  std::map<std::string, double> stalls;  // cause -> seconds the caller's stream waited
   double seconds() const { return end - start; }
   double share(const std::string& lane) const;  // busy / period (0 when the lane is absent)
 };
@@ -42,8 +42,7 @@ std::string FormatStepTimeline(const StepTimeline& t);
 // The spans of `steps` as lanes against time, with each step's period
 // marked; spans are clipped to [from, to] (timeline seconds; from >= to
 // takes everything). Each span carries a tooltip with its name and length.
-std::string TimelineSvg(const std::vector<StepStats>& steps, const std::string& title, double from = 0,
-                        double to = 0);
+std::string TimelineSvg(const std::vector<StepStats>& steps, const std::string& title, double from = 0, double to = 0);
 // TimelineSvg written to `path`.
 Status WriteTimelineSvg(const std::string& path, const std::vector<StepStats>& steps, const std::string& title,
                         double from = 0, double to = 0);

@@ -25,8 +25,10 @@ class LocalRanksTest : public ::testing::Test {
   }
   void TearDown() override {
     for (int i = 0; i < 4; ++i) {
-      if (saved_[i].first) ::setenv(kVars[i], saved_[i].second.c_str(), 1);
-      else ::unsetenv(kVars[i]);
+      if (saved_[i].first)
+        ::setenv(kVars[i], saved_[i].second.c_str(), 1);
+      else
+        ::unsetenv(kVars[i]);
     }
   }
   std::pair<bool, std::string> saved_[4];

@@ -11,7 +11,7 @@
 namespace zinf {
 namespace {
 
-std::string DataPath(const std::string& name) { return test::SourceDir() + "/tests/data/" + name; }
+std::string DataPath(const std::string& name) { return test::SourceDir() + "/tests/fixtures/" + name; }
 
 Config MustParse(const std::string& text) {
   auto r = ParseConfig(text, "test.json");
@@ -252,15 +252,18 @@ TEST_P(ConfigBadInputTest, PreciseMessage) {
 INSTANTIATE_TEST_SUITE_P(
     AllCases, ConfigBadInputTest,
     ::testing::Values(
-        BadCase{R"({"zero_optimization": {"stage": 4}})", "zero_optimization.stage: 4 is out of range; accepted: an integer 0..3"},
+        BadCase{R"({"zero_optimization": {"stage": 4}})",
+                "zero_optimization.stage: 4 is out of range; accepted: an integer 0..3"},
         BadCase{R"({"zero_optimization": {"stage": "two"}})",
                 "zero_optimization.stage: expected an integer 0..3, found the string \"two\""},
-        BadCase{R"({"zero_optimization": {"stage": 2.5}})", "zero_optimization.stage: expected an integer 0..3, found the number 2.5"},
+        BadCase{R"({"zero_optimization": {"stage": 2.5}})",
+                "zero_optimization.stage: expected an integer 0..3, found the number 2.5"},
         BadCase{R"({"zero_optimization": {"stage3_prefetch_bucket": 5}})",
                 "zero_optimization.stage3_prefetch_bucket: unknown key; did you mean \"stage3_prefetch_bucket_size\"?"},
         BadCase{R"({"zero_optimizaton": {}})", "zero_optimizaton: unknown key; did you mean \"zero_optimization\"?"},
         BadCase{R"({"zero_optimization": {"offload_optimizer": {"device": "gpu"}}})",
-                "zero_optimization.offload_optimizer.device: expected one of \"none\", \"cpu\", \"nvme\", found the string \"gpu\""},
+                "zero_optimization.offload_optimizer.device: expected one of \"none\", \"cpu\", \"nvme\", found the "
+                "string \"gpu\""},
         BadCase{R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme"}}})",
                 "zero_optimization.offload_optimizer.nvme_path: required when offload_optimizer.device is \"nvme\""},
         BadCase{R"({"zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}})",
@@ -273,8 +276,10 @@ INSTANTIATE_TEST_SUITE_P(
                 "zero_optimization.prefetch_bucket_size: same setting as \"stage3_prefetch_bucket_size\""},
         BadCase{R"({"zero_optimization": {"zero_quantized_gradients": true}})",
                 "zero_optimization.zero_quantized_gradients: zinf does not implement quantized gradient communication"},
-        BadCase{R"({"fp16": {"enabled": true}, "bf16": {"enabled": true}})", "fp16.enabled and bf16.enabled are both true"},
-        BadCase{R"({"fp16": {"min_loss_scale": 0}})", "fp16.min_loss_scale: 0 is out of range; accepted: a number in (0, "},
+        BadCase{R"({"fp16": {"enabled": true}, "bf16": {"enabled": true}})",
+                "fp16.enabled and bf16.enabled are both true"},
+        BadCase{R"({"fp16": {"min_loss_scale": 0}})",
+                "fp16.min_loss_scale: 0 is out of range; accepted: a number in (0, "},
         BadCase{R"({"optimizer": {"type": "Lamb", "params": {"lr": 0.1}}})",
                 "optimizer.type: zinf implements \"Adam\" and \"AdamW\"; the string \"Lamb\" would train differently"},
         BadCase{R"({"optimizer": {"type": "AdamW", "params": {"betas": [0.9]}}})",
@@ -282,7 +287,8 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{R"({"optimizer": {"type": "AdamW", "params": {"lr": "fast"}}})",
                 "optimizer.params.lr: expected a number in [0, inf], found the string \"fast\""},
         BadCase{R"({"scheduler": {"type": "OneCycle", "params": {}}})",
-                "scheduler.type: expected one of \"WarmupLR\", \"WarmupDecayLR\", \"WarmupCosineLR\", found the string \"OneCycle\""},
+                "scheduler.type: expected one of \"WarmupLR\", \"WarmupDecayLR\", \"WarmupCosineLR\", found the string "
+                "\"OneCycle\""},
         BadCase{R"({"scheduler": {"type": "WarmupCosineLR", "params": {"warmup_num_steps": 10}}})",
                 "scheduler.params.total_num_steps: required by WarmupCosineLR"},
         BadCase{R"({"scheduler": {"type": "WarmupLR", "params": {"cos_min_ratio": 0.1}}})",
@@ -291,17 +297,27 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{R"({"aio": {"queue_depth": 0}})", "aio.queue_depth: 0 is out of range; accepted: an integer 1..32768"},
         BadCase{R"({"aio": {"block_size": "auto"}})", "aio.block_size: \"auto\" is not accepted here"},
         BadCase{R"({"prescale_gradients": true})",
-                "prescale_gradients: zinf does not implement gradient pre-scaling, and ignoring it would change the result; remove it or set false"},
-        BadCase{R"({"communication_data_type": "fp16"})", "communication_data_type: zinf does not implement reduced-precision"},
+                "prescale_gradients: zinf does not implement gradient pre-scaling, and ignoring it would change the "
+                "result; remove it or set false"},
+        BadCase{R"({"communication_data_type": "fp16"})",
+                "communication_data_type: zinf does not implement reduced-precision"},
         BadCase{R"({"gradient_clipping": -1})", "gradient_clipping: -1 is out of range"},
-        BadCase{R"({"train_micro_batch_size_per_gpu": 0})", "train_micro_batch_size_per_gpu: 0 is out of range; accepted: an integer >= 1"},
-        BadCase{R"({"zinf": {"device": "tpu"}})", "zinf.device: expected \"auto\", \"cpu\", \"cuda\" or \"cuda:N\", found the string \"tpu\""},
+        BadCase{R"({"train_micro_batch_size_per_gpu": 0})",
+                "train_micro_batch_size_per_gpu: 0 is out of range; accepted: an integer >= 1"},
+        BadCase{R"({"zinf": {"device": "tpu"}})",
+                "zinf.device: expected \"auto\", \"cpu\", \"cuda\" or \"cuda:N\", found the string \"tpu\""},
         BadCase{R"({"zinf": {"device_memory": "4Q"}})", "zinf.device_memory: invalid size '4Q'"},
-        BadCase{R"({"zinf": {"gradients": "disk"}})", "zinf.gradients: expected one of \"auto\", \"host\", \"nvme\", found the string \"disk\""},
-        BadCase{R"({"zinf": {"matmul": "fp16"}})", "zinf.matmul: expected one of \"fp32\", \"bf16\", found the string \"fp16\""},
-        BadCase{R"({"zinf": {"attention": "sparse"}})", "zinf.attention: expected one of \"auto\", \"plain\", \"flash\", found the string \"sparse\""},
-        BadCase{R"({"zinf": {"frobnicate": 1}})", "zinf.frobnicate: unknown key; accepted keys here: active_offload, aio, attention, checksums, comm_timeout_s, device"},
-        BadCase{R"({"zero_optimization": {"stage": 1, "stage": 2}})", "zero_optimization.stage: key appears more than once"},
+        BadCase{R"({"zinf": {"gradients": "disk"}})",
+                "zinf.gradients: expected one of \"auto\", \"host\", \"nvme\", found the string \"disk\""},
+        BadCase{R"({"zinf": {"matmul": "fp16"}})",
+                "zinf.matmul: expected one of \"fp32\", \"bf16\", found the string \"fp16\""},
+        BadCase{R"({"zinf": {"attention": "sparse"}})",
+                "zinf.attention: expected one of \"auto\", \"plain\", \"flash\", found the string \"sparse\""},
+        BadCase{R"({"zinf": {"frobnicate": 1}})",
+                "zinf.frobnicate: unknown key; accepted keys here: active_offload, aio, attention, checksums, "
+                "comm_timeout_s, device"},
+        BadCase{R"({"zero_optimization": {"stage": 1, "stage": 2}})",
+                "zero_optimization.stage: key appears more than once"},
         BadCase{R"([1, 2])", "the top level must be a JSON object, found the array [1,2]"},
         BadCase{"{\n  \"zero_optimization\": {\n    \"stage\": 2,\n  }\n}", "test.json:4:3: malformed JSON"},
         BadCase{"{\"a\": tru}", "test.json:1:10: malformed JSON: syntax error while parsing value - invalid literal"}),
@@ -395,7 +411,8 @@ TEST(ConfigInputTest, ManyDuplicateKeysAreOneProblemEach) {
 }
 
 TEST(ConfigInputTest, AutoFromAHugeHiddenSizeIsAnErrorNotAnOverflow) {
-  Config c = MustParse(R"({"zero_optimization": {"reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto"}})");
+  Config c =
+      MustParse(R"({"zero_optimization": {"reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto"}})");
   AutoContext ctx;
   ctx.hidden_size = int64_t{3037000500};  // its square overflows int64
   auto r = ResolveAuto(c, ctx);

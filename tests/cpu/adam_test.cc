@@ -129,9 +129,9 @@ TEST_P(AdamLevelTest, MatchesScalarTwinBitForBit) {
               AdamState fast = twin;
               const AdamOptions o = Options(decay.mode, decay.wd, bias_correction);
               const double scale = 0.7 / 1024;
-              ASSERT_TRUE(AdamStep(arena_, o, 3, scale, twin.Buffers(offset, n, copy > 0, copy_dtype),
-                                   SimdLevel::kScalar)
-                              .ok());
+              ASSERT_TRUE(
+                  AdamStep(arena_, o, 3, scale, twin.Buffers(offset, n, copy > 0, copy_dtype), SimdLevel::kScalar)
+                      .ok());
               ASSERT_TRUE(AdamStep(arena_, o, 3, scale, fast.Buffers(offset, n, copy > 0, copy_dtype), level).ok());
               for (size_t i = 0; i < n + 1; ++i) {
                 ASSERT_TRUE(SameBitsOrBothNan(fast.params[i], twin.params[i])) << "param " << i;
@@ -195,8 +195,8 @@ RefResult Reference(const AdamOptions& o, int64_t step, double scale, double p, 
   r.tol_exp_avg_sq = 12 * kU * v_terms + kSubnormalSlack;
   const double rel_v = v > 0 ? r.tol_exp_avg_sq / v : 0.0;
   const double rel_d = (rel_v / 2 + 3 * kU) * (sqrt_term / d) + 2 * kU;
-  r.tol_param = 4 * kU * std::fabs(p) + (rel_d + 4 * kU) * std::fabs(update) + step_size / d * r.tol_exp_avg +
-                kSubnormalSlack;
+  r.tol_param =
+      4 * kU * std::fabs(p) + (rel_d + 4 * kU) * std::fabs(update) + step_size / d * r.tol_exp_avg + kSubnormalSlack;
   return r;
 }
 
@@ -224,17 +224,17 @@ TEST_P(AdamLevelTest, MatchesDoubleReferenceWithinForwardErrorBound) {
           const double scale = 1.0 / 3.0;
           ASSERT_TRUE(AdamStep(arena_, o, step, scale, s.Buffers(0, n, false, DType::kBFloat16), level).ok());
           for (size_t i = 0; i < n; ++i) {
-            const RefResult ref = Reference(o, step, scale, before.params[i], before.exp_avg[i], before.exp_avg_sq[i],
-                                            before.Grad(i));
+            const RefResult ref =
+                Reference(o, step, scale, before.params[i], before.exp_avg[i], before.exp_avg_sq[i], before.Grad(i));
             const double errs[3] = {std::fabs(s.params[i] - ref.param), std::fabs(s.exp_avg[i] - ref.exp_avg),
                                     std::fabs(s.exp_avg_sq[i] - ref.exp_avg_sq)};
             const double tols[3] = {ref.tol_param, ref.tol_exp_avg, ref.tol_exp_avg_sq};
             for (int k = 0; k < 3; ++k) {
-              ASSERT_LE(errs[k], tols[k]) << "element " << i << " output " << k << " (param, m, v)"
-                                          << std::hexfloat << " p " << before.params[i] << " m " << before.exp_avg[i]
-                                          << " v " << before.exp_avg_sq[i] << " g " << before.Grad(i) << " -> "
-                                          << s.params[i] << " " << s.exp_avg[i] << " " << s.exp_avg_sq[i] << " ref "
-                                          << ref.param << " " << ref.exp_avg << " " << ref.exp_avg_sq;
+              ASSERT_LE(errs[k], tols[k])
+                  << "element " << i << " output " << k << " (param, m, v)" << std::hexfloat << " p "
+                  << before.params[i] << " m " << before.exp_avg[i] << " v " << before.exp_avg_sq[i] << " g "
+                  << before.Grad(i) << " -> " << s.params[i] << " " << s.exp_avg[i] << " " << s.exp_avg_sq[i] << " ref "
+                  << ref.param << " " << ref.exp_avg << " " << ref.exp_avg_sq;
               worst_ratio = std::max(worst_ratio, errs[k] / tols[k]);
             }
           }

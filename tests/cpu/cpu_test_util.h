@@ -59,10 +59,10 @@ inline std::string SimdLevelParamName(const ::testing::TestParamInfo<SimdLevel>&
 }
 
 // In SetUp of a test parameterized by level.
-#define ZINF_SKIP_IF_LEVEL_UNSUPPORTED(level)                                                              \
-  do {                                                                                                     \
-    if (static_cast<int>(level) > static_cast<int>(::zinf::DetectedSimdLevel()))                           \
-      GTEST_SKIP() << "this CPU does not support " << ::zinf::SimdLevelName(level);                        \
+#define ZINF_SKIP_IF_LEVEL_UNSUPPORTED(level)                                       \
+  do {                                                                              \
+    if (static_cast<int>(level) > static_cast<int>(::zinf::DetectedSimdLevel()))    \
+      GTEST_SKIP() << "this CPU does not support " << ::zinf::SimdLevelName(level); \
   } while (0)
 
 // Equal bits, or both NaN (NaN sign and payload may differ between levels).
@@ -98,7 +98,8 @@ class RandomFloats {
     if (pick < 87) return (rng_() & 1) ? 0.0f : -0.0f;
     if (pick < 92) return uni(rng_) * 3e4f;  // near fp16's max
     if (!specials) return uni(rng_) * scale;
-    if (pick < 95) return (rng_() & 1) ? std::numeric_limits<float>::infinity() : -std::numeric_limits<float>::infinity();
+    if (pick < 95)
+      return (rng_() & 1) ? std::numeric_limits<float>::infinity() : -std::numeric_limits<float>::infinity();
     if (pick < 97) return std::numeric_limits<float>::quiet_NaN();
     return BitsToFloat(rng_());  // any bit pattern, NaN payloads included
   }

@@ -35,8 +35,8 @@ double DecodeHalf(uint16_t h) {
 // Every high half with low halves at and around the rounding points of both
 // formats (bit 13 for fp16, bit 16 for bf16): ties, just below, just above.
 std::vector<uint32_t> InterestingFloatBits() {
-  static constexpr uint32_t kLow[] = {0x0000, 0x0001, 0x0fff, 0x1000, 0x1001, 0x1fff, 0x2000, 0x3000,
-                                      0x7fff, 0x8000, 0x8001, 0xa000, 0xe000, 0xffff};
+  static constexpr uint32_t kLow[] = {0x0000, 0x0001, 0x0fff, 0x1000, 0x1001, 0x1fff, 0x2000,
+                                      0x3000, 0x7fff, 0x8000, 0x8001, 0xa000, 0xe000, 0xffff};
   std::vector<uint32_t> bits;
   for (uint32_t high = 0; high < 0x10000; ++high)
     for (uint32_t low : kLow) bits.push_back(high << 16 | low);
@@ -77,9 +77,9 @@ TEST(Float16Test, FloatToHalfRoundsToNearestEven) {
 TEST(Float16Test, FloatToHalfKnownValues) {
   EXPECT_EQ(FloatToHalfBits(1.0f), 0x3c00);
   EXPECT_EQ(FloatToHalfBits(-2.0f), 0xc000);
-  EXPECT_EQ(FloatToHalfBits(65504.0f), 0x7bff);            // max
-  EXPECT_EQ(FloatToHalfBits(65519.99f), 0x7bff);           // below the midpoint to 2^16
-  EXPECT_EQ(FloatToHalfBits(65520.0f), 0x7c00);            // the midpoint rounds to even: inf
+  EXPECT_EQ(FloatToHalfBits(65504.0f), 0x7bff);               // max
+  EXPECT_EQ(FloatToHalfBits(65519.99f), 0x7bff);              // below the midpoint to 2^16
+  EXPECT_EQ(FloatToHalfBits(65520.0f), 0x7c00);               // the midpoint rounds to even: inf
   EXPECT_EQ(FloatToHalfBits(std::ldexp(1.0f, -24)), 0x0001);  // smallest subnormal
   EXPECT_EQ(FloatToHalfBits(std::ldexp(1.0f, -25)), 0x0000);  // tie to even: 0
   EXPECT_EQ(FloatToHalfBits(std::ldexp(1.5f, -24)), 0x0002);  // tie to even: 2
@@ -105,11 +105,11 @@ TEST(Float16Test, FloatToBf16MatchesNearestNeighbour) {
 
 TEST(Float16Test, Bf16KnownValues) {
   EXPECT_EQ(FloatToBf16Bits(1.0f), 0x3f80);
-  EXPECT_EQ(FloatToBf16Bits(BitsToFloat(0x3f808000u)), 0x3f80);  // tie, even stays
-  EXPECT_EQ(FloatToBf16Bits(BitsToFloat(0x3f818000u)), 0x3f82);  // tie, odd rounds up
+  EXPECT_EQ(FloatToBf16Bits(BitsToFloat(0x3f808000u)), 0x3f80);           // tie, even stays
+  EXPECT_EQ(FloatToBf16Bits(BitsToFloat(0x3f818000u)), 0x3f82);           // tie, odd rounds up
   EXPECT_EQ(FloatToBf16Bits(std::numeric_limits<float>::max()), 0x7f80);  // rounds to inf
   EXPECT_EQ(FloatToBf16Bits(BitsToFloat(0x7f800001u)), 0x7fc0);           // NaN with low payload stays NaN
-  EXPECT_EQ(FloatToBits(Bf16BitsToFloat(0x8001)), 0x80010000u);            // widening is a shift
+  EXPECT_EQ(FloatToBits(Bf16BitsToFloat(0x8001)), 0x80010000u);           // widening is a shift
 }
 
 TEST(Float16Test, RoundTripIsIdentityForEvery16BitValue) {

@@ -21,7 +21,6 @@ INSTANTIATE_TEST_SUITE_P(Host, DeviceContractTest, ::testing::Values("cpu"));
 
 namespace {
 
-
 std::unique_ptr<Device> Checking(uint64_t budget = 16 << 20) {
   DeviceOptions o;
   o.spec = "cpu";

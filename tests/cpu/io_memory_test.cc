@@ -38,7 +38,7 @@ TEST(IoMemoryTest, LargeBuffersStartAtAHugePageAndAreAdvised) {
   ASSERT_TRUE(m);
   EXPECT_EQ(reinterpret_cast<uintptr_t>(m.get()) % kHugePage, 0u);
   for (uint64_t i = 0; i < bytes; i += 4096) ASSERT_EQ(m.get()[i], 0) << i;  // zeroed
-  std::memset(m.get(), 0x5a, bytes);                                          // every byte writable
+  std::memset(m.get(), 0x5a, bytes);                                         // every byte writable
   EXPECT_EQ(m.get()[bytes - 1], 0x5a);
   const std::string flags = VmFlagsOf(m.get());
   ASSERT_FALSE(flags.empty()) << "no mapping holds the buffer";

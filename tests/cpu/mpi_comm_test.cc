@@ -51,7 +51,9 @@ float RandomFloat(uint64_t bits, int exp_range) {
 // Element i of `rank`'s input for test `seed`, stored as `dtype`.
 void StoreElement(DType dtype, uint8_t* base, size_t i, float v) {
   switch (dtype) {
-    case DType::kFloat32: std::memcpy(base + 4 * i, &v, 4); return;
+    case DType::kFloat32:
+      std::memcpy(base + 4 * i, &v, 4);
+      return;
     case DType::kBFloat16: {
       uint16_t h = FloatToBf16Bits(v);
       std::memcpy(base + 2 * i, &h, 2);

@@ -57,8 +57,8 @@ class NormLevelTest : public ::testing::TestWithParam<SimdLevel> {
 
 TEST_P(NormLevelTest, PartialsMatchScalarTwinBitForBit) {
   for (DType dtype : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
-    for (size_t n : {size_t{0}, size_t{1}, size_t{15}, size_t{17}, size_t{1000}, kNormBlockElems,
-                     2 * kNormBlockElems + 777}) {
+    for (size_t n :
+         {size_t{0}, size_t{1}, size_t{15}, size_t{17}, size_t{1000}, kNormBlockElems, 2 * kNormBlockElems + 777}) {
       for (size_t offset : {0, 1}) {
         SCOPED_TRACE(testing::Message() << DTypeName(dtype) << " n " << n << " offset " << offset);
         const auto data = RandomData(n + 1, dtype, static_cast<uint32_t>(n + 3 * offset));

@@ -92,7 +92,7 @@ TEST(PinnedPoolTest, SizeClasses) {
   EXPECT_EQ(PinnedPool::SizeClassBytes(page), page);
   EXPECT_EQ(PinnedPool::SizeClassBytes(page + 1), 2 * page);
   EXPECT_EQ(PinnedPool::SizeClassBytes(5 * page), 5 * page);
-  EXPECT_EQ(PinnedPool::SizeClassBytes(9 * page), 10 * page);   // 4 classes in [8, 16) pages
+  EXPECT_EQ(PinnedPool::SizeClassBytes(9 * page), 10 * page);  // 4 classes in [8, 16) pages
   EXPECT_EQ(PinnedPool::SizeClassBytes(17 * page), 20 * page);
   EXPECT_EQ(PinnedPool::SizeClassBytes(PinnedPool::kMaxBufferBytes), PinnedPool::kMaxBufferBytes);
   EXPECT_EQ(PinnedPool::SizeClassBytes(PinnedPool::kMaxBufferBytes - 1), PinnedPool::kMaxBufferBytes);
@@ -122,7 +122,7 @@ TEST(PinnedPoolTest, BuffersArePageAlignedLockedAndReused) {
     EXPECT_EQ(reinterpret_cast<uintptr_t>(first) % sysconf(_SC_PAGESIZE), 0u);
     EXPECT_EQ(buf->size_bytes(), 300 * kKiB);
     EXPECT_EQ(buf->capacity_bytes(), PinnedPool::SizeClassBytes(300 * kKiB));
-    std::memset(buf->data(), 0x5a, buf->capacity_bytes());  // all of it is usable
+    std::memset(buf->data(), 0x5a, buf->capacity_bytes());                             // all of it is usable
     EXPECT_GE(ProcStatusKiB("VmLck:") - locked_before, buf->capacity_bytes() / kKiB);  // mlock'ed
     EXPECT_EQ(pool->stats().in_use_bytes, buf->capacity_bytes());
   }  // released to the cache, still pinned

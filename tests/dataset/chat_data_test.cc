@@ -100,7 +100,8 @@ TEST(ChatDataTest, RejectedLinesNameTheLineAndTheKey) {
       {R"({"prompt": 3, "response": "r"})", "prompt: expected a string"},
       {R"({"messages": []})", "messages: expected a non-empty array"},
       {R"({"messages": [{"role": "user"}]})", "messages[0]: expected {\"role\", \"content\"}"},
-      {R"({"messages": [{"role": "tool", "content": "x"}]})", "messages[0].role: 'tool' is not system, user or assistant"},
+      {R"({"messages": [{"role": "tool", "content": "x"}]})",
+       "messages[0].role: 'tool' is not system, user or assistant"},
       {R"({"messages": [{"role": "user", "content": 1}]})", "messages[0].content: expected a string"},
       {R"({"messages": [{"role": "user", "content": "x"}]})", "no assistant message"},
   };
@@ -212,9 +213,9 @@ TokenizedChat Example(int first_id, int n, int trained_from) {
 
 TEST(ChatDataTest, PackerKeepsExamplesWholeAndPadsTheRest) {
   RowPacker p(/*seq_len=*/7, /*pad_id=*/99);  // rows of 8 tokens
-  p.Add(Example(10, 3, 1));  // 10 11* 12*
-  p.Add(Example(20, 4, 2));  // fits: 20 21 22* 23*; row has 7
-  p.Add(Example(30, 3, 2));  // does not fit: next row
+  p.Add(Example(10, 3, 1));                   // 10 11* 12*
+  p.Add(Example(20, 4, 2));                   // fits: 20 21 22* 23*; row has 7
+  p.Add(Example(30, 3, 2));                   // does not fit: next row
   p.Finish();
   ASSERT_EQ(p.rows(), 2);
   EXPECT_EQ(p.inputs(), (std::vector<int32_t>{10, 11, 12, 20, 21, 22, 23, 30, 31, 32, 99, 99, 99, 99}));
@@ -227,8 +228,8 @@ TEST(ChatDataTest, PackerKeepsExamplesWholeAndPadsTheRest) {
 
 TEST(ChatDataTest, PackerCutsLongExamplesAndDropsThoseLeftWithoutTargets) {
   RowPacker p(/*seq_len=*/3, /*pad_id=*/0);  // rows of 4 tokens
-  p.Add(Example(10, 6, 2));  // cut to 10 11 12* 13*
-  p.Add(Example(20, 6, 5));  // cut to 20..23: nothing trained left: dropped
+  p.Add(Example(10, 6, 2));                  // cut to 10 11 12* 13*
+  p.Add(Example(20, 6, 5));                  // cut to 20..23: nothing trained left: dropped
   p.Add(Example(30, 2, 1));
   p.Finish();
   EXPECT_EQ(p.truncated(), 2);
@@ -345,7 +346,8 @@ std::vector<std::vector<ChatMessage>> BoundaryConversations() {
 // HfTokenizer's linear boundaries are the ones encoding each prefix gives.
 void ExpectFastBoundariesExact(const HfTokenizer& tok) {
   for (const auto& conv : BoundaryConversations()) {
-    for (ChatTemplate t : {ChatTemplate::kLlama3, ChatTemplate::kChatMl, ChatTemplate::kQwen3, ChatTemplate::kMistral}) {
+    for (ChatTemplate t :
+         {ChatTemplate::kLlama3, ChatTemplate::kChatMl, ChatTemplate::kQwen3, ChatTemplate::kMistral}) {
       auto pieces = RenderChat(t, conv);
       if (!pieces.ok()) continue;
       std::string whole;
@@ -432,7 +434,7 @@ TEST_P(ChatDataRealTest, TheMaskFollowsTheAssistantTurns) {
   if (!tok) GTEST_SKIP() << Path() << " does not exist ($ZINF_TOKENIZER_DIR)";
   auto t = DetectChatTemplate(*tok);
   ASSERT_TRUE(t.ok()) << t.status().ToString();
-  const ChatTemplate want = GetParam() == "llama3" ? ChatTemplate::kLlama3
+  const ChatTemplate want = GetParam() == "llama3"  ? ChatTemplate::kLlama3
                             : GetParam() == "qwen3" ? ChatTemplate::kQwen3
                                                     : ChatTemplate::kMistral;
   EXPECT_EQ(*t, want);
@@ -446,8 +448,10 @@ TEST_P(ChatDataRealTest, TheMaskFollowsTheAssistantTurns) {
   for (size_t i = 0; i < runs.size(); ++i) {
     // Byte-level vocabularies decode a run to its text exactly; Llama 2's
     // decoder drops the run's leading space.
-    if (want == ChatTemplate::kMistral) EXPECT_EQ(" " + runs[i], pieces[i]);
-    else EXPECT_EQ(runs[i], pieces[i]);
+    if (want == ChatTemplate::kMistral)
+      EXPECT_EQ(" " + runs[i], pieces[i]);
+    else
+      EXPECT_EQ(runs[i], pieces[i]);
   }
 }
 
@@ -472,7 +476,10 @@ TEST_P(ChatDataTemplateTest, IdsMatchTransformersApplyChatTemplate) {
   std::vector<std::vector<ChatMessage>> conversations = {
       Conversation(),
       {{"user", "Écris une fonction.\n```py\ndef f():\n    return 1\n```"}, {"assistant", "  Voilà 🎉  "}},
-      {{"system", "\n  Spaces <|eot_id|>\t"}, {"user", "\n\n"}, {"assistant", "a\n\nb"}, {"user", "日本語"},
+      {{"system", "\n  Spaces <|eot_id|>\t"},
+       {"user", "\n\n"},
+       {"assistant", "a\n\nb"},
+       {"user", "日本語"},
        {"assistant", "x"}},
   };
   if (!llama3) {

@@ -260,9 +260,13 @@ TEST(HfCheckpointInputTest, HostileConfigsAreOneLineNamingTheKey) {
     EXPECT_EQ(hf.status().message().find('\n'), std::string::npos) << hf.status().message();
     return hf.status().message();
   };
-  EXPECT_NE(error_of([](auto& j) { j["rope_scaling"] = {{"rope_type", 3}}; }).find("rope_scaling.rope_type"),
+  EXPECT_NE(error_of([](auto& j) {
+              j["rope_scaling"] = {{"rope_type", 3}};
+            }).find("rope_scaling.rope_type"),
             std::string::npos);
-  EXPECT_NE(error_of([](auto& j) { j["rope_scaling"] = {{"type", nullptr}}; }).find("rope_scaling.type"),
+  EXPECT_NE(error_of([](auto& j) {
+              j["rope_scaling"] = {{"type", nullptr}};
+            }).find("rope_scaling.type"),
             std::string::npos);
   EXPECT_NE(error_of([](auto& j) { j["rope_scaling"] = "llama3"; }).find("\"rope_scaling\" must be an object"),
             std::string::npos);
@@ -273,8 +277,11 @@ TEST(HfCheckpointInputTest, HostileConfigsAreOneLineNamingTheKey) {
             }).find("\"use_sliding_window\" must be true or false"),
             std::string::npos);
   EXPECT_NE(error_of([](auto& j) {
-              j["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
-                                   {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 1e300}};
+              j["rope_scaling"] = {{"rope_type", "llama3"},
+                                   {"factor", 8.0},
+                                   {"low_freq_factor", 1.0},
+                                   {"high_freq_factor", 4.0},
+                                   {"original_max_position_embeddings", 1e300}};
             }).find("rope_scaling.original_max_position_embeddings"),
             std::string::npos);
   EXPECT_NE(error_of([](auto& j) {
@@ -285,9 +292,11 @@ TEST(HfCheckpointInputTest, HostileConfigsAreOneLineNamingTheKey) {
             std::string::npos);
   EXPECT_NE(error_of([](auto& j) { j["intermediate_size"] = int64_t{1} << 62; }).find("intermediate_size"),
             std::string::npos);
-  EXPECT_NE(error_of([](auto& j) { j["num_hidden_layers"] = int64_t{1} << 40; }).find("num_layers"),
-            std::string::npos);
-  EXPECT_NE(error_of([](auto& j) { j["sliding_window"] = -5; j["model_type"] = "mistral"; }).find("sliding_window"),
+  EXPECT_NE(error_of([](auto& j) { j["num_hidden_layers"] = int64_t{1} << 40; }).find("num_layers"), std::string::npos);
+  EXPECT_NE(error_of([](auto& j) {
+              j["sliding_window"] = -5;
+              j["model_type"] = "mistral";
+            }).find("sliding_window"),
             std::string::npos);
   auto deep = ParseHfConfig(std::string(100000, '[') + std::string(100000, ']'), "config.json");
   ASSERT_FALSE(deep.ok());

@@ -22,10 +22,14 @@ using V = std::vector<std::string>;
 TEST(HfPreTokenizeTest, RecognizesTheKnownRegexesOnly) {
   EXPECT_EQ(RecognizeSplitRegex(R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)"),
             SplitPattern::kGpt2);
-  EXPECT_EQ(RecognizeSplitRegex(R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)"),
-            SplitPattern::kLlama3);
-  EXPECT_EQ(RecognizeSplitRegex(R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)"),
-            SplitPattern::kQwen2);
+  EXPECT_EQ(
+      RecognizeSplitRegex(
+          R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)"),
+      SplitPattern::kLlama3);
+  EXPECT_EQ(
+      RecognizeSplitRegex(
+          R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)"),
+      SplitPattern::kQwen2);
   EXPECT_FALSE(RecognizeSplitRegex(R"(\p{N}{1,3})").has_value());
   EXPECT_FALSE(RecognizeSplitRegex("").has_value());
 }

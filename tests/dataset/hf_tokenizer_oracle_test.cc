@@ -94,9 +94,12 @@ std::string Utf8Lossy(std::string_view bytes) {
       ++i;
       continue;
     }
-    if (b >= 0xC2 && b <= 0xDF) need = 1;
-    else if (b >= 0xE0 && b <= 0xEF) need = 2, lo = b == 0xE0 ? 0xA0 : 0x80, hi = b == 0xED ? 0x9F : 0xBF;
-    else if (b >= 0xF0 && b <= 0xF4) need = 3, lo = b == 0xF0 ? 0x90 : 0x80, hi = b == 0xF4 ? 0x8F : 0xBF;
+    if (b >= 0xC2 && b <= 0xDF)
+      need = 1;
+    else if (b >= 0xE0 && b <= 0xEF)
+      need = 2, lo = b == 0xE0 ? 0xA0 : 0x80, hi = b == 0xED ? 0x9F : 0xBF;
+    else if (b >= 0xF0 && b <= 0xF4)
+      need = 3, lo = b == 0xF0 ? 0x90 : 0x80, hi = b == 0xF4 ? 0x8F : 0xBF;
     size_t j = i + 1;
     int got = 0;
     while (need > 0 && got < need && j < bytes.size()) {
@@ -118,9 +121,12 @@ std::string Utf8Lossy(std::string_view bytes) {
 bool ValidUtf8(std::string_view bytes) { return Utf8Lossy(bytes) == bytes; }
 
 TEST(HfTokenizerOracleLossyTest, ReplacesMaximalSubparts) {
-  EXPECT_EQ(Utf8Lossy("a\xE4\xBD" "b"), "a\xEF\xBF\xBD" "b");           // a cut 3-byte sequence: one
-  EXPECT_EQ(Utf8Lossy("\xF0\x9F\x91"), "\xEF\xBF\xBD");                 // a cut 4-byte sequence: one
-  EXPECT_EQ(Utf8Lossy("\x80\x80"), "\xEF\xBF\xBD\xEF\xBF\xBD");         // lone continuations: one each
+  EXPECT_EQ(Utf8Lossy("a\xE4\xBD"
+                      "b"),
+            "a\xEF\xBF\xBD"
+            "b");                                                                // a cut 3-byte sequence: one
+  EXPECT_EQ(Utf8Lossy("\xF0\x9F\x91"), "\xEF\xBF\xBD");                          // a cut 4-byte sequence: one
+  EXPECT_EQ(Utf8Lossy("\x80\x80"), "\xEF\xBF\xBD\xEF\xBF\xBD");                  // lone continuations: one each
   EXPECT_EQ(Utf8Lossy("\xE0\x80\x80"), "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");  // overlong: no subpart
   EXPECT_EQ(Utf8Lossy("\xED\xA0\x80"), "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");  // a surrogate
   EXPECT_EQ(Utf8Lossy("é👍"), "é👍");
@@ -138,8 +144,8 @@ TEST_P(HfTokenizerOracleTest, EncodeAndDecodeAgreeWithTheTokenizersLibrary) {
   const std::vector<std::string> texts = Texts();
   WriteFile(dir + "/in.json", nlohmann::json(texts).dump());
   const std::string cmd = "'" + zinf::test::Python() + "' '" + zinf::test::SourceDir() +
-                          "/tests/dataset/hf_tokenizer_oracle.py' encode '" + json_path + "' '" + dir +
-                          "/in.json' '" + dir + "/out.json' 2>&1";
+                          "/tests/dataset/hf_tokenizer_oracle.py' encode '" + json_path + "' '" + dir + "/in.json' '" +
+                          dir + "/out.json' 2>&1";
   const auto run = zinf::test::RunCommand(cmd);
   ASSERT_EQ(run.exit_code, 0) << cmd << "\n" << run.output;
   const nlohmann::json expected = nlohmann::json::parse(ReadFile(dir + "/out.json"));
@@ -182,10 +188,11 @@ TEST_P(HfTokenizerOracleTest, EncodeAndDecodeAgreeWithTheTokenizersLibrary) {
       ++replaced;
     }
   }
-  std::printf("  %s: %zu texts, %zu ids agree; %lld of %zu ids decode alone to the library's text, %lld to its "
-              "U+FFFD (not UTF-8 alone), %lld have no token\n",
-              GetParam().c_str(), texts.size(), num_ids, static_cast<long long>(same), tokens.size(),
-              static_cast<long long>(replaced), static_cast<long long>(absent));
+  std::printf(
+      "  %s: %zu texts, %zu ids agree; %lld of %zu ids decode alone to the library's text, %lld to its "
+      "U+FFFD (not UTF-8 alone), %lld have no token\n",
+      GetParam().c_str(), texts.size(), num_ids, static_cast<long long>(same), tokens.size(),
+      static_cast<long long>(replaced), static_cast<long long>(absent));
 }
 
 INSTANTIATE_TEST_SUITE_P(RealFiles, HfTokenizerOracleTest, ::testing::Values("llama3", "qwen3", "llama2"),

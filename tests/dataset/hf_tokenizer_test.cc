@@ -30,7 +30,8 @@ const char* const kLlama3Regex =
 
 // A byte-level tokenizer in the Llama 3 layout: byte b is id b; `extra`
 // tokens (raw bytes) follow from 256; merges are pairs of raw byte strings.
-Json ByteLevelJson(const std::vector<std::string>& extra, const std::vector<std::pair<std::string, std::string>>& merges) {
+Json ByteLevelJson(const std::vector<std::string>& extra,
+                   const std::vector<std::pair<std::string, std::string>>& merges) {
   Json vocab = Json::object();
   for (int b = 0; b < 256; ++b) vocab[Spell(std::string(1, static_cast<char>(b)))] = b;
   for (size_t i = 0; i < extra.size(); ++i) vocab[Spell(extra[i])] = 256 + static_cast<int>(i);
@@ -43,9 +44,9 @@ Json ByteLevelJson(const std::vector<std::string>& extra, const std::vector<std:
       {"pre_tokenizer",
        {{"type", "Sequence"},
         {"pretokenizers",
-         Json::array({{{"type", "Split"}, {"pattern", {{"Regex", kLlama3Regex}}}, {"behavior", "Isolated"},
-                       {"invert", false}},
-                      {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}})}}},
+         Json::array(
+             {{{"type", "Split"}, {"pattern", {{"Regex", kLlama3Regex}}}, {"behavior", "Isolated"}, {"invert", false}},
+              {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}})}}},
       {"post_processor", nullptr},
       {"decoder", {{"type", "ByteLevel"}}},
       {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", m}, {"ignore_merges", false}}},
@@ -67,8 +68,8 @@ Json Llama2Json(const std::vector<std::string>& extra, const std::vector<std::st
   }
   for (size_t i = 0; i < extra.size(); ++i) vocab[extra[i]] = 259 + static_cast<int>(i);
   auto added = [](int id, const char* s) {
-    return Json{{"id", id}, {"content", s}, {"single_word", false}, {"lstrip", false}, {"rstrip", false},
-                {"normalized", false}, {"special", true}};
+    return Json{{"id", id},        {"content", s},        {"single_word", false}, {"lstrip", false},
+                {"rstrip", false}, {"normalized", false}, {"special", true}};
   };
   return Json{
       {"added_tokens", Json::array({added(0, "<unk>"), added(1, "<s>"), added(2, "</s>")})},
@@ -84,7 +85,11 @@ Json Llama2Json(const std::vector<std::string>& extra, const std::vector<std::st
                                   {{"type", "Fuse"}},
                                   {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}})}}},
       {"model",
-       {{"type", "BPE"}, {"vocab", vocab}, {"merges", merges}, {"unk_token", "<unk>"}, {"fuse_unk", true},
+       {{"type", "BPE"},
+        {"vocab", vocab},
+        {"merges", merges},
+        {"unk_token", "<unk>"},
+        {"fuse_unk", true},
         {"byte_fallback", true}}},
   };
 }
@@ -179,8 +184,8 @@ TEST(HfTokenizerTest, UnknownCharactersWithoutByteFallback) {
 TEST(HfTokenizerTest, AddedTokensLongestMatchAndFlags) {
   Json j = ByteLevelJson({}, {});
   auto added = [](int id, const char* s, bool special) {
-    return Json{{"id", id}, {"content", s}, {"special", special}, {"lstrip", false}, {"rstrip", false},
-                {"single_word", false}, {"normalized", false}};
+    return Json{{"id", id},        {"content", s},         {"special", special}, {"lstrip", false},
+                {"rstrip", false}, {"single_word", false}, {"normalized", false}};
   };
   j["added_tokens"] = Json::array({added(300, "<|x|>", true), added(301, "<|x|>y", true), added(302, "[L]", false),
                                    added(303, "[R]", false), added(304, "tok", false)});
@@ -282,15 +287,25 @@ TEST(HfTokenizerTest, RejectedFilesNameTheKey) {
   };
   const Case cases[] = {
       {"model type", [](Json& j) { j["model"]["type"] = "WordPiece"; }, "model.type: unknown model 'WordPiece'"},
-      {"normalizer", [](Json& j) { j["normalizer"] = {{"type", "Lowercase"}}; },
+      {"normalizer",
+       [](Json& j) {
+         j["normalizer"] = {{"type", "Lowercase"}};
+       },
        "normalizer.type: unknown normalizer 'Lowercase'"},
       {"nested normalizer",
-       [](Json& j) { j["normalizer"] = {{"type", "Sequence"}, {"normalizers", Json::array({{{"type", "NFKC"}}})}}; },
+       [](Json& j) {
+         j["normalizer"] = {{"type", "Sequence"}, {"normalizers", Json::array({{{"type", "NFKC"}}})}};
+       },
        "normalizer.normalizers[0].type: unknown normalizer 'NFKC'"},
       {"replace regex",
-       [](Json& j) { j["normalizer"] = {{"type", "Replace"}, {"pattern", {{"Regex", " +"}}}, {"content", " "}}; },
+       [](Json& j) {
+         j["normalizer"] = {{"type", "Replace"}, {"pattern", {{"Regex", " +"}}}, {"content", " "}};
+       },
        "normalizer.pattern.Regex"},
-      {"pre-tokenizer", [](Json& j) { j["pre_tokenizer"] = {{"type", "Whitespace"}}; },
+      {"pre-tokenizer",
+       [](Json& j) {
+         j["pre_tokenizer"] = {{"type", "Whitespace"}};
+       },
        "pre_tokenizer.type: unknown pre-tokenizer 'Whitespace'"},
       {"regex", [](Json& j) { j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "\\p{N}{1,5}"; },
        "pre_tokenizer.pretokenizers[0].pattern.Regex: unsupported split regex '\\p{N}{1,5}'"},
@@ -298,15 +313,25 @@ TEST(HfTokenizerTest, RejectedFilesNameTheKey) {
        "pre_tokenizer.pretokenizers[0].behavior: unsupported 'Removed'"},
       {"invert", [](Json& j) { j["pre_tokenizer"]["pretokenizers"][0]["invert"] = true; },
        "pre_tokenizer.pretokenizers[0].invert"},
-      {"decoder", [](Json& j) { j["decoder"] = {{"type", "WordPiece"}}; }, "decoder.type: unknown decoder 'WordPiece'"},
+      {"decoder",
+       [](Json& j) {
+         j["decoder"] = {{"type", "WordPiece"}};
+       },
+       "decoder.type: unknown decoder 'WordPiece'"},
       {"decoder type missing", [](Json& j) { j["decoder"] = Json::object(); }, "decoder.type: missing"},
       {"dropout", [](Json& j) { j["model"]["dropout"] = 0.1; }, "model.dropout"},
       {"subword prefix", [](Json& j) { j["model"]["continuing_subword_prefix"] = "##"; },
        "model.continuing_subword_prefix: '##'"},
       {"suffix", [](Json& j) { j["model"]["end_of_word_suffix"] = "</w>"; }, "model.end_of_word_suffix"},
-      {"merge part", [](Json& j) { j["model"]["merges"].push_back(Json::array({"zz", "a"})); },
+      {"merge part",
+       [](Json& j) {
+         j["model"]["merges"].push_back(Json::array({"zz", "a"}));
+       },
        "model.merges[1]: 'zz a': 'zz' is not in the vocabulary"},
-      {"merge result", [](Json& j) { j["model"]["merges"].push_back(Json::array({"b", "c"})); },
+      {"merge result",
+       [](Json& j) {
+         j["model"]["merges"].push_back(Json::array({"b", "c"}));
+       },
        "model.merges[1]: 'b c' produces 'bc', which is not in the vocabulary"},
       {"merge form", [](Json& j) { j["model"]["merges"].push_back("a b c"); }, "model.merges[1]: expected two tokens"},
       {"byte missing", [](Json& j) { j["model"]["vocab"].erase(Spell("\n")); }, "model.vocab: byte 0x0A"},
@@ -314,13 +339,26 @@ TEST(HfTokenizerTest, RejectedFilesNameTheKey) {
       {"negative id", [](Json& j) { j["model"]["vocab"]["neg"] = -2; }, "model.vocab: token 'neg' has id -2"},
       {"unk", [](Json& j) { j["model"]["unk_token"] = "<unk>"; }, "model.unk_token: '<unk>' is not in the vocabulary"},
       {"no model", [](Json& j) { j.erase("model"); }, "model: missing"},
-      {"added token", [](Json& j) { j["added_tokens"] = Json::array({{{"content", "x"}}}); }, "added_tokens[0].id"},
-      {"added content", [](Json& j) { j["added_tokens"] = Json::array({{{"id", 9}, {"content", ""}}}); },
+      {"added token",
+       [](Json& j) {
+         j["added_tokens"] = Json::array({{{"content", "x"}}});
+       },
+       "added_tokens[0].id"},
+      {"added content",
+       [](Json& j) {
+         j["added_tokens"] = Json::array({{{"id", 9}, {"content", ""}}});
+       },
        "added_tokens[0].content: is empty"},
       {"bool", [](Json& j) { j["model"]["byte_fallback"] = "yes"; }, "model.byte_fallback: expected true or false"},
-      {"strip", [](Json& j) { j["decoder"] = {{"type", "Strip"}, {"content", " "}, {"start", -1}}; },
+      {"strip",
+       [](Json& j) {
+         j["decoder"] = {{"type", "Strip"}, {"content", " "}, {"start", -1}};
+       },
        "decoder: start and stop"},
-      {"prepend scheme", [](Json& j) { j["decoder"] = {{"type", "Metaspace"}, {"prepend_scheme", "sometimes"}}; },
+      {"prepend scheme",
+       [](Json& j) {
+         j["decoder"] = {{"type", "Metaspace"}, {"prepend_scheme", "sometimes"}};
+       },
        "decoder.prepend_scheme: unknown scheme 'sometimes'"},
   };
   for (const Case& c : cases) {
@@ -370,7 +408,8 @@ TEST(HfTokenizerInputTest, HostilePipelinesAreRejected) {
   for (int i = 0; i < 1000; ++i) many.push_back({{"type", "Metaspace"}, {"replacement", "_"}});
   j = ByteLevelJson({"ab"}, {{"a", "b"}});
   j["pre_tokenizer"] = {{"type", "Sequence"}, {"pretokenizers", many}};
-  EXPECT_NE(error_of(j).find("tok.json: pre_tokenizer.pretokenizers: 1000 steps; zinf takes at most 32"), std::string::npos)
+  EXPECT_NE(error_of(j).find("tok.json: pre_tokenizer.pretokenizers: 1000 steps; zinf takes at most 32"),
+            std::string::npos)
       << error_of(j);
   // Twenty Replace steps that each double the text: a million-fold.
   Json doubling = Json::array();
@@ -386,8 +425,7 @@ TEST(HfTokenizerInputTest, HostilePipelinesAreRejected) {
   j["decoder"] = {{"type", "Sequence"}, {"decoders", doubling}};
   EXPECT_NE(error_of(j).find("tok.json: decoder: its Replace steps"), std::string::npos) << error_of(j);
   j["decoder"] = {{"type", "Replace"}, {"pattern", {{"String", "a"}}}, {"content", std::string(1000, 'x')}};
-  EXPECT_NE(error_of(j).find("tok.json: decoder.content: a string of 1000 bytes"), std::string::npos)
-      << error_of(j);
+  EXPECT_NE(error_of(j).find("tok.json: decoder.content: a string of 1000 bytes"), std::string::npos) << error_of(j);
 }
 
 TEST(HfTokenizerTest, MakeTokenizerTakesAFileOrADirectory) {

@@ -54,18 +54,18 @@ TEST(NfcTest, ComposesReordersAndKeepsExclusions) {
     std::string in, want;
   };
   const Case cases[] = {
-      {"e\xcc\x81", "\xc3\xa9"},                                       // e + acute -> é
-      {"A\xcc\x8a\xcc\xa3", "\xe1\xba\xa0\xcc\x8a"},                   // ring and dot below reordered: Ạ + ring
-      {"a\xcc\xa3\xcc\x82", "\xe1\xba\xad"},                           // a + dot below + circumflex -> ậ
-      {"\xe1\xb8\x8b\xcc\xa3", "\xe1\xb8\x8d\xcc\x87"},                // ḋ + dot below -> ḍ + dot above
-      {"q\xcc\x87\xcc\xa3", "q\xcc\xa3\xcc\x87"},                      // no composite: only reordered
-      {"\xe1\x84\x80\xe1\x85\xa1\xe1\x86\xa8", "\xea\xb0\x81"},        // Hangul jamo L V T -> 각
-      {"\xea\xb0\x80\xe1\x86\xa8", "\xea\xb0\x81"},                    // syllable LV + T
-      {"\xe2\x84\xab", "\xc3\x85"},                                    // Angstrom sign -> Å (singleton)
-      {"\xe0\xa5\x98", "\xe0\xa4\x95\xe0\xa4\xbc"},                    // U+0958 is excluded from composition
-      {"e\xcc\x81\xcc\x81", "\xc3\xa9\xcc\x81"},                       // the second acute is blocked
+      {"e\xcc\x81", "\xc3\xa9"},                                 // e + acute -> é
+      {"A\xcc\x8a\xcc\xa3", "\xe1\xba\xa0\xcc\x8a"},             // ring and dot below reordered: Ạ + ring
+      {"a\xcc\xa3\xcc\x82", "\xe1\xba\xad"},                     // a + dot below + circumflex -> ậ
+      {"\xe1\xb8\x8b\xcc\xa3", "\xe1\xb8\x8d\xcc\x87"},          // ḋ + dot below -> ḍ + dot above
+      {"q\xcc\x87\xcc\xa3", "q\xcc\xa3\xcc\x87"},                // no composite: only reordered
+      {"\xe1\x84\x80\xe1\x85\xa1\xe1\x86\xa8", "\xea\xb0\x81"},  // Hangul jamo L V T -> 각
+      {"\xea\xb0\x80\xe1\x86\xa8", "\xea\xb0\x81"},              // syllable LV + T
+      {"\xe2\x84\xab", "\xc3\x85"},                              // Angstrom sign -> Å (singleton)
+      {"\xe0\xa5\x98", "\xe0\xa4\x95\xe0\xa4\xbc"},              // U+0958 is excluded from composition
+      {"e\xcc\x81\xcc\x81", "\xc3\xa9\xcc\x81"},                 // the second acute is blocked
       {"plain ASCII", "plain ASCII"},
-      {"a\xff\xcc\x81", "a\xff\xcc\x81"},                              // an invalid byte blocks composition
+      {"a\xff\xcc\x81", "a\xff\xcc\x81"},  // an invalid byte blocks composition
   };
   for (const Case& c : cases) {
     EXPECT_EQ(NfcNormalize(c.in), c.want) << c.in;
@@ -76,9 +76,9 @@ TEST(NfcTest, ComposesReordersAndKeepsExclusions) {
 TEST(NfcTest, QuickCheckPassesOnlyTextNfcLeavesAlone) {
   EXPECT_TRUE(IsNfcQuickSafe("The quick brown fox, 1234!"));
   EXPECT_TRUE(IsNfcQuickSafe("\xe4\xb8\xad\xe6\x96\x87 \xd0\x9f\xd1\x80\xd0\xb8"));  // 中文 При
-  EXPECT_FALSE(IsNfcQuickSafe("e\xcc\x81"));          // a combining mark
-  EXPECT_FALSE(IsNfcQuickSafe("\xe2\x84\xab"));       // a singleton decomposition
-  EXPECT_FALSE(IsNfcQuickSafe("\xe1\x85\xa1"));       // a jamo vowel composes with what precedes it
+  EXPECT_FALSE(IsNfcQuickSafe("e\xcc\x81"));                                         // a combining mark
+  EXPECT_FALSE(IsNfcQuickSafe("\xe2\x84\xab"));                                      // a singleton decomposition
+  EXPECT_FALSE(IsNfcQuickSafe("\xe1\x85\xa1"));  // a jamo vowel composes with what precedes it
 }
 
 }  // namespace

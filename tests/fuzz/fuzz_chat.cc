@@ -20,7 +20,10 @@ std::unique_ptr<zinf::data::HfTokenizer> MakeTokenizer() {
   for (int b = 0; b < 256; ++b) vocab[zinf::data::Gpt2BpeTokenizer::ByteToUnicode(static_cast<uint8_t>(b))] = id++;
   const std::string G = zinf::data::Gpt2BpeTokenizer::ByteToUnicode(' ');  // "Ġ"
   Json merges = Json::array();
-  for (auto [l, r] : {std::pair<std::string, std::string>{G, "a"}, {"a", "s"}, {G + "a", "s"}, {"h", "i"},
+  for (auto [l, r] : {std::pair<std::string, std::string>{G, "a"},
+                      {"a", "s"},
+                      {G + "a", "s"},
+                      {"h", "i"},
                       {"\xc4\x8a", "\xc4\x8a"}}) {
     if (!vocab.contains(l + r)) vocab[l + r] = id++;
     merges.push_back(Json::array({l, r}));
@@ -54,7 +57,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // first line (small inputs: the reference is quadratic).
   if (size <= 2048) {
     auto messages = data::ParseChatLine(text.substr(0, text.find('\n')), "fuzz.jsonl:1");
-    for (data::ChatTemplate t : {data::ChatTemplate::kLlama3, data::ChatTemplate::kQwen3, data::ChatTemplate::kMistral}) {
+    for (data::ChatTemplate t :
+         {data::ChatTemplate::kLlama3, data::ChatTemplate::kQwen3, data::ChatTemplate::kMistral}) {
       if (!messages.ok()) break;
       auto pieces = data::RenderChat(t, *messages);
       if (!pieces.ok()) continue;

@@ -24,8 +24,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // What the file says, written back, must load again.
   auto again = ParseConfig(parsed->ToJson(), "tojson.json");
   ZINF_FUZZ_CHECK(again.ok(), again.status().message());
-  for (int64_t hidden : {int64_t{0}, int64_t{64}, int64_t{8192}, int64_t{3037000500},
-                         std::numeric_limits<int64_t>::max()}) {
+  for (int64_t hidden :
+       {int64_t{0}, int64_t{64}, int64_t{8192}, int64_t{3037000500}, std::numeric_limits<int64_t>::max()}) {
     Config c = *parsed;
     AutoContext ctx;
     if (hidden > 0) ctx.hidden_size = hidden;

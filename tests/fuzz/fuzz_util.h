@@ -19,13 +19,13 @@
 namespace zinf::fuzz {
 
 // A broken promise of the code under test: abort, so libFuzzer keeps the input.
-#define ZINF_FUZZ_CHECK(cond, what)                                                     \
-  do {                                                                                  \
-    if (!(cond)) {                                                                      \
-      std::fprintf(stderr, "fuzz check failed at %s:%d: %s: %s\n", __FILE__, __LINE__, \
-                   #cond, std::string(what).c_str());                                   \
-      std::abort();                                                                     \
-    }                                                                                   \
+#define ZINF_FUZZ_CHECK(cond, what)                                                           \
+  do {                                                                                        \
+    if (!(cond)) {                                                                            \
+      std::fprintf(stderr, "fuzz check failed at %s:%d: %s: %s\n", __FILE__, __LINE__, #cond, \
+                   std::string(what).c_str());                                                \
+      std::abort();                                                                           \
+    }                                                                                         \
   } while (0)
 
 inline std::string_view AsText(const uint8_t* data, size_t size) {

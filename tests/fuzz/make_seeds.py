@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes the seed corpora of the fuzz targets (tests/fuzz/corpus/<target>/).
 
-Seeds are valid inputs: the DeepSpeed configs of tests/data, and files shaped
+Seeds are valid inputs: the DeepSpeed configs of tests/fixtures, and files shaped
 like the ones the tests generate (tests/dataset/data_test_util.h,
 hf_tokenizer_test.cc, safetensors_test.cc, engine checkpoints, Hugging Face
 folders written by ExportHfCheckpoint), plus small cuts of the real
@@ -39,7 +39,7 @@ def dumps(obj, indent=None):
 # ---- DeepSpeed configs ----------------------------------------------------------
 
 def config_seeds():
-    data = os.path.join(ROOT, "tests", "data")
+    data = os.path.join(ROOT, "tests", "fixtures")
     for name in sorted(os.listdir(data)):
         if name.endswith(".json"):
             with open(os.path.join(data, name), "rb") as f:

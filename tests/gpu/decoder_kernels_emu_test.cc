@@ -23,8 +23,8 @@ namespace zinf::gpu {
 namespace {
 
 using model::RowSet;
-using test::UniformFloats;
 using test::SplitMix64;
+using test::UniformFloats;
 
 Status Emulate(unsigned blocks, unsigned threads, uint64_t seed, const std::function<void()>& kernel) {
   emu::LaunchConfig c;
@@ -106,8 +106,8 @@ void CheckRmsNorm(int64_t elems, const RowSet& rows, uint64_t seed) {
 // several column chunks (1000 rows); and the key heads of a fused qkv.
 TEST(DecoderKernelsEmuTest, RmsNormMatchesTheCpuBitForBit) {
   uint64_t seed = 100;
-  for (const auto& [R, n] : {std::pair<int64_t, int64_t>{37, 1}, {37, 15}, {37, 17}, {9, 773}, {5, 1480}, {4, 2048},
-                             {1000, 8}}) {
+  for (const auto& [R, n] :
+       {std::pair<int64_t, int64_t>{37, 1}, {37, 15}, {37, 17}, {9, 773}, {5, 1480}, {4, 2048}, {1000, 8}}) {
     CheckRmsNorm(R * n, RowSet::Dense(R, n), seed += 10);
   }
   const int64_t tokens = 13, heads = 4, kv_heads = 2, D = 20, stride = (heads + 2 * kv_heads) * D;
@@ -126,8 +126,8 @@ TEST(DecoderKernelsEmuTest, SwiGluMatchesTheCpuBitForBit) {
     size_t offset;  // elements every array starts past a 16-byte boundary
     bool vector;
   };
-  for (const Case& k : {Case{37, 1, 0, false}, Case{37, 17, 0, false}, Case{29, 300, 0, false},
-                        Case{29, 304, 0, true}, Case{29, 304, 1, false}}) {
+  for (const Case& k : {Case{37, 1, 0, false}, Case{37, 17, 0, false}, Case{29, 300, 0, false}, Case{29, 304, 0, true},
+                        Case{29, 304, 1, false}}) {
     const int64_t rows = k.rows, inter = k.inter;
     SCOPED_TRACE(::testing::Message() << "rows " << rows << ", inter " << inter << ", offset " << k.offset);
     const size_t n_in = static_cast<size_t>(rows * 2 * inter), n_out = static_cast<size_t>(rows * inter);
@@ -231,8 +231,10 @@ struct RopeCase {
   // The CPU's rotation of x, in place.
   void Cpu(bool backward, std::vector<float>& x) const {
     const model::ModelThreads th(1);
-    if (backward) model::RopeBackward<float>(th, x.data(), rows, seq_len, table);
-    else model::RopeForward<float>(th, x.data(), rows, seq_len, table);
+    if (backward)
+      model::RopeBackward<float>(th, x.data(), rows, seq_len, table);
+    else
+      model::RopeForward<float>(th, x.data(), rows, seq_len, table);
   }
   template <class T>
   void Emulated(bool backward, T* x) const {

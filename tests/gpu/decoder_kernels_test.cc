@@ -35,9 +35,8 @@ namespace zinf::gpu {
 namespace {
 
 using model::RowSet;
-using test::UniformFloats;
 using test::SplitMix64;
-
+using test::UniformFloats;
 
 uint32_t Bits(float f) {
   uint32_t u;
@@ -157,8 +156,14 @@ void CheckRmsNorm(const model::ModelThreads& th, int64_t elems, int64_t offset, 
 // chunks of 64; 9001 rows: 127 chunks of 71).
 TEST_F(DecoderKernelTest, RmsNormOnDenseRowsMatchesTheCpuBitForBit) {
   uint64_t seed = 100;
-  for (const auto& [R, n] : {std::pair<int64_t, int64_t>{37, 1}, {37, 15}, {37, 16}, {37, 17}, {37, 773},
-                            {1000, 64}, {9001, 40}, {64, 2048}}) {
+  for (const auto& [R, n] : {std::pair<int64_t, int64_t>{37, 1},
+                             {37, 15},
+                             {37, 16},
+                             {37, 17},
+                             {37, 773},
+                             {1000, 64},
+                             {9001, 40},
+                             {64, 2048}}) {
     CheckRmsNorm(threads_, R * n, 0, RowSet::Dense(R, n), true, false, seed += 10);
     CheckRmsNorm(threads_, R * n, 0, RowSet::Dense(R, n), false, true, seed += 10);
   }
@@ -182,8 +187,8 @@ TEST_F(DecoderKernelTest, RmsNormOnQkvHeadsMatchesTheCpuBitForBit) {
 TEST_F(DecoderKernelTest, RopeMatchesTheCpuBitForBit) {
   for (const auto& [head_dim, llama3] : {std::pair<int64_t, bool>{8, false}, {20, false}, {64, true}, {128, true}}) {
     for (const auto& [heads, kv_heads] : {std::pair<int64_t, int64_t>{4, 2}, {3, 3}, {6, 1}}) {
-      SCOPED_TRACE(::testing::Message() << "D " << head_dim << (llama3 ? " llama3" : "") << ", H " << heads
-                                        << ", H_kv " << kv_heads);
+      SCOPED_TRACE(::testing::Message() << "D " << head_dim << (llama3 ? " llama3" : "") << ", H " << heads << ", H_kv "
+                                        << kv_heads);
       model::GptConfig c = std::move(model::GptPreset("tiny-llama")).value();
       c.num_heads = heads;
       c.num_kv_heads = kv_heads;
@@ -201,17 +206,15 @@ TEST_F(DecoderKernelTest, RopeMatchesTheCpuBitForBit) {
       model::RopeForward<float>(threads_, x.data(), q.QueryRows(), seq_len, table);
       model::RopeForward<float>(threads_, x.data() + q.key_offset(), q.KeyRows(), seq_len, table);
       ASSERT_TRUE(RopeForward(gx.get(), Strided(q.QueryRows()), seq_len, gcos.get(), gsin.get(), nullptr).ok());
-      ASSERT_TRUE(RopeForward(gx.get() + q.key_offset(), Strided(q.KeyRows()), seq_len, gcos.get(), gsin.get(),
-                              nullptr)
-                      .ok());
+      ASSERT_TRUE(
+          RopeForward(gx.get() + q.key_offset(), Strided(q.KeyRows()), seq_len, gcos.get(), gsin.get(), nullptr).ok());
       ExpectSameFloats(gx.ToHost(), x, "rotated");
 
       model::RopeBackward<float>(threads_, x.data(), q.QueryRows(), seq_len, table);
       model::RopeBackward<float>(threads_, x.data() + q.key_offset(), q.KeyRows(), seq_len, table);
       ASSERT_TRUE(RopeBackward(gx.get(), Strided(q.QueryRows()), seq_len, gcos.get(), gsin.get(), nullptr).ok());
-      ASSERT_TRUE(RopeBackward(gx.get() + q.key_offset(), Strided(q.KeyRows()), seq_len, gcos.get(), gsin.get(),
-                               nullptr)
-                      .ok());
+      ASSERT_TRUE(
+          RopeBackward(gx.get() + q.key_offset(), Strided(q.KeyRows()), seq_len, gcos.get(), gsin.get(), nullptr).ok());
       ExpectSameFloats(gx.ToHost(), x, "rotated back");
     }
   }
@@ -222,8 +225,8 @@ TEST_F(DecoderKernelTest, SwiGluMatchesTheCpuBitForBit) {
     SCOPED_TRACE(::testing::Message() << "rows " << rows << ", inter " << inter);
     const size_t n_in = static_cast<size_t>(rows * 2 * inter), n_out = static_cast<size_t>(rows * inter);
     std::vector<float> x = UniformFloats(700 + inter, n_in, -12.0f, 12.0f);
-    const float specials[] = {0.0f, -0.0f, 100.0f, -100.0f, 1e-40f, -90.0f, 90.0f,
-                              std::numeric_limits<float>::infinity()};
+    const float specials[] = {0.0f,   -0.0f,  100.0f, -100.0f,
+                              1e-40f, -90.0f, 90.0f,  std::numeric_limits<float>::infinity()};
     for (size_t i = 0; i < std::size(specials) && i < n_in; ++i) x[i * 3 % n_in] = specials[i];
     const std::vector<float> dy = UniformFloats(701 + inter, n_out, -1.0f, 1.0f);
     std::vector<float> out(n_out), dx(n_in);
@@ -295,7 +298,8 @@ TEST_F(DecoderKernelTest, Bf16OutputsAreTheFp32OutputsRounded) {
     DeviceFloats gx(UniformFloats(900 + n, elems, -3.0f, 5.0f)), gw(UniformFloats(901 + n, n, 0.5f, 1.5f));
     DeviceFloats gy{std::vector<float>(elems)}, grstd{std::vector<float>(R)}, grstd16{std::vector<float>(R)};
     DeviceBf16 gy16(elems);
-    ASSERT_TRUE(RmsNormForward(gx.get(), gw.get(), gy.get(), grstd.get(), StridedRows::Dense(R, n), 1e-5f, nullptr).ok());
+    ASSERT_TRUE(
+        RmsNormForward(gx.get(), gw.get(), gy.get(), grstd.get(), StridedRows::Dense(R, n), 1e-5f, nullptr).ok());
     ASSERT_TRUE(
         RmsNormForwardBf16(gx.get(), gw.get(), gy16.get(), grstd16.get(), StridedRows::Dense(R, n), 1e-5f, nullptr)
             .ok());
@@ -305,7 +309,8 @@ TEST_F(DecoderKernelTest, Bf16OutputsAreTheFp32OutputsRounded) {
   for (const auto& [rows, inter] : {std::pair<int64_t, int64_t>{37, 17}, {129, 300}, {64, 2048}}) {
     SCOPED_TRACE(::testing::Message() << "swiglu rows " << rows << ", inter " << inter);
     const size_t n_in = static_cast<size_t>(rows * 2 * inter), n_out = static_cast<size_t>(rows * inter);
-    DeviceFloats gx(UniformFloats(950 + inter, n_in, -12.0f, 12.0f)), gdy(UniformFloats(951 + inter, n_out, -1.0f, 1.0f));
+    DeviceFloats gx(UniformFloats(950 + inter, n_in, -12.0f, 12.0f)),
+        gdy(UniformFloats(951 + inter, n_out, -1.0f, 1.0f));
     DeviceFloats gout{std::vector<float>(n_out)}, gdx{std::vector<float>(n_in)};
     DeviceBf16 gout16(n_out), gdx16(n_in);
     ASSERT_TRUE(SwiGluForward(gx.get(), gout.get(), rows, inter, nullptr).ok());
@@ -323,7 +328,8 @@ TEST_F(DecoderKernelTest, SwiGluFromBf16InputsIsTheFp32Rounded) {
   for (const auto& [rows, inter] : {std::pair<int64_t, int64_t>{37, 17}, {129, 304}, {64, 2048}}) {
     SCOPED_TRACE(::testing::Message() << "swiglu rows " << rows << ", inter " << inter);
     const size_t n_in = static_cast<size_t>(rows * 2 * inter), n_out = static_cast<size_t>(rows * inter);
-    std::vector<float> x = UniformFloats(960 + inter, n_in, -12.0f, 12.0f), dy = UniformFloats(961 + inter, n_out, -1.0f, 1.0f);
+    std::vector<float> x = UniformFloats(960 + inter, n_in, -12.0f, 12.0f),
+                       dy = UniformFloats(961 + inter, n_out, -1.0f, 1.0f);
     std::vector<uint16_t> x16(n_in), dy16(n_out);
     for (size_t i = 0; i < n_in; ++i) x[i] = Bf16BitsToFloat(x16[i] = FloatToBf16Bits(x[i]));
     for (size_t i = 0; i < n_out; ++i) dy[i] = Bf16BitsToFloat(dy16[i] = FloatToBf16Bits(dy[i]));
@@ -359,9 +365,9 @@ TEST_F(DecoderKernelTest, RopeOnBf16RowsIsTheCpuRounded) {
     model::RopeForward<float>(threads_, x.data(), q.QueryRows(), seq_len, table);
     model::RopeForward<float>(threads_, x.data() + q.key_offset(), q.KeyRows(), seq_len, table);
     ASSERT_TRUE(RopeForwardBf16(gx.get(), Strided(q.QueryRows()), seq_len, gcos.get(), gsin.get(), nullptr).ok());
-    ASSERT_TRUE(RopeForwardBf16(gx.get() + q.key_offset(), Strided(q.KeyRows()), seq_len, gcos.get(), gsin.get(),
-                                nullptr)
-                    .ok());
+    ASSERT_TRUE(
+        RopeForwardBf16(gx.get() + q.key_offset(), Strided(q.KeyRows()), seq_len, gcos.get(), gsin.get(), nullptr)
+            .ok());
     ExpectRoundingOf(gx.ToHost(), x, "rotated");
     // Backward from the rounded rotation, as the model's d(qkv) goes.
     const std::vector<uint16_t> r16 = gx.ToHost();
@@ -369,9 +375,9 @@ TEST_F(DecoderKernelTest, RopeOnBf16RowsIsTheCpuRounded) {
     model::RopeBackward<float>(threads_, x.data(), q.QueryRows(), seq_len, table);
     model::RopeBackward<float>(threads_, x.data() + q.key_offset(), q.KeyRows(), seq_len, table);
     ASSERT_TRUE(RopeBackwardBf16(gx.get(), Strided(q.QueryRows()), seq_len, gcos.get(), gsin.get(), nullptr).ok());
-    ASSERT_TRUE(RopeBackwardBf16(gx.get() + q.key_offset(), Strided(q.KeyRows()), seq_len, gcos.get(), gsin.get(),
-                                 nullptr)
-                    .ok());
+    ASSERT_TRUE(
+        RopeBackwardBf16(gx.get() + q.key_offset(), Strided(q.KeyRows()), seq_len, gcos.get(), gsin.get(), nullptr)
+            .ok());
     ExpectRoundingOf(gx.ToHost(), x, "rotated back");
   }
 }
@@ -384,8 +390,7 @@ TEST(DecoderKernelArgsTest, KernelsRefuseBadShapes) {
   EXPECT_EQ(RmsNormForward(&x, &x, &x, &x, short_stride, 1e-6f, nullptr).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(RmsNormForward(&x, &x, &x, &x, StridedRows::Dense(1, 4), 0.0f, nullptr).code(),
             StatusCode::kInvalidArgument);
-  EXPECT_EQ(RmsNormBackward(&x, &x, &x, &x, &x, true, &x, short_stride, nullptr).code(),
-            StatusCode::kInvalidArgument);
+  EXPECT_EQ(RmsNormBackward(&x, &x, &x, &x, &x, true, &x, short_stride, nullptr).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(RopeForward(&x, odd, 4, &x, &x, nullptr).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(RopeBackward(&x, StridedRows::Dense(2, 4), 0, &x, &x, nullptr).code(), StatusCode::kInvalidArgument);
   uint16_t x16 = 0;

@@ -71,9 +71,8 @@ void CheckCast() {
         const bool vector = elementwise::CastVector(src.data(), dst.data());
         ASSERT_EQ(vector, offset == 0);
         const unsigned blocks = one_block ? 1 : elementwise::BlocksForElements(n, vector);
-        ASSERT_TRUE(Emulate(blocks, [&] {
-                      elementwise::CastKernel<kSrc, kDst>(src.data(), dst.data(), n, vector);
-                    }).ok());
+        ASSERT_TRUE(
+            Emulate(blocks, [&] { elementwise::CastKernel<kSrc, kDst>(src.data(), dst.data(), n, vector); }).ok());
         // NaNs compare by bits too: both sides quiet them the same way.
         EXPECT_EQ(dst.Values(), want) << (one_block ? "one block" : "the launch's grid");
       }
@@ -97,9 +96,8 @@ TEST(ElementwiseKernelsEmuTest, CastsMatchTheCpuBitForBit) {
 TEST(ElementwiseKernelsEmuTest, AMisalignedGroupIsAnError) {
   OffsetBuffer<float> src(std::vector<float>(64, 1.0f), 1);
   OffsetBuffer<uint16_t> dst(64, 0);
-  const Status st = Emulate(1, [&] {
-    elementwise::CastKernel<DType::kFloat32, DType::kBFloat16>(src.data(), dst.data(), 64, true);
-  });
+  const Status st =
+      Emulate(1, [&] { elementwise::CastKernel<DType::kFloat32, DType::kBFloat16>(src.data(), dst.data(), 64, true); });
   ASSERT_FALSE(st.ok());
   EXPECT_NE(st.message().find("16-byte global load"), std::string::npos) << st.message();
 }

@@ -73,7 +73,8 @@ struct HostMathClient {
       std::vector<float> grad(gp.num_elems);
       for (int64_t i = 0; i < gp.num_elems; ++i) {
         const float target = 0.3f * Uniform(6, u, i);
-        grad[i] = scale * (0.5f * (test::LoadAsFloat(w.data(), p.dtype, i) - target) + 0.01f * Uniform(7, g * 16 + u, i));
+        grad[i] =
+            scale * (0.5f * (test::LoadAsFloat(w.data(), p.dtype, i) - target) + 0.01f * Uniform(7, g * 16 + u, i));
       }
       if (poison && u == 1) grad[0] = INFINITY;
       ZINF_RETURN_IF_ERROR(device.CopyToDevice(gp.data, grad.data(), grad.size() * 4, stream));
@@ -300,11 +301,10 @@ TEST_F(EngineOnCudaTest, NcclRanksMatchMpiRanksBitForBit) {
   configs.push_back(Base(3));
   configs.back().zero.offload_param.device = OffloadDevice::kCpu;
   for (const Config& c : configs) {
-    SCOPED_TRACE("stage " + std::to_string(c.zero.stage) + (c.zero.offload_optimizer.device != OffloadDevice::kNone
-                                                                 ? " + offload_optimizer cpu"
-                                                                 : c.zero.offload_param.device != OffloadDevice::kNone
-                                                                       ? " + offload_param cpu"
-                                                                       : ""));
+    SCOPED_TRACE("stage " + std::to_string(c.zero.stage) +
+                 (c.zero.offload_optimizer.device != OffloadDevice::kNone ? " + offload_optimizer cpu"
+                  : c.zero.offload_param.device != OffloadDevice::kNone   ? " + offload_param cpu"
+                                                                          : ""));
     auto host = CreateHostDevice(DeviceOptions{.spec = "cpu", .memory_budget = 256 << 20, .checking = true, .seed = 3});
     auto cuda = gpu::CreateCudaDevice(rank, DeviceOptions{.memory_budget = 256 << 20});
     ASSERT_TRUE(host.ok() && cuda.ok()) << host.status().ToString() << cuda.status().ToString();

@@ -47,7 +47,7 @@ Status Launch(const flash::LaunchShape& l, const emu::LaunchConfig& base, const 
 template <int D, bool kAsync>
 Status Emulate(const AttentionShape& s, const AttentionTensors& t, const emu::LaunchConfig& base) {
   ZINF_RETURN_IF_ERROR(Launch(flash::ForwardLaunch<D, kAsync>(s), base,
-                           [&] { flash::FlashForwardKernel<D, kAsync, flash::kForwardTiles<D>>(s, t); }));
+                              [&] { flash::FlashForwardKernel<D, kAsync, flash::kForwardTiles<D>>(s, t); }));
   ZINF_RETURN_IF_ERROR(Launch(flash::DeltaLaunch(s), base, [&] { flash::FlashDeltaKernel<D>(s, t); }));
   ZINF_RETURN_IF_ERROR(
       Launch(flash::BackwardKvLaunch<D, kAsync>(s), base, [&] { flash::FlashBackwardKvKernel<D, kAsync>(s, t); }));
@@ -85,8 +85,10 @@ AttentionResult OnEmulator(const AttentionProblem& p, const Variant& v) {
   base.schedule_seed = v.schedule_seed;
   const int64_t D = p.shape.head_dim;
   Status st;
-  if (D == 64) st = v.copies ? Emulate<64, true>(p.shape, t, base) : Emulate<64, false>(p.shape, t, base);
-  else st = v.copies ? Emulate<128, true>(p.shape, t, base) : Emulate<128, false>(p.shape, t, base);
+  if (D == 64)
+    st = v.copies ? Emulate<64, true>(p.shape, t, base) : Emulate<64, false>(p.shape, t, base);
+  else
+    st = v.copies ? Emulate<128, true>(p.shape, t, base) : Emulate<128, false>(p.shape, t, base);
   EXPECT_TRUE(st.ok()) << st.ToString();
   return r;
 }
@@ -117,9 +119,8 @@ void CheckCase(const Case& c, const std::vector<Variant>& variants) {
 }
 
 const std::vector<Variant> kAllVariants = {
-    {false, emu::CopyTiming::kAtWait, 0},  {true, emu::CopyTiming::kAtWait, 0}, {true, emu::CopyTiming::kAtIssue, 0},
-    {true, emu::CopyTiming::kAtWait, 11},  {true, emu::CopyTiming::kAtIssue, 12},
-    {false, emu::CopyTiming::kAtWait, 13},
+    {false, emu::CopyTiming::kAtWait, 0}, {true, emu::CopyTiming::kAtWait, 0},   {true, emu::CopyTiming::kAtIssue, 0},
+    {true, emu::CopyTiming::kAtWait, 11}, {true, emu::CopyTiming::kAtIssue, 12}, {false, emu::CopyTiming::kAtWait, 13},
 };
 
 TEST(FlashAttentionEmuTest, HeadDim64MatchesTheTwinOnEveryPathAndSchedule) {
@@ -150,11 +151,10 @@ TEST(FlashAttentionEmuTest, TwoRowTilesAWarpGiveTheBitsOfOne) {
       const AttentionTensors t = p.Tensors(p.qkv.data(), r.out.data(), r.lse.data(), nullptr, nullptr, nullptr);
       emu::LaunchConfig base;
       base.schedule_seed = 21;
-      const Status st =
-          two ? Launch(flash::ForwardLaunch<64, false>(p.shape), base,
-                    [&] { flash::FlashForwardKernel<64, false, 2>(p.shape, t); })
-              : Launch(flash::ForwardLaunch<64, false, 1>(p.shape), base,
-                    [&] { flash::FlashForwardKernel<64, false, 1>(p.shape, t); });
+      const Status st = two ? Launch(flash::ForwardLaunch<64, false>(p.shape), base,
+                                     [&] { flash::FlashForwardKernel<64, false, 2>(p.shape, t); })
+                            : Launch(flash::ForwardLaunch<64, false, 1>(p.shape), base,
+                                     [&] { flash::FlashForwardKernel<64, false, 1>(p.shape, t); });
       EXPECT_TRUE(st.ok()) << st.ToString();
       return r;
     };
@@ -177,7 +177,8 @@ TEST(FlashAttentionEmuTest, Bf16OutputsAndGradientsGiveTheBitsOfTheirRoundings) 
     std::vector<uint16_t> qkv16(p.qkv.size()), dout16(p.dout.size());
     std::vector<float> dout_rounded(p.dout.size());
     for (size_t i = 0; i < p.qkv.size(); ++i) qkv16[i] = FloatToBf16Bits(p.qkv[i]);
-    for (size_t i = 0; i < p.dout.size(); ++i) dout_rounded[i] = Bf16BitsToFloat(dout16[i] = FloatToBf16Bits(p.dout[i]));
+    for (size_t i = 0; i < p.dout.size(); ++i)
+      dout_rounded[i] = Bf16BitsToFloat(dout16[i] = FloatToBf16Bits(p.dout[i]));
     const auto with_copies = [&](AttentionTensors t) {
       t.q16 = qkv16.data();
       t.k16 = qkv16.data() + (t.k - t.q);
@@ -195,13 +196,15 @@ TEST(FlashAttentionEmuTest, Bf16OutputsAndGradientsGiveTheBitsOfTheirRoundings) 
     };
     const auto backward = [&](const AttentionTensors& t) -> Status {
       if (D == 64) {
-        ZINF_RETURN_IF_ERROR(Launch(flash::DeltaLaunch(p.shape), base, [&] { flash::FlashDeltaKernel<64>(p.shape, t); }));
+        ZINF_RETURN_IF_ERROR(
+            Launch(flash::DeltaLaunch(p.shape), base, [&] { flash::FlashDeltaKernel<64>(p.shape, t); }));
         ZINF_RETURN_IF_ERROR(Launch(flash::BackwardKvLaunch<64, true>(p.shape), base,
                                     [&] { flash::FlashBackwardKvKernel<64, true>(p.shape, t); }));
         return Launch(flash::BackwardQLaunch<64, true>(p.shape), base,
                       [&] { flash::FlashBackwardQKernel<64, true>(p.shape, t); });
       }
-      ZINF_RETURN_IF_ERROR(Launch(flash::DeltaLaunch(p.shape), base, [&] { flash::FlashDeltaKernel<128>(p.shape, t); }));
+      ZINF_RETURN_IF_ERROR(
+          Launch(flash::DeltaLaunch(p.shape), base, [&] { flash::FlashDeltaKernel<128>(p.shape, t); }));
       ZINF_RETURN_IF_ERROR(Launch(flash::BackwardKvLaunch<128, true>(p.shape), base,
                                   [&] { flash::FlashBackwardKvKernel<128, true>(p.shape, t); }));
       return Launch(flash::BackwardQLaunch<128, true>(p.shape), base,
@@ -229,8 +232,8 @@ TEST(FlashAttentionEmuTest, Bf16OutputsAndGradientsGiveTheBitsOfTheirRoundings) 
     got.lse.assign(p.StatElems(), NAN);
     std::vector<uint16_t> out16(p.OutElems(), 0x7fc1), dqkv16(p.qkv.size(), 0x7fc1);  // a NaN: unwritten shows
     std::vector<float> unused(p.qkv.size());
-    AttentionTensors tg = with_copies(
-        p.Tensors(p.qkv.data(), nullptr, got.lse.data(), nullptr, delta.data(), unused.data()));
+    AttentionTensors tg =
+        with_copies(p.Tensors(p.qkv.data(), nullptr, got.lse.data(), nullptr, delta.data(), unused.data()));
     tg.out16 = out16.data();
     tg.dq16 = dqkv16.data();
     tg.dk16 = dqkv16.data() + (tg.dk - tg.dq);

@@ -36,8 +36,10 @@ class DeviceFloats {
  public:
   explicit DeviceFloats(size_t n, const float* init = nullptr) : n_(n) {
     EXPECT_EQ(cudaMalloc(&p_, std::max<size_t>(n, 1) * sizeof(float)), cudaSuccess);
-    if (init) EXPECT_EQ(cudaMemcpy(p_, init, n * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
-    else EXPECT_EQ(cudaMemset(p_, 0xff, n * sizeof(float)), cudaSuccess);  // NaN: unwritten shows
+    if (init)
+      EXPECT_EQ(cudaMemcpy(p_, init, n * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+    else
+      EXPECT_EQ(cudaMemset(p_, 0xff, n * sizeof(float)), cudaSuccess);  // NaN: unwritten shows
   }
   ~DeviceFloats() { cudaFree(p_); }
   DeviceFloats(const DeviceFloats&) = delete;
@@ -307,9 +309,8 @@ TEST(FlashAttentionGpuArgsTest, RefusesKvMinBlocksTheHeadDimCannotTake) {
 TEST(FlashAttentionGpuArgsTest, RefusesOtherHeadDims) {
   AttentionProblem p = AttentionProblem::Random(1, 8, 2, 2, 32, 1);
   std::vector<float> out(p.OutElems()), lse(p.StatElems());
-  const Status st = FlashAttentionForward(p.shape, p.Tensors(p.qkv.data(), out.data(), lse.data(), nullptr, nullptr,
-                                                             nullptr),
-                                          nullptr);
+  const Status st = FlashAttentionForward(
+      p.shape, p.Tensors(p.qkv.data(), out.data(), lse.data(), nullptr, nullptr, nullptr), nullptr);
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(st.message().find("head_dim 32"), std::string::npos) << st.ToString();
 }

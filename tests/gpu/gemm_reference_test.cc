@@ -41,15 +41,15 @@ void CheckProduct(bool bf16) {
   ASSERT_EQ(cudaMalloc(&da, a.size() * esize), cudaSuccess);
   ASSERT_EQ(cudaMalloc(&db, b.size() * esize), cudaSuccess);
   ASSERT_EQ(cudaMalloc(&dc, m * n * sizeof(float)), cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(da, bf16 ? static_cast<const void*>(a16.data()) : a.data(), a.size() * esize,
-                       cudaMemcpyHostToDevice),
-            cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(db, bf16 ? static_cast<const void*>(b16.data()) : b.data(), b.size() * esize,
-                       cudaMemcpyHostToDevice),
-            cudaSuccess);
+  ASSERT_EQ(
+      cudaMemcpy(da, bf16 ? static_cast<const void *>(a16.data()) : a.data(), a.size() * esize, cudaMemcpyHostToDevice),
+      cudaSuccess);
+  ASSERT_EQ(
+      cudaMemcpy(db, bf16 ? static_cast<const void *>(b16.data()) : b.data(), b.size() * esize, cudaMemcpyHostToDevice),
+      cudaSuccess);
   cudaStream_t stream = nullptr;
   ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
-  Result<double> seconds = TimeCublasProduct(stream, m, n, k, bf16, da, db, static_cast<float*>(dc), 3);
+  Result<double> seconds = TimeCublasProduct(stream, m, n, k, bf16, da, db, static_cast<float *>(dc), 3);
   ASSERT_TRUE(seconds.ok()) << seconds.status().ToString();
   EXPECT_GT(*seconds, 0.0);
   std::vector<float> c(m * n);
@@ -65,7 +65,7 @@ void CheckProduct(bool bf16) {
     }
   }
   EXPECT_EQ(wrong, 0);
-  EXPECT_FALSE(TimeCublasProduct(stream, 0, n, k, bf16, da, db, static_cast<float*>(dc), 3).ok());
+  EXPECT_FALSE(TimeCublasProduct(stream, 0, n, k, bf16, da, db, static_cast<float *>(dc), 3).ok());
   cudaStreamDestroy(stream);
   cudaFree(da);
   cudaFree(db);

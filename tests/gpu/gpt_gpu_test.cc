@@ -63,6 +63,7 @@
 namespace zinf::model {
 namespace {
 
+using exec::GptDevice;
 using test::MakeGrads;
 using test::MakeModel;
 using test::MakeParams;
@@ -73,7 +74,7 @@ struct Case {
   GptConfig config;
   bool checkpointing;
   bool bf16;
-  float loss_scale = 1.0f;  // backpropagates loss_scale · loss (fp16 loss scaling)
+  float loss_scale = 1.0f;         // backpropagates loss_scale · loss (fp16 loss scaling)
   DType matmul = DType::kFloat32;  // the products' operands (GptRunOptions::matmul_dtype)
   AttentionKernel attention = AttentionKernel::kAuto;
   int64_t loss_chunk_rows = 0;  // GptRunOptions::loss_chunk_rows (0: every row of these small models)
@@ -178,8 +179,9 @@ TEST_P(GptOnCudaTest, LossAndGradientsMatchTheCpuModel) {
     const size_t bytes = params[u].size() * esize;
     void* p = d.Allocate(bytes, *stream).value();
     void* g = d.Allocate(bytes, *stream).value();
-    ASSERT_TRUE(d.CopyToDevice(p, k.bf16 ? static_cast<const void*>(params16[u].data()) : params[u].data(), bytes,
-                               *stream).ok());
+    ASSERT_TRUE(
+        d.CopyToDevice(p, k.bf16 ? static_cast<const void*>(params16[u].data()) : params[u].data(), bytes, *stream)
+            .ok());
     if (o.accumulate_grads) {
       ASSERT_TRUE(d.CopyToDevice(g, grads16[u].data(), bytes, *stream).ok());
     } else {
@@ -300,68 +302,57 @@ GptConfig LayerNormRope() {
   return c;
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, GptOnCudaTest,
-                         ::testing::Values(Case{"tiny", test::Tiny(), false, false},
-                                           Case{"tiny_checkpointing", test::Tiny(), true, false},
-                                           Case{"odd_vocab_long_rows", Shape(97, 67, 48, 3, 6), false, false},
-                                           Case{"bf16_accumulate", Shape(97, 40, 64, 2, 4), true, true},
-                                           Case{"loss_scale_1024", Shape(97, 40, 64, 2, 4), false, false, 1024.0f},
-                                           Case{"bf16_matmul", Shape(97, 40, 64, 2, 4), false, false, 1.0f,
-                                                DType::kBFloat16},
-                                           Case{"bf16_matmul_bf16_params", Shape(97, 67, 48, 3, 6), true, true, 1.0f,
-                                                DType::kBFloat16},
-                                           Case{"bf16_matmul_wide_plain", Shape(97, 150, 256, 2, 4), false, false,
-                                                1.0f, DType::kBFloat16, AttentionKernel::kPlain},
-                                           Case{"flash_attention", Shape(97, 150, 256, 2, 4), false, false, 1.0f,
-                                                DType::kBFloat16},
-                                           Case{"flash_attention_d128_checkpointing_bf16", Shape(97, 130, 256, 2, 2),
-                                                true, true, 1.0f, DType::kBFloat16},
-                                           Case{"odd_vocab_loss_in_chunks", Shape(97, 67, 48, 3, 6), false, false,
-                                                1024.0f, DType::kFloat32, AttentionKernel::kAuto, 50},
-                                           Case{"bf16_matmul_loss_in_chunks", Shape(97, 40, 64, 2, 4), false, true,
-                                                1.0f, DType::kBFloat16, AttentionKernel::kAuto, 33},
-                                           // fp32 parameters: each chunk's weight gradient on its own.
-                                           Case{"bf16_matmul_fp32_params_loss_in_chunks", Shape(97, 40, 64, 2, 4),
-                                                false, false, 1.0f, DType::kBFloat16, AttentionKernel::kAuto, 33},
-                                           // Chunks of 16 rows gathered four at a time for the head's weight
-                                           // gradient (the operand copies hold V · C = 64,000 elements):
-                                           // groups of 64 and 56 rows, the last chunk 8.
-                                           Case{"bf16_matmul_loss_in_chunk_groups", Shape(1000, 40, 64, 2, 4), false,
-                                                true, 1.0f, DType::kBFloat16, AttentionKernel::kAuto, 16},
-                                           Case{"tiny_llama", Preset("tiny-llama"), false, false},
-                                           Case{"tiny_llama_checkpointing", Preset("tiny-llama"), true, false},
-                                           Case{"tiny_llama_bf16_accumulate", Preset("tiny-llama"), false, true},
-                                           Case{"tiny_qwen2", Preset("tiny-qwen2"), false, false},
-                                           Case{"tiny_qwen2_loss_scale_1024", Preset("tiny-qwen2"), false, false,
-                                                1024.0f},
-                                           Case{"tiny_qwen3", Preset("tiny-qwen3"), false, false},
-                                           Case{"tiny_qwen3_checkpointing_bf16", Preset("tiny-qwen3"), true, true},
-                                           Case{"odd_gqa", OddGqa(), false, false},
-                                           Case{"odd_gqa_checkpointing", OddGqa(), true, false},
-                                           Case{"odd_gqa_bf16_matmul", OddGqa(), false, false, 1.0f,
-                                                DType::kBFloat16},
-                                           Case{"layernorm_rope_swiglu", LayerNormRope(), false, false},
-                                           Case{"flash_gqa_llama", Llama(97, 130, 256, 2, 4, 2, 64, 384), false,
-                                                false, 1.0f, DType::kBFloat16},
-                                           Case{"flash_gqa_llama_d128_checkpointing_bf16",
-                                                Llama(97, 70, 128, 2, 4, 1, 128, 160), true, true, 1.0f,
-                                                DType::kBFloat16},
-                                           Case{"bf16_matmul_gqa_llama_plain", Llama(97, 130, 256, 2, 4, 2, 64, 384),
-                                                false, false, 1.0f, DType::kBFloat16, AttentionKernel::kPlain},
-                                           Case{"bf16_grads_from_products", Shape(97, 40, 64, 2, 4), false, true, 1.0f,
-                                                DType::kBFloat16, AttentionKernel::kAuto, 0, true},
-                                           Case{"odd_gqa_bf16_grads_from_products", OddGqa(), true, true, 1.0f,
-                                                DType::kBFloat16, AttentionKernel::kAuto, 0, true},
-                                           Case{"flash_gqa_llama_bf16_grads_from_products",
-                                                Llama(97, 130, 256, 2, 4, 2, 64, 384), false, true, 1.0f,
-                                                DType::kBFloat16, AttentionKernel::kAuto, 0, true},
-                                           Case{"flash_gqa_llama_fp32_tiles", Llama(97, 130, 256, 2, 4, 2, 64, 384),
-                                                false, false, 1.0f, DType::kBFloat16, AttentionKernel::kAuto, 0,
-                                                false, true},
-                                           Case{"flash_gqa_llama_d128_checkpointing_bf16_fp32_tiles",
-                                                Llama(97, 70, 128, 2, 4, 1, 128, 160), true, true, 1.0f,
-                                                DType::kBFloat16, AttentionKernel::kAuto, 0, false, true}),
-                         [](const ::testing::TestParamInfo<Case>& i) { return std::string(i.param.name); });
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, GptOnCudaTest,
+    ::testing::Values(
+        Case{"tiny", test::Tiny(), false, false}, Case{"tiny_checkpointing", test::Tiny(), true, false},
+        Case{"odd_vocab_long_rows", Shape(97, 67, 48, 3, 6), false, false},
+        Case{"bf16_accumulate", Shape(97, 40, 64, 2, 4), true, true},
+        Case{"loss_scale_1024", Shape(97, 40, 64, 2, 4), false, false, 1024.0f},
+        Case{"bf16_matmul", Shape(97, 40, 64, 2, 4), false, false, 1.0f, DType::kBFloat16},
+        Case{"bf16_matmul_bf16_params", Shape(97, 67, 48, 3, 6), true, true, 1.0f, DType::kBFloat16},
+        Case{"bf16_matmul_wide_plain", Shape(97, 150, 256, 2, 4), false, false, 1.0f, DType::kBFloat16,
+             AttentionKernel::kPlain},
+        Case{"flash_attention", Shape(97, 150, 256, 2, 4), false, false, 1.0f, DType::kBFloat16},
+        Case{"flash_attention_d128_checkpointing_bf16", Shape(97, 130, 256, 2, 2), true, true, 1.0f, DType::kBFloat16},
+        Case{"odd_vocab_loss_in_chunks", Shape(97, 67, 48, 3, 6), false, false, 1024.0f, DType::kFloat32,
+             AttentionKernel::kAuto, 50},
+        Case{"bf16_matmul_loss_in_chunks", Shape(97, 40, 64, 2, 4), false, true, 1.0f, DType::kBFloat16,
+             AttentionKernel::kAuto, 33},
+        // fp32 parameters: each chunk's weight gradient on its own.
+        Case{"bf16_matmul_fp32_params_loss_in_chunks", Shape(97, 40, 64, 2, 4), false, false, 1.0f, DType::kBFloat16,
+             AttentionKernel::kAuto, 33},
+        // Chunks of 16 rows gathered four at a time for the head's weight
+        // gradient (the operand copies hold V · C = 64,000 elements):
+        // groups of 64 and 56 rows, the last chunk 8.
+        Case{"bf16_matmul_loss_in_chunk_groups", Shape(1000, 40, 64, 2, 4), false, true, 1.0f, DType::kBFloat16,
+             AttentionKernel::kAuto, 16},
+        Case{"tiny_llama", Preset("tiny-llama"), false, false},
+        Case{"tiny_llama_checkpointing", Preset("tiny-llama"), true, false},
+        Case{"tiny_llama_bf16_accumulate", Preset("tiny-llama"), false, true},
+        Case{"tiny_qwen2", Preset("tiny-qwen2"), false, false},
+        Case{"tiny_qwen2_loss_scale_1024", Preset("tiny-qwen2"), false, false, 1024.0f},
+        Case{"tiny_qwen3", Preset("tiny-qwen3"), false, false},
+        Case{"tiny_qwen3_checkpointing_bf16", Preset("tiny-qwen3"), true, true},
+        Case{"odd_gqa", OddGqa(), false, false}, Case{"odd_gqa_checkpointing", OddGqa(), true, false},
+        Case{"odd_gqa_bf16_matmul", OddGqa(), false, false, 1.0f, DType::kBFloat16},
+        Case{"layernorm_rope_swiglu", LayerNormRope(), false, false},
+        Case{"flash_gqa_llama", Llama(97, 130, 256, 2, 4, 2, 64, 384), false, false, 1.0f, DType::kBFloat16},
+        Case{"flash_gqa_llama_d128_checkpointing_bf16", Llama(97, 70, 128, 2, 4, 1, 128, 160), true, true, 1.0f,
+             DType::kBFloat16},
+        Case{"bf16_matmul_gqa_llama_plain", Llama(97, 130, 256, 2, 4, 2, 64, 384), false, false, 1.0f, DType::kBFloat16,
+             AttentionKernel::kPlain},
+        Case{"bf16_grads_from_products", Shape(97, 40, 64, 2, 4), false, true, 1.0f, DType::kBFloat16,
+             AttentionKernel::kAuto, 0, true},
+        Case{"odd_gqa_bf16_grads_from_products", OddGqa(), true, true, 1.0f, DType::kBFloat16, AttentionKernel::kAuto,
+             0, true},
+        Case{"flash_gqa_llama_bf16_grads_from_products", Llama(97, 130, 256, 2, 4, 2, 64, 384), false, true, 1.0f,
+             DType::kBFloat16, AttentionKernel::kAuto, 0, true},
+        Case{"flash_gqa_llama_fp32_tiles", Llama(97, 130, 256, 2, 4, 2, 64, 384), false, false, 1.0f, DType::kBFloat16,
+             AttentionKernel::kAuto, 0, false, true},
+        Case{"flash_gqa_llama_d128_checkpointing_bf16_fp32_tiles", Llama(97, 70, 128, 2, 4, 1, 128, 160), true, true,
+             1.0f, DType::kBFloat16, AttentionKernel::kAuto, 0, false, true}),
+    [](const ::testing::TestParamInfo<Case>& i) { return std::string(i.param.name); });
 
 }  // namespace
 }  // namespace zinf::model

@@ -156,10 +156,9 @@ TEST_F(GpuKernelTest, AdamMatchesTheScalarTwinBitForBit) {
           auto constants = MakeAdamStepConstants(options, step, 0.5);
           ASSERT_TRUE(constants.ok());
           cpu::ScalarKernels().adam[DTypeIndex(grad_dtype)][copy](*constants, p.data(), m.data(), v.data(),
-                                                                   grads.data(), copy ? cpu_copy.data() : nullptr,
-                                                                   kN);
+                                                                  grads.data(), copy ? cpu_copy.data() : nullptr, kN);
           ASSERT_TRUE(gpu::AdamStep(*constants, dp.get(), dm.get(), dv.get(), dg.get(), grad_dtype,
-                               copy ? dcopy.get() : nullptr, copy_dtype, kN, nullptr)
+                                    copy ? dcopy.get() : nullptr, copy_dtype, kN, nullptr)
                           .ok());
         }
         ExpectSameFloats(dp.ToHost(), p, "params");
@@ -192,7 +191,8 @@ TEST_F(GpuKernelTest, NormPartialsMatchTheCpuBitForBit) {
   for (size_t n : sizes) {
     SCOPED_TRACE(::testing::Message() << "n " << n);
     std::vector<float> x(n);
-    for (size_t i = 0; i < n; ++i) x[i] = std::ldexp(Uniform(9, i, -1.0f, 1.0f), static_cast<int>(SplitMix64(i) % 40) - 20);
+    for (size_t i = 0; i < n; ++i)
+      x[i] = std::ldexp(Uniform(9, i, -1.0f, 1.0f), static_cast<int>(SplitMix64(i) % 40) - 20);
     if (n > 3 * 65536) {
       x[65536 + 5] = INFINITY;
       x[2 * 65536 + 77] = NAN;
@@ -246,7 +246,7 @@ TEST_F(GpuKernelTest, CastMatchesTheScalarTwinBitForBit) {
   for (size_t i = 0; i < kN32; ++i) {
     uint32_t u = static_cast<uint32_t>(SplitMix64(i));
     if (i < 65536) u = static_cast<uint32_t>(i) << 16 | (i & 1 ? 0x8000u : 0x7fffu);  // bf16 ties and near-ties
-    if (i >= 65536 && i < 131072) u = static_cast<uint32_t>(i - 65536) << 13;  // the fp16 grid, and denormals
+    if (i >= 65536 && i < 131072) u = static_cast<uint32_t>(i - 65536) << 13;         // the fp16 grid, and denormals
     std::memcpy(fp32.data() + 4 * i, &u, 4);
   }
   std::vector<uint8_t> all16(65536 * 2);
@@ -324,9 +324,9 @@ TEST_F(GpuKernelTest, Bf16OutputsAreTheFp32OutputsRounded) {
     DeviceArray<uint16_t> ly16(std::vector<uint16_t>(n, 0xffff));
     ASSERT_TRUE(
         LayerNormForward(lx.get(), lw.get(), lb.get(), ly.get(), mean.get(), rstd.get(), kRows, cols, nullptr).ok());
-    ASSERT_TRUE(LayerNormForwardBf16(lx.get(), lw.get(), lb.get(), ly16.get(), mean16.get(), rstd16.get(), kRows, cols,
-                                     nullptr)
-                    .ok());
+    ASSERT_TRUE(
+        LayerNormForwardBf16(lx.get(), lw.get(), lb.get(), ly16.get(), mean16.get(), rstd16.get(), kRows, cols, nullptr)
+            .ok());
     expect_rounding(ly16.ToHost(), ly.ToHost(), "layernorm y");
     ExpectSameFloats(mean16.ToHost(), mean.ToHost(), "mean");
     ExpectSameFloats(rstd16.ToHost(), rstd.ToHost(), "rstd");
@@ -336,8 +336,8 @@ TEST_F(GpuKernelTest, Bf16OutputsAreTheFp32OutputsRounded) {
 // Rows in one column chunk (37), several (1000: 16 chunks of 64 rows, the
 // last partial) and the most (9001: 127 chunks of 71 rows; lane_math.h).
 TEST_F(GpuKernelTest, LayerNormMatchesTheCpuLayersBitForBit) {
-  for (const auto& [kRows, cols] : {std::pair<int64_t, int64_t>{37, 1}, {37, 15}, {37, 16}, {37, 17}, {37, 773},
-                                   {1000, 33}, {9001, 40}}) {
+  for (const auto& [kRows, cols] :
+       {std::pair<int64_t, int64_t>{37, 1}, {37, 15}, {37, 16}, {37, 17}, {37, 773}, {1000, 33}, {9001, 40}}) {
     SCOPED_TRACE(::testing::Message() << "rows " << kRows << ", cols " << cols);
     const size_t n = static_cast<size_t>(kRows * cols);
     const std::vector<float> x = RandomFloats(20 + cols, n, -3.0f, 5.0f);
@@ -410,8 +410,8 @@ TEST_F(GpuKernelTest, SoftmaxCrossEntropyMatchesTheCpuLayers) {
   const int64_t kRows = 29;
   // The loss kernel goes by tiles of 2048: one whole tile, a tile and 17
   // (its lanes end one element into the second tile, then the tail), many.
-  for (int64_t vocab : {int64_t{1}, int64_t{16}, int64_t{31}, int64_t{1000}, int64_t{2048}, int64_t{2065},
-                        int64_t{50257}}) {
+  for (int64_t vocab :
+       {int64_t{1}, int64_t{16}, int64_t{31}, int64_t{1000}, int64_t{2048}, int64_t{2065}, int64_t{50257}}) {
     SCOPED_TRACE(::testing::Message() << "vocab " << vocab);
     const size_t n = static_cast<size_t>(kRows * vocab);
     const std::vector<float> logits = RandomFloats(30 + vocab, n, -8.0f, 8.0f);
@@ -431,9 +431,9 @@ TEST_F(GpuKernelTest, SoftmaxCrossEntropyMatchesTheCpuLayers) {
     ASSERT_TRUE(SoftmaxCrossEntropyForward(glogits.get(), gtargets.get(), gprobs.get(), glosses.get(), kRows, vocab,
                                            vocab, nullptr)
                     .ok());
-    ASSERT_TRUE(SoftmaxCrossEntropyBackward(gprobs.get(), gtargets.get(), gdlogits.get(), kRows, vocab, vocab, kScale,
-                                            nullptr)
-                    .ok());
+    ASSERT_TRUE(
+        SoftmaxCrossEntropyBackward(gprobs.get(), gtargets.get(), gdlogits.get(), kRows, vocab, vocab, kScale, nullptr)
+            .ok());
     const std::vector<float> gpu_probs = gprobs.ToHost();
     ExpectSameFloats(gpu_probs, probs, "probs");
     ExpectSameFloats(gdlogits.ToHost(), dlogits, "dlogits");
@@ -449,9 +449,9 @@ TEST_F(GpuKernelTest, SoftmaxCrossEntropyMatchesTheCpuLayers) {
                     .ok());
     ExpectSameFloats(glogits.ToHost(), gpu_probs, "in-place probs");
     ExpectSameFloats(glosses.ToHost(), gpu_losses, "in-place losses");
-    ASSERT_TRUE(SoftmaxCrossEntropyBackward(glogits.get(), gtargets.get(), glogits.get(), kRows, vocab, vocab, kScale,
-                                            nullptr)
-                    .ok());
+    ASSERT_TRUE(
+        SoftmaxCrossEntropyBackward(glogits.get(), gtargets.get(), glogits.get(), kRows, vocab, vocab, kScale, nullptr)
+            .ok());
     ExpectSameFloats(glogits.ToHost(), dlogits, "in-place dlogits");
 
     // Rows ld = vocab + 5 apart (in place): each row's bits as above, the
@@ -481,9 +481,9 @@ TEST_F(GpuKernelTest, SoftmaxCrossEntropyMatchesTheCpuLayers) {
     ExpectSameFloats(rows_of(host), probs, "probs with a row stride");
     EXPECT_TRUE(padding_kept(host));
     ExpectSameFloats(glosses.ToHost(), gpu_losses, "losses with a row stride");
-    ASSERT_TRUE(SoftmaxCrossEntropyBackward(gpadded.get(), gtargets.get(), gpadded.get(), kRows, vocab, ld, kScale,
-                                            nullptr)
-                    .ok());
+    ASSERT_TRUE(
+        SoftmaxCrossEntropyBackward(gpadded.get(), gtargets.get(), gpadded.get(), kRows, vocab, ld, kScale, nullptr)
+            .ok());
     host = gpadded.ToHost();
     ExpectSameFloats(rows_of(host), dlogits, "dlogits with a row stride");
     EXPECT_TRUE(padding_kept(host));
@@ -554,8 +554,8 @@ TEST_F(GpuKernelTest, SoftmaxCrossEntropyGradBf16IsForwardThenBackwardBf16) {
           gcount(std::vector<float>{count});
       DeviceArray<int32_t> gt(targets);
       DeviceArray<uint16_t> want(std::vector<uint16_t>(n, 0xffff)), got(std::vector<uint16_t>(n, 0xffff));
-      ASSERT_TRUE(SoftmaxCrossEntropyForward(gl.get(), gt.get(), gprobs.get(), glosses.get(), kRows, vocab, ld, nullptr)
-                      .ok());
+      ASSERT_TRUE(
+          SoftmaxCrossEntropyForward(gl.get(), gt.get(), gprobs.get(), glosses.get(), kRows, vocab, ld, nullptr).ok());
       ASSERT_TRUE(SoftmaxCrossEntropyBackwardBf16(gprobs.get(), gt.get(), want.get(), kRows, vocab, ld, 512.0f,
                                                   gcount.get(), nullptr)
                       .ok());
@@ -569,12 +569,12 @@ TEST_F(GpuKernelTest, SoftmaxCrossEntropyGradBf16IsForwardThenBackwardBf16) {
     }
   }
   float buf[16] = {};
-  EXPECT_EQ(SoftmaxCrossEntropyGradBf16(buf, nullptr, reinterpret_cast<uint16_t*>(buf), 1, 8, 8, 1.0f, buf, nullptr)
-                .code(),
-            StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      SoftmaxCrossEntropyGradBf16(buf, nullptr, reinterpret_cast<uint16_t*>(buf), 1, 8, 8, 1.0f, buf, nullptr).code(),
+      StatusCode::kInvalidArgument);
   const int32_t target = 0;
-  const Status st = SoftmaxCrossEntropyGradBf16(buf, &target, reinterpret_cast<uint16_t*>(buf + 2), 1, 8, 8, 1.0f,
-                                                buf + 12, nullptr);
+  const Status st =
+      SoftmaxCrossEntropyGradBf16(buf, &target, reinterpret_cast<uint16_t*>(buf + 2), 1, 8, 8, 1.0f, buf + 12, nullptr);
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(st.message().find("overlaps"), std::string::npos) << st.ToString();
 }
@@ -596,12 +596,11 @@ TEST_F(GpuKernelTest, EmbeddingMatchesTheCpuLayers) {
 
   DeviceArray<int32_t> gtokens(tokens);
   DeviceArray<float> gwte(wte), gwpe(wpe), gdout(dout), gout(Zeros<float>(out.size()));
-  ASSERT_TRUE(EmbeddingForward(gtokens.get(), gwte.get(), gwpe.get(), gout.get(), rows, kSeqLen, kChannels, nullptr)
-                  .ok());
+  ASSERT_TRUE(
+      EmbeddingForward(gtokens.get(), gwte.get(), gwpe.get(), gout.get(), rows, kSeqLen, kChannels, nullptr).ok());
   ExpectSameFloats(gout.ToHost(), out, "out");
   // Without positions: a plain gather.
-  ASSERT_TRUE(
-      EmbeddingForward(gtokens.get(), gwte.get(), nullptr, gout.get(), rows, kSeqLen, kChannels, nullptr).ok());
+  ASSERT_TRUE(EmbeddingForward(gtokens.get(), gwte.get(), nullptr, gout.get(), rows, kSeqLen, kChannels, nullptr).ok());
   const std::vector<float> gathered = gout.ToHost();
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t c = 0; c < kChannels; ++c)

@@ -26,8 +26,8 @@
 namespace zinf::gpu {
 namespace {
 
-using test::UniformFloats;
 using test::SplitMix64;
+using test::UniformFloats;
 
 Status Emulate(emu::Dim3 grid, unsigned threads, uint64_t seed, const std::function<void()>& kernel) {
   emu::LaunchConfig c;
@@ -61,8 +61,8 @@ struct Problem {
     }
     probs.assign(dense.size(), 0.0f);
     losses.assign(static_cast<size_t>(rows), 0.0f);
-    model::SoftmaxCrossEntropyForward(model::ModelThreads(1), probs.data(), losses.data(), dense.data(),
-                                      targets.data(), rows, vocab);
+    model::SoftmaxCrossEntropyForward(model::ModelThreads(1), probs.data(), losses.data(), dense.data(), targets.data(),
+                                      rows, vocab);
   }
 };
 
@@ -84,7 +84,8 @@ TEST_P(LossKernelsEmuTest, MatchTheCpuLayersBitForBit) {
     size_t differ = 0;
     for (int64_t i = 0; i < p.rows; ++i) {
       EXPECT_EQ(FloatToBits(glosses[i]), FloatToBits(losses[i])) << "row " << i;
-      for (int64_t j = 0; j < p.vocab; ++j) differ += FloatToBits(gprobs[i * p.ld + j]) != FloatToBits(probs[i * p.vocab + j]);
+      for (int64_t j = 0; j < p.vocab; ++j)
+        differ += FloatToBits(gprobs[i * p.ld + j]) != FloatToBits(probs[i * p.vocab + j]);
     }
     EXPECT_EQ(differ, 0u) << "probabilities";
 

@@ -82,8 +82,10 @@ TEST(SimtEmuTest, LdmatrixGivesEachLaneItsRowPairOrColumnPair) {
       for (int col = 0; col < 8; ++col) smem[lane * kPitch + col] = static_cast<uint16_t>(lane * 8 + col);
       simt::SyncThreads();
       uint32_t m[4];
-      if (trans) simt::LoadMatricesTrans(m, smem + lane * kPitch);  // lane 8i + r: matrix i, row r
-      else simt::LoadMatrices(m, smem + lane * kPitch);
+      if (trans)
+        simt::LoadMatricesTrans(m, smem + lane * kPitch);  // lane 8i + r: matrix i, row r
+      else
+        simt::LoadMatrices(m, smem + lane * kPitch);
       std::memcpy(got[lane], m, sizeof(m));
     });
     ASSERT_TRUE(st.ok()) << st.ToString();
@@ -149,8 +151,10 @@ TEST(SimtEmuTest, CpAsyncLandsAtIssueOrAtTheWait) {
       }
     });
     ASSERT_TRUE(st.ok()) << st.ToString();
-    if (timing == CopyTiming::kAtIssue) EXPECT_EQ(before, 3.0f);
-    else EXPECT_TRUE(std::isnan(before)) << before;  // shared memory starts as 0xff bytes
+    if (timing == CopyTiming::kAtIssue)
+      EXPECT_EQ(before, 3.0f);
+    else
+      EXPECT_TRUE(std::isnan(before)) << before;  // shared memory starts as 0xff bytes
     EXPECT_EQ(after, 3.0f);
     EXPECT_EQ(zeroed, 0.0f);
   }
@@ -164,33 +168,51 @@ void ExpectBroken(const LaunchConfig& c, const std::function<void()>& kernel, co
 }
 
 TEST(SimtEmuTest, RefusesWhatTheHardwareLeavesUndefined) {
-  ExpectBroken(OneBlock(32), [] {
-    if (threadIdx.x < 16) {
-      (void)simt::ShflXor(1.0f, 1);
-    } else {
-      float d[4] = {};
-      const uint32_t a[4] = {};
-      simt::MmaBf16(d, a, 0, 0);
-    }
-  }, "divergent warp");
-  ExpectBroken(OneBlock(32), [] {
-    if (threadIdx.x == 3) return;
-    (void)simt::ShflXor(1.0f, 1);
-  }, "returned");
-  ExpectBroken(OneBlock(32), [] {
-    if (threadIdx.x < 16) (void)simt::ShflXor(1.0f, 1);
-    else simt::SyncThreads();
-  }, "deadlock");
-  ExpectBroken(OneBlock(32, 256), [] {
-    uint32_t m[4];
-    simt::LoadMatrices(m, emu::DynamicSmem() + 8);
-  }, "not 16-byte aligned");
-  ExpectBroken(OneBlock(32, 256), [] {
-    uint32_t m[4];
-    simt::LoadMatrices(m, emu::DynamicSmem() + 256);
-  }, "outside the block's 256 bytes");
+  ExpectBroken(
+      OneBlock(32),
+      [] {
+        if (threadIdx.x < 16) {
+          (void)simt::ShflXor(1.0f, 1);
+        } else {
+          float d[4] = {};
+          const uint32_t a[4] = {};
+          simt::MmaBf16(d, a, 0, 0);
+        }
+      },
+      "divergent warp");
+  ExpectBroken(
+      OneBlock(32),
+      [] {
+        if (threadIdx.x == 3) return;
+        (void)simt::ShflXor(1.0f, 1);
+      },
+      "returned");
+  ExpectBroken(
+      OneBlock(32),
+      [] {
+        if (threadIdx.x < 16)
+          (void)simt::ShflXor(1.0f, 1);
+        else
+          simt::SyncThreads();
+      },
+      "deadlock");
+  ExpectBroken(
+      OneBlock(32, 256),
+      [] {
+        uint32_t m[4];
+        simt::LoadMatrices(m, emu::DynamicSmem() + 8);
+      },
+      "not 16-byte aligned");
+  ExpectBroken(
+      OneBlock(32, 256),
+      [] {
+        uint32_t m[4];
+        simt::LoadMatrices(m, emu::DynamicSmem() + 256);
+      },
+      "outside the block's 256 bytes");
   alignas(16) static const float src[4] = {};
-  ExpectBroken(OneBlock(32, 64), [] { simt::CpAsync16(emu::DynamicSmem() + 64, src, true); }, "outside");
+  ExpectBroken(
+      OneBlock(32, 64), [] { simt::CpAsync16(emu::DynamicSmem() + 64, src, true); }, "outside");
   const Status st = emu::Launch(OneBlock(48), [] {});
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
 }

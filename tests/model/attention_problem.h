@@ -30,9 +30,9 @@ struct AttentionProblem {
   int64_t QkvStride() const { return (shape.heads + 2 * shape.kv_heads) * shape.head_dim; }
   // "B=.. T=.. H=.. Hkv=.. D=..", for traces and printed errors.
   std::string Describe() const {
-    return "B=" + std::to_string(shape.batch) + " T=" + std::to_string(shape.seq_len) + " H=" +
-           std::to_string(shape.heads) + " Hkv=" + std::to_string(shape.kv_heads) + " D=" +
-           std::to_string(shape.head_dim);
+    return "B=" + std::to_string(shape.batch) + " T=" + std::to_string(shape.seq_len) +
+           " H=" + std::to_string(shape.heads) + " Hkv=" + std::to_string(shape.kv_heads) +
+           " D=" + std::to_string(shape.head_dim);
   }
   int64_t Tokens() const { return shape.batch * shape.seq_len; }
   size_t OutElems() const { return static_cast<size_t>(Tokens() * shape.heads * shape.head_dim); }
@@ -77,7 +77,8 @@ struct AttentionProblem {
     r.lse.assign(StatElems(), 0.0f);
     r.dqkv.assign(qkv.size(), 0.0f);
     std::vector<float> delta(StatElems());
-    const AttentionTensors t = Tensors(qkv.data(), r.out.data(), r.lse.data(), dout.data(), delta.data(), r.dqkv.data());
+    const AttentionTensors t =
+        Tensors(qkv.data(), r.out.data(), r.lse.data(), dout.data(), delta.data(), r.dqkv.data());
     FlashAttentionForward(th, shape, t);
     FlashAttentionBackward(th, shape, t);
     return r;

@@ -194,8 +194,7 @@ TEST_P(DecoderTorchTest, LossAndGradientsMatchPyTorch) {
   if (llama) {
     EXPECT_NE(run.output.find("safetensors file(s) match by name; from_pretrained gives"), std::string::npos)
         << run.output;
-    EXPECT_EQ(run.output.find("from_pretrained refuses its config.json") != std::string::npos,
-              tc.export_config_refused)
+    EXPECT_EQ(run.output.find("from_pretrained refuses its config.json") != std::string::npos, tc.export_config_refused)
         << run.output;
   }
   double ref_loss = 0;
@@ -231,16 +230,13 @@ TEST_P(DecoderTorchTest, LossAndGradientsMatchPyTorch) {
 
 INSTANTIATE_TEST_SUITE_P(
     Family, DecoderTorchTest,
-    ::testing::Values(TorchCase{"gpt2_tiny", Preset("tiny"), 2, 16},
-                      TorchCase{"llama", Preset("tiny-llama"), 2, 16},
+    ::testing::Values(TorchCase{"gpt2_tiny", Preset("tiny"), 2, 16}, TorchCase{"llama", Preset("tiny-llama"), 2, 16},
                       TorchCase{"llama_scaled_rope", ScaledRope(), 2, 16},
-                      TorchCase{"qwen2", Preset("tiny-qwen2"), 2, 16},
-                      TorchCase{"qwen3", Preset("tiny-qwen3"), 2, 16},
+                      TorchCase{"qwen2", Preset("tiny-qwen2"), 2, 16}, TorchCase{"qwen3", Preset("tiny-qwen3"), 2, 16},
                       TorchCase{"mistral", TinyMistral(), 2, 16, AttentionKernel::kPlain, false, "mistral", 16},
                       TorchCase{"odd_llama", OddLlama(), 3, 11, AttentionKernel::kPlain, false, "", 0, true},
                       TorchCase{"llama_flash", Preset("tiny-llama"), 2, 16, AttentionKernel::kFlash},
-                      TorchCase{"qwen3_flash_checkpointed", Preset("tiny-qwen3"), 2, 16, AttentionKernel::kFlash,
-                                true},
+                      TorchCase{"qwen3_flash_checkpointed", Preset("tiny-qwen3"), 2, 16, AttentionKernel::kFlash, true},
                       TorchCase{"qwen2_checkpointed", Preset("tiny-qwen2"), 2, 16, AttentionKernel::kPlain, true}),
     [](const auto& p) { return std::string(p.param.name); });
 

@@ -69,8 +69,8 @@ struct Case {
 };
 
 void ExpectCloseToPlain(const Case& c, DType operands, double tolerance) {
-  SCOPED_TRACE(::testing::Message() << "B=" << c.B << " T=" << c.T << " H=" << c.H << " Hkv=" << c.Hkv
-                                    << " D=" << c.D << " operands " << DTypeName(operands));
+  SCOPED_TRACE(::testing::Message() << "B=" << c.B << " T=" << c.T << " H=" << c.H << " Hkv=" << c.Hkv << " D=" << c.D
+                                    << " operands " << DTypeName(operands));
   const AttentionProblem p = AttentionProblem::Random(c.B, c.T, c.H, c.Hkv, c.D, 17 + c.T + c.D);
   const AttentionResult flash = p.Twin(ModelThreads(2, operands));
   const AttentionResult plain = Plain(p, ModelThreads(2));

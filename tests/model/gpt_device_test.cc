@@ -15,6 +15,7 @@
 namespace zinf::model {
 namespace {
 
+using exec::GptDevice;
 using test::MakeGrads;
 using test::MakeModel;
 using test::MakeParams;

@@ -120,8 +120,7 @@ class GptReference {
       MatmulBackward(datty, &g[w.attn_proj_w], &g[w.attn_proj_b], dres, a.atty, &p[w.attn_proj_w], BT, C, C);
       AttentionBackward(dqkv, datty, a.qkv, a.att);
       MatmulBackward(dln1, &g[w.qkv_w], &g[w.qkv_b], dqkv, a.ln1, &p[w.qkv_w], BT, C, 3 * C);
-      LayerNormBackward(dres, &g[w.ln1_w], &g[w.ln1_b], dln1, residual_[l], &p[w.ln1_w], a.ln1_mean, a.ln1_rstd, BT,
-                        C);
+      LayerNormBackward(dres, &g[w.ln1_w], &g[w.ln1_b], dln1, residual_[l], &p[w.ln1_w], a.ln1_mean, a.ln1_rstd, BT, C);
     }
     for (int64_t b = 0; b < B; ++b) {
       for (int64_t t = 0; t < T; ++t) {
@@ -149,8 +148,8 @@ class GptReference {
     Vec ln1, ln1_mean, ln1_rstd, qkv, att, atty, res_mid, ln2, ln2_mean, ln2_rstd, fch, fch_gelu;
   };
 
-  static void LayerNorm(Vec& out, Vec& mean, Vec& rstd, const Vec& inp, const double* w, const double* b,
-                        int64_t rows, int64_t C) {
+  static void LayerNorm(Vec& out, Vec& mean, Vec& rstd, const Vec& inp, const double* w, const double* b, int64_t rows,
+                        int64_t C) {
     out.assign(rows * C, 0.0);
     mean.assign(rows, 0.0);
     rstd.assign(rows, 0.0);

@@ -301,9 +301,9 @@ TEST(GptModelTest, FlashAttentionKeepsBf16OutputsWithBf16Products) {
     AttentionKernel attention;
     bool rounded;
   };
-  for (const Case& k : {Case{DType::kBFloat16, AttentionKernel::kFlash, true},
-                        Case{DType::kBFloat16, AttentionKernel::kPlain, false},
-                        Case{DType::kFloat32, AttentionKernel::kFlash, false}}) {
+  for (const Case& k :
+       {Case{DType::kBFloat16, AttentionKernel::kFlash, true}, Case{DType::kBFloat16, AttentionKernel::kPlain, false},
+        Case{DType::kFloat32, AttentionKernel::kFlash, false}}) {
     SCOPED_TRACE(::testing::Message() << DTypeName(k.matmul) << ", " << AttentionKernelName(k.attention));
     GptConfig c = std::move(GptPreset("tiny-llama")).value();
     c.head_dim_size = 2 * c.embed_dim / c.num_heads;

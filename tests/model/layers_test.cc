@@ -55,8 +55,8 @@ void ExpectMatchesFiniteDifferences(const std::string& what, Vec& x, const Vec& 
     const double numeric = (plus - minus) / (2 * kStep);
     const double err = std::abs(analytic[i] - numeric);
     max_err = std::max(max_err, err);
-    EXPECT_LE(err, 1e-7 + 1e-6 * std::abs(numeric)) << what << "[" << i << "]: analytic " << analytic[i]
-                                                    << ", numeric " << numeric;
+    EXPECT_LE(err, 1e-7 + 1e-6 * std::abs(numeric))
+        << what << "[" << i << "]: analytic " << analytic[i] << ", numeric " << numeric;
   }
   ::testing::Test::RecordProperty(what + "_max_abs_err", std::to_string(max_err));
 }
@@ -176,8 +176,8 @@ TEST(LayerGradTest, SoftmaxCrossEntropy) {
   Vec logits = Random(rows * V, rng, -4, 4);
   auto objective = [&] {
     Vec probs(rows * V), losses(rows);
-    const int64_t valid =
-        SoftmaxCrossEntropyForward<double>(Serial(), probs.data(), losses.data(), logits.data(), targets.data(), rows, V);
+    const int64_t valid = SoftmaxCrossEntropyForward<double>(Serial(), probs.data(), losses.data(), logits.data(),
+                                                             targets.data(), rows, V);
     EXPECT_EQ(valid, 3);
     EXPECT_EQ(losses[1], 0.0);
     double sum = 0;
@@ -255,8 +255,8 @@ TEST(LayerGradTest, AlignedGemmPiecesMakeTheWholeProduct) {
     for (bool ta : {false, true}) {
       for (bool tb : {false, true}) {
         for (float beta : {0.0f, 1.0f}) {
-          SCOPED_TRACE(::testing::Message() << "split_k=" << split_k << " ta=" << ta << " tb=" << tb
-                                            << " beta=" << beta);
+          SCOPED_TRACE(::testing::Message()
+                       << "split_k=" << split_k << " ta=" << ta << " tb=" << tb << " beta=" << beta);
           const int64_t lda = (ta ? m : k) + pad, ldb = (tb ? k : n) + pad, ldc = n + pad;
           const Vec a64 = Random((ta ? k : m) * lda, rng), b64 = Random((tb ? n : k) * ldb, rng);
           const Vec c64 = Random(m * ldc, rng);
@@ -281,7 +281,8 @@ TEST(LayerGradTest, AlignedGemmPiecesMakeTheWholeProduct) {
               }
               double exact = 0, magnitude = 0;
               for (int64_t l = 0; l < k; ++l) {
-                const double x = static_cast<double>(a[ta ? l * lda + i : i * lda + l]) * b[tb ? j * ldb + l : l * ldb + j];
+                const double x =
+                    static_cast<double>(a[ta ? l * lda + i : i * lda + l]) * b[tb ? j * ldb + l : l * ldb + j];
                 exact += x;
                 magnitude += std::abs(x);
               }
@@ -289,8 +290,8 @@ TEST(LayerGradTest, AlignedGemmPiecesMakeTheWholeProduct) {
               const double bound = gamma * (0.5 * magnitude + std::abs(beta * static_cast<double>(c0[at])));
               for (const float got : {cut[at], whole[at]}) {
                 if (std::abs(got - exact) > bound && ++bad <= 5) {
-                  ADD_FAILURE() << "C[" << i << "," << j << "] = " << got << ", exact " << exact << ", bound "
-                                << bound << " (pieces " << cut[at] << ", whole call " << whole[at] << ")";
+                  ADD_FAILURE() << "C[" << i << "," << j << "] = " << got << ", exact " << exact << ", bound " << bound
+                                << " (pieces " << cut[at] << ", whole call " << whole[at] << ")";
                 }
               }
             }
@@ -364,7 +365,8 @@ TEST(GptMathTest, Fp32GeluMatchesTheTanhFormula) {
     const double u = std::sqrt(2.0 / M_PI) * (xd + 0.044715 * xd * xd * xd);
     const double th = std::tanh(u);
     const double gelu = 0.5 * xd * (1.0 + th);
-    const double grad = 0.5 * (1.0 + th) + 0.5 * xd * (1.0 - th * th) * std::sqrt(2.0 / M_PI) * (1.0 + 3 * 0.044715 * xd * xd);
+    const double grad =
+        0.5 * (1.0 + th) + 0.5 * xd * (1.0 - th * th) * std::sqrt(2.0 / M_PI) * (1.0 + 3 * 0.044715 * xd * xd);
     ASSERT_NEAR(Gelu(x), gelu, 1e-6 * std::max(1.0, std::abs(gelu))) << x;
     ASSERT_NEAR(GeluGrad(x), grad, 2e-6) << x;
   }

@@ -18,9 +18,7 @@ struct AlignedFree {
 };
 using Arena = std::unique_ptr<void, AlignedFree>;
 
-inline Arena MakeArena(uint64_t bytes) {
-  return Arena(std::aligned_alloc(64, (bytes + 63) / 64 * 64 + 64));
-}
+inline Arena MakeArena(uint64_t bytes) { return Arena(std::aligned_alloc(64, (bytes + 63) / 64 * 64 + 64)); }
 
 inline GptConfig Tiny() { return std::move(GptPreset("tiny")).value(); }
 

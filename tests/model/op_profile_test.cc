@@ -16,15 +16,16 @@
 namespace zinf::model {
 namespace {
 
+using exec::CreateOpProfile;
+using exec::EventOpProfile;
+
 void Sleep(double seconds) { std::this_thread::sleep_for(std::chrono::duration<double>(seconds)); }
 
 TEST(OpProfileTest, TheHostClockGivesEachOpTheTimeToTheNextMark) {
   // Each op's time lies between the clock readings taken just outside its
   // two marks, however long a loaded machine oversleeps.
   using Clock = std::chrono::steady_clock;
-  auto seconds = [](Clock::time_point a, Clock::time_point b) {
-    return std::chrono::duration<double>(b - a).count();
-  };
+  auto seconds = [](Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); };
   HostOpProfile p;
   Clock::time_point before[4], after[4];
   auto mark = [&](int i, const char* name) {

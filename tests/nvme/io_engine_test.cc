@@ -101,9 +101,9 @@ TEST_P(IoEngineTest, MisalignmentIsInvalidArgumentSayingWhich) {
     size_t buf_shift;
     const char* says;
   };
-  for (const Case& c : {Case{1000, 4096, 0, "offset 1000 is not a multiple of 4096"},
-                        Case{0, 5000, 0, "length 5000 is not a multiple of 4096"},
-                        Case{0, 4096, 512, "buffer address"}}) {
+  for (const Case& c :
+       {Case{1000, 4096, 0, "offset 1000 is not a multiple of 4096"},
+        Case{0, 5000, 0, "length 5000 is not a multiple of 4096"}, Case{0, 4096, 512, "buffer address"}}) {
     Status st = engine->WriteSync(file, c.offset, buf.get() + c.buf_shift, c.length);
     EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
     EXPECT_NE(st.message().find(c.says), std::string::npos) << st.message();
@@ -320,7 +320,9 @@ TEST_P(IoEngineTest, EmptyRequestCompletesAtOnce) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, IoEngineTest, ::testing::Values(IoBackend::kUring, IoBackend::kPosix),
-                         [](const auto& test_info) { return test_info.param == IoBackend::kUring ? "io_uring" : "posix"; });
+                         [](const auto& test_info) {
+                           return test_info.param == IoBackend::kUring ? "io_uring" : "posix";
+                         });
 
 TEST_P(IoEngineTest, SingleSubmitRoundTrips) {
   IoEngineOptions o;

@@ -247,7 +247,9 @@ TEST_P(SwapStoreTest, BadDirectoriesAreClearErrors) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, SwapStoreTest, ::testing::Values(IoBackend::kUring, IoBackend::kPosix),
-                         [](const auto& test_info) { return test_info.param == IoBackend::kUring ? "io_uring" : "posix"; });
+                         [](const auto& test_info) {
+                           return test_info.param == IoBackend::kUring ? "io_uring" : "posix";
+                         });
 
 }  // namespace
 }  // namespace zinf::nvme

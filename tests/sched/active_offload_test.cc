@@ -61,10 +61,11 @@ std::string ConfigJson(int stage, const std::string& offload, bool bf16, bool ac
     "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": 0.01, "warmup_num_steps": 3}},
     "zinf": {"device": "cpu", "optimizer_threads": 1, "active_offload": )" +
                   std::string(active ? "true" : "false") + R"(},
-    "bf16": {"enabled": )" + std::string(bf16 ? "true" : "false") + R"(},
-    "zero_optimization": {"stage": )" + std::to_string(stage) +
-                  R"(, "reduce_bucket_size": 131072, "offload_optimizer": {"device": ")" + offload + R"("})" +
-                  extra + "}" + top + "}";
+    "bf16": {"enabled": )" +
+                  std::string(bf16 ? "true" : "false") + R"(},
+    "zero_optimization": {"stage": )" +
+                  std::to_string(stage) + R"(, "reduce_bucket_size": 131072, "offload_optimizer": {"device": ")" +
+                  offload + R"("})" + extra + "}" + top + "}";
   return j;
 }
 
@@ -121,8 +122,10 @@ TrainResult Train(const Config& config, int steps, int wait_ms, int nan_step = -
           for (int64_t i = 0; i < gp.num_elems; ++i) {
             float v = 0.01f * Uniform(33 + rank, g * 16 + u, i);
             if (poison && i == 7) v = std::numeric_limits<float>::quiet_NaN();
-            if (gp.dtype == DType::kFloat32) static_cast<float*>(p)[i] = v;
-            else static_cast<uint16_t*>(p)[i] = FloatToBf16Bits(v);
+            if (gp.dtype == DType::kFloat32)
+              static_cast<float*>(p)[i] = v;
+            else
+              static_cast<uint16_t*>(p)[i] = FloatToBf16Bits(v);
           }
           return Status::Ok();
         }));
@@ -183,10 +186,12 @@ TEST(ActiveOffloadTest, UpdatesBeginDuringBackwardWithTheSameBits) {
   constexpr int kSteps = 4;
   for (const Shape& s : Shapes()) {
     SCOPED_TRACE(s.name);
-    const TrainResult active = Train(Parse(ConfigJson(s.stage, "cpu", s.bf16, true, s.extra)), kSteps, /*wait_ms=*/10000);
+    const TrainResult active =
+        Train(Parse(ConfigJson(s.stage, "cpu", s.bf16, true, s.extra)), kSteps, /*wait_ms=*/10000);
     EXPECT_EQ(active.boundaries_updated_before_step, kSteps) << "an update began before Step() at every boundary";
     // The control: at the boundary, no update can begin before Step().
-    const TrainResult boundary = Train(Parse(ConfigJson(s.stage, "cpu", s.bf16, false, s.extra)), kSteps, /*wait_ms=*/200);
+    const TrainResult boundary =
+        Train(Parse(ConfigJson(s.stage, "cpu", s.bf16, false, s.extra)), kSteps, /*wait_ms=*/200);
     EXPECT_EQ(boundary.boundaries_updated_before_step, 0);
     ExpectSameMasters(active, boundary);
     // And the optimizer on the device (offload none) takes the same steps.

@@ -157,8 +157,7 @@ TEST_P(DeviceKernelsTest, AdamStepAndCastGiveTheCpuBits) {
   ASSERT_TRUE(constants.ok());
   float *dp = Up(params), *dm = Up(m), *dv = Up(v);
   uint16_t* dcopy = Up(std::vector<uint16_t>(kElems));
-  ASSERT_TRUE(
-      kernels().adam_step(*constants, dp, dm, dv, Up(grads), dcopy, DType::kBFloat16, kElems, *stream_).ok());
+  ASSERT_TRUE(kernels().adam_step(*constants, dp, dm, dv, Up(grads), dcopy, DType::kBFloat16, kElems, *stream_).ok());
   std::vector<uint16_t> copy(kElems);
   const AdamBuffers buffers{.params = params.data(),
                             .exp_avg = m.data(),

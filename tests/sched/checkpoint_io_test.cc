@@ -57,8 +57,7 @@ TEST(CheckpointTablesTest, DamagedManifestsNameTheKey) {
   EXPECT_NE(ManifestError(Manifest(R"([{"name": "u", "elements": -1}])")).find("units[0].elements is -1"),
             std::string::npos);
   EXPECT_NE(ManifestError(Manifest(R"([{"name": 7, "elements": 1}])")).find("units[0].name is 7"), std::string::npos);
-  EXPECT_NE(ManifestError(std::string(100000, '[') + std::string(100000, ']')).find("nests deeper"),
-            std::string::npos);
+  EXPECT_NE(ManifestError(std::string(100000, '[') + std::string(100000, ']')).find("nests deeper"), std::string::npos);
 }
 
 TEST(CheckpointTablesTest, DamagedTablesNameTheSlice) {
@@ -151,7 +150,8 @@ TEST_F(CheckpointReaderTest, ASliceListedTwiceIsDataLossNotASilentGap) {
   Write("manifest.json", Manifest(R"([{"name": "u", "elements": 8}])"));
   auto again = Open();
   ASSERT_FALSE(again.ok());
-  EXPECT_NE(again.status().message().find("covers 4 of the 8 elements"), std::string::npos) << again.status().ToString();
+  EXPECT_NE(again.status().message().find("covers 4 of the 8 elements"), std::string::npos)
+      << again.status().ToString();
 }
 
 // A manifest unit sizes buffers (zinf export allocates it whole): it must be

@@ -147,7 +147,7 @@ class DenseNet {
       ZINF_RETURN_IF_ERROR(engine.GradsReady(u, stream));
       ZINF_RETURN_IF_ERROR(engine.Release(u, stream));
     }
-  return Status::Ok();
+    return Status::Ok();
   }
 
  private:
@@ -275,8 +275,8 @@ class EngineTest : public ::testing::Test {
     plan.fail_attempt = 1;
     plan.fail_errno = EIO;
     plan.armed = std::move(armed);
-    ckpt::SetFileOpenerForTesting([plan](nvme::IoEngine& io, const std::string& path, const nvme::FileOptions& o)
-                                      -> Result<std::shared_ptr<nvme::File>> {
+    ckpt::SetFileOpenerForTesting([plan](nvme::IoEngine& io, const std::string& path,
+                                         const nvme::FileOptions& o) -> Result<std::shared_ptr<nvme::File>> {
       if (path.find("/step-") != std::string::npos) return io.Open(path, o);  // checkpoint files
       ZINF_ASSIGN_OR_RETURN(auto f, nvme::FaultInjectingFile::Open(path, o, plan));
       return std::shared_ptr<nvme::File>(std::move(f));
@@ -307,8 +307,8 @@ class EngineTest : public ::testing::Test {
   }
   void NvmeFaultMidStep(const Config& c, const std::string& name, const std::string& what);
   std::string CheckpointDir(const std::string& name) {
-    const std::string dir = test::TestDir() + "/" + name + "-np" + std::to_string(world()) +
-                            (StartedByMpiLauncher() ? "-mpi" : "-local");
+    const std::string dir =
+        test::TestDir() + "/" + name + "-np" + std::to_string(world()) + (StartedByMpiLauncher() ? "-mpi" : "-local");
     if (rank() == 0) std::filesystem::remove_all(dir);
     MustOk(comm_->Barrier(*stream_));
     MustOk(stream_->Synchronize());
@@ -491,9 +491,8 @@ TEST_F(EngineTest, StagesAreBitIdentical) {
   for (OffloadDevice opt : {OffloadDevice::kNone, OffloadDevice::kCpu, OffloadDevice::kNvme}) {
     c = ParamNvmeConfig(opt);
     if (opt == OffloadDevice::kCpu) c.zero.offload_param.max_in_cpu = 65536;
-    variants.emplace_back("stage 3, offload_param nvme (max_in_cpu " +
-                              std::to_string(c.zero.offload_param.max_in_cpu) + "), offload_optimizer " +
-                              std::string(OffloadDeviceName(opt)),
+    variants.emplace_back("stage 3, offload_param nvme (max_in_cpu " + std::to_string(c.zero.offload_param.max_in_cpu) +
+                              "), offload_optimizer " + std::string(OffloadDeviceName(opt)),
                           c);
   }
   for (const auto& [name, config] : variants) {
@@ -651,7 +650,7 @@ class TinyGpt {
     o.batch_size = batch;
     o.param_dtype = param_dtype;
     o.grad_dtype = DType::kFloat32;
-    model_ = Must(model::GptDevice::Create(device, stream, cfg_, o));
+    model_ = Must(exec::GptDevice::Create(device, stream, cfg_, o));
     const size_t bt = batch_ * cfg_.max_seq_len;
     tokens_ = static_cast<int32_t*>(Must(device.Allocate(bt * 4, stream)));
     targets_ = static_cast<int32_t*>(Must(device.Allocate(bt * 4, stream)));
@@ -721,7 +720,7 @@ class TinyGpt {
     MustOk(stream_.Synchronize());
     return loss;
   }
-  model::GptDevice& model() { return *model_; }
+  exec::GptDevice& model() { return *model_; }
   int32_t* tokens() { return tokens_; }
   int32_t* targets() { return targets_; }
   float* loss() { return loss_; }
@@ -731,7 +730,7 @@ class TinyGpt {
   Stream& stream_;
   model::GptConfig cfg_;
   int64_t batch_;
-  std::unique_ptr<model::GptDevice> model_;
+  std::unique_ptr<exec::GptDevice> model_;
   int32_t *tokens_ = nullptr, *targets_ = nullptr;
   float* loss_ = nullptr;
   std::vector<int32_t> tok_, tgt_;
@@ -858,7 +857,7 @@ TEST_F(EngineTest, StateTenTimesTheDeviceBudgetGivesTheSameLosses) {
   Config tight = base;
   tight.zero.stage = 3;
   tight.zero.stage3_param_persistence_threshold = 0;
-  tight.zero.reduce_bucket_size = 65536;            // each unit reduced as the next one's gradients come
+  tight.zero.reduce_bucket_size = 65536;  // each unit reduced as the next one's gradients come
   tight.zero.overlap_comm = true;
   tight.zero.stage3_prefetch_bucket_size = 262144;  // one block ahead
   tight.zero.stage3_max_live_parameters = 800'000;
@@ -907,8 +906,8 @@ TEST_F(EngineTest, StateTenTimesTheDeviceBudgetGivesTheSameLosses) {
       c.zero.offload_param.nvme_path = {dir};
       c.zero.offload_param.max_in_cpu = 0;
     }
-    auto small = Must(CreateHostDevice(
-        DeviceOptions{.spec = "cpu", .memory_budget = budget, .checking = true, .seed = 5}));
+    auto small =
+        Must(CreateHostDevice(DeviceOptions{.spec = "cpu", .memory_budget = budget, .checking = true, .seed = 5}));
     auto stream = Must(small->CreateStream());
     const std::vector<float> got = run(c, *small, *stream);
     SCOPED_TRACE(std::string("offload_param and offload_optimizer ") + std::string(OffloadDeviceName(optimizer)));
@@ -918,8 +917,7 @@ TEST_F(EngineTest, StateTenTimesTheDeviceBudgetGivesTheSameLosses) {
     }
     const DeviceMemoryStats m = small->memory_stats();
     std::printf("state %.1f MB, device budget %.2f MB (plan %.2f MB), peak in use %.2f MB; losses %.4f -> %.4f\n",
-                state / 1e6, budget / 1e6, row.device_bytes / 1e6, m.peak_in_use_bytes / 1e6, got.front(),
-                got.back());
+                state / 1e6, budget / 1e6, row.device_bytes / 1e6, m.peak_in_use_bytes / 1e6, got.front(), got.back());
     std::filesystem::remove_all(dir);
   }
 }
@@ -931,8 +929,8 @@ TEST_F(EngineTest, StateTenTimesTheDeviceBudgetGivesTheSameLosses) {
 TEST_F(EngineTest, CheckpointResumesBitExactlyAcrossStagesAndTiers) {
   constexpr int kSteps = 6, kSave = 3, kPoison = 2;
   const Snapshot straight = RunDense(HardConfig(2), kSteps, kPoison);
-  const std::string dir = test::TestDir() + "/ckpt-np" + std::to_string(world()) +
-                          (StartedByMpiLauncher() ? "-mpi" : "-local");
+  const std::string dir =
+      test::TestDir() + "/ckpt-np" + std::to_string(world()) + (StartedByMpiLauncher() ? "-mpi" : "-local");
   if (rank() == 0) std::filesystem::remove_all(dir);
   Snapshot at_save;
   auto run = [&](Engine& e, DenseNet& net, int from, int to) {
@@ -963,7 +961,7 @@ TEST_F(EngineTest, CheckpointResumesBitExactlyAcrossStagesAndTiers) {
   other.zero.offload_optimizer.device = OffloadDevice::kCpu;
   auto second = Must(Engine::Create(other, *device_, comm_.get()));
   DenseNet net;
-  net.Register(*second, 99);  // other initial values: the checkpoint replaces them
+  net.Register(*second, 99);                                 // other initial values: the checkpoint replaces them
   EXPECT_EQ(Must(second->Load(dir)), R"({"next_step":3})");  // `dir`/latest is followed
   // Saving the same step again swaps the new directory in atomically.
   EXPECT_EQ(Must(second->Save(dir, R"({"next_step": 3})")), dir + "/step-3");
@@ -986,7 +984,8 @@ TEST_F(EngineTest, CheckpointResumesBitExactlyAcrossStagesAndTiers) {
     const Snapshot loaded = Take(*local);
     for (int k = 0; k < 4; ++k) {
       for (size_t u = 0; u < loaded.state[k].size(); ++u) {
-        EXPECT_TRUE(SameBits(loaded.state[k][u], at_save.state[k][u])) << "1-rank load, state kind " << k << ", unit " << u;
+        EXPECT_TRUE(SameBits(loaded.state[k][u], at_save.state[k][u]))
+            << "1-rank load, state kind " << k << ", unit " << u;
       }
     }
   }
@@ -1186,8 +1185,8 @@ TEST_F(EngineTest, SaveOnAFullDiskKeepsThePreviousCheckpoint) {
   RunSteps(*e, net, 2, 3, -1);
   nvme::FaultPlan plan;
   plan.enospc_at = 4096;  // rank 0's file always holds more (unit 0's first slice)
-  ckpt::SetFileOpenerForTesting([plan](nvme::IoEngine& io, const std::string& path, const nvme::FileOptions& o)
-                                    -> Result<std::shared_ptr<nvme::File>> {
+  ckpt::SetFileOpenerForTesting([plan](nvme::IoEngine& io, const std::string& path,
+                                       const nvme::FileOptions& o) -> Result<std::shared_ptr<nvme::File>> {
     if (path.find(".tmp/") == std::string::npos) return io.Open(path, o);
     ZINF_ASSIGN_OR_RETURN(auto f, nvme::FaultInjectingFile::Open(path, o, plan));
     return std::shared_ptr<nvme::File>(std::move(f));
@@ -1262,9 +1261,9 @@ TEST_F(EngineTest, UnitsNotFetchedAreNotUpdated) {
   auto present = [](int step, int k) {
     std::vector<int> p;
     for (int u = 0; u < 4; ++u) {
-      if (u == 1 && step == 2) continue;             // not at all in step 2
-      if (u == 2 && step == 3 && k == 1) continue;   // its last gradient in micro-step 0
-      if (u == 0 && step == 1 && k == 0) continue;   // its first gradient in micro-step 1
+      if (u == 1 && step == 2) continue;            // not at all in step 2
+      if (u == 2 && step == 3 && k == 1) continue;  // its last gradient in micro-step 0
+      if (u == 0 && step == 1 && k == 0) continue;  // its first gradient in micro-step 1
       if (u == 3 && step == 4) continue;
       p.push_back(u);
     }
@@ -1454,8 +1453,8 @@ TEST_F(EngineTest, PhasedSwapsNeverReadBesideAWriteAndGiveTheSameState) {
     nvme::FaultPlan plan;
     plan.delay_us = 1000;
     plan.overlap = overlap;
-    ckpt::SetFileOpenerForTesting([plan](nvme::IoEngine&, const std::string& path, const nvme::FileOptions& o)
-                                      -> Result<std::shared_ptr<nvme::File>> {
+    ckpt::SetFileOpenerForTesting([plan](nvme::IoEngine&, const std::string& path,
+                                         const nvme::FileOptions& o) -> Result<std::shared_ptr<nvme::File>> {
       ZINF_ASSIGN_OR_RETURN(auto f, nvme::FaultInjectingFile::Open(path, o, plan));
       return std::shared_ptr<nvme::File>(std::move(f));
     });

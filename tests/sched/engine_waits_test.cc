@@ -145,8 +145,10 @@ TrainRun Train(const Config& config, int steps, const RunOptions& opt) {
           void* p = ctx.Host(gp.data);
           for (int64_t i = 0; i < gp.num_elems; ++i) {
             const float v = scale * 0.01f * Uniform(31, g * 16 + u, i);
-            if (gp.dtype == DType::kFloat32) static_cast<float*>(p)[i] = v;
-            else static_cast<uint16_t*>(p)[i] = FloatToBf16Bits(v);
+            if (gp.dtype == DType::kFloat32)
+              static_cast<float*>(p)[i] = v;
+            else
+              static_cast<uint16_t*>(p)[i] = FloatToBf16Bits(v);
           }
           return Status::Ok();
         }));
@@ -205,7 +207,8 @@ TEST_P(EngineWaitsTest, SteadyStateStepsNeverWaitOnTheDevice) {
       EXPECT_EQ(free_running.stats[i].clip_coef, synced.stats[i].clip_coef);
     }
     for (int u = 0; u < kUnits; ++u) {
-      EXPECT_EQ(std::memcmp(free_running.masters[u].data(), synced.masters[u].data(), kSizes[u] * 4), 0) << "unit " << u;
+      EXPECT_EQ(std::memcmp(free_running.masters[u].data(), synced.masters[u].data(), kSizes[u] * 4), 0)
+          << "unit " << u;
     }
   }
 }
@@ -231,7 +234,8 @@ TEST_P(EngineWaitsTest, TheNextForwardsFirstFetchWaitsOnlyForItsOwnUnitsUpdate) 
 
 // Stats(boundary) refuses what it cannot have, and Stats() before any step.
 TEST(EngineStatsTest, StatsOfABoundaryNotKeptOrNotYetEnqueuedIsOutOfRange) {
-  auto device = Must(CreateHostDevice(DeviceOptions{.spec = "cpu", .memory_budget = 64 << 20, .checking = true, .seed = 6}));
+  auto device =
+      Must(CreateHostDevice(DeviceOptions{.spec = "cpu", .memory_budget = 64 << 20, .checking = true, .seed = 6}));
   auto stream = Must(device->CreateStream());
   auto engine = Must(Engine::Create(BaseConfig(0), *device));
   std::vector<float> w(1000, 0.5f);

@@ -72,7 +72,7 @@ TEST(LossScalerTest, GrowsEveryWindowCleanSteps) {
   EXPECT_EQ(s.scale(), 32.0);
   EXPECT_FALSE(s.Update(false));  // iter 7, 1 after the overflow
   EXPECT_FALSE(s.Update(false));
-  EXPECT_TRUE(s.Update(false));   // iter 9
+  EXPECT_TRUE(s.Update(false));  // iter 9
   EXPECT_EQ(s.scale(), 64.0);
   EXPECT_EQ(s.overflows(), 1);
 }
@@ -112,7 +112,7 @@ TEST(LossScalerTest, WithoutConsecutiveHysteresisGrowthRestoresTheCounter) {
   EXPECT_FALSE(s.Update(false));  // iter 1
   EXPECT_TRUE(s.Update(false));   // iter 2: doubles, counter back to 2
   EXPECT_EQ(s.scale(), 32.0);
-  EXPECT_FALSE(s.Update(true));   // spends it again
+  EXPECT_FALSE(s.Update(true));  // spends it again
   EXPECT_EQ(s.scale(), 32.0);
 }
 

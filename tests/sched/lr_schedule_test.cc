@@ -42,8 +42,8 @@ TEST(LrScheduleTest, NoneIsTheOptimizerLr) {
 // log warmup over 1000 steps: log(s + 1) / log(1000); log(10) / log(1000) = 1/3.
 TEST(LrScheduleTest, WarmupLrLog) {
   auto s = Make(Config(SchedulerType::kWarmupLR, WarmupType::kLog, 1000));
-  EXPECT_EQ(s.LrAt(0), 0.0);   // the constructor's: warmup_min_lr
-  EXPECT_EQ(s.LrAt(1), 0.0);   // index 0
+  EXPECT_EQ(s.LrAt(0), 0.0);  // the constructor's: warmup_min_lr
+  EXPECT_EQ(s.LrAt(1), 0.0);  // index 0
   EXPECT_NEAR(s.LrAt(10), 0.001 / 3, 1e-15);
   EXPECT_NEAR(s.LrAt(100), 0.002 / 3, 1e-15);
   EXPECT_NEAR(s.LrAt(1000), 0.001, 1e-15);  // index 999, the last warmup step, reaches max
@@ -87,7 +87,7 @@ TEST(LrScheduleTest, WarmupDecayLr) {
   EXPECT_DOUBLE_EQ(s.LrAt(601), 0.00055);     // mid-decay: gamma 0.5
   EXPECT_DOUBLE_EQ(s.LrAt(1100), 0.0001009);  // gamma 1/1000
   EXPECT_DOUBLE_EQ(s.LrAt(1101), 0.0001);
-  EXPECT_DOUBLE_EQ(s.LrAt(5000), 0.0001);     // clamped at gamma 0
+  EXPECT_DOUBLE_EQ(s.LrAt(5000), 0.0001);  // clamped at gamma 0
   EXPECT_EQ(s.Describe(), "WarmupDecayLR linear 0.0001 -> 0.001 over 100 steps, linear decay to 0.0001 at step 1100");
 }
 
@@ -97,18 +97,17 @@ TEST(LrScheduleTest, WarmupCosineLr) {
   auto c = Config(SchedulerType::kWarmupCosineLR, WarmupType::kLinear, 10, 110);
   c.warmup_min_ratio = 0.1;
   auto s = Make(c, 0.01);
-  EXPECT_EQ(s.LrAt(0), 0.0);            // the constructor's: ratio 0
-  EXPECT_DOUBLE_EQ(s.LrAt(1), 0.001);   // 0.01 * 0.1
-  EXPECT_DOUBLE_EQ(s.LrAt(6), 0.0055);  // ratio 0.1 + 0.9 * 0.5
-  EXPECT_DOUBLE_EQ(s.LrAt(10), 0.0091); // ratio 0.1 + 0.9 * 0.9
+  EXPECT_EQ(s.LrAt(0), 0.0);             // the constructor's: ratio 0
+  EXPECT_DOUBLE_EQ(s.LrAt(1), 0.001);    // 0.01 * 0.1
+  EXPECT_DOUBLE_EQ(s.LrAt(6), 0.0055);   // ratio 0.1 + 0.9 * 0.5
+  EXPECT_DOUBLE_EQ(s.LrAt(10), 0.0091);  // ratio 0.1 + 0.9 * 0.9
   const double pi = 3.14159265358979323846;
   EXPECT_DOUBLE_EQ(s.LrAt(11), 0.01 * (1e-4 + 0.9999 * (1 + std::cos(pi / 100)) / 2));  // already one step in
   EXPECT_NEAR(s.LrAt(60), 0.0050005, 1e-15);  // p = 1/2: ratio 1e-4 + 0.9999 / 2
   EXPECT_NEAR(s.LrAt(110), 1e-6, 1e-15);      // p = 1: ratio cos_min_ratio
   EXPECT_NEAR(s.LrAt(111), 1e-6, 1e-15);      // and there it stays, as in DeepSpeed
   EXPECT_NEAR(s.LrAt(300), 1e-6, 1e-15);
-  EXPECT_EQ(s.Describe(),
-            "WarmupCosineLR lr 0.01 x ratio linear 0.1 -> 1 over 10 steps, cosine to 0.0001 at step 110");
+  EXPECT_EQ(s.Describe(), "WarmupCosineLR lr 0.01 x ratio linear 0.1 -> 1 over 10 steps, cosine to 0.0001 at step 110");
 }
 
 TEST(LrScheduleTest, WarmupCosineLrLogWarmup) {

@@ -31,8 +31,8 @@ const std::vector<std::vector<int>> kGroups = {{0, 1}, {2}, {3, 4}, {5}, {6}};
 // State k (0 master, 1 m, 2 v) of element e of unit i after `step` updates.
 float Value(int i, int k, int64_t e, int step) {
   if (step == 0 && k > 0) return 0.0f;  // m and v start at zero
-  return static_cast<float>(test::SplitMix64((uint64_t(i) << 40) ^ (uint64_t(k) << 36) ^ (uint64_t(step) << 28) ^
-                                             uint64_t(e)) >> 40);
+  return static_cast<float>(
+      test::SplitMix64((uint64_t(i) << 40) ^ (uint64_t(k) << 36) ^ (uint64_t(step) << 28) ^ uint64_t(e)) >> 40);
 }
 
 class OptimizerSwapperTest : public ::testing::Test {

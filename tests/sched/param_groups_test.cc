@@ -180,8 +180,9 @@ TEST_F(ParamGroupsTest, EachGroupGetsItsOwnDecayAndLr) {
         o.eps = 1e-6;
         o.weight_decay = t == 0 ? 0.3 : 0.0;
         const int64_t off = t == 0 ? 0 : w, len = t == 0 ? w : n - w;
-        AdamBuffers b{ref_w[u].data() + off, ref_m[u].data() + off, ref_v[u].data() + off, sum.data() + off,
-                      DType::kFloat32, nullptr, DType::kBFloat16, static_cast<size_t>(len)};
+        AdamBuffers b{ref_w[u].data() + off, ref_m[u].data() + off,   ref_v[u].data() + off,
+                      sum.data() + off,      DType::kFloat32,         nullptr,
+                      DType::kBFloat16,      static_cast<size_t>(len)};
         MustOk(AdamStep(arena, o, step + 1, 1.0 / (2.0 * world()), b));
       }
     }
@@ -278,8 +279,10 @@ TEST_F(ParamGroupsTest, FrozenUnitsKeepOnlyTheirValues) {
     EXPECT_TRUE(SameBits(with_m[2], without_m[1]));
     // The frozen unit: its registration's bf16 rounding, unchanged.
     std::vector<float> want;
-    for (int64_t i = 0; i < net.sizes[1].first; ++i) want.push_back(Bf16BitsToFloat(FloatToBf16Bits(TwoTensorUnits::Init(1, 0, i))));
-    for (int64_t i = 0; i < net.sizes[1].second; ++i) want.push_back(Bf16BitsToFloat(FloatToBf16Bits(TwoTensorUnits::Init(1, 1, i))));
+    for (int64_t i = 0; i < net.sizes[1].first; ++i)
+      want.push_back(Bf16BitsToFloat(FloatToBf16Bits(TwoTensorUnits::Init(1, 0, i))));
+    for (int64_t i = 0; i < net.sizes[1].second; ++i)
+      want.push_back(Bf16BitsToFloat(FloatToBf16Bits(TwoTensorUnits::Init(1, 1, i))));
     EXPECT_TRUE(SameBits(with_master[1], want));
     if (world() == 1) {  // with several ranks a refused call stops every rank (rank_failures.h)
       std::vector<float> m(Must(e->unit_elems(1)));
@@ -287,8 +290,8 @@ TEST_F(ParamGroupsTest, FrozenUnitsKeepOnlyTheirValues) {
       EXPECT_EQ(e->GradBuffers(1).status().code(), StatusCode::kInvalidArgument);
     }
     // A checkpoint keeps it; a fresh engine (other values) loads all of it.
-    const std::string dir = test::TestDir() + "/frozen-ckpt-np" + std::to_string(world()) +
-                            (StartedByMpiLauncher() ? "-mpi" : "-local");
+    const std::string dir =
+        test::TestDir() + "/frozen-ckpt-np" + std::to_string(world()) + (StartedByMpiLauncher() ? "-mpi" : "-local");
     if (rank() == 0) std::filesystem::remove_all(dir);
     MustOk(comm_->Barrier(*stream_));
     MustOk(stream_->Synchronize());
@@ -391,7 +394,7 @@ TEST_F(ParamGroupsTest, BroadcastCopiesTheRootsBytesToEveryRank) {
     MustOk(e->Broadcast(nullptr, 0, 0));  // a barrier
     MustOk(net.MicroStep(*e, *stream_, static_cast<uint64_t>(round) * world() + rank(), {0, 1, 2}));
     EXPECT_FALSE(Must(e->Step()));  // 1 of 2 micro-steps
-    if (world() == 1) {  // refused calls stop every rank with several
+    if (world() == 1) {             // refused calls stop every rank with several
       EXPECT_EQ(e->Broadcast(buf.data(), 8, 0).code(), StatusCode::kFailedPrecondition);
     }
     MustOk(net.MicroStep(*e, *stream_, static_cast<uint64_t>(round) * world() + rank() + 7, {0, 1, 2}));

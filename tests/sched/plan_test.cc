@@ -90,7 +90,8 @@ TEST(PlanTest, NcclReductionStagingIsCounted) {
   PlanInput in = SmallInput();
   const PlanRow mpi3 = PlanCombination(in, 3, OffloadDevice::kNone, OffloadDevice::kNone);
   const PlanRow mpi1 = PlanCombination(in, 1, OffloadDevice::kCpu, OffloadDevice::kNone);
-  EXPECT_EQ(Find(mpi3.device_items, "NCCL reduction staging"), nullptr) << "host collectives stage nothing on the device";
+  EXPECT_EQ(Find(mpi3.device_items, "NCCL reduction staging"), nullptr)
+      << "host collectives stage nothing on the device";
   in.reductions_on_device = true;
   const PlanRow nccl3 = PlanCombination(in, 3, OffloadDevice::kNone, OffloadDevice::kNone);
   const PlanRow nccl1 = PlanCombination(in, 1, OffloadDevice::kCpu, OffloadDevice::kNone);
@@ -105,9 +106,9 @@ TEST(PlanTest, NcclReductionStagingIsCounted) {
   EXPECT_EQ(Find(four.device_items, "NCCL reduction staging")->bytes,
             static_cast<uint64_t>(3 * (padded0 + padded1) / 4 * 4));
   in.world_size = 1;
-  EXPECT_EQ(Find(PlanCombination(in, 0, OffloadDevice::kNone, OffloadDevice::kNone).device_items,
-                 "NCCL reduction staging"),
-            nullptr)
+  EXPECT_EQ(
+      Find(PlanCombination(in, 0, OffloadDevice::kNone, OffloadDevice::kNone).device_items, "NCCL reduction staging"),
+      nullptr)
       << "one rank reduces nothing";
 }
 
@@ -398,12 +399,12 @@ Measured RunEngine(const Config& config, const std::vector<int64_t>& units, cons
   auto device = Must(CreateHostDevice(DeviceOptions{.spec = "cpu", .memory_budget = 512 << 20}));
   auto stream = Must(device->CreateStream());
   auto engine = Must(Engine::Create(config, *device, nullptr));
-  std::unique_ptr<model::GptDevice> g;
+  std::unique_ptr<exec::GptDevice> g;
   if (gpt) {
     model::GptRunOptions ro;
     ro.batch_size = batch;
     ro.param_dtype = engine->compute_dtype();
-    g = Must(model::GptDevice::Create(*device, *stream, *gpt, ro));
+    g = Must(exec::GptDevice::Create(*device, *stream, *gpt, ro));
     const uint64_t tokens = static_cast<uint64_t>(batch * gpt->max_seq_len) * 4;
     for (uint64_t bytes : {tokens, tokens, uint64_t{4}}) (void)Must(device->Allocate(bytes, *stream));
   }
@@ -443,15 +444,14 @@ Measured RunEngine(const Config& config, const std::vector<int64_t>& units, cons
 }
 
 void ExpectWithin10(double predicted, double measured, const std::string& what) {
-  EXPECT_LE(std::abs(predicted - measured), 0.10 * measured) << what << ": predicted " << predicted << " B, measured "
-                                                             << measured << " B";
+  EXPECT_LE(std::abs(predicted - measured), 0.10 * measured)
+      << what << ": predicted " << predicted << " B, measured " << measured << " B";
 }
 
 // Dense units spanning several norm blocks, one under the persistence threshold.
 const std::vector<int64_t> kUnits = {600'000, 200'000, 1'000'000, 50'000};
 
-void CheckAgainstEngine(Config config, int stage, OffloadDevice optimizer,
-                        OffloadDevice param = OffloadDevice::kNone) {
+void CheckAgainstEngine(Config config, int stage, OffloadDevice optimizer, OffloadDevice param = OffloadDevice::kNone) {
   config.bf16.enabled = true;
   config.zero.stage = stage;
   config.zero.offload_optimizer.device = optimizer;
@@ -477,13 +477,14 @@ void CheckAgainstEngine(Config config, int stage, OffloadDevice optimizer,
   // is the benchmarks' business.
   const double predicted = std::max(r.optimizer_s, r.nvme_s);
   const double measured = m.optimizer_s + m.io_s;
-  std::printf("stage %d optimizer %s: device predicted %llu measured %llu; host predicted %llu measured %llu; "
-              "optimizer phase predicted %.2f ms measured %.2f ms (optimizer %.2f + io waits %.2f), whole step %.2f ms "
-              "(predicted %.2f ms)\n",
-              stage, std::string(OffloadDeviceName(optimizer)).c_str(), static_cast<unsigned long long>(r.device_bytes),
-              static_cast<unsigned long long>(m.device_peak), static_cast<unsigned long long>(r.host_bytes),
-              static_cast<unsigned long long>(m.host_peak), predicted * 1e3, measured * 1e3, m.optimizer_s * 1e3,
-              m.io_s * 1e3, m.step_s * 1e3, r.step_s * 1e3);
+  std::printf(
+      "stage %d optimizer %s: device predicted %llu measured %llu; host predicted %llu measured %llu; "
+      "optimizer phase predicted %.2f ms measured %.2f ms (optimizer %.2f + io waits %.2f), whole step %.2f ms "
+      "(predicted %.2f ms)\n",
+      stage, std::string(OffloadDeviceName(optimizer)).c_str(), static_cast<unsigned long long>(r.device_bytes),
+      static_cast<unsigned long long>(m.device_peak), static_cast<unsigned long long>(r.host_bytes),
+      static_cast<unsigned long long>(m.host_peak), predicted * 1e3, measured * 1e3, m.optimizer_s * 1e3, m.io_s * 1e3,
+      m.step_s * 1e3, r.step_s * 1e3);
   EXPECT_GT(measured, 0.0);
 }
 

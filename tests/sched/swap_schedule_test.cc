@@ -53,16 +53,14 @@ std::string Join(const std::vector<std::string>& v) {
 TEST(SwapScheduleTest, WithoutPhasesReadsRunAheadBesideWrites) {
   // Three buffers: reads run two sub-groups ahead; the read of 3 reuses 0's
   // buffer, so it waits for 0's write.
-  EXPECT_EQ(Join(Simulate(SwapSchedule(5, 3, false))),
-            "R0 R1 U0 W0 R2 U1 W1 w0 R3 U2 W2 w1 R4 U3 W3 U4 W4 w2 w3 w4");
+  EXPECT_EQ(Join(Simulate(SwapSchedule(5, 3, false))), "R0 R1 U0 W0 R2 U1 W1 w0 R3 U2 W2 w1 R4 U3 W3 U4 W4 w2 w3 w4");
   // One buffer: read, update, write back in place.
   EXPECT_EQ(Join(Simulate(SwapSchedule(2, 1, false))), "R0 U0 W0 w0 R1 U1 W1 w1");
 }
 
 TEST(SwapScheduleTest, PhasedBatchesNeverReadBesideAWrite) {
   // Two buffers, five sub-groups: batches {0,1} {2,3} {4}.
-  EXPECT_EQ(Join(Simulate(SwapSchedule(5, 2, true))),
-            "R0 R1 U0 U1 W0 W1 w0 w1 R2 R3 U2 U3 W2 W3 w2 w3 R4 U4 W4 w4");
+  EXPECT_EQ(Join(Simulate(SwapSchedule(5, 2, true))), "R0 R1 U0 U1 W0 W1 w0 w1 R2 R3 U2 U3 W2 W3 w2 w3 R4 U4 W4 w4");
 }
 
 TEST(SwapScheduleTest, EveryReadFollowsItsBuffersLastWriteAndPrecedesItsUpdate) {

@@ -173,8 +173,8 @@ struct TimelineRun {
 };
 
 TimelineRun RunEngine(const Config& config, bool serialize, bool hold, double compute_seconds = kComputeSeconds) {
-  auto device = Must(CreateHostDevice(
-      DeviceOptions{.spec = "cpu", .memory_budget = 64 << 20, .checking = true, .serialize_tasks = serialize, .seed = 3}));
+  auto device = Must(CreateHostDevice(DeviceOptions{
+      .spec = "cpu", .memory_budget = 64 << 20, .checking = true, .serialize_tasks = serialize, .seed = 3}));
   auto stream = Must(device->CreateStream());
   auto engine = Must(Engine::Create(config, *device));
   // The held update waits until the next step's first Fetch has returned

@@ -66,21 +66,21 @@ TEST(UnitTableTest, BadRegistrationsAreRefusedAndChangeNothing) {
 }
 
 TEST(UnitTableTest, Stage3KeepsSmallUnitsWholeUntilTheModelThresholdIsReached) {
-  UnitTable t(UnitTableOptions{.world = 2, .stage = 3, .param_persistence_threshold = 100,
-                               .model_persistence_threshold = 250});
+  UnitTable t(
+      UnitTableOptions{.world = 2, .stage = 3, .param_persistence_threshold = 100, .model_persistence_threshold = 250});
   EXPECT_FALSE(AddOk(t, "s0", {{100}}).partitioned);  // at the unit threshold: whole
   EXPECT_TRUE(AddOk(t, "big", {{101}}).partitioned);  // above it
   EXPECT_FALSE(AddOk(t, "s1", {{100}}).partitioned);  // 200 kept whole so far
   EXPECT_EQ(t.persistent_elems(), 200);
-  EXPECT_TRUE(AddOk(t, "s2", {{60}}).partitioned);  // 260 would pass the model threshold
+  EXPECT_TRUE(AddOk(t, "s2", {{60}}).partitioned);   // 260 would pass the model threshold
   EXPECT_FALSE(AddOk(t, "s3", {{50}}).partitioned);  // 250 does not
   EXPECT_EQ(t.persistent_elems(), 250);
 }
 
 TEST(UnitTableTest, OffloadParamNvmeKeepsShardsInHostMemoryUpToMaxInCpu) {
   const int64_t shard = PartitionUnit(5000, 2).shard_elems;  // whole norm blocks, padded
-  UnitTable t(UnitTableOptions{.world = 2, .stage = 3, .param_offload = true, .param_nvme = true,
-                               .max_in_cpu = 2 * shard});
+  UnitTable t(
+      UnitTableOptions{.world = 2, .stage = 3, .param_offload = true, .param_nvme = true, .max_in_cpu = 2 * shard});
   const UnitLayout a = AddOk(t, "a", {{5000}});
   EXPECT_TRUE(a.partitioned);
   EXPECT_FALSE(a.shard_on_nvme);

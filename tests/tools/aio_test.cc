@@ -38,7 +38,8 @@ CliRun Zinf(const std::vector<std::string>& args, int uid = -1, std::string exe 
   if (exe.empty()) exe = zinf::test::BinaryDir() + "/zinf";
   // Per-process names: ctest runs several of these tests at once.
   const std::string tag = std::to_string(::getpid());
-  std::string out_path = zinf::test::TestDir() + "/aio_stdout." + tag, err_path = zinf::test::TestDir() + "/aio_stderr." + tag;
+  std::string out_path = zinf::test::TestDir() + "/aio_stdout." + tag,
+              err_path = zinf::test::TestDir() + "/aio_stderr." + tag;
   std::vector<std::string> argv_s = {exe, "aio"};
   argv_s.insert(argv_s.end(), args.begin(), args.end());
   std::vector<char*> argv;
@@ -211,8 +212,8 @@ TEST(AioCliTest, FilesystemWithoutODirectIsAnErrorAndLeavesNothing) {
 TEST(AioCliTest, VerifyCatchesOneFlippedByte) {
   std::string dir = Fresh("verify");
   std::string file = dir + "/t.dat";
-  std::vector<std::string> common = {"--path", file, "--size", "16M", "--block-size", "256K", "--threads", "2",
-                                     "--loops", "1", "--verify"};
+  std::vector<std::string> common = {"--path",    file, "--size",  "16M", "--block-size", "256K",
+                                     "--threads", "2",  "--loops", "1",   "--verify"};
   std::vector<std::string> w = {"write"}, r = {"read"};
   w.insert(w.end(), common.begin(), common.end());
   r.insert(r.end(), common.begin(), common.end());
@@ -262,8 +263,8 @@ TEST(AioCliTest, PlainWriteSendsNeitherZerosNorRepeatedPages) {
   }
   // 32 blocks written from 8 buffers: a buffer's content is resent, so only
   // the per-block words keep pages apart. --verify finds no pattern there.
-  CliRun r = Zinf({"read", "--path", file, "--size", "8M", "--block-size", "256K", "--threads", "2", "--loops", "1",
-                   "--verify"});
+  CliRun r = Zinf(
+      {"read", "--path", file, "--size", "8M", "--block-size", "256K", "--threads", "2", "--loops", "1", "--verify"});
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("verify: " + file + " offset="), std::string::npos) << r.err;
 }
@@ -291,12 +292,14 @@ TEST(AioCliTest, JsonCarriesEveryPrintedFigure) {
   EXPECT_EQ(nlohmann::json::parse(single.out)["config"]["single_submit"], true);
   ASSERT_EQ(j["loops"].size(), 2u);
   for (const auto& loop : j["loops"]) {
-    for (const char* k : {"seconds", "gb_per_s", "iops", "p50_us", "p99_us", "cpu_seconds"}) ASSERT_TRUE(loop.contains(k)) << k;
+    for (const char* k : {"seconds", "gb_per_s", "iops", "p50_us", "p99_us", "cpu_seconds"})
+      ASSERT_TRUE(loop.contains(k)) << k;
     double expect_gbps = 16.0 * (1 << 20) / loop["seconds"].get<double>() / 1e9;
     EXPECT_NEAR(loop["gb_per_s"].get<double>(), expect_gbps, 1e-6 * expect_gbps);
     EXPECT_LE(loop["p50_us"].get<double>(), loop["p99_us"].get<double>());
   }
-  for (const char* k : {"seconds", "gb_per_s", "iops", "p50_us", "p99_us", "cpu_seconds"}) EXPECT_TRUE(j["median"].contains(k)) << k;
+  for (const char* k : {"seconds", "gb_per_s", "iops", "p50_us", "p99_us", "cpu_seconds"})
+    EXPECT_TRUE(j["median"].contains(k)) << k;
   EXPECT_TRUE(j.contains("cpu_seconds_per_gb"));
 }
 
@@ -316,9 +319,9 @@ TEST(AioCliTest, SweepWritesAConfigZinfAcceptsAndAHeatmap) {
   EXPECT_TRUE(cfg["aio"].contains("intra_op_parallelism"));
   ASSERT_TRUE(cfg["aio"]["single_submit"].is_boolean());
   // The printed recommendation is the one written.
-  EXPECT_NE(r.out.find(std::string(", single submit ") + (cfg["aio"]["single_submit"].get<bool>() ? "on" : "off") +
-                       ", read"),
-            std::string::npos)
+  EXPECT_NE(
+      r.out.find(std::string(", single submit ") + (cfg["aio"]["single_submit"].get<bool>() ? "on" : "off") + ", read"),
+      std::string::npos)
       << r.out;
   auto loaded = LoadConfigFile(out);
   EXPECT_TRUE(loaded.ok()) << loaded.status().ToString();
@@ -340,7 +343,8 @@ TEST(AioCliTest, SweepRecommendsTheFastestOfThePointsItMeasuredAgain) {
   };
   // The three grid points with the least read + write time, each batched and single-submitted.
   std::vector<nlohmann::json> grid(j["points"].begin(), j["points"].end());
-  std::stable_sort(grid.begin(), grid.end(), [&](const auto& a, const auto& b) { return time_per_byte(a) < time_per_byte(b); });
+  std::stable_sort(grid.begin(), grid.end(),
+                   [&](const auto& a, const auto& b) { return time_per_byte(a) < time_per_byte(b); });
   const auto& again = j["confirmed"];
   ASSERT_EQ(again.size(), 6u);
   for (size_t i = 0; i < again.size(); ++i) {

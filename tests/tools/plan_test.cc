@@ -36,7 +36,8 @@ std::string Scratch(const std::string& name, const std::string& content) {
 }
 
 TEST(PlanCliTest, TableHasEveryCombinationAndStatesDefaults) {
-  auto r = RunZinf("plan --model tiny --micro-batch 2 --dtype bf16 --device-memory 1G --host-memory 2G --nvme-free 10G");
+  auto r =
+      RunZinf("plan --model tiny --micro-batch 2 --dtype bf16 --device-memory 1G --host-memory 2G --nvme-free 10G");
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("default: 2 GB/s"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("default: 40 GFLOP/s"), std::string::npos) << r.out;
@@ -53,8 +54,11 @@ TEST(PlanCliTest, TableHasEveryCombinationAndStatesDefaults) {
 }
 
 TEST(PlanCliTest, JsonWithRateFiles) {
-  const std::string adam = Scratch("plan_adam.json", R"({"bench":"adam","bytes_per_param":28,"rows":[{"threads":2,"params_per_s":1e9}]})");
-  const std::string aio = Scratch("plan_aio.json", R"({"command":"aio sweep","points":[{"threads":1,"block_size":262144,"queue_depth":32,"read_gb_per_s":1.5,"write_gb_per_s":2.5}],"recommended":{"aio":{"block_size":262144,"queue_depth":32,"intra_op_parallelism":1}}})");
+  const std::string adam =
+      Scratch("plan_adam.json", R"({"bench":"adam","bytes_per_param":28,"rows":[{"threads":2,"params_per_s":1e9}]})");
+  const std::string aio = Scratch(
+      "plan_aio.json",
+      R"({"command":"aio sweep","points":[{"threads":1,"block_size":262144,"queue_depth":32,"read_gb_per_s":1.5,"write_gb_per_s":2.5}],"recommended":{"aio":{"block_size":262144,"queue_depth":32,"intra_op_parallelism":1}}})");
   auto r = RunZinf("plan --params 100M --ranks 2 --json --adam-json " + adam + " --aio-json " + aio +
                    " --device-memory 4G --host-memory 8G --nvme-free 100G");
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
@@ -86,9 +90,10 @@ TEST(PlanCliTest, JsonWithRateFiles) {
 }
 
 TEST(PlanCliTest, BadInputIsOneLineExitTwo) {
-  for (const std::string args : {"plan", "plan --model nope", "plan --model tiny --params 1M", "plan --params 12Q",
-                                 "plan --model tiny --device-memory lots", "plan --params 1M --adam-json /nonexistent.json",
-                                 "plan --model tiny --seq-len 100000", "plan --params 1M --ranks 0"}) {
+  for (const std::string args :
+       {"plan", "plan --model nope", "plan --model tiny --params 1M", "plan --params 12Q",
+        "plan --model tiny --device-memory lots", "plan --params 1M --adam-json /nonexistent.json",
+        "plan --model tiny --seq-len 100000", "plan --params 1M --ranks 0"}) {
     auto r = RunZinf(args);
     EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.out << r.err;
     EXPECT_EQ(r.out, "") << args;
@@ -105,8 +110,9 @@ TEST(PlanCliTest, BadInputIsOneLineExitTwo) {
 // "auto" nearly everywhere: plan resolves the model-dependent values from the
 // preset's hidden size and total_num_steps from --steps.
 TEST(PlanCliTest, ResolvesHuggingFaceAutoValuesFromTheModel) {
-  const std::string cfg = zinf::test::SourceDir() + "/tests/data/ds_zero3_hf_auto.json";
-  auto r = RunZinf("plan --config " + cfg + " --model gpt2 --steps 1000 --device-memory 8G --host-memory 16G --nvme-free 100G");
+  const std::string cfg = zinf::test::SourceDir() + "/tests/fixtures/ds_zero3_hf_auto.json";
+  auto r = RunZinf("plan --config " + cfg +
+                   " --model gpt2 --steps 1000 --device-memory 8G --host-memory 16G --nvme-free 100G");
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   // gpt2: hidden size 768.
   EXPECT_NE(r.out.find("auto: zero_optimization.reduce_bucket_size = 589824 "), std::string::npos) << r.out;

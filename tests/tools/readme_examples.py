@@ -8,7 +8,7 @@ compared. Examples that need a GPU, take longer than a minute or fail on
 purpose are written in other blocks (sh, text), which are shown, not run.
 
 Each block runs in a fresh scratch directory that mirrors the repository
-root (its top-level entries are symbolic links), so `tests/data/...` resolves
+root (its top-level entries are symbolic links), so `tests/fixtures/...` resolves
 as in a checkout while whatever the example writes lands in the scratch
 directory; the build directory comes first on PATH, as the README asks of its
 reader. The commands of one block run in order in the same directory, each

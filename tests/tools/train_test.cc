@@ -110,7 +110,8 @@ TEST(TrainTest, ShortEmbeddedRunLearnsAndWritesItsFiles) {
   }
 
   // The export loads back (Hugging Face names) as the initial weights.
-  r = RunZinf("train --steps 1 --layers 1 --d-model 32 --seq-len 32 --micro-batch 4 --sample-tokens 0 --init " + weights);
+  r = RunZinf("train --steps 1 --layers 1 --d-model 32 --seq-len 32 --micro-batch 4 --sample-tokens 0 --init " +
+              weights);
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("sample: (none: --sample-tokens 0)"), std::string::npos) << r.output;
 }
@@ -122,8 +123,10 @@ TEST(TrainTest, CheckpointingGivesTheSameLossesInLessActivationMemory) {
   auto run = [](const std::string& name, const std::string& flags) {
     const std::string metrics = Scratch(name);
     std::filesystem::remove(metrics);
-    auto r = RunZinf("train --steps 4 --layers 3 --d-model 32 --seq-len 32 --micro-batch 4 --sample-tokens 0 "
-                     "--metrics-json " + metrics + " " + flags);
+    auto r = RunZinf(
+        "train --steps 4 --layers 3 --d-model 32 --seq-len 32 --micro-batch 4 --sample-tokens 0 "
+        "--metrics-json " +
+        metrics + " " + flags);
     EXPECT_EQ(r.exit_code, 0) << r.output;
     std::ifstream in(metrics);
     std::string line;
@@ -156,7 +159,8 @@ TEST(TrainTest, SerializedTasksNeitherHangNorStallNorChangeTheLosses) {
     auto r = zinf::test::RunCommand("cd " + zinf::test::TestDir() + " && ZINF_LOG_LEVEL=warn " + env + " " +
                                     zinf::test::BinaryDir() +
                                     "/zinf train --steps 6 --layers 2 --d-model 32 --seq-len 32 --micro-batch 4 "
-                                    "--sample-tokens 0 --metrics-json " + metrics + " 2>&1");
+                                    "--sample-tokens 0 --metrics-json " +
+                                    metrics + " 2>&1");
     EXPECT_EQ(r.exit_code, 0) << r.output;
     return ReadLossesAndDrainingWaits(metrics);
   };
@@ -173,8 +177,8 @@ TEST(TrainTest, SerializedTasksNeitherHangNorStallNorChangeTheLosses) {
 TEST(TrainTest, MeasuredRatesDriveThePlansStepTime) {
   const std::string adam = Scratch("train_slow_adam.json");
   std::ofstream(adam) << R"({"bench": "adam", "bytes_per_param": 28, "rows": [{"threads": 2, "params_per_s": 1000}]})";
-  auto r = RunZinf("train --steps 2 --layers 1 --d-model 32 --seq-len 32 --micro-batch 4 --sample-tokens 0 --adam-json " +
-                   adam);
+  auto r = RunZinf(
+      "train --steps 2 --layers 1 --d-model 32 --seq-len 32 --micro-batch 4 --sample-tokens 0 --adam-json " + adam);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const size_t at = r.output.find("step time: median");
   ASSERT_NE(at, std::string::npos) << r.output;
@@ -193,10 +197,10 @@ TEST(TrainTest, MeasuredRatesDriveThePlansStepTime) {
 // sizes come from the model's hidden size (raised to one norm block for a
 // model this small), total_num_steps from --steps.
 TEST(TrainTest, HuggingFaceAutoConfigResolvesFromTheModel) {
-  const std::string cfg = zinf::test::SourceDir() + "/tests/data/ds_zero3_hf_auto.json";
-  auto r = zinf::test::RunCommand("cd " + zinf::test::TestDir() + " && ZINF_LOG_LEVEL=info " +
-                                  zinf::test::BinaryDir() + "/zinf train --config " + cfg +
-                                  " --steps 3 --layers 1 --d-model 32 --seq-len 32 --micro-batch 4 --sample-tokens 0 2>&1");
+  const std::string cfg = zinf::test::SourceDir() + "/tests/fixtures/ds_zero3_hf_auto.json";
+  auto r = zinf::test::RunCommand(
+      "cd " + zinf::test::TestDir() + " && ZINF_LOG_LEVEL=info " + zinf::test::BinaryDir() + "/zinf train --config " +
+      cfg + " --steps 3 --layers 1 --d-model 32 --seq-len 32 --micro-batch 4 --sample-tokens 0 2>&1");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("auto: zero_optimization.reduce_bucket_size = 65536 "), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("auto: zero_optimization.stage3_param_persistence_threshold = 320 "), std::string::npos)
@@ -326,7 +330,8 @@ TEST(TrainTest, ChatDataTrainsOnTheAnswersOnly) {
   const std::string metrics = dir + "/m.jsonl";
   auto r = RunZinf("train --model tiny-llama --vocab 264 --tokenizer " + dir + "/tokenizer.json --data " + dir +
                    "/d.jsonl --seq-len 64 --steps 40 --micro-batch 4 --lr 1e-2 --sample-tokens 4 --device cpu "
-                   "--metrics-json " + metrics);
+                   "--metrics-json " +
+                   metrics);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("chat data: 400 examples (llama3 template)"), std::string::npos) << r.output;
   const auto lines = Lines(metrics);
@@ -351,9 +356,10 @@ TEST(TrainTest, LlamaCheckpointExportsAsAHuggingFaceFolder) {
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   std::ofstream(dir + "/tokenizer.json") << zinf::data::test::ByteTokenizerJsonWithMarkers();
-  auto r = RunZinf("train --model tiny-qwen3 --vocab 264 --tokenizer " + dir + "/tokenizer.json --steps 3 --seq-len 16 "
-                   "--micro-batch 2 --sample-tokens 0 --device cpu --save-every 3 --save-dir " + dir + "/ck --export-dir " + dir +
-                   "/direct --export-dtype fp32");
+  auto r = RunZinf("train --model tiny-qwen3 --vocab 264 --tokenizer " + dir +
+                   "/tokenizer.json --steps 3 --seq-len 16 "
+                   "--micro-batch 2 --sample-tokens 0 --device cpu --save-every 3 --save-dir " +
+                   dir + "/ck --export-dir " + dir + "/direct --export-dtype fp32");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   r = RunZinf("export " + dir + "/ck --hf-dir " + dir + "/exported --dtype fp32");
   ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -392,7 +398,8 @@ TEST(TrainTest, BadInputIsOneLineAndExitCodeTwo) {
       {"train --adam-json /nonexistent/adam.json", "--adam-json: cannot read /nonexistent/adam.json"},
       {"train --aio-json " + tiny, "--aio-json: "},
       // The plan's row decides before the initial state is written anywhere.
-      {"train --device cpu --device-memory 1M", "the model does not fit (zinf plan's row for this configuration): device needs"},
+      {"train --device cpu --device-memory 1M",
+       "the model does not fit (zinf plan's row for this configuration): device needs"},
   };
   for (const Case& c : cases) {
     auto r = RunZinf(c.args);

@@ -70,14 +70,13 @@ TEST_P(TrainTorchTest, LossesAndExportedWeightsMatchTorchAdamW) {
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir + "/nvme");
   const std::string model = dir + "/model", data = dir + "/data.txt";
-  auto init = zinf::test::RunCommand(Python() + " '" + Script() + "' init --arch " + tc.arch +
-                                     " --model-dir " + model + " --data " + data + " --data-bytes " +
-                                     std::to_string(tc.data_bytes) + " 2>&1");
+  auto init = zinf::test::RunCommand(Python() + " '" + Script() + "' init --arch " + tc.arch + " --model-dir " + model +
+                                     " --data " + data + " --data-bytes " + std::to_string(tc.data_bytes) + " 2>&1");
   ASSERT_EQ(init.exit_code, 0) << init.output;
 
-  const std::string common = " --steps " + std::to_string(kSteps) + " --micro-batch " +
-                             std::to_string(tc.micro_batch) + " --grad-accum " + std::to_string(tc.grad_accum) +
-                             " --seq-len " + std::to_string(kSeqLen) + " --seed 3";
+  const std::string common = " --steps " + std::to_string(kSteps) + " --micro-batch " + std::to_string(tc.micro_batch) +
+                             " --grad-accum " + std::to_string(tc.grad_accum) + " --seq-len " +
+                             std::to_string(kSeqLen) + " --seed 3";
   std::string runs;
   for (const bool stage3 : {false, true}) {
     const std::string stage = stage3 ? "stage3" : "stage0";
@@ -86,8 +85,8 @@ TEST_P(TrainTorchTest, LossesAndExportedWeightsMatchTorchAdamW) {
     const std::string metrics = dir + "/" + stage + ".jsonl", export_dir = dir + "/" + stage;
     auto r = zinf::test::RunCommand("cd " + dir + " && ZINF_LOG_LEVEL=warn " + zinf::test::BinaryDir() +
                                     "/zinf train --device cpu --threads 1 --sample-tokens 0 --model-dir " + model +
-                                    " --data " + data + " --config " + config + common + " --metrics-json " +
-                                    metrics + " --export-dir " + export_dir + " --export-dtype fp32 2>&1");
+                                    " --data " + data + " --config " + config + common + " --metrics-json " + metrics +
+                                    " --export-dir " + export_dir + " --export-dtype fp32 2>&1");
     ASSERT_EQ(r.exit_code, 0) << r.output;
     EXPECT_NE(r.output.find(stage3 ? "ZeRO stage 3, fp32 compute, parameter shards on nvme, optimizer " +
                                          std::string(tc.optimizer["type"]) + " on nvme"
@@ -98,9 +97,8 @@ TEST_P(TrainTorchTest, LossesAndExportedWeightsMatchTorchAdamW) {
   }
   // The replay's optimizer and schedule come from the same config (the
   // stage-0 one: the two differ only in where the state lives).
-  auto check = zinf::test::RunCommand(Python() + " '" + Script() + "' check --model-dir " + model +
-                                      " --data " + data + " --config " + dir + "/stage0.json" + common + runs +
-                                      " 2>&1");
+  auto check = zinf::test::RunCommand(Python() + " '" + Script() + "' check --model-dir " + model + " --data " + data +
+                                      " --config " + dir + "/stage0.json" + common + runs + " 2>&1");
   EXPECT_EQ(check.exit_code, 0) << check.output;
   EXPECT_NE(check.output.find("PASS: 2 run(s) match torch.optim.AdamW"), std::string::npos) << check.output;
   std::printf("%s", check.output.c_str());
@@ -120,36 +118,63 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(
         // Accumulation 2, clipping below every step's norm, linear warmup then
         // decay, reaching warmup_min_lr at step 16 and staying there.
-        TrainCase{"llama", "llama", 2, 2, 4000, 0.5,
+        TrainCase{"llama",
+                  "llama",
+                  2,
+                  2,
+                  4000,
+                  0.5,
                   {{"type", "AdamW"},
                    {"params", {{"lr", 0.01}, {"betas", {0.9, 0.95}}, {"eps", 1e-4}, {"weight_decay", 0.1}}}},
                   {{"type", "WarmupDecayLR"},
                    {"params",
-                    {{"warmup_min_lr", 0.001}, {"warmup_max_lr", 0.01}, {"warmup_num_steps", 5},
-                     {"warmup_type", "linear"}, {"total_num_steps", 16}}}}},
+                    {{"warmup_min_lr", 0.001},
+                     {"warmup_max_lr", 0.01},
+                     {"warmup_num_steps", 5},
+                     {"warmup_type", "linear"},
+                     {"total_num_steps", 16}}}}},
         // One key/value head and an attention window as long as the run;
         // log warmup to a constant lr; clipping that binds on some steps.
-        TrainCase{"mistral", "mistral", 2, 1, 4000, 1.0,
-                  {{"type", "AdamW"},
-                   {"params", {{"lr", 0.01}, {"betas", {0.9, 0.98}}, {"eps", 1e-4}, {"weight_decay", 0.02}}}},
-                  {{"type", "WarmupLR"},
-                   {"params",
-                    {{"warmup_min_lr", 0.002}, {"warmup_max_lr", 0.01}, {"warmup_num_steps", 6},
-                     {"warmup_type", "log"}}}}},
+        TrainCase{
+            "mistral",
+            "mistral",
+            2,
+            1,
+            4000,
+            1.0,
+            {{"type", "AdamW"},
+             {"params", {{"lr", 0.01}, {"betas", {0.9, 0.98}}, {"eps", 1e-4}, {"weight_decay", 0.02}}}},
+            {{"type", "WarmupLR"},
+             {"params",
+              {{"warmup_min_lr", 0.002}, {"warmup_max_lr", 0.01}, {"warmup_num_steps", 6}, {"warmup_type", "log"}}}}},
         // A tied head and q/k/v biases; DeepSpeed's "Adam" (AdamW by default)
         // with its default betas, a constant lr, no clipping.
-        TrainCase{"qwen2", "qwen2", 4, 1, 4000, 0.0,
-                  {{"type", "Adam"}, {"params", {{"lr", 0.01}, {"eps", 1e-3}, {"weight_decay", 0.01}}}}, nullptr},
+        TrainCase{"qwen2",
+                  "qwen2",
+                  4,
+                  1,
+                  4000,
+                  0.0,
+                  {{"type", "Adam"}, {"params", {{"lr", 0.01}, {"eps", 1e-3}, {"weight_decay", 0.01}}}},
+                  nullptr},
         // q/k norm; 120 windows from 23: the run goes through five epochs'
         // permutations; log warmup, then a cosine down to cos_min_ratio at the
         // last step.
-        TrainCase{"qwen3", "qwen3", 3, 2, 400, 1.0,
+        TrainCase{"qwen3",
+                  "qwen3",
+                  3,
+                  2,
+                  400,
+                  1.0,
                   {{"type", "AdamW"},
                    {"params", {{"lr", 0.01}, {"betas", {0.8, 0.99}}, {"eps", 1e-3}, {"weight_decay", 0.05}}}},
                   {{"type", "WarmupCosineLR"},
                    {"params",
-                    {{"warmup_min_ratio", 0.1}, {"warmup_num_steps", 4}, {"warmup_type", "log"},
-                     {"total_num_steps", 20}, {"cos_min_ratio", 0.05}}}}}),
+                    {{"warmup_min_ratio", 0.1},
+                     {"warmup_num_steps", 4},
+                     {"warmup_type", "log"},
+                     {"total_num_steps", 20},
+                     {"cos_min_ratio", 0.05}}}}}),
     [](const auto& p) { return std::string(p.param.name); });
 
 }  // namespace

@@ -23,7 +23,7 @@ zinf::test::CommandResult RunZinf(const std::string& args) {
   return zinf::test::RunCommand(zinf::test::BinaryDir() + "/zinf " + args + " 2>&1");
 }
 
-std::string Data(const std::string& name) { return zinf::test::SourceDir() + "/tests/data/" + name; }
+std::string Data(const std::string& name) { return zinf::test::SourceDir() + "/tests/fixtures/" + name; }
 
 std::string ScratchFile(const std::string& name, const std::string& content) {
   std::string path = zinf::test::TestDir() + "/" + name;
@@ -178,13 +178,15 @@ TEST(ZinfCliTest, ModelBenchTakesAShapeAndFeedsThePlan) {
   const std::string json = zinf::test::TestDir() + "/model_bench_custom.json";
   auto r = zinf::test::RunCommand(zinf::test::BinaryDir() +
                                   "/zinf bench model --preset tiny --layers 1 --d-model 32 --heads 4 --vocab 64 "
-                                  "--seq-len 24 --micro-batch 2 --steps 1 --json > " + json + " 2>/dev/null");
+                                  "--seq-len 24 --micro-batch 2 --steps 1 --json > " +
+                                  json + " 2>/dev/null");
   ASSERT_EQ(r.exit_code, 0);
   std::ifstream in(json);
   const nlohmann::json j = nlohmann::json::parse(in);
   EXPECT_EQ(j.at("preset"), "custom");
   bool step = false;
-  for (const auto& p : j.at("phases")) step = step || (p.at("phase") == "step" && p.at("gflop_per_s").get<double>() > 0);
+  for (const auto& p : j.at("phases"))
+    step = step || (p.at("phase") == "step" && p.at("gflop_per_s").get<double>() > 0);
   EXPECT_TRUE(step) << j.dump();
   // On the host the reference is OpenBLAS's sgemm of the LM head's shape,
   // and there is no MFU without a peak.
@@ -194,12 +196,17 @@ TEST(ZinfCliTest, ModelBenchTakesAShapeAndFeedsThePlan) {
   EXPECT_EQ(j.at("reference").at("k"), 32);
   EXPECT_GT(j.at("reference").at("gflop_per_s").get<double>(), 0.0);
   EXPECT_EQ(j.at("mfu").get<double>(), 0.0);
-  EXPECT_NEAR(j.at("tflop_per_s").get<double>() * 1e3, j.at("flops_per_step").get<double>() / [&] {
-    for (const auto& p : j.at("phases")) {
-      if (p.at("phase") == "step") return p.at("seconds").get<double>();
-    }
-    return 0.0;
-  }() / 1e9, 1e-6 * j.at("tflop_per_s").get<double>() * 1e3);
+  EXPECT_NEAR(
+      j.at("tflop_per_s").get<double>() * 1e3,
+      j.at("flops_per_step").get<double>() /
+          [&] {
+            for (const auto& p : j.at("phases")) {
+              if (p.at("phase") == "step") return p.at("seconds").get<double>();
+            }
+            return 0.0;
+          }() /
+          1e9,
+      1e-6 * j.at("tflop_per_s").get<double>() * 1e3);
   // With a peak given, MFU is the step's rate over it.
   r = zinf::test::RunCommand(zinf::test::BinaryDir() +
                              "/zinf bench model --preset tiny --layers 1 --d-model 32 --heads 4 --vocab 64 "
@@ -258,7 +265,8 @@ TEST(ZinfCliTest, ModelBenchTakesAShapeAndFeedsThePlan) {
 // the forward's 64-query blocks at head_dim 64, and the same bits; without one, exit 1 naming CUDA. A shape the kernels
 // cannot take is refused first, with exit 2.
 TEST(ZinfCliTest, AttentionBenchComparesBothWaysOrNamesCuda) {
-  auto r = RunZinf("bench attention --preset tiny --heads 4 --head-dim 64 --seq-len 130 --micro-batch 1 --reps 2 --json");
+  auto r =
+      RunZinf("bench attention --preset tiny --heads 4 --head-dim 64 --seq-len 130 --micro-batch 1 --reps 2 --json");
   if (r.exit_code == 0) {
     const nlohmann::json j = nlohmann::json::parse(r.output.substr(r.output.find('{')));
     EXPECT_TRUE(j.at("same_bits").get<bool>()) << r.output;
@@ -287,8 +295,10 @@ TEST(ZinfCliTest, OffloadBenchBoundsTheBytesTheEngineMoved) {
   std::filesystem::create_directories(dir);
   const double padded = 8.0 * 1048576, state = padded * 12;
   auto run = [&](const std::string& extra) {
-    auto r = zinf::test::RunCommand(zinf::test::BinaryDir() + "/zinf bench offload --params 8M --units 8 --offload nvme "
-                                    "--sub-group-size 1100000 --steps 2 --json --path " + dir + " " + extra + " 2>/dev/null");
+    auto r = zinf::test::RunCommand(zinf::test::BinaryDir() +
+                                    "/zinf bench offload --params 8M --units 8 --offload nvme "
+                                    "--sub-group-size 1100000 --steps 2 --json --path " +
+                                    dir + " " + extra + " 2>/dev/null");
     EXPECT_EQ(r.exit_code, 0) << r.output;
     return r.exit_code == 0 ? nlohmann::json::parse(r.output) : nlohmann::json::object();
   };
@@ -314,9 +324,12 @@ TEST(ZinfCliTest, OffloadBenchBoundsTheBytesTheEngineMoved) {
 TEST(ZinfCliTest, Stage3BenchReportsBytesAndTheBound) {
   const std::string dir = zinf::test::TestDir() + "/bench_stage3";
   std::filesystem::create_directories(dir);
-  auto r = zinf::test::RunCommand(zinf::test::BinaryDir() + "/zinf bench stage3 --params 4M --units 4 "
-                                  "--device-memory 64M --sub-group-size 2M --buffer-count 3 --steps 2 --compute-ms-per-unit 1 --json "
-                                  "--path " + dir + " 2>/dev/null");
+  auto r = zinf::test::RunCommand(
+      zinf::test::BinaryDir() +
+      "/zinf bench stage3 --params 4M --units 4 "
+      "--device-memory 64M --sub-group-size 2M --buffer-count 3 --steps 2 --compute-ms-per-unit 1 --json "
+      "--path " +
+      dir + " 2>/dev/null");
   std::filesystem::remove_all(dir);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const auto j = nlohmann::json::parse(r.output);

@@ -13,14 +13,13 @@
 
 #include "dense_model.h"
 
-#define CHECK_OK(call)                                                                             \
-  do {                                                                                             \
-    int rc_ = (call);                                                                              \
-    if (rc_ != ZINF_OK) {                                                                          \
-      fprintf(stderr, "%s:%d: %s -> %s: %s\n", __FILE__, __LINE__, #call, zinf_status_name(rc_), \
-              zinf_last_error());                                                                  \
-      exit(1);                                                                                     \
-    }                                                                                              \
+#define CHECK_OK(call)                                                                                               \
+  do {                                                                                                               \
+    int rc_ = (call);                                                                                                \
+    if (rc_ != ZINF_OK) {                                                                                            \
+      fprintf(stderr, "%s:%d: %s -> %s: %s\n", __FILE__, __LINE__, #call, zinf_status_name(rc_), zinf_last_error()); \
+      exit(1);                                                                                                       \
+    }                                                                                                                \
   } while (0)
 #define CHECK_CODE(call, code)                                                                                 \
   do {                                                                                                         \
@@ -31,12 +30,12 @@
       exit(1);                                                                                                 \
     }                                                                                                          \
   } while (0)
-#define CHECK(cond)                                                        \
-  do {                                                                     \
-    if (!(cond)) {                                                         \
+#define CHECK(cond)                                                            \
+  do {                                                                         \
+    if (!(cond)) {                                                             \
       fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
-      exit(1);                                                             \
-    }                                                                      \
+      exit(1);                                                                 \
+    }                                                                          \
   } while (0)
 
 /* ---- the engine, host functions in stream order -------------------------- */
@@ -350,7 +349,7 @@ static void test_aio_with(const char* scratch, unsigned flags) {
   CHECK_OK(zinf_aio_pread(aio, file, in + half, n - half, half, &req));
   uint64_t count = 0;
   CHECK_OK(zinf_aio_wait_all(aio, &count));
-  CHECK(count == 3); /* the write (waited on already) and both reads */
+  CHECK(count == 3);                            /* the write (waited on already) and both reads */
   CHECK_OK(zinf_aio_request_wait(req, &bytes)); /* waiting again is fine */
   CHECK(bytes == n - half);
   zinf_aio_request_free(req);

@@ -30,15 +30,25 @@ namespace {
 }
 #define CHECK(cond) \
   if (!(cond)) Fail(__FILE__, __LINE__, "check failed: " #cond)
-#define CHECK_OK(call)                                                                                     \
-  if (int rc_ = (call); rc_ != ZINF_OK)                                                                    \
+#define CHECK_OK(call)                  \
+  if (int rc_ = (call); rc_ != ZINF_OK) \
   Fail(__FILE__, __LINE__, std::string(#call) + " -> " + zinf_status_name(rc_) + ": " + zinf_last_error())
 
-struct EngineDeleter { void operator()(zinf_engine* e) const { zinf_engine_destroy(e); } };
-struct StreamDeleter { void operator()(zinf_stream* s) const { zinf_stream_destroy(s); } };
-struct AioDeleter { void operator()(zinf_aio* a) const { zinf_aio_destroy(a); } };
-struct FileDeleter { void operator()(zinf_file* f) const { zinf_file_close(f); } };
-struct AdamDeleter { void operator()(zinf_adam* a) const { zinf_adam_destroy(a); } };
+struct EngineDeleter {
+  void operator()(zinf_engine* e) const { zinf_engine_destroy(e); }
+};
+struct StreamDeleter {
+  void operator()(zinf_stream* s) const { zinf_stream_destroy(s); }
+};
+struct AioDeleter {
+  void operator()(zinf_aio* a) const { zinf_aio_destroy(a); }
+};
+struct FileDeleter {
+  void operator()(zinf_file* f) const { zinf_file_close(f); }
+};
+struct AdamDeleter {
+  void operator()(zinf_adam* a) const { zinf_adam_destroy(a); }
+};
 using Engine = std::unique_ptr<zinf_engine, EngineDeleter>;
 using Stream = std::unique_ptr<zinf_stream, StreamDeleter>;
 using Aio = std::unique_ptr<zinf_aio, AioDeleter>;
@@ -53,7 +63,8 @@ struct RunResult {
 RunResult Train(const std::string& zero_block) {
   const std::string config = R"({"train_micro_batch_size_per_gpu": 16, "gradient_accumulation_steps": 3,
       "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.01}},
-      "gradient_clipping": 1.0, "zero_optimization": )" + zero_block + R"(,
+      "gradient_clipping": 1.0, "zero_optimization": )" +
+                             zero_block + R"(,
       "zinf": {"device": "cpu", "device_memory": "64M"}})";
   zinf_engine* raw = nullptr;
   CHECK_OK(zinf_engine_create(config.c_str(), nullptr, &raw));
@@ -125,15 +136,16 @@ void TestEngineStages() {
   const RunResult s0 = Train(R"({"stage": 0})");
   std::printf("cxx consumer: engine loss %.6f -> %.6f (stage 0)\n", s0.first_loss, s0.last_loss);
   CHECK(std::isfinite(s0.last_loss) && s0.last_loss < 0.5 * s0.first_loss);
-  for (const char* zero : {R"({"stage": 2, "reduce_bucket_size": 65536})",
-                           R"({"stage": 2, "offload_optimizer": {"device": "cpu"}})"}) {
+  for (const char* zero :
+       {R"({"stage": 2, "reduce_bucket_size": 65536})", R"({"stage": 2, "offload_optimizer": {"device": "cpu"}})"}) {
     const RunResult s = Train(zero);
     for (int k = 0; k < 3; ++k) {
       for (int u = 0; u < DM_LAYERS; ++u) {
         CHECK(s.state[k][u].size() == s0.state[k][u].size());
         if (std::memcmp(s.state[k][u].data(), s0.state[k][u].data(), s.state[k][u].size() * 4) != 0) {
-          Fail(__FILE__, __LINE__, std::string("state kind ") + std::to_string(k) + " of unit " +
-                                       std::to_string(u) + " differs between stage 0 and " + zero);
+          Fail(__FILE__, __LINE__,
+               std::string("state kind ") + std::to_string(k) + " of unit " + std::to_string(u) +
+                   " differs between stage 0 and " + zero);
         }
       }
     }

@@ -23,7 +23,7 @@ typedef struct dm_state {
   float acts[DM_LAYERS + 1][DM_BATCH * DM_WIDEST]; /* acts[0] = x, acts[L] = y */
   float dy[DM_BATCH * DM_WIDEST];                  /* d loss / d acts[u + 1] on the way back */
   float target[DM_BATCH * DM_WIDEST];
-  double loss;                                     /* of the last backward */
+  double loss; /* of the last backward */
 } dm_state;
 
 /* Uniform in [-1, 1), from a 64-bit state (splitmix64). */
