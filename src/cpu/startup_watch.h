@@ -6,9 +6,10 @@
 // exit status 1 without exit handlers, since MPI_Finalize would block too)
 // when the section has not called Done within its deadline. It can name the
 // call it was in, not the missing rank: MPI does not say who it waits for.
-// When the MPI library itself ends the process inside the section (Open
-// MPI's runtime calls exit() once it learns a peer is gone), an exit
-// handler says so on stderr, naming the call, before the process goes.
+// When the MPI library itself ends the process inside the section with
+// exit(), an exit handler says so on stderr, naming the call, before the
+// process goes. (Open MPI's runtime has also been seen to end a survivor
+// there with no exit handlers run: then nothing can be said.)
 //
 // Thread-safety: Phase and Done may be called from any thread; the watch
 // runs one thread of its own until Done or destruction.

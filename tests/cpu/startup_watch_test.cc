@@ -38,8 +38,8 @@ TEST(StartupWatchTest, AStuckSectionEndsTheProcessNamingTheCall) {
       "zinf: rank 3: MPI start-up \\(MPI_Comm_dup\\) has not finished after 0.2 s \\(zinf.comm_timeout_s\\)");
 }
 
-// Open MPI's runtime calls exit() with its own status when it learns, inside
-// MPI_Init, that a peer is gone: the exit handler still names the call.
+// When the MPI library calls exit() with its own status inside MPI_Init
+// (a peer is gone), the exit handler still names the call.
 TEST(StartupWatchTest, AnExitInsideTheSectionIsNamed) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_EXIT(
