@@ -325,7 +325,7 @@ Result<AioResult> RunAio(const AioOptions& o, const std::function<void(double)>&
   };
   // The buffers, for the lay-out and every loop (huge pages: cpu/io_memory.h).
   const uint64_t pool_bytes = uint64_t{o.queue_depth} * o.threads * o.block_size;
-  IoMemory pool = AllocateIoMemory(pool_bytes);
+  cpu::IoMemory pool = cpu::AllocateIoMemory(pool_bytes);
   if (!pool) {
     cleanup();
     return OutOfMemory("cannot allocate " + FormatBytes(pool_bytes) + " of I/O buffers");

@@ -43,9 +43,9 @@ int Fail(const Status& st) {
   return st.code() == StatusCode::kInvalidArgument || st.code() == StatusCode::kNotFound ? 2 : 1;
 }
 
-Result<model::AttentionShape> ShapeOf(const Options& opt) {
+Result<math::AttentionShape> ShapeOf(const Options& opt) {
   ZINF_ASSIGN_OR_RETURN(const model::GptConfig c, model::GptPreset(opt.preset));
-  model::AttentionShape s;
+  math::AttentionShape s;
   s.batch = opt.micro_batch;
   s.seq_len = opt.seq_len;
   s.heads = opt.heads > 0 ? opt.heads : c.num_heads;
@@ -65,9 +65,9 @@ Result<model::AttentionShape> ShapeOf(const Options& opt) {
 }
 
 int Run(const Options& opt) {
-  const Result<model::AttentionShape> shape = ShapeOf(opt);
+  const Result<math::AttentionShape> shape = ShapeOf(opt);
   if (!shape.ok()) return Fail(shape.status());
-  const model::AttentionShape& s = *shape;
+  const math::AttentionShape& s = *shape;
   const Result<const sched::CudaTimings*> cuda = sched::GetCudaTimings();
   if (!cuda.ok()) return Fail(cuda.status());
   if ((*cuda)->device_count() == 0) return Fail(Unavailable("needs a CUDA device; none found"));

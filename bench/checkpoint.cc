@@ -147,7 +147,7 @@ int Run(const Options& opt) {
   DeviceOptions dopt;
   dopt.spec = "cpu";
   dopt.memory_budget = static_cast<uint64_t>(P) * 6 + (uint64_t{512} << 20);
-  auto device = Check(CreateHostDevice(dopt), "device");
+  auto device = Check(cpu::CreateHostDevice(dopt), "device");
   auto engine = Check(Engine::Create(c, *device, nullptr), "engine");
   {
     std::vector<float> init(per_unit);

@@ -232,12 +232,12 @@ int Run(const Options& opt) {
     chosen.push_back(*it);
   }
 
-  auto comm = CreateMpiCommunicator(CommOptions{.timeout_seconds = opt.timeout_seconds});
+  auto comm = cpu::CreateMpiCommunicator(CommOptions{.timeout_seconds = opt.timeout_seconds});
   if (!comm.ok()) return Fail(comm.status().ToString());
   const int n = (*comm)->size(), rank = (*comm)->rank();
   const uint64_t max_size = *std::max_element(sizes->begin(), sizes->end());
   // Send + receive of the largest case, plus the allocator's rounding.
-  auto device = CreateHostDevice(DeviceOptions{.spec = "cpu", .memory_budget = 2 * max_size + (64ull << 20)});
+  auto device = cpu::CreateHostDevice(DeviceOptions{.spec = "cpu", .memory_budget = 2 * max_size + (64ull << 20)});
   if (!device.ok()) return Fail(device.status().ToString());
   auto stream = (*device)->CreateStream();
   if (!stream.ok()) return Fail(stream.status().ToString());

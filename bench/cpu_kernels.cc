@@ -213,7 +213,8 @@ struct CommonOptions {
 };
 
 // Validates the shared options; returns 0 to go on, else an exit code.
-int ParseCommon(const CommonOptions& opt, const char* bench, size_t* n, std::vector<int>* threads, SimdLevel* level) {
+int ParseCommon(const CommonOptions& opt, const char* bench, size_t* n, std::vector<int>* threads,
+                cpu::SimdLevel* level) {
   auto count = ParseCount(opt.count);
   if (!count.ok()) {
     std::fprintf(stderr, "zinf bench %s: %s\n", bench, count.status().message().c_str());
@@ -229,16 +230,16 @@ int ParseCommon(const CommonOptions& opt, const char* bench, size_t* n, std::vec
     return 2;
   }
   if (!ParseThreadList(opt.threads, threads, bench)) return 2;
-  *level = ActiveSimdLevel();
+  *level = cpu::ActiveSimdLevel();
   if (!opt.simd.empty()) {
-    auto parsed = ParseSimdLevel(opt.simd);
+    auto parsed = cpu::ParseSimdLevel(opt.simd);
     if (!parsed.ok()) {
       std::fprintf(stderr, "zinf bench %s: --simd: %s\n", bench, parsed.status().message().c_str());
       return 2;
     }
-    if (static_cast<int>(*parsed) > static_cast<int>(DetectedSimdLevel())) {
+    if (static_cast<int>(*parsed) > static_cast<int>(cpu::DetectedSimdLevel())) {
       std::fprintf(stderr, "zinf bench %s: --simd %s: this CPU supports at most %s\n", bench, opt.simd.c_str(),
-                   std::string(SimdLevelName(DetectedSimdLevel())).c_str());
+                   std::string(cpu::SimdLevelName(cpu::DetectedSimdLevel())).c_str());
       return 2;
     }
     *level = *parsed;
@@ -268,7 +269,7 @@ int RunAdam(const AdamBenchOptions& opt) {
   constexpr const char* kName = "adam";
   size_t n = 0;
   std::vector<int> thread_counts;
-  SimdLevel level;
+  cpu::SimdLevel level;
   if (int rc = ParseCommon(opt.common, kName, &n, &thread_counts, &level)) return rc;
   auto grad_dtype = ParseDType(opt.grad_dtype);
   if (!grad_dtype.ok()) {
@@ -298,7 +299,7 @@ int RunAdam(const AdamBenchOptions& opt) {
   unsigned char* grads = region.get() + 3 * f32;
   unsigned char* copy = with_copy ? region.get() + 3 * f32 + g16 : nullptr;
 
-  AdamOptions adam;
+  cpu::AdamOptions adam;
   adam.weight_decay = 0.01;  // AdamW
   const double grad_scale = 1.0 / 1024;
   // The ds-shape reference reads fp32 gradients (ZeRO-Offload hands cpu_adam
@@ -318,7 +319,7 @@ int RunAdam(const AdamBenchOptions& opt) {
     std::printf("# zinf bench adam: %s params, grad %s, param copy %s, AdamW, simd %s, median of %d loops\n",
                 FormatCount(double(n)).c_str(), std::string(DTypeName(*grad_dtype)).c_str(),
                 with_copy ? std::string(DTypeName(copy_dtype)).c_str() : "none",
-                std::string(SimdLevelName(level)).c_str(), opt.common.loops);
+                std::string(cpu::SimdLevelName(level)).c_str(), opt.common.loops);
     std::printf("# bytes/param %zu: params, exp_avg, exp_avg_sq read+written 24, grad %s read %zu", bytes_per_param,
                 std::string(DTypeName(*grad_dtype)).c_str(), grad_bytes);
     if (with_copy) std::printf(", %s copy written %zu", std::string(DTypeName(copy_dtype)).c_str(), copy_bytes);
@@ -336,7 +337,7 @@ int RunAdam(const AdamBenchOptions& opt) {
                         {"params", n},
                         {"grad_dtype", DTypeName(*grad_dtype)},
                         {"param_copy", with_copy ? DTypeName(copy_dtype) : "none"},
-                        {"simd", SimdLevelName(level)},
+                        {"simd", cpu::SimdLevelName(level)},
                         {"bytes_per_param", bytes_per_param},
                         {"footprint_bytes", footprint},
                         {"loops", opt.common.loops},
@@ -366,7 +367,7 @@ int RunAdam(const AdamBenchOptions& opt) {
         if (copy) reinterpret_cast<uint16_t*>(copy)[i] = 0;
       }
     });
-    AdamBuffers buffers;
+    cpu::AdamBuffers buffers;
     buffers.params = params;
     buffers.exp_avg = exp_avg;
     buffers.exp_avg_sq = exp_avg_sq;
@@ -375,7 +376,7 @@ int RunAdam(const AdamBenchOptions& opt) {
     buffers.param_copy = copy;
     buffers.param_copy_dtype = copy_dtype;
     buffers.num_elems = n;
-    AdamBuffers ds_buffers = buffers;  // the same arrays and copy, fp32 gradients
+    cpu::AdamBuffers ds_buffers = buffers;  // the same arrays and copy, fp32 gradients
     ds_buffers.grads = ds_grads;
     ds_buffers.grad_dtype = DType::kFloat32;
     const std::vector<StreamVariant> variants = StreamVariants(level);
@@ -391,7 +392,7 @@ int RunAdam(const AdamBenchOptions& opt) {
       for (int turn = 0; turn < 2; ++turn) {
         const double t0 = NowSeconds();
         if ((turn + l) % 2 == 0) {
-          Status st = AdamStep(arena, adam, l + 1, grad_scale, buffers, level);
+          Status st = cpu::AdamStep(arena, adam, l + 1, grad_scale, buffers, level);
           ta = NowSeconds() - t0;
           if (!st.ok()) {
             std::fprintf(stderr, "zinf bench adam: %s\n", st.ToString().c_str());
@@ -444,7 +445,7 @@ int RunCast(const CommonOptions& opt) {
   constexpr const char* kName = "cast";
   size_t n = 0;
   std::vector<int> thread_counts;
-  SimdLevel level;
+  cpu::SimdLevel level;
   if (int rc = ParseCommon(opt, kName, &n, &thread_counts, &level)) return rc;
   // Source and destination in one region; every case moves 6 bytes/element.
   const size_t f32 = RoundUpToPage(n * 4), h16 = RoundUpToPage(n * 2);
@@ -462,7 +463,7 @@ int RunCast(const CommonOptions& opt) {
                         {"fp16->fp32", DType::kFloat16, DType::kFloat32}};
   if (!opt.json) {
     std::printf("# zinf bench cast: %s elements, simd %s, median of %d loops\n", FormatCount(double(n)).c_str(),
-                std::string(SimdLevelName(level)).c_str(), opt.loops);
+                std::string(cpu::SimdLevelName(level)).c_str(), opt.loops);
     std::printf("# bytes/elem 6: read 4 + write 2, or read 2 + write 4 (non-temporal stores)\n");
     std::printf("# bounds over the same %s: in-place update a[i] += s*b[i] (12 B/elem) and memcpy (8 B/elem)\n",
                 FormatBytes(footprint).c_str());
@@ -471,7 +472,7 @@ int RunCast(const CommonOptions& opt) {
   }
   nlohmann::json out = {{"bench", "cast"},
                         {"elems", n},
-                        {"simd", SimdLevelName(level)},
+                        {"simd", cpu::SimdLevelName(level)},
                         {"bytes_per_elem", 6},
                         {"footprint_bytes", footprint},
                         {"loops", opt.loops},
@@ -501,8 +502,8 @@ int RunCast(const CommonOptions& opt) {
         // cost the same for every value); fp16->fp32, last, restores wide.
         const bool src_wide = cases[c].src == DType::kFloat32;
         const double t0 = NowSeconds();
-        Status st = Cast(arena, src_wide ? static_cast<void*>(wide) : narrow, cases[c].src,
-                         src_wide ? static_cast<void*>(narrow) : wide, cases[c].dst, n, level);
+        Status st = cpu::Cast(arena, src_wide ? static_cast<void*>(wide) : narrow, cases[c].src,
+                              src_wide ? static_cast<void*>(narrow) : wide, cases[c].dst, n, level);
         const double t = NowSeconds() - t0;
         if (!st.ok()) {
           std::fprintf(stderr, "zinf bench cast: %s\n", st.ToString().c_str());
@@ -546,7 +547,7 @@ int RunNorm(const NormBenchOptions& opt) {
   constexpr const char* kName = "norm";
   size_t n = 0;
   std::vector<int> thread_counts;
-  SimdLevel level;
+  cpu::SimdLevel level;
   if (int rc = ParseCommon(opt.common, kName, &n, &thread_counts, &level)) return rc;
   auto dtype = ParseDType(opt.dtype);
   if (!dtype.ok()) {
@@ -556,13 +557,13 @@ int RunNorm(const NormBenchOptions& opt) {
   const size_t elem_bytes = DTypeSizeBytes(*dtype);
   const size_t footprint = RoundUpToPage(n * elem_bytes);
   Region region = AllocRegion(footprint, kName);
-  std::vector<double> partials(NumNormBlocks(n));
+  std::vector<double> partials(cpu::NumNormBlocks(n));
   if (!opt.common.json) {
     std::printf(
         "# zinf bench norm: sum of squares of %s %s values in 64 Ki blocks (double lanes, non-finite check), "
         "simd %s, median of %d loops\n",
         FormatCount(double(n)).c_str(), std::string(DTypeName(*dtype)).c_str(),
-        std::string(SimdLevelName(level)).c_str(), opt.common.loops);
+        std::string(cpu::SimdLevelName(level)).c_str(), opt.common.loops);
     std::printf(
         "# bytes/elem %zu (read only); bounds over the same %s: in-place update a[i] += s*b[i] (12 B/elem) "
         "and read-only sum (4 B/elem)\n",
@@ -573,7 +574,7 @@ int RunNorm(const NormBenchOptions& opt) {
   nlohmann::json out = {{"bench", "norm"},
                         {"elems", n},
                         {"dtype", DTypeName(*dtype)},
-                        {"simd", SimdLevelName(level)},
+                        {"simd", cpu::SimdLevelName(level)},
                         {"bytes_per_elem", elem_bytes},
                         {"footprint_bytes", footprint},
                         {"loops", opt.common.loops},
@@ -598,7 +599,7 @@ int RunNorm(const NormBenchOptions& opt) {
       ParallelInit(arena, n, init);  // untimed: the update rewrote the data as fp32
       const double tr = TimeReadBound(arena, region.get(), footprint);
       const double t0 = NowSeconds();
-      auto r = SumSquaresBlocks(arena, region.get(), *dtype, n, partials, level);
+      auto r = cpu::SumSquaresBlocks(arena, region.get(), *dtype, n, partials, level);
       const double tn = NowSeconds() - t0;
       if (!r.ok()) {
         std::fprintf(stderr, "zinf bench norm: %s\n", r.status().ToString().c_str());

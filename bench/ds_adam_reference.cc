@@ -17,8 +17,8 @@ namespace zinf::bench {
 DsAdamKernels DsAdamKernelsAvx2();
 DsAdamKernels DsAdamKernelsAvx512();
 
-DsAdamConstants MakeDsAdamConstants(const AdamOptions& o, int64_t step, double grad_scale) {
-  auto base = MakeAdamStepConstants(o, step, grad_scale);
+DsAdamConstants MakeDsAdamConstants(const cpu::AdamOptions& o, int64_t step, double grad_scale) {
+  auto base = cpu::MakeAdamStepConstants(o, step, grad_scale);
   ZINF_CHECK(base.ok());
   DsAdamConstants c;
   c.base = *base;
@@ -27,10 +27,10 @@ DsAdamConstants MakeDsAdamConstants(const AdamOptions& o, int64_t step, double g
   return c;
 }
 
-DsAdamKernels DsAdamKernelsFor(SimdLevel level) {
+DsAdamKernels DsAdamKernelsFor(cpu::SimdLevel level) {
 #if defined(__x86_64__)
-  if (level >= SimdLevel::kAvx512) return DsAdamKernelsAvx512();
-  if (level >= SimdLevel::kAvx2 && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) {
+  if (level >= cpu::SimdLevel::kAvx512) return DsAdamKernelsAvx512();
+  if (level >= cpu::SimdLevel::kAvx2 && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) {
     return DsAdamKernelsAvx2();
   }
 #else
@@ -39,7 +39,7 @@ DsAdamKernels DsAdamKernelsFor(SimdLevel level) {
   return KernelsOf<ScalarOps>("scalar");
 }
 
-void DsAdamStep(tbb::task_arena& arena, const DsAdamKernels& k, const DsAdamConstants& c, const AdamBuffers& b) {
+void DsAdamStep(tbb::task_arena& arena, const DsAdamKernels& k, const DsAdamConstants& c, const cpu::AdamBuffers& b) {
   ZINF_CHECK(b.grad_dtype == DType::kFloat32);
   k.adam(arena, c, b);
   if (b.param_copy) k.copy(arena, b);
@@ -68,8 +68,8 @@ float Widen16(uint16_t h, DType dtype) { return dtype == DType::kBFloat16 ? Bf16
 
 }  // namespace
 
-Status DsAdamSelfCheck(int threads, const DsAdamKernels& k, const AdamOptions& options, double grad_scale,
-                       DType grad_dtype, bool with_copy, DType copy_dtype, SimdLevel level) {
+Status DsAdamSelfCheck(int threads, const DsAdamKernels& k, const cpu::AdamOptions& options, double grad_scale,
+                       DType grad_dtype, bool with_copy, DType copy_dtype, cpu::SimdLevel level) {
   tbb::task_arena arena(threads);
   // Whole 8-, 4- and 1-vector spans at 16 and at 8 floats a vector, and a scalar tail.
   const size_t n = (size_t{1} << 20) + 128 * 2 + 64 + 16 + 7;
@@ -92,7 +92,7 @@ Status DsAdamSelfCheck(int threads, const DsAdamKernels& k, const AdamOptions& o
   }
   std::vector<float> zp = p0, zm = m0, zv = v0, rp = p0, rm = m0, rv = v0;
   std::vector<uint16_t> zcopy(with_copy ? n : 0), rcopy(with_copy ? n : 0);
-  AdamBuffers zb;
+  cpu::AdamBuffers zb;
   zb.params = zp.data();
   zb.exp_avg = zm.data();
   zb.exp_avg_sq = zv.data();
@@ -101,14 +101,14 @@ Status DsAdamSelfCheck(int threads, const DsAdamKernels& k, const AdamOptions& o
   zb.param_copy = with_copy ? zcopy.data() : nullptr;
   zb.param_copy_dtype = copy_dtype;
   zb.num_elems = n;
-  AdamBuffers rb = zb;
+  cpu::AdamBuffers rb = zb;
   rb.params = rp.data();
   rb.exp_avg = rm.data();
   rb.exp_avg_sq = rv.data();
   rb.grads = grads32.data();
   rb.grad_dtype = DType::kFloat32;
   rb.param_copy = with_copy ? rcopy.data() : nullptr;
-  ZINF_RETURN_IF_ERROR(AdamStep(arena, options, 1, grad_scale, zb, level));
+  ZINF_RETURN_IF_ERROR(cpu::AdamStep(arena, options, 1, grad_scale, zb, level));
   const DsAdamConstants c = MakeDsAdamConstants(options, 1, grad_scale);
   DsAdamStep(arena, k, c, rb);
 

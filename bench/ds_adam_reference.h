@@ -35,30 +35,30 @@ inline constexpr size_t kDsTileElems = size_t{128} << 20;
 // inv_sqrt_bc2, weight_decay and the decay mode; the reference skips the
 // gradient multiply when grad_scale is 1), plus the two DeepSpeed folds.
 struct DsAdamConstants {
-  AdamStepConstants base;
+  math::AdamStepConstants base;
   float neg_step_size = -1e-3f;  // -lr / (1 - beta1^t): p = fma(m / d, neg_step_size, p)
   float decay_term = 0.0f;       // AdamW: -lr * weight_decay, p = fma(p, decay_term, p)
 };
 
 // ZINF_CHECKs that the options are valid (MakeAdamStepConstants).
-DsAdamConstants MakeDsAdamConstants(const AdamOptions& options, int64_t step, double grad_scale);
+DsAdamConstants MakeDsAdamConstants(const cpu::AdamOptions& options, int64_t step, double grad_scale);
 
 // The reference's two passes at one SIMD level.
 struct DsAdamKernels {
   std::string name;  // "avx512", "avx2" or "scalar"
   size_t floats_per_vector = 1;
   // One Adam pass over b (grad_dtype must be fp32; param_copy is ignored).
-  void (*adam)(tbb::task_arena& arena, const DsAdamConstants& c, const AdamBuffers& b) = nullptr;
+  void (*adam)(tbb::task_arena& arena, const DsAdamConstants& c, const cpu::AdamBuffers& b) = nullptr;
   // fp32 params -> b.param_copy as b.param_copy_dtype (round to nearest even).
-  void (*copy)(tbb::task_arena& arena, const AdamBuffers& b) = nullptr;
+  void (*copy)(tbb::task_arena& arena, const cpu::AdamBuffers& b) = nullptr;
 };
 
 // The widest kernels usable at `level`: AVX-512 at kAvx512, AVX2 (with FMA
 // and F16C, as DeepSpeed's AVX256 build needs) at kAvx2, else scalar.
-DsAdamKernels DsAdamKernelsFor(SimdLevel level);
+DsAdamKernels DsAdamKernelsFor(cpu::SimdLevel level);
 
 // One full step: the Adam pass, then the copy pass when b.param_copy is set.
-void DsAdamStep(tbb::task_arena& arena, const DsAdamKernels& k, const DsAdamConstants& c, const AdamBuffers& b);
+void DsAdamStep(tbb::task_arena& arena, const DsAdamKernels& k, const DsAdamConstants& c, const cpu::AdamBuffers& b);
 
 // Bytes one step moves per parameter: 28, plus 6 for the copy pass.
 size_t DsAdamBytesPerParam(bool with_copy);
@@ -72,7 +72,7 @@ std::string DsAdamDescription(const DsAdamKernels& k, bool with_copy);
 // kInternal names the first element whose parameter, m or v differs by more
 // than 1e-5 relative (the copy: more than one 16-bit rounding step).
 // Runs on a oneTBB arena of `threads`.
-Status DsAdamSelfCheck(int threads, const DsAdamKernels& k, const AdamOptions& options, double grad_scale,
-                       DType grad_dtype, bool with_copy, DType copy_dtype, SimdLevel level);
+Status DsAdamSelfCheck(int threads, const DsAdamKernels& k, const cpu::AdamOptions& options, double grad_scale,
+                       DType grad_dtype, bool with_copy, DType copy_dtype, cpu::SimdLevel level);
 
 }  // namespace zinf::bench

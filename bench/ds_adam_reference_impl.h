@@ -156,8 +156,8 @@ struct DsKernel {
           weight_decay(Ops::Set(c.base.weight_decay)),
           decay_term(Ops::Set(c.decay_term)),
           scale(c.base.grad_scale != 1.0f),
-          l2(c.base.decay == AdamDecay::kL2),
-          decoupled(c.base.decay == AdamDecay::kDecoupled) {}
+          l2(c.base.decay == math::AdamDecay::kL2),
+          decoupled(c.base.decay == math::AdamDecay::kDecoupled) {}
     V grad_scale, beta1, one_minus_beta1, beta2, one_minus_beta2, eps, inv_sqrt_bc2, neg_step_size, weight_decay,
         decay_term;
     bool scale, l2, decoupled;
@@ -176,7 +176,7 @@ struct DsKernel {
   // [lo, hi) in blocks of kSpan vectors: all loads of a block, its kSpan
   // updates, then all its stores.
   template <int kSpan>
-  static void AdamBlocks(const Coefs& k, const AdamBuffers& b, size_t lo, size_t hi) {
+  static void AdamBlocks(const Coefs& k, const cpu::AdamBuffers& b, size_t lo, size_t hi) {
     const float* grads = static_cast<const float*>(b.grads);
     for (size_t i = lo; i < hi; i += W * kSpan) {
       V g[kSpan], p[kSpan], m[kSpan], v[kSpan];
@@ -218,14 +218,14 @@ struct DsKernel {
   // The largest prefix of [done, n) made of whole kSpan blocks, in tiles;
   // returns the new `done`.
   template <int kSpan>
-  static size_t AdamSpan(tbb::task_arena& arena, const Coefs& k, const AdamBuffers& b, size_t done) {
+  static size_t AdamSpan(tbb::task_arena& arena, const Coefs& k, const cpu::AdamBuffers& b, size_t done) {
     const size_t block = W * kSpan, end = done + (b.num_elems - done) / block * block;
     ForStaticTiles(arena, done, end, block, [&](size_t lo, size_t hi) { AdamBlocks<kSpan>(k, b, lo, hi); });
     return end;
   }
 
   template <bool kBf16, int kSpan>
-  static size_t CopySpan(tbb::task_arena& arena, const AdamBuffers& b, size_t done) {
+  static size_t CopySpan(tbb::task_arena& arena, const cpu::AdamBuffers& b, size_t done) {
     const size_t block = W * kSpan, end = done + (b.num_elems - done) / block * block;
     uint16_t* copy = static_cast<uint16_t*>(b.param_copy);
     ForStaticTiles(arena, done, end, block,
@@ -234,7 +234,7 @@ struct DsKernel {
   }
 
   // Spans of 8, then 4, then 1 vectors, then the scalar tail on this thread.
-  static void Adam(tbb::task_arena& arena, const DsAdamConstants& c, const AdamBuffers& b) {
+  static void Adam(tbb::task_arena& arena, const DsAdamConstants& c, const cpu::AdamBuffers& b) {
     const Coefs k(c);
     size_t done = AdamSpan<8>(arena, k, b, 0);
     done = AdamSpan<4>(arena, k, b, done);
@@ -244,13 +244,13 @@ struct DsKernel {
   }
 
   template <bool kBf16>
-  static void CopyAs(tbb::task_arena& arena, const AdamBuffers& b) {
+  static void CopyAs(tbb::task_arena& arena, const cpu::AdamBuffers& b) {
     size_t done = CopySpan<kBf16, 8>(arena, b, 0);
     done = CopySpan<kBf16, 1>(arena, b, done);
     DsKernel<ScalarOps>::CopyBlocks<kBf16, 1>(b.params, static_cast<uint16_t*>(b.param_copy), done, b.num_elems);
   }
 
-  static void Copy(tbb::task_arena& arena, const AdamBuffers& b) {
+  static void Copy(tbb::task_arena& arena, const cpu::AdamBuffers& b) {
     if (b.param_copy_dtype == DType::kBFloat16) {
       CopyAs<true>(arena, b);
     } else {

@@ -85,7 +85,7 @@ Result<Measurement> RunZinf(const Case& c, IoKind kind, const std::string& path,
   nvme::FileOptions fo;
   ZINF_ASSIGN_OR_RETURN(auto file, engine->Open(path, fo));
   const unsigned slots = c.queue_depth * c.rings;
-  IoMemory pool = AllocateIoMemory(uint64_t{slots} * c.block_size);  // huge pages: see cpu/io_memory.h
+  cpu::IoMemory pool = cpu::AllocateIoMemory(uint64_t{slots} * c.block_size);  // huge pages: see cpu/io_memory.h
   if (!pool) return OutOfMemory("cannot allocate " + FormatBytes(uint64_t{slots} * c.block_size) + " of I/O buffers");
   std::mt19937_64 rng(1);
   for (uint64_t i = 0; i < slots * c.block_size / 8; ++i) reinterpret_cast<uint64_t*>(pool.get())[i] = rng();

@@ -71,13 +71,13 @@ double AdamBound(int64_t n, int threads) {
   std::vector<float> p(n, 0.5f), m(n, 0.0f), v(n, 0.0f), g(n, 1e-3f);
   std::vector<uint16_t> copy(n);
   tbb::task_arena arena(threads);
-  AdamOptions o;
+  cpu::AdamOptions o;
   std::vector<double> t;
   for (int pass = 0; pass < 4; ++pass) {
     const double t0 = NowSeconds();
-    Check(AdamStep(arena, o, pass + 1, 1.0,
-                   AdamBuffers{p.data(), m.data(), v.data(), g.data(), DType::kFloat32, copy.data(), DType::kBFloat16,
-                               static_cast<size_t>(n)}),
+    Check(cpu::AdamStep(arena, o, pass + 1, 1.0,
+                        cpu::AdamBuffers{p.data(), m.data(), v.data(), g.data(), DType::kFloat32, copy.data(),
+                                         DType::kBFloat16, static_cast<size_t>(n)}),
           "adam");
     if (pass > 0) t.push_back(NowSeconds() - t0);
   }
@@ -113,7 +113,7 @@ class IoBound {
     so.dirs = {dir};
     so.capacity_bytes = groups_ * (bytes_ + 4 * so.extent_bytes);
     store_ = Check(nvme::SwapStore::Create(*io_, so), "swap store");
-    IoMemory fill = AllocateIoMemory(bytes_);
+    cpu::IoMemory fill = cpu::AllocateIoMemory(bytes_);
     if (!fill) Check(OutOfMemory("I/O bound buffer"), "buffers");
     std::memset(fill.get(), 1, bytes_);
     for (int64_t g = 0; g < groups_; ++g) {
@@ -130,9 +130,9 @@ class IoBound {
   // in flight. The buffers (the engine's kind: huge pages) live for the pass
   // only, so the engine's peak RSS does not count them.
   Rates Pass() {
-    std::vector<IoMemory> bufs;
+    std::vector<cpu::IoMemory> bufs;
     for (int b = 0; b < kBuffers; ++b) {
-      bufs.push_back(AllocateIoMemory(bytes_));
+      bufs.push_back(cpu::AllocateIoMemory(bytes_));
       if (!bufs.back()) Check(OutOfMemory("I/O bound buffers"), "buffers");
       std::memset(bufs.back().get(), 1, bytes_);  // first touches before the clock
     }
@@ -168,15 +168,15 @@ double DeviceCopiesAndNorm(Device& device, Stream& stream, int64_t params, int t
   constexpr int64_t kCopyChunk = int64_t{64} << 20;
   const int64_t n = std::min(params, kCopyChunk);
   auto registrar = Check(sched::CreateHostRegistrarFor(device), "registrar");
-  PinnedPoolOptions po;
+  cpu::PinnedPoolOptions po;
   po.budget_bytes = static_cast<uint64_t>(n) * 6 + (uint64_t{64} << 20);
   po.gpu_pci_bus_id = Check(sched::DevicePciBusId(device), "PCI bus id");
   if (registrar) po.registrars.push_back(registrar.get());
-  auto pool = Check(PinnedPool::Create(std::move(po)), "pinned pool");
+  auto pool = Check(cpu::PinnedPool::Create(std::move(po)), "pinned pool");
   double result = 0;
   {
-    PinnedBuffer host = Check(pool->Acquire(n * 4), "pinned gradient");
-    PinnedBuffer host16 = Check(pool->Acquire(n * 2), "pinned parameters");
+    cpu::PinnedBuffer host = Check(pool->Acquire(n * 4), "pinned gradient");
+    cpu::PinnedBuffer host16 = Check(pool->Acquire(n * 2), "pinned parameters");
     std::memset(host.data(), 0, n * 4);
     std::memset(host16.data(), 0x3c, n * 2);
     void* dev = Check(device.Allocate(n * 4, stream), "device gradient");
@@ -184,14 +184,14 @@ double DeviceCopiesAndNorm(Device& device, Stream& stream, int64_t params, int t
     std::vector<float> fill(n, 1e-3f);
     Check(device.CopyToDevice(dev, fill.data(), n * 4, stream), "fill");
     Check(stream.Synchronize(), "fill");
-    std::vector<double> partials(NumNormBlocks(n));
+    std::vector<double> partials(cpu::NumNormBlocks(n));
     tbb::task_arena arena(threads);
     std::vector<double> t;
     for (int pass = 0; pass < 4; ++pass) {
       const double t0 = NowSeconds();
       Check(device.CopyToHost(host.data(), dev, n * 4, stream), "copy to the host");
       Check(stream.Synchronize(), "copy to the host");
-      Check(SumSquaresBlocks(arena, static_cast<const float*>(host.data()), DType::kFloat32, n, partials), "norm");
+      Check(cpu::SumSquaresBlocks(arena, static_cast<const float*>(host.data()), DType::kFloat32, n, partials), "norm");
       Check(device.CopyToDevice(dev16, host16.data(), n * 2, stream), "copy to the device");
       Check(stream.Synchronize(), "copy to the device");
       if (pass > 0) t.push_back(NowSeconds() - t0);  // the first: the copies' set-up
@@ -256,13 +256,13 @@ int Run(const Options& opt) {
   {
     std::vector<float> dev(bound_n, 1e-3f), host(bound_n);
     std::vector<uint16_t> dev16(bound_n), host16(bound_n, 1);
-    std::vector<double> partials(NumNormBlocks(bound_n));
+    std::vector<double> partials(cpu::NumNormBlocks(bound_n));
     tbb::task_arena arena(opt.threads);
     std::vector<double> t;
     for (int pass = 0; pass < 3; ++pass) {
       const double t0 = NowSeconds();
       std::memcpy(host.data(), dev.data(), bound_n * 4);
-      Check(SumSquaresBlocks(arena, host.data(), DType::kFloat32, bound_n, partials), "norm");
+      Check(cpu::SumSquaresBlocks(arena, host.data(), DType::kFloat32, bound_n, partials), "norm");
       std::memcpy(dev16.data(), host16.data(), bound_n * 2);
       t.push_back(NowSeconds() - t0);
     }

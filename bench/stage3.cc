@@ -91,9 +91,9 @@ BoundTimes IoBound(const std::string& path, const std::vector<uint64_t>& shard_b
   const uint64_t padded = (largest + 4095) / 4096 * 4096;
   // The engine's kind of buffer (huge pages, cpu/io_memory.h), so that the
   // bound moves bytes as the engine can.
-  std::vector<IoMemory> bufs;
+  std::vector<cpu::IoMemory> bufs;
   for (int b = 0; b < kDepth; ++b) {
-    bufs.push_back(AllocateIoMemory(padded));
+    bufs.push_back(cpu::AllocateIoMemory(padded));
     if (!bufs.back()) Check(OutOfMemory("I/O bound buffers"), "buffers");
     std::memset(bufs.back().get(), 1, padded);
   }
@@ -201,12 +201,12 @@ int Run(const Options& opt) {
   c.zinf.optimizer_threads = opt.threads;
   c.zinf.host_memory = host_memory;
 
-  PlanInput in;
+  sched::PlanInput in;
   in.config = c;
-  in.model = Check(PlanParamsModel(P, opt.units), "plan");
+  in.model = Check(sched::PlanParamsModel(P, opt.units), "plan");
   in.device_memory = *memory;
-  in.host_memory = PinnedBudgetBytes(c);
-  const PlanRow plan = PlanCombination(in, 3, *opt_tier, *param_tier);
+  in.host_memory = sched::PinnedBudgetBytes(c);
+  const sched::PlanRow plan = sched::PlanCombination(in, 3, *opt_tier, *param_tier);
   if (!plan.runnable || !plan.fits_device || !plan.fits_host) {
     std::fprintf(stderr, "zinf bench stage3: the plan does not fit: %s (device %s of %s, host pinned %s of %s)\n",
                  !plan.runnable      ? plan.note.c_str()
@@ -237,8 +237,8 @@ int Run(const Options& opt) {
   {
     if (*param_tier == OffloadDevice::kNvme) shards.assign(opt.units, static_cast<uint64_t>(per_unit) * 2);
     if (*opt_tier == OffloadDevice::kNvme) {
-      const int64_t limit =
-          std::min<int64_t>(static_cast<int64_t>(*sub_group), static_cast<int64_t>(PinnedPool::kMaxBufferBytes / 12));
+      const int64_t limit = std::min<int64_t>(static_cast<int64_t>(*sub_group),
+                                              static_cast<int64_t>(cpu::PinnedPool::kMaxBufferBytes / 12));
       const int64_t per_group = std::max<int64_t>(1, limit / per_unit);
       for (int64_t u = 0; u < opt.units; u += per_group) {
         groups.push_back(static_cast<uint64_t>(std::min<int64_t>(per_group, opt.units - u) * per_unit) * 12);
@@ -451,12 +451,12 @@ int Run(const Options& opt) {
                 FormatBytes(dm.budget_bytes).c_str());
   }
   std::printf("\n");
-  for (const PlanItem& item : plan.nvme_items) {
+  for (const sched::PlanItem& item : plan.nvme_items) {
     if (item.what.find("gradients") != std::string::npos) {
       std::printf("# gradients: swapped to NVMe (%s; the host budget decides), %s of host gradient buffers\n",
                   FormatBytes(item.bytes).c_str(),
                   [&] {
-                    for (const PlanItem& h : plan.host_items) {
+                    for (const sched::PlanItem& h : plan.host_items) {
                       if (h.what.find("gradient buffers") != std::string::npos) return FormatBytes(h.bytes);
                     }
                     return std::string("none");

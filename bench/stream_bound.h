@@ -26,14 +26,14 @@ namespace zinf::bench {
 // is 16-bit whatever its dtype, so only its size matters.
 // One variant of the streaming kernel.
 struct StreamVariant {
-  std::string name;                                                        // e.g. "avx512 x4 static"
-  double (*time)(tbb::task_arena& arena, const AdamBuffers& a) = nullptr;  // seconds for one pass
+  std::string name;                                                             // e.g. "avx512 x4 static"
+  double (*time)(tbb::task_arena& arena, const cpu::AdamBuffers& a) = nullptr;  // seconds for one pass
 };
 
 // The variants usable at `level` (which caps the vector width).
-std::vector<StreamVariant> StreamVariants(SimdLevel level);
+std::vector<StreamVariant> StreamVariants(cpu::SimdLevel level);
 
 // Bytes one pass moves: 24 + gradient bytes (+ 2 for the copy) per element.
-double StreamBytes(const AdamBuffers& a);
+double StreamBytes(const cpu::AdamBuffers& a);
 
 }  // namespace zinf::bench

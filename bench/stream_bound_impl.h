@@ -61,7 +61,7 @@ void StoreWriteOnly(uint16_t* p, const V& v) {
 }
 
 template <int W, int U, bool k16BitGrad, bool kCopy>
-void StreamChunk(const AdamBuffers& a, size_t lo, size_t hi) {
+void StreamChunk(const cpu::AdamBuffers& a, size_t lo, size_t hi) {
   using F = typename Vec<W>::F;
   using U32 = typename Vec<W>::U32;
   using U16 = typename Vec<W>::U16;
@@ -130,7 +130,7 @@ void StreamChunk(const AdamBuffers& a, size_t lo, size_t hi) {
 }
 
 template <int W, int U, bool k16BitGrad, bool kCopy, bool kStatic>
-double TimeStream(tbb::task_arena& arena, const AdamBuffers& a) {
+double TimeStream(tbb::task_arena& arena, const cpu::AdamBuffers& a) {
   const size_t n = a.num_elems;
   const auto t0 = std::chrono::steady_clock::now();
   arena.execute([&] {
@@ -158,7 +158,7 @@ double TimeStream(tbb::task_arena& arena, const AdamBuffers& a) {
 
 // Dispatches on the arrays' gradient type and copy at run time.
 template <int W, int U, bool kStatic>
-double TimeStreamAny(tbb::task_arena& arena, const AdamBuffers& a) {
+double TimeStreamAny(tbb::task_arena& arena, const cpu::AdamBuffers& a) {
   const bool g16 = a.grad_dtype != DType::kFloat32, copy = a.param_copy != nullptr;
   if (g16) {
     return copy ? TimeStream<W, U, true, true, kStatic>(arena, a) : TimeStream<W, U, true, false, kStatic>(arena, a);

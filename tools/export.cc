@@ -54,7 +54,7 @@ struct ExportRun {
   DType dtype = DType::kBFloat16;
   data::WeightNaming naming = data::WeightNaming::kZinf;
   std::unique_ptr<nvme::IoEngine> io;
-  std::unique_ptr<ckpt::CheckpointReader> reader;
+  std::unique_ptr<sched::ckpt::CheckpointReader> reader;
   struct UnitInfo {
     std::string name;
     int64_t elements;
@@ -97,7 +97,7 @@ Status OpenCheckpoint(const ExportOptions& opt, ExportRun& run) {
   auto io = nvme::IoEngine::Create(nvme::IoEngineOptions{});
   if (!io.ok()) return RunFailed(io.status(), "I/O engine");
   run.io = std::move(*io);
-  auto opened = ckpt::CheckpointReader::Open(*run.io, opt.checkpoint);
+  auto opened = sched::ckpt::CheckpointReader::Open(*run.io, opt.checkpoint);
   if (!opened.ok() && opened.status().code() == StatusCode::kNotFound) return BadInput(opened.status().message());
   if (!opened.ok()) return RunFailed(opened.status(), "checkpoint");
   run.reader = std::move(*opened);
@@ -214,7 +214,7 @@ Result<uint64_t> ExportRegistered(const ExportOptions& opt, ExportRun& run, cons
     }
     const float* src = run.master.data() + where[t].offset;
     converted.resize(static_cast<size_t>(where[t].count) * DTypeSizeBytes(run.dtype));
-    if (Status s = Cast(arena, src, DType::kFloat32, converted.data(), run.dtype, where[t].count); !s.ok()) {
+    if (Status s = cpu::Cast(arena, src, DType::kFloat32, converted.data(), run.dtype, where[t].count); !s.ok()) {
       return RunFailed(s, "cast");
     }
     if (Status s = w.Write(specs[t].name, converted); !s.ok()) return RunFailed(s, "export");

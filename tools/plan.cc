@@ -46,7 +46,7 @@ struct PlanOptions {
 
 // What the phases resolve, in order.
 struct PlanRun {
-  PlanInput in;
+  sched::PlanInput in;
   model::GptConfig mc;                  // the shape (unused with --params)
   std::vector<std::string> auto_lines;  // the "auto" values resolved
   DType compute = DType::kFloat32;
@@ -74,7 +74,7 @@ std::string Seconds(double s) {
 // device: on a CUDA device several ranks reduce through NCCL ("auto" is
 // CUDA when this machine has one, as in zinf train).
 Status ResolveRanks(const PlanOptions& opt, PlanRun& run) {
-  PlanInput& in = run.in;
+  sched::PlanInput& in = run.in;
   if (!opt.config.empty()) {
     auto c = LoadConfigFile(opt.config);
     if (!c.ok()) return BadInput(c.status().message());
@@ -88,7 +88,7 @@ Status ResolveRanks(const PlanOptions& opt, PlanRun& run) {
   }
   bool cuda = device.rfind("cuda", 0) == 0;
   if (device == "auto") {
-    for (const BackendInfo& b : ProbeRuntime().backends) cuda |= b.name == "cuda" && b.usable;
+    for (const BackendInfo& b : sched::ProbeRuntime().backends) cuda |= b.name == "cuda" && b.usable;
   }
   in.reductions_on_device = cuda && in.world_size > 1;
   return Status::Ok();
@@ -130,7 +130,7 @@ Status ResolveAutoValues(const PlanOptions& opt, PlanRun& run) {
   if (!config.auto_keys.empty()) {
     AutoContext ctx;
     ctx.world_size = run.in.world_size;
-    ctx.min_reduce_bucket_elems = kNormBlock;
+    ctx.min_reduce_bucket_elems = sched::kNormBlock;
     if (opt.params.empty()) ctx.hidden_size = run.mc.embed_dim;
     if (opt.steps > 0) ctx.total_num_steps = opt.steps;
     auto r = ResolveAuto(config, ctx);
@@ -156,7 +156,7 @@ Status ResolveAutoValues(const PlanOptions& opt, PlanRun& run) {
 // The batch sizes, and the model as the plan sees it: GPT layers, or
 // --units equal units of a bare parameter count.
 Status PlanTheModel(const PlanOptions& opt, PlanRun& run) {
-  PlanInput& in = run.in;
+  sched::PlanInput& in = run.in;
   if (opt.micro_batch < 0 || opt.grad_accum < 0 || opt.seq_len < 0) {
     return BadInput("--micro-batch, --grad-accum and --seq-len must be >= 1");
   }
@@ -167,8 +167,8 @@ Status PlanTheModel(const PlanOptions& opt, PlanRun& run) {
   in.gradient_accumulation_steps = batch->gradient_accumulation_steps;
   const int64_t B = batch->micro_batch_size;
   if (opt.params.empty()) {
-    auto m = PlanGptModel(run.mc, B, opt.seq_len, opt.checkpointing, run.compute, in.config.zinf.matmul,
-                          model::ToAttentionKernel(in.config.zinf.attention));
+    auto m = model::PlanGptModel(run.mc, B, opt.seq_len, opt.checkpointing, run.compute, in.config.zinf.matmul,
+                                 model::ToAttentionKernel(in.config.zinf.attention));
     if (!m.ok()) return BadInput(m.status().message());
     in.model = std::move(*m);
     return Status::Ok();
@@ -180,7 +180,7 @@ Status PlanTheModel(const PlanOptions& opt, PlanRun& run) {
   if (opt.seq_len > 0 && __builtin_mul_overflow(B, opt.seq_len, &tokens)) {
     return BadInput("--seq-len " + std::to_string(opt.seq_len) + " x micro batch " + std::to_string(B) + " overflows");
   }
-  auto m = PlanParamsModel(*n, opt.units, tokens);
+  auto m = sched::PlanParamsModel(*n, opt.units, tokens);
   if (!m.ok()) return BadInput(m.status().message());
   in.model = std::move(*m);
   return Status::Ok();
@@ -189,7 +189,7 @@ Status PlanTheModel(const PlanOptions& opt, PlanRun& run) {
 // Each tier's capacity per rank: the flag, the config, else a default,
 // with where it came from.
 Status ResolveCapacities(const PlanOptions& opt, PlanRun& run) {
-  PlanInput& in = run.in;
+  sched::PlanInput& in = run.in;
   if (!opt.device_memory.empty()) {
     ZINF_ASSIGN_OR_RETURN(in.device_memory, Size(opt.device_memory, "--device-memory"));
     run.device_from = "--device-memory";
@@ -207,14 +207,14 @@ Status ResolveCapacities(const PlanOptions& opt, PlanRun& run) {
     in.host_memory = in.config.zinf.host_memory;
     run.host_from = "zinf.host_memory";
   } else {
-    in.host_memory = PinnedBudgetBytes(in.config);
+    in.host_memory = sched::PinnedBudgetBytes(in.config);
     run.host_from = "default: physical memory, the engine's pinned budget";
   }
   if (!opt.nvme_free.empty()) {
     ZINF_ASSIGN_OR_RETURN(in.nvme_free, Size(opt.nvme_free, "--nvme-free"));
     run.nvme_from = "--nvme-free";
-  } else if (const std::string path = PlanNvmePath(in.config); !path.empty()) {
-    if (auto free = FreeBytesAt(path); free.ok()) {
+  } else if (const std::string path = sched::PlanNvmePath(in.config); !path.empty()) {
+    if (auto free = sched::FreeBytesAt(path); free.ok()) {
       in.nvme_free = *free;
       run.nvme_from = "free space at " + path;
     } else {
@@ -228,7 +228,7 @@ Status ResolveCapacities(const PlanOptions& opt, PlanRun& run) {
 
 // What the plan assumed: the model, the capacities and the rates.
 void PrintAssumptions(const PlanRun& run) {
-  const PlanInput& in = run.in;
+  const sched::PlanInput& in = run.in;
   std::printf("zinf plan: %s; %d rank(s), %s compute, accumulation %lld\n", in.model.description.c_str(), in.world_size,
               std::string(DTypeName(run.compute)).c_str(), static_cast<long long>(in.gradient_accumulation_steps));
   std::printf("  activations: %s\n", in.model.activation_note.c_str());
@@ -241,7 +241,7 @@ void PrintAssumptions(const PlanRun& run) {
         "  collectives: NCCL on the device; the largest gradient reduction's staging is counted in device "
         "memory\n");
   }
-  const PlanRates& r = in.rates;
+  const sched::PlanRates& r = in.rates;
   std::printf("  rates: Adam %s params/s (%s)\n", FormatCount(r.adam_params_per_s.value).c_str(),
               r.adam_params_per_s.source.c_str());
   std::printf("         NVMe read %.3g GB/s (%s), write %.3g GB/s (%s)\n", r.nvme_read_gbps.value,
@@ -253,10 +253,10 @@ void PrintAssumptions(const PlanRun& run) {
 }
 
 // One row per combination, then the notes of those that cannot run.
-void PrintRows(const std::vector<PlanRow>& rows) {
+void PrintRows(const std::vector<sched::PlanRow>& rows) {
   std::printf("%-5s %-9s %-6s %11s %11s %11s %-12s %10s %10s %10s %10s\n", "stage", "optimizer", "param", "device",
               "host", "nvme", "fits", "step", "compute", "optimizer", "nvme io");
-  for (const PlanRow& row : rows) {
+  for (const sched::PlanRow& row : rows) {
     std::string fits;
     if (!row.runnable) {
       fits = "not runnable";
@@ -279,7 +279,7 @@ void PrintRows(const std::vector<PlanRow>& rows) {
       "bytes per rank as the engine allocates them (buffers, buckets, staging, activations included); host = "
       "pinned memory. step = max(compute, parameter shard reads) + copies + collectives + max(optimizer, nvme "
       "io) per optimizer step. --json has the breakdown.\n");
-  for (const PlanRow& row : rows) {
+  for (const sched::PlanRow& row : rows) {
     if (row.runnable) continue;
     std::printf("note: stage %d, optimizer %s, param %s: %s\n", row.stage,
                 std::string(OffloadDeviceName(row.optimizer)).c_str(),
@@ -295,9 +295,9 @@ Status Run(const PlanOptions& opt) {
   ZINF_RETURN_IF_ERROR(PlanTheModel(opt, run));
   if (Status s = ApplyPlanRateFlags(opt.rates, run.in.rates); !s.ok()) return BadInput(s.message());
   ZINF_RETURN_IF_ERROR(ResolveCapacities(opt, run));
-  const std::vector<PlanRow> rows = PlanAll(run.in);
+  const std::vector<sched::PlanRow> rows = sched::PlanAll(run.in);
   if (opt.json) {
-    std::printf("%s\n", PlanToJson(run.in, rows).c_str());
+    std::printf("%s\n", sched::PlanToJson(run.in, rows).c_str());
     return Status::Ok();
   }
   PrintAssumptions(run);
@@ -317,8 +317,8 @@ void AddPlanRateOptions(CLI::App* cmd, PlanRateFlags& flags) {
   cmd->add_option("--comm-gbps", flags.comm_gbps, "Collective bus bandwidth, GB/s (default 5)");
 }
 
-Status ApplyPlanRateFlags(const PlanRateFlags& flags, PlanRates& rates) {
-  using Apply = Status (*)(const std::string&, const std::string&, PlanRates&);
+Status ApplyPlanRateFlags(const PlanRateFlags& flags, sched::PlanRates& rates) {
+  using Apply = Status (*)(const std::string&, const std::string&, sched::PlanRates&);
   auto apply = [&](const std::string& path, const char* flag, Apply fn) -> Status {
     std::ifstream in(path);
     if (!in) return InvalidArgument(std::string(flag) + ": cannot read " + path);
@@ -326,9 +326,9 @@ Status ApplyPlanRateFlags(const PlanRateFlags& flags, PlanRates& rates) {
     text << in.rdbuf();
     return fn(text.str(), path, rates).WithContext(flag);
   };
-  if (!flags.adam_json.empty()) ZINF_RETURN_IF_ERROR(apply(flags.adam_json, "--adam-json", ApplyAdamJson));
-  for (const std::string& f : flags.aio_json) ZINF_RETURN_IF_ERROR(apply(f, "--aio-json", ApplyAioJson));
-  if (!flags.model_json.empty()) ZINF_RETURN_IF_ERROR(apply(flags.model_json, "--model-json", ApplyModelJson));
+  if (!flags.adam_json.empty()) ZINF_RETURN_IF_ERROR(apply(flags.adam_json, "--adam-json", sched::ApplyAdamJson));
+  for (const std::string& f : flags.aio_json) ZINF_RETURN_IF_ERROR(apply(f, "--aio-json", sched::ApplyAioJson));
+  if (!flags.model_json.empty()) ZINF_RETURN_IF_ERROR(apply(flags.model_json, "--model-json", sched::ApplyModelJson));
   if (flags.copy_gbps < 0 || flags.comm_gbps < 0) return InvalidArgument("--copy-gbps and --comm-gbps must be > 0");
   if (flags.copy_gbps > 0) rates.copy_gbps = {flags.copy_gbps, "--copy-gbps"};
   if (flags.comm_gbps > 0) rates.comm_gbps = {flags.comm_gbps, "--comm-gbps"};

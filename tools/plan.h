@@ -27,7 +27,7 @@ struct PlanRateFlags {
 void AddPlanRateOptions(CLI::App* cmd, PlanRateFlags& flags);
 // Sets `rates` from the flags; an unreadable or malformed file or a negative
 // bandwidth is InvalidArgument naming the flag.
-Status ApplyPlanRateFlags(const PlanRateFlags& flags, PlanRates& rates);
+Status ApplyPlanRateFlags(const PlanRateFlags& flags, sched::PlanRates& rates);
 
 // Adds `plan` to `app`; when it runs it stores its exit code in *exit_code
 // (0 done, 2 bad input).

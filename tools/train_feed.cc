@@ -14,11 +14,11 @@ Result<std::unique_ptr<TrainFeed>> TrainFeed::Create(Device& device, Stream& str
   const uint64_t bytes = 2 * 2 * static_cast<uint64_t>(tokens) * 4 + 2 * static_cast<uint64_t>(accumulation) * 4;
   if (device.kind() == DeviceKind::kCuda) {
     ZINF_ASSIGN_OR_RETURN(f->registrar_, sched::CreateHostRegistrarFor(device));
-    PinnedPoolOptions o;
-    o.budget_bytes = PinnedPool::SizeClassBytes(bytes);
+    cpu::PinnedPoolOptions o;
+    o.budget_bytes = cpu::PinnedPool::SizeClassBytes(bytes);
     o.registrars.push_back(f->registrar_.get());
     ZINF_ASSIGN_OR_RETURN(o.gpu_pci_bus_id, sched::DevicePciBusId(device));
-    ZINF_ASSIGN_OR_RETURN(f->pool_, PinnedPool::Create(std::move(o)));
+    ZINF_ASSIGN_OR_RETURN(f->pool_, cpu::PinnedPool::Create(std::move(o)));
     auto b = f->pool_->Acquire(bytes);
     if (!b.ok()) return b.status().WithContext("zinf train: pinned token and loss slots");
     f->pinned_ = std::move(*b);

@@ -53,8 +53,8 @@ class TrainFeed {
   const int64_t tokens_, accumulation_;
   // The host memory: pinned through this pool on CUDA, else a vector.
   std::unique_ptr<MemoryRegistrar> registrar_;
-  std::unique_ptr<PinnedPool> pool_;
-  PinnedBuffer pinned_;
+  std::unique_ptr<cpu::PinnedPool> pool_;
+  cpu::PinnedBuffer pinned_;
   std::vector<uint8_t> plain_;
   uint8_t* base_ = nullptr;
   std::unique_ptr<Event> fed_[2];   // after micro-step m's copies, m % 2

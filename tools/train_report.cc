@@ -114,7 +114,7 @@ Status PrintTrainedSummary(TrainRun& run) {
   ZINF_ASSIGN_OR_RETURN(const StepStats st, run.Check(run.engine->Stats(), "stats"));
   const DeviceMemoryStats dm = run.device->memory_stats();
   const bool host_device = run.device->kind() == DeviceKind::kHost;
-  const PlanRow& plan = run.plan_row;
+  const sched::PlanRow& plan = run.plan_row;
   // The plan's step time against this run's: the median step after the
   // first (which also records the stage-3 trace and warms the tiers).
   std::vector<double> steady(t.step_secs.size() > 1 ? t.step_secs.begin() + 1 : t.step_secs.begin(), t.step_secs.end());

@@ -157,7 +157,7 @@ struct TrainRun {
   DType matmul_dtype = DType::kFloat32;
   model::AttentionKernel attention = model::AttentionKernel::kAuto;
   bool rates_measured = false;  // any rate from a file, not the stated defaults
-  PlanRow plan_row;
+  sched::PlanRow plan_row;
   model::GptRunOptions ro;
   std::unique_ptr<exec::GptDevice> gpt;
   int units = 0;

@@ -183,7 +183,7 @@ Status ResolveAutoValues(TrainRun& run) {
   AutoContext ctx;
   ctx.hidden_size = run.mc.embed_dim;
   ctx.world_size = run.world;
-  ctx.min_reduce_bucket_elems = kNormBlock;
+  ctx.min_reduce_bucket_elems = sched::kNormBlock;
   ctx.micro_batch_size = run.batch.micro_batch_size;
   ctx.gradient_accumulation_steps = run.batch.gradient_accumulation_steps;
   if (run.opt.lr > 0) ctx.lr = run.opt.lr;
@@ -257,24 +257,24 @@ Status CheckPlan(TrainRun& run) {
                   : opt.attention == "flash" ? model::AttentionKernel::kFlash
                   : opt.attention == "plain" ? model::AttentionKernel::kPlain
                                              : model::AttentionKernel::kAuto;
-  PlanInput pin;
+  sched::PlanInput pin;
   pin.config = config;
   pin.world_size = run.world;
   pin.reductions_on_device = sched::CommunicatesDeviceMemory(run.comm.get());
   pin.gradient_accumulation_steps = run.batch.gradient_accumulation_steps;
-  auto m = PlanGptModel(run.mc, run.B, run.T, opt.checkpointing, run.engine->compute_dtype(), run.matmul_dtype,
-                        run.attention);
+  auto m = model::PlanGptModel(run.mc, run.B, run.T, opt.checkpointing, run.engine->compute_dtype(), run.matmul_dtype,
+                               run.attention);
   if (!m.ok()) return BadInput(m.status().message());
   pin.model = std::move(*m);
   if (Status s = ApplyPlanRateFlags(opt.rates, pin.rates); !s.ok()) return BadInput(s.message());
   run.rates_measured = opt.rates.any();
   pin.device_memory = run.device->memory_stats().budget_bytes;
-  pin.host_memory = PinnedBudgetBytes(config);
+  pin.host_memory = sched::PinnedBudgetBytes(config);
   const auto& z = config.zero;
-  if (const std::string path = PlanNvmePath(config); !path.empty()) {
-    if (auto free = FreeBytesAt(path); free.ok()) pin.nvme_free = *free;
+  if (const std::string path = sched::PlanNvmePath(config); !path.empty()) {
+    if (auto free = sched::FreeBytesAt(path); free.ok()) pin.nvme_free = *free;
   }
-  const PlanRow row = PlanCombination(pin, z.stage, z.offload_optimizer.device, z.offload_param.device);
+  const sched::PlanRow row = sched::PlanCombination(pin, z.stage, z.offload_optimizer.device, z.offload_param.device);
   if (!row.runnable) return BadInput("the plan: " + row.note);
   std::string problems;
   auto add = [&](const std::string& p) { problems += (problems.empty() ? "" : "; ") + p; };
@@ -356,7 +356,7 @@ Status ResolveConfig(TrainRun& run) {
   }
   ZINF_ASSIGN_OR_RETURN(
       run.comm,
-      run.Check(CreateMpiCommunicator(CommOptions{.timeout_seconds = run.config.zinf.comm_timeout_s}), "ranks"));
+      run.Check(cpu::CreateMpiCommunicator(CommOptions{.timeout_seconds = run.config.zinf.comm_timeout_s}), "ranks"));
   run.rank = run.comm->rank();
   run.world = run.comm->size();
   run.talk = run.rank == 0;
@@ -452,8 +452,8 @@ void PrintRunHeader(const TrainRun& run) {
     std::printf("  optimizer state on NVMe in %s%s\n", run.tmp.path.c_str(),
                 run.tmp.remove ? " (removed afterwards)" : "");
   }
-  const StateBytes sb = ModelStateBytes(run.params, run.world, config.zero.stage, config.zero.offload_optimizer.device,
-                                        config.zero.offload_param.device);
+  const sched::StateBytes sb = sched::ModelStateBytes(
+      run.params, run.world, config.zero.stage, config.zero.offload_optimizer.device, config.zero.offload_param.device);
   std::printf(
       "  plan per rank: model state on device %s, host %s, nvme %s; activations %s; tokens: train %s, validation %s\n",
       FormatBytes(static_cast<uint64_t>(sb.device)).c_str(), FormatBytes(static_cast<uint64_t>(sb.host)).c_str(),

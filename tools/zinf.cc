@@ -89,7 +89,8 @@ int RunConfigCheck(const ConfigCheckOptions& opt) {
       std::fprintf(stderr, "zinf config check: --params: %s\n", p.status().message().c_str());
       return 2;
     }
-    auto s = zinf::ModelStateBytes(*p, opt.world_size, z.stage, z.offload_optimizer.device, z.offload_param.device);
+    auto s =
+        zinf::sched::ModelStateBytes(*p, opt.world_size, z.stage, z.offload_optimizer.device, z.offload_param.device);
     std::printf("  model state per rank for %s parameters: device %s, host %s, nvme %s\n",
                 zinf::FormatCount(static_cast<double>(*p)).c_str(), zinf::FormatBytes(uint64_t(s.device)).c_str(),
                 zinf::FormatBytes(uint64_t(s.host)).c_str(), zinf::FormatBytes(uint64_t(s.nvme)).c_str());
@@ -103,7 +104,7 @@ int RunConfigCheck(const ConfigCheckOptions& opt) {
 int main(int argc, char** argv) {
   CLI::App app{"zinf: train and fine-tune models far larger than GPU memory (ZeRO 1-3, Offload, Infinity)", "zinf"};
   app.set_version_flag(
-      "--version", [] { return zinf::FormatRuntimeInfo(zinf::ProbeRuntime()); },
+      "--version", [] { return zinf::FormatRuntimeInfo(zinf::sched::ProbeRuntime()); },
       "Print the version, what was built and what this machine has");
   std::string log_level;
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error or off (default: $ZINF_LOG_LEVEL or info)");

@@ -25,13 +25,13 @@ extern "C" {
 
 ZINF_API void zinf_adam_options_default(zinf_adam_options* out) {
   if (!out) return;
-  const zinf::AdamOptions d;
+  const zinf::cpu::AdamOptions d;
   out->lr = d.lr;
   out->beta1 = d.beta1;
   out->beta2 = d.beta2;
   out->eps = d.eps;
   out->weight_decay = d.weight_decay;
-  out->adamw_mode = d.mode == zinf::AdamMode::kAdamW ? 1 : 0;
+  out->adamw_mode = d.mode == zinf::cpu::AdamMode::kAdamW ? 1 : 0;
   out->bias_correction = d.bias_correction ? 1 : 0;
 }
 
@@ -63,15 +63,15 @@ ZINF_API int zinf_adam_step(zinf_adam* adam, const zinf_adam_options* options, i
     if (param_copy && param_copy_dtype != ZINF_DTYPE_BF16 && param_copy_dtype != ZINF_DTYPE_FP16) {
       return zinf::InvalidArgument("param_copy_dtype must be ZINF_DTYPE_BF16 or ZINF_DTYPE_FP16");
     }
-    zinf::AdamOptions o;
+    zinf::cpu::AdamOptions o;
     o.lr = options->lr;
     o.beta1 = options->beta1;
     o.beta2 = options->beta2;
     o.eps = options->eps;
     o.weight_decay = options->weight_decay;
-    o.mode = options->adamw_mode ? zinf::AdamMode::kAdamW : zinf::AdamMode::kAdam;
+    o.mode = options->adamw_mode ? zinf::cpu::AdamMode::kAdamW : zinf::cpu::AdamMode::kAdam;
     o.bias_correction = options->bias_correction != 0;
-    zinf::AdamBuffers b;
+    zinf::cpu::AdamBuffers b;
     b.params = params;
     b.exp_avg = exp_avg;
     b.exp_avg_sq = exp_avg_sq;
@@ -80,7 +80,7 @@ ZINF_API int zinf_adam_step(zinf_adam* adam, const zinf_adam_options* options, i
     b.param_copy = param_copy;
     if (param_copy) b.param_copy_dtype = static_cast<zinf::DType>(param_copy_dtype);
     b.num_elems = num_elems;
-    return zinf::AdamStep(adam->arena, o, step, grad_scale, b);
+    return zinf::cpu::AdamStep(adam->arena, o, step, grad_scale, b);
   });
 }
 

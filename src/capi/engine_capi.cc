@@ -335,8 +335,8 @@ ZINF_API int zinf_engine_scheduled_lr(const zinf_engine* engine, int64_t complet
     ZINF_RETURN_IF_ERROR(NotNull(engine, "engine"));
     ZINF_RETURN_IF_ERROR(NotNull(out_lr, "out_lr"));
     if (completed_steps < 0) return zinf::InvalidArgument("completed_steps must be >= 0");
-    ZINF_ASSIGN_OR_RETURN(zinf::LrSchedule schedule,
-                          zinf::LrSchedule::Create(engine->config.scheduler, engine->config.optimizer.lr));
+    ZINF_ASSIGN_OR_RETURN(zinf::sched::LrSchedule schedule,
+                          zinf::sched::LrSchedule::Create(engine->config.scheduler, engine->config.optimizer.lr));
     *out_lr = schedule.LrAt(completed_steps);
     return Status::Ok();
   });

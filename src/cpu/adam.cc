@@ -9,7 +9,7 @@
 #include "cpu/kernels.h"
 #include "cpu/parallel_blocks.h"
 
-namespace zinf {
+namespace zinf::cpu {
 namespace {
 
 bool FiniteNonNegative(double x) { return std::isfinite(x) && x >= 0.0; }
@@ -32,12 +32,12 @@ Status CheckOptions(const AdamOptions& o, int64_t step, double grad_scale) {
 
 }  // namespace
 
-Result<AdamStepConstants> MakeAdamStepConstants(const AdamOptions& options, int64_t step, double grad_scale) {
+Result<math::AdamStepConstants> MakeAdamStepConstants(const AdamOptions& options, int64_t step, double grad_scale) {
   ZINF_RETURN_IF_ERROR(CheckOptions(options, step, grad_scale));
   const double t = static_cast<double>(step);
   const double bc1 = options.bias_correction ? 1.0 - std::pow(options.beta1, t) : 1.0;
   const double bc2 = options.bias_correction ? 1.0 - std::pow(options.beta2, t) : 1.0;
-  AdamStepConstants c;
+  math::AdamStepConstants c;
   c.grad_scale = static_cast<float>(grad_scale);
   c.beta1 = static_cast<float>(options.beta1);
   c.one_minus_beta1 = static_cast<float>(1.0 - options.beta1);
@@ -50,20 +50,21 @@ Result<AdamStepConstants> MakeAdamStepConstants(const AdamOptions& options, int6
   c.weight_decay = static_cast<float>(options.weight_decay);
   c.decay_factor = static_cast<float>(1.0 - options.lr * options.weight_decay);
   if (options.weight_decay == 0.0) {
-    c.decay = AdamDecay::kNone;
+    c.decay = math::AdamDecay::kNone;
   } else {
-    c.decay = options.mode == AdamMode::kAdamW ? AdamDecay::kDecoupled : AdamDecay::kL2;
+    c.decay = options.mode == AdamMode::kAdamW ? math::AdamDecay::kDecoupled : math::AdamDecay::kL2;
   }
   return c;
 }
 
 Status AdamStep(tbb::task_arena& arena, const AdamOptions& options, int64_t step, double grad_scale,
                 const AdamBuffers& buffers, SimdLevel level) {
-  ZINF_ASSIGN_OR_RETURN(const AdamStepConstants constants, MakeAdamStepConstants(options, step, grad_scale));
+  ZINF_ASSIGN_OR_RETURN(const math::AdamStepConstants constants, MakeAdamStepConstants(options, step, grad_scale));
   return AdamStep(arena, constants, buffers, level);
 }
 
-Status AdamStep(tbb::task_arena& arena, const AdamStepConstants& constants, const AdamBuffers& b, SimdLevel level) {
+Status AdamStep(tbb::task_arena& arena, const math::AdamStepConstants& constants, const AdamBuffers& b,
+                SimdLevel level) {
   ZINF_RETURN_IF_ERROR(cpu::CheckSimdLevel(level));
   const size_t n = b.num_elems;
   if (n == 0) return Status::Ok();
@@ -97,4 +98,4 @@ Status AdamStep(tbb::task_arena& arena, const AdamStepConstants& constants, cons
   return Status::Ok();
 }
 
-}  // namespace zinf
+}  // namespace zinf::cpu

@@ -22,7 +22,7 @@
 #include "zinf/dtype.h"
 #include "zinf/status.h"
 
-namespace zinf {
+namespace zinf::cpu {
 
 enum class AdamMode {
   kAdam,   // L2: weight_decay * param is added to the gradient
@@ -43,7 +43,7 @@ struct AdamOptions {
 // once; grad_scale folds 1/loss_scale and the clipping coefficient. Errors
 // (kInvalidArgument) name the bad option: lr or weight_decay negative or not
 // finite, a beta outside [0, 1), eps <= 0, step < 1, grad_scale < 0 or not finite.
-Result<AdamStepConstants> MakeAdamStepConstants(const AdamOptions& options, int64_t step, double grad_scale);
+Result<math::AdamStepConstants> MakeAdamStepConstants(const AdamOptions& options, int64_t step, double grad_scale);
 
 // The buffers of one call, num_elems elements each; none may overlap another.
 struct AdamBuffers {
@@ -65,7 +65,7 @@ Status AdamStep(tbb::task_arena& arena, const AdamOptions& options, int64_t step
 
 // The same with precomputed constants (the engine computes them once per step
 // for all sub-groups).
-Status AdamStep(tbb::task_arena& arena, const AdamStepConstants& constants, const AdamBuffers& buffers,
+Status AdamStep(tbb::task_arena& arena, const math::AdamStepConstants& constants, const AdamBuffers& buffers,
                 SimdLevel level = ActiveSimdLevel());
 
-}  // namespace zinf
+}  // namespace zinf::cpu

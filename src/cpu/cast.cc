@@ -8,7 +8,7 @@
 #include "cpu/kernels.h"
 #include "cpu/parallel_blocks.h"
 
-namespace zinf {
+namespace zinf::cpu {
 
 Status Cast(tbb::task_arena& arena, const void* src, DType src_dtype, void* dst, DType dst_dtype, size_t num_elems,
             SimdLevel level) {
@@ -34,4 +34,4 @@ Status Cast(tbb::task_arena& arena, const void* src, DType src_dtype, void* dst,
   return Status::Ok();
 }
 
-}  // namespace zinf
+}  // namespace zinf::cpu

@@ -15,11 +15,11 @@
 #include "zinf/dtype.h"
 #include "zinf/status.h"
 
-namespace zinf {
+namespace zinf::cpu {
 
 // dst[i] = convert(src[i]) for i < num_elems; equal dtypes copy. kInvalidArgument
 // for null or overlapping buffers or a level above DetectedSimdLevel().
 Status Cast(tbb::task_arena& arena, const void* src, DType src_dtype, void* dst, DType dst_dtype, size_t num_elems,
             SimdLevel level = ActiveSimdLevel());
 
-}  // namespace zinf
+}  // namespace zinf::cpu

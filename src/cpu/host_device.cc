@@ -24,7 +24,7 @@
 #include "common/units.h"
 #include "cpu/io_memory.h"
 
-namespace zinf {
+namespace zinf::cpu {
 namespace {
 
 // Bit 62 makes a user-space address non-canonical on x86-64 and AArch64
@@ -512,4 +512,4 @@ Result<std::unique_ptr<Device>> CreateHostDevice(const DeviceOptions& options) {
   return std::unique_ptr<Device>(new HostDevice(resolved, static_cast<char*>(base), budget));
 }
 
-}  // namespace zinf
+}  // namespace zinf::cpu

@@ -24,7 +24,7 @@
 
 #include "zinf/device.h"
 
-namespace zinf {
+namespace zinf::cpu {
 
 Result<std::unique_ptr<Device>> CreateHostDevice(const DeviceOptions& options);
 
@@ -32,4 +32,4 @@ Result<std::unique_ptr<Device>> CreateHostDevice(const DeviceOptions& options);
 // (for assertions in tests and checking-mode code).
 bool IsTaggedDevicePointer(const void* p);
 
-}  // namespace zinf
+}  // namespace zinf::cpu

@@ -14,7 +14,7 @@
 #include "cpu/openblas_lib.h"
 #include "cpu/simd_level.h"
 
-namespace zinf {
+namespace zinf::cpu {
 
 BackendInfo ProbeTbb() {
   return {"oneTBB", true, true,
@@ -64,4 +64,4 @@ BackendInfo ProbeOpenBlas() {
   return {"openblas", true, true, cfg};
 }
 
-}  // namespace zinf
+}  // namespace zinf::cpu

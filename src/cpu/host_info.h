@@ -4,7 +4,7 @@
 
 #include "common/runtime_info.h"
 
-namespace zinf {
+namespace zinf::cpu {
 
 BackendInfo ProbeTbb();
 BackendInfo ProbeHwloc();
@@ -12,4 +12,4 @@ BackendInfo ProbeSimd();
 BackendInfo ProbeMpi();
 BackendInfo ProbeOpenBlas();
 
-}  // namespace zinf
+}  // namespace zinf::cpu

@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-namespace zinf {
+namespace zinf::cpu {
 namespace {
 
 constexpr uint64_t kHugePage = uint64_t{2} << 20;
@@ -94,4 +94,4 @@ IoMemory AllocateIoMemory(uint64_t bytes) {
   return IoMemory(static_cast<char*>(MapIoMemory(bytes)), IoMemoryDeleter{bytes});
 }
 
-}  // namespace zinf
+}  // namespace zinf::cpu

@@ -24,7 +24,7 @@
 #include <cstdint>
 #include <memory>
 
-namespace zinf {
+namespace zinf::cpu {
 
 // `bytes` of zeroed anonymous memory: below 2 MiB, whole pages; from 2 MiB,
 // whole 2 MiB pages at a 2 MiB boundary, from the hugetlb pool when it has
@@ -55,4 +55,4 @@ using IoMemory = std::unique_ptr<char, IoMemoryDeleter>;
 // The owning form; empty when mmap fails (errno set).
 IoMemory AllocateIoMemory(uint64_t bytes);
 
-}  // namespace zinf
+}  // namespace zinf::cpu

@@ -36,11 +36,11 @@ enum class ParamCopy : int { kNone = 0, kBf16 = 1, kFp16 = 2 };
 // place; grads has the table slot's dtype; param_copy (if the slot has one)
 // receives the updated parameter rounded to nearest even. Aligned param_copy
 // pointers (to the vector width) are written with non-temporal stores.
-using AdamKernelFn = void (*)(const AdamStepConstants& c, float* params, float* exp_avg, float* exp_avg_sq,
+using AdamKernelFn = void (*)(const math::AdamStepConstants& c, float* params, float* exp_avg, float* exp_avg_sq,
                               const void* grads, void* param_copy, size_t num_elems);
 // Sum of squares of num_elems <= kNormBlockElems values, widened to double and
 // accumulated in lanes[i % 16] in element order; lanes are overwritten.
-using SumSquaresFn = void (*)(const void* data, size_t num_elems, double lanes[kNormLanes]);
+using SumSquaresFn = void (*)(const void* data, size_t num_elems, double lanes[math::kNormLanes]);
 // Element-wise conversion; src and dst must not overlap.
 using CastFn = void (*)(const void* src, void* dst, size_t num_elems);
 

@@ -12,32 +12,32 @@ namespace zinf::cpu {
 namespace {
 
 template <DType kGrad, ParamCopy kCopy>
-void AdamScalar(const AdamStepConstants& c, float* params, float* exp_avg, float* exp_avg_sq, const void* grads,
+void AdamScalar(const math::AdamStepConstants& c, float* params, float* exp_avg, float* exp_avg_sq, const void* grads,
                 void* param_copy, size_t num_elems) {
-  const AdamCoefficients<float> k(c);
+  const math::AdamCoefficients<float> k(c);
   for (size_t i = 0; i < num_elems; ++i) {
     float p = params[i], m = exp_avg[i], v = exp_avg_sq[i];
-    AdamUpdate(k, LoadAsFloat<kGrad>(grads, i), p, m, v);
+    math::AdamUpdate(k, math::LoadAsFloat<kGrad>(grads, i), p, m, v);
     params[i] = p;
     exp_avg[i] = m;
     exp_avg_sq[i] = v;
-    if constexpr (kCopy == ParamCopy::kBf16) StoreFromFloat<DType::kBFloat16>(param_copy, i, p);
-    if constexpr (kCopy == ParamCopy::kFp16) StoreFromFloat<DType::kFloat16>(param_copy, i, p);
+    if constexpr (kCopy == ParamCopy::kBf16) math::StoreFromFloat<DType::kBFloat16>(param_copy, i, p);
+    if constexpr (kCopy == ParamCopy::kFp16) math::StoreFromFloat<DType::kFloat16>(param_copy, i, p);
   }
 }
 
 template <DType kType>
-void SumSquaresScalar(const void* data, size_t num_elems, double lanes[kNormLanes]) {
-  for (int l = 0; l < kNormLanes; ++l) lanes[l] = 0.0;
+void SumSquaresScalar(const void* data, size_t num_elems, double lanes[math::kNormLanes]) {
+  for (int l = 0; l < math::kNormLanes; ++l) lanes[l] = 0.0;
   for (size_t i = 0; i < num_elems; ++i) {
-    const double x = LoadAsFloat<kType>(data, i);
-    lanes[i % kNormLanes] += x * x;  // x * x is exact in double (24-bit mantissa squared)
+    const double x = math::LoadAsFloat<kType>(data, i);
+    lanes[i % math::kNormLanes] += x * x;  // x * x is exact in double (24-bit mantissa squared)
   }
 }
 
 template <DType kSrc, DType kDst>
 void CastScalar(const void* src, void* dst, size_t num_elems) {
-  for (size_t i = 0; i < num_elems; ++i) StoreFromFloat<kDst>(dst, i, LoadAsFloat<kSrc>(src, i));
+  for (size_t i = 0; i < num_elems; ++i) math::StoreFromFloat<kDst>(dst, i, math::LoadAsFloat<kSrc>(src, i));
 }
 
 template <DType kGrad>

@@ -137,7 +137,7 @@ constexpr size_t kAdamBlock = Io::kWidth >= 16 ? 8 : 4;
 // Adam over [begin, end) in whole vectors; kStream: param_copy is written with
 // non-temporal stores (and is aligned for them).
 template <class Io, DType kGrad, ParamCopy kCopy, bool kStream>
-void AdamVectors(const AdamCoefficients<typename Io::F>& k, float* params, float* exp_avg, float* exp_avg_sq,
+void AdamVectors(const math::AdamCoefficients<typename Io::F>& k, float* params, float* exp_avg, float* exp_avg_sq,
                  const void* grads, void* param_copy, size_t num_vector_elems) {
   using F = typename Io::F;
   constexpr size_t W = Io::kWidth, B = kAdamBlock<Io>;
@@ -148,7 +148,7 @@ void AdamVectors(const AdamCoefficients<typename Io::F>& k, float* params, float
     for (size_t j = 0; j < B; ++j) p[j] = F::load_unaligned(params + i + j * W);
     for (size_t j = 0; j < B; ++j) m[j] = F::load_unaligned(exp_avg + i + j * W);
     for (size_t j = 0; j < B; ++j) v[j] = F::load_unaligned(exp_avg_sq + i + j * W);
-    for (size_t j = 0; j < B; ++j) AdamUpdate(k, g[j], p[j], m[j], v[j]);
+    for (size_t j = 0; j < B; ++j) math::AdamUpdate(k, g[j], p[j], m[j], v[j]);
     for (size_t j = 0; j < B; ++j) p[j].store_unaligned(params + i + j * W);
     for (size_t j = 0; j < B; ++j) m[j].store_unaligned(exp_avg + i + j * W);
     for (size_t j = 0; j < B; ++j) v[j].store_unaligned(exp_avg_sq + i + j * W);
@@ -161,7 +161,7 @@ void AdamVectors(const AdamCoefficients<typename Io::F>& k, float* params, float
     F p = F::load_unaligned(params + i);
     F m = F::load_unaligned(exp_avg + i);
     F v = F::load_unaligned(exp_avg_sq + i);
-    AdamUpdate(k, g, p, m, v);
+    math::AdamUpdate(k, g, p, m, v);
     p.store_unaligned(params + i);
     m.store_unaligned(exp_avg + i);
     v.store_unaligned(exp_avg_sq + i);
@@ -170,10 +170,10 @@ void AdamVectors(const AdamCoefficients<typename Io::F>& k, float* params, float
 }
 
 template <class Io, DType kGrad, ParamCopy kCopy>
-void AdamSimd(const AdamStepConstants& c, float* params, float* exp_avg, float* exp_avg_sq, const void* grads,
+void AdamSimd(const math::AdamStepConstants& c, float* params, float* exp_avg, float* exp_avg_sq, const void* grads,
               void* param_copy, size_t num_elems) {
   constexpr size_t W = Io::kWidth;
-  const AdamCoefficients<typename Io::F> k(c);
+  const math::AdamCoefficients<typename Io::F> k(c);
   const size_t body = num_elems - num_elems % W;
   bool streamed = false;
   if constexpr (kCopy != ParamCopy::kNone) {
@@ -208,11 +208,11 @@ void AdamSimd(const AdamStepConstants& c, float* params, float* exp_avg, float* 
 template <class Io, DType kType>
 void SumSquaresGroups(const void* data, size_t num_groups, xsimd::batch<double, typename Io::Arch>* acc) {
   using D = xsimd::batch<double, typename Io::Arch>;
-  constexpr size_t kPerGroup = kNormLanes / Io::kWidth;  // float vectors per 16 elements
+  constexpr size_t kPerGroup = math::kNormLanes / Io::kWidth;  // float vectors per 16 elements
   for (size_t grp = 0; grp < num_groups; ++grp) {
     for (size_t b = 0; b < kPerGroup; ++b) {
       D lo, hi;
-      Io::WidenToDouble(Load<Io, kType>(data, grp * kNormLanes + b * Io::kWidth), lo, hi);
+      Io::WidenToDouble(Load<Io, kType>(data, grp * math::kNormLanes + b * Io::kWidth), lo, hi);
       acc[2 * b] = acc[2 * b] + lo * lo;  // squares are exact in double
       acc[2 * b + 1] = acc[2 * b + 1] + hi * hi;
     }
@@ -220,17 +220,17 @@ void SumSquaresGroups(const void* data, size_t num_groups, xsimd::batch<double, 
 }
 
 template <class Io, DType kType>
-void SumSquaresSimd(const void* data, size_t num_elems, double lanes[kNormLanes]) {
+void SumSquaresSimd(const void* data, size_t num_elems, double lanes[math::kNormLanes]) {
   using D = xsimd::batch<double, typename Io::Arch>;
-  constexpr size_t kAcc = 2 * kNormLanes / Io::kWidth;
+  constexpr size_t kAcc = 2 * math::kNormLanes / Io::kWidth;
   D acc[kAcc];
   for (size_t j = 0; j < kAcc; ++j) acc[j] = D(0.0);
-  const size_t groups = num_elems / kNormLanes;
+  const size_t groups = num_elems / math::kNormLanes;
   SumSquaresGroups<Io, kType>(data, groups, acc);
-  if (const size_t rest = num_elems - groups * kNormLanes; rest > 0) {
+  if (const size_t rest = num_elems - groups * math::kNormLanes; rest > 0) {
     // Zero padding adds +0.0 to the remaining lanes, which leaves them unchanged.
-    alignas(64) unsigned char padded[kNormLanes * 4] = {};
-    std::memcpy(padded, static_cast<const unsigned char*>(data) + groups * kNormLanes * DTypeSizeBytes(kType),
+    alignas(64) unsigned char padded[math::kNormLanes * 4] = {};
+    std::memcpy(padded, static_cast<const unsigned char*>(data) + groups * math::kNormLanes * DTypeSizeBytes(kType),
                 rest * DTypeSizeBytes(kType));
     SumSquaresGroups<Io, kType>(padded, 1, acc);
   }

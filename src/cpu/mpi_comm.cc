@@ -32,7 +32,7 @@
 #include "cpu/mpi_runtime.h"
 #include "cpu/startup_watch.h"
 
-namespace zinf {
+namespace zinf::cpu {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -839,4 +839,4 @@ Result<std::unique_ptr<Communicator>> CreateMpiCommunicator(const CommOptions& o
   return std::unique_ptr<Communicator>(new MpiComm(runtime, comm, notices, rank, size, tag_ub, options, local_size));
 }
 
-}  // namespace zinf
+}  // namespace zinf::cpu

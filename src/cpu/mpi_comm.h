@@ -34,7 +34,7 @@
 
 #include "common/communicator.h"
 
-namespace zinf {
+namespace zinf::cpu {
 
 // True when an MPI launcher started this process.
 bool StartedByMpiLauncher();
@@ -45,4 +45,4 @@ bool StartedByMpiLauncher();
 // MPI_THREAD_SERIALIZED, or already finalized.
 Result<std::unique_ptr<Communicator>> CreateMpiCommunicator(const CommOptions& options);
 
-}  // namespace zinf
+}  // namespace zinf::cpu

@@ -7,7 +7,7 @@
 
 #include "common/logging.h"
 
-namespace zinf {
+namespace zinf::cpu {
 namespace {
 
 // Below MPI_THREAD_MULTIPLE every MPI call zinf makes holds this lock
@@ -100,4 +100,4 @@ void MpiRuntime::FinalizeAtExit() {
   if (MPI_Finalized(&finalized) == MPI_SUCCESS && !finalized) MPI_Finalize();
 }
 
-}  // namespace zinf
+}  // namespace zinf::cpu

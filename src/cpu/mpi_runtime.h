@@ -15,7 +15,7 @@
 
 #include "zinf/status.h"
 
-namespace zinf {
+namespace zinf::cpu {
 
 // Held around every MPI call: the process-wide lock when MPI runs below
 // MPI_THREAD_MULTIPLE (recursive, so error formatting inside a locked
@@ -54,4 +54,4 @@ class MpiRuntime {
   static inline std::atomic<bool> skip_finalize_{false};
 };
 
-}  // namespace zinf
+}  // namespace zinf::cpu

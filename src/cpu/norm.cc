@@ -11,7 +11,7 @@
 #include "cpu/kernels.h"
 #include "cpu/parallel_blocks.h"
 
-namespace zinf {
+namespace zinf::cpu {
 
 size_t NumNormBlocks(size_t num_elems) { return cpu::NumBlocks(num_elems); }
 
@@ -30,12 +30,12 @@ Result<size_t> SumSquaresBlocks(tbb::task_arena& arena, const void* data, DType 
   std::atomic<size_t> non_finite{0};
   cpu::ParallelForBlocks(arena, num_elems, elem_bytes, [&](size_t begin, size_t end) {
     size_t local_non_finite = 0;
-    for (size_t b0 = begin; b0 < end; b0 += cpu::kNormBlockElems) {
-      const size_t b1 = std::min(end, b0 + cpu::kNormBlockElems);
-      double lanes[cpu::kNormLanes];
+    for (size_t b0 = begin; b0 < end; b0 += math::kNormBlockElems) {
+      const size_t b1 = std::min(end, b0 + math::kNormBlockElems);
+      double lanes[math::kNormLanes];
       kernel(static_cast<const unsigned char*>(data) + b0 * elem_bytes, b1 - b0, lanes);
-      const double partial = cpu::CombineNormLanes(lanes);
-      block_partials[b0 / cpu::kNormBlockElems] = partial;
+      const double partial = math::CombineNormLanes(lanes);
+      block_partials[b0 / math::kNormBlockElems] = partial;
       if (!std::isfinite(partial)) ++local_non_finite;
     }
     if (local_non_finite) non_finite.fetch_add(local_non_finite, std::memory_order_relaxed);
@@ -49,4 +49,4 @@ double CombineBlockPartials(std::span<const double> block_partials) {
   return sum;
 }
 
-}  // namespace zinf
+}  // namespace zinf::cpu

@@ -22,7 +22,7 @@
 #include "zinf/dtype.h"
 #include "zinf/status.h"
 
-namespace zinf {
+namespace zinf::cpu {
 
 // ceil(num_elems / 65536): the number of partials SumSquaresBlocks writes.
 size_t NumNormBlocks(size_t num_elems);
@@ -38,4 +38,4 @@ Result<size_t> SumSquaresBlocks(tbb::task_arena& arena, const void* data, DType 
 // The sum of the partials left to right, in block order.
 double CombineBlockPartials(std::span<const double> block_partials);
 
-}  // namespace zinf
+}  // namespace zinf::cpu

@@ -6,7 +6,7 @@
 #include <cstring>
 #include <string>
 
-namespace zinf {
+namespace zinf::cpu {
 namespace {
 
 std::string Errno(const std::string& what) {
@@ -98,4 +98,4 @@ Result<NumaChoice> ChooseNumaNode(hwloc_topology_t topology, std::string_view gp
   return CallerNode(topology, caller_node, "GPU " + bus_id + " is equally near nodes " + nodes + "; ");
 }
 
-}  // namespace zinf
+}  // namespace zinf::cpu

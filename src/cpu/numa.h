@@ -15,7 +15,7 @@
 
 #include "zinf/status.h"
 
-namespace zinf {
+namespace zinf::cpu {
 
 class HwlocTopology {
  public:
@@ -53,4 +53,4 @@ struct NumaChoice {
 // when caller_node does not exist in the topology.
 Result<NumaChoice> ChooseNumaNode(hwloc_topology_t topology, std::string_view gpu_pci_bus_id, int caller_node);
 
-}  // namespace zinf
+}  // namespace zinf::cpu

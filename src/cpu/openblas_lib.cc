@@ -6,7 +6,7 @@
 #include "common/check.h"
 #include "common/shared_library.h"
 
-namespace zinf {
+namespace zinf::cpu {
 namespace {
 
 Result<OpenBlasLib> Open() {
@@ -44,4 +44,4 @@ const OpenBlasLib& OpenBlasOrDie() {
   return **lib;
 }
 
-}  // namespace zinf
+}  // namespace zinf::cpu

@@ -9,7 +9,7 @@
 
 #include "zinf/status.h"
 
-namespace zinf {
+namespace zinf::cpu {
 
 struct OpenBlasLib {
   decltype(&::cblas_sgemm) sgemm = nullptr;
@@ -29,4 +29,4 @@ Result<const OpenBlasLib*> OpenBlas();
 // reach it (GptModel::Create) check OpenBlas() first.
 const OpenBlasLib& OpenBlasOrDie();
 
-}  // namespace zinf
+}  // namespace zinf::cpu

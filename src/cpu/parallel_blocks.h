@@ -22,20 +22,20 @@ namespace zinf::cpu {
 
 inline constexpr size_t kMinTaskBytes = size_t{256} * 1024;
 
-inline size_t NumBlocks(size_t num_elems) { return (num_elems + kNormBlockElems - 1) / kNormBlockElems; }
+inline size_t NumBlocks(size_t num_elems) { return (num_elems + math::kNormBlockElems - 1) / math::kNormBlockElems; }
 
 // bytes_per_elem: what the kernel reads plus writes per element.
 template <class Fn>
 void ParallelForBlocks(tbb::task_arena& arena, size_t num_elems, size_t bytes_per_elem, const Fn& fn) {
   const size_t num_blocks = NumBlocks(num_elems);
   if (num_blocks == 0) return;
-  const size_t block_bytes = kNormBlockElems * bytes_per_elem;
+  const size_t block_bytes = math::kNormBlockElems * bytes_per_elem;
   const size_t grain_blocks = std::max<size_t>(1, (kMinTaskBytes + block_bytes - 1) / block_bytes);
   const tbb::blocked_range<size_t> blocks(0, num_blocks, grain_blocks);
   arena.execute([&] {
     tbb::parallel_for(blocks, [&](const tbb::blocked_range<size_t>& r) {
       DefaultFpEnvironment fp_env;
-      fn(r.begin() * kNormBlockElems, std::min(num_elems, r.end() * kNormBlockElems));
+      fn(r.begin() * math::kNormBlockElems, std::min(num_elems, r.end() * math::kNormBlockElems));
     });
   });
 }

@@ -21,7 +21,7 @@
 #include "common/units.h"
 #include "cpu/io_memory.h"
 
-namespace zinf {
+namespace zinf::cpu {
 namespace {
 
 uint64_t PageBytes() {
@@ -228,4 +228,4 @@ PinnedPoolStats PinnedPool::stats() const {
   return stats_;
 }
 
-}  // namespace zinf
+}  // namespace zinf::cpu

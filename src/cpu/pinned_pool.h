@@ -34,7 +34,7 @@
 #include "cpu/numa.h"
 #include "zinf/status.h"
 
-namespace zinf {
+namespace zinf::cpu {
 
 class PinnedPool;
 
@@ -141,4 +141,4 @@ class PinnedPool {
   PinnedPoolStats stats_;
 };
 
-}  // namespace zinf
+}  // namespace zinf::cpu

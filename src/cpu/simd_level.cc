@@ -9,7 +9,7 @@
 
 #include "common/logging.h"
 
-namespace zinf {
+namespace zinf::cpu {
 
 std::string_view SimdLevelName(SimdLevel level) {
   switch (level) {
@@ -60,4 +60,4 @@ SimdLevel ActiveSimdLevel() {
   return level;
 }
 
-}  // namespace zinf
+}  // namespace zinf::cpu

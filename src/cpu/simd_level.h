@@ -7,7 +7,7 @@
 
 #include "zinf/status.h"
 
-namespace zinf {
+namespace zinf::cpu {
 
 enum class SimdLevel { kScalar = 0, kSse2 = 1, kAvx2 = 2, kAvx512 = 3 };
 
@@ -19,4 +19,4 @@ SimdLevel DetectedSimdLevel();
 // DetectedSimdLevel(), lowered to ZINF_SIMD when that is set and lower.
 SimdLevel ActiveSimdLevel();
 
-}  // namespace zinf
+}  // namespace zinf::cpu

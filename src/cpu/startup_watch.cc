@@ -7,7 +7,7 @@
 #include <cstdlib>
 #include <utility>
 
-namespace zinf {
+namespace zinf::cpu {
 namespace {
 
 // The watch in force, for the exit handler: one at a time (MPI starts once).
@@ -64,4 +64,4 @@ void StartupWatch::Watch() {
   std::_Exit(EXIT_FAILURE);
 }
 
-}  // namespace zinf
+}  // namespace zinf::cpu

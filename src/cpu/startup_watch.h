@@ -21,7 +21,7 @@
 #include <string>
 #include <thread>
 
-namespace zinf {
+namespace zinf::cpu {
 
 class StartupWatch {
  public:
@@ -51,4 +51,4 @@ class StartupWatch {
   std::thread thread_;
 };
 
-}  // namespace zinf
+}  // namespace zinf::cpu

@@ -318,7 +318,7 @@ Status CudaStages::RoundInPlace(float* x, int64_t n) {
   return Cast(copy, DType::kBFloat16, x, DType::kFloat32, static_cast<size_t>(n), s_);
 }
 
-Status CudaStages::FlashCopies(model::AttentionTensors& t, bool backward) {
+Status CudaStages::FlashCopies(math::AttentionTensors& t, bool backward) {
   if (!bf16_) return Status::Ok();
   const int64_t BT = options_.batch_size * options_.seq_len;
   if (!dout16_only_) {  // this device runs the kernels that read fp32 tiles: no copies
@@ -350,7 +350,7 @@ Status CudaStages::AttentionForward(const ActivationLayout::Block& a) {
   Op("attention");
   const ProductsAre products(this, "attention");
   if (flash_) {
-    model::AttentionTensors t = model::FlashAttentionTensors(config_, layout_, a, arena_, false);
+    math::AttentionTensors t = model::FlashAttentionTensors(config_, layout_, a, arena_, false);
     if (qkv16_ && !qkv16_only_) PointQkvAt(t, F32(layout_.dqkv));  // their fp32 values (RunBlockForward)
     ZINF_RETURN_IF_ERROR(FlashCopies(t, false));
     if (attention16_) {  // O in bf16 alone, attn_proj's operand

@@ -319,7 +319,7 @@ Status CudaStages::AttentionBackward(const ActivationLayout::Block& a_set) {
   Op("attention");
   const ProductsAre products(this, "attention");
   if (flash_) {
-    model::AttentionTensors t = model::FlashAttentionTensors(config_, layout_, a_set, arena_, true);
+    math::AttentionTensors t = model::FlashAttentionTensors(config_, layout_, a_set, arena_, true);
     if (attention16_) {  // O, and dO where attn_proj's product wrote it so, in bf16 alone
       t.out16 = reinterpret_cast<uint16_t*>(t.out);
       t.out = nullptr;

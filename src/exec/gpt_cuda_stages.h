@@ -291,7 +291,7 @@ class CudaStages final : public GptStages {
   // not run on this device).
   Status RoundInPlace(float* x, int64_t n);
   // q, k and v of `t` at the fp32 tensor `qkv` [B·T, S].
-  void PointQkvAt(model::AttentionTensors& t, float* qkv) const {
+  void PointQkvAt(math::AttentionTensors& t, float* qkv) const {
     t.q = qkv;
     t.k = qkv + config_.q_dim();
     t.v = qkv + config_.q_dim() + config_.kv_dim();
@@ -301,7 +301,7 @@ class CudaStages final : public GptStages {
   // of qkv, rounded once here into the A copy (not in every tile of every
   // block that loads them: the same bits) unless qkv is kept in bf16 alone
   // (qkv16_only_), and of dO, which is. The copies' time is the attention's.
-  Status FlashCopies(model::AttentionTensors& t, bool backward);
+  Status FlashCopies(math::AttentionTensors& t, bool backward);
 
   // The attention of block set `a`: flash (gpu/kernels.h), or the plain
   // products and softmax over the saved T × T probabilities

@@ -35,7 +35,7 @@
 
 namespace zinf::gpu::decoder {
 
-using model::kLanes;
+using math::kLanes;
 
 constexpr unsigned kThreads = 256;
 constexpr size_t kMaxBlocks = size_t{1} << 16;
@@ -69,14 +69,14 @@ __global__ void RmsNormForwardKernel(const float* x, const float* __restrict__ w
     ForLaneBatches<kForwardRowBatch>(
         lane, full, [&](int64_t c) { return xr[c]; }, [&](int64_t, float v) { acc += v * v; });
     const float tail_x = lane < tail ? xr[full + lane] : 0.0f;
-    const float s = model::RmsNormRstd(LaneSumThenTail(mask, acc, tail_x * tail_x, tail), n, eps);
+    const float s = math::RmsNormRstd(LaneSumThenTail(mask, acc, tail_x * tail_x, tail), n, eps);
     Out* yr = y + at;
     ForLaneBatches<kForwardRowBatch>(
         lane, n,
         [&](int64_t c) {
           return XW{xr[c], w[c]};
         },
-        [&](int64_t c, XW v) { simt::StoreAs(yr + c, model::RmsNormOutput(v.x, s, v.w)); });
+        [&](int64_t c, XW v) { simt::StoreAs(yr + c, math::RmsNormOutput(v.x, s, v.w)); });
     if (lane == 0) rstd[r] = s;
   }
 }
@@ -102,9 +102,9 @@ __global__ void RmsNormBackwardRowsKernel(const float* dy, const float* __restri
         [&](int64_t c) {
           return Terms{dyr[c], w[c], xr[c], 0.0f};
         },
-        [&](int64_t, Terms v) { acc += model::RmsNormGradDotTerm(v.dy, v.w, v.x, s); });
+        [&](int64_t, Terms v) { acc += math::RmsNormGradDotTerm(v.dy, v.w, v.x, s); });
     const float tail_term =
-        lane < tail ? model::RmsNormGradDotTerm(dyr[full + lane], w[full + lane], xr[full + lane], s) : 0.0f;
+        lane < tail ? math::RmsNormGradDotTerm(dyr[full + lane], w[full + lane], xr[full + lane], s) : 0.0f;
     const float dot = LaneSumThenTail(mask, acc, tail_term, tail);
     float* dxr = dx + at;
     ForLaneBatches<kBackwardRowBatch>(
@@ -113,7 +113,7 @@ __global__ void RmsNormBackwardRowsKernel(const float* dy, const float* __restri
           return Terms{dyr[c], w[c], xr[c], accumulate ? dxr[c] : 0.0f};
         },
         [&](int64_t c, Terms v) {
-          const float g = model::RmsNormInputGrad(v.dy, v.w, v.x, s, dot, n);
+          const float g = math::RmsNormInputGrad(v.dy, v.w, v.x, s, dot, n);
           dxr[c] = accumulate ? v.dx + g : g;
         });
   }
@@ -123,11 +123,11 @@ __global__ void __launch_bounds__(kColumnWarps * 32)
     RmsNormWeightGradKernel(const float* __restrict__ dy, const float* __restrict__ x, const float* __restrict__ rstd,
                             float* __restrict__ dw, StridedRows rows) {
   using Partials = float[32];
-  ZINF_STATIC_SMEM(Partials, part, model::kMaxColumnChunks);
+  ZINF_STATIC_SMEM(Partials, part, math::kMaxColumnChunks);
   const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
   const int64_t c = static_cast<int64_t>(blockIdx.x) * 32 + lane;
   const int64_t R = rows.rows;
-  const int64_t chunk = model::ColumnChunkRows(R), chunks = (R + chunk - 1) / chunk;
+  const int64_t chunk = math::ColumnChunkRows(R), chunks = (R + chunk - 1) / chunk;
   for (int64_t k = warp; k < chunks; k += kColumnWarps) {
     float acc = 0.0f;
     if (c < rows.n) {
@@ -144,11 +144,11 @@ __global__ void __launch_bounds__(kColumnWarps * 32)
           s[b] = rstd[r + b];
         }
 #pragma unroll
-        for (int b = 0; b < kRowBatch; ++b) acc += model::RmsNormWeightGradTerm(d[b], xv[b], s[b]);
+        for (int b = 0; b < kRowBatch; ++b) acc += math::RmsNormWeightGradTerm(d[b], xv[b], s[b]);
       }
       for (; r < r1; ++r) {
         const int64_t at = rows.Offset(r) + c;
-        acc += model::RmsNormWeightGradTerm(dy[at], x[at], rstd[r]);
+        acc += math::RmsNormWeightGradTerm(dy[at], x[at], rstd[r]);
       }
     }
     part[k][lane] = acc;
@@ -175,9 +175,9 @@ __global__ void RopeKernel(T* x, StridedRows rows, int64_t seq_len, const float*
   const size_t total = static_cast<size_t>(rows.rows) * static_cast<size_t>(half);
   const auto rotate = [](float& a, float& b, float cos_t, float sin_t) {
     if constexpr (kBackward) {
-      model::RopeRotateBack(a, b, cos_t, sin_t);
+      math::RopeRotateBack(a, b, cos_t, sin_t);
     } else {
-      model::RopeRotate(a, b, cos_t, sin_t);
+      math::RopeRotate(a, b, cos_t, sin_t);
     }
   };
   // Pair e: its first element in x (the second is half further on) and
@@ -252,12 +252,12 @@ __global__ void SwiGluForwardKernel(const In* __restrict__ x, Out* __restrict__ 
         elementwise::Load8(gate, g);
         elementwise::Load8(gate + inter, u);
 #pragma unroll
-        for (int k = 0; k < kVec; ++k) g[k] = model::SwiGlu(g[k], u[k]);
+        for (int k = 0; k < kVec; ++k) g[k] = math::SwiGlu(g[k], u[k]);
         elementwise::Store8(out + e, g);
       },
       [&](size_t e) {
         const In* gate = x + GateOffset(e, inter);
-        simt::StoreAs(out + e, model::SwiGlu(elementwise::LoadAs(gate), elementwise::LoadAs(gate + inter)));
+        simt::StoreAs(out + e, math::SwiGlu(elementwise::LoadAs(gate), elementwise::LoadAs(gate + inter)));
       });
 }
 
@@ -278,7 +278,7 @@ __global__ void SwiGluBackwardKernel(const In* __restrict__ x, const Dy* __restr
 #pragma unroll
         for (int k = 0; k < kVec; ++k) {
           float dg, du;
-          model::SwiGluGrad(g[k], u[k], d[k], dg, du);
+          math::SwiGluGrad(g[k], u[k], d[k], dg, du);
           g[k] = dg;
           u[k] = du;
         }
@@ -289,8 +289,8 @@ __global__ void SwiGluBackwardKernel(const In* __restrict__ x, const Dy* __restr
         const In* gate = x + GateOffset(e, inter);
         Out* dgate = dx + GateOffset(e, inter);
         float dg, du;
-        model::SwiGluGrad(elementwise::LoadAs(gate), elementwise::LoadAs(gate + inter), elementwise::LoadAs(dy + e), dg,
-                          du);
+        math::SwiGluGrad(elementwise::LoadAs(gate), elementwise::LoadAs(gate + inter), elementwise::LoadAs(dy + e), dg,
+                         du);
         simt::StoreAs(dgate, dg);
         simt::StoreAs(dgate + inter, du);
       });

@@ -31,7 +31,7 @@ __global__ void CastKernel(const void* __restrict__ src, void* __restrict__ dst,
         Load8<kSrc>(static_cast<const char*>(src) + i * kSrcBytes, v);
         Store8<kDst>(static_cast<char*>(dst) + i * kDstBytes, v);
       },
-      [&](size_t i) { StoreFromFloat<kDst>(dst, i, LoadAsFloat<kSrc>(src, i)); });
+      [&](size_t i) { math::StoreFromFloat<kDst>(dst, i, math::LoadAsFloat<kSrc>(src, i)); });
 }
 inline bool CastVector(const void* src, const void* dst) { return Aligned16(src) && Aligned16(dst); }
 
@@ -63,10 +63,10 @@ __global__ void GeluForwardKernel(const float* x, Out* y, size_t n, bool vector)
         float v[kVec];
         Load8(x + i, v);
 #pragma unroll
-        for (int k = 0; k < kVec; ++k) v[k] = model::Gelu(v[k]);
+        for (int k = 0; k < kVec; ++k) v[k] = math::Gelu(v[k]);
         Store8(y + i, v);
       },
-      [&](size_t i) { simt::StoreAs(y + i, model::Gelu(x[i])); });
+      [&](size_t i) { simt::StoreAs(y + i, math::Gelu(x[i])); });
 }
 
 // dx = GELU'(x) · dy; dx may be x or dy.
@@ -78,10 +78,10 @@ __global__ void GeluBackwardKernel(const float* x, const float* dy, float* dx, s
         Load8(x + i, v);
         Load8(dy + i, d);
 #pragma unroll
-        for (int k = 0; k < kVec; ++k) v[k] = model::GeluGrad(v[k]) * d[k];
+        for (int k = 0; k < kVec; ++k) v[k] = math::GeluGrad(v[k]) * d[k];
         Store8(dx + i, v);
       },
-      [&](size_t i) { dx[i] = model::GeluGrad(x[i]) * dy[i]; });
+      [&](size_t i) { dx[i] = math::GeluGrad(x[i]) * dy[i]; });
 }
 
 // out[i] = row[i % cols] over n = rows · cols elements; groups need whole

@@ -18,7 +18,7 @@ namespace {
 using namespace flash;  // NOLINT(build/namespaces): the kernels' own header
 
 Status Check(const char* fn, const AttentionShape& s, const AttentionTensors& t, bool backward) {
-  ZINF_RETURN_IF_ERROR(model::CheckAttentionShape(s, t, backward).WithContext(fn));
+  ZINF_RETURN_IF_ERROR(math::CheckAttentionShape(s, t, backward).WithContext(fn));
   if (s.head_dim != 64 && s.head_dim != 128) {
     return InvalidArgument(std::string(fn) + ": head_dim " + std::to_string(s.head_dim) +
                            " (the CUDA kernels take 64 or 128)");

@@ -33,11 +33,11 @@
 
 namespace zinf::gpu::flash {
 
-using model::AttentionShape;
-using model::AttentionTensors;
+using math::AttentionShape;
+using math::AttentionTensors;
 using simt::bf16;
 
-constexpr int kB = model::kFlashBlock;
+constexpr int kB = math::kFlashBlock;
 constexpr int kWarps = 4;
 constexpr int kThreadsFa = kWarps * 32;
 constexpr int kWarpRows = kB / kWarps;  // 16, one mma tile's height
@@ -316,7 +316,7 @@ __device__ __forceinline__ void OnlineSoftmaxStep(float (&sc)[kB / 8][4], uint32
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       sc[n][e] *= log2_scale;
-      if (masked && !model::FlashVisible(rows[e / 2], j0 + n * 8 + 2 * c + e % 2, T)) sc[n][e] = -INFINITY;
+      if (masked && !math::FlashVisible(rows[e / 2], j0 + n * 8 + 2 * c + e % 2, T)) sc[n][e] = -INFINITY;
       row_max[e / 2] = fmaxf(row_max[e / 2], sc[n][e]);
     }
   }
@@ -324,7 +324,7 @@ __device__ __forceinline__ void OnlineSoftmaxStep(float (&sc)[kB / 8][4], uint32
 #pragma unroll
   for (int k = 0; k < 2; ++k) {
     const float m_new = fmaxf(m_run[k], RowMax4(row_max[k]));
-    alpha[k] = model::FlashRescale(m_run[k], m_new);
+    alpha[k] = math::FlashRescale(m_run[k], m_new);
     m_run[k] = m_new;
     m_sub[k] = m_new == -INFINITY ? 0.0f : m_new;  // a row past T sees no key: its p are 0, not NaN
   }
@@ -332,7 +332,7 @@ __device__ __forceinline__ void OnlineSoftmaxStep(float (&sc)[kB / 8][4], uint32
   for (int n = 0; n < kB / 8; ++n) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      sc[n][e] = model::FlashProb(sc[n][e], m_sub[e / 2]);
+      sc[n][e] = math::FlashProb(sc[n][e], m_sub[e / 2]);
       sum[e / 2] += sc[n][e];
     }
   }
@@ -434,7 +434,7 @@ __global__ void __launch_bounds__(kThreadsFa) FlashForwardKernel(AttentionShape 
 #pragma unroll
     for (int n = 0; n < D / 8; ++n) o[m][n][0] = o[m][n][1] = o[m][n][2] = o[m][n][3] = 0.0f;
   }
-  const float log2_scale = model::FlashLog2Scale(s.scale);
+  const float log2_scale = math::FlashLog2Scale(s.scale);
   const int64_t warp_last = i0 + wr + kWarpRows * kM - 1;
 
   for (int64_t kb = 0; kb < steps; ++kb) {
@@ -465,7 +465,7 @@ __global__ void __launch_bounds__(kThreadsFa) FlashForwardKernel(AttentionShape 
     const float inv[2] = {1.0f / l[m][0], 1.0f / l[m][1]};
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
-      if (c == 0 && rows[m][k] < T) t.lse[(b * H + h) * T + rows[m][k]] = model::FlashLse(m_run[m][k], l[m][k]);
+      if (c == 0 && rows[m][k] < T) t.lse[(b * H + h) * T + rows[m][k]] = math::FlashLse(m_run[m][k], l[m][k]);
 #pragma unroll
       for (int n = 0; n < D / 8; ++n) {
         o[m][n][2 * k] *= inv[k];
@@ -565,7 +565,7 @@ __global__ void __launch_bounds__(kThreadsFa, kMinBlocks) FlashBackwardKvKernel(
   }
 
   const int kr = warp * kWarpRows;  // the warp's keys in the tile
-  const float log2_scale = model::FlashLog2Scale(s.scale);
+  const float log2_scale = math::FlashLog2Scale(s.scale);
   const int64_t key[2] = {j0 + kr + g, j0 + kr + g + 8};
   float dk[D / 8][4], dv[D / 8][4];
 #pragma unroll
@@ -594,14 +594,14 @@ __global__ void __launch_bounds__(kThreadsFa, kMinBlocks) FlashBackwardKvKernel(
         float lse2[2], delta[2];
 #pragma unroll
         for (int x = 0; x < 2; ++x) {
-          lse2[x] = model::FlashLse2(lse_s[q0 + n * 8 + 2 * c + x]);
+          lse2[x] = math::FlashLse2(lse_s[q0 + n * 8 + 2 * c + x]);
           delta[x] = delta_s[q0 + n * 8 + 2 * c + x];
         }
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const float p = model::FlashProb(st[n][e] * log2_scale, lse2[e % 2]);
-          const float ds = model::FlashScoreGrad(p, dpt[n][e], delta[e % 2]);
-          const bool hidden = masked && !model::FlashVisible(i0 + q0 + n * 8 + 2 * c + e % 2, key[e / 2], T);
+          const float p = math::FlashProb(st[n][e] * log2_scale, lse2[e % 2]);
+          const float ds = math::FlashScoreGrad(p, dpt[n][e], delta[e % 2]);
+          const bool hidden = masked && !math::FlashVisible(i0 + q0 + n * 8 + 2 * c + e % 2, key[e / 2], T);
           st[n][e] = hidden ? 0.0f : p;
           dpt[n][e] = hidden ? 0.0f : ds;
         }
@@ -668,7 +668,7 @@ __global__ void __launch_bounds__(kThreadsFa) FlashBackwardQKernel(AttentionShap
   const int qr = warp * kWarpRows;  // the warp's queries in the tile
   const int local[2] = {qr + g, qr + g + 8};
   const int64_t query[2] = {i0 + local[0], i0 + local[1]};
-  const float log2_scale = model::FlashLog2Scale(s.scale);
+  const float log2_scale = math::FlashLog2Scale(s.scale);
   float dq[D / 8][4];
 #pragma unroll
   for (int n = 0; n < D / 8; ++n) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
@@ -682,15 +682,15 @@ __global__ void __launch_bounds__(kThreadsFa) FlashBackwardQKernel(AttentionShap
     float sc[kB / 8][4], dp[kB / 8][4];
     ScorePair<D, kB>(sc, dp, qs, dos, qr, kt, vt, 0, lane);
     // ds in place of the scores (0 where hidden).
-    const float lse2[2] = {model::FlashLse2(lse_s[local[0]]), model::FlashLse2(lse_s[local[1]])};
+    const float lse2[2] = {math::FlashLse2(lse_s[local[0]]), math::FlashLse2(lse_s[local[1]])};
     const float delta[2] = {delta_s[local[0]], delta_s[local[1]]};
 #pragma unroll
     for (int n = 0; n < kB / 8; ++n) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const float p = model::FlashProb(sc[n][e] * log2_scale, lse2[e / 2]);
-        const float ds = model::FlashScoreGrad(p, dp[n][e], delta[e / 2]);
-        const bool hidden = masked && !model::FlashVisible(query[e / 2], j0 + n * 8 + 2 * c + e % 2, T);
+        const float p = math::FlashProb(sc[n][e] * log2_scale, lse2[e / 2]);
+        const float ds = math::FlashScoreGrad(p, dp[n][e], delta[e / 2]);
+        const bool hidden = masked && !math::FlashVisible(query[e / 2], j0 + n * 8 + 2 * c + e % 2, T);
         sc[n][e] = hidden ? 0.0f : ds;
       }
     }

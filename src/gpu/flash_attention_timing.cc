@@ -68,7 +68,7 @@ Result<std::vector<float>> Download(const void* p, int64_t n) {
 
 }  // namespace
 
-Result<FlashTiming> TimeFlashAttention(const model::AttentionShape& s, bool bf16_copies, int reps, uint64_t seed,
+Result<FlashTiming> TimeFlashAttention(const math::AttentionShape& s, bool bf16_copies, int reps, uint64_t seed,
                                        float range, FlashVariant variant) {
   if (reps < 1) return InvalidArgument("TimeFlashAttention: reps must be positive");
   const int64_t BT = s.batch * s.seq_len, Q = s.heads * s.head_dim, K = s.kv_heads * s.head_dim, S = Q + 2 * K;
@@ -89,7 +89,7 @@ Result<FlashTiming> TimeFlashAttention(const model::AttentionShape& s, bool bf16
     ZINF_CUDA_RETURN_IF_ERROR(cudaMemcpy(dout, dy.data(), dy.size() * 4, cudaMemcpyHostToDevice));
   }
 
-  model::AttentionTensors t;
+  math::AttentionTensors t;
   t.q = static_cast<const float*>(qkv);
   t.k = t.q + Q;
   t.v = t.q + Q + K;
@@ -102,7 +102,7 @@ Result<FlashTiming> TimeFlashAttention(const model::AttentionShape& s, bool bf16
   t.dq = static_cast<float*>(dqkv);
   t.dk = t.dq + Q;
   t.dv = t.dq + Q + K;
-  model::AttentionTensors copies = t;
+  math::AttentionTensors copies = t;
   copies.q16 = static_cast<const uint16_t*>(qkv16);
   copies.k16 = copies.q16 + Q;
   copies.v16 = copies.q16 + Q + K;

@@ -31,7 +31,7 @@ struct FlashVariant {
 
 // On the current device; the inputs are uniform in [-range, range] from
 // `seed` (the same for both ways). reps >= 1, after one warm-up.
-Result<FlashTiming> TimeFlashAttention(const model::AttentionShape& shape, bool bf16_copies, int reps,
-                                       uint64_t seed = 1, float range = 2.0f, FlashVariant variant = {});
+Result<FlashTiming> TimeFlashAttention(const math::AttentionShape& shape, bool bf16_copies, int reps, uint64_t seed = 1,
+                                       float range = 2.0f, FlashVariant variant = {});
 
 }  // namespace zinf::gpu

@@ -20,21 +20,21 @@ namespace zinf::gpu {
 // The shuffle mask of the calling thread's half-warp.
 __device__ inline unsigned HalfWarpMask() { return 0xffffu << (threadIdx.x & 16u); }
 // Thread `lane` (0..15) of the calling half-warp's value of v.
-__device__ inline float LaneOf(unsigned mask, float v, int lane) { return simt::ShflIdx(mask, v, lane, model::kLanes); }
+__device__ inline float LaneOf(unsigned mask, float v, int lane) { return simt::ShflIdx(mask, v, lane, math::kLanes); }
 // Σ over the 16 lanes in order, then + Σ over the `tail` tail values in order
 // (tail < 16; thread k holds tail value k). Every thread of the half-warp
 // must call it.
 __device__ inline float LaneSumThenTail(unsigned mask, float lane_acc, float tail_value, int64_t tail) {
   float s = 0.0f;
-  for (int j = 0; j < model::kLanes; ++j) s += LaneOf(mask, lane_acc, j);
+  for (int j = 0; j < math::kLanes; ++j) s += LaneOf(mask, lane_acc, j);
   float t = 0.0f;
   for (int k = 0; k < tail; ++k) t += LaneOf(mask, tail_value, k);
   return s + t;
 }
 
 // The calling half-warp's first row and the stride between its rows.
-__device__ inline int64_t HalfWarpRow() { return static_cast<int64_t>(simt::GlobalThread() / model::kLanes); }
-__device__ inline int64_t HalfWarpRowStride() { return static_cast<int64_t>(simt::GridStride() / model::kLanes); }
+__device__ inline int64_t HalfWarpRow() { return static_cast<int64_t>(simt::GlobalThread() / math::kLanes); }
+__device__ inline int64_t HalfWarpRowStride() { return static_cast<int64_t>(simt::GridStride() / math::kLanes); }
 
 // The calling lane's elements c = lane, lane + 16, ... below `end`, in
 // increasing order: load(c) of a batch of kBatch of them is issued before
@@ -51,12 +51,12 @@ constexpr int kRowBatch = 8;
 template <int kBatch, class Load, class Use>
 __device__ inline int64_t LaneBatchesOf(int64_t c, int64_t end, const Load& load, const Use& use) {
   using Loaded = decltype(load(int64_t{0}));
-  for (; c + (kBatch - 1) * model::kLanes < end; c += kBatch * model::kLanes) {
+  for (; c + (kBatch - 1) * math::kLanes < end; c += kBatch * math::kLanes) {
     Loaded v[kBatch];
 #pragma unroll
-    for (int k = 0; k < kBatch; ++k) v[k] = load(c + k * model::kLanes);
+    for (int k = 0; k < kBatch; ++k) v[k] = load(c + k * math::kLanes);
 #pragma unroll
-    for (int k = 0; k < kBatch; ++k) use(c + k * model::kLanes, v[k]);
+    for (int k = 0; k < kBatch; ++k) use(c + k * math::kLanes, v[k]);
   }
   return c;
 }
@@ -64,7 +64,7 @@ template <int kBatch = kRowBatch, class Load, class Use>
 __device__ inline void ForLaneBatches(int lane, int64_t end, const Load& load, const Use& use) {
   int64_t c = LaneBatchesOf<kBatch>(lane, end, load, use);
   if constexpr (kBatch > kRowBatch) c = LaneBatchesOf<kRowBatch>(c, end, load, use);
-  for (; c < end; c += model::kLanes) use(c, load(c));
+  for (; c < end; c += math::kLanes) use(c, load(c));
 }
 // The batches of the norms' row kernels: 32 single floats or pairs
 // (forward), 16 sets of up to four (backward's dy, w, x and dx): at most 64

@@ -55,24 +55,24 @@ unsigned ColumnTiles(int64_t cols) { return static_cast<unsigned>((cols + 31) / 
 
 // kCopy: 0 none, else the DType of the parameter copy.
 template <DType kGrad, int kCopy>
-__global__ void AdamKernel(AdamStepConstants c, float* __restrict__ params, float* __restrict__ exp_avg,
+__global__ void AdamKernel(math::AdamStepConstants c, float* __restrict__ params, float* __restrict__ exp_avg,
                            float* __restrict__ exp_avg_sq, const void* __restrict__ grads, void* __restrict__ copy,
                            size_t n) {
-  const AdamCoefficients<float> k(c);
+  const math::AdamCoefficients<float> k(c);
   for (size_t i = GlobalThread(); i < n; i += GridStride()) {
     float p = params[i], m = exp_avg[i], v = exp_avg_sq[i];
-    AdamUpdate(k, LoadAsFloat<kGrad>(grads, i), p, m, v);
+    math::AdamUpdate(k, math::LoadAsFloat<kGrad>(grads, i), p, m, v);
     params[i] = p;
     exp_avg[i] = m;
     exp_avg_sq[i] = v;
-    if constexpr (kCopy == 1) StoreFromFloat<DType::kBFloat16>(copy, i, p);
-    if constexpr (kCopy == 2) StoreFromFloat<DType::kFloat16>(copy, i, p);
+    if constexpr (kCopy == 1) math::StoreFromFloat<DType::kBFloat16>(copy, i, p);
+    if constexpr (kCopy == 2) math::StoreFromFloat<DType::kFloat16>(copy, i, p);
   }
 }
 
 template <DType kGrad>
-Status LaunchAdam(const AdamStepConstants& c, float* p, float* m, float* v, const void* g, void* copy, DType copy_dtype,
-                  size_t n, cudaStream_t stream) {
+Status LaunchAdam(const math::AdamStepConstants& c, float* p, float* m, float* v, const void* g, void* copy,
+                  DType copy_dtype, size_t n, cudaStream_t stream) {
   const unsigned blocks = BlocksFor(n);
   if (copy == nullptr) {
     AdamKernel<kGrad, 0><<<blocks, kThreads, 0, stream>>>(c, p, m, v, g, copy, n);
@@ -117,7 +117,7 @@ Status LaunchCast(const void* src, void* dst, DType dst_dtype, size_t n, cudaStr
 constexpr int kNormThreads = 256;
 constexpr int kNormLoaders = kNormThreads - 32;
 constexpr int kNormChunk = 4096;  // elements a stage: 16 KiB, 256 per lane
-static_assert(kNormChunk % cpu::kNormLanes == 0 && cpu::kNormBlockElems % kNormChunk == 0,
+static_assert(kNormChunk % math::kNormLanes == 0 && math::kNormBlockElems % kNormChunk == 0,
               "a chunk starts every lane at its own elements");
 
 // Elements [0, count) of src into dst by the loaders (t = 0 .. kNormLoaders - 1):
@@ -158,10 +158,10 @@ __device__ inline void LoadNormChunk(float* __restrict__ dst, const float* __res
 __global__ void __launch_bounds__(kNormThreads)
     SumSquaresBlocksKernel(const float* __restrict__ data, size_t n, double* __restrict__ out) {
   __shared__ __align__(16) float stage[2][kNormChunk];
-  __shared__ double lanes[cpu::kNormLanes];
-  const size_t begin = static_cast<size_t>(blockIdx.x) * cpu::kNormBlockElems;
+  __shared__ double lanes[math::kNormLanes];
+  const size_t begin = static_cast<size_t>(blockIdx.x) * math::kNormBlockElems;
   const size_t left = n - begin;
-  const int count = static_cast<int>(left < cpu::kNormBlockElems ? left : cpu::kNormBlockElems);
+  const int count = static_cast<int>(left < math::kNormBlockElems ? left : math::kNormBlockElems);
   const int chunks = (count + kNormChunk - 1) / kNormChunk;
   const float* src = data + begin;
   const bool vec = (reinterpret_cast<uintptr_t>(data) & 15) == 0;  // begin is a multiple of 4 elements
@@ -177,20 +177,20 @@ __global__ void __launch_bounds__(kNormThreads)
         LoadNormChunk(stage[(c + 1) & 1], src + static_cast<size_t>(c + 1) * kNormChunk, chunk_count(c + 1), vec,
                       threadIdx.x - 32);
       }
-    } else if (lane < cpu::kNormLanes) {
+    } else if (lane < math::kNormLanes) {
       const float* x = stage[c & 1];
       const int m = chunk_count(c);
 #pragma unroll 8
-      for (int i = lane; i < m; i += cpu::kNormLanes) {
+      for (int i = lane; i < m; i += math::kNormLanes) {
         const double v = x[i];
         acc += v * v;  // exact square; --fmad=false keeps the add separate (an fma would round the same)
       }
     }
     __syncthreads();
   }
-  if (lane < cpu::kNormLanes) lanes[lane] = acc;
+  if (lane < math::kNormLanes) lanes[lane] = acc;
   __syncthreads();
-  if (lane == 0) out[blockIdx.x] = cpu::CombineNormLanes(lanes);
+  if (lane == 0) out[blockIdx.x] = math::CombineNormLanes(lanes);
 }
 
 // ---- LayerNorm (the rows: gpu/layernorm_kernels.cuh) ----
@@ -222,10 +222,10 @@ __global__ void __launch_bounds__(kColumnWarps * 32)
     LayerNormBackwardColumnsKernel(const float* __restrict__ dy, const float* __restrict__ x,
                                    const float* __restrict__ mean, const float* __restrict__ rstd,
                                    float* __restrict__ dw, float* __restrict__ db, int64_t rows, int64_t cols) {
-  __shared__ float part_w[model::kMaxColumnChunks][32], part_b[model::kMaxColumnChunks][32];
+  __shared__ float part_w[math::kMaxColumnChunks][32], part_b[math::kMaxColumnChunks][32];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t c = static_cast<int64_t>(blockIdx.x) * 32 + lane;
-  const int64_t chunk = model::ColumnChunkRows(rows), chunks = (rows + chunk - 1) / chunk;
+  const int64_t chunk = math::ColumnChunkRows(rows), chunks = (rows + chunk - 1) / chunk;
   for (int64_t k = warp; k < chunks; k += kColumnWarps) {
     float acc_w = 0.0f, acc_b = 0.0f;
     if (c < cols) {
@@ -238,7 +238,7 @@ __global__ void __launch_bounds__(kColumnWarps * 32)
             return Pair{dy[r * cols + c], x[r * cols + c]};
           },
           [&](int64_t r, Pair p) {
-            acc_w += p.d * model::LayerNormNormalize(p.xn, mean[r], rstd[r]);
+            acc_w += p.d * math::LayerNormNormalize(p.xn, mean[r], rstd[r]);
             acc_b += p.d;
           });
     }
@@ -337,10 +337,10 @@ __global__ void EmbeddingPositionGradKernel(const float* __restrict__ dout, floa
 // The CPU's ColumnSumAccumulate in its row chunks, as the LayerNorm columns.
 __global__ void __launch_bounds__(kColumnWarps * 32)
     ColumnSumKernel(const float* __restrict__ x, float* __restrict__ out, int64_t rows, int64_t cols) {
-  __shared__ float part[model::kMaxColumnChunks][32];
+  __shared__ float part[math::kMaxColumnChunks][32];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t c = static_cast<int64_t>(blockIdx.x) * 32 + lane;
-  const int64_t chunk = model::ColumnChunkRows(rows), chunks = (rows + chunk - 1) / chunk;
+  const int64_t chunk = math::ColumnChunkRows(rows), chunks = (rows + chunk - 1) / chunk;
   for (int64_t k = warp; k < chunks; k += kColumnWarps) {
     float acc = 0.0f;
     if (c < cols) {
@@ -396,12 +396,12 @@ __global__ void CausalSoftmaxKernel(float* att, int64_t rows, int64_t T) {
     // LaneExpSum, then the scaling: every element stays with its thread.
     float sum = 0.0f;
     for (int64_t c = lane; c < full; c += kLanes) {
-      const float e = model::SoftmaxExp(row[c], m);
+      const float e = math::SoftmaxExp(row[c], m);
       row[c] = e;
       sum += e;
     }
     float tail_e = 0.0f;
-    if (lane < tail) row[full + lane] = tail_e = model::SoftmaxExp(tail_x, m);
+    if (lane < tail) row[full + lane] = tail_e = math::SoftmaxExp(tail_x, m);
     const float inv_sum = 1.0f / LaneSumThenTail(mask, sum, tail_e, tail);
     for (int64_t c = lane; c < n; c += kLanes) row[c] *= inv_sum;
     for (int64_t c = n + lane; c < T; c += kLanes) row[c] = 0.0f;
@@ -421,7 +421,7 @@ __global__ void CausalSoftmaxBackwardKernel(const float* __restrict__ att, float
     for (int64_t c = lane; c < full; c += kLanes) acc += p[c] * d[c];
     const float tail_pd = lane < tail ? p[full + lane] * d[full + lane] : 0.0f;
     const float dot = LaneSumThenTail(mask, acc, tail_pd, tail);
-    for (int64_t c = lane; c < n; c += kLanes) d[c] = scale * model::SoftmaxInputGrad(p[c], d[c], dot);
+    for (int64_t c = lane; c < n; c += kLanes) d[c] = scale * math::SoftmaxInputGrad(p[c], d[c], dot);
     for (int64_t c = n + lane; c < T; c += kLanes) d[c] = 0.0f;
   }
 }
@@ -443,8 +443,8 @@ std::string DTypeArg(DType d) { return std::to_string(static_cast<int>(d)); }
 
 }  // namespace
 
-Status AdamStep(const AdamStepConstants& constants, float* params, float* exp_avg, float* exp_avg_sq, const void* grads,
-                DType grad_dtype, void* param_copy, DType param_copy_dtype, size_t n, void* stream) {
+Status AdamStep(const math::AdamStepConstants& constants, float* params, float* exp_avg, float* exp_avg_sq,
+                const void* grads, DType grad_dtype, void* param_copy, DType param_copy_dtype, size_t n, void* stream) {
   if (!IsFloatDType(grad_dtype)) return InvalidArgument("gpu::AdamStep: unknown grad dtype " + DTypeArg(grad_dtype));
   if (param_copy != nullptr && param_copy_dtype != DType::kBFloat16 && param_copy_dtype != DType::kFloat16)
     return InvalidArgument("gpu::AdamStep: param_copy dtype must be bf16 or fp16, got " + DTypeArg(param_copy_dtype));
@@ -469,7 +469,7 @@ Status AdamStep(const AdamStepConstants& constants, float* params, float* exp_av
 Status SumSquaresBlocks(const float* data, size_t n, double* block_partials, void* stream) {
   if (n == 0) return Status::Ok();
   if (!data || !block_partials) return InvalidArgument("gpu::SumSquaresBlocks: null data or block_partials");
-  const size_t num_blocks = (n + cpu::kNormBlockElems - 1) / cpu::kNormBlockElems;
+  const size_t num_blocks = (n + math::kNormBlockElems - 1) / math::kNormBlockElems;
   if (num_blocks > 0x7fffffffu) {
     return InvalidArgument("gpu::SumSquaresBlocks: " + std::to_string(n) + " elements is too many");
   }

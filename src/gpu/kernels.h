@@ -31,8 +31,8 @@ namespace zinf::gpu {
 // grad_dtype elements (fp32, bf16 or fp16); param_copy, when not null,
 // receives the updated parameter as param_copy_dtype (bf16 or fp16, rounded
 // to nearest even). Bit-identical to the CPU AdamStep at every SIMD level.
-Status AdamStep(const AdamStepConstants& constants, float* params, float* exp_avg, float* exp_avg_sq, const void* grads,
-                DType grad_dtype, void* param_copy, DType param_copy_dtype, size_t n, void* stream);
+Status AdamStep(const math::AdamStepConstants& constants, float* params, float* exp_avg, float* exp_avg_sq,
+                const void* grads, DType grad_dtype, void* param_copy, DType param_copy_dtype, size_t n, void* stream);
 
 // dst[i] = src[i] converted (widen to fp32, round to nearest even on
 // narrowing); bit-identical to the CPU Cast. src and dst must not overlap.
@@ -174,9 +174,9 @@ Status BusyWait(double seconds, void* stream);
 // blocks a SM it is built to keep (0: the default, 3 at head_dim 64, where
 // its registers go from 186 to 168 a thread, and 1, no cap, at 128; 1 at
 // 64 for a comparison): the same bits either way.
-Status FlashAttentionForward(const model::AttentionShape& shape, const model::AttentionTensors& tensors, void* stream,
+Status FlashAttentionForward(const math::AttentionShape& shape, const math::AttentionTensors& tensors, void* stream,
                              int query_tiles = 0);
-Status FlashAttentionBackward(const model::AttentionShape& shape, const model::AttentionTensors& tensors, void* stream,
+Status FlashAttentionBackward(const math::AttentionShape& shape, const math::AttentionTensors& tensors, void* stream,
                               int kv_min_blocks = 0);
 // Whether the current device runs the two-buffer kernels that read bf16
 // copies, forward and backward, for this head_dim (64 or 128).

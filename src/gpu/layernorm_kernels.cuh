@@ -22,7 +22,7 @@
 
 namespace zinf::gpu::layernorm {
 
-using model::kLanes;
+using math::kLanes;
 
 constexpr unsigned kThreads = 256;
 constexpr int64_t kMaxBlocks = int64_t{1} << 16;
@@ -67,7 +67,7 @@ __global__ void LayerNormForwardKernel(const float* __restrict__ x, const float*
                                return d * d;
                              }) /
                       fc;
-    const float s = model::LayerNormRstd(var);
+    const float s = math::LayerNormRstd(var);
     Out* yr = y + r * cols;
     ForLaneBatches<kBackwardRowBatch>(
         lane, cols,
@@ -75,7 +75,7 @@ __global__ void LayerNormForwardKernel(const float* __restrict__ x, const float*
           return XWB{xr[c], w[c], b[c]};
         },
         [&](int64_t c, XWB v) {
-          simt::StoreAs(yr + c, model::LayerNormAffine(model::LayerNormNormalize(v.x, m, s), v.w, v.b));
+          simt::StoreAs(yr + c, math::LayerNormAffine(math::LayerNormNormalize(v.x, m, s), v.w, v.b));
         });
     if (lane == 0) {
       mean[r] = m;
@@ -111,12 +111,12 @@ __global__ void LayerNormBackwardRowsKernel(const float* __restrict__ dy, const 
         [&](int64_t, Terms v) {
           const float g = v.dy * v.w;
           acc_g += g;
-          acc_gx += g * model::LayerNormNormalize(v.x, m, s);
+          acc_gx += g * math::LayerNormNormalize(v.x, m, s);
         });
     float tail_g = 0.0f, tail_gx = 0.0f;
     if (lane < tail) {
       tail_g = dyr[full + lane] * w[full + lane];
-      tail_gx = tail_g * model::LayerNormNormalize(xr[full + lane], m, s);
+      tail_gx = tail_g * math::LayerNormNormalize(xr[full + lane], m, s);
     }
     const float mean_g = LaneSumThenTail(mask, acc_g, tail_g, tail) / fc;
     const float mean_gx = LaneSumThenTail(mask, acc_gx, tail_gx, tail) / fc;
@@ -126,8 +126,7 @@ __global__ void LayerNormBackwardRowsKernel(const float* __restrict__ dy, const 
           return Terms{dyr[c], w[c], xr[c], dxr[c]};
         },
         [&](int64_t c, Terms v) {
-          dxr[c] =
-              v.dx + model::LayerNormInputGrad(v.dy * v.w, model::LayerNormNormalize(v.x, m, s), mean_g, mean_gx, s);
+          dxr[c] = v.dx + math::LayerNormInputGrad(v.dy * v.w, math::LayerNormNormalize(v.x, m, s), mean_g, mean_gx, s);
         });
   }
 }

@@ -26,7 +26,7 @@
 
 namespace zinf::gpu::loss {
 
-using model::kLanes;
+using math::kLanes;
 
 // The row reductions of the loss over a whole block. A row of the vocabulary
 // is long (32K to 256K) and there are few of them (a loss chunk), so 16 lane
@@ -105,7 +105,7 @@ __device__ void RowMaxExpSum(const float* xr, int64_t vocab, const Store& store,
   LossRowLanes(
       vocab, 0.0f, [&](int64_t i) { return xr[i]; },
       [&](int64_t i, float x) {
-        const float e = model::SoftmaxExp(x, m);
+        const float e = math::SoftmaxExp(x, m);
         store(i, e);
         return e;
       },
@@ -136,7 +136,7 @@ __global__ void __launch_bounds__(kLossThreads)
     const float inv_sum = 1.0f / sum;
     ForRowTiles(
         vocab, [&](int64_t i) { return pr[i]; }, [&](int64_t i, float e) { pr[i] = e * inv_sum; });
-    if (threadIdx.x == 0) losses[r] = t >= 0 ? model::CrossEntropyLoss(row_max, sum, target_logit) : 0.0f;
+    if (threadIdx.x == 0) losses[r] = t >= 0 ? math::CrossEntropyLoss(row_max, sum, target_logit) : 0.0f;
     simt::SyncThreads();  // scratch and the row's last reads before the next row
   }
 }
@@ -150,7 +150,7 @@ __global__ void SoftmaxCrossEntropyBackwardKernel(const float* probs, const int3
     const int64_t j = static_cast<int64_t>(e % static_cast<size_t>(vocab));
     const int64_t i = r * ld + j;
     const int32_t t = targets[r];
-    dlogits[i] = t < 0 ? 0.0f : model::CrossEntropyLogitGrad(probs[i], j == t, scale);
+    dlogits[i] = t < 0 ? 0.0f : math::CrossEntropyLogitGrad(probs[i], j == t, scale);
   }
 }
 
@@ -169,7 +169,7 @@ __global__ void SoftmaxCrossEntropyBackwardBf16Kernel(const float* __restrict__ 
     const float* p = probs + r * ld;
     uint16_t* d = dlogits + r * ld;
     for (int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < vocab; j += stride) {
-      const float g = t < 0 ? 0.0f : model::CrossEntropyLogitGrad(p[j], j == t, 1.0f);
+      const float g = t < 0 ? 0.0f : math::CrossEntropyLogitGrad(p[j], j == t, 1.0f);
       d[j] = FloatToBf16Bits(k * g);
     }
   }
@@ -201,8 +201,8 @@ __global__ void __launch_bounds__(kLossThreads)
     ForRowTiles(
         vocab, [&](int64_t i) { return xr[i]; },
         [&](int64_t i, float x) {
-          const float p = model::SoftmaxExp(x, row_max) * inv_sum;
-          d[i] = FloatToBf16Bits(k * model::CrossEntropyLogitGrad(p, i == t, 1.0f));
+          const float p = math::SoftmaxExp(x, row_max) * inv_sum;
+          d[i] = FloatToBf16Bits(k * math::CrossEntropyLogitGrad(p, i == t, 1.0f));
         });
     simt::SyncThreads();  // scratch before the next row
   }

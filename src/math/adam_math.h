@@ -38,7 +38,7 @@
 
 #include "common/host_device.h"
 
-namespace zinf {
+namespace zinf::math {
 
 // How weight decay enters the update (uniform over a call).
 enum class AdamDecay : int {
@@ -112,4 +112,4 @@ ZINF_HOST_DEVICE inline void AdamUpdate(const AdamCoefficients<T>& k, const T& g
   param = p - k.step_size * (exp_avg / denom);                   // (7)
 }
 
-}  // namespace zinf
+}  // namespace zinf::math

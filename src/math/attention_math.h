@@ -32,7 +32,7 @@
 #include "math/gpt_math.h"
 #include "zinf/status.h"
 
-namespace zinf::model {
+namespace zinf::math {
 
 // Queries per block and keys per block, on the CPU and on CUDA alike.
 inline constexpr int kFlashBlock = 64;
@@ -170,4 +170,4 @@ inline Status CheckAttentionShape(const AttentionShape& s, const AttentionTensor
   return Status::Ok();
 }
 
-}  // namespace zinf::model
+}  // namespace zinf::math

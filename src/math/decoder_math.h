@@ -26,7 +26,7 @@
 #include "math/gpt_math.h"
 #include "math/lane_math.h"
 
-namespace zinf::model {
+namespace zinf::math {
 
 // Σ x[i]², in the 16 lanes of lane_math.h.
 template <class F>
@@ -124,4 +124,4 @@ ZINF_HOST_DEVICE inline void SwiGluGrad(T gate, T up, T dy, T& dgate, T& dup) {
   dup = dy * (gate * s);
 }
 
-}  // namespace zinf::model
+}  // namespace zinf::math

@@ -11,7 +11,7 @@
 #include "common/float16.h"
 #include "zinf/dtype.h"
 
-namespace zinf {
+namespace zinf::math {
 
 template <DType kType>
 ZINF_HOST_DEVICE inline float LoadAsFloat(const void* base, size_t i) {
@@ -35,4 +35,4 @@ ZINF_HOST_DEVICE inline void StoreFromFloat(void* base, size_t i, float x) {
   }
 }
 
-}  // namespace zinf
+}  // namespace zinf::math

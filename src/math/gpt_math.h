@@ -25,7 +25,7 @@
 
 #include "common/host_device.h"
 
-namespace zinf::model {
+namespace zinf::math {
 
 inline constexpr double kLayerNormEps = 1e-5;  // T(1e-5) in each precision
 
@@ -129,4 +129,4 @@ ZINF_HOST_DEVICE inline T CrossEntropyLogitGrad(T p, bool is_target, T scale) {
   return (is_target ? p - T(1) : p) * scale;
 }
 
-}  // namespace zinf::model
+}  // namespace zinf::math

@@ -12,7 +12,7 @@
 #include "common/host_device.h"
 #include "math/gpt_math.h"
 
-namespace zinf::model {
+namespace zinf::math {
 
 inline constexpr int kLanes = 16;
 
@@ -105,4 +105,4 @@ ZINF_HOST_DEVICE inline void CausalSoftmaxBackwardRow(const F* p, F* d, int64_t 
   for (int64_t j = i + 1; j < T; ++j) d[j] = 0;
 }
 
-}  // namespace zinf::model
+}  // namespace zinf::math

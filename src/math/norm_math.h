@@ -9,7 +9,7 @@
 
 #include "common/host_device.h"
 
-namespace zinf::cpu {
+namespace zinf::math {
 
 inline constexpr size_t kNormBlockElems = size_t{64} * 1024;
 inline constexpr int kNormLanes = 16;
@@ -24,4 +24,4 @@ ZINF_HOST_DEVICE inline double CombineNormLanes(const double lanes[kNormLanes]) 
   return s[0] + s[1];
 }
 
-}  // namespace zinf::cpu
+}  // namespace zinf::math

@@ -26,7 +26,7 @@ void RmsNormForward(const ModelThreads& th, F* out, F* rstd, const F* inp, const
   th.ForChunks(rows.rows, RowGrain(n), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const int64_t at = rows.Offset(r);
-      rstd[r] = RmsNormRow(out + at, inp + at, w, n, eps);
+      rstd[r] = math::RmsNormRow(out + at, inp + at, w, n, eps);
     }
   });
 }
@@ -36,7 +36,7 @@ void RmsNormBackward(const ModelThreads& th, F* dinp, bool accumulate_dinp, F* d
                      const F* w, const F* rstd, const RowSet& rows) {
   const int64_t n = rows.n, R = rows.rows;
   // dw first: with dinp == dout the row pass overwrites dout.
-  const int64_t chunk = ColumnChunkRows(R);
+  const int64_t chunk = math::ColumnChunkRows(R);
   th.ForChunks(n, kColumnGrain, [&](int64_t c0, int64_t c1) {
     F acc[kColumnGrain] = {};
     const int64_t m = c1 - c0;
@@ -59,9 +59,9 @@ void RmsNormBackward(const ModelThreads& th, F* dinp, bool accumulate_dinp, F* d
       const F* dy = dout + at;
       F* dx = dinp + at;
       const F s = rstd[r];
-      const F dot = RmsNormGradDot(dy, x, w, s, n);
+      const F dot = math::RmsNormGradDot(dy, x, w, s, n);
       for (int64_t i = 0; i < n; ++i) {
-        const F g = RmsNormInputGrad(dy[i], w[i], x[i], s, dot, n);
+        const F g = math::RmsNormInputGrad(dy[i], w[i], x[i], s, dot, n);
         dx[i] = accumulate_dinp ? dx[i] + g : g;
       }
     }
@@ -128,9 +128,9 @@ void RopeRows(const ModelThreads& th, F* x, const RowSet& rows, int64_t seq_len,
       const float* sn = table.sin.data() + t * half;
       for (int64_t i = 0; i < half; ++i) {
         if constexpr (kBackward) {
-          RopeRotateBack<F>(v[i], v[i + half], F(cs[i]), F(sn[i]));
+          math::RopeRotateBack<F>(v[i], v[i + half], F(cs[i]), F(sn[i]));
         } else {
-          RopeRotate<F>(v[i], v[i + half], F(cs[i]), F(sn[i]));
+          math::RopeRotate<F>(v[i], v[i + half], F(cs[i]), F(sn[i]));
         }
       }
     }
@@ -156,7 +156,7 @@ void SwiGluForward(const ModelThreads& th, F* out, const F* inp, int64_t rows, i
       const F* gate = inp + r * 2 * inter;
       const F* up = gate + inter;
       F* o = out + r * inter;
-      for (int64_t i = 0; i < inter; ++i) o[i] = SwiGlu(gate[i], up[i]);
+      for (int64_t i = 0; i < inter; ++i) o[i] = math::SwiGlu(gate[i], up[i]);
     }
   });
 }
@@ -181,7 +181,7 @@ void SwiGluBackwardOf(const ModelThreads& th, F* dinp, const X* inp, const F* do
       F* dgate = dinp + r * 2 * inter;
       F* dup = dgate + inter;
       for (int64_t i = 0; i < inter; ++i) {
-        SwiGluGrad<F>(InputValue(gate[i]), InputValue(up[i]), dy[i], dgate[i], dup[i]);
+        math::SwiGluGrad<F>(InputValue(gate[i]), InputValue(up[i]), dy[i], dgate[i], dup[i]);
       }
     }
   });

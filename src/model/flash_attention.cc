@@ -8,7 +8,7 @@
 namespace zinf::model {
 namespace {
 
-constexpr int64_t kBlock = kFlashBlock;
+constexpr int64_t kBlock = math::kFlashBlock;
 
 int64_t NumBlocks(int64_t seq_len) { return (seq_len + kBlock - 1) / kBlock; }
 
@@ -18,7 +18,7 @@ void LoadRows(std::vector<float>& dst, const float* base, int64_t stride, int64_
   dst.assign(static_cast<size_t>(kBlock * D), 0.0f);
   for (int64_t r = 0; r < count; ++r) {
     const float* src = base + (row0 + first + r) * stride;
-    for (int64_t d = 0; d < D; ++d) dst[static_cast<size_t>(r * D + d)] = FlashOperand(src[d], bf16);
+    for (int64_t d = 0; d < D; ++d) dst[static_cast<size_t>(r * D + d)] = math::FlashOperand(src[d], bf16);
   }
 }
 
@@ -30,11 +30,11 @@ float Dot(const float* a, const float* b, int64_t n) {
 
 }  // namespace
 
-void FlashAttentionForward(const ModelThreads& th, const AttentionShape& s, const AttentionTensors& t) {
+void FlashAttentionForward(const ModelThreads& th, const math::AttentionShape& s, const math::AttentionTensors& t) {
   ZINF_CHECK_MSG(t.out != nullptr, "the flash attention twin writes fp32 out");
   const int64_t T = s.seq_len, H = s.heads, D = s.head_dim, G = s.heads / s.kv_heads, nb = NumBlocks(T);
   const bool bf16 = th.matmul_dtype() == DType::kBFloat16;
-  const float log2_scale = FlashLog2Scale(s.scale);
+  const float log2_scale = math::FlashLog2Scale(s.scale);
   th.ForChunks(s.batch * H * nb, 1, [&](int64_t task, int64_t) {
     const int64_t qb = task % nb, h = (task / nb) % H, b = task / (nb * H);
     const int64_t row0 = b * T, i0 = qb * kBlock, rows = std::min(kBlock, T - i0);
@@ -50,15 +50,15 @@ void FlashAttentionForward(const ModelThreads& th, const AttentionShape& s, cons
         const int64_t i = i0 + r;
         float row_max = -INFINITY;
         for (int64_t c = 0; c < keys; ++c) {
-          if (!FlashVisible(i, j0 + c, T)) continue;
+          if (!math::FlashVisible(i, j0 + c, T)) continue;
           sc[c] = Dot(&q[r * D], &k[c * D], D) * log2_scale;
           row_max = std::max(row_max, sc[c]);
         }
         const float m_new = std::max(m[r], row_max);
-        const float alpha = FlashRescale(m[r], m_new);
+        const float alpha = math::FlashRescale(m[r], m_new);
         float sum = 0.0f;
         for (int64_t c = 0; c < keys; ++c) {
-          p[c] = FlashVisible(i, j0 + c, T) ? FlashProb(sc[c], m_new) : 0.0f;
+          p[c] = math::FlashVisible(i, j0 + c, T) ? math::FlashProb(sc[c], m_new) : 0.0f;
           sum += p[c];
         }
         l[r] = l[r] * alpha + sum;
@@ -66,7 +66,7 @@ void FlashAttentionForward(const ModelThreads& th, const AttentionShape& s, cons
         float* orow = &o[r * D];
         for (int64_t d = 0; d < D; ++d) {
           float acc = 0.0f;
-          for (int64_t c = 0; c < keys; ++c) acc += FlashOperand(p[c], bf16) * v[c * D + d];
+          for (int64_t c = 0; c < keys; ++c) acc += math::FlashOperand(p[c], bf16) * v[c * D + d];
           orow[d] = orow[d] * alpha + acc;
         }
       }
@@ -75,12 +75,12 @@ void FlashAttentionForward(const ModelThreads& th, const AttentionShape& s, cons
       const float inv = 1.0f / l[r];
       float* out = t.out + (row0 + i0 + r) * t.out_stride + h * D;
       for (int64_t d = 0; d < D; ++d) out[d] = o[r * D + d] * inv;
-      t.lse[(b * H + h) * T + i0 + r] = FlashLse(m[r], l[r]);
+      t.lse[(b * H + h) * T + i0 + r] = math::FlashLse(m[r], l[r]);
     }
   });
 }
 
-void FlashAttentionBackward(const ModelThreads& th, const AttentionShape& s, const AttentionTensors& t) {
+void FlashAttentionBackward(const ModelThreads& th, const math::AttentionShape& s, const math::AttentionTensors& t) {
   ZINF_CHECK_MSG(t.out && t.dout && t.dq && t.dk && t.dv, "the flash attention twin takes fp32 out, dout, dq, dk, dv");
   const int64_t B = s.batch, T = s.seq_len, H = s.heads, D = s.head_dim, G = s.heads / s.kv_heads;
   const int64_t nb = NumBlocks(T);
@@ -95,13 +95,13 @@ void FlashAttentionBackward(const ModelThreads& th, const AttentionShape& s, con
     }
   });
   // One query row's p and ds against one key row, from the rounded operands.
-  const float log2_scale = FlashLog2Scale(s.scale);
+  const float log2_scale = math::FlashLog2Scale(s.scale);
   struct Grad {
     float p, ds;
   };
   auto grad = [&](const float* q, const float* k, const float* v, const float* dout, float lse, float delta) {
-    const float p = FlashProb(Dot(q, k, D) * log2_scale, FlashLse2(lse));
-    return Grad{p, FlashScoreGrad(p, Dot(dout, v, D), delta)};
+    const float p = math::FlashProb(Dot(q, k, D) * log2_scale, math::FlashLse2(lse));
+    return Grad{p, math::FlashScoreGrad(p, Dot(dout, v, D), delta)};
   };
   // dK, dV: one (batch row, kv head, key block) per task, over the group's
   // query heads and the query blocks at or after the key block.
@@ -120,10 +120,10 @@ void FlashAttentionBackward(const ModelThreads& th, const AttentionShape& s, con
         LoadRows(dout, t.dout + h * D, t.out_stride, row0, i0, rows, D, bf16);
         for (int64_t c = 0; c < keys; ++c) {
           for (int64_t r = 0; r < rows; ++r) {
-            if (!FlashVisible(i0 + r, j0 + c, T)) continue;
+            if (!math::FlashVisible(i0 + r, j0 + c, T)) continue;
             const int64_t stat = (b * H + h) * T + i0 + r;
             const Grad gr = grad(&q[r * D], &k[c * D], &v[c * D], &dout[r * D], t.lse[stat], t.delta[stat]);
-            const float p = FlashOperand(gr.p, bf16), ds = FlashOperand(gr.ds, bf16);
+            const float p = math::FlashOperand(gr.p, bf16), ds = math::FlashOperand(gr.ds, bf16);
             for (int64_t d = 0; d < D; ++d) {
               dv[c * D + d] += p * dout[r * D + d];
               dk[c * D + d] += ds * q[r * D + d];
@@ -157,9 +157,9 @@ void FlashAttentionBackward(const ModelThreads& th, const AttentionShape& s, con
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t stat = (b * H + h) * T + i0 + r;
         for (int64_t c = 0; c < keys; ++c) {
-          if (!FlashVisible(i0 + r, j0 + c, T)) continue;
+          if (!math::FlashVisible(i0 + r, j0 + c, T)) continue;
           const Grad gr = grad(&q[r * D], &k[c * D], &v[c * D], &dout[r * D], t.lse[stat], t.delta[stat]);
-          const float ds = FlashOperand(gr.ds, bf16);
+          const float ds = math::FlashOperand(gr.ds, bf16);
           for (int64_t d = 0; d < D; ++d) dq[r * D + d] += ds * k[c * D + d];
         }
       }

@@ -22,10 +22,10 @@ namespace zinf::model {
 // and writes the fp32 tensors alone (t.out, t.dout, t.dq, t.dk and t.dv
 // non-null; the bf16 copies, out16 and dq16 ... are the CUDA kernels').
 // Writes t.out and t.lse from t.q, t.k, t.v.
-void FlashAttentionForward(const ModelThreads& th, const AttentionShape& shape, const AttentionTensors& t);
+void FlashAttentionForward(const ModelThreads& th, const math::AttentionShape& shape, const math::AttentionTensors& t);
 
 // From t.q, t.k, t.v, t.out, t.lse and t.dout: fills t.delta, then
 // overwrites t.dq, t.dk and t.dv.
-void FlashAttentionBackward(const ModelThreads& th, const AttentionShape& shape, const AttentionTensors& t);
+void FlashAttentionBackward(const ModelThreads& th, const math::AttentionShape& shape, const math::AttentionTensors& t);
 
 }  // namespace zinf::model

@@ -22,14 +22,14 @@ CBLAS_TRANSPOSE Trans(bool t) { return t ? CblasTrans : CblasNoTrans; }
 
 void BlasGemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
               const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  OpenBlasOrDie().sgemm(CblasRowMajor, Trans(ta), Trans(tb), Dim(m), Dim(n), Dim(k), alpha, a, Dim(lda), b, Dim(ldb),
-                        beta, c, Dim(ldc));
+  cpu::OpenBlasOrDie().sgemm(CblasRowMajor, Trans(ta), Trans(tb), Dim(m), Dim(n), Dim(k), alpha, a, Dim(lda), b,
+                             Dim(ldb), beta, c, Dim(ldc));
 }
 
 void BlasGemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const double* a, int64_t lda,
               const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
-  OpenBlasOrDie().dgemm(CblasRowMajor, Trans(ta), Trans(tb), Dim(m), Dim(n), Dim(k), alpha, a, Dim(lda), b, Dim(ldb),
-                        beta, c, Dim(ldc));
+  cpu::OpenBlasOrDie().dgemm(CblasRowMajor, Trans(ta), Trans(tb), Dim(m), Dim(n), Dim(k), alpha, a, Dim(lda), b,
+                             Dim(ldb), beta, c, Dim(ldc));
 }
 
 // An operand stored rows × cols with leading dimension ld, copied densely
@@ -221,14 +221,14 @@ void UseSingleThreadedBlas() { SetBlasThreads(1); }
 
 void SetBlasThreads(int num_threads) {
   ZINF_CHECK(num_threads >= 1);
-  const OpenBlasLib& blas = OpenBlasOrDie();
+  const cpu::OpenBlasLib& blas = cpu::OpenBlasOrDie();
   if (blas.get_num_threads() != num_threads) blas.set_num_threads(num_threads);
 }
 
-int BlasThreads() { return OpenBlasOrDie().get_num_threads(); }
+int BlasThreads() { return cpu::OpenBlasOrDie().get_num_threads(); }
 
 std::string BlasConfig() {
-  std::string cfg = OpenBlasOrDie().get_config();
+  std::string cfg = cpu::OpenBlasOrDie().get_config();
   while (!cfg.empty() && cfg.back() == ' ') cfg.pop_back();
   return cfg;
 }

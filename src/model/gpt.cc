@@ -110,22 +110,22 @@ AttentionKernel ResolveAttention(const GptConfig& c, const GptRunOptions& o) {
                                                                      : AttentionKernel::kPlain;
 }
 
-AttentionShape FlashAttentionShape(const GptConfig& c, const GptRunOptions& o) {
+math::AttentionShape FlashAttentionShape(const GptConfig& c, const GptRunOptions& o) {
   const int64_t D = c.head_dim();
-  return AttentionShape{o.batch_size,
-                        o.seq_len ? o.seq_len : c.max_seq_len,
-                        c.num_heads,
-                        c.kv_heads(),
-                        D,
-                        1.0f / std::sqrt(static_cast<float>(D))};
+  return math::AttentionShape{o.batch_size,
+                              o.seq_len ? o.seq_len : c.max_seq_len,
+                              c.num_heads,
+                              c.kv_heads(),
+                              D,
+                              1.0f / std::sqrt(static_cast<float>(D))};
 }
 
-AttentionTensors FlashAttentionTensors(const GptConfig& c, const ActivationLayout& l, const ActivationLayout::Block& a,
-                                       void* arena, bool backward) {
+math::AttentionTensors FlashAttentionTensors(const GptConfig& c, const ActivationLayout& l,
+                                             const ActivationLayout::Block& a, void* arena, bool backward) {
   char* base = static_cast<char*>(arena);
   auto f32 = [&](uint64_t offset) { return reinterpret_cast<float*>(base + offset); };
   const int64_t Q = c.q_dim(), K = c.kv_dim();
-  AttentionTensors t;
+  math::AttentionTensors t;
   t.q = f32(a.qkv);
   t.k = t.q + Q;
   t.v = t.q + Q + K;
@@ -288,7 +288,7 @@ Result<std::unique_ptr<GptModel>> GptModel::Create(const GptConfig& config, cons
   if (o.num_threads < 1) return InvalidArgument("gpt model: num_threads must be >= 1");
   ZINF_RETURN_IF_ERROR(CheckMatmulDtype(o.matmul_dtype));
   o.attention = ResolveAttention(config, o);
-  ZINF_RETURN_IF_ERROR(OpenBlas().status());  // the CPU products (gemm.cc) need it
+  ZINF_RETURN_IF_ERROR(cpu::OpenBlas().status());  // the CPU products (gemm.cc) need it
   // The LM head's [B·T, V] product and the attention scores are addressed
   // with 32-bit BLAS dimensions.
   if (o.batch_size * o.seq_len > std::numeric_limits<int32_t>::max() / 4) {
@@ -468,7 +468,7 @@ void GptModel::RunBlockForward(int layer, const float* p) {
   MarkOp(prof, "attention");
   float* const atty = out16 ? stage : F32(a.atty);
   if (options_.attention == AttentionKernel::kFlash) {
-    AttentionTensors t = FlashAttentionTensors(c, layout_, a, arena_, false);
+    math::AttentionTensors t = FlashAttentionTensors(c, layout_, a, arena_, false);
     t.q = qkv;
     t.k = qkv + Q;
     t.v = qkv + Q + c.kv_dim();
@@ -682,7 +682,7 @@ Status GptModel::BlockBackward(int layer, const void* block, void* block_grad) {
   MarkOp(prof, "attention");
   if (out16) RoundToBf16InPlace(threads_, dbuf, BT * Q);
   if (options_.attention == AttentionKernel::kFlash) {
-    AttentionTensors t = FlashAttentionTensors(c, layout_, a, arena_, true);
+    math::AttentionTensors t = FlashAttentionTensors(c, layout_, a, arena_, true);
     // q, k, v and O stored in bf16, widened into dfch (free after the MLP's backward).
     float* widened = F32(layout_.dfch);
     if (qkv16) {

@@ -198,9 +198,9 @@ struct ActivationLayout {
 // bf16 (QkvInBf16, AttentionInBf16) their pointers name the places of bf16
 // bits (element offsets as in fp32): a caller that reads fp32 points them
 // at fp32 values of its own.
-AttentionShape FlashAttentionShape(const GptConfig& c, const GptRunOptions& o);
-AttentionTensors FlashAttentionTensors(const GptConfig& c, const ActivationLayout& l, const ActivationLayout::Block& a,
-                                       void* arena, bool backward);
+math::AttentionShape FlashAttentionShape(const GptConfig& c, const GptRunOptions& o);
+math::AttentionTensors FlashAttentionTensors(const GptConfig& c, const ActivationLayout& l,
+                                             const ActivationLayout::Block& a, void* arena, bool backward);
 
 class GptModel {
  public:

@@ -144,7 +144,7 @@ Status GptConfig::Validate() const {
                std::to_string(kv_heads()));
   }
   if (!(norm_eps > 0.0 && std::isfinite(norm_eps))) return bad("the norm's eps must be > 0");
-  if (norm == NormKind::kLayerNorm && norm_eps != kLayerNormEps) {
+  if (norm == NormKind::kLayerNorm && norm_eps != math::kLayerNormEps) {
     return bad("LayerNorm takes eps 1e-5 only, got " + std::to_string(norm_eps));
   }
   if (positions == PositionKind::kRope) {

@@ -5,7 +5,7 @@
 #include "common/device_allocator.h"
 #include "model/gpt.h"
 
-namespace zinf {
+namespace zinf::model {
 namespace {
 
 uint64_t Dev(uint64_t bytes) { return DeviceAllocator::RoundUp(bytes); }
@@ -45,4 +45,4 @@ Result<PlanModel> PlanGptModel(const model::GptConfig& config, int64_t micro_bat
   return m;
 }
 
-}  // namespace zinf
+}  // namespace zinf::model

@@ -11,7 +11,7 @@
 #include "zinf/dtype.h"
 #include "zinf/status.h"
 
-namespace zinf {
+namespace zinf::model {
 
 // A GPT (gpt_config.h) trained on micro_batch × seq_len tokens per rank and
 // micro-step, with activations for the given compute dtype and matrix
@@ -22,4 +22,4 @@ Result<PlanModel> PlanGptModel(const model::GptConfig& config, int64_t micro_bat
                                DType compute_dtype, DType matmul_dtype = DType::kFloat32,
                                model::AttentionKernel attention = model::AttentionKernel::kAuto);
 
-}  // namespace zinf
+}  // namespace zinf::model

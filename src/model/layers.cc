@@ -25,25 +25,25 @@ constexpr int64_t kElemGrain = 32768;
 
 template <class F>
 F LaneSum(const F* x, int64_t n) {
-  F acc[kLanes] = {};
+  F acc[math::kLanes] = {};
   int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    for (int j = 0; j < kLanes; ++j) acc[j] += x[i + j];
+  for (; i + math::kLanes <= n; i += math::kLanes) {
+    for (int j = 0; j < math::kLanes; ++j) acc[j] += x[i + j];
   }
   F tail = 0;
   for (; i < n; ++i) tail += x[i];
   F s = 0;
-  for (int j = 0; j < kLanes; ++j) s += acc[j];
+  for (int j = 0; j < math::kLanes; ++j) s += acc[j];
   return s + tail;
 }
 
 // Σ (x - mean)², the second pass of the variance.
 template <class F>
 F LaneSumSquaredDeviation(const F* x, F mean, int64_t n) {
-  F acc[kLanes] = {};
+  F acc[math::kLanes] = {};
   int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    for (int j = 0; j < kLanes; ++j) {
+  for (; i + math::kLanes <= n; i += math::kLanes) {
+    for (int j = 0; j < math::kLanes; ++j) {
       const F d = x[i + j] - mean;
       acc[j] += d * d;
     }
@@ -51,7 +51,7 @@ F LaneSumSquaredDeviation(const F* x, F mean, int64_t n) {
   F tail = 0;
   for (; i < n; ++i) tail += (x[i] - mean) * (x[i] - mean);
   F s = 0;
-  for (int j = 0; j < kLanes; ++j) s += acc[j];
+  for (int j = 0; j < math::kLanes; ++j) s += acc[j];
   return s + tail;
 }
 
@@ -102,9 +102,9 @@ void LayerNormForward(const ModelThreads& th, F* out, F* mean, F* rstd, const F*
     for (int64_t r = r0; r < r1; ++r) {
       const F* x = inp + r * C;
       const F m = LaneSum(x, C) / static_cast<F>(C);
-      const F s = LayerNormRstd(LaneSumSquaredDeviation(x, m, C) / static_cast<F>(C));
+      const F s = math::LayerNormRstd(LaneSumSquaredDeviation(x, m, C) / static_cast<F>(C));
       F* o = out + r * C;
-      for (int64_t c = 0; c < C; ++c) o[c] = LayerNormAffine(LayerNormNormalize(x[c], m, s), w[c], b[c]);
+      for (int64_t c = 0; c < C; ++c) o[c] = math::LayerNormAffine(math::LayerNormNormalize(x[c], m, s), w[c], b[c]);
       mean[r] = m;
       rstd[r] = s;
     }
@@ -116,29 +116,29 @@ void LayerNormBackward(const ModelThreads& th, F* dinp, F* dw, F* db, const F* d
                        const F* mean, const F* rstd, int64_t rows, int64_t channels) {
   const int64_t C = channels;
   th.ForChunks(rows, RowGrain(C), [&](int64_t r0, int64_t r1) {
-    F g[kLanes], gx[kLanes];
+    F g[math::kLanes], gx[math::kLanes];
     for (int64_t r = r0; r < r1; ++r) {
       const F* x = inp + r * C;
       const F* dy = dout + r * C;
       const F m = mean[r], s = rstd[r];
       // Row means of g = dy · w and of g · x̂, in 16 lanes.
-      for (int j = 0; j < kLanes; ++j) g[j] = gx[j] = 0;
+      for (int j = 0; j < math::kLanes; ++j) g[j] = gx[j] = 0;
       int64_t c = 0;
-      for (; c + kLanes <= C; c += kLanes) {
-        for (int j = 0; j < kLanes; ++j) {
+      for (; c + math::kLanes <= C; c += math::kLanes) {
+        for (int j = 0; j < math::kLanes; ++j) {
           const F gj = dy[c + j] * w[c + j];
           g[j] += gj;
-          gx[j] += gj * LayerNormNormalize(x[c + j], m, s);
+          gx[j] += gj * math::LayerNormNormalize(x[c + j], m, s);
         }
       }
       F sum_g = 0, sum_gx = 0;
       for (; c < C; ++c) {
         const F gj = dy[c] * w[c];
         sum_g += gj;
-        sum_gx += gj * LayerNormNormalize(x[c], m, s);
+        sum_gx += gj * math::LayerNormNormalize(x[c], m, s);
       }
       F lanes_g = 0, lanes_gx = 0;
-      for (int j = 0; j < kLanes; ++j) {
+      for (int j = 0; j < math::kLanes; ++j) {
         lanes_g += g[j];
         lanes_gx += gx[j];
       }
@@ -146,11 +146,11 @@ void LayerNormBackward(const ModelThreads& th, F* dinp, F* dw, F* db, const F* d
       const F mean_gx = (lanes_gx + sum_gx) / static_cast<F>(C);
       F* dx = dinp + r * C;
       for (c = 0; c < C; ++c) {
-        dx[c] += LayerNormInputGrad(dy[c] * w[c], LayerNormNormalize(x[c], m, s), mean_g, mean_gx, s);
+        dx[c] += math::LayerNormInputGrad(dy[c] * w[c], math::LayerNormNormalize(x[c], m, s), mean_g, mean_gx, s);
       }
     }
   });
-  const int64_t chunk = ColumnChunkRows(rows);  // lane_math.h: the CUDA kernel's order
+  const int64_t chunk = math::ColumnChunkRows(rows);  // lane_math.h: the CUDA kernel's order
   th.ForChunks(C, kColumnGrain, [&](int64_t c0, int64_t c1) {
     F acc_w[kColumnGrain] = {}, acc_b[kColumnGrain] = {};
     const int64_t n = c1 - c0;
@@ -161,7 +161,7 @@ void LayerNormBackward(const ModelThreads& th, F* dinp, F* dw, F* db, const F* d
         const F* dy = dout + r * C + c0;
         const F m = mean[r], s = rstd[r];
         for (int64_t j = 0; j < n; ++j) {
-          part_w[j] += dy[j] * LayerNormNormalize(x[j], m, s);
+          part_w[j] += dy[j] * math::LayerNormNormalize(x[j], m, s);
           part_b[j] += dy[j];
         }
       }
@@ -179,7 +179,7 @@ void LayerNormBackward(const ModelThreads& th, F* dinp, F* dw, F* db, const F* d
 
 template <class F>
 void ColumnSumAccumulate(const ModelThreads& th, F* out, const F* x, int64_t rows, int64_t cols) {
-  const int64_t chunk = ColumnChunkRows(rows);  // lane_math.h: the CUDA kernel's order
+  const int64_t chunk = math::ColumnChunkRows(rows);  // lane_math.h: the CUDA kernel's order
   th.ForChunks(cols, kColumnGrain, [&](int64_t c0, int64_t c1) {
     F acc[kColumnGrain] = {};
     const int64_t n = c1 - c0;
@@ -239,7 +239,7 @@ void AttentionForward(const ModelThreads& th, F* out, F* att, const F* qkv, int6
     const F* v = k + K;
     F* a = att + bh * T * T;
     OperandGemm<F>(th.matmul_dtype(), false, true, T, T, D, scale, q, S, k, S, F(0), a, T);
-    for (int64_t i = 0; i < T; ++i) CausalSoftmaxRow(a + i * T, i, T);
+    for (int64_t i = 0; i < T; ++i) math::CausalSoftmaxRow(a + i * T, i, T);
     OperandGemm<F>(th.matmul_dtype(), false, false, T, D, T, F(1), a, T, v, S, F(0), out + b * T * Q + h * D, Q);
   });
 }
@@ -270,7 +270,7 @@ void AttentionBackward(const ModelThreads& th, F* dqkv, F* datt, const F* dout, 
       OperandGemm<F>(th.matmul_dtype(), true, false, T, D, T, F(1), a, T, dy, Q, beta, dv, S);  // dv (+)= attᵀ · dy
       // Through the softmax (causal prefix only), with the 1/sqrt(D) of the
       // scores folded in: da becomes d(q kᵀ).
-      for (int64_t i = 0; i < T; ++i) CausalSoftmaxBackwardRow(a + i * T, da + i * T, i, T, scale);
+      for (int64_t i = 0; i < T; ++i) math::CausalSoftmaxBackwardRow(a + i * T, da + i * T, i, T, scale);
       OperandGemm<F>(th.matmul_dtype(), false, false, T, D, T, F(1), da, T, k, S, F(0), dq, S);  // dq = d(q kᵀ) · k
       OperandGemm<F>(th.matmul_dtype(), true, false, T, D, T, F(1), da, T, q, S, beta, dk, S);  // dk (+)= d(q kᵀ)ᵀ · q
     }
@@ -292,14 +292,14 @@ void AttentionBackward(const ModelThreads& th, F* dqkv, F* datt, const F* dout, 
 template <class F>
 void GeluForward(const ModelThreads& th, F* out, const F* inp, int64_t n) {
   th.ForChunks(n, kElemGrain, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) out[i] = Gelu(inp[i]);
+    for (int64_t i = i0; i < i1; ++i) out[i] = math::Gelu(inp[i]);
   });
 }
 
 template <class F>
 void GeluBackward(const ModelThreads& th, F* dinp, const F* inp, const F* dout, int64_t n) {
   th.ForChunks(n, kElemGrain, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) dinp[i] = GeluGrad(inp[i]) * dout[i];
+    for (int64_t i = i0; i < i1; ++i) dinp[i] = math::GeluGrad(inp[i]) * dout[i];
   });
 }
 
@@ -318,14 +318,14 @@ int64_t SoftmaxCrossEntropyForward(const ModelThreads& th, F* probs, F* losses, 
     for (int64_t r = r0; r < r1; ++r) {
       const F* x = logits + r * V;
       F* p = probs + r * V;
-      const F row_max = LaneMax(x, V);
+      const F row_max = math::LaneMax(x, V);
       const int32_t t = targets[r];
       // Read the target's logit before the in-place softmax overwrites it.
       const F target_logit = t >= 0 ? x[t] : F(0);
-      const F sum = LaneExpSum(p, x, row_max, V);
+      const F sum = math::LaneExpSum(p, x, row_max, V);
       const F inv_sum = F(1) / sum;
       for (int64_t j = 0; j < V; ++j) p[j] *= inv_sum;
-      losses[r] = t >= 0 ? CrossEntropyLoss(row_max, sum, target_logit) : F(0);
+      losses[r] = t >= 0 ? math::CrossEntropyLoss(row_max, sum, target_logit) : F(0);
     }
   });
   int64_t valid = 0;
@@ -347,8 +347,8 @@ void SoftmaxCrossEntropyBackward(const ModelThreads& th, F* dlogits, const F* pr
         continue;
       }
       const F p_target = p[t];  // d may be p: read before overwriting
-      for (int64_t j = 0; j < V; ++j) d[j] = CrossEntropyLogitGrad(p[j], false, scale);
-      d[t] = CrossEntropyLogitGrad(p_target, true, scale);
+      for (int64_t j = 0; j < V; ++j) d[j] = math::CrossEntropyLogitGrad(p[j], false, scale);
+      d[t] = math::CrossEntropyLogitGrad(p_target, true, scale);
     }
   });
 }

@@ -8,7 +8,7 @@
 
 #include "common/build_config.h"
 
-namespace zinf {
+namespace zinf::nvme {
 
 BackendInfo ProbeIoUring() {
   BackendInfo info{"io_uring", true, false, ""};
@@ -34,4 +34,4 @@ BackendInfo ProbeIoUring() {
   return info;
 }
 
-}  // namespace zinf
+}  // namespace zinf::nvme

@@ -5,8 +5,8 @@
 
 #include "common/runtime_info.h"
 
-namespace zinf {
+namespace zinf::nvme {
 
 BackendInfo ProbeIoUring();
 
-}  // namespace zinf
+}  // namespace zinf::nvme

@@ -22,8 +22,7 @@
 #include "gpu/kernels.h"
 #endif
 
-namespace zinf {
-namespace sched {
+namespace zinf::sched {
 namespace {
 
 // ---- CUDA -------------------------------------------------------------------
@@ -36,7 +35,7 @@ Status CudaAddInPlace(float* a, const float* b, size_t n, Stream& stream) {
 Status CudaSumSquaresBlocks(const float* data, size_t n, double* out, Stream& stream) {
   return gpu::SumSquaresBlocks(data, n, out, stream.native_handle());
 }
-Status CudaAdamStep(const AdamStepConstants& constants, float* params, float* exp_avg, float* exp_avg_sq,
+Status CudaAdamStep(const math::AdamStepConstants& constants, float* params, float* exp_avg, float* exp_avg_sq,
                     const float* grads, void* copy, DType copy_dtype, size_t n, Stream& stream) {
   return gpu::AdamStep(constants, params, exp_avg, exp_avg_sq, grads, DType::kFloat32, copy, copy_dtype, n,
                        stream.native_handle());
@@ -97,7 +96,8 @@ Result<T> NoCudaResult(Args...) {
 constexpr DeviceKernels kCudaKernels{
     .add_in_place = NoCuda<float*, const float*, size_t, Stream&>,
     .sum_squares_blocks = NoCuda<const float*, size_t, double*, Stream&>,
-    .adam_step = NoCuda<const AdamStepConstants&, float*, float*, float*, const float*, void*, DType, size_t, Stream&>,
+    .adam_step =
+        NoCuda<const math::AdamStepConstants&, float*, float*, float*, const float*, void*, DType, size_t, Stream&>,
     .cast = NoCuda<const void*, DType, void*, DType, size_t, Stream&>,
     .busy_wait = NoCuda<double, Stream&>,
     .create_host_registrar = NoCudaResult<std::unique_ptr<MemoryRegistrar>, Device&>,
@@ -146,7 +146,7 @@ BackendInfo ProbeNccl() { return NotBuiltInfo(OptionalBackend::kNccl); }
 // NCCL communicator's notice channel.
 Result<std::unique_ptr<Communicator>> NcclOverMpi(int cuda_device, const CommOptions& options) {
   if (!kHaveNccl) return NotBuilt(OptionalBackend::kNccl);
-  ZINF_ASSIGN_OR_RETURN(auto mpi, CreateMpiCommunicator(options));
+  ZINF_ASSIGN_OR_RETURN(auto mpi, cpu::CreateMpiCommunicator(options));
   gpu::NcclUniqueId id{};
   if (mpi->rank() == 0) {
     ZINF_ASSIGN_OR_RETURN(id, NcclId());
@@ -178,7 +178,7 @@ bool CommunicatesDeviceMemory(const Communicator* comm) { return IsNccl(comm); }
 
 Result<std::unique_ptr<Communicator>> CreateCommunicator(CommBackend backend, const CommOptions& options,
                                                          int cuda_device) {
-  if (backend == CommBackend::kMpi) return CreateMpiCommunicator(options);
+  if (backend == CommBackend::kMpi) return cpu::CreateMpiCommunicator(options);
   return NcclOverMpi(cuda_device, options);
 }
 
@@ -198,11 +198,28 @@ Result<const CudaTimings*> GetCudaTimings() {
   return &kCudaTimings;
 }
 
-}  // namespace sched
+RuntimeInfo ProbeRuntime() {
+  RuntimeInfo info;
+  info.version = ZINF_VERSION_STRING;
+  info.revision = GitRevision();
+  info.backends.push_back(ProbeCuda());
+  info.backends.push_back(ProbeNccl());
+  info.backends.push_back(nvme::ProbeIoUring());
+  info.backends.push_back(cpu::ProbeTbb());
+  info.backends.push_back(cpu::ProbeHwloc());
+  info.backends.push_back(cpu::ProbeSimd());
+  info.backends.push_back(cpu::ProbeMpi());
+  info.backends.push_back(cpu::ProbeOpenBlas());
+  return info;
+}
+
+}  // namespace zinf::sched
+
+namespace zinf {
 
 Result<std::unique_ptr<Device>> CreateDevice(const DeviceOptions& options) {
   const std::string& spec = options.spec;
-  if (spec == "cpu") return CreateHostDevice(options);
+  if (spec == "cpu") return cpu::CreateHostDevice(options);
   int ordinal = 0;
   const bool cuda_named = spec == "cuda" || spec.rfind("cuda:", 0) == 0;
   if (spec.rfind("cuda:", 0) == 0) {
@@ -218,7 +235,7 @@ Result<std::unique_ptr<Device>> CreateDevice(const DeviceOptions& options) {
     const Status not_built = NotBuilt(OptionalBackend::kCuda);
     if (cuda_named) return Unavailable("device '" + spec + "': " + not_built.message());
     ZINF_LOG_INFO("{}: using host", not_built.message());
-    return CreateHostDevice(options);
+    return cpu::CreateHostDevice(options);
   }
   if (cuda_named) return sched::CreateCudaDevice(ordinal, options);
   if (sched::CudaDeviceCount() > 0) {
@@ -227,22 +244,7 @@ Result<std::unique_ptr<Device>> CreateDevice(const DeviceOptions& options) {
     return device;
   }
   ZINF_LOG_INFO("no CUDA device: using host");
-  return CreateHostDevice(options);
-}
-
-RuntimeInfo ProbeRuntime() {
-  RuntimeInfo info;
-  info.version = ZINF_VERSION_STRING;
-  info.revision = GitRevision();
-  info.backends.push_back(sched::ProbeCuda());
-  info.backends.push_back(sched::ProbeNccl());
-  info.backends.push_back(ProbeIoUring());
-  info.backends.push_back(ProbeTbb());
-  info.backends.push_back(ProbeHwloc());
-  info.backends.push_back(ProbeSimd());
-  info.backends.push_back(ProbeMpi());
-  info.backends.push_back(ProbeOpenBlas());
-  return info;
+  return cpu::CreateHostDevice(options);
 }
 
 }  // namespace zinf

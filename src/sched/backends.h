@@ -21,15 +21,13 @@
 #include "math/attention_math.h"
 #include "sched/device_kernels.h"
 
-namespace zinf {
+namespace zinf::sched {
 
 // What this build of zinf contains and what it finds on the machine at run
 // time: CUDA (and whether a device is present), NCCL, io_uring, oneTBB,
 // hwloc's topology, the SIMD level, MPI and OpenBLAS. `zinf --version`
 // prints it. Never fails (an unusable backend says why in its detail).
 RuntimeInfo ProbeRuntime();
-
-namespace sched {
 
 // Whether this build contains `backend`.
 bool Built(OptionalBackend backend);
@@ -56,7 +54,7 @@ Result<std::unique_ptr<Communicator>> WrapNcclCommunicator(void* nccl_comm, cons
 // (gpu/flash_attention_timing.h, gpu/gemm_reference.h, gpu/kernels.h).
 struct CudaTimings {
   int (*device_count)();
-  Result<gpu::FlashTiming> (*time_flash_attention)(const model::AttentionShape& shape, bool bf16_copies, int reps,
+  Result<gpu::FlashTiming> (*time_flash_attention)(const math::AttentionShape& shape, bool bf16_copies, int reps,
                                                    uint64_t seed, float range, gpu::FlashVariant variant);
   // Whether the two-buffer (cp.async) flash attention kernels fit the
   // device's shared memory at `head_dim`.
@@ -69,5 +67,4 @@ struct CudaTimings {
 // NotBuilt(kCuda) in a build without CUDA.
 Result<const CudaTimings*> GetCudaTimings();
 
-}  // namespace sched
-}  // namespace zinf
+}  // namespace zinf::sched

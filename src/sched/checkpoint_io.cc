@@ -16,7 +16,7 @@
 #include <fstream>
 #include <sstream>
 
-namespace zinf::ckpt {
+namespace zinf::sched::ckpt {
 namespace {
 
 std::string Errno(int e) { return std::string(std::strerror(e)) + " (errno " + std::to_string(e) + ")"; }
@@ -433,4 +433,4 @@ Status CheckpointReader::ReadRanges(const std::vector<Range>& ranges) {
   return reader_->ReadAll(jobs);
 }
 
-}  // namespace zinf::ckpt
+}  // namespace zinf::sched::ckpt

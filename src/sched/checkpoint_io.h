@@ -17,7 +17,7 @@
 #include "sched/checkpoint_tables.h"
 #include "zinf/status.h"
 
-namespace zinf::ckpt {
+namespace zinf::sched::ckpt {
 
 // A file opened for writing (created or truncated) or reading; closed on
 // destruction.
@@ -180,4 +180,4 @@ class CheckpointReader {
   std::unique_ptr<SliceReader> reader_;
 };
 
-}  // namespace zinf::ckpt
+}  // namespace zinf::sched::ckpt

@@ -5,7 +5,7 @@
 
 #include "common/json_text.h"
 
-namespace zinf::ckpt {
+namespace zinf::sched::ckpt {
 namespace {
 
 using json = nlohmann::json;
@@ -164,4 +164,4 @@ Result<std::vector<SlicePart>> PlanRange(const CheckpointTables& t, const std::s
   return parts;
 }
 
-}  // namespace zinf::ckpt
+}  // namespace zinf::sched::ckpt

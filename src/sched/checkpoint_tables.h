@@ -28,7 +28,7 @@
 
 #include "zinf/status.h"
 
-namespace zinf::ckpt {
+namespace zinf::sched::ckpt {
 
 inline constexpr int kCheckpointFormat = 2;
 inline constexpr const char* kStateKindNames[3] = {"master", "exp_avg", "exp_avg_sq"};
@@ -78,4 +78,4 @@ Result<std::vector<SlicePart>> PlanRange(const CheckpointTables& tables, const s
 // element once (sorted union of [lo, hi)).
 int64_t CoveredElements(std::vector<SlicePart> parts, int64_t first, int64_t count);
 
-}  // namespace zinf::ckpt
+}  // namespace zinf::sched::ckpt

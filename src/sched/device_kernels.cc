@@ -34,32 +34,32 @@ Status HostAddInPlace(float* a, const float* b, size_t n, Stream& stream) {
 Status HostSumSquaresBlocks(const float* data, size_t n, double* out, Stream& stream) {
   return stream.Enqueue([data, n, out](const StreamContext& ctx) {
     tbb::task_arena arena(1);
-    return SumSquaresBlocks(arena, HostOf(ctx, data), DType::kFloat32, n,
-                            std::span<double>(HostOf(ctx, out), NumNormBlocks(n)))
+    return cpu::SumSquaresBlocks(arena, HostOf(ctx, data), DType::kFloat32, n,
+                                 std::span<double>(HostOf(ctx, out), cpu::NumNormBlocks(n)))
         .status();
   });
 }
 
-Status HostAdamStep(const AdamStepConstants& constants, float* params, float* exp_avg, float* exp_avg_sq,
+Status HostAdamStep(const math::AdamStepConstants& constants, float* params, float* exp_avg, float* exp_avg_sq,
                     const float* grads, void* copy, DType copy_dtype, size_t n, Stream& stream) {
   return stream.Enqueue([=](const StreamContext& ctx) {
     tbb::task_arena arena(1);
-    const AdamBuffers buffers{.params = HostOf(ctx, params),
-                              .exp_avg = HostOf(ctx, exp_avg),
-                              .exp_avg_sq = HostOf(ctx, exp_avg_sq),
-                              .grads = HostOf(ctx, grads),
-                              .grad_dtype = DType::kFloat32,
-                              .param_copy = HostOf(ctx, copy),
-                              .param_copy_dtype = copy_dtype,
-                              .num_elems = n};
-    return AdamStep(arena, constants, buffers);
+    const cpu::AdamBuffers buffers{.params = HostOf(ctx, params),
+                                   .exp_avg = HostOf(ctx, exp_avg),
+                                   .exp_avg_sq = HostOf(ctx, exp_avg_sq),
+                                   .grads = HostOf(ctx, grads),
+                                   .grad_dtype = DType::kFloat32,
+                                   .param_copy = HostOf(ctx, copy),
+                                   .param_copy_dtype = copy_dtype,
+                                   .num_elems = n};
+    return cpu::AdamStep(arena, constants, buffers);
   });
 }
 
 Status HostCast(const void* src, DType src_dtype, void* dst, DType dst_dtype, size_t n, Stream& stream) {
   return stream.Enqueue([=](const StreamContext& ctx) {
     tbb::task_arena arena(1);
-    return Cast(arena, HostOf(ctx, src), src_dtype, HostOf(ctx, dst), dst_dtype, n);
+    return cpu::Cast(arena, HostOf(ctx, src), src_dtype, HostOf(ctx, dst), dst_dtype, n);
   });
 }
 

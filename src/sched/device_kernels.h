@@ -37,7 +37,7 @@ struct DeviceKernels {
   Status (*sum_squares_blocks)(const float* data, size_t n, double* out, Stream& stream);
   // One Adam step over n elements with fp32 gradients; copy (bf16 or fp16,
   // copy_dtype) receives the new parameters when not null.
-  Status (*adam_step)(const AdamStepConstants& constants, float* params, float* exp_avg, float* exp_avg_sq,
+  Status (*adam_step)(const math::AdamStepConstants& constants, float* params, float* exp_avg, float* exp_avg_sq,
                       const float* grads, void* copy, DType copy_dtype, size_t n, Stream& stream);
   // dst = src converted, n elements.
   Status (*cast)(const void* src, DType src_dtype, void* dst, DType dst_dtype, size_t n, Stream& stream);

@@ -26,8 +26,7 @@
 #include "sched/engine_impl.h"
 #include "sched/rank_failures.h"
 
-namespace zinf {
-namespace sched {
+namespace zinf::sched {
 
 Result<void*> EngineImpl::Alloc(uint64_t bytes, const std::string& what) {
   auto p = device_.Allocate(bytes, *stream_);
@@ -65,8 +64,9 @@ Status EngineImpl::SetGroupLr(int group, double lr) {
   return Status::Ok();
 }
 
-AdamOptions EngineImpl::GroupAdam(const AdamOptions& decided, const std::vector<ParamGroupOptions>& groups, int group) {
-  AdamOptions a = decided;
+cpu::AdamOptions EngineImpl::GroupAdam(const cpu::AdamOptions& decided, const std::vector<ParamGroupOptions>& groups,
+                                       int group) {
+  cpu::AdamOptions a = decided;
   const ParamGroupOptions& g = groups[group];
   if (group != 0) a.weight_decay = g.weight_decay;
   if (g.lr >= 0) a.lr = g.lr;
@@ -149,7 +149,7 @@ Result<int> EngineImpl::AddUnit(const std::string& name, const std::vector<Param
     if (!params[i].init) continue;
     const int64_t n = (i + 1 < params.size() ? u.tensor_offsets[i + 1] : total) - u.tensor_offsets[i];
     ZINF_RETURN_IF_ERROR(
-        Cast(arena_, params[i].init, params[i].dtype, master.data() + u.tensor_offsets[i], DType::kFloat32, n));
+        cpu::Cast(arena_, params[i].init, params[i].dtype, master.data() + u.tensor_offsets[i], DType::kFloat32, n));
   }
   ZINF_RETURN_IF_ERROR(WriteComputeCopy(u, master.data()));
   const int64_t begin = owned_begin(u), valid = owned_valid(u);
@@ -236,7 +236,8 @@ Status EngineImpl::BuildAfterRegistration() {
     ZINF_ASSIGN_OR_RETURN(h_grad_stage_, Pinned(max_owned * 4, "gradient staging"));
     const int64_t slots = std::clamp<int64_t>(config_.zero.offload_optimizer.buffer_count, 2, 64);
     for (int64_t i = 0; i < slots; ++i) {
-      ZINF_ASSIGN_OR_RETURN(PinnedBuffer b, Pinned(max_owned * DTypeSizeBytes(compute_dtype_), "parameter staging"));
+      ZINF_ASSIGN_OR_RETURN(cpu::PinnedBuffer b,
+                            Pinned(max_owned * DTypeSizeBytes(compute_dtype_), "parameter staging"));
       h_param_slots_.push_back(std::move(b));
       ZINF_ASSIGN_OR_RETURN(auto filled, device_.CreateEvent());
       ZINF_ASSIGN_OR_RETURN(auto free_event, device_.CreateEvent());
@@ -281,7 +282,7 @@ Status EngineImpl::BuildAfterRegistration() {
   return Status::Ok();
 }
 
-Result<PinnedBuffer> EngineImpl::Pinned(uint64_t bytes, const std::string& what) {
+Result<cpu::PinnedBuffer> EngineImpl::Pinned(uint64_t bytes, const std::string& what) {
   auto b = pool_->Acquire(std::max<uint64_t>(bytes, 1));
   if (!b.ok()) return b.status().WithContext(what);
   std::memset(b->data(), 0, bytes);
@@ -354,7 +355,9 @@ Result<float> EngineImpl::loss_scale() {
   return static_cast<float>(decider_.scaler().scale());
 }
 
-}  // namespace sched
+}  // namespace zinf::sched
+
+namespace zinf {
 
 Result<std::unique_ptr<Engine>> Engine::Create(const Config& config, Device& device, Communicator* comm) {
   const ZeroConfig& z = config.zero;
@@ -385,7 +388,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(const Config& config, Device& dev
                            " ranks: the communicator's collectives work on host memory; on a CUDA device use the "
                            "NCCL communicator (gpu/nccl_comm.h)");
   }
-  if (z.stage >= 2 && z.reduce_bucket_size < kNormBlock) {
+  if (z.stage >= 2 && z.reduce_bucket_size < sched::kNormBlock) {
     return InvalidArgument("zero_optimization.reduce_bucket_size = " + std::to_string(z.reduce_bucket_size) +
                            " elements is smaller than one norm block (65536 elements): raise it to at least 65536");
   }
@@ -408,17 +411,17 @@ Result<std::unique_ptr<Engine>> Engine::Create(const Config& config, Device& dev
   }
   ZINF_ASSIGN_OR_RETURN(BatchSizes batch, ResolveBatchSizes(config, world));
   const OptimizerConfig& oc = config.optimizer;
-  AdamOptions adam;
+  cpu::AdamOptions adam;
   adam.lr = oc.lr;
   adam.beta1 = oc.beta1;
   adam.beta2 = oc.beta2;
   adam.eps = oc.eps;
   adam.weight_decay = oc.weight_decay;
   adam.bias_correction = oc.bias_correction;
-  adam.mode = oc.decoupled_weight_decay() ? AdamMode::kAdamW : AdamMode::kAdam;
-  if (auto c = MakeAdamStepConstants(adam, 1, 1.0); !c.ok()) return c.status().WithContext("optimizer.params");
-  ZINF_ASSIGN_OR_RETURN(LrSchedule schedule, LrSchedule::Create(config.scheduler, oc.lr));
-  ZINF_ASSIGN_OR_RETURN(LossScaler scaler, LossScaler::Create(config.fp16));
+  adam.mode = oc.decoupled_weight_decay() ? cpu::AdamMode::kAdamW : cpu::AdamMode::kAdam;
+  if (auto c = cpu::MakeAdamStepConstants(adam, 1, 1.0); !c.ok()) return c.status().WithContext("optimizer.params");
+  ZINF_ASSIGN_OR_RETURN(sched::LrSchedule schedule, sched::LrSchedule::Create(config.scheduler, oc.lr));
+  ZINF_ASSIGN_OR_RETURN(sched::LossScaler scaler, sched::LossScaler::Create(config.fp16));
   const DType compute = config.bf16.enabled   ? DType::kBFloat16
                         : config.fp16.enabled ? DType::kFloat16
                                               : DType::kFloat32;

@@ -9,8 +9,7 @@
 // out of the steps' NVMe bytes (ExcludeIo).
 #include "sched/engine_impl.h"
 
-namespace zinf {
-namespace sched {
+namespace zinf::sched {
 
 Status EngineImpl::ReadState(int unit, StateKind kind, float* host_dst) {
   ExcludeIo exclude(this);
@@ -31,11 +30,11 @@ Status EngineImpl::ReadState(int unit, StateKind kind, float* host_dst) {
     if (gather) ZINF_RETURN_IF_ERROR(u.released->Record(*stream_));  // DropGathered frees after this copy
     if (gather) ZINF_RETURN_IF_ERROR(DropGathered(u));
     ZINF_RETURN_IF_ERROR(stream_->Synchronize());
-    return Cast(arena_, raw.data(), compute_dtype_, host_dst, DType::kFloat32, n);
+    return cpu::Cast(arena_, raw.data(), compute_dtype_, host_dst, DType::kFloat32, n);
   }
-  const PinnedBuffer& host_buf = kind == StateKind::kMaster   ? u.h_master
-                                 : kind == StateKind::kExpAvg ? u.h_exp_avg
-                                                              : u.h_exp_avg_sq;
+  const cpu::PinnedBuffer& host_buf = kind == StateKind::kMaster   ? u.h_master
+                                      : kind == StateKind::kExpAvg ? u.h_exp_avg
+                                                                   : u.h_exp_avg_sq;
   const void* host_state = host_buf.data();
   std::unique_ptr<float, decltype(&std::free)> swapped(nullptr, &std::free);
   if (nvme_) {  // read the unit's sub-group back from the store
@@ -177,7 +176,7 @@ Status EngineImpl::ReadFrozenSlice(Unit& u, std::vector<float>* out) {
     ZINF_RETURN_IF_ERROR(stream_->Synchronize());
     src = staged.data();
   }
-  return Cast(arena_, src, compute_dtype_, out->data(), DType::kFloat32, count);
+  return cpu::Cast(arena_, src, compute_dtype_, out->data(), DType::kFloat32, count);
 }
 
 namespace {
@@ -289,7 +288,7 @@ Status EngineImpl::WriteShards(const std::string& path, nlohmann::json* table) {
       const float* base = swapper_->state(swap_id(i));
       for (int k = 0; k < 3; ++k) src[k] = base + k * owned_elems(u) + at;
     } else if (offload_) {
-      const PinnedBuffer* h[3] = {&u.h_master, &u.h_exp_avg, &u.h_exp_avg_sq};
+      const cpu::PinnedBuffer* h[3] = {&u.h_master, &u.h_exp_avg, &u.h_exp_avg_sq};
       for (int k = 0; k < 3; ++k) src[k] = static_cast<const float*>(h[k]->data()) + at;
     } else {
       const float* d[3] = {u.master, u.exp_avg, u.exp_avg_sq};
@@ -535,7 +534,7 @@ Status EngineImpl::ReadShards(ckpt::CheckpointReader& reader) {
     const float* owned[3] = {state[0].data() + (ob - first[0]), state[1].data(), state[2].data()};
     if (ov > 0) {
       if (offload_) {
-        PinnedBuffer* dst[3] = {&u.h_master, &u.h_exp_avg, &u.h_exp_avg_sq};
+        cpu::PinnedBuffer* dst[3] = {&u.h_master, &u.h_exp_avg, &u.h_exp_avg_sq};
         for (int k = 0; k < 3; ++k) std::memcpy(dst[k]->data(), owned[k], ov * 4);
       } else {
         float* dst[3] = {u.master, u.exp_avg, u.exp_avg_sq};
@@ -648,5 +647,4 @@ Result<std::string> EngineImpl::Load(const std::string& path) {
   }
 }
 
-}  // namespace sched
-}  // namespace zinf
+}  // namespace zinf::sched

@@ -8,8 +8,7 @@
 // unit's gradients (grads_free) once reduced.
 #include "sched/engine_impl.h"
 
-namespace zinf {
-namespace sched {
+namespace zinf::sched {
 
 Status EngineImpl::GradsReady(int unit, Stream& stream) {
   ZINF_RETURN_IF_ERROR(CheckUnit(unit, "GradsReady"));
@@ -197,12 +196,12 @@ Status EngineImpl::EnqueuePartials(size_t i, bool now) {
     const Unit& u = units_[i];
     const int64_t n = owned_elems(u);
     if (zero) {  // no gradient this window: nothing in the norm
-      std::fill_n(out + norm_layout_.unit_block_offset[i], NumNormBlocks(n), 0.0);
+      std::fill_n(out + norm_layout_.unit_block_offset[i], cpu::NumNormBlocks(n), 0.0);
       return Status::Ok();
     }
     const void* accum = offload_ ? host_accum : ctx.Host(owned_accum(u));
-    return SumSquaresBlocks(arena_, accum, DType::kFloat32, n,
-                            std::span<double>(out + norm_layout_.unit_block_offset[i], NumNormBlocks(n)))
+    return cpu::SumSquaresBlocks(arena_, accum, DType::kFloat32, n,
+                                 std::span<double>(out + norm_layout_.unit_block_offset[i], cpu::NumNormBlocks(n)))
         .status();
   });
 }
@@ -219,10 +218,9 @@ Status EngineImpl::DevicePartials(size_t i, int region, bool zero, const void* h
   if (!offload_) return kernels_.sum_squares_blocks(owned_accum(u), n, out, *stream_);
   double* host = static_cast<double*>(h_partials_.data()) + norm_layout_.unit_block_offset[i];
   ZINF_RETURN_IF_ERROR(stream_->Enqueue([this, host_accum, n, host, blocks](const StreamContext&) {
-    return SumSquaresBlocks(arena_, host_accum, DType::kFloat32, n, std::span<double>(host, blocks)).status();
+    return cpu::SumSquaresBlocks(arena_, host_accum, DType::kFloat32, n, std::span<double>(host, blocks)).status();
   }));
   return device_.CopyToDevice(out, host, blocks * sizeof(double), *stream_);
 }
 
-}  // namespace sched
-}  // namespace zinf
+}  // namespace zinf::sched

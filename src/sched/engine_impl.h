@@ -85,8 +85,7 @@
 #include "sched/swap_schedule.h"
 #include "sched/unit_table.h"
 
-namespace zinf {
-namespace sched {
+namespace zinf::sched {
 
 using Clock = std::chrono::steady_clock;
 
@@ -98,7 +97,7 @@ struct Unit : UnitLayout {
   // Device buffers.
   void* params = nullptr;        // the whole compute copy (stages 0-2, stage-3 persistent units)
   void* shard_params = nullptr;  // stage 3: the shard (shard_elems), on the device
-  PinnedBuffer h_shard;          // stage 3 with offload_param: the shard's home in pinned host memory instead
+  cpu::PinnedBuffer h_shard;     // stage 3 with offload_param: the shard's home in pinned host memory instead
   void* gathered = nullptr;      // stage 3: the gathered unit between Fetch and Release
   std::unique_ptr<Event> gathered_ready;
   // Stage 3: the tensor pointers of each address a gathered copy has had, so
@@ -117,7 +116,7 @@ struct Unit : UnitLayout {
   float* exp_avg = nullptr;
   float* exp_avg_sq = nullptr;
   // offload_optimizer cpu: the owned range's fp32 state in pinned host memory.
-  PinnedBuffer h_master, h_exp_avg, h_exp_avg_sq, h_accum;
+  cpu::PinnedBuffer h_master, h_exp_avg, h_exp_avg_sq, h_accum;
   std::vector<void*> param_ptrs, grad_ptrs;
   std::unique_ptr<Event> params_ready;  // engine stream: the unit's last update is done
   std::unique_ptr<Event> grads_free;    // engine stream: its gradients have been consumed
@@ -169,7 +168,7 @@ struct StreamCounts {
 class EngineImpl final : public Engine {
  public:
   EngineImpl(const Config& config, Device& device, Communicator* comm, int64_t accumulation, LrSchedule schedule,
-             LossScaler scaler, AdamOptions adam, DType compute_dtype, int threads)
+             LossScaler scaler, cpu::AdamOptions adam, DType compute_dtype, int threads)
       : config_(config),
         device_(device),
         comm_(comm),
@@ -224,7 +223,7 @@ class EngineImpl final : public Engine {
     }
     u.params = u.shard_params = u.gathered = nullptr;
     u.grads = u.accum = u.master = u.exp_avg = u.exp_avg_sq = nullptr;
-    for (PinnedBuffer* b : {&u.h_master, &u.h_exp_avg, &u.h_exp_avg_sq, &u.h_accum, &u.h_shard}) b->Release();
+    for (cpu::PinnedBuffer* b : {&u.h_master, &u.h_exp_avg, &u.h_exp_avg_sq, &u.h_accum, &u.h_shard}) b->Release();
   }
 
   Status Init() {
@@ -240,7 +239,7 @@ class EngineImpl final : public Engine {
       ZINF_ASSIGN_OR_RETURN(e, device_.CreateEvent());
     }
     if (offload_ || param_offload_ || !host_memory_) {
-      PinnedPoolOptions o;
+      cpu::PinnedPoolOptions o;
       o.budget_bytes = PinnedBudgetBytes(config_);  // no limit beyond the machine's memory unless set
       // DeepSpeed's switches for page-locking.
       o.lock = (offload_ && config_.zero.offload_optimizer.pin_memory) || nvme_ || param_nvme_ ||
@@ -263,7 +262,7 @@ class EngineImpl final : public Engine {
         // Pinned memory on the NUMA node next to the GPU, where hwloc knows it.
         ZINF_ASSIGN_OR_RETURN(o.gpu_pci_bus_id, kernels_.pci_bus_id(device_));
       }
-      ZINF_ASSIGN_OR_RETURN(pool_, PinnedPool::Create(std::move(o)));
+      ZINF_ASSIGN_OR_RETURN(pool_, cpu::PinnedPool::Create(std::move(o)));
       Log().log(host_memory_ ? spdlog::level::debug : spdlog::level::info,
                 "engine: pinned host memory on NUMA node {} ({})", pool_->numa_node(), pool_->numa_reason());
     }
@@ -345,7 +344,8 @@ class EngineImpl final : public Engine {
   // The optimizer options of parameter group `group`: the boundary's
   // decided ones (the schedule's lr, the config's weight decay) with the
   // group's weight decay and its own lr when it has one.
-  static AdamOptions GroupAdam(const AdamOptions& decided, const std::vector<ParamGroupOptions>& groups, int group);
+  static cpu::AdamOptions GroupAdam(const cpu::AdamOptions& decided, const std::vector<ParamGroupOptions>& groups,
+                                    int group);
   // A frozen unit's compute copy of this rank's checkpoint slice
   // ([shard_begin, + valid_in_shard)), widened to fp32.
   Status ReadFrozenSlice(Unit& u, std::vector<float>* out);
@@ -370,7 +370,7 @@ class EngineImpl final : public Engine {
   Status TimedCopies(Stream& stream, uint64_t bytes, const std::function<Status()>& enqueue);
   // Adds the reduced owned range (device, owned_elems) into the host accumulator.
   Status HostAccumulate(Unit& u, const float* reduced, bool first);
-  Result<PinnedBuffer> Pinned(uint64_t bytes, const std::string& what);
+  Result<cpu::PinnedBuffer> Pinned(uint64_t bytes, const std::string& what);
   // offload_optimizer nvme, at Finalize: the swapper's set-up (the last
   // sub-group written, gradients placed, buffers) and the accumulators of
   // the gradients kept in host memory.
@@ -534,7 +534,7 @@ class EngineImpl final : public Engine {
     }
     return t;
   }
-  std::unique_ptr<PinnedPool> pool_;
+  std::unique_ptr<cpu::PinnedPool> pool_;
   // offload_optimizer nvme: the optimizer state's home on NVMe (sub-groups,
   // swap buffers, swapped gradients). Its boundary calls run as engine-stream
   // tasks.
@@ -545,7 +545,7 @@ class EngineImpl final : public Engine {
   // gathers read into one (gather stream), updates write from the other
   // (engine stream), each transfer complete before the buffer is reused.
   std::unique_ptr<nvme::SwapStore> param_store_;
-  std::vector<PinnedBuffer> param_bufs_;
+  std::vector<cpu::PinnedBuffer> param_bufs_;
   static constexpr size_t kGatherBuffer = 0, kUpdateBuffer = 1;
   // Swapped gradients' accumulations on their way to the store, through
   // the swapper's two staging buffers.
@@ -554,8 +554,8 @@ class EngineImpl final : public Engine {
   std::vector<int> grad_stage_of_;           // enqueue order: the staging buffer still holding unit i's gradient, or -1
   bool early_reads_ = false;                 // this window's first sub-group reads were issued during backward
   std::unique_ptr<nvme::IoEngine> ckpt_io_;  // checkpoint I/O when the optimizer is not on NVMe
-  PinnedBuffer h_grad_stage_;                // one unit's reduced gradient on its way to the accumulator
-  std::vector<PinnedBuffer> h_param_slots_;  // new compute-copy shards on their way to the device
+  cpu::PinnedBuffer h_grad_stage_;           // one unit's reduced gradient on its way to the accumulator
+  std::vector<cpu::PinnedBuffer> h_param_slots_;  // new compute-copy shards on their way to the device
   std::vector<std::unique_ptr<Event>> slot_filled_, slot_free_;
   std::unique_ptr<Stream> stream_;
   std::unique_ptr<Stream> copy_stream_;  // offload: host-to-device copies of updated shards and their gathers
@@ -588,7 +588,8 @@ class EngineImpl final : public Engine {
   int64_t bucket_capacity_ = 0;
   // Norm partials: rank-major [rank][unit][shard block], doubles.
   double* partials_ = nullptr;
-  PinnedBuffer h_partials_;  // CUDA: all ranks' partials read back for the decision (and offload's, on their way down)
+  cpu::PinnedBuffer
+      h_partials_;  // CUDA: all ranks' partials read back for the decision (and offload's, on their way down)
   NormPartialsLayout norm_layout_;  // blocks_per_rank: sum over units of owned blocks (stage 0: all blocks)
   // Parameter groups (0: the config's), changed on the client's thread
   // only; every update task takes the snapshot current when it is enqueued.
@@ -657,5 +658,4 @@ struct EngineImpl::ExcludeIo {
   }
 };
 
-}  // namespace sched
-}  // namespace zinf
+}  // namespace zinf::sched

@@ -7,8 +7,7 @@
 // boundary, with the timed spans added as their events complete.
 #include "sched/engine_impl.h"
 
-namespace zinf {
-namespace sched {
+namespace zinf::sched {
 
 Status EngineImpl::Collective(Stream& stream, const char* kind, uint64_t bytes,
                               const std::function<Status()>& enqueue) {
@@ -354,7 +353,7 @@ Status EngineImpl::EnqueueWindowClose(int64_t boundary) {
     }
     s.device_bytes_in_use = device_.memory_stats().in_use_bytes;
     if (pool_) {
-      const PinnedPoolStats ps = pool_->stats();
+      const cpu::PinnedPoolStats ps = pool_->stats();
       s.host_pinned_bytes = ps.pinned_bytes;
       s.host_peak_pinned_bytes = ps.peak_pinned_bytes;
     }
@@ -366,7 +365,9 @@ Status EngineImpl::EnqueueWindowClose(int64_t boundary) {
   return closed_events_[boundary % closed_events_.size()]->Record(closing);
 }
 
-}  // namespace sched
+}  // namespace zinf::sched
+
+namespace zinf {
 
 std::string StepStats::ToString() const {
   std::string out = "step " + std::to_string(step);

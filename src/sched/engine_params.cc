@@ -12,8 +12,7 @@
 // rank's allocator: a shortage there is an error, not a skipped prefetch.
 #include "sched/engine_impl.h"
 
-namespace zinf {
-namespace sched {
+namespace zinf::sched {
 namespace {
 
 // On several ranks the gathers follow the trace and the element caps, which
@@ -246,5 +245,4 @@ Status EngineImpl::Gather(Unit& u, bool prefetch) {
   return Status::Ok();
 }
 
-}  // namespace sched
-}  // namespace zinf
+}  // namespace zinf::sched

@@ -11,8 +11,7 @@
 // runs.
 #include "sched/engine_impl.h"
 
-namespace zinf {
-namespace sched {
+namespace zinf::sched {
 
 OptimizerSwapper::Options EngineImpl::SwapperOptions() {
   OptimizerSwapper::Options so;
@@ -40,7 +39,7 @@ OptimizerSwapper::Options EngineImpl::SwapperOptions() {
 // checked now, before step 1), then the accumulators of the gradients kept
 // in host memory.
 Status EngineImpl::SetUpSwap() {
-  const PinnedPoolStats ps = pool_->stats();
+  const cpu::PinnedPoolStats ps = pool_->stats();
   const uint64_t available = ps.budget_bytes > ps.in_use_bytes ? ps.budget_bytes - ps.in_use_bytes : 0;
   ZINF_RETURN_IF_ERROR(swapper_->Finish(available, ps.budget_bytes));
   for (size_t i = 0; i < units_.size(); ++i) {
@@ -86,7 +85,7 @@ Status EngineImpl::SetUpParamSwap() {
       }(),
       table_.cpu_shard_elems(), pc.max_in_cpu, FormatBytes(padded));
   for (int i = 0; i < 2; ++i) {
-    ZINF_ASSIGN_OR_RETURN(PinnedBuffer b, Pinned(padded, "parameter staging buffer (offload_param nvme)"));
+    ZINF_ASSIGN_OR_RETURN(cpu::PinnedBuffer b, Pinned(padded, "parameter staging buffer (offload_param nvme)"));
     param_bufs_.push_back(std::move(b));
   }
   return Status::Ok();
@@ -107,10 +106,11 @@ Status EngineImpl::AddShardToStore(const Unit& u, const float* master) {
   }
   const uint64_t bytes = static_cast<uint64_t>(shard) * esize;
   const uint64_t padded = (bytes + 4095) / 4096 * 4096;
-  if (padded > PinnedPool::kMaxBufferBytes) {
+  if (padded > cpu::PinnedPool::kMaxBufferBytes) {
     return InvalidArgument("unit '" + u.name + "' has a parameter shard of " + FormatBytes(padded) +
                            " on this rank, more than one staging buffer can be (" +
-                           FormatBytes(PinnedPool::kMaxBufferBytes) + "): split the unit or shard it over more ranks");
+                           FormatBytes(cpu::PinnedPool::kMaxBufferBytes) +
+                           "): split the unit or shard it over more ranks");
   }
   if (!param_store_) {
     nvme::SwapStoreOptions so;
@@ -133,7 +133,7 @@ Status EngineImpl::AddShardToStore(const Unit& u, const float* master) {
   const int64_t count = u.part.valid_in_shard(rank_);
   if (count > 0) {
     ZINF_RETURN_IF_ERROR(
-        Cast(arena_, master + u.part.shard_begin(rank_), DType::kFloat32, buf.get(), compute_dtype_, count));
+        cpu::Cast(arena_, master + u.part.shard_begin(rank_), DType::kFloat32, buf.get(), compute_dtype_, count));
   }
   return param_store_->Write(u.index, buf.get()).Wait().WithContext("initial parameter shard of unit '" + u.name + "'");
 }
@@ -220,5 +220,4 @@ Status EngineImpl::EnqueueSwapDrain() {
   return Timed(&Window::io, "write sub-groups", [this](const StreamContext&) { return swapper_->Drain(); });
 }
 
-}  // namespace sched
-}  // namespace zinf
+}  // namespace zinf::sched

@@ -13,8 +13,7 @@
 #include "sched/engine_impl.h"
 #include "sched/engine_testing.h"
 
-namespace zinf {
-namespace sched {
+namespace zinf::sched {
 namespace {
 
 Mutex hook_mu;
@@ -262,8 +261,8 @@ Status EngineImpl::EnqueueDeviceUpdate(Unit& u, bool home, bool has_grad) {
   const size_t esize = DTypeSizeBytes(compute_dtype_);
   const auto groups = groups_snapshot_;
   for (const UnitLayout::GroupRun& r : u.GroupRuns(owned_begin(u), valid)) {
-    ZINF_ASSIGN_OR_RETURN(AdamStepConstants constants,
-                          MakeAdamStepConstants(GroupAdam(d.adam, *groups, r.group), u.steps + 1, d.grad_scale));
+    ZINF_ASSIGN_OR_RETURN(math::AdamStepConstants constants,
+                          cpu::MakeAdamStepConstants(GroupAdam(d.adam, *groups, r.group), u.steps + 1, d.grad_scale));
     ZINF_RETURN_IF_ERROR(kernels_
                              .adam_step(constants, master + r.offset, static_cast<float*>(u.exp_avg) + r.offset,
                                         static_cast<float*>(u.exp_avg_sq) + r.offset,
@@ -293,13 +292,14 @@ Status EngineImpl::WriteComputeCopy(Unit& u, const float* master, int64_t first)
     ZINF_RETURN_IF_ERROR(Synchronize());
     void* buf = param_bufs_[kUpdateBuffer].data();
     std::memset(buf, 0, param_bufs_[kUpdateBuffer].size_bytes());
-    ZINF_RETURN_IF_ERROR(Cast(arena_, master + (begin - first), DType::kFloat32, buf, compute_dtype_, count));
+    ZINF_RETURN_IF_ERROR(cpu::Cast(arena_, master + (begin - first), DType::kFloat32, buf, compute_dtype_, count));
     return SwapFailure(param_store_->Write(u.index, buf).Wait(), SwapKind::kParams);
   }
   if (host_home(u))
-    return Cast(arena_, master + (begin - first), DType::kFloat32, u.h_shard.data(), compute_dtype_, count);
+    return cpu::Cast(arena_, master + (begin - first), DType::kFloat32, u.h_shard.data(), compute_dtype_, count);
   std::vector<uint8_t> compute(count * esize);
-  ZINF_RETURN_IF_ERROR(Cast(arena_, master + (begin - first), DType::kFloat32, compute.data(), compute_dtype_, count));
+  ZINF_RETURN_IF_ERROR(
+      cpu::Cast(arena_, master + (begin - first), DType::kFloat32, compute.data(), compute_dtype_, count));
   ZINF_RETURN_IF_ERROR(
       device_.CopyToDevice(u.partitioned ? u.shard_params : u.params, compute.data(), compute.size(), *stream_));
   return stream_->Synchronize();
@@ -326,7 +326,7 @@ StreamTask EngineImpl::HostUpdateTask(Unit& u, const UpdateTarget& t, bool has, 
       if (!d.skip && has) ++u.steps;
       return Status::Ok();
     }
-    AdamBuffers b;
+    cpu::AdamBuffers b;
     if (swap) {
       const int64_t owned = owned_elems(u);
       b.params = swap;
@@ -347,7 +347,7 @@ StreamTask EngineImpl::HostUpdateTask(Unit& u, const UpdateTarget& t, bool has, 
       // copied on regardless: refill it with the unchanged compute copy
       // (always the rounding of the master).
       if (use_slot || (home && !offload_) || to_store) {
-        return Cast(arena_, b.params, DType::kFloat32, param_dst, compute_dtype_, valid);
+        return cpu::Cast(arena_, b.params, DType::kFloat32, param_dst, compute_dtype_, valid);
       }
       return Status::Ok();
     }
@@ -359,16 +359,16 @@ StreamTask EngineImpl::HostUpdateTask(Unit& u, const UpdateTarget& t, bool has, 
     // each run of one parameter group with its hyper-parameters.
     const size_t esize = DTypeSizeBytes(compute_dtype_);
     for (const UnitLayout::GroupRun& r : u.GroupRuns(owned_begin(u), valid)) {
-      ZINF_ASSIGN_OR_RETURN(AdamStepConstants constants,
-                            MakeAdamStepConstants(GroupAdam(d.adam, *groups, r.group), u.steps + 1, d.grad_scale));
-      AdamBuffers run = b;
+      ZINF_ASSIGN_OR_RETURN(math::AdamStepConstants constants,
+                            cpu::MakeAdamStepConstants(GroupAdam(d.adam, *groups, r.group), u.steps + 1, d.grad_scale));
+      cpu::AdamBuffers run = b;
       run.params += r.offset;
       run.exp_avg += r.offset;
       run.exp_avg_sq += r.offset;
       run.grads = static_cast<const float*>(b.grads) + r.offset;
       if (run.param_copy) run.param_copy = static_cast<char*>(b.param_copy) + r.offset * esize;
       run.num_elems = static_cast<size_t>(r.elems);
-      ZINF_RETURN_IF_ERROR(AdamStep(arena_, constants, run).WithContext("unit '" + u.name + "'"));
+      ZINF_RETURN_IF_ERROR(cpu::AdamStep(arena_, constants, run).WithContext("unit '" + u.name + "'"));
     }
     ++u.steps;
     if (compute_dtype_ == DType::kFloat32) std::memcpy(param_dst, b.params, valid * 4);
@@ -376,5 +376,4 @@ StreamTask EngineImpl::HostUpdateTask(Unit& u, const UpdateTarget& t, bool has, 
   };
 }
 
-}  // namespace sched
-}  // namespace zinf
+}  // namespace zinf::sched

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-namespace zinf {
+namespace zinf::sched {
 
 std::optional<FetchTrace::Divergence> FetchTrace::Note(int unit) {
   const size_t pos = recording_.size();
@@ -50,4 +50,4 @@ bool FetchTrace::ReusedWithin(int unit, int64_t live, int64_t live_cap, int64_t 
   return false;
 }
 
-}  // namespace zinf
+}  // namespace zinf::sched

@@ -16,7 +16,7 @@
 #include <utility>
 #include <vector>
 
-namespace zinf {
+namespace zinf::sched {
 
 class FetchTrace {
  public:
@@ -57,4 +57,4 @@ class FetchTrace {
   bool followed_ = false;
 };
 
-}  // namespace zinf
+}  // namespace zinf::sched

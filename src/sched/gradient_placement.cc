@@ -5,11 +5,11 @@
 
 #include "cpu/pinned_pool.h"
 
-namespace zinf {
+namespace zinf::sched {
 
 GradientPlacement PlaceGradients(const GradientPlacementInput& in) {
   const size_t n = in.owned.size();
-  auto pinned = [](int64_t elems) { return PinnedPool::SizeClassBytes(static_cast<uint64_t>(elems) * 4); };
+  auto pinned = [](int64_t elems) { return cpu::PinnedPool::SizeClassBytes(static_cast<uint64_t>(elems) * 4); };
   auto padded = [](int64_t elems) { return (static_cast<uint64_t>(elems) * 4 + 4095) / 4096 * 4096; };
   GradientPlacement out;
   out.on_nvme.assign(n, 0);
@@ -30,8 +30,8 @@ GradientPlacement PlaceGradients(const GradientPlacementInput& in) {
     out.region_bytes = std::max(out.region_bytes, r);
     out.stage_bytes = std::max(out.stage_bytes, padded(in.owned[i]));
   }
-  out.buffer_bytes = static_cast<uint64_t>(in.buffers) * PinnedPool::SizeClassBytes(out.region_bytes) +
-                     2 * PinnedPool::SizeClassBytes(out.stage_bytes);
+  out.buffer_bytes = static_cast<uint64_t>(in.buffers) * cpu::PinnedPool::SizeClassBytes(out.region_bytes) +
+                     2 * cpu::PinnedPool::SizeClassBytes(out.stage_bytes);
   const uint64_t buffers = in.state_buffer_bytes + out.buffer_bytes;
   out.buffers_fit = buffers <= in.available;
   // The first units stay while what is left holds them; from the first that
@@ -53,4 +53,4 @@ GradientPlacement PlaceGradients(const GradientPlacementInput& in) {
   return out;
 }
 
-}  // namespace zinf
+}  // namespace zinf::sched

@@ -15,7 +15,7 @@
 
 #include "zinf/config.h"
 
-namespace zinf {
+namespace zinf::sched {
 
 // Sub-groups (offload_optimizer nvme): consecutive whole units packed up to
 // min(sub_group_size, kSubGroupPackElems) elements (1 GiB of [master | m |
@@ -48,4 +48,4 @@ struct GradientPlacement {
 
 GradientPlacement PlaceGradients(const GradientPlacementInput& in);
 
-}  // namespace zinf
+}  // namespace zinf::sched

@@ -13,7 +13,7 @@
 #include <cmath>
 #include <sstream>
 
-namespace zinf {
+namespace zinf::sched {
 namespace {
 
 std::string Num(double v) {
@@ -87,4 +87,4 @@ std::string LossScaler::Describe() const {
   return out + ", min " + Num(min_scale_);
 }
 
-}  // namespace zinf
+}  // namespace zinf::sched

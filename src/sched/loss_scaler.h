@@ -22,7 +22,7 @@
 #include "zinf/config.h"
 #include "zinf/status.h"
 
-namespace zinf {
+namespace zinf::sched {
 
 class LossScaler {
  public:
@@ -74,4 +74,4 @@ class LossScaler {
   int64_t overflows_ = 0;
 };
 
-}  // namespace zinf
+}  // namespace zinf::sched

@@ -20,7 +20,7 @@
 
 #include "common/check.h"
 
-namespace zinf {
+namespace zinf::sched {
 namespace {
 
 bool IsWarmup(SchedulerType t) { return t != SchedulerType::kNone; }
@@ -124,4 +124,4 @@ std::string LrSchedule::Describe() const {
   return out;
 }
 
-}  // namespace zinf
+}  // namespace zinf::sched

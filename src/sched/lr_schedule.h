@@ -28,7 +28,7 @@
 #include "zinf/config.h"
 #include "zinf/status.h"
 
-namespace zinf {
+namespace zinf::sched {
 
 class LrSchedule {
  public:
@@ -55,4 +55,4 @@ class LrSchedule {
   int64_t warmup_steps_;  // warmup_num_steps clamped to >= 2, as DeepSpeed does
 };
 
-}  // namespace zinf
+}  // namespace zinf::sched

@@ -7,8 +7,7 @@
 #include "common/units.h"
 #include "sched/gradient_placement.h"
 
-namespace zinf {
-namespace sched {
+namespace zinf::sched {
 
 OptimizerSwapper::OptimizerSwapper(nvme::IoEngine& io, Options options) : io_(io), options_(std::move(options)) {}
 
@@ -29,11 +28,11 @@ Status OptimizerSwapper::AddUnit(const std::string& name, int64_t n, const float
   // A sub-group's swap buffer is one pinned buffer of [master | m | v]:
   // units are packed up to min(sub_group_size, 1 GiB of state), and a unit
   // larger than that is a sub-group of its own (gradient_placement.h).
-  const int64_t buffer_cap = static_cast<int64_t>(PinnedPool::kMaxBufferBytes / 12);
+  const int64_t buffer_cap = static_cast<int64_t>(cpu::PinnedPool::kMaxBufferBytes / 12);
   if (n > buffer_cap) {
     return InvalidArgument("unit '" + name + "' has " + std::to_string(n) +
                            " elements on this rank: its optimizer state (12 B/element) exceeds the " +
-                           FormatBytes(PinnedPool::kMaxBufferBytes) +
+                           FormatBytes(cpu::PinnedPool::kMaxBufferBytes) +
                            " a sub-group's swap buffer can be; split the unit, or shard it over more ranks "
                            "(stage 1-3)");
   }
@@ -129,7 +128,8 @@ Status OptimizerSwapper::Finish(uint64_t host_available, uint64_t host_budget) {
                           " units swapped too (" + FormatBytes(grad_bytes) + ")",
                 FormatBytes(store_->bytes_reserved() / options_.dirs.size()), dirs);
   for (int64_t i = 0; i < buffers; ++i) {
-    ZINF_ASSIGN_OR_RETURN(PinnedBuffer b, options_.pinned(static_cast<uint64_t>(max_group) * 12, "NVMe swap buffer"));
+    ZINF_ASSIGN_OR_RETURN(cpu::PinnedBuffer b,
+                          options_.pinned(static_cast<uint64_t>(max_group) * 12, "NVMe swap buffer"));
     bufs_.push_back(std::move(b));
   }
   for (size_t i = 0; i < owned_.size(); ++i) {
@@ -158,9 +158,9 @@ Result<uint64_t> OptimizerSwapper::PlaceGradients(int64_t buffers, int64_t max_g
   in.owned = owned_;
   in.group_of_unit = group_of_unit_;
   in.buffers = buffers;
-  in.state_buffer_bytes = buffers * PinnedPool::SizeClassBytes(static_cast<uint64_t>(max_group) * 12);
+  in.state_buffer_bytes = buffers * cpu::PinnedPool::SizeClassBytes(static_cast<uint64_t>(max_group) * 12);
   in.available = available;
-  const GradientPlacement place = zinf::PlaceGradients(in);
+  const GradientPlacement place = zinf::sched::PlaceGradients(in);
   grad_on_nvme_.assign(owned_.size(), 0);
   grad_offset_.assign(owned_.size(), 0);
   if (!place.swap) return uint64_t{0};
@@ -178,10 +178,10 @@ Result<uint64_t> OptimizerSwapper::PlaceGradients(int64_t buffers, int64_t max_g
   }
   swapped_grad_units_ = place.swapped_units;
   for (int64_t i = 0; i < buffers; ++i) {
-    ZINF_ASSIGN_OR_RETURN(PinnedBuffer b, options_.pinned(place.region_bytes, "NVMe gradient buffer"));
+    ZINF_ASSIGN_OR_RETURN(cpu::PinnedBuffer b, options_.pinned(place.region_bytes, "NVMe gradient buffer"));
     grad_bufs_.push_back(std::move(b));
   }
-  for (PinnedBuffer& b : grad_stage_) {
+  for (cpu::PinnedBuffer& b : grad_stage_) {
     ZINF_ASSIGN_OR_RETURN(b, options_.pinned(place.stage_bytes, "gradient staging (to NVMe)"));
   }
   return place.nvme_bytes;
@@ -256,5 +256,4 @@ Status OptimizerSwapper::Drain() {
   return first;
 }
 
-}  // namespace sched
-}  // namespace zinf
+}  // namespace zinf::sched

@@ -35,8 +35,7 @@
 #include "sched/swap_schedule.h"
 #include "zinf/config.h"
 
-namespace zinf {
-namespace sched {
+namespace zinf::sched {
 
 class OptimizerSwapper {
  public:
@@ -52,7 +51,7 @@ class OptimizerSwapper {
     // How swap files are opened (default: the I/O engine's).
     std::function<Result<std::shared_ptr<nvme::File>>(const std::string&, const nvme::FileOptions&)> open_file;
     // Pinned host buffers (the engine's pool, within its budget).
-    std::function<Result<PinnedBuffer>(uint64_t bytes, const std::string& what)> pinned;
+    std::function<Result<cpu::PinnedBuffer>(uint64_t bytes, const std::string& what)> pinned;
     // Told of every failed transfer; returns the status to report (default:
     // the failure itself).
     std::function<Status(Status, FailureKind)> on_failure;
@@ -139,16 +138,15 @@ class OptimizerSwapper {
   std::unique_ptr<float, decltype(&std::free)> init_group_{nullptr, &std::free};  // the open sub-group's initial state
   int64_t init_group_elems_ = 0;
   std::optional<SwapSchedule> schedule_;
-  std::vector<PinnedBuffer> bufs_;
+  std::vector<cpu::PinnedBuffer> bufs_;
   std::vector<nvme::IoRequest> reads_, writes_;  // this boundary's, per sub-group
   // Swapped gradients.
   std::vector<char> grad_on_nvme_;
   std::vector<int64_t> grad_offset_;  // bytes into the sub-group's gradient buffer
   int64_t swapped_grad_units_ = 0;
-  std::vector<PinnedBuffer> grad_bufs_;
-  PinnedBuffer grad_stage_[2];
+  std::vector<cpu::PinnedBuffer> grad_bufs_;
+  cpu::PinnedBuffer grad_stage_[2];
   std::vector<std::vector<nvme::IoRequest>> grad_reads_;  // this boundary's, per sub-group
 };
 
-}  // namespace sched
-}  // namespace zinf
+}  // namespace zinf::sched

@@ -11,10 +11,10 @@
 
 #include "cpu/kernels.h"
 
-namespace zinf {
+namespace zinf::sched {
 
 // The norm block, in the signed arithmetic of element counts.
-inline constexpr int64_t kNormBlock = static_cast<int64_t>(cpu::kNormBlockElems);
+inline constexpr int64_t kNormBlock = static_cast<int64_t>(math::kNormBlockElems);
 
 struct UnitPartition {
   int64_t num_elems = 0;     // the unit's real elements
@@ -41,4 +41,4 @@ inline UnitPartition PartitionUnit(int64_t num_elems, int world_size) {
   return p;
 }
 
-}  // namespace zinf
+}  // namespace zinf::sched

@@ -19,13 +19,13 @@
 #include "sched/gradient_placement.h"
 #include "sched/partition.h"
 
-namespace zinf {
+namespace zinf::sched {
 namespace {
 
 constexpr uint64_t kExtentBytes = uint64_t{1} << 20;  // the swap store's default extent
 
 uint64_t Dev(uint64_t bytes) { return DeviceAllocator::RoundUp(bytes); }
-uint64_t Pin(uint64_t bytes) { return PinnedPool::SizeClassBytes(std::max<uint64_t>(bytes, 1)); }
+uint64_t Pin(uint64_t bytes) { return cpu::PinnedPool::SizeClassBytes(std::max<uint64_t>(bytes, 1)); }
 
 struct Items {
   std::vector<PlanItem> items;
@@ -480,7 +480,7 @@ class CombinationCount {
   // at most min(sub_group_size, 1 GiB of state); a larger unit alone, up to
   // one pinned buffer (gradient_placement.h).
   void CountNvmeOptimizer() {
-    const int64_t cap = static_cast<int64_t>(PinnedPool::kMaxBufferBytes / 12);
+    const int64_t cap = static_cast<int64_t>(cpu::PinnedPool::kMaxBufferBytes / 12);
     const int64_t limit = std::min<int64_t>(z_.sub_group_size, kSubGroupPackElems);
     std::vector<int64_t> groups;
     GradientPlacementInput gin;  // each unit's owned elements and sub-group, for the gradients below
@@ -489,7 +489,8 @@ class CombinationCount {
       if (o > cap) {
         row_.runnable = false;
         row_.note = "a unit has " + std::to_string(o) + " elements on a rank: its optimizer state exceeds one " +
-                    FormatBytes(PinnedPool::kMaxBufferBytes) + " swap buffer; split it or shard it over more ranks";
+                    FormatBytes(cpu::PinnedPool::kMaxBufferBytes) +
+                    " swap buffer; split it or shard it over more ranks";
       }
       if (groups.empty() || groups.back() + o > limit) groups.push_back(0);
       groups.back() += o;
@@ -722,4 +723,4 @@ std::string PlanToJson(const PlanInput& in, const std::vector<PlanRow>& rows) {
   return j.dump(2);
 }
 
-}  // namespace zinf
+}  // namespace zinf::sched

@@ -52,7 +52,7 @@
 #include "zinf/dtype.h"
 #include "zinf/status.h"
 
-namespace zinf {
+namespace zinf::sched {
 
 // N parameters with no model shape: `units` equal units (the last one takes
 // the remainder), no activations; with tokens > 0 the compute is 6 N tokens.
@@ -141,4 +141,4 @@ std::vector<PlanRow> PlanAll(const PlanInput& input);
 // The JSON object `zinf plan --json` prints.
 std::string PlanToJson(const PlanInput& input, const std::vector<PlanRow>& rows);
 
-}  // namespace zinf
+}  // namespace zinf::sched

@@ -2,7 +2,7 @@
 
 #include <utility>
 
-namespace zinf {
+namespace zinf::sched {
 
 bool ReduceBuckets::Add(int unit, int64_t elems, bool last) {
   if (!open_.empty() && open_elems_ + elems > capacity_) CloseOpen();
@@ -19,4 +19,4 @@ void ReduceBuckets::CloseOpen() {
   open_elems_ = 0;
 }
 
-}  // namespace zinf
+}  // namespace zinf::sched

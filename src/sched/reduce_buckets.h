@@ -15,7 +15,7 @@
 #include <cstdint>
 #include <vector>
 
-namespace zinf {
+namespace zinf::sched {
 
 class ReduceBuckets {
  public:
@@ -39,4 +39,4 @@ class ReduceBuckets {
   std::vector<std::vector<int>> closed_;
 };
 
-}  // namespace zinf
+}  // namespace zinf::sched

@@ -3,7 +3,7 @@
 
 #include "common/check.h"
 
-namespace zinf {
+namespace zinf::sched {
 namespace {
 
 void Place(StateBytes& s, OffloadDevice where, double bytes) {
@@ -41,4 +41,4 @@ StateBytes ModelStateBytes(int64_t num_params, int64_t world_size, int stage, Of
   return s;
 }
 
-}  // namespace zinf
+}  // namespace zinf::sched

@@ -13,7 +13,7 @@
 
 #include "zinf/config.h"
 
-namespace zinf {
+namespace zinf::sched {
 
 struct StateBytes {
   double device = 0;  // bytes of device memory per rank
@@ -26,4 +26,4 @@ struct StateBytes {
 StateBytes ModelStateBytes(int64_t num_params, int64_t world_size, int stage, OffloadDevice optimizer,
                            OffloadDevice param);
 
-}  // namespace zinf
+}  // namespace zinf::sched

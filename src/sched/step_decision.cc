@@ -5,7 +5,7 @@
 
 #include "common/logging.h"
 
-namespace zinf {
+namespace zinf::sched {
 
 double SumNormPartials(const double* partials, const NormPartialsLayout& layout) {
   double total = 0;
@@ -18,7 +18,7 @@ double SumNormPartials(const double* partials, const NormPartialsLayout& layout)
   return total;
 }
 
-StepDecision::StepDecision(LrSchedule schedule, LossScaler scaler, AdamOptions adam, double gradient_clipping,
+StepDecision::StepDecision(LrSchedule schedule, LossScaler scaler, cpu::AdamOptions adam, double gradient_clipping,
                            int world, int64_t accumulation)
     : schedule_(std::move(schedule)),
       scaler_(std::move(scaler)),
@@ -54,7 +54,7 @@ Decision StepDecision::Decide(double sum_of_squares) {
   d.grad_scale = d.clip_coef / mean_div;
   if (!d.skip) {
     // Options were validated at the engine's Create; a schedule's lr cannot be bad.
-    if (auto c = MakeAdamStepConstants(d.adam, steps_applied_ + 1, d.grad_scale); !c.ok()) {
+    if (auto c = cpu::MakeAdamStepConstants(d.adam, steps_applied_ + 1, d.grad_scale); !c.ok()) {
       ZINF_LOG_ERROR("engine: {}", c.status().ToString());
       d.skip = true;
     }
@@ -65,4 +65,4 @@ Decision StepDecision::Decide(double sum_of_squares) {
   return d;
 }
 
-}  // namespace zinf
+}  // namespace zinf::sched

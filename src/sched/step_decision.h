@@ -17,13 +17,13 @@
 #include "sched/loss_scaler.h"
 #include "sched/lr_schedule.h"
 
-namespace zinf {
+namespace zinf::sched {
 
 // The decision of one boundary, read by the update tasks after it.
 struct Decision {
   bool skip = false;
-  AdamOptions adam{};     // with the step's lr
-  double grad_scale = 1;  // clipping, 1/loss_scale and the mean, folded
+  cpu::AdamOptions adam{};  // with the step's lr
+  double grad_scale = 1;    // clipping, 1/loss_scale and the mean, folded
   double loss_scale = 1, next_loss_scale = 1, lr = 0, grad_norm = 0, clip_coef = 1;
 };
 
@@ -44,7 +44,7 @@ double SumNormPartials(const double* partials, const NormPartialsLayout& layout)
 class StepDecision {
  public:
   // gradient_clipping <= 0: none. The mean divides by world × accumulation.
-  StepDecision(LrSchedule schedule, LossScaler scaler, AdamOptions adam, double gradient_clipping, int world,
+  StepDecision(LrSchedule schedule, LossScaler scaler, cpu::AdamOptions adam, double gradient_clipping, int world,
                int64_t accumulation);
 
   // One boundary: `sum_of_squares` of the summed (scaled) gradients over
@@ -66,10 +66,10 @@ class StepDecision {
  private:
   const LrSchedule schedule_;
   LossScaler scaler_;
-  const AdamOptions adam_;
+  const cpu::AdamOptions adam_;
   const double clipping_;
   const double world_, accumulation_;  // the mean's divisors
   int64_t steps_applied_ = 0;
 };
 
-}  // namespace zinf
+}  // namespace zinf::sched

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-namespace zinf {
+namespace zinf::sched {
 
 size_t SwapSchedule::ReadEnd(size_t g) const {
   if (phased_) return std::min(groups_, BatchStart(g) + buffers_);
@@ -21,4 +21,4 @@ std::optional<std::pair<size_t, size_t>> SwapSchedule::WritesAfterUpdate(size_t 
   return std::make_pair(BatchStart(g), g);
 }
 
-}  // namespace zinf
+}  // namespace zinf::sched

@@ -19,7 +19,7 @@
 #include <optional>
 #include <utility>
 
-namespace zinf {
+namespace zinf::sched {
 
 class SwapSchedule {
  public:
@@ -51,4 +51,4 @@ class SwapSchedule {
   bool phased_;
 };
 
-}  // namespace zinf
+}  // namespace zinf::sched

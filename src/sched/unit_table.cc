@@ -2,8 +2,7 @@
 
 #include <algorithm>
 
-namespace zinf {
-namespace sched {
+namespace zinf::sched {
 
 std::vector<UnitLayout::GroupRun> UnitLayout::GroupRuns(int64_t begin, int64_t count) const {
   std::vector<GroupRun> runs;
@@ -69,5 +68,4 @@ void UnitTable::Add(const UnitLayout& u) {
   if (u.partitioned && options_.param_offload && !u.shard_on_nvme) cpu_shard_elems_ += u.part.shard_elems;
 }
 
-}  // namespace sched
-}  // namespace zinf
+}  // namespace zinf::sched

@@ -19,8 +19,7 @@
 #include "zinf/engine.h"
 #include "zinf/status.h"
 
-namespace zinf {
-namespace sched {
+namespace zinf::sched {
 
 struct UnitLayout {
   std::string name;
@@ -79,5 +78,4 @@ class UnitTable {
   int64_t cpu_shard_elems_ = 0;
 };
 
-}  // namespace sched
-}  // namespace zinf
+}  // namespace zinf::sched

@@ -19,7 +19,7 @@
 #include "cpu/kernels.h"
 #include "cpu_test_util.h"
 
-namespace zinf {
+namespace zinf::cpu {
 namespace {
 
 using test::AlignedBuffer;
@@ -349,7 +349,7 @@ TEST(AdamTest, ParamCopyIsTheUpdatedParamRoundedToNearestEven) {
 }
 
 TEST(AdamTest, ThreadCountDoesNotChangeResults) {
-  constexpr size_t n = 5 * cpu::kNormBlockElems + 123;
+  constexpr size_t n = 5 * math::kNormBlockElems + 123;
   const AdamState start = RandomState(n, DType::kBFloat16, 11, /*specials=*/false);
   std::vector<AdamState> results;
   for (int threads : {1, 2, 3}) {
@@ -414,15 +414,15 @@ TEST(AdamTest, StepConstants) {
   EXPECT_EQ(c->step_size, static_cast<float>(1e-3 / (1 - 0.9)));
   EXPECT_EQ(c->inv_sqrt_bc2, static_cast<float>(1 / std::sqrt(1 - 0.999)));
   EXPECT_EQ(c->decay_factor, static_cast<float>(1 - 1e-3 * 0.01));
-  EXPECT_EQ(c->decay, AdamDecay::kDecoupled);
+  EXPECT_EQ(c->decay, math::AdamDecay::kDecoupled);
   o.bias_correction = false;
   c = MakeAdamStepConstants(o, 7, 1.0);
   EXPECT_EQ(c->step_size, 1e-3f);
   EXPECT_EQ(c->inv_sqrt_bc2, 1.0f);
   o.mode = AdamMode::kAdam;
-  EXPECT_EQ(MakeAdamStepConstants(o, 1, 1.0)->decay, AdamDecay::kL2);
+  EXPECT_EQ(MakeAdamStepConstants(o, 1, 1.0)->decay, math::AdamDecay::kL2);
   o.weight_decay = 0;
-  EXPECT_EQ(MakeAdamStepConstants(o, 1, 1.0)->decay, AdamDecay::kNone);
+  EXPECT_EQ(MakeAdamStepConstants(o, 1, 1.0)->decay, math::AdamDecay::kNone);
 }
 
 TEST(AdamTest, BadOptionsAreInvalidArgument) {
@@ -473,4 +473,4 @@ TEST(AdamTest, BadBuffersAreInvalidArgument) {
 }
 
 }  // namespace
-}  // namespace zinf
+}  // namespace zinf::cpu

@@ -14,7 +14,7 @@
 #include "cpu/kernels.h"
 #include "cpu_test_util.h"
 
-namespace zinf {
+namespace zinf::cpu {
 namespace {
 
 using test::AlignedBuffer;
@@ -124,7 +124,7 @@ INSTANTIATE_TEST_SUITE_P(AllLevels, CastLevelTest, ::testing::ValuesIn(test::All
 
 TEST(CastTest, MultiBlockWithThreadsMatchesElementwise) {
   tbb::task_arena arena(3);
-  constexpr size_t n = 3 * cpu::kNormBlockElems + 71;
+  constexpr size_t n = 3 * math::kNormBlockElems + 71;
   std::vector<float> in(n);
   test::RandomFloats r(3);
   for (auto& x : in) x = r.Next(true);
@@ -160,4 +160,4 @@ TEST(CastTest, BadArgumentsAreInvalidArgument) {
 }
 
 }  // namespace
-}  // namespace zinf
+}  // namespace zinf::cpu

@@ -48,21 +48,21 @@ class AlignedBuffer {
   T* data_;
 };
 
-inline const std::vector<SimdLevel>& AllSimdLevels() {
-  static const std::vector<SimdLevel> levels = {SimdLevel::kScalar, SimdLevel::kSse2, SimdLevel::kAvx2,
-                                                SimdLevel::kAvx512};
+inline const std::vector<cpu::SimdLevel>& AllSimdLevels() {
+  static const std::vector<cpu::SimdLevel> levels = {cpu::SimdLevel::kScalar, cpu::SimdLevel::kSse2,
+                                                     cpu::SimdLevel::kAvx2, cpu::SimdLevel::kAvx512};
   return levels;
 }
 
-inline std::string SimdLevelParamName(const ::testing::TestParamInfo<SimdLevel>& info) {
-  return std::string(SimdLevelName(info.param));
+inline std::string SimdLevelParamName(const ::testing::TestParamInfo<cpu::SimdLevel>& info) {
+  return std::string(cpu::SimdLevelName(info.param));
 }
 
 // In SetUp of a test parameterized by level.
-#define ZINF_SKIP_IF_LEVEL_UNSUPPORTED(level)                                       \
-  do {                                                                              \
-    if (static_cast<int>(level) > static_cast<int>(::zinf::DetectedSimdLevel()))    \
-      GTEST_SKIP() << "this CPU does not support " << ::zinf::SimdLevelName(level); \
+#define ZINF_SKIP_IF_LEVEL_UNSUPPORTED(level)                                            \
+  do {                                                                                   \
+    if (static_cast<int>(level) > static_cast<int>(::zinf::cpu::DetectedSimdLevel()))    \
+      GTEST_SKIP() << "this CPU does not support " << ::zinf::cpu::SimdLevelName(level); \
   } while (0)
 
 // Equal bits, or both NaN (NaN sign and payload may differ between levels).

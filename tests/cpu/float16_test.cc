@@ -10,7 +10,7 @@
 #include <limits>
 #include <random>
 
-namespace zinf {
+namespace zinf::cpu {
 namespace {
 
 // The nearest bf16 (ties to even) by comparing the two neighbours in double.
@@ -125,4 +125,4 @@ TEST(Float16Test, RoundTripIsIdentityForEvery16BitValue) {
 }
 
 }  // namespace
-}  // namespace zinf
+}  // namespace zinf::cpu

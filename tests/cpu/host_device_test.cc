@@ -14,10 +14,11 @@
 
 #include "device_contract_tests.h"
 
-namespace zinf {
-namespace test {
+namespace zinf::test {
 INSTANTIATE_TEST_SUITE_P(Host, DeviceContractTest, ::testing::Values("cpu"));
-}  // namespace test
+}  // namespace zinf::test
+
+namespace zinf::cpu {
 
 namespace {
 
@@ -176,4 +177,4 @@ TEST(DeviceRegistryTest, SpecsAreCheckedAndAutoFallsBackToHost) {
 }
 
 }  // namespace
-}  // namespace zinf
+}  // namespace zinf::cpu

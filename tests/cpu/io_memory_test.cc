@@ -10,7 +10,7 @@
 #include <sstream>
 #include <string>
 
-namespace zinf {
+namespace zinf::cpu {
 namespace {
 
 constexpr uint64_t kHugePage = uint64_t{2} << 20;
@@ -137,4 +137,4 @@ TEST(IoMemoryTest, MemoryHoldingAnAbandonedTransferStaysMapped) {
 }
 
 }  // namespace
-}  // namespace zinf
+}  // namespace zinf::cpu

@@ -37,8 +37,8 @@ INSTANTIATE_TEST_SUITE_P(AllLevels, KernelTableTest, ::testing::ValuesIn(test::A
                          test::SimdLevelParamName);
 
 TEST(KernelsTest, CombineNormLanesUsesTheFixedPairwiseOrder) {
-  double lanes[kNormLanes];
-  for (int i = 0; i < kNormLanes; ++i) lanes[i] = 1.0 + i * 0x1p-40;
+  double lanes[math::kNormLanes];
+  for (int i = 0; i < math::kNormLanes; ++i) lanes[i] = 1.0 + i * 0x1p-40;
   lanes[3] = 1e16;
   lanes[11] = -1e16;
   double s[8];
@@ -46,7 +46,7 @@ TEST(KernelsTest, CombineNormLanesUsesTheFixedPairwiseOrder) {
   for (int i = 0; i < 4; ++i) s[i] += s[i + 4];
   for (int i = 0; i < 2; ++i) s[i] += s[i + 2];
   const double want = s[0] + s[1];
-  const double got = CombineNormLanes(lanes);
+  const double got = math::CombineNormLanes(lanes);
   EXPECT_EQ(std::memcmp(&want, &got, sizeof(double)), 0);
   double sequential = 0;  // a different order gives a different double here
   for (double l : lanes) sequential += l;

@@ -34,7 +34,7 @@
 #include "cpu/host_device.h"
 #include "cpu/mpi_comm.h"
 
-namespace zinf {
+namespace zinf::cpu {
 namespace {
 
 constexpr double kTimeoutSeconds = 3.0;
@@ -130,6 +130,6 @@ int Main(int argc, char** argv) {
 }
 
 }  // namespace
-}  // namespace zinf
+}  // namespace zinf::cpu
 
-int main(int argc, char** argv) { return zinf::Main(argc, argv); }
+int main(int argc, char** argv) { return zinf::cpu::Main(argc, argv); }

@@ -31,7 +31,7 @@
 #include "cpu/host_device.h"
 #include "test_util.h"
 
-namespace zinf {
+namespace zinf::cpu {
 namespace {
 
 using Bytes = std::vector<uint8_t>;
@@ -697,4 +697,4 @@ TEST_F(CheckingMpiCommTest, KindMismatchNamesBothRanks) {
 }
 
 }  // namespace
-}  // namespace zinf
+}  // namespace zinf::cpu

@@ -17,10 +17,10 @@
 #include "cpu_test_util.h"
 #include "test_util.h"
 
-namespace zinf {
+namespace zinf::cpu {
 namespace {
 
-using cpu::kNormBlockElems;
+using math::kNormBlockElems;
 using test::AlignedBuffer;
 
 // n values of dtype (raw bytes), finite, with subnormals and large values.
@@ -174,4 +174,4 @@ TEST(NormTest, CombineBlockPartialsAddsInBlockOrder) {
 }
 
 }  // namespace
-}  // namespace zinf
+}  // namespace zinf::cpu

@@ -6,7 +6,7 @@
 
 #include "two_node_topology.h"
 
-namespace zinf {
+namespace zinf::cpu {
 namespace {
 
 HwlocTopology TwoNodes() {
@@ -73,4 +73,4 @@ TEST(NumaTest, ThisMachineGivesTheCallingThreadsNode) {
 }
 
 }  // namespace
-}  // namespace zinf
+}  // namespace zinf::cpu

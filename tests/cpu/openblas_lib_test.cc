@@ -5,7 +5,7 @@
 
 #include <string>
 
-namespace zinf {
+namespace zinf::cpu {
 namespace {
 
 TEST(OpenBlasLibTest, OpensOnceAndComputes) {
@@ -38,4 +38,4 @@ TEST(OpenBlasLibTest, OpensOnceAndComputes) {
 }
 
 }  // namespace
-}  // namespace zinf
+}  // namespace zinf::cpu

@@ -26,7 +26,7 @@
 #define ZINF_SKIP_IF_MLOCK_INTERCEPTED() (void)0
 #endif
 
-namespace zinf {
+namespace zinf::cpu {
 namespace {
 
 constexpr uint64_t kKiB = 1024, kMiB = 1024 * 1024;
@@ -268,4 +268,4 @@ TEST(PinnedPoolDeathTest, MemlockLimitErrorNamesLimitRequestAndFix) {
 }
 
 }  // namespace
-}  // namespace zinf
+}  // namespace zinf::cpu

@@ -2,7 +2,7 @@
 
 #include <gtest/gtest.h>
 
-namespace zinf {
+namespace zinf::cpu {
 namespace {
 
 TEST(SimdLevelTest, NamesRoundTrip) {
@@ -22,4 +22,4 @@ TEST(SimdLevelTest, ActiveNeverExceedsDetected) {
 }
 
 }  // namespace
-}  // namespace zinf
+}  // namespace zinf::cpu

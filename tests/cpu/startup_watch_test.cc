@@ -10,7 +10,7 @@
 #include <cstdlib>
 #include <thread>
 
-namespace zinf {
+namespace zinf::cpu {
 namespace {
 
 TEST(StartupWatchTest, ASectionThatFinishesInTimeGoesOn) {
@@ -65,4 +65,4 @@ TEST(StartupWatchTest, AnExitAfterTheSectionSaysNothing) {
 }
 
 }  // namespace
-}  // namespace zinf
+}  // namespace zinf::cpu

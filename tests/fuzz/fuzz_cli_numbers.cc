@@ -35,7 +35,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (int stage = 0; stage <= 3; ++stage) {
       for (OffloadDevice opt : {OffloadDevice::kNone, OffloadDevice::kCpu, OffloadDevice::kNvme}) {
         for (OffloadDevice param : {OffloadDevice::kNone, OffloadDevice::kCpu, OffloadDevice::kNvme}) {
-          const StateBytes s = ModelStateBytes(*params, world, stage, opt, param);
+          const sched::StateBytes s = sched::ModelStateBytes(*params, world, stage, opt, param);
           // zinf config check prints these as uint64 byte counts.
           for (double b : {s.device, s.host, s.nvme}) {
             ZINF_FUZZ_CHECK(b >= 0 && b < 18446744073709551616.0, "state bytes beyond uint64");

@@ -65,7 +65,7 @@ void CheckCast() {
       // A source with every kind of value; its 16-bit or 32-bit words.
       OffsetBuffer<unsigned char> src(RandomBytes(n * 31 + offset, n * kSrcBytes), offset * kSrcBytes);
       std::vector<unsigned char> want(n * kDstBytes);
-      ASSERT_TRUE(Cast(arena, src.data(), kSrc, want.data(), kDst, n).ok());
+      ASSERT_TRUE(cpu::Cast(arena, src.data(), kSrc, want.data(), kDst, n).ok());
       for (const bool one_block : {false, true}) {
         OffsetBuffer<unsigned char> dst(std::vector<unsigned char>(n * kDstBytes, 0xab), offset * kDstBytes);
         const bool vector = elementwise::CastVector(src.data(), dst.data());
@@ -113,8 +113,8 @@ TEST(ElementwiseKernelsEmuTest, AddAndGeluMatchTheCpuBitForBit) {
       std::vector<float> sum(n), gelu(n), grad(n);
       for (size_t i = 0; i < n; ++i) {
         sum[i] = a[i] + b[i];
-        gelu[i] = model::Gelu(a[i]);
-        grad[i] = model::GeluGrad(a[i]) * b[i];
+        gelu[i] = math::Gelu(a[i]);
+        grad[i] = math::GeluGrad(a[i]) * b[i];
       }
       const OffsetBuffer<float> ga(a, offset), gb(b, offset);
       OffsetBuffer<float> out(n, offset), in_place(a, offset), y(n, offset), dx(b, offset);

@@ -220,7 +220,8 @@ TEST_F(EngineOnCudaTest, EveryTierMatchesHostDeviceBitForBit) {
   }
   for (const Case& k : cases) {
     SCOPED_TRACE(k.name);
-    auto host = CreateHostDevice(DeviceOptions{.spec = "cpu", .memory_budget = 256 << 20, .checking = true, .seed = 3});
+    auto host =
+        cpu::CreateHostDevice(DeviceOptions{.spec = "cpu", .memory_budget = 256 << 20, .checking = true, .seed = 3});
     auto cuda = gpu::CreateCudaDevice(0, DeviceOptions{.memory_budget = 256 << 20});
     ASSERT_TRUE(host.ok() && cuda.ok()) << host.status().ToString() << cuda.status().ToString();
     const TrainedState want = Train(k.config, **host);
@@ -285,7 +286,7 @@ TEST_F(EngineOnCudaTest, PinnedMemoryIsPlacedByTheGpusNumaNode) {
 // NCCL reductions add in rank order, as MPI's do).
 TEST_F(EngineOnCudaTest, NcclRanksMatchMpiRanksBitForBit) {
   if (!sched::Built(OptionalBackend::kNccl)) GTEST_SKIP() << NotBuilt(OptionalBackend::kNccl).message();
-  auto mpi = CreateMpiCommunicator(CommOptions{.timeout_seconds = 60, .checking = true});
+  auto mpi = cpu::CreateMpiCommunicator(CommOptions{.timeout_seconds = 60, .checking = true});
   ASSERT_TRUE(mpi.ok()) << mpi.status().ToString();
   const int world = (*mpi)->size(), rank = (*mpi)->rank();
   if (world < 2) GTEST_SKIP() << "one rank: run under mpirun -np 2 or more";
@@ -305,7 +306,8 @@ TEST_F(EngineOnCudaTest, NcclRanksMatchMpiRanksBitForBit) {
                  (c.zero.offload_optimizer.device != OffloadDevice::kNone ? " + offload_optimizer cpu"
                   : c.zero.offload_param.device != OffloadDevice::kNone   ? " + offload_param cpu"
                                                                           : ""));
-    auto host = CreateHostDevice(DeviceOptions{.spec = "cpu", .memory_budget = 256 << 20, .checking = true, .seed = 3});
+    auto host =
+        cpu::CreateHostDevice(DeviceOptions{.spec = "cpu", .memory_budget = 256 << 20, .checking = true, .seed = 3});
     auto cuda = gpu::CreateCudaDevice(rank, DeviceOptions{.memory_budget = 256 << 20});
     ASSERT_TRUE(host.ok() && cuda.ok()) << host.status().ToString() << cuda.status().ToString();
     const TrainedState want = Train(c, **host, mpi->get());

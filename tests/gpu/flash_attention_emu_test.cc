@@ -26,8 +26,8 @@
 namespace zinf::gpu {
 namespace {
 
-using model::AttentionShape;
-using model::AttentionTensors;
+using math::AttentionShape;
+using math::AttentionTensors;
 using model::ModelThreads;
 using model::test::AttentionProblem;
 using model::test::AttentionResult;
@@ -239,7 +239,7 @@ TEST(FlashAttentionEmuTest, Bf16OutputsAndGradientsGiveTheBitsOfTheirRoundings) 
     tg.dk16 = dqkv16.data() + (tg.dk - tg.dq);
     tg.dv16 = dqkv16.data() + (tg.dv - tg.dq);
     tg.dq = tg.dk = tg.dv = nullptr;
-    ASSERT_TRUE(model::CheckAttentionShape(p.shape, tg, true).ok());
+    ASSERT_TRUE(math::CheckAttentionShape(p.shape, tg, true).ok());
     ASSERT_TRUE(forward(tg).ok());
     ASSERT_TRUE(backward(tg).ok());
     EXPECT_EQ(out16, want_out16);

@@ -25,7 +25,7 @@
 namespace zinf::gpu {
 namespace {
 
-using model::AttentionShape;
+using math::AttentionShape;
 using model::ModelThreads;
 using model::test::AttentionProblem;
 using model::test::AttentionResult;
@@ -68,7 +68,7 @@ AttentionResult OnGpu(const AttentionProblem& p, bool forward_only = false,
   DeviceFloats out(p.OutElems()), lse(p.StatElems()), delta(p.StatElems()), dqkv(p.qkv.size());
   // dqkv's columns are all written (q, k and v of every head), so the NaN
   // fill would show a missed one.
-  model::AttentionTensors t = p.Tensors(qkv.get(), out.get(), lse.get(), dout.get(), delta.get(), dqkv.get());
+  math::AttentionTensors t = p.Tensors(qkv.get(), out.get(), lse.get(), dout.get(), delta.get(), dqkv.get());
   // The bf16 copies (as the model makes them: gpu::Cast of all of qkv, and
   // of dout), in buffers of their own.
   DeviceFloats qkv16((p.qkv.size() + 1) / 2), dout16((p.dout.size() + 1) / 2);
@@ -155,7 +155,7 @@ TEST_F(FlashAttentionGpuTest, ForwardQueryTilesGiveTheSameBits) {
     std::vector<float> outs[2], lses[2];
     for (int tiles : {1, 2}) {
       DeviceFloats qkv(p.qkv.size(), p.qkv.data()), out(p.OutElems()), lse(p.StatElems());
-      const model::AttentionTensors t = p.Tensors(qkv.get(), out.get(), lse.get(), nullptr, nullptr, nullptr);
+      const math::AttentionTensors t = p.Tensors(qkv.get(), out.get(), lse.get(), nullptr, nullptr, nullptr);
       const Status st = FlashAttentionForward(p.shape, t, nullptr, tiles);
       ASSERT_TRUE(st.ok()) << st.ToString();
       outs[tiles - 1] = out.ToHost();
@@ -193,7 +193,7 @@ TEST_F(FlashAttentionGpuTest, LongContextRowsMatchADirectEvaluation) {
   const AttentionResult gpu = OnGpu(p, /*forward_only=*/true);
   const auto& s = p.shape;
   const int64_t S = p.QkvStride(), D = s.head_dim;
-  auto op = [](float x) { return static_cast<double>(model::FlashOperand(x, true)); };
+  auto op = [](float x) { return static_cast<double>(math::FlashOperand(x, true)); };
   double worst = 0;
   for (int64_t h = 0; h < s.heads; ++h) {
     for (int64_t i : {0, 63, 64, 1000, 4097, 8191}) {
@@ -235,7 +235,7 @@ TEST_F(FlashAttentionGpuTest, Bf16OutputsAndGradientsGiveTheBitsOfTheirRoundings
     ASSERT_TRUE(Cast(qkv.get(), DType::kFloat32, q16, DType::kBFloat16, n_qkv, nullptr).ok());
     ASSERT_TRUE(Cast(dout.get(), DType::kFloat32, do16, DType::kBFloat16, n_out, nullptr).ok());
     ASSERT_TRUE(Cast(do16, DType::kBFloat16, dout.get(), DType::kFloat32, n_out, nullptr).ok());  // dO rounded
-    const auto with_copies = [&](model::AttentionTensors t) {
+    const auto with_copies = [&](math::AttentionTensors t) {
       t.q16 = q16;
       t.k16 = q16 + (t.k - t.q);
       t.v16 = q16 + (t.v - t.q);
@@ -244,7 +244,7 @@ TEST_F(FlashAttentionGpuTest, Bf16OutputsAndGradientsGiveTheBitsOfTheirRoundings
     };
     // fp32 O, rounded in place between forward and backward.
     DeviceFloats out_a(n_out), lse_a(p.StatElems()), delta_a(p.StatElems()), dqkv_a(n_qkv);
-    const model::AttentionTensors ta =
+    const math::AttentionTensors ta =
         with_copies(p.Tensors(qkv.get(), out_a.get(), lse_a.get(), dout.get(), delta_a.get(), dqkv_a.get()));
     ASSERT_TRUE(FlashAttentionForward(p.shape, ta, nullptr).ok());
     auto* r16 = reinterpret_cast<uint16_t*>(rounded.get());
@@ -253,7 +253,7 @@ TEST_F(FlashAttentionGpuTest, Bf16OutputsAndGradientsGiveTheBitsOfTheirRoundings
     ASSERT_TRUE(FlashAttentionBackward(p.shape, ta, nullptr).ok());
     // O, dO and d(qkv) in bf16 alone.
     DeviceFloats lse_b(p.StatElems()), delta_b(p.StatElems()), dqkv_b((n_qkv + 1) / 2), dqkv_a16((n_qkv + 1) / 2);
-    model::AttentionTensors tb =
+    math::AttentionTensors tb =
         with_copies(p.Tensors(qkv.get(), nullptr, lse_b.get(), nullptr, delta_b.get(), dqkv_b.get()));
     tb.out16 = reinterpret_cast<uint16_t*>(out16.get());
     auto* dqkv16 = reinterpret_cast<uint16_t*>(dqkv_b.get());
@@ -283,7 +283,7 @@ TEST_F(FlashAttentionGpuTest, Bf16OutputsAndGradientsGiveTheBitsOfTheirRoundings
 TEST(FlashAttentionGpuArgsTest, RefusesQueryTilesTheHeadDimCannotTake) {
   AttentionProblem p = AttentionProblem::Random(1, 8, 2, 2, 128, 1);
   std::vector<float> out(p.OutElems()), lse(p.StatElems());
-  const model::AttentionTensors t = p.Tensors(p.qkv.data(), out.data(), lse.data(), nullptr, nullptr, nullptr);
+  const math::AttentionTensors t = p.Tensors(p.qkv.data(), out.data(), lse.data(), nullptr, nullptr, nullptr);
   Status st = FlashAttentionForward(p.shape, t, nullptr, 2);  // head_dim 128 takes one tile
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
   EXPECT_NE(st.message().find("query_tiles 2"), std::string::npos) << st.ToString();
@@ -298,7 +298,7 @@ TEST(FlashAttentionGpuArgsTest, RefusesKvMinBlocksTheHeadDimCannotTake) {
     SCOPED_TRACE(::testing::Message() << "head_dim " << D << ", kv_min_blocks " << blocks);
     AttentionProblem p = AttentionProblem::Random(1, 8, 2, 2, D, 1);
     std::vector<float> out(p.OutElems()), lse(p.StatElems()), delta(p.StatElems()), dqkv(p.qkv.size());
-    const model::AttentionTensors t =
+    const math::AttentionTensors t =
         p.Tensors(p.qkv.data(), out.data(), lse.data(), p.dout.data(), delta.data(), dqkv.data());
     const Status st = FlashAttentionBackward(p.shape, t, nullptr, blocks);
     EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
@@ -320,7 +320,7 @@ TEST(FlashAttentionGpuArgsTest, RefusesPartialOrMisalignedCopies) {
   AttentionProblem p = AttentionProblem::Random(1, 8, 2, 2, 64, 1);
   std::vector<float> out(p.OutElems()), lse(p.StatElems()), delta(p.StatElems()), dqkv(p.qkv.size());
   alignas(16) static uint16_t copy[4096];
-  model::AttentionTensors t = p.Tensors(p.qkv.data(), out.data(), lse.data(), p.dout.data(), delta.data(), dqkv.data());
+  math::AttentionTensors t = p.Tensors(p.qkv.data(), out.data(), lse.data(), p.dout.data(), delta.data(), dqkv.data());
   t.q16 = copy;
   t.k16 = copy + 128;
   Status st = FlashAttentionForward(p.shape, t, nullptr);

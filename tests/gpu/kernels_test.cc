@@ -125,13 +125,13 @@ int DTypeIndex(DType d) { return static_cast<int>(d); }
 TEST_F(GpuKernelTest, AdamMatchesTheScalarTwinBitForBit) {
   constexpr size_t kN = 100003;  // not a multiple of any block size
   const DType grad_dtypes[] = {DType::kFloat32, DType::kBFloat16, DType::kFloat16};
-  const AdamMode modes[] = {AdamMode::kAdam, AdamMode::kAdamW};
-  for (AdamMode mode : modes) {
+  const cpu::AdamMode modes[] = {cpu::AdamMode::kAdam, cpu::AdamMode::kAdamW};
+  for (cpu::AdamMode mode : modes) {
     for (DType grad_dtype : grad_dtypes) {
       for (int copy = 0; copy < 3; ++copy) {
         SCOPED_TRACE(::testing::Message() << "mode " << static_cast<int>(mode) << " grad dtype "
                                           << DTypeIndex(grad_dtype) << " copy " << copy);
-        AdamOptions options;
+        cpu::AdamOptions options;
         options.lr = 3e-3;
         options.weight_decay = 0.05;
         options.mode = mode;
@@ -153,7 +153,7 @@ TEST_F(GpuKernelTest, AdamMatchesTheScalarTwinBitForBit) {
         DeviceArray<uint8_t> dg(grads);
         DeviceArray<uint16_t> dcopy(cpu_copy);
         for (int64_t step = 1; step <= 3; ++step) {
-          auto constants = MakeAdamStepConstants(options, step, 0.5);
+          auto constants = cpu::MakeAdamStepConstants(options, step, 0.5);
           ASSERT_TRUE(constants.ok());
           cpu::ScalarKernels().adam[DTypeIndex(grad_dtype)][copy](*constants, p.data(), m.data(), v.data(),
                                                                   grads.data(), copy ? cpu_copy.data() : nullptr, kN);
@@ -174,7 +174,7 @@ TEST_F(GpuKernelTest, AdamMatchesTheScalarTwinBitForBit) {
 
 // Argument checks happen before any CUDA call, so these run without a GPU.
 TEST(GpuKernelArgsTest, AdamRefusesBadDTypes) {
-  AdamStepConstants c;
+  math::AdamStepConstants c;
   float x = 0;
   EXPECT_EQ(gpu::AdamStep(c, &x, &x, &x, &x, static_cast<DType>(7), nullptr, DType::kBFloat16, 1, nullptr).code(),
             StatusCode::kInvalidArgument);
@@ -204,11 +204,12 @@ TEST_F(GpuKernelTest, NormPartialsMatchTheCpuBitForBit) {
       if (skip >= n) continue;
       SCOPED_TRACE(::testing::Message() << "from element " << skip);
       const size_t m = n - skip;
-      const size_t blocks = NumNormBlocks(m);
+      const size_t blocks = cpu::NumNormBlocks(m);
       std::vector<double> cpu(blocks), cpu_scalar(blocks);
-      ASSERT_TRUE(zinf::SumSquaresBlocks(arena, x.data() + skip, DType::kFloat32, m, cpu).ok());
+      ASSERT_TRUE(zinf::cpu::SumSquaresBlocks(arena, x.data() + skip, DType::kFloat32, m, cpu).ok());
       ASSERT_TRUE(
-          zinf::SumSquaresBlocks(arena, x.data() + skip, DType::kFloat32, m, cpu_scalar, SimdLevel::kScalar).ok());
+          zinf::cpu::SumSquaresBlocks(arena, x.data() + skip, DType::kFloat32, m, cpu_scalar, cpu::SimdLevel::kScalar)
+              .ok());
       DeviceArray<double> gout(std::vector<double>(blocks, -1.0));
       ASSERT_TRUE(SumSquaresBlocks(gx.get() + skip, m, gout.get(), nullptr).ok());
       const std::vector<double> gpu = gout.ToHost();
@@ -395,9 +396,9 @@ TEST_F(GpuKernelTest, CausalSoftmaxMatchesTheCpuRowsBitForBit) {
     std::vector<float> datt = RandomFloats(51 + T, n, -1.0f, 1.0f);
     const float scale = 0.125f;
     DeviceArray<float> gatt(att), gdatt(datt);
-    for (int64_t r = 0; r < kMatrices * T; ++r) model::CausalSoftmaxRow(att.data() + r * T, r % T, T);
+    for (int64_t r = 0; r < kMatrices * T; ++r) math::CausalSoftmaxRow(att.data() + r * T, r % T, T);
     for (int64_t r = 0; r < kMatrices * T; ++r) {
-      model::CausalSoftmaxBackwardRow(att.data() + r * T, datt.data() + r * T, r % T, T, scale);
+      math::CausalSoftmaxBackwardRow(att.data() + r * T, datt.data() + r * T, r % T, T, scale);
     }
     ASSERT_TRUE(CausalSoftmaxForward(gatt.get(), kMatrices, T, nullptr).ok());
     ASSERT_TRUE(CausalSoftmaxBackward(gatt.get(), gdatt.get(), kMatrices, T, scale, nullptr).ok());

@@ -107,7 +107,7 @@ TEST_P(LossKernelsEmuTest, MatchTheCpuLayersBitForBit) {
       for (int64_t i = 0; i < p.rows; ++i) {
         const int32_t t = p.targets[i];
         for (int64_t j = 0; j < p.vocab; ++j) {
-          const float g = t < 0 ? 0.0f : model::CrossEntropyLogitGrad(probs[i * p.vocab + j], j == t, 1.0f);
+          const float g = t < 0 ? 0.0f : math::CrossEntropyLogitGrad(probs[i * p.vocab + j], j == t, 1.0f);
           const uint16_t want = FloatToBf16Bits(k * g);
           fused_differ += fused[i * p.ld + j] != want;
           direct_differ += direct[i * p.ld + j] != want;

@@ -339,7 +339,7 @@ class NcclMultiRankTest : public ::testing::Test {
  protected:
   void SetUp() override {
     if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
-    auto mpi = CreateMpiCommunicator(CommOptions{.timeout_seconds = 60});
+    auto mpi = cpu::CreateMpiCommunicator(CommOptions{.timeout_seconds = 60});
     ASSERT_TRUE(mpi.ok()) << mpi.status().ToString();
     world_ = (*mpi)->size();
     rank_ = (*mpi)->rank();

@@ -24,7 +24,7 @@ struct AttentionResult {
 };
 
 struct AttentionProblem {
-  AttentionShape shape;
+  math::AttentionShape shape;
   std::vector<float> qkv, dout;
 
   int64_t QkvStride() const { return (shape.heads + 2 * shape.kv_heads) * shape.head_dim; }
@@ -51,10 +51,10 @@ struct AttentionProblem {
 
   // The tensors over buffers laid out as qkv (qkv, dqkv), dout (out, dout)
   // and the [B, H, T] statistics (lse, delta); host or device pointers.
-  AttentionTensors Tensors(const float* q, float* out, float* lse, const float* d_out, float* delta,
-                           float* dqkv) const {
+  math::AttentionTensors Tensors(const float* q, float* out, float* lse, const float* d_out, float* delta,
+                                 float* dqkv) const {
     const int64_t HD = shape.heads * shape.head_dim, KD = shape.kv_heads * shape.head_dim;
-    AttentionTensors t;
+    math::AttentionTensors t;
     t.q = q;
     t.k = q + HD;
     t.v = q + HD + KD;
@@ -77,7 +77,7 @@ struct AttentionProblem {
     r.lse.assign(StatElems(), 0.0f);
     r.dqkv.assign(qkv.size(), 0.0f);
     std::vector<float> delta(StatElems());
-    const AttentionTensors t =
+    const math::AttentionTensors t =
         Tensors(qkv.data(), r.out.data(), r.lse.data(), dout.data(), delta.data(), r.dqkv.data());
     FlashAttentionForward(th, shape, t);
     FlashAttentionBackward(th, shape, t);

@@ -137,29 +137,30 @@ TEST(FlashAttentionTest, ResultsDoNotDependOnTheThreadCount) {
 TEST(FlashAttentionTest, ShapeCheckNamesTheProblem) {
   const AttentionProblem p = AttentionProblem::Random(1, 8, 4, 2, 8, 1);
   std::vector<float> out(p.OutElems()), lse(p.StatElems());
-  AttentionTensors t = p.Tensors(p.qkv.data(), out.data(), lse.data(), nullptr, nullptr, nullptr);
-  EXPECT_TRUE(CheckAttentionShape(p.shape, t, false).ok());
-  Status st = CheckAttentionShape(p.shape, t, true);
+  math::AttentionTensors t = p.Tensors(p.qkv.data(), out.data(), lse.data(), nullptr, nullptr, nullptr);
+  EXPECT_TRUE(math::CheckAttentionShape(p.shape, t, false).ok());
+  Status st = math::CheckAttentionShape(p.shape, t, true);
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(st.message().find("dout"), std::string::npos) << st.message();
-  AttentionShape bad = p.shape;
+  math::AttentionShape bad = p.shape;
   bad.kv_heads = 3;
-  st = CheckAttentionShape(bad, t, false);
+  st = math::CheckAttentionShape(bad, t, false);
   EXPECT_NE(st.message().find("kv_heads 3 does not divide heads 4"), std::string::npos) << st.message();
   t.q_stride = 16;
-  EXPECT_EQ(CheckAttentionShape(p.shape, t, false).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(math::CheckAttentionShape(p.shape, t, false).code(), StatusCode::kInvalidArgument);
   // O and dO may come in bf16 alone (out16, dout16: the CUDA kernels'), not
   // in neither.
   t = p.Tensors(p.qkv.data(), nullptr, lse.data(), nullptr, lse.data(), out.data());
-  st = CheckAttentionShape(p.shape, t, false);
+  st = math::CheckAttentionShape(p.shape, t, false);
   EXPECT_NE(st.message().find("null q, k, v, out (and out16) or lse"), std::string::npos) << st.message();
   std::vector<uint16_t> o16(p.OutElems());
   t.out16 = o16.data();
-  EXPECT_TRUE(CheckAttentionShape(p.shape, t, false).ok());
-  st = CheckAttentionShape(p.shape, t, true);
+  EXPECT_TRUE(math::CheckAttentionShape(p.shape, t, false).ok());
+  st = math::CheckAttentionShape(p.shape, t, true);
   EXPECT_NE(st.message().find("null dout (and dout16)"), std::string::npos) << st.message();
   t.dout16 = o16.data();
-  EXPECT_TRUE(CheckAttentionShape(p.shape, t, true).ok()) << CheckAttentionShape(p.shape, t, true).ToString();
+  EXPECT_TRUE(math::CheckAttentionShape(p.shape, t, true).ok())
+      << math::CheckAttentionShape(p.shape, t, true).ToString();
 }
 
 }  // namespace

@@ -27,7 +27,7 @@ std::unique_ptr<Device> CheckingDevice(uint64_t budget_bytes) {
   o.memory_budget = budget_bytes;
   o.checking = true;
   o.seed = 1;
-  return std::move(CreateHostDevice(o)).value();
+  return std::move(cpu::CreateHostDevice(o)).value();
 }
 
 template <class T>
@@ -63,7 +63,7 @@ TEST(GptDeviceTest, RunsOnAStreamWithActivationsFromTheDeviceBudget) {
   int32_t* dtokens = Upload(*device, *stream, tokens);
   int32_t* dtargets = Upload(*device, *stream, targets);
   float* dloss = static_cast<float*>(device->Allocate(sizeof(float), *stream).value());
-  EXPECT_TRUE(IsTaggedDevicePointer(dloss));
+  EXPECT_TRUE(cpu::IsTaggedDevicePointer(dloss));
 
   const uint64_t before = device->memory_stats().requested_bytes;
   auto gpt = GptDevice::Create(*device, *stream, c, o);

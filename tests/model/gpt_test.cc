@@ -274,7 +274,7 @@ TEST(GptModelTest, SwiGluMlpKeepsBf16ValuesWithBf16Products) {
       for (int64_t r = 0; r < BT; ++r) {
         for (int64_t i = 0; i < I; ++i) {
           const float gate = Bf16BitsToFloat(fch[r * 2 * I + i]), up = Bf16BitsToFloat(fch[r * 2 * I + I + i]);
-          wrong += act[r * I + i] != FloatToBf16Bits(SwiGlu(gate, up));
+          wrong += act[r * I + i] != FloatToBf16Bits(math::SwiGlu(gate, up));
         }
       }
       EXPECT_EQ(wrong, 0);
@@ -320,7 +320,7 @@ TEST(GptModelTest, FlashAttentionKeepsBf16OutputsWithBf16Products) {
       const int64_t S = c.qkv_dim();
       std::vector<float> qkv(BT * S), out(BT * Q), lse(BT * c.num_heads);
       for (int64_t i = 0; i < BT * S; ++i) qkv[i] = Bf16BitsToFloat(a.Bf16(last.qkv)[i]);
-      AttentionTensors t;
+      math::AttentionTensors t;
       t.q = qkv.data();
       t.k = t.q + Q;
       t.v = t.k + c.kv_dim();

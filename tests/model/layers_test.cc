@@ -348,14 +348,14 @@ TEST(GptMathTest, Fp32ExpIsWithinTwoUlp) {
   for (float x = -87.0f; x <= 88.0f; x += 0.0007f) {
     const double exact = std::exp(static_cast<double>(x));
     const double ulp = std::ldexp(1.0, std::ilogb(exact) - 23);
-    max_ulp = std::max(max_ulp, std::abs(static_cast<double>(Exp(x)) - exact) / ulp);
+    max_ulp = std::max(max_ulp, std::abs(static_cast<double>(math::Exp(x)) - exact) / ulp);
   }
   EXPECT_LE(max_ulp, 2.0);
   RecordProperty("exp_max_ulp", std::to_string(max_ulp));
-  EXPECT_EQ(Exp(0.0f), 1.0f);
-  EXPECT_EQ(Exp(-100.0f), 0.0f);
-  EXPECT_EQ(Exp(-INFINITY), 0.0f);
-  EXPECT_TRUE(std::isnan(Exp(NAN)));
+  EXPECT_EQ(math::Exp(0.0f), 1.0f);
+  EXPECT_EQ(math::Exp(-100.0f), 0.0f);
+  EXPECT_EQ(math::Exp(-INFINITY), 0.0f);
+  EXPECT_TRUE(std::isnan(math::Exp(NAN)));
 }
 
 // fp32 GELU and its derivative against the textbook tanh form in double.
@@ -367,8 +367,8 @@ TEST(GptMathTest, Fp32GeluMatchesTheTanhFormula) {
     const double gelu = 0.5 * xd * (1.0 + th);
     const double grad =
         0.5 * (1.0 + th) + 0.5 * xd * (1.0 - th * th) * std::sqrt(2.0 / M_PI) * (1.0 + 3 * 0.044715 * xd * xd);
-    ASSERT_NEAR(Gelu(x), gelu, 1e-6 * std::max(1.0, std::abs(gelu))) << x;
-    ASSERT_NEAR(GeluGrad(x), grad, 2e-6) << x;
+    ASSERT_NEAR(math::Gelu(x), gelu, 1e-6 * std::max(1.0, std::abs(gelu))) << x;
+    ASSERT_NEAR(math::GeluGrad(x), grad, 2e-6) << x;
   }
 }
 

@@ -61,7 +61,7 @@ TEST(OpProfileTest, TheHostClockGivesEachOpTheTimeToTheNextMark) {
 }
 
 TEST(OpProfileTest, StreamEventsTimeTheWorkEnqueuedBetweenMarks) {
-  auto device = CreateHostDevice(DeviceOptions{.spec = "cpu", .memory_budget = 1 << 20});
+  auto device = cpu::CreateHostDevice(DeviceOptions{.spec = "cpu", .memory_budget = 1 << 20});
   ASSERT_TRUE(device.ok()) << device.status().ToString();
   auto stream = (*device)->CreateStream();
   ASSERT_TRUE(stream.ok());

@@ -16,10 +16,10 @@ TEST(EngineRegistrarTest, PoolBuffersAreFixedBuffersOfTheEngine) {
   eo.block_size = 256 << 10;
   auto engine = std::move(IoEngine::Create(eo)).value();
   EngineRegistrar registrar(*engine);
-  PinnedPoolOptions po;
+  cpu::PinnedPoolOptions po;
   po.budget_bytes = 8 << 20;
   po.registrars = {&registrar};
-  auto pool = PinnedPool::Create(po);
+  auto pool = cpu::PinnedPool::Create(po);
   ASSERT_TRUE(pool.ok()) << pool.status().ToString();
 
   FileOptions fo;

@@ -29,7 +29,7 @@
 #include "test_util.h"
 #include "zinf/engine.h"
 
-namespace zinf {
+namespace zinf::sched {
 namespace {
 
 using test::Must;
@@ -48,7 +48,7 @@ Config Parse(const std::string& json) { return Must(ParseConfig(json)); }
 Communicator& Comm() {
   static auto* comm = new std::unique_ptr<Communicator>;
   if (!*comm || !(*comm)->Health().ok()) {
-    *comm = Must(CreateMpiCommunicator(CommOptions{.timeout_seconds = 60, .checking = true}));
+    *comm = Must(cpu::CreateMpiCommunicator(CommOptions{.timeout_seconds = 60, .checking = true}));
   }
   return **comm;
 }
@@ -81,7 +81,7 @@ struct TrainResult {
 // `nan_step` >= 0, that step's last micro-step gives unit 1 a NaN gradient.
 TrainResult Train(const Config& config, int steps, int wait_ms, int nan_step = -1) {
   const int rank = Comm().rank();
-  auto device = Must(CreateHostDevice(
+  auto device = Must(cpu::CreateHostDevice(
       DeviceOptions{.spec = "cpu", .memory_budget = 128 << 20, .checking = true, .seed = 9 + 7919ull * rank}));
   auto stream = Must(device->CreateStream());
   auto engine = Must(Engine::Create(config, *device, &Comm()));
@@ -221,7 +221,7 @@ TEST(ActiveOffloadTest, ANonFiniteGradientNormStopsTheEngine) {
 }
 
 TEST(ActiveOffloadTest, TheKeyIsRefusedWhereTheUpdateNeedsAGlobalValue) {
-  auto device = Must(CreateHostDevice(DeviceOptions{.spec = "cpu", .memory_budget = 16 << 20}));
+  auto device = Must(cpu::CreateHostDevice(DeviceOptions{.spec = "cpu", .memory_budget = 16 << 20}));
   auto refused = [&](const std::string& json, const std::string& needle) {
     auto e = Engine::Create(Parse(json), *device);
     ASSERT_FALSE(e.ok());
@@ -237,7 +237,7 @@ TEST(ActiveOffloadTest, TheKeyIsRefusedWhereTheUpdateNeedsAGlobalValue) {
 // A unit fetched again after its gradients were ready in the last
 // micro-step would see its update: refused.
 TEST(ActiveOffloadTest, AFetchAfterGradsReadyInTheLastMicroStepIsRefused) {
-  auto device = Must(CreateHostDevice(DeviceOptions{.spec = "cpu", .memory_budget = 16 << 20, .checking = true}));
+  auto device = Must(cpu::CreateHostDevice(DeviceOptions{.spec = "cpu", .memory_budget = 16 << 20, .checking = true}));
   auto stream = Must(device->CreateStream());
   Config c = Parse(ConfigJson(0, "cpu", false, true));
   c.gradient_accumulation_steps = 1;
@@ -257,4 +257,4 @@ TEST(ActiveOffloadTest, AFetchAfterGradsReadyInTheLastMicroStepIsRefused) {
 }
 
 }  // namespace
-}  // namespace zinf
+}  // namespace zinf::sched

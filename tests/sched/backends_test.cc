@@ -142,8 +142,8 @@ TEST_P(DeviceKernelsTest, AddInPlaceAndNormPartialsGiveTheCpuBits) {
   const std::vector<float> sum = Down(da, kElems);
   EXPECT_EQ(std::memcmp(sum.data(), a.data(), kElems * 4), 0);
 
-  std::vector<double> want(NumNormBlocks(kElems));
-  ASSERT_TRUE(SumSquaresBlocks(arena_, a.data(), DType::kFloat32, kElems, want).ok());
+  std::vector<double> want(cpu::NumNormBlocks(kElems));
+  ASSERT_TRUE(cpu::SumSquaresBlocks(arena_, a.data(), DType::kFloat32, kElems, want).ok());
   double* partials = Up(std::vector<double>(want.size()));
   ASSERT_TRUE(kernels().sum_squares_blocks(da, kElems, partials, *stream_).ok());
   const std::vector<double> got = Down(partials, want.size());
@@ -153,20 +153,20 @@ TEST_P(DeviceKernelsTest, AddInPlaceAndNormPartialsGiveTheCpuBits) {
 TEST_P(DeviceKernelsTest, AdamStepAndCastGiveTheCpuBits) {
   std::vector<float> params = test::UniformFloats(3, kElems, -1, 1), m = test::UniformFloats(4, kElems, -1e-2, 1e-2),
                      v = test::UniformFloats(5, kElems, 0, 1e-3), grads = test::UniformFloats(6, kElems, -1, 1);
-  auto constants = MakeAdamStepConstants(AdamOptions{.lr = 1e-3, .weight_decay = 0.01}, 3, 0.5);
+  auto constants = cpu::MakeAdamStepConstants(cpu::AdamOptions{.lr = 1e-3, .weight_decay = 0.01}, 3, 0.5);
   ASSERT_TRUE(constants.ok());
   float *dp = Up(params), *dm = Up(m), *dv = Up(v);
   uint16_t* dcopy = Up(std::vector<uint16_t>(kElems));
   ASSERT_TRUE(kernels().adam_step(*constants, dp, dm, dv, Up(grads), dcopy, DType::kBFloat16, kElems, *stream_).ok());
   std::vector<uint16_t> copy(kElems);
-  const AdamBuffers buffers{.params = params.data(),
-                            .exp_avg = m.data(),
-                            .exp_avg_sq = v.data(),
-                            .grads = grads.data(),
-                            .param_copy = copy.data(),
-                            .param_copy_dtype = DType::kBFloat16,
-                            .num_elems = kElems};
-  ASSERT_TRUE(AdamStep(arena_, *constants, buffers).ok());
+  const cpu::AdamBuffers buffers{.params = params.data(),
+                                 .exp_avg = m.data(),
+                                 .exp_avg_sq = v.data(),
+                                 .grads = grads.data(),
+                                 .param_copy = copy.data(),
+                                 .param_copy_dtype = DType::kBFloat16,
+                                 .num_elems = kElems};
+  ASSERT_TRUE(cpu::AdamStep(arena_, *constants, buffers).ok());
   EXPECT_EQ(Down(dp, kElems), params);
   EXPECT_EQ(Down(dm, kElems), m);
   EXPECT_EQ(Down(dv, kElems), v);
@@ -175,7 +175,7 @@ TEST_P(DeviceKernelsTest, AdamStepAndCastGiveTheCpuBits) {
   uint16_t* half = Up(std::vector<uint16_t>(kElems));
   ASSERT_TRUE(kernels().cast(dp, DType::kFloat32, half, DType::kFloat16, kElems, *stream_).ok());
   std::vector<uint16_t> want(kElems);
-  ASSERT_TRUE(Cast(arena_, params.data(), DType::kFloat32, want.data(), DType::kFloat16, kElems).ok());
+  ASSERT_TRUE(cpu::Cast(arena_, params.data(), DType::kFloat32, want.data(), DType::kFloat16, kElems).ok());
   EXPECT_EQ(Down(half, kElems), want);
 }
 

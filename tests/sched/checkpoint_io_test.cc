@@ -13,7 +13,7 @@
 #include "sched/checkpoint_tables.h"
 #include "test_util.h"
 
-namespace zinf::ckpt {
+namespace zinf::sched::ckpt {
 namespace {
 
 std::string Manifest(const std::string& units, int world = 1) {
@@ -177,4 +177,4 @@ TEST_F(CheckpointReaderTest, SizesAreBoundedByTheDataFile) {
 }
 
 }  // namespace
-}  // namespace zinf::ckpt
+}  // namespace zinf::sched::ckpt

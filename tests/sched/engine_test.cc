@@ -39,7 +39,7 @@
 #include "sched/engine_test_util.h"
 #include "test_util.h"
 
-namespace zinf {
+namespace zinf::sched {
 namespace {
 
 using test::Must;
@@ -203,8 +203,8 @@ class EngineTest : public ::testing::Test {
     // collective's kind and sequence across the ranks, and each rank's
     // device delays its streams' tasks from its own seed, so that the ranks'
     // allocators see frees land at different times.
-    comm_ = Must(CreateMpiCommunicator(CommOptions{.timeout_seconds = 60, .checking = true}));
-    device_ = Must(CreateHostDevice(
+    comm_ = Must(cpu::CreateMpiCommunicator(CommOptions{.timeout_seconds = 60, .checking = true}));
+    device_ = Must(cpu::CreateHostDevice(
         DeviceOptions{.spec = "cpu", .memory_budget = 256 << 20, .checking = true, .seed = 3 + 7919ull * rank()}));
     stream_ = Must(device_->CreateStream());
   }
@@ -225,7 +225,7 @@ class EngineTest : public ::testing::Test {
   void RenewBrokenCommunicator() {
     if (world() < 2) return;
     EXPECT_FALSE(comm_->Health().ok()) << "the ranks should have stopped together";
-    comm_ = Must(CreateMpiCommunicator(CommOptions{.timeout_seconds = 60, .checking = true}));
+    comm_ = Must(cpu::CreateMpiCommunicator(CommOptions{.timeout_seconds = 60, .checking = true}));
   }
 
   // A config exercising every numerics feature at once.
@@ -307,8 +307,8 @@ class EngineTest : public ::testing::Test {
   }
   void NvmeFaultMidStep(const Config& c, const std::string& name, const std::string& what);
   std::string CheckpointDir(const std::string& name) {
-    const std::string dir =
-        test::TestDir() + "/" + name + "-np" + std::to_string(world()) + (StartedByMpiLauncher() ? "-mpi" : "-local");
+    const std::string dir = test::TestDir() + "/" + name + "-np" + std::to_string(world()) +
+                            (cpu::StartedByMpiLauncher() ? "-mpi" : "-local");
     if (rank() == 0) std::filesystem::remove_all(dir);
     MustOk(comm_->Barrier(*stream_));
     MustOk(stream_->Synchronize());
@@ -559,14 +559,14 @@ TEST_F(EngineTest, OneRankStepIsAdamOnTheMeanGradient) {
   }
   MustOk(engine->Synchronize());
   tbb::task_arena arena(1);
-  AdamOptions o;
+  cpu::AdamOptions o;
   o.lr = 1e-3;
   o.weight_decay = 0.01;
   for (int u = 0; u < L; ++u) {
     std::vector<float> m(master[u].size(), 0.0f), v(master[u].size(), 0.0f), got(master[u].size());
-    MustOk(AdamStep(arena, o, 1, 1.0 / 3.0,
-                    AdamBuffers{master[u].data(), m.data(), v.data(), accum[u].data(), DType::kFloat32, nullptr,
-                                DType::kBFloat16, master[u].size()}));
+    MustOk(cpu::AdamStep(arena, o, 1, 1.0 / 3.0,
+                         cpu::AdamBuffers{master[u].data(), m.data(), v.data(), accum[u].data(), DType::kFloat32,
+                                          nullptr, DType::kBFloat16, master[u].size()}));
     MustOk(engine->ReadState(u, StateKind::kMaster, got.data()));
     EXPECT_TRUE(SameBits(got, master[u])) << "unit " << u;
     MustOk(engine->ReadState(u, StateKind::kExpAvgSq, got.data()));
@@ -866,7 +866,7 @@ TEST_F(EngineTest, StateTenTimesTheDeviceBudgetGivesTheSameLosses) {
     PlanInput in;
     in.config = c;
     in.world_size = world();
-    in.model = Must(PlanGptModel(g, 1, g.max_seq_len, false, DType::kBFloat16));
+    in.model = Must(model::PlanGptModel(g, 1, g.max_seq_len, false, DType::kBFloat16));
     return in;
   };
   const PlanRow row = PlanCombination(plan_in(tight), 3, OffloadDevice::kCpu, OffloadDevice::kCpu);
@@ -907,7 +907,7 @@ TEST_F(EngineTest, StateTenTimesTheDeviceBudgetGivesTheSameLosses) {
       c.zero.offload_param.max_in_cpu = 0;
     }
     auto small =
-        Must(CreateHostDevice(DeviceOptions{.spec = "cpu", .memory_budget = budget, .checking = true, .seed = 5}));
+        Must(cpu::CreateHostDevice(DeviceOptions{.spec = "cpu", .memory_budget = budget, .checking = true, .seed = 5}));
     auto stream = Must(small->CreateStream());
     const std::vector<float> got = run(c, *small, *stream);
     SCOPED_TRACE(std::string("offload_param and offload_optimizer ") + std::string(OffloadDeviceName(optimizer)));
@@ -930,7 +930,7 @@ TEST_F(EngineTest, CheckpointResumesBitExactlyAcrossStagesAndTiers) {
   constexpr int kSteps = 6, kSave = 3, kPoison = 2;
   const Snapshot straight = RunDense(HardConfig(2), kSteps, kPoison);
   const std::string dir =
-      test::TestDir() + "/ckpt-np" + std::to_string(world()) + (StartedByMpiLauncher() ? "-mpi" : "-local");
+      test::TestDir() + "/ckpt-np" + std::to_string(world()) + (cpu::StartedByMpiLauncher() ? "-mpi" : "-local");
   if (rank() == 0) std::filesystem::remove_all(dir);
   Snapshot at_save;
   auto run = [&](Engine& e, DenseNet& net, int from, int to) {
@@ -1508,7 +1508,7 @@ TEST_F(EngineTest, SkippedUnitKeepsItsOwnAdamStepCount) {
   MustOk(engine->ReadState(1, StateKind::kMaster, master.data()));
   std::vector<float> m(master.size(), 0.0f), v(master.size(), 0.0f), grad(master.size());
   tbb::task_arena arena(1);
-  AdamOptions o;
+  cpu::AdamOptions o;
   o.lr = 1e-3;
   o.weight_decay = 0.01;
   int64_t own_step = 0;
@@ -1518,9 +1518,9 @@ TEST_F(EngineTest, SkippedUnitKeepsItsOwnAdamStepCount) {
     EXPECT_TRUE(Must(engine->Step()));
     if (!with_unit1) continue;
     for (size_t i = 0; i < grad.size(); ++i) grad[i] = IndependentUnits::Grad(step, 1, static_cast<int64_t>(i));
-    MustOk(AdamStep(arena, o, ++own_step, 1.0,
-                    AdamBuffers{master.data(), m.data(), v.data(), grad.data(), DType::kFloat32, nullptr,
-                                DType::kBFloat16, master.size()}));
+    MustOk(cpu::AdamStep(arena, o, ++own_step, 1.0,
+                         cpu::AdamBuffers{master.data(), m.data(), v.data(), grad.data(), DType::kFloat32, nullptr,
+                                          DType::kBFloat16, master.size()}));
   }
   EXPECT_EQ(own_step, 2);
   std::vector<float> got(master.size());
@@ -1616,7 +1616,7 @@ TEST_F(EngineTest, Stage3ShortBudgetNeverSkipsAGatherOnOneRankAlone) {
   // does not.
   constexpr uint64_t kShortBudgetUnits = 4;
   const uint64_t unit_bytes = static_cast<uint64_t>(PartitionUnit(65536, world()).padded_elems) * 4;
-  auto small = Must(CreateHostDevice(DeviceOptions{
+  auto small = Must(cpu::CreateHostDevice(DeviceOptions{
       .spec = "cpu", .memory_budget = kShortBudgetUnits * unit_bytes, .checking = true, .seed = 11 + 31ull * rank()}));
   auto stream = Must(small->CreateStream());
   auto e = Must(Engine::Create(c, *small, comm_.get()));
@@ -1761,7 +1761,7 @@ TEST_F(EngineTest, BadInputFailsBeforeTheFirstStep) {
 
 // A budget too small for the model state is an out-of-memory error naming the unit.
 TEST_F(EngineTest, StateBeyondTheDeviceBudgetIsOutOfMemory) {
-  auto small = Must(CreateHostDevice(DeviceOptions{.spec = "cpu", .memory_budget = 4 << 20, .checking = true}));
+  auto small = Must(cpu::CreateHostDevice(DeviceOptions{.spec = "cpu", .memory_budget = 4 << 20, .checking = true}));
   auto engine = Must(Engine::Create(Config{}, *small, nullptr));
   std::vector<float> w(1 << 20, 0.5f);
   const Status s = engine->AddUnit("big", {{"w", {1 << 20}, DType::kFloat32, w.data()}}).status();
@@ -1770,4 +1770,4 @@ TEST_F(EngineTest, StateBeyondTheDeviceBudgetIsOutOfMemory) {
 }
 
 }  // namespace
-}  // namespace zinf
+}  // namespace zinf::sched

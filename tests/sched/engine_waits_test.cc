@@ -23,7 +23,7 @@
 #include "sched/engine_testing.h"
 #include "zinf/engine.h"
 
-namespace zinf {
+namespace zinf::sched {
 namespace {
 
 using test::Must;
@@ -97,7 +97,7 @@ constexpr int64_t kHeldBoundary = 2;
 // reads the step's metrics after every step, else it never waits and reads
 // them all at the end.
 TrainRun Train(const Config& config, int steps, const RunOptions& opt) {
-  auto device = Must(CreateHostDevice(DeviceOptions{
+  auto device = Must(cpu::CreateHostDevice(DeviceOptions{
       .spec = "cpu", .memory_budget = 128 << 20, .checking = true, .serialize_tasks = opt.serialize_tasks, .seed = 5}));
   auto stream = Must(device->CreateStream());
   auto engine = Must(Engine::Create(config, *device));
@@ -235,7 +235,7 @@ TEST_P(EngineWaitsTest, TheNextForwardsFirstFetchWaitsOnlyForItsOwnUnitsUpdate) 
 // Stats(boundary) refuses what it cannot have, and Stats() before any step.
 TEST(EngineStatsTest, StatsOfABoundaryNotKeptOrNotYetEnqueuedIsOutOfRange) {
   auto device =
-      Must(CreateHostDevice(DeviceOptions{.spec = "cpu", .memory_budget = 64 << 20, .checking = true, .seed = 6}));
+      Must(cpu::CreateHostDevice(DeviceOptions{.spec = "cpu", .memory_budget = 64 << 20, .checking = true, .seed = 6}));
   auto stream = Must(device->CreateStream());
   auto engine = Must(Engine::Create(BaseConfig(0), *device));
   std::vector<float> w(1000, 0.5f);
@@ -257,4 +257,4 @@ TEST(EngineStatsTest, StatsOfABoundaryNotKeptOrNotYetEnqueuedIsOutOfRange) {
 }
 
 }  // namespace
-}  // namespace zinf
+}  // namespace zinf::sched

@@ -5,7 +5,7 @@
 #include <set>
 #include <vector>
 
-namespace zinf {
+namespace zinf::sched {
 namespace {
 
 // A forward and backward pass over units 0..3 (forward order), unit 0 the
@@ -90,4 +90,4 @@ TEST(FetchTraceTest, ReuseCountsTheElementsFetchedInBetween) {
 }
 
 }  // namespace
-}  // namespace zinf
+}  // namespace zinf::sched

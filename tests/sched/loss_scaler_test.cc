@@ -4,7 +4,7 @@
 
 #include <limits>
 
-namespace zinf {
+namespace zinf::sched {
 namespace {
 
 Fp16Config Dynamic(int64_t power, int64_t window, int64_t hysteresis, bool consecutive = false) {
@@ -150,4 +150,4 @@ TEST(LossScalerTest, RejectsBadValuesNamingTheKey) {
 }
 
 }  // namespace
-}  // namespace zinf
+}  // namespace zinf::sched

@@ -5,7 +5,7 @@
 #include <cmath>
 #include <limits>
 
-namespace zinf {
+namespace zinf::sched {
 namespace {
 
 SchedulerConfig Config(SchedulerType type, WarmupType warmup, int64_t warmup_steps, int64_t total_steps = 0) {
@@ -146,4 +146,4 @@ TEST(LrScheduleTest, RejectsValuesTheScheduleCannotUse) {
 }
 
 }  // namespace
-}  // namespace zinf
+}  // namespace zinf::sched

@@ -43,10 +43,10 @@ class OptimizerSwapperTest : public ::testing::Test {
     io.queue_depth = 8;
     io.rings = 2;
     io_ = std::move(nvme::IoEngine::Create(io)).value();
-    PinnedPoolOptions po;
+    cpu::PinnedPoolOptions po;
     po.budget_bytes = 64 << 20;
     po.lock = false;
-    pool_ = std::move(PinnedPool::Create(po)).value();
+    pool_ = std::move(cpu::PinnedPool::Create(po)).value();
     dir_ = test::TestDir() + "/optimizer_swapper_" + ::testing::UnitTest::GetInstance()->current_test_info()->name();
     std::filesystem::remove_all(dir_);
     std::filesystem::create_directories(dir_);
@@ -85,7 +85,7 @@ class OptimizerSwapperTest : public ::testing::Test {
       for (int64_t e = 0; e < valid; ++e) master[e] = Value(int(i), 0, e, 0);
       ASSERT_TRUE(swapper_->AddUnit("unit" + std::to_string(i), kOwned[i], master.data(), valid).ok());
     }
-    const PinnedPoolStats ps = pool_->stats();
+    const cpu::PinnedPoolStats ps = pool_->stats();
     ASSERT_TRUE(swapper_->Finish(ps.budget_bytes - ps.in_use_bytes, ps.budget_bytes).ok());
   }
 
@@ -112,7 +112,7 @@ class OptimizerSwapperTest : public ::testing::Test {
   }
 
   std::unique_ptr<nvme::IoEngine> io_;
-  std::unique_ptr<PinnedPool> pool_;
+  std::unique_ptr<cpu::PinnedPool> pool_;
   std::string dir_;
   std::shared_ptr<std::atomic<bool>> armed_;
   std::unique_ptr<OptimizerSwapper> swapper_;

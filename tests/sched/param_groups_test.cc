@@ -31,7 +31,7 @@
 #include "test_util.h"
 #include "zinf/engine.h"
 
-namespace zinf {
+namespace zinf::sched {
 namespace {
 
 using test::Must;
@@ -82,8 +82,8 @@ bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
 class ParamGroupsTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    comm_ = Must(CreateMpiCommunicator(CommOptions{.timeout_seconds = 60, .checking = true}));
-    device_ = Must(CreateHostDevice(DeviceOptions{
+    comm_ = Must(cpu::CreateMpiCommunicator(CommOptions{.timeout_seconds = 60, .checking = true}));
+    device_ = Must(cpu::CreateHostDevice(DeviceOptions{
         .spec = "cpu", .memory_budget = 128 << 20, .checking = true, .seed = 5 + 7919ull * comm_->rank()}));
     stream_ = Must(device_->CreateStream());
   }
@@ -175,15 +175,15 @@ TEST_F(ParamGroupsTest, EachGroupGetsItsOwnDecayAndLr) {
       }
       const int64_t w = net.sizes[u].first;
       for (int t = 0; t < 2; ++t) {
-        AdamOptions o;
+        cpu::AdamOptions o;
         o.lr = t == 0 || step < 2 ? 1e-2 : 4e-3;
         o.eps = 1e-6;
         o.weight_decay = t == 0 ? 0.3 : 0.0;
         const int64_t off = t == 0 ? 0 : w, len = t == 0 ? w : n - w;
-        AdamBuffers b{ref_w[u].data() + off, ref_m[u].data() + off,   ref_v[u].data() + off,
-                      sum.data() + off,      DType::kFloat32,         nullptr,
-                      DType::kBFloat16,      static_cast<size_t>(len)};
-        MustOk(AdamStep(arena, o, step + 1, 1.0 / (2.0 * world()), b));
+        cpu::AdamBuffers b{ref_w[u].data() + off, ref_m[u].data() + off,   ref_v[u].data() + off,
+                           sum.data() + off,      DType::kFloat32,         nullptr,
+                           DType::kBFloat16,      static_cast<size_t>(len)};
+        MustOk(cpu::AdamStep(arena, o, step + 1, 1.0 / (2.0 * world()), b));
       }
     }
   }
@@ -290,8 +290,8 @@ TEST_F(ParamGroupsTest, FrozenUnitsKeepOnlyTheirValues) {
       EXPECT_EQ(e->GradBuffers(1).status().code(), StatusCode::kInvalidArgument);
     }
     // A checkpoint keeps it; a fresh engine (other values) loads all of it.
-    const std::string dir =
-        test::TestDir() + "/frozen-ckpt-np" + std::to_string(world()) + (StartedByMpiLauncher() ? "-mpi" : "-local");
+    const std::string dir = test::TestDir() + "/frozen-ckpt-np" + std::to_string(world()) +
+                            (cpu::StartedByMpiLauncher() ? "-mpi" : "-local");
     if (rank() == 0) std::filesystem::remove_all(dir);
     MustOk(comm_->Barrier(*stream_));
     MustOk(stream_->Synchronize());
@@ -407,4 +407,4 @@ TEST_F(ParamGroupsTest, BroadcastCopiesTheRootsBytesToEveryRank) {
 }
 
 }  // namespace
-}  // namespace zinf
+}  // namespace zinf::sched

@@ -25,7 +25,7 @@
 #include "test_util.h"
 #include "zinf/engine.h"
 
-namespace zinf {
+namespace zinf::sched {
 namespace {
 
 using test::Must;
@@ -136,7 +136,7 @@ TEST(PlanTest, OptimizerOffloadMatchesHandCount) {
   const PlanItem* swap = Find(split.host_items, "NVMe swap buffers");
   ASSERT_NE(swap, nullptr);
   EXPECT_NE(swap->what.find("2 x largest of 2 sub-groups"), std::string::npos) << swap->what;
-  EXPECT_EQ(swap->bytes, 2 * PinnedPool::SizeClassBytes(131072u * 12));
+  EXPECT_EQ(swap->bytes, 2 * cpu::PinnedPool::SizeClassBytes(131072u * 12));
 }
 
 // offload_optimizer nvme: the gradient accumulator in host memory while the
@@ -297,13 +297,13 @@ TEST(PlanTest, HostileRateFilesAreErrorsNamingTheFile) {
 TEST(PlanTest, GptModel) {
   auto c = model::GptPreset("tiny");
   ASSERT_TRUE(c.ok());
-  auto m = PlanGptModel(*c, 2, 0, false, DType::kBFloat16);
+  auto m = model::PlanGptModel(*c, 2, 0, false, DType::kBFloat16);
   ASSERT_TRUE(m.ok()) << m.status().ToString();
   EXPECT_EQ(m->unit_elems.size(), static_cast<size_t>(model::NumUnits(*c)));
   EXPECT_EQ(m->num_params(), model::NumParams(*c));
   EXPECT_GT(m->activation_bytes, 0u);
   EXPECT_DOUBLE_EQ(m->flops_per_micro_step, model::TrainingFlops(*c, 2, c->max_seq_len));
-  EXPECT_FALSE(PlanGptModel(*c, 2, c->max_seq_len + 1, false, DType::kBFloat16).ok());
+  EXPECT_FALSE(model::PlanGptModel(*c, 2, c->max_seq_len + 1, false, DType::kBFloat16).ok());
   EXPECT_FALSE(PlanParamsModel(0).ok());
 }
 
@@ -338,8 +338,9 @@ TEST(PlanTest, Bf16MatmulCountsTheOperandCopies) {
   EXPECT_GE(bf16_layout.total_bytes + stored16 - fp32_layout.total_bytes, 2 * copy);
   EXPECT_LE(bf16_layout.total_bytes + stored16 - fp32_layout.total_bytes, 2 * copy + 128);  // alignment
 
-  auto fp32 = PlanGptModel(*c, 2, 1024, false, DType::kBFloat16);
-  auto bf16 = PlanGptModel(*c, 2, 1024, false, DType::kBFloat16, DType::kBFloat16, model::AttentionKernel::kPlain);
+  auto fp32 = model::PlanGptModel(*c, 2, 1024, false, DType::kBFloat16);
+  auto bf16 =
+      model::PlanGptModel(*c, 2, 1024, false, DType::kBFloat16, DType::kBFloat16, model::AttentionKernel::kPlain);
   ASSERT_TRUE(fp32.ok() && bf16.ok());
   EXPECT_GE(fp32->activation_bytes, fp32_layout.total_bytes);
   EXPECT_GE(bf16->activation_bytes, bf16_layout.total_bytes);
@@ -348,7 +349,7 @@ TEST(PlanTest, Bf16MatmulCountsTheOperandCopies) {
 
   // bf16 products with heads of 64 default to flash attention: per layer and
   // head one value per row is kept instead of T² (saved and scratch).
-  auto flash = PlanGptModel(*c, 2, 1024, false, DType::kBFloat16, DType::kBFloat16);
+  auto flash = model::PlanGptModel(*c, 2, 1024, false, DType::kBFloat16, DType::kBFloat16);
   ASSERT_TRUE(flash.ok());
   const uint64_t t2 = 2ull * c->num_heads * (1024 * 1024 - 1024) * 4;
   o.attention = model::AttentionKernel::kAuto;
@@ -386,7 +387,7 @@ TEST(PlanTest, SubGroupsAreCappedAtOnePinnedBuffer) {
   const PlanItem* big_swap = Find(big.host_items, "NVMe swap buffers");
   ASSERT_NE(big_swap, nullptr);
   EXPECT_NE(big_swap->what.find("of 2 sub-groups"), std::string::npos) << big_swap->what;
-  EXPECT_EQ(big_swap->bytes, 2 * PinnedPool::SizeClassBytes(100'000'000ull * 12));
+  EXPECT_EQ(big_swap->bytes, 2 * cpu::PinnedPool::SizeClassBytes(100'000'000ull * 12));
 }
 
 // Registers the units, runs two micro-steps (each an optimizer step) the way
@@ -396,7 +397,7 @@ TEST(PlanTest, SubGroupsAreCappedAtOnePinnedBuffer) {
 // device (allocated as `zinf train` does).
 Measured RunEngine(const Config& config, const std::vector<int64_t>& units, const std::vector<int>& held,
                    const model::GptConfig* gpt = nullptr, int64_t batch = 1) {
-  auto device = Must(CreateHostDevice(DeviceOptions{.spec = "cpu", .memory_budget = 512 << 20}));
+  auto device = Must(cpu::CreateHostDevice(DeviceOptions{.spec = "cpu", .memory_budget = 512 << 20}));
   auto stream = Must(device->CreateStream());
   auto engine = Must(Engine::Create(config, *device, nullptr));
   std::unique_ptr<exec::GptDevice> g;
@@ -547,7 +548,7 @@ TEST(PlanMeasuredTest, GptStage3WithActivations) {
   const Measured m = RunEngine(c, units, {0}, &g, 4);
   PlanInput in;
   in.config = c;
-  in.model = Must(PlanGptModel(g, 4, 0, false, DType::kBFloat16));
+  in.model = Must(model::PlanGptModel(g, 4, 0, false, DType::kBFloat16));
   const PlanRow r = PlanCombination(in, 3, OffloadDevice::kNone, OffloadDevice::kNone);
   std::printf("gpt stage 3: device predicted %llu measured %llu (activations %llu)\n",
               static_cast<unsigned long long>(r.device_bytes), static_cast<unsigned long long>(m.device_peak),
@@ -556,4 +557,4 @@ TEST(PlanMeasuredTest, GptStage3WithActivations) {
 }
 
 }  // namespace
-}  // namespace zinf
+}  // namespace zinf::sched

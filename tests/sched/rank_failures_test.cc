@@ -17,7 +17,7 @@
 #include "test_util.h"
 #include "zinf/engine.h"
 
-namespace zinf {
+namespace zinf::sched {
 namespace {
 
 template <typename T>
@@ -31,9 +31,9 @@ constexpr int64_t kElems = 70'000;  // a few norm blocks per rank's shard
 class RankFailuresTest : public ::testing::TestWithParam<int> {
  protected:
   void SetUp() override {
-    comm_ = Must(CreateMpiCommunicator(CommOptions{.timeout_seconds = 60, .checking = true}));
+    comm_ = Must(cpu::CreateMpiCommunicator(CommOptions{.timeout_seconds = 60, .checking = true}));
     if (comm_->size() < 2) GTEST_SKIP() << "needs 2 or more ranks";
-    device_ = Must(CreateHostDevice(
+    device_ = Must(cpu::CreateHostDevice(
         DeviceOptions{.spec = "cpu", .memory_budget = 64 << 20, .checking = true, .seed = 11 + 31ull * rank()}));
     stream_ = Must(device_->CreateStream());
     Config c;
@@ -142,4 +142,4 @@ INSTANTIATE_TEST_SUITE_P(Stages, RankFailuresTest, ::testing::Values(1, 2, 3),
                          [](const ::testing::TestParamInfo<int>& p) { return "stage" + std::to_string(p.param); });
 
 }  // namespace
-}  // namespace zinf
+}  // namespace zinf::sched

@@ -4,7 +4,7 @@
 
 #include <vector>
 
-namespace zinf {
+namespace zinf::sched {
 namespace {
 
 using Buckets = std::vector<std::vector<int>>;
@@ -55,4 +55,4 @@ TEST(ReduceBucketsTest, TheMicroStepsEndClosesWhatUnfetchedUnitsLeftOpen) {
 }
 
 }  // namespace
-}  // namespace zinf
+}  // namespace zinf::sched

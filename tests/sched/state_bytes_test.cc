@@ -2,7 +2,7 @@
 
 #include <gtest/gtest.h>
 
-namespace zinf {
+namespace zinf::sched {
 namespace {
 
 constexpr OffloadDevice kNone = OffloadDevice::kNone, kCpu = OffloadDevice::kCpu, kNvme = OffloadDevice::kNvme;
@@ -48,4 +48,4 @@ TEST(StateBytesTest, ParamOffloadIsIgnoredBelowStage3) {
 }
 
 }  // namespace
-}  // namespace zinf
+}  // namespace zinf::sched

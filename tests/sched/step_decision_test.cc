@@ -6,7 +6,7 @@
 #include <limits>
 #include <vector>
 
-namespace zinf {
+namespace zinf::sched {
 namespace {
 
 StepDecision Make(double clipping, int world, int64_t accumulation, Fp16Config fp16 = {}, double lr = 1e-3) {
@@ -15,7 +15,7 @@ StepDecision Make(double clipping, int world, int64_t accumulation, Fp16Config f
   EXPECT_TRUE(schedule.ok()) << schedule.status().ToString();
   auto scaler = LossScaler::Create(fp16);
   EXPECT_TRUE(scaler.ok()) << scaler.status().ToString();
-  AdamOptions adam;
+  cpu::AdamOptions adam;
   adam.lr = lr;
   return StepDecision(*schedule, *scaler, adam, clipping, world, accumulation);
 }
@@ -81,7 +81,7 @@ TEST(StepDecisionTest, TheLearningRateFollowsTheAppliedSteps) {
   ASSERT_TRUE(schedule.ok()) << schedule.status().ToString();
   auto scaler = LossScaler::Create(Fp16Config{});
   ASSERT_TRUE(scaler.ok());
-  StepDecision decision(*schedule, *scaler, AdamOptions{}, 0, 1, 1);
+  StepDecision decision(*schedule, *scaler, cpu::AdamOptions{}, 0, 1, 1);
   for (int64_t k = 0; k < 3; ++k) {
     const Decision d = decision.Decide(1.0);
     EXPECT_DOUBLE_EQ(d.lr, schedule->LrAt(k)) << "step " << k;
@@ -113,4 +113,4 @@ TEST(StepDecisionTest, PartialsSumInTheUnshardedUnitsOrder) {
 }
 
 }  // namespace
-}  // namespace zinf
+}  // namespace zinf::sched

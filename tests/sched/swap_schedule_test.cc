@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-namespace zinf {
+namespace zinf::sched {
 namespace {
 
 // Drives the schedule as the engine's swapper does at a boundary (reads
@@ -103,4 +103,4 @@ TEST(SwapScheduleTest, EveryReadFollowsItsBuffersLastWriteAndPrecedesItsUpdate) 
 }
 
 }  // namespace
-}  // namespace zinf
+}  // namespace zinf::sched

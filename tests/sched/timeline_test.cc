@@ -33,7 +33,7 @@
 #include "test_util.h"
 #include "zinf/engine.h"
 
-namespace zinf {
+namespace zinf::sched {
 namespace {
 
 using test::Must;
@@ -173,7 +173,7 @@ struct TimelineRun {
 };
 
 TimelineRun RunEngine(const Config& config, bool serialize, bool hold, double compute_seconds = kComputeSeconds) {
-  auto device = Must(CreateHostDevice(DeviceOptions{
+  auto device = Must(cpu::CreateHostDevice(DeviceOptions{
       .spec = "cpu", .memory_budget = 64 << 20, .checking = true, .serialize_tasks = serialize, .seed = 3}));
   auto stream = Must(device->CreateStream());
   auto engine = Must(Engine::Create(config, *device));
@@ -382,7 +382,7 @@ TEST_P(EngineTimelineTest, ActiveOffloadUpdatesOverlapBackward) {
 // TraceBegin and TraceEnd is the span; before the first Fetch the token is
 // 0 and nothing is timed; a token ends once.
 TEST(EngineTraceTest, BeginAndEndBracketTheWorkBetweenThem) {
-  auto device = Must(CreateHostDevice(DeviceOptions{.spec = "cpu", .memory_budget = 16 << 20}));
+  auto device = Must(cpu::CreateHostDevice(DeviceOptions{.spec = "cpu", .memory_budget = 16 << 20}));
   auto stream = Must(device->CreateStream());
   auto engine = Must(Engine::Create(OffloadConfig(), *device));
   (void)Must(engine->AddUnit("unit0", {{"w", {kElems}, DType::kFloat32, nullptr}}));
@@ -451,4 +451,4 @@ TEST(EngineTimelineNvmeTest, TheDisksBusyStretchesAndTheEnginesWaitsShow) {
 }
 
 }  // namespace
-}  // namespace zinf
+}  // namespace zinf::sched

@@ -25,7 +25,7 @@ float FromBits(uint32_t bits) {
 }
 
 TEST(StreamBoundTest, EveryVariantUpdatesEveryElementAndWritesTheCopy) {
-  const std::vector<StreamVariant> variants = StreamVariants(DetectedSimdLevel());
+  const std::vector<StreamVariant> variants = StreamVariants(cpu::DetectedSimdLevel());
   ASSERT_GE(variants.size(), 4u);
   tbb::task_arena arena(2);
   for (const size_t n : {size_t{1}, size_t{15}, size_t{17}, size_t{1037}, size_t{200003}}) {
@@ -48,7 +48,7 @@ TEST(StreamBoundTest, EveryVariantUpdatesEveryElementAndWritesTheCopy) {
             ga[i] = 1000.0f * static_cast<float>(i % 5 + 1);
             ha[i] = static_cast<uint16_t>(0x4480 + i % 5);  // bf16 1024 .. 1152
           }
-          AdamBuffers a;
+          cpu::AdamBuffers a;
           a.params = pa;
           a.exp_avg = ma;
           a.exp_avg_sq = va;
