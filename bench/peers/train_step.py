@@ -27,7 +27,7 @@ each step's loss (they must agree across engines to fp32 rounding: same
 weights, same batches, the same Adam). zinf/DeepSpeed ratios of throughput
 and peak RSS close the table.
 
-  .venv/bin/python bench/peers/train_step.py [--layers 8 --hidden 768 --vocab 32000] [--rounds 3]
+  .venv/bin/python bench/peers/train_step.py [--layers 9 --hidden 768 --vocab 32000] [--rounds 3]
                                              [--configs z2cpu,z3opt,z3nvme] [--engines deepspeed,zinf,fsdp2]
                                              [--path DIR] [--json] [--quick]
 """
@@ -178,7 +178,7 @@ def run_one(args, engine, config):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--layers", type=int, default=9)  # 105.8 M parameters with the defaults below
     ap.add_argument("--hidden", type=int, default=768)
     ap.add_argument("--vocab", type=int, default=32000)
     ap.add_argument("--seq-len", type=int, default=256)

@@ -104,17 +104,19 @@ Status OptimizerSwapper::Finish(uint64_t host_available, uint64_t host_budget) {
   ZINF_RETURN_IF_ERROR(FlushInitialGroup());
   init_group_.reset();
   init_group_elems_ = 0;
-  int64_t max_group = 0;
+  std::vector<int64_t> group_elems;
   uint64_t total = 0;
   for (const Group& g : groups_) {
-    max_group = std::max(max_group, g.elems);
+    group_elems.push_back(g.elems);
     total += static_cast<uint64_t>(g.elems) * 12;
   }
   // No more buffers than sub-groups: with one sub-group, one buffer (read,
-  // update, write back in place).
+  // update, write back in place). Each buffer fits the sub-groups that cycle
+  // through it.
   const int64_t buffers =
       std::min<int64_t>(std::clamp<int64_t>(options_.buffer_count, 1, 64), static_cast<int64_t>(groups_.size()));
-  ZINF_ASSIGN_OR_RETURN(const uint64_t grad_bytes, PlaceGradients(buffers, max_group, host_available, host_budget));
+  const std::vector<int64_t> buffer_elems = SwapSchedule::BufferElems(group_elems, static_cast<size_t>(buffers));
+  ZINF_ASSIGN_OR_RETURN(const uint64_t grad_bytes, PlaceGradients(buffer_elems, host_available, host_budget));
   const uint64_t extent = nvme::SwapStoreOptions{}.extent_bytes;
   store_capacity_ += grad_bytes + static_cast<uint64_t>(swapped_grad_units_) * extent * (options_.dirs.size() + 1);
   ZINF_RETURN_IF_ERROR(store_->Reserve(store_capacity_).WithContext("gradients swapped to NVMe"));
@@ -129,7 +131,7 @@ Status OptimizerSwapper::Finish(uint64_t host_available, uint64_t host_budget) {
                 FormatBytes(store_->bytes_reserved() / options_.dirs.size()), dirs);
   for (int64_t i = 0; i < buffers; ++i) {
     ZINF_ASSIGN_OR_RETURN(cpu::PinnedBuffer b,
-                          options_.pinned(static_cast<uint64_t>(max_group) * 12, "NVMe swap buffer"));
+                          options_.pinned(static_cast<uint64_t>(buffer_elems[i]) * 12, "NVMe swap buffer"));
     bufs_.push_back(std::move(b));
   }
   for (size_t i = 0; i < owned_.size(); ++i) {
@@ -151,14 +153,16 @@ Status OptimizerSwapper::Finish(uint64_t host_available, uint64_t host_budget) {
 // sub-group's state into a gradient buffer beside its swap buffer. Host
 // gradient memory is then these buffers, whatever the model size. Returns
 // the bytes the swapped gradients take on disk.
-Result<uint64_t> OptimizerSwapper::PlaceGradients(int64_t buffers, int64_t max_group, uint64_t available,
+Result<uint64_t> OptimizerSwapper::PlaceGradients(const std::vector<int64_t>& buffer_elems, uint64_t available,
                                                   uint64_t budget) {
+  const int64_t buffers = static_cast<int64_t>(buffer_elems.size());
   GradientPlacementInput in;
   in.home = options_.gradients;
   in.owned = owned_;
   in.group_of_unit = group_of_unit_;
   in.buffers = buffers;
-  in.state_buffer_bytes = buffers * cpu::PinnedPool::SizeClassBytes(static_cast<uint64_t>(max_group) * 12);
+  for (int64_t e : buffer_elems)
+    in.state_buffer_bytes += cpu::PinnedPool::SizeClassBytes(static_cast<uint64_t>(e) * 12);
   in.available = available;
   const GradientPlacement place = zinf::sched::PlaceGradients(in);
   grad_on_nvme_.assign(owned_.size(), 0);

@@ -4,7 +4,8 @@
 // Owns: the swap store; the sub-groups (consecutive whole units, each
 // sub-group one swap tensor holding [master | m | v] of every unit's owned
 // range); the buffer_count pinned buffers a boundary cycles the sub-groups
-// through (SwapSchedule decides the order); and the swapped gradients: which
+// through (SwapSchedule decides the order; each buffer fits the largest
+// sub-group it holds); and the swapped gradients: which
 // units keep their accumulated gradient in the store (PlaceGradients), the
 // gradient buffer beside each swap buffer they are read back into, and
 // those reads.
@@ -116,7 +117,7 @@ class OptimizerSwapper {
  private:
   static nvme::TensorId GradTensor(int unit) { return (nvme::TensorId{1} << 32) + static_cast<nvme::TensorId>(unit); }
   Status FlushInitialGroup();
-  Result<uint64_t> PlaceGradients(int64_t buffers, int64_t max_group, uint64_t available, uint64_t budget);
+  Result<uint64_t> PlaceGradients(const std::vector<int64_t>& buffer_elems, uint64_t available, uint64_t budget);
   Status Failed(Status s, FailureKind kind) {
     return s.ok() || !options_.on_failure ? s : options_.on_failure(s, kind);
   }

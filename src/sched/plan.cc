@@ -18,6 +18,7 @@
 #include "cpu/pinned_pool.h"
 #include "sched/gradient_placement.h"
 #include "sched/partition.h"
+#include "sched/swap_schedule.h"
 
 namespace zinf::sched {
 namespace {
@@ -497,18 +498,22 @@ class CombinationCount {
       gin.owned.push_back(o);
       gin.group_of_unit.push_back(static_cast<int>(groups.size()) - 1);
     }
-    const int64_t max_group = groups.empty() ? 0 : *std::max_element(groups.begin(), groups.end());
-    // As the engine: no more buffers than sub-groups.
+    // As the engine: no more buffers than sub-groups, each fitting the
+    // sub-groups that cycle through it.
     const int64_t buffers = std::min<int64_t>(std::clamp<int64_t>(z_.offload_optimizer.buffer_count, 1, 64),
                                               std::max<int64_t>(1, static_cast<int64_t>(groups.size())));
-    host_.Add("NVMe swap buffers (" + std::to_string(buffers) + " x largest of " + std::to_string(groups.size()) +
-                  " sub-groups)",
-              buffers * Pin(static_cast<uint64_t>(max_group) * 12));
+    uint64_t buffer_bytes = 0;
+    for (int64_t e : SwapSchedule::BufferElems(groups, static_cast<size_t>(buffers))) {
+      buffer_bytes += Pin(static_cast<uint64_t>(e) * 12);
+    }
+    host_.Add(
+        "NVMe swap buffers (" + std::to_string(buffers) + " for " + std::to_string(groups.size()) + " sub-groups)",
+        buffer_bytes);
     for (int64_t g : groups) {
       disk_.Add("fp32 master, m, v", (static_cast<uint64_t>(g) * 12 + kExtentBytes - 1) / kExtentBytes * kExtentBytes);
     }
     gin.buffers = buffers;
-    gin.state_buffer_bytes = buffers * Pin(static_cast<uint64_t>(max_group) * 12);
+    gin.state_buffer_bytes = buffer_bytes;
     CountNvmeGradients(gin);
   }
 

@@ -21,7 +21,8 @@
 //   host    (pinned) offload cpu: master/m/v + accumulator 16 B × owned, one
 //           unit's gradient staging, buffer_count (>= 2) parameter slots;
 //           nvme: the accumulator 4 B × owned, the staging and slots, and
-//           buffer_count swap buffers of 12 B × the largest sub-group.
+//           buffer_count swap buffers (at most one per sub-group), each
+//           12 B × the largest sub-group cycling through it.
 //   nvme    12 B × owned per sub-group, in whole 1 MiB extents.
 // offload_param cpu (stage 3) moves the partitioned units' shards to pinned
 // host memory; without optimizer offload one shard-sized device scratch

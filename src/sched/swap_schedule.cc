@@ -21,4 +21,12 @@ std::optional<std::pair<size_t, size_t>> SwapSchedule::WritesAfterUpdate(size_t 
   return std::make_pair(BatchStart(g), g);
 }
 
+std::vector<int64_t> SwapSchedule::BufferElems(const std::vector<int64_t>& group_elems, size_t buffers) {
+  std::vector<int64_t> out(buffers, 0);
+  for (size_t g = 0; g < group_elems.size() && buffers > 0; ++g) {
+    out[g % buffers] = std::max(out[g % buffers], group_elems[g]);
+  }
+  return out;
+}
+
 }  // namespace zinf::sched

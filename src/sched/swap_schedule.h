@@ -16,8 +16,10 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <utility>
+#include <vector>
 
 namespace zinf::sched {
 
@@ -29,6 +31,11 @@ class SwapSchedule {
   size_t groups() const { return groups_; }
   size_t buffers() const { return buffers_; }
   size_t BufferOf(size_t g) const { return g % buffers_; }
+  // The elements each of `buffers` buffers must hold: buffer b the largest
+  // of the sub-groups b, b + buffers, ... (`group_elems`, in order) that
+  // cycle through it. A last, smaller sub-group then does not cost a buffer
+  // of the largest one's size.
+  static std::vector<int64_t> BufferElems(const std::vector<int64_t>& group_elems, size_t buffers);
 
   // When sub-group g is next: the reads of [g, ReadEnd(g)) should be in
   // flight (those not yet issued are issued now).

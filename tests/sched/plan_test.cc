@@ -128,15 +128,16 @@ TEST(PlanTest, OptimizerOffloadMatchesHandCount) {
   EXPECT_EQ(nv.device_bytes, cpu.device_bytes);
   EXPECT_TRUE(nv.runnable);
   // With sub_group_size below a unit, each unit is a sub-group of its own,
-  // as the engine makes them: two swap buffers, the larger unit's size.
+  // as the engine makes them: two swap buffers, each its own unit's size
+  // (sub-group g lives in buffer g % buffers).
   PlanInput small = in;
   small.config.zero.sub_group_size = 100'000;
   const PlanRow split = PlanCombination(small, 2, OffloadDevice::kNvme, OffloadDevice::kNone);
   EXPECT_TRUE(split.runnable) << split.note;
   const PlanItem* swap = Find(split.host_items, "NVMe swap buffers");
   ASSERT_NE(swap, nullptr);
-  EXPECT_NE(swap->what.find("2 x largest of 2 sub-groups"), std::string::npos) << swap->what;
-  EXPECT_EQ(swap->bytes, 2 * cpu::PinnedPool::SizeClassBytes(131072u * 12));
+  EXPECT_NE(swap->what.find("2 for 2 sub-groups"), std::string::npos) << swap->what;
+  EXPECT_EQ(swap->bytes, cpu::PinnedPool::SizeClassBytes(131072u * 12) + cpu::PinnedPool::SizeClassBytes(65536u * 12));
 }
 
 // offload_optimizer nvme: the gradient accumulator in host memory while the
@@ -380,14 +381,15 @@ TEST(PlanTest, SubGroupsAreCappedAtOnePinnedBuffer) {
   EXPECT_TRUE(r.runnable) << r.note;
   const PlanItem* swap = Find(r.host_items, "NVMe swap buffers");
   ASSERT_NE(swap, nullptr);
-  EXPECT_NE(swap->what.find("of 3 sub-groups"), std::string::npos) << swap->what;
+  EXPECT_NE(swap->what.find("for 3 sub-groups"), std::string::npos) << swap->what;
   in.model = Units({60'000'000, 100'000'000});
   const PlanRow big = PlanCombination(in, 2, OffloadDevice::kNvme, OffloadDevice::kNone);
   EXPECT_TRUE(big.runnable) << big.note;
   const PlanItem* big_swap = Find(big.host_items, "NVMe swap buffers");
   ASSERT_NE(big_swap, nullptr);
-  EXPECT_NE(big_swap->what.find("of 2 sub-groups"), std::string::npos) << big_swap->what;
-  EXPECT_EQ(big_swap->bytes, 2 * cpu::PinnedPool::SizeClassBytes(100'000'000ull * 12));
+  EXPECT_NE(big_swap->what.find("for 2 sub-groups"), std::string::npos) << big_swap->what;
+  EXPECT_EQ(big_swap->bytes,
+            cpu::PinnedPool::SizeClassBytes(60'000'000ull * 12) + cpu::PinnedPool::SizeClassBytes(100'000'000ull * 12));
 }
 
 // Registers the units, runs two micro-steps (each an optimizer step) the way

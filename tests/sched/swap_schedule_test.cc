@@ -102,5 +102,22 @@ TEST(SwapScheduleTest, EveryReadFollowsItsBuffersLastWriteAndPrecedesItsUpdate) 
   }
 }
 
+TEST(SwapScheduleTest, EachBufferFitsOnlyTheSubGroupsThatCycleThroughIt) {
+  using V = std::vector<int64_t>;
+  // Two full sub-groups and a small last one: the small one shares buffer 0
+  // with a full one, so both buffers stay full-size.
+  EXPECT_EQ(SwapSchedule::BufferElems(V{100, 100, 10}, 2), (V{100, 100}));
+  // Two sub-groups, two buffers: the second buffer is the small group's size.
+  EXPECT_EQ(SwapSchedule::BufferElems(V{89, 9}, 2), (V{89, 9}));
+  // Sub-group g lives in buffer g % buffers, whatever the sizes' order.
+  EXPECT_EQ(SwapSchedule::BufferElems(V{5, 70, 3, 60, 4}, 3), (V{60, 70, 3}));
+  EXPECT_EQ(SwapSchedule::BufferElems(V{50}, 1), (V{50}));
+  for (size_t g = 0; g < 5; ++g) {
+    const V sizes{5, 70, 3, 60, 4};
+    const V fit = SwapSchedule::BufferElems(sizes, 3);
+    EXPECT_GE(fit[SwapSchedule(sizes.size(), 3, true).BufferOf(g)], sizes[g]) << "sub-group " << g;
+  }
+}
+
 }  // namespace
 }  // namespace zinf::sched
