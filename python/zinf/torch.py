@@ -111,23 +111,33 @@ _VIEW_CACHE = 8  # buffers remembered per unit (stage 3 gathers into a few slots
 
 def _unit_views(unit, data, tensors, num_elems, zinf_dtype, device):
     """(whole, per-parameter tensors) over a unit's buffer at `data`: one
-    tensor over all num_elems, sliced at each parameter's address in
-    `tensors`; cached by the buffer's address."""
+    tensor over all num_elems and, at each parameter's address in `tensors`,
+    a strided view of it; cached by the buffer's address. Stage 3 gathers a
+    unit wherever the budget has room, so a miss is common: it costs one
+    tensor over foreign memory and one as_strided per parameter."""
     key = (data, zinf_dtype, num_elems)
     got = unit.views.get(key)
-    if got is None and tensors is None:  # the whole buffer alone (not cached: no parameter offsets)
-        return _view(data, num_elems, zinf_dtype, (num_elems,), device), None
-    if got is None:
-        whole = _view(data, num_elems, zinf_dtype, (num_elems,), device)
-        size = whole.element_size()
-        views = []
-        for i in range(len(unit.params)):
-            offset = (tensors[i] - data) // size if unit.numels[i] else 0
-            views.append(whole.narrow(0, offset, unit.numels[i]).view(unit.shapes[i]))
-        if len(unit.views) >= _VIEW_CACHE:
-            unit.views.pop(next(iter(unit.views)))
-        got = unit.views[key] = (whole, views)
+    if got is not None:
+        return got
+    whole = _view(data, num_elems, zinf_dtype, (num_elems,), device)
+    if tensors is None:  # the whole buffer alone (not cached: no parameter offsets)
+        return whole, None
+    size = whole.element_size()
+    as_strided = whole.as_strided
+    views = [as_strided(shape, stride, (tensors[i] - data) // size if numel else 0)
+             for i, (shape, stride, numel) in enumerate(zip(unit.shapes, unit.strides, unit.numels))]
+    if len(unit.views) >= _VIEW_CACHE:
+        unit.views.pop(next(iter(unit.views)))
+    got = unit.views[key] = (whole, views)
     return got
+
+
+def _contiguous_strides(shape):
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(strides))
 
 
 def _model_device(model, zinf_keys):
@@ -185,6 +195,7 @@ class _Unit:
         self.fetched = False
         self.bound = None  # the buffer address the parameters are bound to (None: unbound)
         self.shapes = [tuple(p.shape) for _, p in params]
+        self.strides = [_contiguous_strides(s) for s in self.shapes]
         self.numels = [p.numel() for _, p in params]
         self.dtypes = [p.dtype for _, p in params]  # what the model made them (state_dict returns these)
         self.grad_views = None  # the fp32 gradient buffer's tensors, this backward
@@ -772,7 +783,7 @@ class Engine(torch.nn.Module):
             self._flush()
         if unit.grad_views is None:
             self._grad_buffers(unit)
-        unit.grad_views[index].copy_(grad.view(unit.shapes[index]))  # widened to fp32 by the copy
+        unit.grad_views[index].copy_(grad)  # widened to fp32 by the copy (autograd gave it the parameter's shape)
         if not unit.received[index]:
             unit.received[index] = True
             unit.pending -= 1
@@ -994,8 +1005,6 @@ class Engine(torch.nn.Module):
                                                  flat.numel()), "write unit '%s'" % unit.name)
         self._version += 1
         self._read_cache = None
-        for view_key in list(unit.views):
-            pass  # the buffers' addresses stay; their contents are the engine's
 
     def _write_pending(self):
         pending, self._pending_writes = self._pending_writes, {}
