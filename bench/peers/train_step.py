@@ -11,7 +11,10 @@ fp32. Configurations:
   z3nvme   ZeRO-3, parameters and optimizer on NVMe
 FSDP2 runs z2cpu's equivalent (fully_shard on one rank; on a machine with no
 GPU its CPU offload policy has nothing to offload from) and has no NVMe tier:
-its rows for z3opt and z3nvme say so.
+its rows for z3opt and z3nvme say so. The engine "torch" is the floor for
+z2cpu: the model alone with torch.optim.AdamW, no engine around it; its
+forward and backward are timed apart, which bounds what any engine can gain
+over DeepSpeed here (DeepSpeed's s/step over torch's forward+backward).
 
 --device cuda runs the same on a GPU machine (DeepSpeed's CUDA accelerator,
 zinf on the GPU, FSDP2 with CPUOffloadPolicy on NCCL). Such a machine may
@@ -44,7 +47,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import peers_common  # noqa: E402
 
 CONFIGS = ("z2cpu", "z3opt", "z3nvme")
-ENGINES = ("deepspeed", "zinf", "fsdp2")
+ENGINES = ("deepspeed", "zinf", "fsdp2", "torch")
 
 
 def ds_config(kind, nvme, threads):
@@ -99,11 +102,32 @@ def child(args):
     shutil.rmtree(nvme, ignore_errors=True)
     os.makedirs(nvme)
     out = {"engine": args.engine, "config": args.config, "params": params}
-    if args.engine == "fsdp2" and args.config != "z2cpu":
-        out["skipped"] = "FSDP2 has no NVMe tier (its offload policy moves state to CPU memory only)"
+    skip = {"fsdp2": "FSDP2 has no NVMe tier (its offload policy moves state to CPU memory only)",
+            "torch": "torch alone has no NVMe tier (its row is z2cpu's floor)"}
+    if args.engine in skip and args.config != "z2cpu":
+        out["skipped"] = skip[args.engine]
         print("RESULT " + json.dumps(out), flush=True)
         return 0
-    if args.engine == "fsdp2":
+    fwd_bwd = []  # torch alone: forward + backward of each step, without the optimizer
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+    if args.engine == "torch":
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.01)
+
+        def step(x):
+            sync()
+            t0 = time.perf_counter()
+            loss = model(input_ids=x, labels=x).loss
+            loss.backward()
+            sync()
+            fwd_bwd.append(time.perf_counter() - t0)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad()
+            return loss.item()
+    elif args.engine == "fsdp2":
         import torch.distributed as dist
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
@@ -152,6 +176,8 @@ def child(args):
     out.update(losses=losses, step_s=statistics.median(times), times=times, peak_rss_mib=peak_rss_mib(),
                read_mib_per_step=(io1[0] - io0[0]) / args.steps / 2**20,
                written_mib_per_step=(io1[1] - io0[1]) / args.steps / 2**20)
+    if fwd_bwd:
+        out["fwd_bwd_s"] = statistics.median(fwd_bwd[args.warmup:])
     print("RESULT " + json.dumps(out), flush=True)
     shutil.rmtree(nvme, ignore_errors=True)
     return 0
@@ -236,6 +262,8 @@ def main():
                          "read_mib": statistics.median(x["read_mib_per_step"] for x in runs),
                          "written_mib": statistics.median(x["written_mib_per_step"] for x in runs),
                          "losses": runs[0]["losses"]})
+            if "fwd_bwd_s" in runs[0]:
+                rows[-1]["fwd_bwd_s"] = statistics.median(x["fwd_bwd_s"] for x in runs)
     by = {(x["config"], x["engine"]): x for x in rows}
     for c in configs:
         z, d = by.get((c, "zinf")), by.get((c, "deepspeed"))
@@ -261,6 +289,10 @@ def main():
         z = by.get((c, "zinf"))
         if z and "loss_rel_diff" in z:
             print("# %s: zinf's losses within %.2g of DeepSpeed's (relative)" % (c, z["loss_rel_diff"]))
+        t, d = by.get((c, "torch")), by.get((c, "deepspeed"))
+        if t and d and "fwd_bwd_s" in t and "step_s" in d:
+            print("# %s: torch's forward+backward alone takes %.3f s/step: no engine that runs them can be more than "
+                  "%.2fx DeepSpeed here" % (c, t["fwd_bwd_s"], d["step_s"] / t["fwd_bwd_s"]))
     return 0
 
 
