@@ -66,28 +66,25 @@ def main():
     units = len(engine._units)
     # Time the host spends blocked on zinf's stream (HostDevice: the engine's
     # own work on its threads, gradient accumulation over whole 64 Ki-element
-    # blocks) apart from the hooks' own work.
-    # The calls into zinf's library are timed apart too (on the host device
-    # they run the engine's own host work: events and task hand-offs to its
-    # stream threads), so that what is left is the hooks' Python.
+    # blocks) apart from the hooks' own work: rounds alternate between timed
+    # calls (wall time in each of zinf's calls, and waiting on its stream)
+    # and the plain functions. The hooks' Python is a plain round's: the
+    # thread's CPU time less what the library counted inside its own calls
+    # (zinf_call_cpu_accounting: on the host device the calls run the
+    # engine's host work, events and hand-offs to its stream threads) less
+    # torch's forward and backward alone.
     lib = zinf.torch._capi.lib()
+    lib.zinf_call_cpu_accounting(1)
     waited = [0.0]
     in_lib = [0.0]
 
-    cpu_in_lib = [0.0]
-
     def timed(fn, acc):
         def call(*a):
-            t0, c0 = time.perf_counter(), time.thread_time()
+            t0 = time.perf_counter()
             rc = fn(*a)
             acc[0] += time.perf_counter() - t0
-            cpu_in_lib[0] += time.thread_time() - c0
             return rc
         return call
-    # The timing wrappers cost Python time of their own: rounds alternate
-    # between timed calls (what the library takes) and the plain functions
-    # (the thread's whole CPU time), so that the hooks' figure is the plain
-    # round's CPU less the timed round's library time, wrappers excluded.
     plain = {}
     timed_fns = {}
     for name, acc in (("zinf_stream_synchronize", waited), ("zinf_engine_fetch", in_lib),
@@ -107,20 +104,17 @@ def main():
 
     def zinf_round(timing):
         use(timed_fns if timing else plain)
-        waited[0] = in_lib[0] = cpu_in_lib[0] = 0.0
-        t0, c0 = time.perf_counter(), time.thread_time()
+        waited[0] = in_lib[0] = 0.0
+        t0, c0, l0 = time.perf_counter(), time.thread_time(), lib.zinf_thread_call_cpu_seconds()
         for _ in range(args.micro - 1):
             engine.backward(engine(x))
             engine.step()
-        t1, c1 = time.perf_counter(), time.thread_time()
-        wait = waited[0] / (args.micro - 1)
-        calls = in_lib[0] / (args.micro - 1)
-        # timed: the thread's CPU inside zinf's library; plain: all of it
-        cpu = (cpu_in_lib[0] if timing else c1 - c0) / (args.micro - 1)
+        t1, c1, l1 = time.perf_counter(), time.thread_time(), lib.zinf_thread_call_cpu_seconds()
+        n = args.micro - 1
         engine.backward(engine(x))
         engine.step()  # the boundary: the optimizer
         engine.stats()
-        return (t1 - t0) / (args.micro - 1), time.perf_counter() - t1, wait, calls, cpu
+        return (t1 - t0) / n, time.perf_counter() - t1, waited[0] / n, in_lib[0] / n, (c1 - c0) / n, (l1 - l0) / n
 
     def torch_round():
         t0, c0 = time.perf_counter(), time.thread_time()
@@ -133,14 +127,14 @@ def main():
     torch_round()  # warm-up
     z, t, zb, zw, zc, zlib, zcpu, tcpu = [], [], [], [], [], [], [], []
     for _ in range(args.rounds):
-        micro, boundary, wait, calls, lib_cpu = zinf_round(True)
+        _, _, wait, calls, _, _ = zinf_round(True)
         zw.append(wait)
         zc.append(calls)
-        zlib.append(lib_cpu)
-        micro, boundary, _, _, cpu = zinf_round(False)
+        micro, boundary, _, _, cpu, lib_cpu = zinf_round(False)
         z.append(micro)
         zb.append(boundary)
         zcpu.append(cpu)
+        zlib.append(lib_cpu)
         tw, tc = torch_round()
         t.append(tw)
         tcpu.append(tc)
@@ -149,18 +143,20 @@ def main():
     # The hooks' Python: this thread's CPU time outside zinf's library, less
     # torch's own forward and backward (CPU time, so that the engine's stream
     # threads working beside it on the two cores do not count).
-    python_us = (statistics.median(zcpu) - statistics.median(zlib) - statistics.median(tcpu)) / units * 1e6
+    python_us = statistics.median((c - l - tc) / units * 1e6 for c, l, tc in zip(zcpu, zlib, tcpu))
+    lib_cpu_us = statistics.median(zlib) / units * 1e6
     print("%-28s %12s %12s" % ("", "zinf", "torch"))
     print("%-28s %10.1f us %10.1f us" % ("micro-step (fwd + bwd)", zm * 1e6, tm * 1e6))
     print("%-28s %10.1f us" % ("  blocked on zinf's stream", wm * 1e6))
-    print("%-28s %10.1f us" % ("  in zinf's C calls", cm * 1e6))
+    print("%-28s %10.1f us   (CPU time inside them: %.1f us a unit)" % ("  in zinf's C calls", cm * 1e6, lib_cpu_us))
     print("%-28s %10.1f us   (CPU time of the training thread; target <= 50)" % ("hooks' Python per unit",
                                                                                      python_us))
     print("%-28s %10.1f us   (Python, C calls and the wait)" % ("zinf's host time per unit", per_unit_us))
     print("%-28s %10.1f us   (the boundary micro-step, optimizer included)" % ("boundary micro-step", statistics.median(zb) * 1e6))
     if args.json:
         print(json.dumps({"units": units, "stage": args.stage, "zinf_micro_us": zm * 1e6, "torch_micro_us": tm * 1e6,
-                          "stream_wait_us": wm * 1e6, "c_calls_us": cm * 1e6, "python_per_unit_us": python_us,
+                          "stream_wait_us": wm * 1e6, "c_calls_us": cm * 1e6, "c_calls_cpu_per_unit_us": lib_cpu_us,
+                          "python_per_unit_us": python_us,
                           "per_unit_us": per_unit_us}))
     engine.close()
 

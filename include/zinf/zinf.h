@@ -99,6 +99,16 @@ ZINF_API int zinf_set_log_level(const char* level);
  * zinf_engine_config_json). NULL is a no-op. */
 ZINF_API void zinf_string_free(char* str);
 
+/* The CPU time a thread spends inside zinf's calls, for a front-end that
+ * measures its own host overhead apart from the library's (its hooks'
+ * Python, say). zinf_call_cpu_accounting(1) starts counting, process-wide,
+ * every call that returns a zinf_status (each then reads the thread's CPU
+ * clock twice); 0 stops. zinf_thread_call_cpu_seconds() is what the calling
+ * thread has spent inside counted calls so far: CPU time, so that waiting on
+ * a stream costs nothing. Thread-safe. */
+ZINF_API void zinf_call_cpu_accounting(int enable);
+ZINF_API double zinf_thread_call_cpu_seconds(void);
+
 /* Element types, mirroring zinf::DType. */
 typedef enum zinf_dtype {
   ZINF_DTYPE_FP32 = 0, /* IEEE binary32 */

@@ -45,6 +45,8 @@ _SIGNATURES = {
     "zinf_last_error": (c_char_p, []),
     "zinf_status_name": (c_char_p, [c_int]),
     "zinf_string_free": (None, [c_void_p]),
+    "zinf_call_cpu_accounting": (None, [c_int]),
+    "zinf_thread_call_cpu_seconds": (c_double, []),
     "zinf_comm_create_mpi": (c_int, [c_double, ctypes.POINTER(c_void_p)]),
     "zinf_comm_destroy": (None, [c_void_p]),
     "zinf_engine_create": (c_int, [c_char_p, c_void_p, ctypes.POINTER(c_void_p)]),

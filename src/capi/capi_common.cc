@@ -1,5 +1,6 @@
 // The library-wide part of the C ABI: errors, version, logging, strings.
-// Thread-safety: the last error is thread-local; the rest is stateless.
+// Thread-safety: the last error and the call CPU total are thread-local;
+// the accounting switch is atomic; the rest is stateless.
 #include <cstdlib>
 #include <string>
 
@@ -11,6 +12,7 @@ namespace zinf::capi {
 namespace {
 
 thread_local std::string t_last_error;
+thread_local int64_t t_call_cpu_ns = 0;
 
 // The C enum mirrors zinf::StatusCode value for value.
 static_assert(ZINF_OK == static_cast<int>(StatusCode::kOk));
@@ -27,6 +29,10 @@ static_assert(ZINF_ERR_UNAVAILABLE == static_cast<int>(StatusCode::kUnavailable)
 static_assert(ZINF_ERR_INTERNAL == static_cast<int>(StatusCode::kInternal));
 
 }  // namespace
+
+std::atomic<bool> g_count_call_cpu{false};
+
+void AddCallCpu(int64_t ns) noexcept { t_call_cpu_ns += ns; }
 
 void ClearLastError() noexcept { t_last_error.clear(); }
 
@@ -46,6 +52,12 @@ using zinf::capi::Guard;
 extern "C" {
 
 ZINF_API const char* zinf_last_error(void) { return zinf::capi::t_last_error.c_str(); }
+
+ZINF_API void zinf_call_cpu_accounting(int enable) {
+  zinf::capi::g_count_call_cpu.store(enable != 0, std::memory_order_relaxed);
+}
+
+ZINF_API double zinf_thread_call_cpu_seconds(void) { return zinf::capi::t_call_cpu_ns * 1e-9; }
 
 ZINF_API const char* zinf_status_name(int code) {
   if (code < ZINF_OK || code > ZINF_ERR_INTERNAL) return "Unknown";

@@ -4,6 +4,10 @@
 // Thread-safety: the last error is per thread; everything else is stateless.
 #pragma once
 
+#include <time.h>
+
+#include <atomic>
+#include <cstdint>
 #include <exception>
 #include <new>
 #include <string>
@@ -19,11 +23,37 @@ void ClearLastError() noexcept;
 // returns the status's code as a zinf_status. Never throws.
 int SetLastError(const char* function, const Status& status) noexcept;
 
+// zinf_call_cpu_accounting's switch, and the calling thread's total.
+extern std::atomic<bool> g_count_call_cpu;
+void AddCallCpu(int64_t ns) noexcept;
+
+// While accounting is on, adds the thread's CPU time from construction to
+// destruction to the thread's total.
+class CallCpuClock {
+ public:
+  CallCpuClock() noexcept : on_(g_count_call_cpu.load(std::memory_order_relaxed)) {
+    if (on_) on_ = ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &start_) == 0;
+  }
+  ~CallCpuClock() {
+    timespec end;
+    if (on_ && ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &end) == 0) {
+      AddCallCpu((end.tv_sec - start_.tv_sec) * int64_t{1000000000} + (end.tv_nsec - start_.tv_nsec));
+    }
+  }
+  CallCpuClock(const CallCpuClock&) = delete;
+  CallCpuClock& operator=(const CallCpuClock&) = delete;
+
+ private:
+  bool on_;
+  timespec start_{};
+};
+
 // Runs `body` (returning a zinf::Status) with the last error cleared first;
 // a non-OK status or any exception becomes the returned code and the last
 // error. The only way the C ABI's entry points run C++ code.
 template <typename Body>
 int Guard(const char* function, Body&& body) noexcept {
+  const CallCpuClock clock;
   ClearLastError();
   try {
     Status status = body();

@@ -62,6 +62,8 @@ def load(path):
         "zinf_version": (c_char_p, []),
         "zinf_abi_version": (c_int, []),
         "zinf_set_log_level": (c_int, [c_char_p]),
+        "zinf_call_cpu_accounting": (None, [c_int]),
+        "zinf_thread_call_cpu_seconds": (c_double, []),
         "zinf_aio_create": (c_int, [c_u64, c_uint, c_uint, c_uint, ctypes.POINTER(c_void_p)]),
         "zinf_aio_destroy": (None, [c_void_p]),
         "zinf_aio_backend": (c_char_p, [c_void_p]),
@@ -404,6 +406,50 @@ def test_trace():
     print("ok: traced work is on the step's timeline")
 
 
+def test_call_cpu_accounting():
+    """zinf_call_cpu_accounting: off, calls add nothing to the thread's
+    total; on, an Adam step on the calling thread (one thread) counts most
+    of the thread's CPU time over it and never more, while waiting on a
+    stream for a 50 ms host function counts almost nothing."""
+    import time
+    adam = c_void_p()
+    check(LIB.zinf_adam_create(1, ctypes.byref(adam)))
+    o = AdamOptions()
+    LIB.zinf_adam_options_default(ctypes.byref(o))
+    n = 1 << 22
+    p, m, v = np.ones(n, np.float32), np.zeros(n, np.float32), np.zeros(n, np.float32)
+    g = np.full(n, 0.5, np.float32)
+
+    def steps():
+        for step in range(1, 6):
+            check(LIB.zinf_adam_step(adam, ctypes.byref(o), step, 1.0, ptr(p), ptr(m), ptr(v), ptr(g),
+                                     ZINF_DTYPE_FP32, None, ZINF_DTYPE_BF16, n))
+    before = LIB.zinf_thread_call_cpu_seconds()
+    steps()
+    assert LIB.zinf_thread_call_cpu_seconds() == before, "counted while accounting is off"
+    LIB.zinf_call_cpu_accounting(1)
+    c0, s0 = time.thread_time(), LIB.zinf_thread_call_cpu_seconds()
+    steps()
+    busy, thread = LIB.zinf_thread_call_cpu_seconds() - s0, time.thread_time() - c0
+    assert 0.5 * thread < busy <= thread + 1e-3, (busy, thread)
+    LIB.zinf_adam_destroy(adam)
+
+    engine, stream = c_void_p(), c_void_p()
+    check(LIB.zinf_engine_create(STAGE3_CONFIG, None, ctypes.byref(engine)))
+    check(LIB.zinf_stream_create(engine, ctypes.byref(stream)))
+    sleep = HOST_FN(lambda _: (time.sleep(0.05), 0)[1])
+    check(LIB.zinf_stream_enqueue_host(stream, sleep, None))
+    t0, s0 = time.perf_counter(), LIB.zinf_thread_call_cpu_seconds()
+    check(LIB.zinf_stream_synchronize(stream))
+    waited, counted = time.perf_counter() - t0, LIB.zinf_thread_call_cpu_seconds() - s0
+    LIB.zinf_call_cpu_accounting(0)
+    assert waited >= 0.04 and counted < 0.01, (waited, counted)
+    LIB.zinf_stream_destroy(stream)
+    LIB.zinf_engine_destroy(engine)
+    print("ok: call CPU accounting counts the thread's work inside calls (%.3f of %.3f s), not its waits (%.4f s in "
+          "a %.3f s wait)" % (busy, thread, counted, waited))
+
+
 def main():
     global LIB
     if len(sys.argv) != 3:
@@ -423,6 +469,7 @@ def main():
     test_report_loss()
     test_stream_adopt()
     test_trace()
+    test_call_cpu_accounting()
     print("PASS: python ctypes + numpy")
     return 0
 
