@@ -206,6 +206,7 @@ int Run(const Options& opt) {
   in.model = Check(sched::PlanParamsModel(P, opt.units), "plan");
   in.device_memory = *memory;
   in.host_memory = sched::PinnedBudgetBytes(c);
+  in.host_device = opt.device == "cpu";
   const sched::PlanRow plan = sched::PlanCombination(in, 3, *opt_tier, *param_tier);
   if (!plan.runnable || !plan.fits_device || !plan.fits_host) {
     std::fprintf(stderr, "zinf bench stage3: the plan does not fit: %s (device %s of %s, host pinned %s of %s)\n",

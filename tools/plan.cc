@@ -91,6 +91,7 @@ Status ResolveRanks(const PlanOptions& opt, PlanRun& run) {
     for (const BackendInfo& b : sched::ProbeRuntime().backends) cuda |= b.name == "cuda" && b.usable;
   }
   in.reductions_on_device = cuda && in.world_size > 1;
+  in.host_device = !cuda;
   return Status::Ok();
 }
 

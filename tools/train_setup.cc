@@ -261,6 +261,7 @@ Status CheckPlan(TrainRun& run) {
   pin.config = config;
   pin.world_size = run.world;
   pin.reductions_on_device = sched::CommunicatesDeviceMemory(run.comm.get());
+  pin.host_device = run.device->kind() == DeviceKind::kHost;
   pin.gradient_accumulation_steps = run.batch.gradient_accumulation_steps;
   auto m = model::PlanGptModel(run.mc, run.B, run.T, opt.checkpointing, run.engine->compute_dtype(), run.matmul_dtype,
                                run.attention);

@@ -177,6 +177,13 @@ struct ZinfConfig {
   // without; a non-finite gradient norm, which would skip the step, stops
   // the engine instead (units were already updated).
   bool active_offload = false;
+  // offload_optimizer cpu or nvme on a device whose memory the host
+  // addresses (HostDevice: training on the CPU): the host's Adam reads a
+  // unit's reduced gradient where it lies and writes the new compute copy
+  // into its place, with no copies through pinned staging buffers (a
+  // gradient accumulates in host memory only over several micro-steps).
+  // false takes the staging path an accelerator's memory needs.
+  bool offload_zero_copy = true;
   GradientHome gradients = GradientHome::kAuto;  // "gradients": "auto" | "host" | "nvme"
   bool checksums = false;                        // XXH3 per swapped extent, verified on read
   // The model's matrix products: kFloat32, or kBFloat16 operands with fp32

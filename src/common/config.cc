@@ -298,6 +298,7 @@ void ReadZinf(ObjectReader& r, ZinfConfig& z) {
   r.Bool("stop_on_nonfinite_loss", &z.stop_on_nonfinite_loss);
   r.Enum("gradient_accumulation", &z.accumulation_mean, {{"mean", true}, {"sum", false}});
   r.Bool("active_offload", &z.active_offload);
+  r.Bool("offload_zero_copy", &z.offload_zero_copy);
   r.Enum("matmul", &z.matmul, {{"fp32", DType::kFloat32}, {"bf16", DType::kBFloat16}});
   r.Enum("attention", &z.attention,
          {{"auto", AttentionChoice::kAuto}, {"plain", AttentionChoice::kPlain}, {"flash", AttentionChoice::kFlash}});
@@ -594,6 +595,7 @@ std::string Config::ToJson(int indent) const {
                {"stop_on_nonfinite_loss", zinf.stop_on_nonfinite_loss},
                {"gradient_accumulation", zinf.accumulation_mean ? "mean" : "sum"},
                {"active_offload", zinf.active_offload},
+               {"offload_zero_copy", zinf.offload_zero_copy},
                {"matmul", zinf.matmul == DType::kBFloat16 ? "bf16" : "fp32"},
                {"attention", zinf.attention == AttentionChoice::kFlash   ? "flash"
                              : zinf.attention == AttentionChoice::kPlain ? "plain"

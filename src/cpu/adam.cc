@@ -76,24 +76,24 @@ Status AdamStep(tbb::task_arena& arena, const math::AdamStepConstants& constants
   cpu::ParamCopy copy = cpu::ParamCopy::kNone;
   if (b.param_copy) {
     ZINF_RETURN_IF_ERROR(cpu::CheckDType(b.param_copy_dtype, "Adam: param_copy"));
-    if (b.param_copy_dtype == DType::kFloat32) {
-      return InvalidArgument("Adam: the parameter copy must be bf16 or fp16, not fp32");
-    }
-    copy = b.param_copy_dtype == DType::kBFloat16 ? cpu::ParamCopy::kBf16 : cpu::ParamCopy::kFp16;
+    copy = b.param_copy_dtype == DType::kBFloat16  ? cpu::ParamCopy::kBf16
+           : b.param_copy_dtype == DType::kFloat16 ? cpu::ParamCopy::kFp16
+                                                   : cpu::ParamCopy::kFp32;
   }
+  const size_t copy_bytes = b.param_copy ? DTypeSizeBytes(b.param_copy_dtype) : 0;
   ZINF_RETURN_IF_ERROR(cpu::CheckNoOverlap({{b.params, n * 4, "params"},
                                             {b.exp_avg, n * 4, "exp_avg"},
                                             {b.exp_avg_sq, n * 4, "exp_avg_sq"},
                                             {b.grads, n * DTypeSizeBytes(b.grad_dtype), "grads"},
-                                            {b.param_copy, n * 2, "param_copy"}})
+                                            {b.param_copy, n * copy_bytes, "param_copy"}})
                            .WithContext("Adam"));
   const cpu::AdamKernelFn kernel = cpu::Kernels(level).adam[static_cast<int>(b.grad_dtype)][static_cast<int>(copy)];
   const size_t grad_bytes = DTypeSizeBytes(b.grad_dtype);
-  const size_t bytes_per_elem = 24 + grad_bytes + (b.param_copy ? 2 : 0);
+  const size_t bytes_per_elem = 24 + grad_bytes + copy_bytes;
   cpu::ParallelForBlocks(arena, n, bytes_per_elem, [&](size_t begin, size_t end) {
     kernel(constants, b.params + begin, b.exp_avg + begin, b.exp_avg_sq + begin,
            static_cast<const unsigned char*>(b.grads) + begin * grad_bytes,
-           b.param_copy ? static_cast<uint16_t*>(b.param_copy) + begin : nullptr, end - begin);
+           b.param_copy ? static_cast<unsigned char*>(b.param_copy) + begin * copy_bytes : nullptr, end - begin);
   });
   return Status::Ok();
 }

@@ -53,13 +53,13 @@ struct AdamBuffers {
   const void* grads = nullptr;  // grad_dtype elements
   DType grad_dtype = DType::kFloat32;
   void* param_copy = nullptr;                 // optional: receives the updated parameter as param_copy_dtype
-  DType param_copy_dtype = DType::kBFloat16;  // kBFloat16 or kFloat16
+  DType param_copy_dtype = DType::kBFloat16;  // kBFloat16, kFloat16, or kFloat32 (an exact copy)
   size_t num_elems = 0;
 };
 
 // One optimizer step over `buffers` with the kernels of `level`, which must be
 // <= DetectedSimdLevel(). kInvalidArgument for bad options, null or
-// overlapping buffers, an fp32 param_copy_dtype or an unsupported level.
+// overlapping buffers or an unsupported level.
 Status AdamStep(tbb::task_arena& arena, const AdamOptions& options, int64_t step, double grad_scale,
                 const AdamBuffers& buffers, SimdLevel level = ActiveSimdLevel());
 

@@ -29,12 +29,13 @@
 
 namespace zinf::cpu {
 
-// Where the optional 16-bit copy of the updated parameter goes.
-enum class ParamCopy : int { kNone = 0, kBf16 = 1, kFp16 = 2 };
+// The optional copy of the updated parameter: 16-bit (the compute copy of
+// mixed precision) or fp32 (an fp32 compute copy written in the same pass).
+enum class ParamCopy : int { kNone = 0, kBf16 = 1, kFp16 = 2, kFp32 = 3 };
 
 // Adam over n elements: params/exp_avg/exp_avg_sq are fp32 and updated in
 // place; grads has the table slot's dtype; param_copy (if the slot has one)
-// receives the updated parameter rounded to nearest even. Aligned param_copy
+// receives the updated parameter (16-bit: rounded to nearest even). Aligned param_copy
 // pointers (to the vector width) are written with non-temporal stores.
 using AdamKernelFn = void (*)(const math::AdamStepConstants& c, float* params, float* exp_avg, float* exp_avg_sq,
                               const void* grads, void* param_copy, size_t num_elems);
@@ -46,7 +47,7 @@ using CastFn = void (*)(const void* src, void* dst, size_t num_elems);
 
 struct KernelTable {
   SimdLevel level;
-  AdamKernelFn adam[3][3];      // [grad DType][ParamCopy]
+  AdamKernelFn adam[3][4];      // [grad DType][ParamCopy]
   SumSquaresFn sum_squares[3];  // [DType]
   CastFn cast[3][3];            // [src DType][dst DType]; same-dtype slots are nullptr
 };

@@ -23,6 +23,7 @@ void AdamScalar(const math::AdamStepConstants& c, float* params, float* exp_avg,
     exp_avg_sq[i] = v;
     if constexpr (kCopy == ParamCopy::kBf16) math::StoreFromFloat<DType::kBFloat16>(param_copy, i, p);
     if constexpr (kCopy == ParamCopy::kFp16) math::StoreFromFloat<DType::kFloat16>(param_copy, i, p);
+    if constexpr (kCopy == ParamCopy::kFp32) static_cast<float*>(param_copy)[i] = p;
   }
 }
 
@@ -46,6 +47,7 @@ void FillAdamRow(KernelTable& t) {
   t.adam[g][0] = &AdamScalar<kGrad, ParamCopy::kNone>;
   t.adam[g][1] = &AdamScalar<kGrad, ParamCopy::kBf16>;
   t.adam[g][2] = &AdamScalar<kGrad, ParamCopy::kFp16>;
+  t.adam[g][3] = &AdamScalar<kGrad, ParamCopy::kFp32>;
 }
 
 KernelTable MakeScalarTable() {

@@ -120,7 +120,9 @@ void Store(void* base, size_t i, const typename Io::F& x) {
   }
 }
 
-constexpr DType CopyDType(ParamCopy copy) { return copy == ParamCopy::kFp16 ? DType::kFloat16 : DType::kBFloat16; }
+constexpr DType CopyDType(ParamCopy copy) {
+  return copy == ParamCopy::kFp32 ? DType::kFloat32 : copy == ParamCopy::kFp16 ? DType::kFloat16 : DType::kBFloat16;
+}
 
 template <class Io, DType kType>
 bool CanStream(const void* p) {
@@ -187,7 +189,7 @@ void AdamSimd(const math::AdamStepConstants& c, float* params, float* exp_avg, f
   if (const size_t rest = num_elems - body; rest > 0) {
     alignas(64) float p[W] = {}, m[W] = {}, v[W] = {};
     alignas(64) unsigned char g[W * 4] = {};
-    alignas(64) uint16_t copy[W] = {};
+    alignas(64) unsigned char copy[W * 4] = {};
     std::memcpy(p, params + body, rest * sizeof(float));
     std::memcpy(m, exp_avg + body, rest * sizeof(float));
     std::memcpy(v, exp_avg_sq + body, rest * sizeof(float));
@@ -198,7 +200,8 @@ void AdamSimd(const math::AdamStepConstants& c, float* params, float* exp_avg, f
     std::memcpy(exp_avg + body, m, rest * sizeof(float));
     std::memcpy(exp_avg_sq + body, v, rest * sizeof(float));
     if constexpr (kCopy != ParamCopy::kNone) {
-      std::memcpy(static_cast<uint16_t*>(param_copy) + body, copy, rest * sizeof(uint16_t));
+      constexpr size_t kCopyBytes = DTypeSizeBytes(CopyDType(kCopy));
+      std::memcpy(static_cast<unsigned char*>(param_copy) + body * kCopyBytes, copy, rest * kCopyBytes);
     }
   }
   if (streamed) _mm_sfence();  // order the non-temporal stores before whatever signals completion
@@ -267,6 +270,7 @@ void FillAdamRow(KernelTable& t) {
   t.adam[g][0] = &AdamSimd<Io, kGrad, ParamCopy::kNone>;
   t.adam[g][1] = &AdamSimd<Io, kGrad, ParamCopy::kBf16>;
   t.adam[g][2] = &AdamSimd<Io, kGrad, ParamCopy::kFp16>;
+  t.adam[g][3] = &AdamSimd<Io, kGrad, ParamCopy::kFp32>;
 }
 
 template <class Io>

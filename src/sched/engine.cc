@@ -123,7 +123,9 @@ Result<int> EngineImpl::AddUnit(const std::string& name, const std::vector<Param
     ZINF_ASSIGN_OR_RETURN(u.h_master, Pinned(owned * 4, what + " fp32 master"));
     ZINF_ASSIGN_OR_RETURN(u.h_exp_avg, Pinned(owned * 4, what + " Adam m"));
     ZINF_ASSIGN_OR_RETURN(u.h_exp_avg_sq, Pinned(owned * 4, what + " Adam v"));
-    ZINF_ASSIGN_OR_RETURN(u.h_accum, Pinned(owned * 4, what + " gradient accumulator"));
+    if (!grad_in_place(u)) {
+      ZINF_ASSIGN_OR_RETURN(u.h_accum, Pinned(owned * 4, what + " gradient accumulator"));
+    }
   } else {
     ZINF_ASSIGN_OR_RETURN(void* a, Alloc((stage_ >= 2 ? u.part.shard_elems : P) * 4, what + " gradient accumulator"));
     u.accum = static_cast<float*>(a);
@@ -233,8 +235,12 @@ Status EngineImpl::BuildAfterRegistration() {
     for (const Unit& u : units_) {
       if (!u.frozen) max_owned = std::max(max_owned, owned_elems(u));
     }
-    ZINF_ASSIGN_OR_RETURN(h_grad_stage_, Pinned(max_owned * 4, "gradient staging"));
-    const int64_t slots = std::clamp<int64_t>(config_.zero.offload_optimizer.buffer_count, 2, 64);
+    // With zero copy, neither the gradients nor the new compute copies
+    // pass through staging (swapped gradients still do).
+    if (!zero_copy() || nvme_) {
+      ZINF_ASSIGN_OR_RETURN(h_grad_stage_, Pinned(max_owned * 4, "gradient staging"));
+    }
+    const int64_t slots = zero_copy() ? 0 : std::clamp<int64_t>(config_.zero.offload_optimizer.buffer_count, 2, 64);
     for (int64_t i = 0; i < slots; ++i) {
       ZINF_ASSIGN_OR_RETURN(cpu::PinnedBuffer b,
                             Pinned(max_owned * DTypeSizeBytes(compute_dtype_), "parameter staging"));

@@ -42,7 +42,7 @@ Status EngineImpl::GradsReady(int unit, Stream& stream) {
     } else {
       ZINF_RETURN_IF_ERROR(EnqueueAccumulate(u.accum, u.grads, P, first));
     }
-    ZINF_RETURN_IF_ERROR(u.grads_free->Record(*stream_));
+    if (!grad_in_place(u)) ZINF_RETURN_IF_ERROR(u.grads_free->Record(*stream_));
     ZINF_RETURN_IF_ERROR(EnqueuePartials(unit));
     return MaybeActiveUpdate(static_cast<size_t>(unit));
   }
@@ -84,7 +84,7 @@ Status EngineImpl::FlushBucket(const std::vector<int>& bucket) {
       const bool first = first_of(i);
       ZINF_RETURN_IF_ERROR(offload_ ? HostAccumulate(u, shard, first)
                                     : EnqueueAccumulate(u.accum, shard, u.part.shard_elems, first));
-      ZINF_RETURN_IF_ERROR(u.grads_free->Record(*stream_));
+      if (!grad_in_place(u)) ZINF_RETURN_IF_ERROR(u.grads_free->Record(*stream_));
       ZINF_RETURN_IF_ERROR(FreeGradsIfTransient(u));
       ZINF_RETURN_IF_ERROR(EnqueuePartials(i));
       ZINF_RETURN_IF_ERROR(MaybeActiveUpdate(static_cast<size_t>(i)));
@@ -139,18 +139,19 @@ Status EngineImpl::FlushBucket(const std::vector<int>& bucket) {
 Status EngineImpl::HostAccumulate(Unit& u, const float* reduced, bool first) {
   if (grad_on_nvme(u.index)) return SwapAccumulate(static_cast<size_t>(&u - units_.data()), reduced, first);
   const int64_t n = owned_elems(u);
-  float* dst = static_cast<float*>(first ? u.h_accum.data() : h_grad_stage_.data());
+  if (grad_in_place(u)) {
+    // The update reads it there (EnqueueUnitUpdate records grads_free).
+    if (reduced != u.grads + owned_begin(u)) {
+      return Internal("unit '" + u.name + "': a gradient kept in place was reduced somewhere else");
+    }
+    return Status::Ok();
+  }
+  float* a = static_cast<float*>(u.h_accum.data());
+  if (zero_copy() && !first) return EnqueueHostAdd(a, false, reduced, true, n);  // the host reads the device's memory
+  float* dst = first ? a : static_cast<float*>(h_grad_stage_.data());
   ZINF_RETURN_IF_ERROR(TimedCopies(*stream_, n * 4, [&] { return device_.CopyToHost(dst, reduced, n * 4, *stream_); }));
   if (first) return Status::Ok();
-  return stream_->Enqueue([this, a = static_cast<float*>(u.h_accum.data()), r = dst, n](const StreamContext&) {
-    arena_.execute([&] {
-      tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, int64_t{1} << 16),
-                        [&](const tbb::blocked_range<int64_t>& range) {
-                          for (int64_t i = range.begin(); i < range.end(); ++i) a[i] = a[i] + r[i];
-                        });
-    });
-    return Status::Ok();
-  });
+  return EnqueueHostAdd(a, false, dst, false, n);
 }
 
 // accum = reduced (first micro-step of the window) or accum + reduced: the
@@ -158,9 +159,16 @@ Status EngineImpl::HostAccumulate(Unit& u, const float* reduced, bool first) {
 Status EngineImpl::EnqueueAccumulate(float* accum, const float* reduced, int64_t elems, bool first) {
   if (first) return device_.CopyOnDevice(accum, reduced, elems * 4, *stream_);
   if (!host_memory_) return kernels_.add_in_place(accum, reduced, elems, *stream_);
-  return stream_->Enqueue([this, accum, reduced, elems](const StreamContext& ctx) {
-    float* a = static_cast<float*>(ctx.Host(accum));
-    const float* r = static_cast<const float*>(ctx.Host(reduced));
+  return EnqueueHostAdd(accum, true, reduced, true, elems);
+}
+
+// accum[i] = accum[i] + reduced[i] on the engine stream, by the CPU; each
+// in host memory, or (*_device) in device memory the host addresses.
+Status EngineImpl::EnqueueHostAdd(float* accum, bool accum_device, const float* reduced, bool reduced_device,
+                                  int64_t elems) {
+  return stream_->Enqueue([=, this](const StreamContext& ctx) {
+    float* a = static_cast<float*>(accum_device ? ctx.Host(accum) : accum);
+    const float* r = static_cast<const float*>(reduced_device ? ctx.Host(reduced) : reduced);
     arena_.execute([&] {
       tbb::parallel_for(tbb::blocked_range<int64_t>(0, elems, int64_t{1} << 16),
                         [&](const tbb::blocked_range<int64_t>& range) {
@@ -199,7 +207,9 @@ Status EngineImpl::EnqueuePartials(size_t i, bool now) {
       std::fill_n(out + norm_layout_.unit_block_offset[i], cpu::NumNormBlocks(n), 0.0);
       return Status::Ok();
     }
-    const void* accum = offload_ ? host_accum : ctx.Host(owned_accum(u));
+    const void* accum = grad_in_place(u) ? ctx.Host(u.grads + owned_begin(u))
+                        : offload_       ? host_accum
+                                         : ctx.Host(owned_accum(u));
     return cpu::SumSquaresBlocks(arena_, accum, DType::kFloat32, n,
                                  std::span<double>(out + norm_layout_.unit_block_offset[i], cpu::NumNormBlocks(n)))
         .status();

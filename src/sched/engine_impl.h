@@ -370,11 +370,26 @@ class EngineImpl final : public Engine {
   Status TimedCopies(Stream& stream, uint64_t bytes, const std::function<Status()>& enqueue);
   // Adds the reduced owned range (device, owned_elems) into the host accumulator.
   Status HostAccumulate(Unit& u, const float* reduced, bool first);
+  Status EnqueueHostAdd(float* accum, bool accum_device, const float* reduced, bool reduced_device, int64_t elems);
   Result<cpu::PinnedBuffer> Pinned(uint64_t bytes, const std::string& what);
   // offload_optimizer nvme, at Finalize: the swapper's set-up (the last
   // sub-group written, gradients placed, buffers) and the accumulators of
   // the gradients kept in host memory.
   Status SetUpSwap();
+  // zinf.offload_zero_copy, where the host addresses the device's memory:
+  // the host's Adam reads and writes the unit's own buffers, with no
+  // copies through pinned staging.
+  bool zero_copy() const { return offload_ && host_memory_ && config_.zinf.offload_zero_copy; }
+  // With zero copy, the optimizer state in host memory and one micro-step
+  // per step, unit u's reduced gradient stays where the reduction left it
+  // (the owned range of u.grads) until its update has read it, and
+  // grads_free is recorded after the update; not where a packed bucket or
+  // a stage-3 gradient buffer freed once reduced holds it. (With the state
+  // on NVMe the gradients keep their placement: gradient_placement.h.)
+  bool grad_in_place(const Unit& u) const {
+    return zero_copy() && !nvme_ && accumulation_ == 1 && !u.frozen && !u.partitioned &&
+           !(stage_ >= 2 && distributed() && config_.zero.contiguous_gradients);
+  }
   bool grad_on_nvme(size_t i) const { return swapper_ && !units_[i].frozen && swapper_->grad_on_nvme(swap_id(i)); }
   // Unit i's index in the optimizer swapper (frozen units have none: -1),
   // and back.
@@ -431,7 +446,8 @@ class EngineImpl final : public Engine {
   struct UpdateTarget {
     void* staging = nullptr;     // the new compute copy's staging (a slot, or the shard's pinned home), or null
     float* swap = nullptr;       // NVMe: the unit's [master | m | v] in its sub-group's buffer
-    const void* grad = nullptr;  // offload: the accumulated gradient
+    const void* grad = nullptr;  // offload: the accumulated gradient (a device pointer when grad_in_place)
+    bool grad_in_place = false;  // grad is the reduced gradient in device memory the host addresses
     bool home = false;           // the shard's home is on the host (offload_param)
     bool use_slot = false;       // the new compute copy goes up through a staging slot
     bool to_store = false;       // the new shard goes to the parameter store

@@ -9,7 +9,9 @@
 // follows in forward order on its tier (device kernels; host Adam with the
 // optimizer offloaded; sub-group by sub-group through the NVMe swapper),
 // each unit's end recorded in params_ready for its next Fetch. With the
-// optimizer offloaded, the new compute copies go up on the copy stream.
+// optimizer offloaded, the new compute copies go up on the copy stream
+// through pinned staging slots, or, with zinf.offload_zero_copy where the
+// host addresses the device's memory, are written in place.
 #include "sched/engine_impl.h"
 #include "sched/engine_testing.h"
 
@@ -151,16 +153,19 @@ Status EngineImpl::EnqueueUnitUpdate(size_t i, bool has_grad, int64_t boundary, 
   // Where the new compute copy goes: a staging slot on its way to the
   // device (offload), the shard's pinned home itself (offload_param with
   // offload), the scratch on its way home (offload_param alone), or its
-  // place on the device.
+  // place on the device (no offload, or zero copy).
   const bool home = host_home(u);
-  const bool use_slot = offload_ && !home;
+  const bool use_slot = offload_ && !home && !zero_copy();
   const size_t slot = use_slot ? i % h_param_slots_.size() : 0;
   // offload_param nvme: the new shard goes home through a staging buffer.
   const bool to_store = u.shard_on_nvme;
   void* home_buf = to_store ? param_bufs_[kUpdateBuffer].data() : u.h_shard.data();
   void* staging = use_slot ? h_param_slots_[slot].data() : home && offload_ ? home_buf : nullptr;
-  float* swap = nullptr;                // NVMe: the unit's [master | m | v] in its group's buffer
-  const void* grad = u.h_accum.data();  // offload: the accumulated gradient, or its place in the gradient buffer
+  float* swap = nullptr;  // NVMe: the unit's [master | m | v] in its group's buffer
+  // offload: the accumulated gradient, or its place in the gradient buffer,
+  // or (kept in place) the reduced gradient in device memory.
+  const bool in_place = grad_in_place(u);
+  const void* grad = in_place ? static_cast<const void*>(u.grads + owned_begin(u)) : u.h_accum.data();
   if (nvme_) {
     const size_t g = swapper_->group_of(swap_id(i));
     swap = swapper_->state(swap_id(i));
@@ -171,7 +176,7 @@ Status EngineImpl::EnqueueUnitUpdate(size_t i, bool has_grad, int64_t boundary, 
                 [this, g, has = has_grad_shared](const StreamContext&) { return swapper_->ReadGroup(g, *has); }));
     }
   }
-  const UpdateTarget target{staging, swap, grad, home, use_slot, to_store};
+  const UpdateTarget target{staging, swap, grad, in_place, home, use_slot, to_store};
   Stream& gather_stream = use_slot ? *copy_stream_ : *stream_;
   if (use_slot) ZINF_RETURN_IF_ERROR(stream_->Wait(*slot_free_[slot]));
   if (!host_memory_ && !offload_) {
@@ -180,6 +185,8 @@ Status EngineImpl::EnqueueUnitUpdate(size_t i, bool has_grad, int64_t boundary, 
         [](Window& w, double seconds) { w.optimizer += seconds; }));
   } else {
     ZINF_RETURN_IF_ERROR(Timed(&Window::optimizer, u.name, HostUpdateTask(u, target, has_grad, boundary, active)));
+    // The gradient kept in place is read: backward may write the next one.
+    if (in_place) ZINF_RETURN_IF_ERROR(u.grads_free->Record(*stream_));
   }
   if (nvme_ && swapper_->group_units(swapper_->group_of(swap_id(i))).back() == swap_id(i)) {
     const size_t g = swapper_->group_of(swap_id(i));
@@ -311,8 +318,9 @@ Status EngineImpl::WriteComputeCopy(Unit& u, const float* master, int64_t first)
 // its state and refills a staging copy that goes on regardless.
 StreamTask EngineImpl::HostUpdateTask(Unit& u, const UpdateTarget& t, bool has, int64_t boundary, bool active) {
   // The groups' hyper-parameters as they are now, when the update is enqueued.
-  return [this, &u, staging = t.staging, swap = t.swap, grad = t.grad, home = t.home, use_slot = t.use_slot,
-          to_store = t.to_store, has, boundary, active, groups = groups_snapshot_](const StreamContext& ctx) -> Status {
+  return [this, &u, staging = t.staging, swap = t.swap, grad = t.grad, grad_in_place = t.grad_in_place, home = t.home,
+          use_slot = t.use_slot, to_store = t.to_store, has, boundary, active,
+          groups = groups_snapshot_](const StreamContext& ctx) -> Status {
     RunHostUpdateHook(u.index, boundary);
     Decision d;
     {
@@ -337,10 +345,11 @@ StreamTask EngineImpl::HostUpdateTask(Unit& u, const UpdateTarget& t, bool has, 
       b.exp_avg = static_cast<float*>(offload_ ? u.h_exp_avg.data() : ctx.Host(u.exp_avg));
       b.exp_avg_sq = static_cast<float*>(offload_ ? u.h_exp_avg_sq.data() : ctx.Host(u.exp_avg_sq));
     }
-    b.grads = offload_ ? grad : ctx.Host(owned_accum(u));
+    b.grads = !offload_ ? ctx.Host(owned_accum(u)) : grad_in_place ? ctx.Host(grad) : grad;
     b.grad_dtype = DType::kFloat32;
     b.num_elems = static_cast<size_t>(valid);
-    void* param_dst = offload_ ? staging : ctx.Host(home ? param_scratch_ : param_home(u));
+    // Offload writes through its staging unless zero copy writes in place.
+    void* param_dst = staging ? staging : ctx.Host(home ? param_scratch_ : param_home(u));
     if (d.skip || !has) {
       // Skipped (an overflow, or no gradient for this unit this window).
       // A staging slot, the scratch or a parameter staging buffer is
@@ -351,10 +360,9 @@ StreamTask EngineImpl::HostUpdateTask(Unit& u, const UpdateTarget& t, bool has, 
       }
       return Status::Ok();
     }
-    if (compute_dtype_ != DType::kFloat32) {
-      b.param_copy = param_dst;
-      b.param_copy_dtype = compute_dtype_;
-    }
+    // The new compute copy in the same pass (fp32: the master's bits).
+    b.param_copy = param_dst;
+    b.param_copy_dtype = compute_dtype_;
     // The unit's own step count, as an optimizer keeps one per parameter;
     // each run of one parameter group with its hyper-parameters.
     const size_t esize = DTypeSizeBytes(compute_dtype_);
@@ -371,7 +379,6 @@ StreamTask EngineImpl::HostUpdateTask(Unit& u, const UpdateTarget& t, bool has, 
       ZINF_RETURN_IF_ERROR(cpu::AdamStep(arena_, constants, run).WithContext("unit '" + u.name + "'"));
     }
     ++u.steps;
-    if (compute_dtype_ == DType::kFloat32) std::memcpy(param_dst, b.params, valid * 4);
     return Status::Ok();
   };
 }

@@ -349,6 +349,7 @@ class CombinationCount {
                                                        : DType::kFloat32)),
         offload_(optimizer != OffloadDevice::kNone),
         nvme_(optimizer == OffloadDevice::kNvme),
+        zero_copy_(offload_ && in.host_device && in.config.zinf.offload_zero_copy),
         k_(std::max<int64_t>(1, in.gradient_accumulation_steps)) {
     row_.stage = stage;
     row_.optimizer = optimizer;
@@ -374,6 +375,10 @@ class CombinationCount {
   bool partitioned(size_t u) const {
     return stage_ == 3 && in_.model.unit_elems[u] > z_.stage3_param_persistence_threshold;
   }
+  // As the engine: the reduced gradient read where it lies (engine_impl.h).
+  bool grad_in_place(size_t u) const {
+    return zero_copy_ && !nvme_ && k_ == 1 && !partitioned(u) && !(stage_ >= 2 && N_ > 1 && z_.contiguous_gradients);
+  }
 
   // Per unit: its compute copy or parameter shard (device, pinned host or
   // the parameter store), its gradients, and the optimizer's state where it
@@ -385,7 +390,10 @@ class CombinationCount {
       max_owned_ = std::max(max_owned_, o);
       owned_total_ += o;
       blocks_ += o / kNormBlock;
-      accum_total_ += offload_ ? o : (stage_ >= 2 ? p.shard_elems : p.padded_elems);
+      // Copied into the accumulator: every micro-step, or with zero copy the
+      // first (the others add from where they lie), or never (in place).
+      const int64_t copies = grad_in_place(u) ? 0 : zero_copy_ ? 1 : k_;
+      accum_copy_total_ += copies * (offload_ ? o : (stage_ >= 2 ? p.shard_elems : p.padded_elems));
       if (partitioned(u)) {
         CountShard(u);
       } else {
@@ -401,7 +409,7 @@ class CombinationCount {
         // what else is pinned.
       } else {
         host_.Add("fp32 master, m, v", 3 * Pin(static_cast<uint64_t>(o) * 4));
-        host_.Add("fp32 gradient accumulator", Pin(static_cast<uint64_t>(o) * 4));
+        if (!grad_in_place(u)) host_.Add("fp32 gradient accumulator", Pin(static_cast<uint64_t>(o) * 4));
       }
     }
   }
@@ -472,6 +480,10 @@ class CombinationCount {
 
   // With optimizer offload: the gradient staging and the parameter slots.
   void CountOffloadStaging() {
+    if (zero_copy_) {  // nothing staged but the swapped gradients
+      if (nvme_) host_.Add("gradient staging", Pin(static_cast<uint64_t>(max_owned_) * 4));
+      return;
+    }
     host_.Add("gradient staging", Pin(static_cast<uint64_t>(max_owned_) * 4));
     const int64_t slots = std::clamp<int64_t>(z_.offload_optimizer.buffer_count, 2, 64);
     host_.Add("parameter staging slots", slots * Pin(static_cast<uint64_t>(max_owned_) * esize_));
@@ -586,7 +598,7 @@ class CombinationCount {
     // partitioned unit's shard into its gathered buffer per fetch (forward and
     // backward; held units once); at the boundary the norm reads the owned
     // gradients and, with offload, the new compute copy comes back.
-    double copy_bytes = k * static_cast<double>(accum_total_) * 4;
+    double copy_bytes = static_cast<double>(accum_copy_total_) * 4;
     double comm_bytes = 0, shard_read_bytes = 0, shard_write_bytes = 0;
     const double share = static_cast<double>(N_ - 1) / N_;
     for (size_t u = 0; u < parts_.size(); ++u) {
@@ -611,7 +623,7 @@ class CombinationCount {
       }
     }
     copy_bytes += static_cast<double>(owned_total_) * 4;
-    if (offload_) copy_bytes += static_cast<double>(owned_total_) * esize;
+    if (offload_ && !zero_copy_) copy_bytes += static_cast<double>(owned_total_) * esize;
     row_.copy_s = copy_bytes / (r.copy_gbps.value * 1e9);
     row_.comm_s = comm_bytes / (r.comm_gbps.value * 1e9);
     const double extra = esize_ < 4 ? esize : 8.0;  // the compute copy written (fp32: a memcpy)
@@ -639,11 +651,13 @@ class CombinationCount {
   const uint64_t esize_;  // bytes of the compute dtype
   const bool offload_;    // the optimizer on the host (cpu or nvme)
   const bool nvme_;       // the optimizer's state on NVMe
+  const bool zero_copy_;  // offload on the CPU device without staging copies
   const int64_t k_;       // micro-steps per optimizer step
   std::vector<UnitPartition> parts_;
   PlanRow row_;
   Items dev_, host_, disk_;
-  int64_t max_owned_ = 0, owned_total_ = 0, blocks_ = 0, accum_total_ = 0, max_host_shard_ = 0;
+  int64_t max_owned_ = 0, owned_total_ = 0, blocks_ = 0, max_host_shard_ = 0;
+  int64_t accum_copy_total_ = 0;  // gradient elements copied into accumulators per step
   int64_t cpu_shard_elems_ = 0, max_nvme_shard_ = 0, nvme_units_ = 0;  // offload_param nvme
   uint64_t grad_swap_bytes_ = 0;  // offload_optimizer nvme: gradients in the swap store
   std::vector<char> shard_on_nvme_;
@@ -686,6 +700,7 @@ std::string PlanToJson(const PlanInput& in, const std::vector<PlanRow>& rows) {
         {"flops_per_micro_step", in.model.flops_per_micro_step}}},
       {"ranks", in.world_size},
       {"reductions_on_device", in.reductions_on_device},
+      {"host_device", in.host_device},
       {"gradient_accumulation_steps", in.gradient_accumulation_steps},
       {"compute_dtype", in.config.bf16.enabled   ? "bf16"
                         : in.config.fp16.enabled ? "fp16"

@@ -93,6 +93,10 @@ struct PlanInput {
   // The communicator's reductions stage on the device (NCCL, on a CUDA
   // device with several ranks): the largest one's staging is counted.
   bool reductions_on_device = false;
+  // The CPU device (the host addresses its memory): with optimizer offload
+  // and zinf.offload_zero_copy, no staging, and no accumulators where the
+  // gradients stay in place.
+  bool host_device = false;
   PlanModel model;
   PlanRates rates;
   int64_t gradient_accumulation_steps = 1;

@@ -179,7 +179,7 @@ TEST(ConfigTest, NvmePathMayBeAListForStriping) {
 TEST(ConfigTest, ZinfBlock) {
   Config c = MustParse(R"({"zinf": {"device": "cuda:1", "device_memory": "2G", "host_memory": 1073741824,
                            "optimizer_threads": 2, "gradients": "nvme", "checksums": true, "matmul": "bf16",
-                           "stop_on_nonfinite_loss": true, "active_offload": true,
+                           "stop_on_nonfinite_loss": true, "active_offload": true, "offload_zero_copy": false,
                            "attention": "flash", "aio": {"rings": 2, "sqpoll": true, "phased_swaps": false}}})");
   EXPECT_EQ(c.zinf.device, "cuda:1");
   EXPECT_EQ(c.zinf.device_memory, 2ull << 30);
@@ -192,6 +192,9 @@ TEST(ConfigTest, ZinfBlock) {
   EXPECT_FALSE(MustParse("{}").zinf.stop_on_nonfinite_loss);
   EXPECT_TRUE(c.zinf.active_offload);
   EXPECT_FALSE(MustParse("{}").zinf.active_offload);
+  EXPECT_FALSE(c.zinf.offload_zero_copy);
+  EXPECT_TRUE(MustParse("{}").zinf.offload_zero_copy);
+  EXPECT_NE(c.ToJson().find("\"offload_zero_copy\": false"), std::string::npos) << c.ToJson();
   EXPECT_EQ(c.zinf.aio.rings, 2);
   EXPECT_TRUE(c.zinf.aio.sqpoll);
   EXPECT_FALSE(c.zinf.aio.phased_swaps);

@@ -31,11 +31,18 @@ constexpr double kU = 0x1p-24;  // fp32 unit roundoff
 // One optimizer state of n elements (plus slack for unaligned starts).
 struct AdamState {
   AdamState(size_t n, DType dtype)
-      : grad_dtype(dtype), params(n + 1), exp_avg(n + 1), exp_avg_sq(n + 1), grads((n + 1) * 4), copy(n + 1) {}
+      : grad_dtype(dtype),
+        params(n + 1),
+        exp_avg(n + 1),
+        exp_avg_sq(n + 1),
+        grads((n + 1) * 4),
+        copy(n + 1),
+        copy32(n + 1) {}
   DType grad_dtype;
   AlignedBuffer<float> params, exp_avg, exp_avg_sq;
   AlignedBuffer<unsigned char> grads;  // raw grad_dtype elements
-  AlignedBuffer<uint16_t> copy;
+  AlignedBuffer<uint16_t> copy;        // a 16-bit param_copy
+  AlignedBuffer<float> copy32;         // an fp32 param_copy
 
   float Grad(size_t i) const {
     if (grad_dtype == DType::kFloat32) {
@@ -64,7 +71,9 @@ struct AdamState {
     b.exp_avg_sq = exp_avg_sq.data() + offset;
     b.grads = grads.data() + offset * DTypeSizeBytes(grad_dtype);
     b.grad_dtype = grad_dtype;
-    b.param_copy = with_copy ? copy.data() + offset : nullptr;
+    void* copy_base = copy_dtype == DType::kFloat32 ? static_cast<void*>(copy32.data() + offset)
+                                                    : static_cast<void*>(copy.data() + offset);
+    b.param_copy = with_copy ? copy_base : nullptr;
     b.param_copy_dtype = copy_dtype;
     b.num_elems = n;
     return b;
@@ -116,8 +125,8 @@ TEST_P(AdamLevelTest, MatchesScalarTwinBitForBit) {
   uint32_t seed = 1;
   int cases = 0;
   for (DType grad_dtype : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
-    for (int copy = 0; copy < 3; ++copy) {
-      const DType copy_dtype = copy == 2 ? DType::kFloat16 : DType::kBFloat16;
+    for (int copy = 0; copy < 4; ++copy) {  // none, bf16, fp16, fp32
+      const DType copy_dtype = copy == 3 ? DType::kFloat32 : copy == 2 ? DType::kFloat16 : DType::kBFloat16;
       for (const auto& decay : kDecays) {
         for (bool bias_correction : {true, false}) {
           for (size_t n : kLengths) {
@@ -138,6 +147,7 @@ TEST_P(AdamLevelTest, MatchesScalarTwinBitForBit) {
                 ASSERT_TRUE(SameBitsOrBothNan(fast.exp_avg[i], twin.exp_avg[i])) << "exp_avg " << i;
                 ASSERT_TRUE(SameBitsOrBothNan(fast.exp_avg_sq[i], twin.exp_avg_sq[i])) << "exp_avg_sq " << i;
                 ASSERT_TRUE(test::SameBits16OrBothNan(fast.copy[i], twin.copy[i], copy_dtype)) << "copy " << i;
+                ASSERT_TRUE(SameBitsOrBothNan(fast.copy32[i], twin.copy32[i])) << "fp32 copy " << i;
               }
               ++cases;
             }
@@ -146,7 +156,7 @@ TEST_P(AdamLevelTest, MatchesScalarTwinBitForBit) {
       }
     }
   }
-  EXPECT_EQ(cases, 3 * 3 * 3 * 2 * 13 * 2);
+  EXPECT_EQ(cases, 3 * 4 * 3 * 2 * 13 * 2);
 }
 
 // The double reference: the same formulas in double from the same fp32
@@ -348,6 +358,28 @@ TEST(AdamTest, ParamCopyIsTheUpdatedParamRoundedToNearestEven) {
   }
 }
 
+// An fp32 copy holds the updated master's bits, whether or not it can take
+// non-temporal stores, its tail included.
+TEST(AdamTest, Fp32ParamCopyIsTheUpdatedMaster) {
+  tbb::task_arena arena(2);
+  constexpr size_t n = 1000 + 7;
+  const AdamState start = RandomState(n, DType::kFloat32, 13, /*specials=*/true);
+  AdamState plain = start;
+  ASSERT_TRUE(AdamStep(arena, Options(AdamMode::kAdamW, 0.01, true), 5, 1.0, plain.Buffers(0, n, false, {})).ok());
+  for (size_t shift : {0, 1}) {  // 1: a start no vector store is aligned to
+    SCOPED_TRACE(shift);
+    AdamState s = start;
+    AdamBuffers b = s.Buffers(0, n, true, DType::kFloat32);
+    b.param_copy = s.copy32.data() + shift;
+    ASSERT_TRUE(AdamStep(arena, Options(AdamMode::kAdamW, 0.01, true), 5, 1.0, b).ok());
+    for (size_t i = 0; i < n; ++i) {
+      ASSERT_TRUE(SameBitsOrBothNan(s.copy32[i + shift], s.params[i])) << i;
+      ASSERT_TRUE(SameBitsOrBothNan(s.params[i], plain.params[i])) << i;
+      ASSERT_TRUE(SameBitsOrBothNan(s.exp_avg_sq[i], plain.exp_avg_sq[i])) << i;
+    }
+  }
+}
+
 TEST(AdamTest, ThreadCountDoesNotChangeResults) {
   constexpr size_t n = 5 * math::kNormBlockElems + 123;
   const AdamState start = RandomState(n, DType::kBFloat16, 11, /*specials=*/false);
@@ -463,8 +495,11 @@ TEST(AdamTest, BadBuffersAreInvalidArgument) {
   null_grads.grads = nullptr;
   EXPECT_EQ(AdamStep(arena, o, 1, 1.0, null_grads).code(), StatusCode::kInvalidArgument);
 
-  AdamBuffers fp32_copy = s.Buffers(0, 100, true, DType::kFloat32);
-  EXPECT_EQ(AdamStep(arena, o, 1, 1.0, fp32_copy).code(), StatusCode::kInvalidArgument);
+  AdamBuffers copy_over_master = s.Buffers(0, 100, true, DType::kFloat32);
+  copy_over_master.param_copy = copy_over_master.params + 99;  // its 400 bytes reach into the master's
+  st = AdamStep(arena, o, 1, 1.0, copy_over_master);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("params and param_copy overlap"), std::string::npos) << st.message();
 
   AdamBuffers empty;  // zero elements: nothing to do, null pointers allowed
   EXPECT_TRUE(AdamStep(arena, o, 1, 1.0, empty).ok());

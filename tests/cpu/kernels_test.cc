@@ -27,7 +27,7 @@ TEST_P(KernelTableTest, TableIsCompleteAndReportsItsLevel) {
   EXPECT_EQ(t.level, GetParam());
 #endif
   for (int g = 0; g < 3; ++g) {
-    for (int c = 0; c < 3; ++c) EXPECT_NE(t.adam[g][c], nullptr) << g << "," << c;
+    for (int c = 0; c < 4; ++c) EXPECT_NE(t.adam[g][c], nullptr) << g << "," << c;
     EXPECT_NE(t.sum_squares[g], nullptr) << g;
     for (int d = 0; d < 3; ++d) EXPECT_EQ(t.cast[g][d] == nullptr, g == d) << g << "," << d;
   }

@@ -454,6 +454,9 @@ TEST_F(EngineTest, StagesAreBitIdentical) {
     c.zero.offload_optimizer.pin_memory = stage == 2;
     c.zero.offload_optimizer.buffer_count = 2;  // fewer staging slots than units: slots are reused
     variants.emplace_back("stage " + std::to_string(stage) + ", offload cpu", c);
+    // The path a GPU's memory takes: every copy through pinned staging.
+    c.zinf.offload_zero_copy = false;
+    variants.emplace_back("stage " + std::to_string(stage) + ", offload cpu, staging", c);
   }
   // ZeRO-Infinity: the optimizer state on NVMe, sub-groups of about two
   // units cycling through two buffers.
@@ -507,6 +510,57 @@ TEST_F(EngineTest, StagesAreBitIdentical) {
       EXPECT_EQ(s.stats[i].grad_norm, s0.stats[i].grad_norm) << "step " << i;
       EXPECT_EQ(s.stats[i].skipped, s0.stats[i].skipped);
     }
+  }
+}
+
+// The optimizer on the host without copies (zinf.offload_zero_copy, the
+// default where the host addresses the device's memory) and through the
+// pinned staging an accelerator needs end in the bits of the optimizer on
+// the device. With one micro-step per step the host's Adam reads each
+// reduced gradient where the reduction left it: stages 0-3, stage 2 reduced
+// unit by unit, stage-3 units kept whole or partitioned (those go through a
+// host accumulator), the optimizer state in host memory or on NVMe. Zero
+// copy pins less: no accumulators, gradient staging or parameter slots.
+TEST_F(EngineTest, OffloadZeroCopyIsBitIdentical) {
+  constexpr int kSteps = 4;
+  auto one_micro_step = [](Config c) {
+    c.gradient_accumulation_steps = 1;
+    return c;
+  };
+  const Snapshot s0 = RunDense(one_micro_step(HardConfig(0)), kSteps);
+  std::vector<std::pair<std::string, Config>> variants;
+  for (int stage : {0, 1, 2, 3}) {
+    for (bool zero_copy : {true, false}) {
+      Config c = one_micro_step(HardConfig(stage));
+      c.zero.offload_optimizer.device = OffloadDevice::kCpu;
+      c.zero.offload_optimizer.pin_memory = true;
+      c.zero.offload_optimizer.buffer_count = 2;
+      c.zinf.offload_zero_copy = zero_copy;
+      variants.emplace_back("stage " + std::to_string(stage) + (zero_copy ? ", zero copy" : ", staging"), c);
+    }
+  }
+  Config c = variants[4].second;  // stage 2, zero copy
+  c.zero.contiguous_gradients = false;
+  variants.emplace_back("stage 2, zero copy, no contiguous gradients", c);
+  c = variants[6].second;  // stage 3, zero copy
+  c.zero.stage3_param_persistence_threshold = 0;
+  variants.emplace_back("stage 3, zero copy, every unit partitioned", c);
+  for (int stage : {1, 3}) {
+    c = one_micro_step(NvmeConfig(stage));
+    c.zero.stage3_param_persistence_threshold = 100'000;
+    variants.emplace_back("stage " + std::to_string(stage) + ", offload nvme, zero copy", c);
+  }
+  std::vector<uint64_t> pinned;
+  for (const auto& [name, config] : variants) {
+    SCOPED_TRACE(name);
+    const Snapshot s = RunDense(config, kSteps);
+    ExpectSameState(s, s0, name);
+    for (int i = 0; i < kSteps; ++i) EXPECT_EQ(s.stats[i].grad_norm, s0.stats[i].grad_norm) << "step " << i;
+    pinned.push_back(s.stats.back().host_peak_pinned_bytes);
+  }
+  for (int stage = 0; stage < 4; ++stage) {
+    EXPECT_GT(pinned[2 * stage], 0u) << "stage " << stage;
+    EXPECT_LT(pinned[2 * stage], pinned[2 * stage + 1]) << "stage " << stage;
   }
 }
 

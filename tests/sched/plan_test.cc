@@ -463,6 +463,7 @@ void CheckAgainstEngine(Config config, int stage, OffloadDevice optimizer, Offlo
   const Measured m = RunEngine(config, kUnits, {});
   PlanInput in;
   in.config = config;
+  in.host_device = true;  // measured on HostDevice
   in.model = Units(kUnits);
   const PlanRow r = PlanCombination(in, stage, optimizer, param);
   ASSERT_TRUE(r.runnable) << r.note;
