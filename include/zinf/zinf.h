@@ -236,6 +236,14 @@ typedef struct zinf_engine_info {
 } zinf_engine_info;
 ZINF_API int zinf_engine_get_info(const zinf_engine* engine, zinf_engine_info* out);
 
+/* Where the host addresses the engine's whole device memory as it is: on
+ * the CPU device (outside checking mode) every pointer the engine hands out
+ * (zinf_engine_fetch, zinf_engine_grad_buffers) lies in
+ * [*out_base, *out_base + *out_bytes), so a front-end can make one tensor
+ * over it and take each parameter as a view at its offset. *out_base NULL
+ * and *out_bytes 0 where it does not (a GPU). Thread-safety: any thread. */
+ZINF_API int zinf_engine_host_memory(const zinf_engine* engine, void** out_base, uint64_t* out_bytes);
+
 /* One parameter tensor of a unit. `init` is host memory holding
  * product(shape) elements of `dtype` (NULL: zeros); every rank must pass the
  * same values. zinf copies what it needs before returning. */

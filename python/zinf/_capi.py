@@ -52,6 +52,7 @@ _SIGNATURES = {
     "zinf_engine_create": (c_int, [c_char_p, c_void_p, ctypes.POINTER(c_void_p)]),
     "zinf_engine_destroy": (None, [c_void_p]),
     "zinf_engine_get_info": (c_int, [c_void_p, ctypes.POINTER(EngineInfo)]),
+    "zinf_engine_host_memory": (c_int, [c_void_p, ctypes.POINTER(c_void_p), ctypes.POINTER(ctypes.c_uint64)]),
     "zinf_engine_add_unit": (c_int, [c_void_p, c_char_p, ctypes.POINTER(ParamSpec), c_size, ctypes.POINTER(c_int)]),
     "zinf_engine_add_unit_ex": (c_int, [c_void_p, c_char_p, ctypes.POINTER(ParamSpec), c_size, ctypes.POINTER(c_int),
                                         c_int, ctypes.POINTER(c_int)]),

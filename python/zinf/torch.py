@@ -106,25 +106,50 @@ def _view(address, count, zinf_dtype, shape, device=None):
     return torch.frombuffer(buf, dtype=dtype, count=count).view(shape)
 
 
-_VIEW_CACHE = 8  # buffers remembered per unit (stage 3 gathers into a few slots)
+_VIEW_CACHE = 8  # buffers remembered per unit (stage 3 gathers a unit at many addresses)
 
 
-def _unit_views(unit, data, tensors, num_elems, zinf_dtype, device):
+class _HostArena:
+    """The CPU device's memory, which holds every buffer the engine hands
+    out, as one tensor per element type: a buffer is then a strided view at
+    its offset, with no new storage for a new address."""
+
+    def __init__(self, base, nbytes):
+        self.base, self.nbytes = base, nbytes
+        self._tensors = {}
+
+    def tensor(self, zinf_dtype):
+        t = self._tensors.get(zinf_dtype)
+        if t is None:
+            count = self.nbytes // ctypes.sizeof(_CTYPE[zinf_dtype])
+            buf = (_CTYPE[zinf_dtype] * count).from_address(self.base)
+            t = self._tensors[zinf_dtype] = torch.frombuffer(buf, dtype=_TORCH_DTYPE[zinf_dtype], count=count)
+        return t
+
+
+def _unit_views(unit, data, tensors, num_elems, zinf_dtype, device, arena=None):
     """(whole, per-parameter tensors) over a unit's buffer at `data`: one
     tensor over all num_elems and, at each parameter's address in `tensors`,
-    a strided view of it; cached by the buffer's address. Stage 3 gathers a
-    unit wherever the budget has room, so a miss is common: it costs one
-    tensor over foreign memory and one as_strided per parameter."""
+    a strided view of the same storage; cached by the buffer's address.
+    Stage 3 gathers a unit wherever the budget has room, so a miss is
+    common: with the device's `arena` it costs one as_strided per tensor,
+    else also a tensor over foreign memory. A view's storage offset counts
+    from its storage's start: whole.storage_offset() is where `data` is."""
     key = (data, zinf_dtype, num_elems)
     got = unit.views.get(key)
     if got is not None:
         return got
-    whole = _view(data, num_elems, zinf_dtype, (num_elems,), device)
+    if arena is not None and num_elems > 0:
+        store = arena.tensor(zinf_dtype)
+        whole = store.as_strided((num_elems,), (1,), (data - arena.base) // store.element_size())
+    else:
+        whole = _view(data, num_elems, zinf_dtype, (num_elems,), device)
     if tensors is None:  # the whole buffer alone (not cached: no parameter offsets)
         return whole, None
     size = whole.element_size()
+    origin = whole.storage_offset() * size - data  # a pointer's byte offset in the storage, minus the pointer
     as_strided = whole.as_strided
-    views = [as_strided(shape, stride, (tensors[i] - data) // size if numel else 0)
+    views = [as_strided(shape, stride, (tensors[i] + origin) // size if numel else 0)
              for i, (shape, stride, numel) in enumerate(zip(unit.shapes, unit.strides, unit.numels))]
     if len(unit.views) >= _VIEW_CACHE:
         unit.views.pop(next(iter(unit.views)))
@@ -389,6 +414,10 @@ class Engine(torch.nn.Module):
         self.rank, self.world_size, self.zero_stage = info.rank, info.world_size, info.zero_stage
         self._accumulation = info.gradient_accumulation_steps
         self._compute_dtype = info.compute_dtype
+        base, nbytes = ctypes.c_void_p(), ctypes.c_uint64()
+        check(L.zinf_engine_host_memory(self._engine, ctypes.byref(base), ctypes.byref(nbytes)),
+              "zinf_engine_host_memory")
+        self._arena = _HostArena(base.value, nbytes.value) if base.value else None
         _config.check_world(self.world_size)
         _LIVE_ENGINES[:] = [r for r in _LIVE_ENGINES if r() is not None] + [weakref.ref(self)]
 
@@ -604,7 +633,8 @@ class Engine(torch.nn.Module):
             if rc:
                 check(rc, "fetch unit '%s'" % unit.name)
         if unit.bound != ptrs.data:
-            _, views = _unit_views(unit, ptrs.data, ptrs.tensors, ptrs.num_elems, ptrs.dtype, self.device)
+            _, views = _unit_views(unit, ptrs.data, ptrs.tensors, ptrs.num_elems, ptrs.dtype, self.device,
+                                   self._arena)
             for (_, p), v in zip(unit.params, views):
                 p.data = v
             unit.bound = ptrs.data
@@ -701,10 +731,10 @@ class Engine(torch.nn.Module):
         self._fetch(unit)
         got = unit.views.get((unit.base, unit.dtype, unit.num_elems))
         whole = got[0] if got is not None else _unit_views(unit, unit.base, None, unit.num_elems, unit.dtype,
-                                                           self.device)[0]
+                                                           self.device, self._arena)[0]
         if whole.dtype != dtype:
             raise RuntimeError("zinf.torch: unit '%s' saved a %s tensor from its %s buffer" % (unit.name, dtype, whole.dtype))
-        return torch.as_strided(whole, shape, stride, offset // whole.element_size())
+        return torch.as_strided(whole, shape, stride, whole.storage_offset() + offset // whole.element_size())
 
     def _make_post_hook(self, um):
         def hook(module, inputs, output):
@@ -761,7 +791,7 @@ class Engine(torch.nn.Module):
             if rc:
                 check(rc, "gradient buffers of unit '%s'" % unit.name)
         _, unit.grad_views = _unit_views(unit, ptrs.data, ptrs.tensors, ptrs.num_elems, _capi.DTYPE_FP32,
-                                         self.device)
+                                         self.device, self._arena)
         unit.received = [False] * len(unit.params)
         unit.pending = len(unit.params)
 

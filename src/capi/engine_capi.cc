@@ -14,6 +14,7 @@
 
 #include "capi/capi_internal.h"
 #include "common/communicator.h"
+#include "cpu/host_device.h"
 #include "sched/backends.h"
 #include "sched/lr_schedule.h"
 #include "zinf/config.h"
@@ -321,6 +322,18 @@ ZINF_API int zinf_engine_get_info(const zinf_engine* engine, zinf_engine_info* o
     out->num_units = e.num_units();
     out->compute_dtype = static_cast<zinf_dtype>(e.compute_dtype());
     out->gradient_accumulation_steps = e.gradient_accumulation_steps();
+    return Status::Ok();
+  });
+}
+
+ZINF_API int zinf_engine_host_memory(const zinf_engine* engine, void** out_base, uint64_t* out_bytes) {
+  return Guard(__func__, [&]() -> Status {
+    ZINF_RETURN_IF_ERROR(NotNull(engine, "engine"));
+    ZINF_RETURN_IF_ERROR(NotNull(out_base, "out_base"));
+    ZINF_RETURN_IF_ERROR(NotNull(out_bytes, "out_bytes"));
+    const std::span<std::byte> memory = zinf::cpu::HostAddressableMemory(*engine->device);
+    *out_base = memory.data();
+    *out_bytes = memory.size();
     return Status::Ok();
   });
 }

@@ -177,6 +177,10 @@ class HostDevice : public Device {
   }
 
   DeviceKind kind() const override { return DeviceKind::kHost; }
+  std::span<std::byte> addressable() const {
+    if (options_.checking) return {};
+    return {reinterpret_cast<std::byte*>(base_), static_cast<size_t>(budget_)};
+  }
   std::string name() const override {
     return std::string("host (") + FormatBytes(budget_) + " budget" + (options_.checking ? ", checking" : "") +
            (options_.serialize_tasks ? ", tasks serialized" : "") + ")";
@@ -485,6 +489,11 @@ Result<std::unique_ptr<Event>> HostDevice::CreateEvent() { return std::unique_pt
 Result<std::unique_ptr<Event>> HostDevice::CreateTimingEvent() { return CreateEvent(); }  // every host event is timed
 
 }  // namespace
+
+std::span<std::byte> HostAddressableMemory(const Device& device) {
+  const auto* host = dynamic_cast<const HostDevice*>(&device);
+  return host ? host->addressable() : std::span<std::byte>();
+}
 
 bool IsTaggedDevicePointer(const void* p) {
   auto v = reinterpret_cast<uintptr_t>(p);

@@ -20,7 +20,9 @@
 // Thread-safe. Streams and events must not outlive their device.
 #pragma once
 
+#include <cstddef>
 #include <memory>
+#include <span>
 
 #include "zinf/device.h"
 
@@ -31,5 +33,10 @@ Result<std::unique_ptr<Device>> CreateHostDevice(const DeviceOptions& options);
 // Whether `p` is a tagged device pointer of some HostDevice in checking mode
 // (for assertions in tests and checking-mode code).
 bool IsTaggedDevicePointer(const void* p);
+
+// Where the host addresses all of `device`'s memory as it is: a HostDevice
+// not in checking mode, whose one reservation holds every pointer it hands
+// out. Empty for any other device, and in checking mode (tagged pointers).
+std::span<std::byte> HostAddressableMemory(const Device& device);
 
 }  // namespace zinf::cpu

@@ -84,6 +84,7 @@ def load(path):
         "zinf_engine_destroy": (None, [c_void_p]),
         "zinf_engine_add_unit": (c_int, [c_void_p, c_char_p, ctypes.POINTER(ParamSpec), c_size, ctypes.POINTER(c_int)]),
         "zinf_engine_fetch": (c_int, [c_void_p, c_int, c_void_p, ctypes.POINTER(UnitPointers)]),
+        "zinf_engine_host_memory": (c_int, [c_void_p, ctypes.POINTER(c_void_p), ctypes.POINTER(c_u64)]),
         "zinf_engine_grad_buffers": (c_int, [c_void_p, c_int, ctypes.POINTER(UnitPointers)]),
         "zinf_engine_grads_ready": (c_int, [c_void_p, c_int, c_void_p]),
         "zinf_engine_release": (c_int, [c_void_p, c_int, c_void_p]),
@@ -293,6 +294,8 @@ def test_engine_tensor_arrays():
         check(LIB.zinf_engine_add_unit(engine, b"unit%d" % u, specs, 2, None))
     check(LIB.zinf_stream_create(engine, ctypes.byref(stream)))
 
+    grad_buffers = []  # (address, bytes) of every gradient buffer handed out
+
     def micro_step(order):
         got = {}
         for u in order:  # each unit fetched, and held until the micro-step's end
@@ -302,6 +305,7 @@ def test_engine_tensor_arrays():
         for u in order:
             g = UnitPointers()
             check(LIB.zinf_engine_grad_buffers(engine, u, ctypes.byref(g)))
+            grad_buffers.append((g.data, g.num_elems * 4))
             check(LIB.zinf_engine_grads_ready(engine, u, stream))
             check(LIB.zinf_engine_release(engine, u, stream))
         boundary = c_int()
@@ -319,6 +323,14 @@ def test_engine_tensor_arrays():
     now = [first.tensors[i] for i in range(first.num_tensors)]
     assert now == first_tensors, "the array the first fetch returned changed: %s, was %s" % (now, first_tensors)
     assert [second.tensors[i] for i in range(second.num_tensors)][0] == second.data
+    # On the CPU device every address lies in the one reservation the engine
+    # reports: a front-end's single tensor over it covers them all.
+    base, size = c_void_p(), c_u64()
+    check(LIB.zinf_engine_host_memory(engine, ctypes.byref(base), ctypes.byref(size)))
+    assert base.value and size.value > 0, (base.value, size.value)
+    for data, n in [(first.data, first.num_elems * 4), (second.data, second.num_elems * 4)] + grad_buffers:
+        assert base.value <= data and data + n <= base.value + size.value, (data, n, base.value, size.value)
+    assert LIB.zinf_engine_host_memory(engine, None, ctypes.byref(size)) != 0  # a NULL out-pointer is refused
     LIB.zinf_stream_destroy(stream)
     LIB.zinf_engine_destroy(engine)
     print("ok: stage-3 fetch pointer arrays stay as returned")
