@@ -1,7 +1,10 @@
-# zinf_add_test(NAME <name> LABEL unit|integration|mpi|gpu|slow SOURCES ... [LIBS ...])
+# zinf_add_test(NAME <name> LABEL unit|integration|mpi|gpu|slow SOURCES ... [LIBS ...]
+#               [SERIAL Suite.Case ...])
 # Builds one GoogleTest binary and registers its cases with
 # gtest_discover_tests, so a GTEST_SKIP shows as skipped in ctest. Each binary
-# carries exactly one label. Tests find the source tree, the build tree and
+# carries exactly one label. A case named in SERIAL changes the machine's
+# state (the hugetlb pool, say) under every other test: it is registered on
+# its own and runs alone (RUN_SERIAL). Tests find the source tree, the build tree and
 # their scratch directory through tests/test_util.h: $ZINF_TEST_DIR when set,
 # else <build>/test-scratch.
 include(GoogleTest)
@@ -41,7 +44,7 @@ function(_zinf_test_executable name sources libs)
 endfunction()
 
 function(zinf_add_test)
-  cmake_parse_arguments(T "" "NAME;LABEL" "SOURCES;LIBS" ${ARGN})
+  cmake_parse_arguments(T "" "NAME;LABEL" "SOURCES;LIBS;SERIAL" ${ARGN})
   if(NOT T_LABEL IN_LIST _zinf_labels)
     message(FATAL_ERROR "zinf_add_test(${T_NAME}): LABEL must be one of ${_zinf_labels}, got '${T_LABEL}'")
   endif()
@@ -52,9 +55,20 @@ function(zinf_add_test)
   if(T_LABEL STREQUAL "unit")
     add_dependencies(zinf_unit_tests ${T_NAME})
   endif()
+  set(_filter "")
+  if(T_SERIAL)
+    list(JOIN T_SERIAL ":" _serial)
+    set(_filter TEST_FILTER "-${_serial}")
+  endif()
   gtest_discover_tests(${T_NAME}
     DISCOVERY_TIMEOUT 60
+    ${_filter}
     PROPERTIES LABELS ${T_LABEL})
+  foreach(_case IN LISTS T_SERIAL)
+    add_test(NAME ${_case} COMMAND ${T_NAME} --gtest_filter=${_case})
+    set_tests_properties(${_case} PROPERTIES LABELS ${T_LABEL} RUN_SERIAL TRUE
+                         SKIP_REGULAR_EXPRESSION "\\[  SKIPPED \\]")
+  endforeach()
 endfunction()
 
 # zinf_add_mpi_test(NAME <name> SOURCES ... RANKS 1 2 4 [LIBS ...] [TIMEOUT <s>] [LABEL gpu])
