@@ -62,6 +62,7 @@ batches and the engine reduces the gradients across ranks. A launcher that
 started processes zinf's communicator did not join (torchrun) is refused.
 """
 import ctypes
+import functools
 import json
 import math
 import os
@@ -249,7 +250,7 @@ class _UnitModule:
         self.units = units
         self.saved_hooks = None  # entered around this forward
         self.hooks = None  # the saved_tensors_hooks, made on first use
-        self.fetch_hook = None  # the output hook that fetches the units again in backward
+        self.fetch_hook = None  # the pre-hook on the output's node that fetches the units again in backward
         # Its units' buffers stay put between fetches (stages 0-2): tensors
         # saved in forward stay valid, and backward needs no second fetch.
         self.persistent = False
@@ -587,7 +588,9 @@ class Engine(torch.nn.Module):
             p._zinf_engine = me
             p.data = torch.empty(0, dtype=p.dtype, device=self.device)
             if not frozen:
-                p.register_hook(self._make_grad_hook(unit, i))
+                # A partial, not a closure: torch calls it with the gradient
+                # straight into _on_grad, one Python frame per parameter.
+                p.register_hook(functools.partial(self._on_grad, unit, i))
         return unit
 
     def _materialize(self, p):
@@ -689,7 +692,7 @@ class Engine(torch.nn.Module):
             else:
                 if um.hooks is None:  # made once: entered and left around each forward
                     um.hooks = torch.autograd.graph.saved_tensors_hooks(
-                        lambda t: self._pack(um, t), lambda packed: self._unpack(um, packed))
+                        functools.partial(self._pack, um), functools.partial(self._unpack, um))
                 um.saved_hooks = um.hooks
                 um.saved_hooks.__enter__()
             if not um.frozen or _in_backward():
@@ -748,13 +751,17 @@ class Engine(torch.nn.Module):
             if um.persistent or not torch.is_grad_enabled():
                 return output  # the buffers stay put: backward needs no second fetch
             if isinstance(output, torch.Tensor):
-                # One tensor: a hook on it (cheaper than an autograd function)
-                # fetches the units when its gradient arrives, before the
-                # module's own backward.
-                if output.requires_grad:
+                # One tensor: a pre-hook on the node that made it (cheaper
+                # than a hook on the tensor or an autograd function) fetches
+                # the units when its gradient arrives, before the module's
+                # own backward. An output the module did not compute (an
+                # input handed back) has no node of the module's: the
+                # saved tensors' unpacking fetches the units if they are
+                # needed.
+                if output.requires_grad and output.grad_fn is not None:
                     if um.fetch_hook is None:
-                        um.fetch_hook = lambda grad: self._fetch_all(um)
-                    output.register_hook(um.fetch_hook)
+                        um.fetch_hook = functools.partial(self._fetch_all, um)
+                    output.grad_fn.register_prehook(um.fetch_hook)
                 return output
             flat, spec = pytree.tree_flatten(output)
             idx = [i for i, t in enumerate(flat) if isinstance(t, torch.Tensor) and t.requires_grad]
@@ -766,7 +773,7 @@ class Engine(torch.nn.Module):
             return pytree.tree_unflatten(flat, spec)
         return hook
 
-    def _fetch_all(self, um):
+    def _fetch_all(self, um, grads=None):
         for unit in um.units:
             self._fetch(unit)
 
@@ -774,11 +781,6 @@ class Engine(torch.nn.Module):
         for unit in um.units:
             if unit.frozen or unit.reported:
                 self._release(unit)
-
-    def _make_grad_hook(self, unit, index):
-        def hook(grad):
-            self._on_grad(unit, index, grad)
-        return hook
 
     def _grad_buffers(self, unit):
         L = self._lib
