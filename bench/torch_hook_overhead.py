@@ -7,11 +7,18 @@ calls they make: fetch, bind, gradient copy, grads_ready, release). The
 optimizer step is timed apart (zinf's boundary on the host device; torch's
 AdamW on the same parameters) and not counted in the per-unit figure.
 
-  torch_hook_overhead.py [--blocks 64] [--stage 0|3] [--rounds 5] [--json]
+  torch_hook_overhead.py [--blocks 64] [--stage 0|3] [--rounds 5] [--json] [--breakdown]
+
+--breakdown adds a table of where the hooks' time goes: each hook's CPU
+time, less the CPU the library counted inside the C calls it made, per unit
+per micro-step. It measures an engine of its own, built after the headline
+rounds, whose hooks are wrapped in timers (two clock reads and two library
+counter reads a call, about 1 us): its sum sits above the headline figure.
 (ZINF_LIBRARY=build/src/capi/libzinf.so PYTHONPATH=python .venv/bin/python ...)
 """
 import argparse
 import copy
+import functools
 import json
 import statistics
 import time
@@ -53,6 +60,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--micro", type=int, default=20, help="micro-steps timed per round")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--breakdown", action="store_true", help="also time each hook (an engine of its own)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -159,6 +167,102 @@ def main():
                           "python_per_unit_us": python_us,
                           "per_unit_us": per_unit_us}))
     engine.close()
+    if args.breakdown:
+        breakdown(args, cfg, x)
+
+
+# The Engine methods torch calls per unit (directly, or through the hooks
+# made in _make_pre_hook and _make_post_hook), by what they do.
+_HOOKS = (("forward pre-hook: fetch, bind, saved-tensor hooks on", "_make_pre_hook"),
+          ("forward post-hook: release, backward fetch hook", "_make_post_hook"),
+          ("saved tensor packed (forward)", "_pack"),
+          ("saved tensor unpacked (backward)", "_unpack"),
+          ("backward fetch before the module's backward", "_fetch_all"),
+          ("gradient hook: copy, buffers, grads_ready, release", "_on_grad"),
+          ("after a module's backward (frozen units)", "_after_module_backward"),
+          ("model pre-hook (the units outside the blocks)", "_model_pre_hook"),
+          ("model post-hook", "_model_post_hook"),
+          ("engine.step between boundaries", "step"))
+
+
+def breakdown(args, cfg, x):
+    """Each hook's CPU time per unit per micro-step, less the library's CPU
+    inside it, on a fresh engine whose Engine methods are wrapped before it
+    is built (the hooks bind them at initialize). Nested wrapped calls count
+    once, in the outermost."""
+    lib = zinf.torch._capi.lib()
+    lib.zinf_call_cpu_accounting(1)
+    lib_seconds = lib.zinf_thread_call_cpu_seconds
+    clock = time.thread_time_ns
+    busy = [False]
+    acc = {name: [0, 0.0, 0] for _, name in _HOOKS}  # CPU ns, library CPU s, calls
+
+    def timed(fn, slot):
+        @functools.wraps(fn)
+        def call(*a, **k):
+            if busy[0]:
+                return fn(*a, **k)
+            busy[0] = True
+            c0, l0 = clock(), lib_seconds()
+            try:
+                return fn(*a, **k)
+            finally:
+                slot[0] += clock() - c0
+                slot[1] += lib_seconds() - l0
+                slot[2] += 1
+                busy[0] = False
+        return call
+
+    saved = {name: getattr(zinf.torch.Engine, name) for _, name in _HOOKS}
+    for name, fn in saved.items():
+        if name.startswith("_make_"):
+            def factory(self, um, fn=fn, slot=acc[name]):
+                return timed(fn(self, um), slot)
+            setattr(zinf.torch.Engine, name, factory)
+        else:
+            setattr(zinf.torch.Engine, name, timed(fn, acc[name]))
+    try:  # wrapped while the engine lives: some hooks bind the methods on first use
+        torch.manual_seed(0)
+        engine = zinf.torch.initialize(Net(args.blocks, args.dim), cfg)
+        units = len(engine._units)
+        for _ in range(args.micro):  # warm-up: one accumulation window
+            engine.backward(engine(x))
+            engine.step()
+        for slot in acc.values():
+            slot[:] = [0, 0.0, 0]
+        steps = args.micro * args.rounds
+        c0, l0 = clock(), lib_seconds()
+        for _ in range(steps):
+            engine.backward(engine(x))
+            engine.step()
+        total_us = (clock() - c0) / 1e3 / steps / units
+        total_lib_us = (lib_seconds() - l0) * 1e6 / steps / units
+        engine.close()
+    finally:
+        for name, fn in saved.items():
+            setattr(zinf.torch.Engine, name, fn)
+    print("\nwhere the hooks' time goes (wrapped hooks, %d micro-steps; per unit per micro-step):" % steps)
+    print("%-56s %9s %9s %7s" % ("", "CPU", "Python", "calls"))
+    in_hooks = in_python = 0.0
+    for label, name in _HOOKS:
+        cpu_ns, lib_s, calls = acc[name]
+        cpu = cpu_ns / 1e3 / steps / units
+        py = cpu - lib_s * 1e6 / steps / units
+        in_hooks += cpu
+        in_python += py
+        if calls:
+            print("%-56s %6.1f us %6.1f us %7.2f" % (label, cpu, py, calls / steps / units))
+    print("%-56s %6.1f us %6.1f us" % ("in the hooks", in_hooks, in_python))
+    # What every unit's micro-step goes through at this stage: a hook that
+    # never fired means the table above misses part of the work.
+    needed = ["_make_pre_hook", "_make_post_hook", "_on_grad"]
+    if args.stage == 3:
+        needed += ["_pack", "_unpack", "_fetch_all"]
+    silent = [name for name in needed if acc[name][2] < steps * (units - 1)]
+    if silent:
+        raise SystemExit("torch_hook_overhead: %s fired less than once a unit per micro-step" % ", ".join(silent))
+    print("%-56s %6.1f us   (of which the library's C calls: %.1f us)" % (
+        "the training thread, forward, backward and step", total_us, total_lib_us))
 
 
 if __name__ == "__main__":
