@@ -754,14 +754,14 @@ class Engine(torch.nn.Module):
                 # One tensor: a pre-hook on the node that made it (cheaper
                 # than a hook on the tensor or an autograd function) fetches
                 # the units when its gradient arrives, before the module's
-                # own backward. An output the module did not compute (an
-                # input handed back) has no node of the module's: the
-                # saved tensors' unpacking fetches the units if they are
-                # needed.
-                if output.requires_grad and output.grad_fn is not None:
+                # own backward. A leaf output (a leaf input or a parameter
+                # handed back) has no node: the saved tensors' unpacking
+                # fetches the units if they are needed.
+                node = output.grad_fn if output.requires_grad else None
+                if node is not None:
                     if um.fetch_hook is None:
                         um.fetch_hook = functools.partial(self._fetch_all, um)
-                    output.grad_fn.register_prehook(um.fetch_hook)
+                    node.register_prehook(um.fetch_hook)
                 return output
             flat, spec = pytree.tree_flatten(output)
             idx = [i for i, t in enumerate(flat) if isinstance(t, torch.Tensor) and t.requires_grad]
