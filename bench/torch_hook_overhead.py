@@ -19,6 +19,7 @@ the headline figure also holds what torch spends calling them.
 """
 import argparse
 import copy
+import ctypes
 import functools
 import json
 import statistics
@@ -169,36 +170,41 @@ def main():
                           "per_unit_us": per_unit_us}))
     engine.close()
     if args.breakdown:
-        breakdown(args, cfg, x)
+        breakdown(args, cfg, x, statistics.median(tcpu) / units * 1e6)
 
 
-# The Engine methods torch calls per unit (directly, or through the hooks
-# made in _make_pre_hook and _make_post_hook), by what they do.
-_HOOKS = (("forward pre-hook: fetch, bind, saved-tensor hooks on", "_make_pre_hook"),
-          ("forward post-hook: release, backward fetch hook", "_make_post_hook"),
-          ("saved tensor packed (forward)", "_pack"),
-          ("saved tensor unpacked (backward)", "_unpack"),
-          ("backward fetch before the module's backward", "_fetch_all"),
-          ("gradient hook: copy, buffers, grads_ready, release", "_on_grad"),
-          ("after a module's backward (frozen units)", "_after_module_backward"),
-          ("model pre-hook (the units outside the blocks)", "_model_pre_hook"),
-          ("model post-hook", "_model_post_hook"),
-          ("engine.step (the boundaries' optimizer included)", "step"))
+# What torch calls per unit per micro-step, by what it does. The unit
+# modules' forward hooks, the gradient hooks, the fetch before a module's
+# backward and the saved-tensor hooks are the core's (zinf/_units.py): the
+# C++ core times its own (Core.set_timing), the Python core's methods are
+# wrapped. The engine's own hooks are wrapped in both.
+_CORE_HOOKS = (("forward pre-hook: fetch, bind, saved-tensor hooks on", "pre", None),
+               ("forward post-hook: release, backward fetch hook", "post", None),
+               ("gradient hooks: copy, buffers, grads_ready, release", "grad", "_on_grad"),
+               ("backward fetch (a pre-hook on the output's node)", "backward_fetch", "_backward_fetch"),
+               ("saved tensor packed (forward)", "pack", "_pack"),
+               ("saved tensor unpacked (backward)", "unpack", "_unpack"))
+_ENGINE_HOOKS = (("model pre-hook (the units outside the blocks)", "_model_pre_hook"),
+                 ("model post-hook", "_model_post_hook"),
+                 ("engine.step (the boundaries' optimizer included)", "step"))
 
 
-def breakdown(args, cfg, x):
+def breakdown(args, cfg, x, torch_us):
     """Each hook's CPU time per unit per micro-step, less the library's CPU
-    inside it, on a fresh engine whose Engine methods are wrapped before it
-    is built (the hooks bind them at initialize). Nested wrapped calls count
-    once, in the outermost."""
+    inside it, on a fresh engine (the Python methods are wrapped before it is
+    built: the hooks bind them at initialize). Nested timed calls count once,
+    in the outermost. torch_us: torch alone's CPU per unit, for the last
+    rows."""
     lib = zinf.torch._capi.lib()
     lib.zinf_call_cpu_accounting(1)
     lib_seconds = lib.zinf_thread_call_cpu_seconds
     clock = time.thread_time_ns
     busy = [False]
-    acc = {name: [0, 0.0, 0] for _, name in _HOOKS}  # CPU ns, library CPU s, calls
+    acc = {}  # name -> [CPU ns, library CPU s, calls]
 
-    def timed(fn, slot):
+    def timed(fn, name):
+        slot = acc.setdefault(name, [0, 0.0, 0])
+
         @functools.wraps(fn)
         def call(*a, **k):
             if busy[0]:
@@ -214,26 +220,36 @@ def breakdown(args, cfg, x):
                 busy[0] = False
         return call
 
-    saved = {name: getattr(zinf.torch.Engine, name) for _, name in _HOOKS}
-    for name, fn in saved.items():
-        if name.startswith("_make_"):
-            def factory(self, um, fn=fn, slot=acc[name]):
-                return timed(fn(self, um), slot)
-            setattr(zinf.torch.Engine, name, factory)
+    from zinf import _units
+    saved = [(zinf.torch.Engine, name, getattr(zinf.torch.Engine, name)) for _, name in _ENGINE_HOOKS]
+    saved += [(_units.PyCore, method, getattr(_units.PyCore, method)) for _, _, method in _CORE_HOOKS if method]
+    saved.append((_units.PyCore, "module_hooks", _units.PyCore.module_hooks))
+    for cls, name, fn in saved:
+        if name == "module_hooks":
+            def factory(self, m, engine, fn=fn):
+                pre, post = fn(self, m, engine)
+                return timed(pre, "pre"), timed(post, "post")
+            setattr(cls, name, factory)
         else:
-            setattr(zinf.torch.Engine, name, timed(fn, acc[name]))
+            key = next((k for _, k, method in _CORE_HOOKS if method == name), name)
+            setattr(cls, name, timed(fn, key))
     engine = None
     try:  # wrapped while the engine lives: some hooks bind the methods on first use
         torch.manual_seed(0)
         engine = zinf.torch.initialize(Net(args.blocks, args.dim), cfg)
+        core = engine._core
+        native = hasattr(core, "set_timing")  # the C++ core times its own hooks
         units = len(engine._units)
         hooked = len(engine._unit_modules)  # the modules whose hooks fetch units (the blocks)
         params = sum(len(u.params) for u in engine._units if not u.frozen)  # a gradient hook each
         for _ in range(args.micro):  # warm-up: one accumulation window
             engine.backward(engine(x))
             engine.step()
+        if native:
+            core.set_timing(True, ctypes.cast(lib.zinf_thread_call_cpu_seconds, ctypes.c_void_p).value)
         for slot in acc.values():
             slot[:] = [0, 0.0, 0]
+        counts0, times0 = core.counts(), core.times() if native else {}
         steps = args.micro * args.rounds
         c0, l0 = clock(), lib_seconds()
         for _ in range(steps):
@@ -241,35 +257,43 @@ def breakdown(args, cfg, x):
             engine.step()
         total_us = (clock() - c0) / 1e3 / steps / units
         total_lib_us = (lib_seconds() - l0) * 1e6 / steps / units
+        counts1, times1 = core.counts(), core.times() if native else {}
+        core_name = "C++ (%s)" % type(core).__module__ if native else "Python (zinf._units.PyCore)"
     finally:
         if engine is not None:
             engine.close()
-        for name, fn in saved.items():
-            setattr(zinf.torch.Engine, name, fn)
-    print("\nwhere the hooks' time goes (wrapped hooks, %d micro-steps; per unit per micro-step):" % steps)
+        for cls, name, fn in saved:
+            setattr(cls, name, fn)
+    for name in times1:  # the C++ core's own account, in the same form
+        acc[name] = [(times1[name][0] - times0[name][0]) * 1e9, times1[name][1] - times0[name][1],
+                     counts1[name] - counts0[name]]
+    print("\nwhere the hooks' time goes (%s core, %d micro-steps; per unit per micro-step):" % (core_name, steps))
     print("%-56s %9s %9s  %s" % ("", "CPU", "Python", "calls a micro-step"))
     in_hooks = in_python = 0.0
-    for label, name in _HOOKS:
-        cpu_ns, lib_s, calls = acc[name]
+    for label, name in [(label, name) for label, name, _ in _CORE_HOOKS] + list(_ENGINE_HOOKS):
+        cpu_ns, lib_s, calls = acc.get(name, (0, 0.0, 0))
         cpu = cpu_ns / 1e3 / steps / units
         py = cpu - lib_s * 1e6 / steps / units
         in_hooks += cpu
         in_python += py
         if calls:
             print("%-56s %6.1f us %6.1f us  %9.1f" % (label, cpu, py, calls / steps))
-    print("%-56s %6.1f us %6.1f us" % ("in the hooks", in_hooks, in_python))
+    print("%-56s %6.1f us %6.1f us" % ("in the hooks (two clock reads a call included)", in_hooks, in_python))
     # What every unit's micro-step goes through at this stage: a hook that
     # never fired means the table above misses part of the work.
-    needed = {"_make_pre_hook": hooked, "_make_post_hook": hooked, "_on_grad": params}
+    calls = {k: counts1[k] - counts0.get(k, 0) for k in counts1}
+    needed = {"pre": hooked, "post": hooked, "grad": params}
     if args.stage == 3:
-        needed.update(_pack=hooked, _unpack=hooked, _fetch_all=hooked)
-    short = ["%s (%d calls, %d needed)" % (name, acc[name][2], steps * n)
-             for name, n in needed.items() if acc[name][2] < steps * n]
+        needed.update({"pack": hooked, "unpack": hooked, "backward_fetch": hooked})
+    short = ["%s (%d calls, %d needed)" % (name, calls[name], steps * n)
+             for name, n in needed.items() if calls[name] < steps * n]
     if short:
         raise SystemExit("torch_hook_overhead: hooks fired too few times: " + ", ".join(short))
     print("%-56s %6.1f us   (of which the library's C calls: %.1f us)" % (
         "the training thread in all (boundaries included)", total_us, total_lib_us))
-
+    outside = total_us - in_hooks - (total_lib_us - (in_hooks - in_python))
+    print("%-56s %6.1f us   (torch alone: %.1f us)" % ("outside the hooks, less the library's C calls", outside,
+                                                       torch_us))
 
 if __name__ == "__main__":
     main()

@@ -121,6 +121,9 @@ function(zinf_add_python_test)
            "ZINF_LOG_LEVEL=warn" "ZINF_TEST_DIR=${ZINF_TEST_DIR}" "ZINF_TOKENIZER_DIR=${ZINF_TOKENIZER_DIR}"
            "DS_ACCELERATOR=cpu" "TOKENIZERS_PARALLELISM=false" "HF_HUB_OFFLINE=1" "TRANSFORMERS_OFFLINE=1"
            ${T_ENV})
+  if(TARGET zinf_torch_ext)  # zinf.torch's C++ hooks (src/torch); a test's ENV may turn them off
+    list(PREPEND _env "ZINF_TORCH_EXTENSION=$<TARGET_FILE:zinf_torch_ext>")
+  endif()
   set(_run bash "${PROJECT_SOURCE_DIR}/tests/python/with_python.sh" "${ZINF_PYTHON}" "${T_SCRIPT}" ${T_ARGS})
   set(_labels ${T_LABEL})
   if(T_RANKS)

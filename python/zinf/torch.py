@@ -44,7 +44,10 @@ The protocol, per micro-step (include/zinf/engine.h):
     config's schedule, clipping and loss scaling).
 torch.utils.checkpoint (reentrant or not) recomputes a unit module's forward
 in backward with its units fetched; HF's gradient_checkpointing_enable()
-works through it.
+works through it. The hooks' per-unit work is done by a core
+(zinf/_units.py): zinf's C++ extension module where it is built and loads
+(its gradient hooks and backward fetches never enter Python), else the same
+in Python.
 
 Devices. The engine runs where the model's parameters are when initialize()
 is called: a model on the CPU trains on zinf's host device, a model on a CUDA
@@ -62,7 +65,6 @@ batches and the engine reduces the gradients across ranks. A launcher that
 started processes zinf's communicator did not join (torchrun) is refused.
 """
 import ctypes
-import functools
 import json
 import math
 import os
@@ -73,97 +75,10 @@ import weakref
 import torch
 import torch.utils._pytree as pytree
 
-from . import _capi, _config, _lazy, _optim
+from . import _capi, _config, _lazy, _optim, _units
 from ._capi import ZinfError, check  # noqa: F401  (ZinfError is part of the API)
 
-_TORCH_DTYPE = {_capi.DTYPE_FP32: torch.float32, _capi.DTYPE_BF16: torch.bfloat16, _capi.DTYPE_FP16: torch.float16}
-_CTYPE = {_capi.DTYPE_FP32: ctypes.c_float, _capi.DTYPE_BF16: ctypes.c_uint16, _capi.DTYPE_FP16: ctypes.c_uint16}
-
-
-class _CudaMemory:
-    """`count` elements of zinf's device memory at `address`, as the CUDA
-    array interface describes them (16-bit types as int16: the interface has
-    no bfloat16; the caller reinterprets). stream None: the memory is used on
-    the adopted stream, in its order, so torch need not synchronize."""
-
-    def __init__(self, address, count, typestr):
-        self.__cuda_array_interface__ = {"shape": (count,), "typestr": typestr, "data": (address, False),
-                                         "version": 3, "strides": None, "stream": None}
-
-
-def _view(address, count, zinf_dtype, shape, device=None):
-    """A tensor over `count` elements of zinf memory at `address` (no copy):
-    host memory, or with a CUDA `device` that GPU's memory."""
-    dtype = _TORCH_DTYPE[zinf_dtype]
-    if device is not None and device.type == "cuda":
-        if count == 0:
-            return torch.empty(shape, dtype=dtype, device=device)
-        wide = zinf_dtype == _capi.DTYPE_FP32
-        t = torch.as_tensor(_CudaMemory(address, count, "<f4" if wide else "<i2"), device=device)
-        return (t if wide else t.view(dtype)).view(shape)
-    if count == 0:
-        return torch.empty(shape, dtype=dtype)
-    buf = (_CTYPE[zinf_dtype] * count).from_address(address)
-    return torch.frombuffer(buf, dtype=dtype, count=count).view(shape)
-
-
-_VIEW_CACHE = 8  # buffers remembered per unit (stage 3 gathers a unit at many addresses)
-
-
-class _HostArena:
-    """The CPU device's memory, which holds every buffer the engine hands
-    out, as one tensor per element type: a buffer is then a strided view at
-    its offset, with no new storage for a new address."""
-
-    def __init__(self, base, nbytes):
-        self.base, self.nbytes = base, nbytes
-        self._tensors = {}
-
-    def tensor(self, zinf_dtype):
-        t = self._tensors.get(zinf_dtype)
-        if t is None:
-            count = self.nbytes // ctypes.sizeof(_CTYPE[zinf_dtype])
-            buf = (_CTYPE[zinf_dtype] * count).from_address(self.base)
-            t = self._tensors[zinf_dtype] = torch.frombuffer(buf, dtype=_TORCH_DTYPE[zinf_dtype], count=count)
-        return t
-
-
-def _unit_views(unit, data, tensors, num_elems, zinf_dtype, device, arena=None):
-    """(whole, per-parameter tensors) over a unit's buffer at `data`: one
-    tensor over all num_elems and, at each parameter's address in `tensors`,
-    a strided view of the same storage; cached by the buffer's address.
-    Stage 3 gathers a unit wherever the budget has room, so a miss is
-    common: with the device's `arena` it costs one as_strided per tensor,
-    else also a tensor over foreign memory. A view's storage offset counts
-    from its storage's start: whole.storage_offset() is where `data` is."""
-    key = (data, zinf_dtype, num_elems)
-    got = unit.views.get(key)
-    if got is not None:
-        return got
-    if arena is not None and num_elems > 0:
-        store = arena.tensor(zinf_dtype)
-        whole = store.as_strided((num_elems,), (1,), (data - arena.base) // store.element_size())
-    else:
-        whole = _view(data, num_elems, zinf_dtype, (num_elems,), device)
-    if tensors is None:  # the whole buffer alone (not cached: no parameter offsets)
-        return whole, None
-    size = whole.element_size()
-    origin = whole.storage_offset() * size - data  # a pointer's byte offset in the storage, minus the pointer
-    as_strided = whole.as_strided
-    views = [as_strided(shape, stride, (tensors[i] + origin) // size if numel else 0)
-             for i, (shape, stride, numel) in enumerate(zip(unit.shapes, unit.strides, unit.numels))]
-    if len(unit.views) >= _VIEW_CACHE:
-        unit.views.pop(next(iter(unit.views)))
-    got = unit.views[key] = (whole, views)
-    return got
-
-
-def _contiguous_strides(shape):
-    strides, step = [], 1
-    for n in reversed(shape):
-        strides.append(step)
-        step *= max(n, 1)
-    return tuple(reversed(strides))
+_TORCH_DTYPE = _units.TORCH_DTYPE
 
 
 def _model_device(model, zinf_keys):
@@ -208,52 +123,29 @@ def _default_device_budget(model, config, device):
     return int(min(free * 0.9, n * per_param * 1.2 + (1 << 30)))
 
 
-class _SavedInUnit:
-    """Marks a saved tensor kept as a place in its unit's buffer."""
-
-
 class _Unit:
+    """A unit: its parameters and what the model made them (their dynamic
+    state, fetched and bound, is the core's: zinf/_units.py)."""
+
     def __init__(self, index, name, params, frozen):
         self.index = index
         self.name = name
         self.params = params  # [(qualified name, nn.Parameter)]
         self.frozen = frozen
-        self.fetched = False
-        self.bound = None  # the buffer address the parameters are bound to (None: unbound)
         self.shapes = [tuple(p.shape) for _, p in params]
-        self.strides = [_contiguous_strides(s) for s in self.shapes]
         self.numels = [p.numel() for _, p in params]
         self.dtypes = [p.dtype for _, p in params]  # what the model made them (state_dict returns these)
-        self.grad_views = None  # the fp32 gradient buffer's tensors, this backward
-        self.received = None  # which of them got their gradient, this backward
-        self.pending = 0  # parameters whose gradient has not arrived yet
-        # Tensors over the unit's buffers, by (address, dtype): a fetch or a
-        # gradient buffer at an address seen before reuses them (making a
-        # CUDA tensor over foreign memory costs tens of microseconds).
-        self.views = {}
-        self.reported = False  # grads_ready called this backward
-        # What zinf_engine_fetch and zinf_engine_grad_buffers fill, made once.
-        self.fetch_ptrs = _capi.UnitPointers()
-        self.fetch_ref = ctypes.byref(self.fetch_ptrs)
-        self.grad_ptrs = _capi.UnitPointers()
-        self.grad_ref = ctypes.byref(self.grad_ptrs)
-        self.persistent = False  # its buffer stays put between fetches (stages 0-2, stage-3 persistent units)
 
 
 class _UnitModule:
     """A module whose forward needs some units (a block, or a module owning
-    parameters outside the blocks)."""
+    parameters outside the blocks); `id` is the core's."""
 
-    def __init__(self, module, name, units):
+    def __init__(self, module, name, units, id):
         self.module = module
         self.name = name
         self.units = units
-        self.saved_hooks = None  # entered around this forward
-        self.hooks = None  # the saved_tensors_hooks, made on first use
-        self.fetch_hook = None  # the pre-hook on the output's node that fetches the units again in backward
-        # Its units' buffers stay put between fetches (stages 0-2): tensors
-        # saved in forward stay valid, and backward needs no second fetch.
-        self.persistent = False
+        self.id = id
         self.frozen = any(u.frozen for u in units)  # a frozen unit is released after the module's backward
 
 
@@ -268,8 +160,7 @@ class _PreBackward(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
-        for unit in ctx.um.units:
-            ctx.engine._fetch(unit)
+        ctx.engine._core.fetch_module(ctx.um.id)
         return (None, None) + grads
 
 
@@ -285,7 +176,7 @@ class _PostBackward(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
-        ctx.engine._after_module_backward(ctx.um)
+        ctx.engine._core.after_module_backward(ctx.um.id)
         return (None, None) + grads
 
 
@@ -302,10 +193,6 @@ def _largest_module_list(model):
 def _is_checkpoint_hook(pack):
     qual = getattr(pack, "__qualname__", "")
     return "_checkpoint_hook" in qual or "_recomputation_hook" in qual
-
-
-def _in_backward():
-    return torch._C._current_graph_task_id() != -1
 
 
 def _hidden_size(model):
@@ -398,7 +285,6 @@ class Engine(torch.nn.Module):
         self._report_loss = zinf_keys.get("stop_on_nonfinite_loss") is True
         self._config = cfg
 
-        self._handed_over = []
         self._comm = ctypes.c_void_p()
         self._engine = ctypes.c_void_p()
         self._stream = ctypes.c_void_p()
@@ -418,7 +304,10 @@ class Engine(torch.nn.Module):
         base, nbytes = ctypes.c_void_p(), ctypes.c_uint64()
         check(L.zinf_engine_host_memory(self._engine, ctypes.byref(base), ctypes.byref(nbytes)),
               "zinf_engine_host_memory")
-        self._arena = _HostArena(base.value, nbytes.value) if base.value else None
+        # The per-unit work between hooks (zinf/_units.py): C++ where its
+        # module loads, else Python.
+        self._core = _units.make_core(self._engine, self._stream, self.device,
+                                      _units._HostArena(base.value, nbytes.value) if base.value else None)
         _config.check_world(self.world_size)
         _LIVE_ENGINES[:] = [r for r in _LIVE_ENGINES if r() is not None] + [weakref.ref(self)]
 
@@ -438,7 +327,6 @@ class Engine(torch.nn.Module):
 
         self._weights = _weights  # from_pretrained: name -> the fp32 tensor, read when its unit registers
         self._owners = None
-        self._empties = {}
         self._units = []
         self._unit_of = {}  # id(parameter) -> its unit
         self._unit_modules = []
@@ -543,9 +431,9 @@ class Engine(torch.nn.Module):
         model.register_forward_hook(self._model_post_hook)
         if self.zero_stage < 3:
             for u in self._units:
-                u.persistent = True
-            for um in self._unit_modules:
-                um.persistent = True
+                self._core.set_persistent(u.index, True)
+            for um in self._unit_modules:  # tensors saved in forward stay valid: no second fetch
+                self._core.set_module_persistent(um.id, True)
 
     def _register(self, name, params, frozen):
         L = _capi.lib()
@@ -583,14 +471,11 @@ class Engine(torch.nn.Module):
             unit.params = params
         self._units.append(unit)
         me = weakref.ref(self)
-        for i, (_, p) in enumerate(params):
+        for _, p in params:
             self._unit_of[id(p)] = unit
             p._zinf_engine = me
             p.data = torch.empty(0, dtype=p.dtype, device=self.device)
-            if not frozen:
-                # A partial, not a closure: torch calls it with the gradient
-                # straight into _on_grad, one Python frame per parameter.
-                p.register_hook(functools.partial(self._on_grad, unit, i))
+        self._core.add_unit(unit.index, name, [p for _, p in params], [list(s) for s in unit.shapes], frozen)
         return unit
 
     def _materialize(self, p):
@@ -611,60 +496,23 @@ class Engine(torch.nn.Module):
         return new
 
     def _hook(self, module, name, units):
-        um = _UnitModule(module, name, units)
+        um = _UnitModule(module, name, units, self._core.add_module([u.index for u in units]))
         self._unit_modules.append(um)
-        module.register_forward_pre_hook(self._make_pre_hook(um), with_kwargs=True)
-        module.register_forward_hook(self._make_post_hook(um))
+        # The hooks hold the engine weakly: a model does not keep a dropped
+        # engine alive (its forward then says the engine is closed).
+        pre, post = self._core.module_hooks(um.id, weakref.ref(self))
+        module.register_forward_pre_hook(pre, with_kwargs=True)
+        module.register_forward_hook(post)
 
-    # The hooks below run per unit per micro-step: the library, the
-    # structures the C calls fill and their messages are made once, not per
-    # call (a failure's message is formatted only when it fails).
+    # What the hooks do per unit (fetch, bind, gradients, saved tensors) is
+    # the core's (zinf/_units.py): one call per hook.
     def _fetch(self, unit):
-        if unit.fetched:
-            return
-        if self._handed_over:
-            self._flush()  # the units handed over before: released before another is gathered
         if self._pending_writes:
             self._write_pending()
-        L = self._lib
-        ptrs = unit.fetch_ptrs
-        rc = L.zinf_engine_fetch(self._engine, unit.index, self._stream, unit.fetch_ref)
-        if rc:
-            check(rc, "fetch unit '%s'" % unit.name)
-        if not self._cuda:  # torch computes on this thread; on a GPU, on the stream that waits
-            rc = L.zinf_stream_synchronize(self._stream)
-            if rc:
-                check(rc, "fetch unit '%s'" % unit.name)
-        if unit.bound != ptrs.data:
-            _, views = _unit_views(unit, ptrs.data, ptrs.tensors, ptrs.num_elems, ptrs.dtype, self.device,
-                                   self._arena)
-            for (_, p), v in zip(unit.params, views):
-                p.data = v
-            unit.bound = ptrs.data
-            unit.base, unit.dtype = ptrs.data, ptrs.dtype
-            unit.bytes = ptrs.num_elems * ctypes.sizeof(_CTYPE[ptrs.dtype])
-            unit.num_elems = ptrs.num_elems
-        unit.fetched = True
-
-    def _empty(self, dtype):
-        """A zero-element tensor of `dtype` on the engine's device, one per
-        dtype, that unbound parameters share."""
-        t = self._empties.get(dtype)
-        if t is None:
-            t = self._empties[dtype] = torch.empty(0, dtype=dtype, device=self.device)
-        return t
+        self._core.fetch(unit.index)
 
     def _release(self, unit):
-        if not unit.fetched:
-            return
-        if not unit.persistent:
-            for _, p in unit.params:
-                p.data = self._empty(p.dtype)
-            unit.bound = None
-        rc = self._lib.zinf_engine_release(self._engine, unit.index, self._stream)
-        if rc:
-            check(rc, "release unit '%s'" % unit.name)
-        unit.fetched = False
+        self._core.release(unit.index)
 
     # ---- hooks -------------------------------------------------------------------
 
@@ -677,162 +525,40 @@ class Engine(torch.nn.Module):
             for unit in self._rest:
                 self._release(unit)  # no backward will use them
 
-    def _make_pre_hook(self, um):
-        def hook(module, args, kwargs):
-            for unit in um.units:
-                self._fetch(unit)
-            if um.persistent or not torch.is_grad_enabled():
-                return None
-            top = torch._C._autograd._top_saved_tensors_default_hooks(False)
-            if top is not None:
-                if not _is_checkpoint_hook(top[0]):
-                    raise RuntimeError("zinf.torch: saved_tensors_hooks other than torch.utils.checkpoint's are "
-                                       "active around unit '%s'; zinf keeps the tensors a unit saves itself"
-                                       % um.name)
-            else:
-                if um.hooks is None:  # made once: entered and left around each forward
-                    um.hooks = torch.autograd.graph.saved_tensors_hooks(
-                        functools.partial(self._pack, um), functools.partial(self._unpack, um))
-                um.saved_hooks = um.hooks
-                um.saved_hooks.__enter__()
-            if not um.frozen or _in_backward():
-                # Nothing to release after the module's backward (or a
-                # checkpoint's recomputation: the units stay fetched until
-                # their gradients are in).
-                return None
-            # After the module's backward, release what it alone needed.
-            flat, spec = pytree.tree_flatten((args, kwargs))
-            idx = [i for i, t in enumerate(flat) if isinstance(t, torch.Tensor) and t.requires_grad]
-            if not idx:
-                return None
-            out = _PostBackward.apply(self, um, *[flat[i] for i in idx])
-            for i, t in zip(idx, out):
-                flat[i] = t
-            return pytree.tree_unflatten(flat, spec)
-        return hook
+    # The unit modules' forward hooks are the core's (module_hooks); these
+    # are their rare cases.
+    def _pre_slow(self, m, args, kwargs, hooks_on):
+        """After the core fetched the units: saved-tensor hooks already on
+        (hooks_on) may only be torch.utils.checkpoint's; a module with a
+        frozen unit releases it after its backward (an identity function on
+        its inputs, whose backward runs after the module's)."""
+        um = self._unit_modules[m]
+        if hooks_on and not _is_checkpoint_hook(_units._top_saved_hooks(False)[0]):
+            raise RuntimeError("zinf.torch: saved_tensors_hooks other than torch.utils.checkpoint's are "
+                               "active around unit '%s'; zinf keeps the tensors a unit saves itself" % um.name)
+        if not um.frozen or _units._in_backward():
+            return None  # in a checkpoint's recomputation the units stay fetched until their gradients are in
+        flat, spec = pytree.tree_flatten((args, kwargs))
+        idx = [i for i, t in enumerate(flat) if isinstance(t, torch.Tensor) and t.requires_grad]
+        if not idx:
+            return None
+        out = _PostBackward.apply(self, um, *[flat[i] for i in idx])
+        for i, t in zip(idx, out):
+            flat[i] = t
+        return pytree.tree_unflatten(flat, spec)
 
-    # Tensors autograd saves during a unit module's forward that lie in one of
-    # its units' buffers (its parameters, and views of them such as a
-    # Linear's transposed weight) are kept as (unit, offset, shape, strides):
-    # the buffer is released after forward and fetched again for backward,
-    # maybe elsewhere.
-    def _pack(self, um, t):
-        # A tensor whose first element lies in the unit's buffer is a view of
-        # it (nothing else shares that memory). data_ptr() rather than the
-        # storage: building a storage object costs more than the whole test.
-        if t.is_cuda == self._cuda and t.numel() > 0:
-            start = t.data_ptr()
-            for unit in um.units:
-                if unit.fetched and unit.base <= start < unit.base + unit.bytes:
-                    return (_SavedInUnit, unit, start - unit.base, tuple(t.shape), t.stride(), t.dtype)
-        return t
-
-    def _unpack(self, um, packed):
-        if not (isinstance(packed, tuple) and packed and packed[0] is _SavedInUnit):
-            return packed
-        _, unit, offset, shape, stride, dtype = packed
-        self._fetch(unit)
-        got = unit.views.get((unit.base, unit.dtype, unit.num_elems))
-        whole = got[0] if got is not None else _unit_views(unit, unit.base, None, unit.num_elems, unit.dtype,
-                                                           self.device, self._arena)[0]
-        if whole.dtype != dtype:
-            raise RuntimeError("zinf.torch: unit '%s' saved a %s tensor from its %s buffer" % (unit.name, dtype, whole.dtype))
-        return torch.as_strided(whole, shape, stride, whole.storage_offset() + offset // whole.element_size())
-
-    def _make_post_hook(self, um):
-        def hook(module, inputs, output):
-            if um.saved_hooks is not None:
-                um.saved_hooks.__exit__(None, None, None)
-                um.saved_hooks = None
-            if _in_backward():
-                return output  # recomputation inside backward: the units stay until their gradients are in
-            for unit in um.units:
-                self._release(unit)
-            if um.persistent or not torch.is_grad_enabled():
-                return output  # the buffers stay put: backward needs no second fetch
-            if isinstance(output, torch.Tensor):
-                # One tensor: a pre-hook on the node that made it (cheaper
-                # than a hook on the tensor or an autograd function) fetches
-                # the units when its gradient arrives, before the module's
-                # own backward. A leaf output (a leaf input or a parameter
-                # handed back) has no node: the saved tensors' unpacking
-                # fetches the units if they are needed.
-                node = output.grad_fn if output.requires_grad else None
-                if node is not None:
-                    if um.fetch_hook is None:
-                        um.fetch_hook = functools.partial(self._fetch_all, um)
-                    node.register_prehook(um.fetch_hook)
-                return output
-            flat, spec = pytree.tree_flatten(output)
-            idx = [i for i, t in enumerate(flat) if isinstance(t, torch.Tensor) and t.requires_grad]
-            if not idx:
-                return output
-            wrapped = _PreBackward.apply(self, um, *[flat[i] for i in idx])
-            for i, t in zip(idx, wrapped):
-                flat[i] = t
-            return pytree.tree_unflatten(flat, spec)
-        return hook
-
-    def _fetch_all(self, um, grads=None):
-        for unit in um.units:
-            self._fetch(unit)
-
-    def _after_module_backward(self, um):
-        for unit in um.units:
-            if unit.frozen or unit.reported:
-                self._release(unit)
-
-    def _grad_buffers(self, unit):
-        L = self._lib
-        ptrs = unit.grad_ptrs
-        rc = L.zinf_engine_grad_buffers(self._engine, unit.index, unit.grad_ref)
-        if rc:
-            check(rc, "gradient buffers of unit '%s'" % unit.name)
-        if not self._cuda:  # on a GPU the copies into it are kernels on the adopted stream
-            rc = L.zinf_stream_synchronize(self._stream)
-            if rc:
-                check(rc, "gradient buffers of unit '%s'" % unit.name)
-        _, unit.grad_views = _unit_views(unit, ptrs.data, ptrs.tensors, ptrs.num_elems, _capi.DTYPE_FP32,
-                                         self.device, self._arena)
-        unit.received = [False] * len(unit.params)
-        unit.pending = len(unit.params)
-
-    def _flush(self):
-        """Units whose gradients were handed over at an earlier hook: torch has
-        accumulated their last gradient since (right after that hook), so
-        their parameters can be unbound, released and their .grad dropped:
-        the gradients never all coexist in torch."""
-        if not self._handed_over:
-            return
-        for unit in self._handed_over:
-            for _, p in unit.params:
-                p.grad = None
-            self._release(unit)
-        self._handed_over = []
-
-    def _on_grad(self, unit, index, grad):
-        if self._handed_over:
-            self._flush()
-        if unit.grad_views is None:
-            self._grad_buffers(unit)
-        unit.grad_views[index].copy_(grad)  # widened to fp32 by the copy (autograd gave it the parameter's shape)
-        if not unit.received[index]:
-            unit.received[index] = True
-            unit.pending -= 1
-        if unit.pending == 0:
-            self._grads_ready(unit)
-
-    def _grads_ready(self, unit):
-        for view, got in zip(unit.grad_views, unit.received):
-            if not got:  # the buffer is overwritten each micro-step: zeros where no gradient came
-                view.zero_()
-        rc = self._lib.zinf_engine_grads_ready(self._engine, unit.index, self._stream)
-        if rc:
-            check(rc, "gradients of unit '%s'" % unit.name)
-        unit.grad_views = None
-        unit.received = None
-        unit.reported = True
-        self._handed_over.append(unit)  # released at the next hook: torch still accumulates into .grad
+    def _post_slow(self, m, output):
+        """An output other than one tensor: an identity function on its
+        tensors fetches the units again before the module's backward."""
+        um = self._unit_modules[m]
+        flat, spec = pytree.tree_flatten(output)
+        idx = [i for i, t in enumerate(flat) if isinstance(t, torch.Tensor) and t.requires_grad]
+        if not idx:
+            return None
+        wrapped = _PreBackward.apply(self, um, *[flat[i] for i in idx])
+        for i, t in zip(idx, wrapped):
+            flat[i] = t
+        return pytree.tree_unflatten(flat, spec)
 
     # ---- the training loop ------------------------------------------------------------
 
@@ -888,20 +614,9 @@ class Engine(torch.nn.Module):
             self.report_loss(float(loss.detach()))
         scale = self.loss_scale()
         (loss * scale if scale != 1.0 else loss).backward(retain_graph=retain_graph)
-        for unit in self._units:
-            if unit.frozen:
-                continue
-            if unit.grad_views is not None:  # some of its parameters got no gradient: zeros for them
-                self._grads_ready(unit)
-            elif not unit.reported:  # none did
-                self._grad_buffers(unit)
-                self._grads_ready(unit)
-        self._flush()
-        for unit in self._units:
-            self._release(unit)
-            unit.reported = False
-            for _, p in unit.params:
-                p.grad = None
+        # Units whose parameters got no gradient (some or all) are reported
+        # with zeros there; every unit is released and its .grad dropped.
+        self._core.end_backward()
         return loss
 
     def is_gradient_accumulation_boundary(self):
@@ -1077,13 +792,13 @@ class Engine(torch.nn.Module):
                     # The loader copies into the parameter: give it the shape it checks, briefly.
                     if tuple(p.shape) != unit.shapes[i]:
                         p.data = torch.empty(unit.shapes[i], dtype=p.dtype, device=p.device)
-                        unit.bound = None
+                        self._core.unbind(unit.index)
                         unit._rebind_after_load = True
 
             def load_post_hook(module, incompatible, direct=direct):
                 for _, p in direct:
                     unit = self._unit_of[id(p)]
-                    if getattr(unit, "_rebind_after_load", False) and not unit.fetched:
+                    if getattr(unit, "_rebind_after_load", False) and not self._core.fetched(unit.index):
                         for _, q in unit.params:
                             q.data = torch.empty(0, dtype=q.dtype, device=self.device)
                         unit._rebind_after_load = False
@@ -1100,12 +815,12 @@ class Engine(torch.nn.Module):
         copy, in its own dtype) until _release_gathered."""
         for p in params:
             unit = self._unit_of[id(p)]
-            if unit.fetched:
+            if self._core.fetched(unit.index):
                 raise RuntimeError("zinf: GatheredParameters inside a forward or backward that uses unit '%s'"
                                    % unit.name)
             i = next(j for j, (_, q) in enumerate(unit.params) if q is p)
             p.data = self._param_value(unit, i).to(device=self.device, dtype=unit.dtypes[i]).clone()
-            unit.bound = None
+            self._core.unbind(unit.index)
 
     def broadcast_(self, tensor, root):
         """Copies rank `root`'s CPU tensor into every rank's, in place, through
@@ -1141,7 +856,7 @@ class Engine(torch.nn.Module):
                 updates.setdefault(unit.index, {})[i] = value
         for p in params:
             p.data = torch.empty(0, dtype=p.dtype, device=self.device)
-            self._unit_of[id(p)].bound = None
+            self._core.unbind(self._unit_of[id(p)].index)
         for unit in self._units:
             if unit.index in updates:
                 self._write_unit(unit, updates[unit.index])
@@ -1251,6 +966,9 @@ class Engine(torch.nn.Module):
     def close(self):
         L = _capi.lib()
         if self.__dict__.get("_engine"):
+            core = self.__dict__.get("_core")
+            if core is not None:
+                core.close()  # drops its tensors over the engine's memory
             L.zinf_stream_destroy(self._stream)
             L.zinf_engine_destroy(self._engine)
             L.zinf_comm_destroy(self._comm)

@@ -1,0 +1,147 @@
+#!/usr/bin/env python3
+"""zinf.torch's two cores (zinf/_units.py), the C++ one of the _zinf_torch
+extension and the Python one, on the same model and batches: every loss
+and every weight bit-identical, at stage 0 and at stage 3 (where the saved
+tensors are kept as places in the units' buffers and the units are fetched
+again for backward). The model covers the cores' rare paths: a block with a
+frozen unit (released after its backward), a block returning a tuple (the
+Python slow path of the forward hook), a block under
+torch.utils.checkpoint (its hooks already on), and a parameter that gets no
+gradient (reported with zeros). Also: the model of a closed engine refuses
+to run, and with $ZINF_TORCH_EXTENSION set the C++ core is the one used.
+
+usage: test_units_core.py [--build-ext DIR]
+  (ZINF_LIBRARY, PYTHONPATH as the other tests; ZINF_TORCH_EXTENSION: the
+  built _zinf_torch module) --build-ext: the module built into DIR by
+  scripts/build_torch_ext.py (as on a machine whose Python or torch is not
+  the build's) is the one tested. Exits 77 (skipped) without torch or
+  without the extension."""
+import os
+import subprocess
+import sys
+
+try:
+    import torch
+    import torch.nn as nn
+    import torch.utils.checkpoint as checkpoint
+except ImportError:
+    print("SKIP: torch is not installed for %s (scripts/setup makes the Python environment)" % sys.executable)
+    sys.exit(77)
+
+import zinf.torch  # noqa: E402
+from zinf import _units  # noqa: E402
+
+torch.set_num_threads(1)
+D = 12
+
+
+class Block(nn.Module):
+    def __init__(self, kind):
+        super().__init__()
+        self.kind = kind
+        self.a, self.b = nn.Linear(D, D), nn.Linear(D, D)
+        self.unused = nn.Parameter(torch.ones(3))  # never in the forward: zeros for it every micro-step
+        if kind == "frozen":
+            self.frozen = nn.Linear(D, D)
+            self.frozen.requires_grad_(False)
+
+    def body(self, x):
+        h = torch.tanh(self.a(x))
+        if self.kind == "frozen":
+            h = h + self.frozen(h)
+        return x + self.b(h)
+
+    def forward(self, x):
+        y = self.body(x)
+        return (y, y.sum()) if self.kind == "tuple" else y
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inp = nn.Linear(D, D)
+        self.blocks = nn.ModuleList([Block(k) for k in ("plain", "frozen", "tuple", "checkpointed", "plain")])
+
+    def forward(self, x):
+        x = self.inp(x)
+        for blk in self.blocks:
+            if blk.kind == "checkpointed":
+                x = checkpoint.checkpoint(blk, x, use_reentrant=False)
+            else:
+                x = blk(x)
+                if isinstance(x, tuple):
+                    x = x[0] + 0.01 * x[1]
+        return x.pow(2).mean()
+
+
+def config(stage):
+    return {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 2,
+            "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.1}},
+            "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0}}
+
+
+def train(stage, native):
+    """Losses and final weights of 6 micro-steps under the chosen core."""
+    saved = _units.extension
+    if not native:
+        _units.extension = lambda: (None, "ZINF_TORCH_EXTENSION=off")
+    try:
+        torch.manual_seed(0)
+        model = Net()
+        engine = zinf.torch.initialize(model, config(stage))
+    finally:
+        _units.extension = saved
+    is_native = not isinstance(engine._core, _units.PyCore)
+    assert is_native == native, "asked for the %s core, got %s" % ("C++" if native else "Python", type(engine._core))
+    gen = torch.Generator().manual_seed(1)
+    losses = []
+    for _ in range(6):
+        loss = engine(torch.randn(4, D, generator=gen))
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item())
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    counts = engine._core.counts()
+    engine.close()
+    try:
+        model(torch.randn(4, D))
+    except RuntimeError as e:
+        assert "closed" in str(e), str(e)
+    else:
+        raise AssertionError("the model of a closed engine ran (%s core)" % ("C++" if native else "Python"))
+    return losses, weights, counts
+
+
+def main():
+    if "--build-ext" in sys.argv:
+        out = sys.argv[sys.argv.index("--build-ext") + 1]
+        script = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "build_torch_ext.py")
+        got = subprocess.run([sys.executable, script, out], check=True, capture_output=True, text=True)
+        path = got.stdout.strip().splitlines()[-1]
+        print("  %s" % got.stdout.strip().splitlines()[0])
+        os.environ["ZINF_TORCH_EXTENSION"] = path
+    module, why = _units.extension()
+    if module is None:
+        if os.environ.get("ZINF_TORCH_EXTENSION", "").lower() not in ("", "0", "off", "no", "false"):
+            raise AssertionError("ZINF_TORCH_EXTENSION is set but the C++ core is not used: %s" % why)
+        print("SKIP: zinf.torch's C++ core is not available here: %s" % why)
+        sys.exit(77)
+    print("C++ core: %s" % module.__file__)
+    for stage in (0, 3):
+        a = train(stage, native=True)
+        b = train(stage, native=False)
+        assert a[0] == b[0], "stage %d: losses differ: C++ %s, Python %s" % (stage, a[0], b[0])
+        for k in a[1]:
+            assert torch.equal(a[1][k], b[1][k]), "stage %d: %s differs between the cores" % (stage, k)
+        assert a[2] == b[2], "stage %d: the cores' calls differ: C++ %s, Python %s" % (stage, a[2], b[2])
+        needed = ("pre", "post", "grad", "fetch") + (("pack", "unpack", "backward_fetch") if stage == 3 else ())
+        missing = [name for name in needed if not a[2][name]]
+        assert not missing, "stage %d: no %s call" % (stage, ", ".join(missing))
+        print("  stage %d: 6 micro-steps, losses %s and %d tensors identical; calls %s" % (
+            stage, " ".join("%.5f" % v for v in a[0]), len(a[1]),
+            ", ".join("%s %d" % (k, a[2][k]) for k in sorted(a[2]))))
+    print("ok")
+
+
+if __name__ == "__main__":
+    main()
