@@ -140,11 +140,13 @@ def main():
     for name, (n, t) in sorted(calls.items(), key=lambda kv: -kv[1][1]):
         print("# %-28s %6.1f calls, %8.3f ms a step on the host" % (name, n / steps_run, t * 1e3 / steps_run))
     stats = engine.stats()
+    core = "python" if type(engine._core).__name__ == "PyCore" else "c++"  # zinf/_units.py: which ran the hooks
     engine.close()
     tokens = a.micro_batch * a.seq_len
     out = {"preset": a.preset, "layers": layers, "params": n_params, "seq_len": a.seq_len,
            "micro_batch": a.micro_batch, "device": torch.cuda.get_device_name(dev), "torch": torch.__version__,
-           "offload": a.offload, "torch_step_s": ref, "zinf_step_s": mine, "zinf_over_torch": mine / ref,
+           "offload": a.offload, "hooks_core": core, "torch_step_s": ref, "zinf_step_s": mine,
+           "zinf_over_torch": mine / ref,
            "torch_tokens_per_s": tokens / ref, "zinf_tokens_per_s": tokens / mine,
            "torch_peak_device_bytes": ref_peak, "zinf_device_bytes_in_use": stats.get("device_bytes_in_use"),
            "zinf_optimizer_seconds": stats.get("optimizer_seconds")}
@@ -156,7 +158,8 @@ def main():
         print("side     step ms  tokens/s")
         print("torch   %8.1f  %8.0f   (fused AdamW on the GPU; peak %.2f GiB)" % (ref * 1e3, tokens / ref,
                                                                                   ref_peak / 2**30))
-        print("zinf    %8.1f  %8.0f   (optimizer %s)" % (mine * 1e3, tokens / mine, a.offload))
+        print("zinf    %8.1f  %8.0f   (optimizer %s; the hooks' %s core)" % (mine * 1e3, tokens / mine, a.offload,
+                                                                         core))
         print("# zinf / torch: %.2f× the step time" % (mine / ref))
     return 0
 

@@ -25,7 +25,7 @@ assert s["limits_s"] <= 540, s["limits_s"]
 assert steps["bundle"]["status"] == "ok", steps["bundle"]
 gpu = subprocess.run(["nvidia-smi", "-L"], capture_output=True).returncode == 0 if __import__("shutil").which("nvidia-smi") else False
 for name in ("memcheck", "gpu_test", "model_llama1b", "model_gpt13b", "attention", "torch_step", "torch_frontend",
-             "torch_offload", "transformers", "offload"):
+             "torch_offload", "transformers", "offload", "torch_ext"):
     assert name in steps, name
     if not gpu:
         assert steps[name]["status"] == "skipped: no GPU", steps[name]
