@@ -538,25 +538,22 @@ class Engine(torch.nn.Module):
                                "active around unit '%s'; zinf keeps the tensors a unit saves itself" % um.name)
         if not um.frozen or _units._in_backward():
             return None  # in a checkpoint's recomputation the units stay fetched until their gradients are in
-        flat, spec = pytree.tree_flatten((args, kwargs))
-        idx = [i for i, t in enumerate(flat) if isinstance(t, torch.Tensor) and t.requires_grad]
-        if not idx:
-            return None
-        out = _PostBackward.apply(self, um, *[flat[i] for i in idx])
-        for i, t in zip(idx, out):
-            flat[i] = t
-        return pytree.tree_unflatten(flat, spec)
+        return self._through(_PostBackward, um, (args, kwargs))
 
     def _post_slow(self, m, output):
         """An output other than one tensor: an identity function on its
         tensors fetches the units again before the module's backward."""
-        um = self._unit_modules[m]
-        flat, spec = pytree.tree_flatten(output)
+        return self._through(_PreBackward, self._unit_modules[m], output)
+
+    def _through(self, function, um, tree):
+        """`tree` with its tensors that require grad passed through the
+        autograd `function` of unit module um (None: it has none)."""
+        flat, spec = pytree.tree_flatten(tree)
         idx = [i for i, t in enumerate(flat) if isinstance(t, torch.Tensor) and t.requires_grad]
         if not idx:
             return None
-        wrapped = _PreBackward.apply(self, um, *[flat[i] for i in idx])
-        for i, t in zip(idx, wrapped):
+        out = function.apply(self, um, *[flat[i] for i in idx])
+        for i, t in zip(idx, out):
             flat[i] = t
         return pytree.tree_unflatten(flat, spec)
 

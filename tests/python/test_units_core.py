@@ -10,12 +10,13 @@ torch.utils.checkpoint (its hooks already on), and a parameter that gets no
 gradient (reported with zeros). Also: the model of a closed engine refuses
 to run, and with $ZINF_TORCH_EXTENSION set the C++ core is the one used.
 
-usage: test_units_core.py [--build-ext DIR]
+usage: test_units_core.py [--build-ext DIR] [--cuda]
   (ZINF_LIBRARY, PYTHONPATH as the other tests; ZINF_TORCH_EXTENSION: the
   built _zinf_torch module) --build-ext: the module built into DIR by
   scripts/build_torch_ext.py (as on a machine whose Python or torch is not
-  the build's) is the one tested. Exits 77 (skipped) without torch or
-  without the extension."""
+  the build's) is the one tested. --cuda: the model on the GPU (skipped
+  where torch sees none). Exits 77 (skipped) without torch or without the
+  extension."""
 import os
 import subprocess
 import sys
@@ -33,6 +34,7 @@ from zinf import _units  # noqa: E402
 
 torch.set_num_threads(1)
 D = 12
+DEVICE = torch.device("cuda" if "--cuda" in sys.argv else "cpu")
 
 
 class Block(nn.Module):
@@ -87,7 +89,7 @@ def train(stage, native):
         _units.extension = lambda: (None, "ZINF_TORCH_EXTENSION=off")
     try:
         torch.manual_seed(0)
-        model = Net()
+        model = Net().to(DEVICE)
         engine = zinf.torch.initialize(model, config(stage))
     finally:
         _units.extension = saved
@@ -96,7 +98,7 @@ def train(stage, native):
     gen = torch.Generator().manual_seed(1)
     losses = []
     for _ in range(6):
-        loss = engine(torch.randn(4, D, generator=gen))
+        loss = engine(torch.randn(4, D, generator=gen).to(DEVICE))
         engine.backward(loss)
         engine.step()
         losses.append(loss.item())
@@ -104,7 +106,7 @@ def train(stage, native):
     counts = engine._core.counts()
     engine.close()
     try:
-        model(torch.randn(4, D))
+        model(torch.randn(4, D, device=DEVICE))
     except RuntimeError as e:
         assert "closed" in str(e), str(e)
     else:
@@ -113,6 +115,9 @@ def train(stage, native):
 
 
 def main():
+    if DEVICE.type == "cuda" and not torch.cuda.is_available():
+        print("SKIP: torch sees no CUDA GPU (torch %s)" % torch.__version__)
+        sys.exit(77)
     if "--build-ext" in sys.argv:
         out = sys.argv[sys.argv.index("--build-ext") + 1]
         script = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "build_torch_ext.py")
@@ -126,7 +131,7 @@ def main():
             raise AssertionError("ZINF_TORCH_EXTENSION is set but the C++ core is not used: %s" % why)
         print("SKIP: zinf.torch's C++ core is not available here: %s" % why)
         sys.exit(77)
-    print("C++ core: %s" % module.__file__)
+    print("C++ core: %s, on %s" % (module.__file__, DEVICE))
     for stage in (0, 3):
         a = train(stage, native=True)
         b = train(stage, native=False)
