@@ -5,16 +5,17 @@ keep the tensors autograd saves as places in the unit's buffer.
 
 Two implementations of one interface (a "core", one per engine, that holds
 each unit's state between hooks):
-  - _zinf_torch.Core (src/torch/torch_hooks.cc), a C++ extension module: its
-    gradient hooks and backward fetches are autograd hooks in C++ and never
-    enter Python. zinf.torch loads it from $ZINF_TORCH_EXTENSION (a path;
+  - _zinf_torch.Core (src/torch/torch_hooks.cc), a C++ extension module:
+    each hook is one call into it, and its backward fetches are autograd
+    hooks in C++ that never enter Python. zinf.torch loads it from $ZINF_TORCH_EXTENSION (a path;
     "off" turns it off), else from beside the loaded libzinf.so (or
     ../torch/ from there, a build tree) or this package's folder;
   - PyCore below, the same in Python, where the extension is not built or
     does not load (then zinf.torch warns once, naming the reason).
 
 The interface, units by the engine's index, unit modules by add_module's id:
-  add_unit(index, name, params, shapes, frozen)  trainable ones get gradient hooks
+  add_unit(index, name, params, shapes, frozen)
+  grad_hook(u, i) -> hook          parameter i's gradient hook, for Tensor.register_hook
   add_module(units) -> id          a module whose forward needs these units
   module_hooks(m, engine) -> (pre, post)  its forward pre-hook and forward hook
   set_persistent(u, flag), set_module_persistent(m, flag)  buffers stay put (stages 0-2)
@@ -26,7 +27,7 @@ The interface, units by the engine's index, unit modules by add_module's id:
 """
 import ctypes
 import functools
-import glob
+import importlib.machinery
 import importlib.util
 import os
 import warnings
@@ -204,14 +205,13 @@ class PyCore:
     def add_unit(self, index, name, params, shapes, frozen):
         if index != len(self._units):
             raise ValueError("zinf.torch: units must be added in the engine's order")
-        unit = _Unit(index, name, params, shapes, frozen)
-        self._units.append(unit)
-        if not frozen:
-            for i, p in enumerate(params):
-                # A partial, not a closure: torch calls it with the gradient
-                # straight into on_grad, one Python frame per parameter.
-                p.register_hook(functools.partial(self._on_grad, unit, i))
+        self._units.append(_Unit(index, name, params, shapes, frozen))
         return index
+
+    def grad_hook(self, u, i):
+        # A partial, not a closure: torch calls it with the gradient straight
+        # into _on_grad, one Python frame per parameter.
+        return functools.partial(self._on_grad, self._units[u], i)
 
     def add_module(self, units):
         self._modules.append(_Module([self._units[u] for u in units]))
@@ -420,6 +420,8 @@ class PyCore:
             self._release(unit)
 
     def _on_grad(self, unit, index, grad):
+        if self._engine is None:
+            return  # closed: the hooks stay on the parameters and do nothing
         self._counts["grad"] += 1
         if self._handed_over:
             self.flush()
@@ -509,20 +511,27 @@ def extension():
         lib = _loaded_library_path()
         if lib:
             places += [os.path.dirname(lib), os.path.join(os.path.dirname(os.path.dirname(lib)), "torch")]
-        paths = [p for place in places for p in sorted(glob.glob(os.path.join(place, "_zinf_torch*.so")))]
+        suffixes = importlib.machinery.EXTENSION_SUFFIXES  # this interpreter's (others' modules are skipped)
+        paths = [os.path.join(place, "_zinf_torch" + suffix) for place in places for suffix in suffixes]
+        paths = [p for p in paths if os.path.isfile(p)]
     if not paths:
-        _EXTENSION = (None, "no _zinf_torch module beside zinf or libzinf.so (build it: src/torch)")
+        _EXTENSION = (None, "no _zinf_torch module for this Python beside zinf or libzinf.so (build it: src/torch, "
+                            "or scripts/build_torch_ext.py)")
         return _EXTENSION
-    try:
-        spec = importlib.util.spec_from_file_location("_zinf_torch", paths[0])
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    except ImportError as e:
-        if wanted:
-            raise ImportError("zinf.torch: ZINF_TORCH_EXTENSION=%s does not load: %s" % (wanted, e)) from e
-        _EXTENSION = (None, "%s does not load: %s" % (paths[0], e))
+    failures = []
+    for path in paths:
+        try:
+            spec = importlib.util.spec_from_file_location("_zinf_torch", path)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+        except ImportError as e:
+            if wanted:
+                raise ImportError("zinf.torch: ZINF_TORCH_EXTENSION=%s does not load: %s" % (wanted, e)) from e
+            failures.append("%s does not load: %s" % (path, e))
+            continue
+        _EXTENSION = (module, None)
         return _EXTENSION
-    _EXTENSION = (module, None)
+    _EXTENSION = (None, "; ".join(failures))
     return _EXTENSION
 
 

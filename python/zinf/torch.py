@@ -46,8 +46,8 @@ torch.utils.checkpoint (reentrant or not) recomputes a unit module's forward
 in backward with its units fetched; HF's gradient_checkpointing_enable()
 works through it. The hooks' per-unit work is done by a core
 (zinf/_units.py): zinf's C++ extension module where it is built and loads
-(its gradient hooks and backward fetches never enter Python), else the same
-in Python.
+(each hook one call into it; its backward fetches never enter Python), else
+the same in Python.
 
 Devices. The engine runs where the model's parameters are when initialize()
 is called: a model on the CPU trains on zinf's host device, a model on a CUDA
@@ -476,6 +476,9 @@ class Engine(torch.nn.Module):
             p._zinf_engine = me
             p.data = torch.empty(0, dtype=p.dtype, device=self.device)
         self._core.add_unit(unit.index, name, [p for _, p in params], [list(s) for s in unit.shapes], frozen)
+        if not frozen:
+            for i, (_, p) in enumerate(params):
+                p.register_hook(self._core.grad_hook(unit.index, i))
         return unit
 
     def _materialize(self, p):
@@ -502,7 +505,9 @@ class Engine(torch.nn.Module):
         # engine alive (its forward then says the engine is closed).
         pre, post = self._core.module_hooks(um.id, weakref.ref(self))
         module.register_forward_pre_hook(pre, with_kwargs=True)
-        module.register_forward_hook(post)
+        # always_call: a forward that raises still takes the saved-tensor
+        # hooks off and releases the units.
+        module.register_forward_hook(post, always_call=True)
 
     # What the hooks do per unit (fetch, bind, gradients, saved tensors) is
     # the core's (zinf/_units.py): one call per hook.

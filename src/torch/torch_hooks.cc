@@ -4,10 +4,11 @@
 // its parameters, release and unbind them, copy each gradient into the
 // unit's fp32 buffer, report the unit, and at stage 3 keep the tensors
 // autograd saves as places in the unit's buffer) costs tens of
-// microseconds a unit in Python. Here it is plain C++: the gradient hooks
-// and the backward fetch are C++ autograd hooks that never enter Python,
-// and the module hooks and the saved-tensor hooks that torch calls through
-// Python make one call each into this module.
+// microseconds a unit in Python. Here it is plain C++: the fetch before a
+// module's backward is a C++ autograd hook that never enters Python, and
+// the hooks torch calls through Python (the module hooks, the saved-tensor
+// hooks and the gradient hooks, which must share the parameters' Python
+// hook list with a script's own) make one call each into this module.
 //
 // The state of each unit (fetched, bound where, its gradient buffer this
 // backward) lives in a Core, one per engine; python/zinf/torch.py keeps the
@@ -19,6 +20,7 @@
 // calling thread for the CPU, on the device's autograd thread for a GPU),
 // and the engine takes calls from one thread at a time, so the Core needs
 // no lock. The C++ hooks run without the GIL and touch no Python object.
+#include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/graph_task.h>
@@ -61,6 +63,21 @@ struct CallError : std::runtime_error {
 // zinf._capi.ZinfError, set by Core's constructor (a reference held for the
 // process: a static py::object would outlive the interpreter).
 PyObject* g_zinf_error = nullptr;
+
+// Throws `e` as zinf's ZinfError through torch's autograd engine (which
+// passes a Python error on to the caller of backward(); any other C++
+// exception becomes a RuntimeError there).
+[[noreturn]] void RaiseZinfError(const CallError& e) {
+  {
+    py::gil_scoped_acquire gil;
+    if (g_zinf_error == nullptr) throw e;
+    py::object value = py::handle(g_zinf_error)(e.code, e.what, e.message);
+    PyErr_SetObject(g_zinf_error, value.ptr());
+  }
+  python_error err;
+  err.persist();
+  throw err;
+}
 
 at::ScalarType scalar_type(int zinf_dtype) {
   switch (zinf_dtype) {
@@ -191,8 +208,7 @@ class Core : public std::enable_shared_from_this<Core> {
   }
 
   // A unit, in the engine's index order: its parameters and their shapes
-  // (the parameters themselves are empty between fetches); trainable ones
-  // get a gradient hook. Returns its index.
+  // (the parameters themselves are empty between fetches). Returns its index.
   int add_unit(int index, const std::string& name, const std::vector<at::Tensor>& params,
                const std::vector<std::vector<int64_t>>& shapes, bool frozen) {
     if (index != static_cast<int>(units_.size()))
@@ -216,15 +232,20 @@ class Core : public std::enable_shared_from_this<Core> {
       u.strides.push_back(std::move(stride));
     }
     units_.push_back(std::move(u));
-    if (!frozen) {
-      std::weak_ptr<Core> me = weak_from_this();
-      for (size_t i = 0; i < params.size(); ++i) {
-        params[i].register_hook([me, index, i](const at::TensorBase& grad) {
-          if (auto core = me.lock()) core->on_grad(index, i, grad);
-        });
-      }
-    }
     return index;
+  }
+
+  // The gradient hook of parameter i of unit u, for the engine to register
+  // with Tensor.register_hook: through torch's Python hooks, so that a
+  // script's own hooks on the parameter and zinf's both stay (a C++ hook and
+  // a Python one on the same tensor replace each other).
+  py::cpp_function grad_hook(int u, size_t i) {
+    Unit& x = unit(u);
+    if (x.frozen || i >= x.params.size()) throw std::out_of_range("zinf.torch: no trainable parameter there");
+    std::weak_ptr<Core> me = weak_from_this();
+    return py::cpp_function([me, u, i](const py::object& grad) {
+      if (auto core = me.lock()) core->on_grad(u, i, THPVariable_Unpack(grad.ptr()));
+    });
   }
 
   // A module whose forward needs some units. Returns its id.
@@ -249,8 +270,8 @@ class Core : public std::enable_shared_from_this<Core> {
     if (x.fetched) return;
     if (!handed_over_.empty()) flush();
     zinf_unit_pointers p{};
-    check(fetch_(engine_, x.index, stream_, &p), "fetch unit", x);
-    if (!cuda_) check(sync_(stream_), "fetch unit", x);  // torch computes on this thread
+    check(without_gil([&] { return fetch_(engine_, x.index, stream_, &p); }), "fetch unit", x);
+    if (!cuda_) check(without_gil([&] { return sync_(stream_); }), "fetch unit", x);  // torch computes on this thread
     uintptr_t data = reinterpret_cast<uintptr_t>(p.data);
     if (x.bound != data) {
       const Views& v = views(x, data, scalar_type(p.dtype), p.num_elems, p.tensors, p.num_tensors);
@@ -271,7 +292,7 @@ class Core : public std::enable_shared_from_this<Core> {
       for (at::Tensor& p : x.params) p.set_data(empty(p.scalar_type()));
       x.bound = 0;
     }
-    check(release_(engine_, x.index, stream_), "release unit", x);
+    check(without_gil([&] { return release_(engine_, x.index, stream_); }), "release unit", x);
     x.fetched = false;
   }
 
@@ -357,13 +378,13 @@ class Core : public std::enable_shared_from_this<Core> {
     const SavedInUnit& s = packed.cast<const SavedInUnit&>();
     fetch(s.unit);
     Unit& x = units_[s.unit];
-    const Views& v = views(x, x.base, x.dtype, x.num_elems, nullptr, 0);
-    if (v.dtype != s.dtype) {
+    if (x.dtype != s.dtype) {
       throw std::runtime_error("zinf.torch: unit '" + x.name + "' saved a " + c10::toString(s.dtype) +
-                               " tensor from its " + c10::toString(v.dtype) + " buffer");
+                               " tensor from its " + c10::toString(x.dtype) + " buffer");
     }
-    int64_t size = static_cast<int64_t>(c10::elementSize(v.dtype));
-    return py::cast(v.whole.as_strided(s.sizes, s.strides, v.whole.storage_offset() + s.offset / size));
+    at::Tensor whole = whole_buffer(x);
+    int64_t size = static_cast<int64_t>(c10::elementSize(x.dtype));
+    return py::cast(whole.as_strided(s.sizes, s.strides, whole.storage_offset() + s.offset / size));
   }
 
   // The forward pre-hook and forward hook of unit module m, as nn.Module
@@ -498,7 +519,11 @@ class Core : public std::enable_shared_from_this<Core> {
       if (auto c = core.lock()) {
         ++c->counts_.backward_fetches;
         CpuTimer timer(c->timing_ ? &c->times_[kBackwardFetch] : nullptr, c->lib_seconds_);
-        c->fetch_module(m);
+        try {
+          c->fetch_module(m);
+        } catch (const CallError& e) {
+          RaiseZinfError(e);
+        }
       }
       return grads;
     }
@@ -532,6 +557,17 @@ class Core : public std::enable_shared_from_this<Core> {
     return modules_[m];
   }
 
+  // Runs a library call without the GIL where this thread holds it (as
+  // ctypes calls it): other Python threads go on while the engine works.
+  template <typename Call>
+  static int without_gil(Call call) {
+    if (!Py_IsInitialized() || !PyGILState_Check()) return call();
+    PyThreadState* state = PyEval_SaveThread();
+    int rc = call();
+    PyEval_RestoreThread(state);
+    return rc;
+  }
+
   void check(int rc, const char* what, const Unit& x) {
     if (rc == ZINF_OK) return;
     const char* name = status_name_(rc);
@@ -546,15 +582,24 @@ class Core : public std::enable_shared_from_this<Core> {
     return empties_.back();
   }
 
-  // Tensors over a unit's buffer at `data` (no copy), cached by address:
-  // with `tensors`, also each parameter's view at its address.
+  // A tensor over the whole of the unit's fetched buffer: the cached one, or
+  // a new one (not cached: it has no parameter views).
+  at::Tensor whole_buffer(const Unit& x) const {
+    for (const Views& v : x.views) {
+      if (v.data == x.base && v.dtype == x.dtype && v.num_elems == x.num_elems) return v.whole;
+    }
+    return at::from_blob(reinterpret_cast<void*>(x.base), {x.num_elems},
+                         at::TensorOptions().dtype(x.dtype).device(device_));
+  }
+
+  // Tensors over a unit's buffer at `data` (no copy) and each parameter's
+  // view at its address in `tensors`, cached by address.
   const Views& views(Unit& x, uintptr_t data, at::ScalarType dtype, int64_t num_elems, void* const* tensors,
                      size_t num_tensors) {
     for (const Views& v : x.views) {
-      if (v.data == data && v.dtype == dtype && v.num_elems == num_elems && (tensors == nullptr || !v.params.empty()))
-        return v;
+      if (v.data == data && v.dtype == dtype && v.num_elems == num_elems) return v;
     }
-    if (tensors != nullptr && num_tensors != x.params.size()) {
+    if (num_tensors != x.params.size()) {
       throw std::runtime_error("zinf.torch: the engine handed out " + std::to_string(num_tensors) +
                                " tensors for unit '" + x.name + "' of " + std::to_string(x.params.size()));
     }
@@ -565,14 +610,12 @@ class Core : public std::enable_shared_from_this<Core> {
     v.whole = num_elems > 0 ? at::from_blob(reinterpret_cast<void*>(data), {num_elems},
                                             at::TensorOptions().dtype(dtype).device(device_))
                             : at::empty({0}, at::TensorOptions().dtype(dtype).device(device_));
-    if (tensors != nullptr) {
-      int64_t size = static_cast<int64_t>(c10::elementSize(dtype));
-      for (size_t i = 0; i < x.params.size(); ++i) {
-        int64_t offset =
-            x.numels[i] > 0 ? static_cast<int64_t>(reinterpret_cast<uintptr_t>(tensors[i]) - data) / size : 0;
-        v.params.push_back(x.numels[i] > 0 ? v.whole.as_strided(x.shapes[i], x.strides[i], offset)
-                                           : at::empty(x.shapes[i], at::TensorOptions().dtype(dtype).device(device_)));
-      }
+    int64_t size = static_cast<int64_t>(c10::elementSize(dtype));
+    for (size_t i = 0; i < x.params.size(); ++i) {
+      int64_t offset =
+          x.numels[i] > 0 ? static_cast<int64_t>(reinterpret_cast<uintptr_t>(tensors[i]) - data) / size : 0;
+      v.params.push_back(x.numels[i] > 0 ? v.whole.as_strided(x.shapes[i], x.strides[i], offset)
+                                         : at::empty(x.shapes[i], at::TensorOptions().dtype(dtype).device(device_)));
     }
     if (x.views.size() >= kViewCache) x.views.erase(x.views.begin());
     x.views.push_back(std::move(v));
@@ -581,8 +624,10 @@ class Core : public std::enable_shared_from_this<Core> {
 
   void grad_buffers(Unit& x) {
     zinf_unit_pointers p{};
-    check(grad_buffers_(engine_, x.index, &p), "gradient buffers of unit", x);
-    if (!cuda_) check(sync_(stream_), "gradient buffers of unit", x);  // on a GPU the copies are on the stream
+    check(without_gil([&] { return grad_buffers_(engine_, x.index, &p); }), "gradient buffers of unit", x);
+    if (!cuda_)
+      check(without_gil([&] { return sync_(stream_); }), "gradient buffers of unit",
+            x);  // on a GPU the copies are on the stream
     const Views& v =
         views(x, reinterpret_cast<uintptr_t>(p.data), scalar_type(p.dtype), p.num_elems, p.tensors, p.num_tensors);
     x.grad_views = v.params;
@@ -594,7 +639,7 @@ class Core : public std::enable_shared_from_this<Core> {
     for (size_t i = 0; i < x.grad_views.size(); ++i) {
       if (!x.received[i]) x.grad_views[i].zero_();  // the buffer is overwritten each micro-step
     }
-    check(grads_ready_(engine_, x.index, stream_), "gradients of unit", x);
+    check(without_gil([&] { return grads_ready_(engine_, x.index, stream_); }), "gradients of unit", x);
     x.grad_views.clear();
     x.received.clear();
     x.reported = true;
@@ -645,7 +690,7 @@ class Core : public std::enable_shared_from_this<Core> {
 
 PYBIND11_MODULE(_zinf_torch, m) {
   m.doc() = "zinf.torch's per-unit work (fetch, bind, gradients, saved tensors) in C++";
-  py::register_exception_translator([](std::exception_ptr e) {
+  py::register_local_exception_translator([](std::exception_ptr e) {
     try {
       if (e) std::rethrow_exception(e);
     } catch (const CallError& err) {
@@ -658,6 +703,7 @@ PYBIND11_MODULE(_zinf_torch, m) {
   py::class_<Core, std::shared_ptr<Core>>(m, "Core")
       .def(py::init<const py::dict&, uintptr_t, uintptr_t, bool, const std::string&, py::object>())
       .def("add_unit", &Core::add_unit)
+      .def("grad_hook", &Core::grad_hook)
       .def("add_module", &Core::add_module)
       .def("set_persistent", &Core::set_persistent)
       .def("fetched", &Core::fetched)

@@ -7,8 +7,10 @@ again for backward). The model covers the cores' rare paths: a block with a
 frozen unit (released after its backward), a block returning a tuple (the
 Python slow path of the forward hook), a block under
 torch.utils.checkpoint (its hooks already on), and a parameter that gets no
-gradient (reported with zeros). Also: the model of a closed engine refuses
-to run, and with $ZINF_TORCH_EXTENSION set the C++ core is the one used.
+gradient (reported with zeros), and a script's own gradient hooks made
+before and after initialize() (both fire, beside zinf's). Also: the model
+of a closed engine refuses to run, and with $ZINF_TORCH_EXTENSION set the
+C++ core is the one used.
 
 usage: test_units_core.py [--build-ext DIR] [--cuda]
   (ZINF_LIBRARY, PYTHONPATH as the other tests; ZINF_TORCH_EXTENSION: the
@@ -90,7 +92,12 @@ def train(stage, native):
     try:
         torch.manual_seed(0)
         model = Net().to(DEVICE)
+        # A script's own gradient hooks, one made before initialize() and one
+        # after: both fire every micro-step, beside zinf's.
+        seen = {"before": 0, "after": 0}
+        model.blocks[0].a.weight.register_hook(lambda g: seen.__setitem__("before", seen["before"] + 1))
         engine = zinf.torch.initialize(model, config(stage))
+        model.blocks[4].b.weight.register_hook(lambda g: seen.__setitem__("after", seen["after"] + 1))
     finally:
         _units.extension = saved
     is_native = not isinstance(engine._core, _units.PyCore)
@@ -102,6 +109,7 @@ def train(stage, native):
         engine.backward(loss)
         engine.step()
         losses.append(loss.item())
+    assert seen == {"before": 6, "after": 6}, "the script's gradient hooks fired %s times in 6 micro-steps" % seen
     weights = {k: v.clone() for k, v in model.state_dict().items()}
     counts = engine._core.counts()
     engine.close()
