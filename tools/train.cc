@@ -39,6 +39,18 @@ Status TrainRun::Fail(const Status& cause, const std::string& what) {
 
 Status TrainRun::Check(const Status& s, const std::string& what) { return s.ok() ? Status::Ok() : Fail(s, what); }
 
+// Every rank reaches this barrier after its last phase that the ranks share,
+// and leaves only when all have: a rank that failed after the last
+// collective (reading the trained weights, say) has told the others
+// (Fail), and they stop with its cause instead of ending well. Rank 0's own
+// report (the sample, the exports) comes after, on rank 0 alone: the others
+// need not wait for it against the collectives' deadline.
+Status TrainRun::Finish() {
+  if (!comm || comm->size() <= 1) return Status::Ok();
+  ZINF_RETURN_IF_ERROR(Check(comm->Barrier(*stream), "the closing barrier"));
+  return Check(stream->Synchronize(), "the closing barrier");
+}
+
 Status TrainRun::Compute(const std::string& what, const std::function<Status()>& enqueue) {
   return engine->Trace(*stream, "compute", what, enqueue);
 }
@@ -58,6 +70,7 @@ Status Run(const TrainOptions& opt) {
   ZINF_RETURN_IF_ERROR(Train(run));
   ZINF_ASSIGN_OR_RETURN(const double validation_loss, Validate(run));
   ZINF_ASSIGN_OR_RETURN(const TrainedWeights weights, ReadTrainedWeights(run));
+  ZINF_RETURN_IF_ERROR(run.Finish());
   if (!run.talk) return Status::Ok();
   return Report(run, validation_loss, weights);
 }

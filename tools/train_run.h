@@ -122,6 +122,9 @@ struct TrainRun {
     if (!r.ok()) return Fail(r.status(), what);
     return r;
   }
+  // The ranks' closing agreement (tools/train.cc): OK once every rank got
+  // here; a rank that stopped before is named with its cause.
+  Status Finish();
   // Engine::Trace on the compute lane of the run's stream.
   Status Compute(const std::string& what, const std::function<Status()>& enqueue);
 
