@@ -388,7 +388,8 @@ class PyCore:
         whole = got[0] if got is not None else _unit_views(unit, unit.base, None, unit.num_elems, unit.dtype,
                                                            self._device, self._arena)[0]
         if whole.dtype != dtype:
-            raise RuntimeError("zinf.torch: unit '%s' saved a %s tensor from its %s buffer" % (unit.name, dtype, whole.dtype))
+            raise RuntimeError("zinf.torch: unit '%s' saved a %s tensor from its %s buffer"
+                               % (unit.name, dtype, whole.dtype))
         return torch.as_strided(whole, shape, stride, whole.storage_offset() + offset // whole.element_size())
 
     def _grad_buffers(self, unit):
@@ -468,6 +469,17 @@ class PyCore:
         return dict(self._counts)
 
     def close(self):
+        """Before the engine goes: parameters bound to its memory (stages
+        0-2, or a unit fetched now) keep their values in torch's own memory;
+        the others stay empty."""
+        if self._engine is not None and any(unit.bound is not None for unit in self._units):
+            self._lib.zinf_stream_synchronize(self._stream)  # its last writes in; an error here stays the stream's
+            with torch.no_grad():
+                for unit in self._units:
+                    if unit.bound is not None:
+                        for p in unit.params:
+                            p.data = p.data.clone()
+                        unit.bound = None
         self._engine = None  # the model's hooks refuse to run from now on
         self._handed_over = []
         for unit in self._units:

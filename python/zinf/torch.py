@@ -966,6 +966,10 @@ class Engine(torch.nn.Module):
         return True
 
     def close(self):
+        """Frees the engine (its memory, files and ranks). The model stays: at
+        stages 0-2 its parameters keep their last values, copied into torch's
+        own memory; at stage 3 they are empty (read the weights first:
+        state_dict(), save_16bit_model()). Its forward refuses to run."""
         L = _capi.lib()
         if self.__dict__.get("_engine"):
             core = self.__dict__.get("_core")

@@ -360,9 +360,9 @@ class Core : public std::enable_shared_from_this<Core> {
     if (t.is_cuda() != cuda_ || t.numel() == 0) return obj;
     uintptr_t start = reinterpret_cast<uintptr_t>(t.data_ptr());
     for (int u : module(m).units) {
-      Unit& x = units_[u];
-      uintptr_t bytes = static_cast<uintptr_t>(x.num_elems) * c10::elementSize(x.dtype);
-      if (x.fetched && x.base <= start && start < x.base + bytes) {
+      const Unit& x = units_[u];
+      if (!x.fetched || start < x.base) continue;
+      if (start < x.base + static_cast<uintptr_t>(x.num_elems) * c10::elementSize(x.dtype)) {
         return py::cast(
             SavedInUnit{u, static_cast<int64_t>(start - x.base), t.sizes().vec(), t.strides().vec(), t.scalar_type()});
       }
@@ -481,7 +481,20 @@ class Core : public std::enable_shared_from_this<Core> {
   // Drops the parameters and every tensor over the engine's memory (the
   // engine is about to be destroyed); the hooks left on the parameters do
   // nothing once the Core is gone.
+  // Before the engine goes: parameters bound to its memory (stages 0-2, or
+  // a unit fetched now) keep their values in torch's own memory; the others
+  // stay empty.
   void close() {
+    bool bound = false;
+    for (const Unit& x : units_) bound = bound || x.bound != 0;
+    if (bound && !closed_) {
+      without_gil([&] { return sync_(stream_); });  // its last writes in; an error here stays the stream's
+      for (Unit& x : units_) {
+        if (!x.bound) continue;
+        for (at::Tensor& p : x.params) p.set_data(p.detach().clone());
+        x.bound = 0;
+      }
+    }
     handed_over_.clear();
     for (Unit& x : units_) {
       x.views.clear();

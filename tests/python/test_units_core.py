@@ -9,7 +9,8 @@ Python slow path of the forward hook), a block under
 torch.utils.checkpoint (its hooks already on), and a parameter that gets no
 gradient (reported with zeros), and a script's own gradient hooks made
 before and after initialize() (both fire, beside zinf's). Also: the model
-of a closed engine refuses to run, and with $ZINF_TORCH_EXTENSION set the
+of a closed engine refuses to run and keeps its trained weights in torch's
+own memory (stage 0; stage 3: empty), and with $ZINF_TORCH_EXTENSION set the
 C++ core is the one used.
 
 usage: test_units_core.py [--build-ext DIR] [--cuda]
@@ -119,7 +120,29 @@ def train(stage, native):
         assert "closed" in str(e), str(e)
     else:
         raise AssertionError("the model of a closed engine ran (%s core)" % ("C++" if native else "Python"))
+    check_closed_params(model, weights, stage, native)
     return losses, weights, counts
+
+
+def check_closed_params(model, weights, stage, native):
+    """After close(), parameters that were bound to the engine's memory
+    (stage 0) hold their trained values in torch's own memory, still after
+    another engine has trained in memory the closed one freed; at stage 3
+    they are empty (the units were released)."""
+    core = "C++" if native else "Python"
+    torch.manual_seed(2)
+    other = Net().to(DEVICE)
+    engine = zinf.torch.initialize(other, config(stage))
+    for _ in range(2):
+        engine.backward(engine(torch.randn(4, D, device=DEVICE)))
+        engine.step()
+    for name, p in model.named_parameters():
+        if stage == 3:
+            assert p.numel() == 0, "stage 3, %s core: %s holds %s after close" % (core, name, tuple(p.shape))
+        else:
+            assert torch.equal(p.detach(), weights[name]), (
+                "stage %d, %s core: %s changed after close, once another engine trained" % (stage, core, name))
+    engine.close()
 
 
 def main():
