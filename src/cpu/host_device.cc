@@ -105,10 +105,21 @@ class CopyEngine {
     cv_.notify_all();
     thread_.join();
   }
-  // Blocks the calling stream thread until the copy is done.
+  // Blocks the calling stream thread until the copy is done. An idle engine
+  // (no copy running or queued) lets the caller move the bytes itself, in
+  // the engine's turn: copies stay one at a time, without a hand-off.
   void Copy(void* dst, const void* src, uint64_t bytes, bool is_memset, int byte) {
     Job job{dst, src, bytes, is_memset, byte};
     std::unique_lock<std::mutex> lock(mu_);
+    if (!busy_ && jobs_.empty()) {
+      busy_ = true;
+      lock.unlock();
+      Move(job);
+      lock.lock();
+      busy_ = false;
+      cv_.notify_all();
+      return;
+    }
     jobs_.push_back(&job);
     cv_.notify_all();
     done_cv_.wait(lock, [&] { return job.done; });
@@ -123,22 +134,27 @@ class CopyEngine {
     int byte;
     bool done = false;
   };
+  static void Move(const Job& job) {
+    if (job.bytes == 0) {
+      // nothing to move (and memmove with a null pointer is undefined even then)
+    } else if (job.is_memset) {
+      std::memset(job.dst, job.byte, job.bytes);
+    } else {
+      std::memmove(job.dst, job.src, job.bytes);
+    }
+  }
   void Loop() {
     std::unique_lock<std::mutex> lock(mu_);
     for (;;) {
-      cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
+      cv_.wait(lock, [&] { return !busy_ && (stop_ || !jobs_.empty()); });
       if (jobs_.empty()) return;
       Job* job = jobs_.front();
       jobs_.pop_front();
+      busy_ = true;
       lock.unlock();
-      if (job->bytes == 0) {
-        // nothing to move (and memmove with a null pointer is undefined even then)
-      } else if (job->is_memset) {
-        std::memset(job->dst, job->byte, job->bytes);
-      } else {
-        std::memmove(job->dst, job->src, job->bytes);
-      }
+      Move(*job);
       lock.lock();
+      busy_ = false;
       job->done = true;
       done_cv_.notify_all();
     }
@@ -146,6 +162,7 @@ class CopyEngine {
   std::mutex mu_;
   std::condition_variable cv_, done_cv_;
   std::deque<Job*> jobs_;
+  bool busy_ = false;  // a copy is running (on the engine's thread or its caller's)
   bool stop_ = false;
   std::thread thread_;
 };
@@ -305,12 +322,18 @@ class HostStream : public Stream {
   }
   void EnqueueCopy(StreamTask op) { Push(Op{Op::kCopy, std::move(op), nullptr, 0}); }
   Status Wait(Event& event) override;
+  // A host thread that waits runs the operations still queued itself, one
+  // at a time, whenever the stream's own thread is not in one: the wait
+  // then costs no hand-off to a thread that has yet to wake, and the
+  // operations run on the core that reads their results next. Order is
+  // kept: one operation runs at a time, in queue order, whoever runs it.
   Status Synchronize() override {
     std::unique_lock<std::mutex> lock(mu_);
     uint64_t target = submitted_;
     if (completed_ < target && !t_device_thread) {
       device_->waits().blocking.fetch_add(1);
       device_->waits().draining.fetch_add(1);
+      while (completed_ < target && !busy_ && !ops_.empty()) RunNext(lock);
     }
     done_cv_.wait(lock, [&] { return completed_ >= target; });
     return sticky_;
@@ -338,57 +361,78 @@ class HostStream : public Stream {
     uint64_t gen;
   };
 
+  // The stream's thread is woken when the queue stops being empty (and by
+  // RunNext when an operation ends): a burst of operations wakes it once.
   uint64_t Push(Op op) {
     uint64_t n;
+    bool wake;
     {
       std::lock_guard<std::mutex> lock(mu_);
+      wake = ops_.empty();
       ops_.push_back(std::move(op));
       n = ++submitted_;
       submitted_count_->store(n);
     }
-    cv_.notify_all();
+    if (wake) cv_.notify_all();
     return n;
   }
 
   void Loop() {
     std::unique_lock<std::mutex> lock(mu_);
     for (;;) {
-      cv_.wait(lock, [&] { return stop_ || !ops_.empty(); });
+      cv_.wait(lock, [&] { return !busy_ && (stop_ || !ops_.empty()); });
       if (ops_.empty()) return;
-      Op op = std::move(ops_.front());
-      ops_.pop_front();
-      bool failed = !sticky_.ok();
-      lock.unlock();
-      if (device_->options().checking) {
-        // 0-2 ms before every operation: an ordering that only holds by luck fails here.
-        std::this_thread::sleep_for(std::chrono::microseconds(rng_() % 2001));
-      }
-      Status st;
-      switch (op.kind) {
-        case Op::kTask:
-          if (failed) break;  // after an error, later tasks and copies are skipped
-          if (device_->options().serialize_tasks) {
-            std::lock_guard<std::mutex> one_at_a_time(device_->task_mu());
-            st = op.task(context_);
-          } else {
-            st = op.task(context_);
-          }
-          break;
-        case Op::kCopy:
-          if (!failed) st = op.task(context_);
-          break;
-        case Op::kSignal:
-          op.event->Complete(op.gen);  // events still complete, so waiters never hang
-          break;
-        case Op::kWait:
-          op.event->WaitFor(op.gen);
-          break;
-      }
-      lock.lock();
-      if (!st.ok() && sticky_.ok()) sticky_ = std::move(st);
-      ++completed_;
-      done_cv_.notify_all();
+      RunNext(lock);
     }
+  }
+
+  // Runs the queue's first operation on the calling thread (`lock` held on
+  // entry and exit, released while it runs), as a device thread.
+  void RunNext(std::unique_lock<std::mutex>& lock) {
+    Op op = std::move(ops_.front());
+    ops_.pop_front();
+    busy_ = true;
+    const bool failed = !sticky_.ok();
+    lock.unlock();
+    const bool was_device_thread = t_device_thread;
+    t_device_thread = true;
+    Status st = Run(op, failed);
+    t_device_thread = was_device_thread;
+    lock.lock();
+    if (!st.ok() && sticky_.ok()) sticky_ = std::move(st);
+    ++completed_;
+    busy_ = false;
+    done_cv_.notify_all();
+    cv_.notify_all();  // the stream's thread, if it waits for its turn
+  }
+
+  Status Run(Op& op, bool failed) {
+    if (device_->options().checking) {
+      // 0-2 ms before every operation: an ordering that only holds by luck fails here.
+      std::this_thread::sleep_for(std::chrono::microseconds(rng_() % 2001));
+    }
+    Status st;
+    switch (op.kind) {
+      case Op::kTask:
+        if (failed) break;  // after an error, later tasks and copies are skipped
+        if (device_->options().serialize_tasks) {
+          std::lock_guard<std::mutex> one_at_a_time(device_->task_mu());
+          st = op.task(context_);
+        } else {
+          st = op.task(context_);
+        }
+        break;
+      case Op::kCopy:
+        if (!failed) st = op.task(context_);
+        break;
+      case Op::kSignal:
+        op.event->Complete(op.gen);  // events still complete, so waiters never hang
+        break;
+      case Op::kWait:
+        op.event->WaitFor(op.gen);
+        break;
+    }
+    return st;
   }
 
   HostDevice* device_;
@@ -401,6 +445,7 @@ class HostStream : public Stream {
   uint64_t submitted_ = 0, completed_ = 0;
   std::shared_ptr<std::atomic<uint64_t>> submitted_count_ = std::make_shared<std::atomic<uint64_t>>(0);
   Status sticky_;
+  bool busy_ = false;  // an operation is running (on the stream's thread or a waiting host thread)
   bool stop_ = false;
   std::thread thread_;
 };

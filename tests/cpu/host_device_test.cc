@@ -83,6 +83,49 @@ TEST(HostDeviceTest, WithoutCheckingDevicePointersAreHostPointers) {
   EXPECT_EQ(*p, 7);
 }
 
+// A host thread in Synchronize runs queued operations itself while the
+// stream's thread is between operations, and copies run on their caller's
+// thread while the copy engine is idle: whoever runs them, operations keep
+// their order and copies see the tasks before them. Rounds of a task that
+// writes device memory, a copy back, and a task that checks the copy,
+// synchronized at varying depths (so that the host and the stream's thread
+// race for the queue), also under checking mode's random delays.
+TEST(HostDeviceTest, WaitingHostThreadsRunQueuedWorkInOrder) {
+  for (bool checking : {false, true}) {
+    DeviceOptions o;
+    o.spec = "cpu";
+    o.memory_budget = 1 << 20;
+    o.checking = checking;
+    auto device = std::move(CreateHostDevice(o)).value();
+    auto s = std::move(device->CreateStream()).value();
+    const int rounds = checking ? 60 : 2000;
+    int* d = static_cast<int*>(*device->Allocate(sizeof(int), *s));
+    std::vector<int> back(rounds, -1), order;
+    std::vector<std::string> wrong;
+    for (int r = 0; r < rounds; ++r) {
+      ASSERT_TRUE(s->Enqueue([d, r](const StreamContext& ctx) {
+                     *static_cast<int*>(ctx.Host(d)) = r;
+                     return Status::Ok();
+                   }).ok());
+      ASSERT_TRUE(device->CopyToHost(&back[r], d, sizeof(int), *s).ok());
+      ASSERT_TRUE(s->Enqueue([&, r](const StreamContext&) {
+                     order.push_back(r);
+                     if (back[r] != r) wrong.push_back(std::to_string(r) + ": " + std::to_string(back[r]));
+                     return Status::Ok();
+                   }).ok());
+      if (r % (1 + r % 5) == 0) {
+        ASSERT_TRUE(s->Synchronize().ok());
+      }
+    }
+    ASSERT_TRUE(s->Synchronize().ok());
+    EXPECT_TRUE(wrong.empty()) << "checking " << checking << ", first wrong copy " << wrong.front();
+    ASSERT_EQ(order.size(), static_cast<size_t>(rounds));
+    for (int r = 0; r < rounds; ++r) ASSERT_EQ(order[r], r) << "checking " << checking;
+    ASSERT_TRUE(device->Free(d, *s).ok());
+    ASSERT_TRUE(s->Synchronize().ok());
+  }
+}
+
 // serialize_tasks: tasks of different streams never run at once, while a
 // copy on another stream still overlaps a running task (copies are not host
 // functions on a GPU either).
