@@ -4,7 +4,11 @@
 // "Device memory" is one budgeted host reservation (mmap), sub-allocated by
 // DeviceAllocator. Each stream is a worker thread running its work in FIFO
 // order; copies are handed to one copy-engine thread, so they overlap compute
-// on other streams as DMA does. Events are generation counters.
+// on other streams as DMA does. Events are generation counters. Fewer
+// hand-offs: a host thread waiting on a stream runs the operations still
+// queued itself while the worker is between operations, and a copy runs on
+// its caller's thread while the copy engine is idle (still one operation at
+// a time per stream, one copy at a time per device, in order).
 //
 // Checking mode (on in tests) makes the CPU catch what would break on a GPU:
 // device pointers carry a tag bit that makes them non-canonical, so host code
