@@ -15,7 +15,7 @@ each unit's state between hooks):
 
 The interface, units by the engine's index, unit modules by add_module's id:
   add_unit(index, name, params, shapes, frozen)
-  grad_hook(u, i) -> hook          parameter i's gradient hook, for Tensor.register_hook
+  watch_grads(u)                   take u's gradients (a pre-hook on each parameter's accumulator)
   add_module(units) -> id          a module whose forward needs these units
   module_hooks(m, engine) -> (pre, post)  its forward pre-hook and forward hook
   set_persistent(u, flag), set_module_persistent(m, flag)  buffers stay put (stages 0-2)
@@ -123,6 +123,11 @@ class _Unit:
         self.received = None  # which of them got their gradient, this backward
         self.pending = 0  # parameters whose gradient has not arrived yet
         self.reported = False  # grads_ready called this backward
+        # Each parameter's gradient accumulator (torch's AccumulateGrad
+        # node), with zinf's pre-hook on it, once the unit is bound with its
+        # gradients watched; held so that the node outlives each backward.
+        self.watched = False
+        self.accumulators = []
         # What zinf_engine_fetch and zinf_engine_grad_buffers fill, made once.
         self.fetch_ptrs = _capi.UnitPointers()
         self.fetch_ref = ctypes.byref(self.fetch_ptrs)
@@ -208,10 +213,31 @@ class PyCore:
         self._units.append(_Unit(index, name, params, shapes, frozen))
         return index
 
-    def grad_hook(self, u, i):
-        # A partial, not a closure: torch calls it with the gradient straight
-        # into _on_grad, one Python frame per parameter.
-        return functools.partial(self._on_grad, self._units[u], i)
+    def watch_grads(self, u):
+        unit = self._units[u]
+        if unit.frozen:
+            raise ValueError("zinf.torch: unit '%s' is frozen" % unit.name)
+        unit.watched = True
+        unit.accumulators = [None] * len(unit.params)
+        if unit.bound is not None:
+            self._attach_grad_hooks(unit)
+
+    def _attach_grad_hooks(self, unit):
+        """A pre-hook on each bound parameter's gradient accumulator: zinf
+        takes the gradient torch would accumulate, after the script's own
+        tensor hooks. Attached once bound (an accumulator made while the
+        parameter is empty would expect an empty gradient), again when torch
+        made a new one (a new type or device)."""
+        for i, p in enumerate(unit.params):
+            with torch.enable_grad():
+                acc = p.view_as(p).grad_fn.next_functions[0][0]
+            if acc is not unit.accumulators[i]:
+                acc.register_prehook(functools.partial(self._on_accumulate, unit, i))
+                unit.accumulators[i] = acc
+
+    def _on_accumulate(self, unit, index, grads):
+        if grads[0] is not None:
+            self._on_grad(unit, index, grads[0])
 
     def add_module(self, units):
         self._modules.append(_Module([self._units[u] for u in units]))
@@ -309,6 +335,8 @@ class PyCore:
             for p, v in zip(unit.params, views):
                 p.data = v
             unit.bound = ptrs.data
+            if unit.watched:
+                self._attach_grad_hooks(unit)
             unit.base, unit.dtype = ptrs.data, ptrs.dtype
             unit.bytes = ptrs.num_elems * ctypes.sizeof(_CTYPE[ptrs.dtype])
             unit.num_elems = ptrs.num_elems

@@ -65,6 +65,7 @@ batches and the engine reduces the gradients across ranks. A launcher that
 started processes zinf's communicator did not join (torchrun) is refused.
 """
 import ctypes
+import functools
 import json
 import math
 import os
@@ -477,8 +478,7 @@ class Engine(torch.nn.Module):
             p.data = torch.empty(0, dtype=p.dtype, device=self.device)
         self._core.add_unit(unit.index, name, [p for _, p in params], [list(s) for s in unit.shapes], frozen)
         if not frozen:
-            for i, (_, p) in enumerate(params):
-                p.register_hook(self._core.grad_hook(unit.index, i))
+            self._core.watch_grads(unit.index)
         return unit
 
     def _materialize(self, p):
@@ -504,10 +504,30 @@ class Engine(torch.nn.Module):
         # The hooks hold the engine weakly: a model does not keep a dropped
         # engine alive (its forward then says the engine is closed).
         pre, post = self._core.module_hooks(um.id, weakref.ref(self))
-        module.register_forward_pre_hook(pre, with_kwargs=True)
-        # always_call: a forward that raises still takes the saved-tensor
-        # hooks off and releases the units.
-        module.register_forward_hook(post, always_call=True)
+        if "forward" in vars(module):  # its forward is wrapped already: hooks, which keep that wrapper as it is
+            module.register_forward_pre_hook(pre, with_kwargs=True)
+            # always_call: a forward that raises still takes the saved-tensor
+            # hooks off and releases the units.
+            module.register_forward_hook(post, always_call=True)
+            return
+        # The same two hooks around the module's own forward, in an instance
+        # attribute: nn.Module calls a module without hooks straight, and its
+        # Python that runs hooks costs more than zinf's work for a small
+        # unit. The script's own hooks on the module still run, outside these.
+        forward = module.forward
+
+        @functools.wraps(forward)
+        def zinf_forward(*args, **kwargs):
+            changed = pre(module, args, kwargs)
+            if changed is not None:
+                args, kwargs = changed
+            output = None
+            try:
+                output = forward(*args, **kwargs)
+            finally:  # a forward that raises still takes the saved-tensor hooks off and releases the units
+                changed = post(module, args, output)
+            return output if changed is None else changed
+        module.forward = zinf_forward
 
     # What the hooks do per unit (fetch, bind, gradients, saved tensors) is
     # the core's (zinf/_units.py): one call per hook.

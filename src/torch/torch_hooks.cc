@@ -5,10 +5,10 @@
 // unit's fp32 buffer, report the unit, and at stage 3 keep the tensors
 // autograd saves as places in the unit's buffer) costs tens of
 // microseconds a unit in Python. Here it is plain C++: the fetch before a
-// module's backward is a C++ autograd hook that never enters Python, and
-// the hooks torch calls through Python (the module hooks, the saved-tensor
-// hooks and the gradient hooks, which must share the parameters' Python
-// hook list with a script's own) make one call each into this module.
+// module's backward and the gradient hooks (pre-hooks on the parameters'
+// gradient accumulators) are C++ autograd hooks that never enter Python,
+// and the hooks torch calls through Python (the module's forward wrapper
+// and the saved-tensor hooks) make one call each into this module.
 //
 // The state of each unit (fetched, bound where, its gradient buffer this
 // backward) lives in a Core, one per engine; python/zinf/torch.py keeps the
@@ -103,6 +103,26 @@ struct Views {
 
 constexpr size_t kViewCache = 8;  // buffers remembered per unit (stage 3 gathers a unit at many addresses)
 
+// A tensor autograd saved that lies in a unit's buffer, kept as its place.
+struct SavedInUnit {
+  int unit;
+  int64_t offset;  // bytes from the buffer's start
+  std::vector<int64_t> sizes, strides;
+  at::ScalarType dtype;
+};
+
+// A place in a unit's buffer that autograd saved, remembered so that the
+// same place (each forward saves the same few: a weight, its transpose)
+// packs into the same Python int and unpacks into the same view while the
+// unit is fetched at the same address.
+struct SavedPlace {
+  SavedInUnit where;
+  py::object key;           // what pack hands autograd: unit * kPlaces + slot
+  uintptr_t view_base = 0;  // the buffer `view` lies in (0: none yet)
+  at::Tensor view;
+};
+constexpr int64_t kPlaces = 64;  // remembered per unit; more are packed as SavedInUnit objects
+
 struct Unit {
   std::string name;
   int index = 0;  // the engine's
@@ -117,6 +137,12 @@ struct Unit {
   at::ScalarType dtype = at::kFloat;
   int64_t num_elems = 0;
   std::vector<Views> views;  // newest last
+  std::vector<SavedPlace> places;
+  // Each parameter's gradient accumulator (torch's AccumulateGrad node),
+  // held so that the node and the hook on it last across backwards; empty
+  // until the unit is first bound with its gradients watched.
+  bool watched = false;
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;
   // This backward's gradient buffer, which parameters got theirs, how many
   // have not, and whether the unit was reported.
   std::vector<at::Tensor> grad_views;
@@ -132,14 +158,6 @@ struct UnitModule {
   bool persistent = false;  // its units' buffers stay put: no saved-tensor hooks, no second fetch
   bool pushed = false;      // its saved-tensor hooks are on, this forward
   py::object pack, unpack;  // those hooks, made on first use
-};
-
-// A tensor autograd saved that lies in a unit's buffer, kept as its place.
-struct SavedInUnit {
-  int unit;
-  int64_t offset;  // bytes from the buffer's start
-  std::vector<int64_t> sizes, strides;
-  at::ScalarType dtype;
 };
 
 using SecondsFn = double (*)();
@@ -235,17 +253,17 @@ class Core : public std::enable_shared_from_this<Core> {
     return index;
   }
 
-  // The gradient hook of parameter i of unit u, for the engine to register
-  // with Tensor.register_hook: through torch's Python hooks, so that a
-  // script's own hooks on the parameter and zinf's both stay (a C++ hook and
-  // a Python one on the same tensor replace each other).
-  py::cpp_function grad_hook(int u, size_t i) {
+  // Watch the gradients of unit u's parameters: a C++ pre-hook on each
+  // parameter's gradient accumulator, attached when the unit is bound (an
+  // accumulator made while a parameter is empty would expect an empty
+  // gradient). It sees the gradient that torch would accumulate, after the
+  // script's own tensor hooks, and never enters Python.
+  void watch_grads(int u) {
     Unit& x = unit(u);
-    if (x.frozen || i >= x.params.size()) throw std::out_of_range("zinf.torch: no trainable parameter there");
-    std::weak_ptr<Core> me = weak_from_this();
-    return py::cpp_function([me, u, i](const py::object& grad) {
-      if (auto core = me.lock()) core->on_grad(u, i, THPVariable_Unpack(grad.ptr()));
-    });
+    if (x.frozen) throw std::invalid_argument("zinf.torch: unit '" + x.name + "' is frozen");
+    x.watched = true;
+    x.accumulators.assign(x.params.size(), nullptr);
+    if (x.bound != 0) attach_grad_hooks(x);
   }
 
   // A module whose forward needs some units. Returns its id.
@@ -277,6 +295,7 @@ class Core : public std::enable_shared_from_this<Core> {
       const Views& v = views(x, data, scalar_type(p.dtype), p.num_elems, p.tensors, p.num_tensors);
       for (size_t i = 0; i < x.params.size(); ++i) x.params[i].set_data(v.params[i]);
       x.bound = data;
+      if (x.watched) attach_grad_hooks(x);
       x.base = data;
       x.dtype = v.dtype;
       x.num_elems = p.num_elems;
@@ -363,19 +382,33 @@ class Core : public std::enable_shared_from_this<Core> {
       const Unit& x = units_[u];
       if (!x.fetched || start < x.base) continue;
       if (start < x.base + static_cast<uintptr_t>(x.num_elems) * c10::elementSize(x.dtype)) {
-        return py::cast(
-            SavedInUnit{u, static_cast<int64_t>(start - x.base), t.sizes().vec(), t.strides().vec(), t.scalar_type()});
+        return place(units_[u], static_cast<int64_t>(start - x.base), t);
       }
     }
     return obj;
   }
 
-  // saved_tensors_hooks' unpack: the place fetched again (maybe elsewhere).
-  py::object unpack(int m, const py::object& packed) {
-    ++counts_.unpacks;
-    CpuTimer timer(timing_ ? &times_[kUnpack] : nullptr, lib_seconds_);
-    if (!py::isinstance<SavedInUnit>(packed)) return packed;
-    const SavedInUnit& s = packed.cast<const SavedInUnit&>();
+  // What pack hands autograd for tensor t at `offset` bytes into unit x's
+  // buffer: the key of its remembered place, or a SavedInUnit when the
+  // unit has too many.
+  py::object place(Unit& x, int64_t offset, const at::Tensor& t) {
+    for (const SavedPlace& p : x.places) {
+      const SavedInUnit& w = p.where;
+      if (w.offset == offset && w.dtype == t.scalar_type() && t.sizes().equals(w.sizes) &&
+          t.strides().equals(w.strides))
+        return p.key;
+    }
+    SavedInUnit where{x.index, offset, t.sizes().vec(), t.strides().vec(), t.scalar_type()};
+    if (static_cast<int64_t>(x.places.size()) >= kPlaces) return py::cast(std::move(where));
+    SavedPlace p;
+    p.where = std::move(where);
+    p.key = py::int_(static_cast<int64_t>(x.index) * kPlaces + static_cast<int64_t>(x.places.size()));
+    x.places.push_back(std::move(p));
+    return x.places.back().key;
+  }
+
+  // The tensor at a saved place, its unit fetched (maybe elsewhere).
+  at::Tensor saved_view(const SavedInUnit& s) {
     fetch(s.unit);
     Unit& x = units_[s.unit];
     if (x.dtype != s.dtype) {
@@ -384,7 +417,29 @@ class Core : public std::enable_shared_from_this<Core> {
     }
     at::Tensor whole = whole_buffer(x);
     int64_t size = static_cast<int64_t>(c10::elementSize(x.dtype));
-    return py::cast(whole.as_strided(s.sizes, s.strides, whole.storage_offset() + s.offset / size));
+    return whole.as_strided(s.sizes, s.strides, whole.storage_offset() + s.offset / size);
+  }
+
+  // saved_tensors_hooks' unpack: the place fetched again (maybe elsewhere).
+  py::object unpack(int m, const py::object& packed) {
+    ++counts_.unpacks;
+    CpuTimer timer(timing_ ? &times_[kUnpack] : nullptr, lib_seconds_);
+    if (PyLong_CheckExact(packed.ptr())) {
+      int64_t key = packed.cast<int64_t>();
+      int64_t u = key / kPlaces, slot = key % kPlaces;
+      if (u < 0 || u >= static_cast<int64_t>(units_.size()) || slot >= static_cast<int64_t>(units_[u].places.size()))
+        throw std::runtime_error("zinf.torch: a saved tensor of a closed engine was used");
+      SavedPlace& p = units_[u].places[slot];
+      fetch(static_cast<int>(u));
+      const Unit& x = units_[u];
+      if (p.view_base != x.base || x.dtype != p.where.dtype || !p.view.defined()) {
+        p.view = saved_view(p.where);
+        p.view_base = x.base;
+      }
+      return py::cast(p.view);
+    }
+    if (!py::isinstance<SavedInUnit>(packed)) return packed;
+    return py::cast(saved_view(packed.cast<const SavedInUnit&>()));
   }
 
   // The forward pre-hook and forward hook of unit module m, as nn.Module
@@ -513,11 +568,15 @@ class Core : public std::enable_shared_from_this<Core> {
         mod.pack.release();
         mod.unpack.release();
       }
+      for (Unit& x : units_) {
+        for (SavedPlace& p : x.places) p.key.release();
+      }
       push_saved_hooks_.release();
       pop_saved_hooks_.release();
       return;
     }
     py::gil_scoped_acquire gil;
+    units_.clear();  // the places' keys
     modules_.clear();
     push_saved_hooks_ = py::object();
     pop_saved_hooks_ = py::object();
@@ -543,6 +602,38 @@ class Core : public std::enable_shared_from_this<Core> {
     std::weak_ptr<Core> core;
     int m;
   };
+
+  // Parameter i of unit u got its gradient (its accumulator is about to add
+  // it to .grad).
+  struct GradArrived : torch::autograd::FunctionPreHook {
+    GradArrived(std::weak_ptr<Core> core_, int u_, size_t i_) : core(std::move(core_)), u(u_), i(i_) {}
+    torch::autograd::variable_list operator()(const torch::autograd::variable_list& grads) override {
+      if (grads.empty() || !grads[0].defined()) return grads;
+      if (auto c = core.lock()) {
+        try {
+          c->on_grad(u, i, grads[0]);
+        } catch (const CallError& e) {
+          RaiseZinfError(e);
+        }
+      }
+      return grads;
+    }
+    std::weak_ptr<Core> core;
+    int u;
+    size_t i;
+  };
+
+  // The hooks on a bound unit's accumulators: torch keeps a parameter's
+  // accumulator while it lives, and makes a new one only when the
+  // parameter's type or device changes; a new one gets the hook too.
+  void attach_grad_hooks(Unit& x) {
+    for (size_t i = 0; i < x.params.size(); ++i) {
+      std::shared_ptr<torch::autograd::Node> acc = torch::autograd::impl::grad_accumulator(x.params[i]);
+      if (acc == nullptr || acc == x.accumulators[i]) continue;
+      acc->add_pre_hook(std::make_unique<GradArrived>(weak_from_this(), x.index, i));
+      x.accumulators[i] = std::move(acc);
+    }
+  }
 
   template <typename... Args>
   static py::object slow(const py::object& engine_ref, const char* method, Args&&... args) {
@@ -716,7 +807,7 @@ PYBIND11_MODULE(_zinf_torch, m) {
   py::class_<Core, std::shared_ptr<Core>>(m, "Core")
       .def(py::init<const py::dict&, uintptr_t, uintptr_t, bool, const std::string&, py::object>())
       .def("add_unit", &Core::add_unit)
-      .def("grad_hook", &Core::grad_hook)
+      .def("watch_grads", &Core::watch_grads)
       .def("add_module", &Core::add_module)
       .def("set_persistent", &Core::set_persistent)
       .def("fetched", &Core::fetched)

@@ -6,9 +6,11 @@ tensors are kept as places in the units' buffers and the units are fetched
 again for backward). The model covers the cores' rare paths: a block with a
 frozen unit (released after its backward), a block returning a tuple (the
 Python slow path of the forward hook), a block under
-torch.utils.checkpoint (its hooks already on), and a parameter that gets no
+torch.utils.checkpoint (its hooks already on), a block that saves more
+places in its buffer than the C++ core remembers, and a parameter that gets no
 gradient (reported with zeros), and a script's own gradient hooks made
-before and after initialize() (both fire, beside zinf's). Also: the model
+before and after initialize() (both fire, beside zinf's; one that changes
+the gradient changes what zinf trains with). Also: the model
 of a closed engine refuses to run and keeps its trained weights in torch's
 own memory (stage 0; stage 3: empty), and with $ZINF_TORCH_EXTENSION set the
 C++ core is the one used.
@@ -20,6 +22,8 @@ usage: test_units_core.py [--build-ext DIR] [--cuda]
   the build's) is the one tested. --cuda: the model on the GPU (skipped
   where torch sees none). Exits 77 (skipped) without torch or without the
   extension."""
+import functools
+import math
 import os
 import subprocess
 import sys
@@ -49,11 +53,18 @@ class Block(nn.Module):
         if kind == "frozen":
             self.frozen = nn.Linear(D, D)
             self.frozen.requires_grad_(False)
+        if kind == "sliced":  # saves 80 places in its unit's buffer, more than the C++ core remembers (64)
+            self.scale = nn.Parameter(torch.linspace(0.99, 1.01, 80))
 
     def body(self, x):
+        if getattr(self, "fail", False):
+            raise RuntimeError("block failed on purpose")
         h = torch.tanh(self.a(x))
         if self.kind == "frozen":
             h = h + self.frozen(h)
+        if self.kind == "sliced":
+            for i in range(self.scale.numel()):
+                h = h * self.scale[i:i + 1]
         return x + self.b(h)
 
     def forward(self, x):
@@ -65,7 +76,7 @@ class Net(nn.Module):
     def __init__(self):
         super().__init__()
         self.inp = nn.Linear(D, D)
-        self.blocks = nn.ModuleList([Block(k) for k in ("plain", "frozen", "tuple", "checkpointed", "plain")])
+        self.blocks = nn.ModuleList([Block(k) for k in ("plain", "frozen", "tuple", "checkpointed", "plain", "sliced")])
 
     def forward(self, x):
         x = self.inp(x)
@@ -145,6 +156,81 @@ def check_closed_params(model, weights, stage, native):
     engine.close()
 
 
+def check_hook_changes_gradient(stage, native):
+    """A script's gradient hook made after initialize() that returns a new
+    gradient (here zeros) changes what zinf trains with, as it changes what
+    torch would accumulate: zinf takes each gradient at the parameter's
+    accumulator, after the script's hooks. With zero gradients and no weight
+    decay, AdamW leaves the weight exactly as it was."""
+    saved = _units.extension
+    if not native:
+        _units.extension = lambda: (None, "ZINF_TORCH_EXTENSION=off")
+    try:
+        torch.manual_seed(0)
+        model = Net().to(DEVICE)
+        cfg = config(stage)
+        cfg["optimizer"]["params"]["weight_decay"] = 0.0
+        engine = zinf.torch.initialize(model, cfg)
+    finally:
+        _units.extension = saved
+    held, moved = "blocks.0.a.weight", "blocks.4.a.weight"
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    dict(model.named_parameters())[held].register_hook(torch.zeros_like)
+    for _ in range(4):
+        engine.backward(engine(torch.randn(4, D, device=DEVICE)))
+        engine.step()
+    after = model.state_dict()
+    core = "C++" if native else "Python"
+    assert torch.equal(after[held], before[held]), (
+        "stage %d, %s core: %s moved by %.3g although a hook zeroed its gradient"
+        % (stage, core, held, (after[held] - before[held]).abs().max().item()))
+    assert not torch.equal(after[moved], before[moved]), "stage %d, %s core: %s did not train" % (stage, core, moved)
+    engine.close()
+
+
+def check_forward_wrapper(native):
+    """At stage 3 the units' modules run zinf's work in a wrapper of their
+    forward: the module keeps its signature and has no hooks of zinf's; a
+    forward that raises leaves no saved-tensor hooks on and its units
+    released, and the next micro-step trains; a module whose forward is
+    already an instance attribute gets hooks instead."""
+    import inspect
+    saved = _units.extension
+    if not native:
+        _units.extension = lambda: (None, "ZINF_TORCH_EXTENSION=off")
+    try:
+        torch.manual_seed(0)
+        model = Net().to(DEVICE)
+        wrapped = model.blocks[4]
+        wrapped.forward = functools.partial(Block.forward, wrapped)  # a script's own wrapper
+        engine = zinf.torch.initialize(model, config(3))
+    finally:
+        _units.extension = saved
+    core = "C++" if native else "Python"
+    blk = model.blocks[0]
+    assert inspect.signature(blk.forward) == inspect.signature(Block.forward.__get__(blk)), core
+    assert not blk._forward_pre_hooks and not blk._forward_hooks, "%s core: zinf's hooks on a wrapped module" % core
+    assert wrapped._forward_pre_hooks and wrapped._forward_hooks, "%s core: no hooks where forward was wrapped" % core
+    model.blocks[2].fail = True
+    try:
+        engine(torch.randn(4, D, device=DEVICE))
+    except RuntimeError as e:
+        assert "on purpose" in str(e), str(e)
+    else:
+        raise AssertionError("the failing block did not raise")
+    assert _units._top_saved_hooks(False) is None, "%s core: saved-tensor hooks left on after a failed forward" % core
+    fetched = [u.name for um in engine._unit_modules for u in um.units if engine._core.fetched(u.index)]
+    assert not fetched, "%s core: units left fetched after a failed forward: %s" % (core, fetched)
+    model.blocks[2].fail = False
+    pres = engine._core.counts()["pre"]
+    loss = engine(torch.randn(4, D, device=DEVICE))
+    engine.backward(loss)
+    engine.step()
+    assert math.isfinite(loss.item()), core
+    assert engine._core.counts()["pre"] - pres >= len(model.blocks), "%s core: %s" % (core, engine._core.counts())
+    engine.close()
+
+
 def main():
     if DEVICE.type == "cuda" and not torch.cuda.is_available():
         print("SKIP: torch sees no CUDA GPU (torch %s)" % torch.__version__)
@@ -176,6 +262,12 @@ def main():
         print("  stage %d: 6 micro-steps, losses %s and %d tensors identical; calls %s" % (
             stage, " ".join("%.5f" % v for v in a[0]), len(a[1]),
             ", ".join("%s %d" % (k, a[2][k]) for k in sorted(a[2]))))
+        for native in (True, False):
+            check_hook_changes_gradient(stage, native)
+        print("  stage %d: a script's hook that zeroes a gradient holds its weight, under both cores" % stage)
+    for native in (True, False):
+        check_forward_wrapper(native)
+    print("  stage 3: the forward wrapper keeps the signature, and a failing forward leaves nothing behind")
     print("ok")
 
 
