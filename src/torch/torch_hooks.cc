@@ -533,12 +533,12 @@ class Core : public std::enable_shared_from_this<Core> {
     return d;
   }
 
-  // Drops the parameters and every tensor over the engine's memory (the
-  // engine is about to be destroyed); the hooks left on the parameters do
-  // nothing once the Core is gone.
-  // Before the engine goes: parameters bound to its memory (stages 0-2, or
-  // a unit fetched now) keep their values in torch's own memory; the others
-  // stay empty.
+  // Before the engine is destroyed: parameters bound to its memory (stages
+  // 0-2, or a unit fetched now) keep their values in torch's own memory, the
+  // others stay empty; then every tensor over the engine's memory, the
+  // gradient accumulators and the saved places are dropped. The hooks left
+  // on the accumulators and the modules do nothing, or say the engine is
+  // closed, from then on.
   void close() {
     bool bound = false;
     for (const Unit& x : units_) bound = bound || x.bound != 0;
