@@ -22,7 +22,9 @@ usage: test_units_core.py [--build-ext DIR] [--cuda]
   the build's) is the one tested. --cuda: the model on the GPU (skipped
   where torch sees none). Exits 77 (skipped) without torch or without the
   extension."""
+import contextlib
 import functools
+import inspect
 import math
 import os
 import subprocess
@@ -96,12 +98,21 @@ def config(stage):
             "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0}}
 
 
-def train(stage, native):
-    """Losses and final weights of 6 micro-steps under the chosen core."""
+@contextlib.contextmanager
+def choose_core(native):
+    """zinf.torch.initialize inside it builds the C++ core (native) or the Python one."""
     saved = _units.extension
     if not native:
         _units.extension = lambda: (None, "ZINF_TORCH_EXTENSION=off")
     try:
+        yield
+    finally:
+        _units.extension = saved
+
+
+def train(stage, native):
+    """Losses and final weights of 6 micro-steps under the chosen core."""
+    with choose_core(native):
         torch.manual_seed(0)
         model = Net().to(DEVICE)
         # A script's own gradient hooks, one made before initialize() and one
@@ -110,8 +121,6 @@ def train(stage, native):
         model.blocks[0].a.weight.register_hook(lambda g: seen.__setitem__("before", seen["before"] + 1))
         engine = zinf.torch.initialize(model, config(stage))
         model.blocks[4].b.weight.register_hook(lambda g: seen.__setitem__("after", seen["after"] + 1))
-    finally:
-        _units.extension = saved
     is_native = not isinstance(engine._core, _units.PyCore)
     assert is_native == native, "asked for the %s core, got %s" % ("C++" if native else "Python", type(engine._core))
     gen = torch.Generator().manual_seed(1)
@@ -162,17 +171,12 @@ def check_hook_changes_gradient(stage, native):
     torch would accumulate: zinf takes each gradient at the parameter's
     accumulator, after the script's hooks. With zero gradients and no weight
     decay, AdamW leaves the weight exactly as it was."""
-    saved = _units.extension
-    if not native:
-        _units.extension = lambda: (None, "ZINF_TORCH_EXTENSION=off")
-    try:
+    with choose_core(native):
         torch.manual_seed(0)
         model = Net().to(DEVICE)
         cfg = config(stage)
         cfg["optimizer"]["params"]["weight_decay"] = 0.0
         engine = zinf.torch.initialize(model, cfg)
-    finally:
-        _units.extension = saved
     held, moved = "blocks.0.a.weight", "blocks.4.a.weight"
     before = {k: v.clone() for k, v in model.state_dict().items()}
     dict(model.named_parameters())[held].register_hook(torch.zeros_like)
@@ -194,18 +198,12 @@ def check_forward_wrapper(native):
     forward that raises leaves no saved-tensor hooks on and its units
     released, and the next micro-step trains; a module whose forward is
     already an instance attribute gets hooks instead."""
-    import inspect
-    saved = _units.extension
-    if not native:
-        _units.extension = lambda: (None, "ZINF_TORCH_EXTENSION=off")
-    try:
+    with choose_core(native):
         torch.manual_seed(0)
         model = Net().to(DEVICE)
         wrapped = model.blocks[4]
         wrapped.forward = functools.partial(Block.forward, wrapped)  # a script's own wrapper
         engine = zinf.torch.initialize(model, config(3))
-    finally:
-        _units.extension = saved
     core = "C++" if native else "Python"
     blk = model.blocks[0]
     assert inspect.signature(blk.forward) == inspect.signature(Block.forward.__get__(blk)), core
