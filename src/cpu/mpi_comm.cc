@@ -22,6 +22,8 @@
 #include <functional>
 #include <mutex>
 #include <new>
+#include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -41,10 +43,13 @@ using Clock = std::chrono::steady_clock;
 // as several messages with the same tag (MPI keeps them in order).
 constexpr size_t kMaxMessageBytes = size_t{1} << 30;
 
-// A failure notice (Abort): a 4-byte status code, 4 bytes of flags, then the
-// cause's text, at most this long, on the communicator's own notice channel.
+// A failure notice (Abort): a 4-byte status code, 4 bytes of flags, the
+// 8-byte number of collectives the sender finished (every one up to it;
+// see Graced), then the cause's text, at most this long, on the
+// communicator's own notice channel.
 // Flag kPeerGone: the sender found a rank silent (no finalize at exit).
 constexpr int kNoticeTag = 0;
+constexpr size_t kNoticeHeader = 16;
 constexpr size_t kMaxNoticeText = 4000;
 constexpr int32_t kPeerGone = 1;
 
@@ -57,6 +62,12 @@ constexpr auto kIdleSleep = std::chrono::microseconds(50);
 // limit (see Abandon).
 constexpr auto kDrainQuiet = std::chrono::milliseconds(200);
 constexpr auto kDrainLimit = std::chrono::seconds(2);
+
+// A collective the notice's sender finished before it stopped may still
+// finish here: its messages to this rank are on their way, and so are those
+// of the other ranks, which finish it too. It waits for them while any
+// arrives this often, and fails once none does.
+constexpr auto kNoticeGrace = std::chrono::milliseconds(500);
 
 // tag = (seq * kPhases + phase) mod (MPI_TAG_UB + 1).
 enum Phase : int { kCheckPhase = 0, kDataPhase = 1, kGatherPhase = 2, kPhases = 3 };
@@ -223,12 +234,14 @@ class MpiComm final : public Communicator {
     if (runtime_ && size_ > 1 && !notified_by_peer_.load()) {
       std::string text = std::string(StatusCodeName(cause.code())) + ": " + cause.message();
       if (text.size() > kMaxNoticeText) text.resize(kMaxNoticeText);
-      notice_.resize(8 + text.size());
+      notice_.resize(kNoticeHeader + text.size());
       const int32_t code = static_cast<int32_t>(cause.code());
       const int32_t flags = peers_gone_.load() ? kPeerGone : 0;
+      const uint64_t finished = FinishedPrefix();
       std::memcpy(notice_.data(), &code, 4);
       std::memcpy(notice_.data() + 4, &flags, 4);
-      std::memcpy(notice_.data() + 8, text.data(), text.size());
+      std::memcpy(notice_.data() + 8, &finished, 8);
+      std::memcpy(notice_.data() + kNoticeHeader, text.data(), text.size());
       auto lock = MpiLock();
       for (int p = 0; p < size_; ++p) {
         if (p == rank_) continue;
@@ -351,18 +364,42 @@ class MpiComm final : public Communicator {
     MPI_Status status;
     if (MPI_Iprobe(MPI_ANY_SOURCE, kNoticeTag, notices_, &flag, &status) != MPI_SUCCESS || !flag) return;
     int bytes = 0;
-    if (MPI_Get_count(&status, MPI_BYTE, &bytes) != MPI_SUCCESS || bytes < 8) bytes = 8;
+    if (MPI_Get_count(&status, MPI_BYTE, &bytes) != MPI_SUCCESS || bytes < static_cast<int>(kNoticeHeader))
+      bytes = static_cast<int>(kNoticeHeader);
     std::vector<char> buf(static_cast<size_t>(bytes));
     if (MPI_Recv(buf.data(), bytes, MPI_BYTE, status.MPI_SOURCE, kNoticeTag, notices_, MPI_STATUS_IGNORE) !=
         MPI_SUCCESS) {
       return;
     }
     int32_t flags = 0;
+    uint64_t finished = 0;
     std::memcpy(&flags, buf.data() + 4, 4);
-    const std::string text(buf.data() + 8, buf.size() - 8);
+    std::memcpy(&finished, buf.data() + 8, 8);
+    const std::string text(buf.data() + kNoticeHeader, buf.size() - kNoticeHeader);
     notified_by_peer_.store(true);
     Break(Unavailable("rank " + std::to_string(status.MPI_SOURCE) + " stopped: " + text),
-          /*peers_silent=*/(flags & kPeerGone) != 0);
+          /*peers_silent=*/(flags & kPeerGone) != 0, /*peer_finished=*/finished);
+  }
+
+  // A collective that the peer whose notice broke this communicator had
+  // finished: it may finish here too, if the peers' messages come
+  // (kNoticeGrace). A rank that stops while ahead of its peers thus leaves
+  // no rank failing a collective that every rank has done its part of.
+  bool Graced(const CallInfo& c) const { return c.seq <= last_graced_seq_.load(); }
+
+  // The collectives finished so far: every one numbered up to the result.
+  uint64_t FinishedPrefix() {
+    std::lock_guard<std::mutex> lock(finished_mu_);
+    return finished_prefix_;
+  }
+
+  void Finished(uint64_t seq) {
+    std::lock_guard<std::mutex> lock(finished_mu_);
+    finished_later_.insert(seq);
+    while (!finished_later_.empty() && *finished_later_.begin() == finished_prefix_ + 1) {
+      finished_later_.erase(finished_later_.begin());
+      ++finished_prefix_;
+    }
   }
 
   Status BrokenError(const std::string& what) const {
@@ -372,11 +409,15 @@ class MpiComm final : public Communicator {
 
   // Refuses all later work. `peers_silent`: a deadline passed, so some rank
   // is gone or stopped, and MPI_Finalize (which waits for every rank) must
-  // not run at exit.
-  void Break(const Status& cause, bool peers_silent = false) {
+  // not run at exit. `peer_finished`: the cause is a peer's notice, and
+  // that peer finished every collective up to this number (see Graced).
+  void Break(const Status& cause, bool peers_silent = false, uint64_t peer_finished = 0) {
     {
       std::lock_guard<std::mutex> lock(broken_mu_);
-      if (!broken_.load()) broken_cause_ = cause;
+      if (!broken_.load()) {
+        broken_cause_ = cause;
+        last_graced_seq_.store(peer_finished);
+      }
       broken_.store(true);
     }
     if (peers_silent) {
@@ -389,10 +430,12 @@ class MpiComm final : public Communicator {
   Status Submit(CallInfo info, Stream& stream, Body body) {
     info.seq = next_seq_.fetch_add(1) + 1;
     Status st = stream.Enqueue([this, info, body = std::move(body)](const StreamContext& ctx) -> Status {
-      if (broken_.load()) return BrokenError(Describe(info));
+      if (broken_.load() && !Graced(info)) return BrokenError(Describe(info));
       Clock::time_point last_progress = Clock::now();
       if (options_.checking && size_ > 1) ZINF_RETURN_IF_ERROR(CheckAgreement(info, &last_progress));
-      return body(info, ctx, &last_progress);
+      Status done = body(info, ctx, &last_progress);
+      if (done.ok()) Finished(info.seq);
+      return done;
     });
     if (!st.ok()) {
       // This rank's sequence numbers would no longer match its peers'.
@@ -581,7 +624,8 @@ class MpiComm final : public Communicator {
     std::vector<int> indices(pieces.size());
     std::vector<MPI_Status> statuses(pieces.size());
     const auto timeout = std::chrono::duration<double>(options_.timeout_seconds);
-    Clock::time_point last_event = Clock::now();  // this exchange's start or its latest completion
+    Clock::time_point last_event = Clock::now();   // this exchange's start or its latest completion
+    std::optional<Clock::time_point> broken_seen;  // when this exchange found the communicator broken
     while (pending > 0) {
       int completed = 0;
       int rc;
@@ -614,9 +658,14 @@ class MpiComm final : public Communicator {
         continue;
       }
       if (now - last_event >= kSpinWindow) PollNotices();  // a peer's Abort
-      if (broken_.load()) {  // another collective on this communicator failed meanwhile, or a peer stopped
-        Abandon(pieces, requests);
-        return BrokenError(Describe(c));
+      // Another collective on this communicator failed meanwhile, or a peer
+      // stopped (the messages of a collective it finished are still let come).
+      if (broken_.load()) {
+        if (!broken_seen) broken_seen = now;
+        if (!Graced(c) || now - std::max(last_event, *broken_seen) >= kNoticeGrace) {
+          Abandon(pieces, requests);
+          return BrokenError(Describe(c));
+        }
       }
       if (now - *last_progress > timeout) {
         Status st = Unavailable(Describe(c) + ": no progress after " + FormatSeconds(options_.timeout_seconds) +
@@ -760,6 +809,10 @@ class MpiComm final : public Communicator {
   const int tag_ub_;
   const CommOptions options_;
   std::atomic<uint64_t> next_seq_{0};
+  std::atomic<uint64_t> last_graced_seq_{0};  // see Graced
+  std::mutex finished_mu_;
+  uint64_t finished_prefix_ = 0;       // see FinishedPrefix (finished_mu_)
+  std::set<uint64_t> finished_later_;  // finished past a gap in the prefix (finished_mu_)
   StagingPool staging_;
   std::atomic<bool> broken_{false};
   mutable std::mutex broken_mu_;

@@ -15,6 +15,7 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -582,6 +583,52 @@ TEST_F(MpiCommTest, AbortStopsEveryRankWithTheCause) {
   auto fresh = device_->CreateStream();  // the old one keeps the collective's error
   ASSERT_TRUE(fresh.ok());
   stream_ = std::move(*fresh);
+}
+
+// The root finishes a broadcast, then stops (Abort). A rank that learns of
+// the stop before its own part of that broadcast runs still finishes it with
+// the root's data: every rank did its part, and failing there would leave
+// the ranks disagreeing on a collective that completed. Later calls fail,
+// naming the root.
+TEST_F(MpiCommTest, ACollectiveTheStoppedRankFinishedStillFinishesAtItsPeers) {
+  if (n_ < 2) GTEST_SKIP() << "needs 2 or more ranks";
+  const int root = n_ - 1;
+  const size_t count = 16;  // 64 bytes: the root's sends complete eagerly
+  const Bytes data = MakeInput(DType::kFloat32, 12, root, count);
+  void* buf = Upload(rank_ == root ? data : Bytes(count * 4, 0xEE));
+  ASSERT_TRUE(comm_->Barrier(*stream_).ok());
+  ASSERT_TRUE(stream_->Synchronize().ok());
+  const std::string cause = "test: the root stops after its broadcast";
+  if (rank_ == root) {
+    ASSERT_TRUE(comm_->Broadcast(buf, count, DType::kFloat32, root, *stream_).ok());
+    ASSERT_TRUE(stream_->Synchronize().ok());
+    comm_->Abort(IoError(cause));
+    EXPECT_EQ(comm_->Barrier(*stream_).code(), StatusCode::kUnavailable);
+    return;
+  }
+  // This rank's part waits in stream order until it has seen the notice.
+  std::atomic<bool> seen{false};
+  ASSERT_TRUE(stream_
+                  ->Enqueue([&seen](const StreamContext&) {
+                    while (!seen.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+                    return Status::Ok();
+                  })
+                  .ok());
+  ASSERT_TRUE(comm_->Broadcast(buf, count, DType::kFloat32, root, *stream_).ok());
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (comm_->Health().ok() && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  Status h = comm_->Health();
+  seen.store(true);
+  EXPECT_EQ(h.code(), StatusCode::kUnavailable) << h.ToString();
+  const std::string named = "rank " + std::to_string(root) + " stopped: IoError: " + cause;
+  EXPECT_NE(h.message().find(named), std::string::npos) << h.ToString();
+  Status st = stream_->Synchronize();
+  EXPECT_TRUE(st.ok()) << "the broadcast the root finished: " << st.ToString();
+  EXPECT_TRUE(BitsEqual(Download(buf, count * 4), data, DType::kFloat32));
+  Status later = comm_->Barrier(*stream_);
+  EXPECT_EQ(later.code(), StatusCode::kUnavailable) << later.ToString();
+  EXPECT_NE(later.message().find(named), std::string::npos) << later.ToString();
 }
 
 // Rank 0 stops (Abort) inside an all-gather of 4 MiB a rank that the others
