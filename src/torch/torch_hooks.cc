@@ -20,7 +20,9 @@
 // calling thread for the CPU, on the device's autograd thread for a GPU),
 // and the engine takes calls from one thread at a time, so the Core needs
 // no lock. The C++ hooks run without the GIL and touch no Python object.
+#include <ATen/SavedTensorHooks.h>
 #include <torch/csrc/Exceptions.h>
+#include <torch/csrc/PyInterpreter.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/graph_task.h>
@@ -218,10 +220,6 @@ class Core : public std::enable_shared_from_this<Core> {
     sync_ = reinterpret_cast<SyncFn>(fn("zinf_stream_synchronize"));
     last_error_ = reinterpret_cast<TextFn>(fn("zinf_last_error"));
     status_name_ = reinterpret_cast<StatusNameFn>(fn("zinf_status_name"));
-    // What torch.autograd.graph.saved_tensors_hooks enters and leaves with.
-    py::module_ autograd = py::module_::import("torch._C._autograd");
-    push_saved_hooks_ = autograd.attr("_push_saved_tensors_default_hooks");
-    pop_saved_hooks_ = autograd.attr("_pop_saved_tensors_default_hooks");
     if (g_zinf_error == nullptr) g_zinf_error = zinf_error.release().ptr();
   }
 
@@ -471,11 +469,14 @@ class Core : public std::enable_shared_from_this<Core> {
     const bool hooks_on = at::SavedTensorDefaultHooks::get_hooks().has_value();
     if (!hooks_on) {
       if (!mod.pack) {
-        std::weak_ptr<Core> me = weak_from_this();
-        mod.pack = py::cpp_function([me, m](const py::object& t) { return locked(me)->pack(m, t); });
-        mod.unpack = py::cpp_function([me, m](const py::object& t) { return locked(me)->unpack(m, t); });
+        mod.pack = SavedHook::Make(weak_from_this(), m, /*pack=*/true);
+        mod.unpack = SavedHook::Make(weak_from_this(), m, /*pack=*/false);
       }
-      push_saved_hooks_(mod.pack, mod.unpack);
+      // What torch.autograd.graph.saved_tensors_hooks enters with (the
+      // default hooks hold a reference each).
+      at::SavedTensorDefaultHooks::lazy_initialize();
+      at::SavedTensorDefaultHooks::push_hooks(c10::SafePyObject(mod.pack.inc_ref().ptr(), getPyInterpreter()),
+                                              c10::SafePyObject(mod.unpack.inc_ref().ptr(), getPyInterpreter()));
       mod.pushed = true;
     }
     if (hooks_on || (mod.frozen && torch::autograd::get_current_graph_task_id() == -1))
@@ -493,7 +494,7 @@ class Core : public std::enable_shared_from_this<Core> {
     CpuTimer timer(timing_ ? &times_[kPost] : nullptr, lib_seconds_);
     UnitModule& mod = module(m);
     if (mod.pushed) {
-      pop_saved_hooks_();
+      at::SavedTensorDefaultHooks::pop_hooks();  // and what it leaves with (the references dropped)
       mod.pushed = false;
     }
     if (torch::autograd::get_current_graph_task_id() != -1) return py::none();
@@ -571,20 +572,54 @@ class Core : public std::enable_shared_from_this<Core> {
       for (Unit& x : units_) {
         for (SavedPlace& p : x.places) p.key.release();
       }
-      push_saved_hooks_.release();
-      pop_saved_hooks_.release();
       return;
     }
     py::gil_scoped_acquire gil;
     units_.clear();  // the places' keys
     modules_.clear();
-    push_saved_hooks_ = py::object();
-    pop_saved_hooks_ = py::object();
   }
   Core(const Core&) = delete;
   Core& operator=(const Core&) = delete;
 
  private:
+  // A module's saved-tensor hook (pack or unpack) as a plain CPython
+  // function taking one argument: torch calls it for every tensor the
+  // module's forward saves and every one its backward uses, and a
+  // pybind11 function's dispatch would cost more than the hook's work.
+  struct SavedHook {
+    std::weak_ptr<Core> core;
+    int m;
+    bool pack;
+
+    static py::object Make(std::weak_ptr<Core> core, int m, bool pack) {
+      static PyMethodDef def = {"zinf_saved_tensor_hook", reinterpret_cast<PyCFunction>(&Call), METH_O,
+                                "zinf.torch: a unit module's saved-tensor hook (pack or unpack)"};
+      auto* hook = new SavedHook{std::move(core), m, pack};
+      py::capsule self(hook, kCapsule,
+                       [](PyObject* c) { delete static_cast<SavedHook*>(PyCapsule_GetPointer(c, kCapsule)); });
+      PyObject* fn = PyCFunction_New(&def, self.ptr());
+      if (fn == nullptr) throw py::error_already_set();
+      return py::reinterpret_steal<py::object>(fn);
+    }
+
+    static PyObject* Call(PyObject* self, PyObject* arg) {
+      auto* hook = static_cast<SavedHook*>(PyCapsule_GetPointer(self, kCapsule));
+      if (hook == nullptr) return nullptr;
+      try {
+        std::shared_ptr<Core> core = locked(hook->core);
+        py::object x = py::reinterpret_borrow<py::object>(arg);
+        return (hook->pack ? core->pack(hook->m, x) : core->unpack(hook->m, x)).release().ptr();
+      } catch (py::error_already_set& e) {
+        e.restore();
+      } catch (...) {
+        py::detail::try_translate_exceptions();  // as a pybind11 function's would be
+      }
+      return nullptr;
+    }
+
+    static constexpr const char* kCapsule = "zinf.torch.SavedHook";
+  };
+
   struct FetchBeforeBackward : torch::autograd::FunctionPreHook {
     FetchBeforeBackward(std::weak_ptr<Core> core_, int m_) : core(std::move(core_)), m(m_) {}
     torch::autograd::variable_list operator()(const torch::autograd::variable_list& grads) override {
@@ -777,7 +812,6 @@ class Core : public std::enable_shared_from_this<Core> {
   StatusNameFn status_name_;
   std::vector<Unit> units_;
   std::vector<UnitModule> modules_;
-  py::object push_saved_hooks_, pop_saved_hooks_;
   std::vector<int> handed_over_;
   std::vector<at::Tensor> empties_;
   struct {
