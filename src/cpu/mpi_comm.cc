@@ -395,6 +395,10 @@ class MpiComm final : public Communicator {
 
   void Finished(uint64_t seq) {
     std::lock_guard<std::mutex> lock(finished_mu_);
+    if (seq == finished_prefix_ + 1 && finished_later_.empty()) {  // in order, as one stream finishes them
+      finished_prefix_ = seq;
+      return;
+    }
     finished_later_.insert(seq);
     while (!finished_later_.empty() && *finished_later_.begin() == finished_prefix_ + 1) {
       finished_later_.erase(finished_later_.begin());
