@@ -8,7 +8,9 @@
 // module's backward and the gradient hooks (pre-hooks on the parameters'
 // gradient accumulators) are C++ autograd hooks that never enter Python,
 // and the hooks torch calls through Python (the module's forward wrapper
-// and the saved-tensor hooks) make one call each into this module.
+// and the saved-tensor hooks) make one call each into this module. A
+// unit's parameters are views of one storage per unit, pointed at
+// wherever the engine fetched the unit: a fetch makes no tensor.
 //
 // The state of each unit (fetched, bound where, its gradient buffer this
 // backward) lives in a Core, one per engine; python/zinf/torch.py keeps the
@@ -95,15 +97,17 @@ at::ScalarType scalar_type(int zinf_dtype) {
 }
 
 // Tensors over one buffer of a unit: all of it, and each parameter's view.
+// The buffer moves (stage 3 gathers a unit wherever there is room, and its
+// gradient buffer too): the tensors stay, and their storage is pointed at
+// the buffer's new address, so that a fetch makes no tensor.
 struct Views {
-  uintptr_t data = 0;
+  uintptr_t data = 0;  // where the storage points now
   at::ScalarType dtype = at::kFloat;
   int64_t num_elems = 0;
+  std::vector<int64_t> offsets;  // each parameter's, in elements
   at::Tensor whole;
   std::vector<at::Tensor> params;
 };
-
-constexpr size_t kViewCache = 8;  // buffers remembered per unit (stage 3 gathers a unit at many addresses)
 
 // A tensor autograd saved that lies in a unit's buffer, kept as its place.
 struct SavedInUnit {
@@ -119,9 +123,8 @@ struct SavedInUnit {
 // unit is fetched at the same address.
 struct SavedPlace {
   SavedInUnit where;
-  py::object key;           // what pack hands autograd: unit * kPlaces + slot
-  uintptr_t view_base = 0;  // the buffer `view` lies in (0: none yet)
-  at::Tensor view;
+  py::object key;   // what pack hands autograd: unit * kPlaces + slot
+  at::Tensor view;  // over the unit's Views (it follows the buffer)
 };
 constexpr int64_t kPlaces = 64;  // remembered per unit; more are packed as SavedInUnit objects
 
@@ -138,7 +141,7 @@ struct Unit {
   uintptr_t base = 0;   // the last fetch's buffer
   at::ScalarType dtype = at::kFloat;
   int64_t num_elems = 0;
-  std::vector<Views> views;  // newest last
+  Views bound_views, grad_buffer_views;
   std::vector<SavedPlace> places;
   // Each parameter's gradient accumulator (torch's AccumulateGrad node),
   // held so that the node and the hook on it last across backwards; empty
@@ -290,7 +293,7 @@ class Core : public std::enable_shared_from_this<Core> {
     if (!cuda_) check(without_gil([&] { return sync_(stream_); }), "fetch unit", x);  // torch computes on this thread
     uintptr_t data = reinterpret_cast<uintptr_t>(p.data);
     if (x.bound != data) {
-      const Views& v = views(x, data, scalar_type(p.dtype), p.num_elems, p.tensors, p.num_tensors);
+      const Views& v = views(x, x.bound_views, data, scalar_type(p.dtype), p.num_elems, p.tensors, p.num_tensors);
       for (size_t i = 0; i < x.params.size(); ++i) x.params[i].set_data(v.params[i]);
       x.bound = data;
       if (x.watched) attach_grad_hooks(x);
@@ -430,10 +433,9 @@ class Core : public std::enable_shared_from_this<Core> {
       SavedPlace& p = units_[u].places[slot];
       fetch(static_cast<int>(u));
       const Unit& x = units_[u];
-      if (p.view_base != x.base || x.dtype != p.where.dtype || !p.view.defined()) {
+      if (!p.view.defined() || !x.bound_views.whole.defined() ||
+          p.view.storage().unsafeGetStorageImpl() != x.bound_views.whole.storage().unsafeGetStorageImpl())
         p.view = saved_view(p.where);
-        p.view_base = x.base;
-      }
       return py::cast(p.view);
     }
     if (!py::isinstance<SavedInUnit>(packed)) return packed;
@@ -553,7 +555,8 @@ class Core : public std::enable_shared_from_this<Core> {
     }
     handed_over_.clear();
     for (Unit& x : units_) {
-      x.views.clear();
+      x.bound_views = Views();
+      x.grad_buffer_views = Views();
       x.grad_views.clear();
     }
     units_.clear();
@@ -721,44 +724,51 @@ class Core : public std::enable_shared_from_this<Core> {
     return empties_.back();
   }
 
-  // A tensor over the whole of the unit's fetched buffer: the cached one, or
-  // a new one (not cached: it has no parameter views).
+  // A tensor over the whole of the unit's fetched buffer.
   at::Tensor whole_buffer(const Unit& x) const {
-    for (const Views& v : x.views) {
-      if (v.data == x.base && v.dtype == x.dtype && v.num_elems == x.num_elems) return v.whole;
-    }
+    const Views& v = x.bound_views;
+    if (v.whole.defined() && v.data == x.base && v.dtype == x.dtype && v.num_elems == x.num_elems) return v.whole;
     return at::from_blob(reinterpret_cast<void*>(x.base), {x.num_elems},
                          at::TensorOptions().dtype(x.dtype).device(device_));
   }
 
-  // Tensors over a unit's buffer at `data` (no copy) and each parameter's
-  // view at its address in `tensors`, cached by address.
-  const Views& views(Unit& x, uintptr_t data, at::ScalarType dtype, int64_t num_elems, void* const* tensors,
-                     size_t num_tensors) {
-    for (const Views& v : x.views) {
-      if (v.data == data && v.dtype == dtype && v.num_elems == num_elems) return v;
-    }
+  // `v`, one of unit x's Views, over its buffer at `data`, each parameter
+  // at its address in `tensors`: the same tensors, their storage pointed at
+  // `data`, while the buffer's type, size and layout stay.
+  const Views& views(const Unit& x, Views& v, uintptr_t data, at::ScalarType dtype, int64_t num_elems,
+                     void* const* tensors, size_t num_tensors) {
     if (num_tensors != x.params.size()) {
       throw std::runtime_error("zinf.torch: the engine handed out " + std::to_string(num_tensors) +
                                " tensors for unit '" + x.name + "' of " + std::to_string(x.params.size()));
     }
-    Views v;
-    v.data = data;
-    v.dtype = dtype;
-    v.num_elems = num_elems;
-    v.whole = num_elems > 0 ? at::from_blob(reinterpret_cast<void*>(data), {num_elems},
+    int64_t size = static_cast<int64_t>(c10::elementSize(dtype));
+    auto offset = [&](size_t i) {
+      return x.numels[i] > 0 ? static_cast<int64_t>(reinterpret_cast<uintptr_t>(tensors[i]) - data) / size : 0;
+    };
+    bool same = v.whole.defined() && v.dtype == dtype && v.num_elems == num_elems;
+    for (size_t i = 0; same && i < x.params.size(); ++i) same = v.offsets[i] == offset(i);
+    if (same) {
+      if (v.data != data && num_elems > 0) {
+        void* ptr = reinterpret_cast<void*>(data);
+        v.whole.storage().unsafeGetStorageImpl()->set_data_ptr_noswap(at::DataPtr(ptr, ptr, nullptr, v.whole.device()));
+      }
+      v.data = data;
+      return v;
+    }
+    Views n;
+    n.data = data;
+    n.dtype = dtype;
+    n.num_elems = num_elems;
+    n.whole = num_elems > 0 ? at::from_blob(reinterpret_cast<void*>(data), {num_elems},
                                             at::TensorOptions().dtype(dtype).device(device_))
                             : at::empty({0}, at::TensorOptions().dtype(dtype).device(device_));
-    int64_t size = static_cast<int64_t>(c10::elementSize(dtype));
     for (size_t i = 0; i < x.params.size(); ++i) {
-      int64_t offset =
-          x.numels[i] > 0 ? static_cast<int64_t>(reinterpret_cast<uintptr_t>(tensors[i]) - data) / size : 0;
-      v.params.push_back(x.numels[i] > 0 ? v.whole.as_strided(x.shapes[i], x.strides[i], offset)
+      n.offsets.push_back(offset(i));
+      n.params.push_back(x.numels[i] > 0 ? n.whole.as_strided(x.shapes[i], x.strides[i], n.offsets[i])
                                          : at::empty(x.shapes[i], at::TensorOptions().dtype(dtype).device(device_)));
     }
-    if (x.views.size() >= kViewCache) x.views.erase(x.views.begin());
-    x.views.push_back(std::move(v));
-    return x.views.back();
+    v = std::move(n);
+    return v;
   }
 
   void grad_buffers(Unit& x) {
@@ -767,8 +777,8 @@ class Core : public std::enable_shared_from_this<Core> {
     if (!cuda_)
       check(without_gil([&] { return sync_(stream_); }), "gradient buffers of unit",
             x);  // on a GPU the copies are on the stream
-    const Views& v =
-        views(x, reinterpret_cast<uintptr_t>(p.data), scalar_type(p.dtype), p.num_elems, p.tensors, p.num_tensors);
+    const Views& v = views(x, x.grad_buffer_views, reinterpret_cast<uintptr_t>(p.data), scalar_type(p.dtype),
+                           p.num_elems, p.tensors, p.num_tensors);
     x.grad_views = v.params;
     x.received.assign(x.params.size(), false);
     x.pending = x.params.size();

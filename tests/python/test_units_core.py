@@ -12,8 +12,9 @@ gradient (reported with zeros), and a script's own gradient hooks made
 before and after initialize() (both fire, beside zinf's; one that changes
 the gradient changes what zinf trains with). Also: the model
 of a closed engine refuses to run and keeps its trained weights in torch's
-own memory (stage 0; stage 3: empty), and with $ZINF_TORCH_EXTENSION set the
-C++ core is the one used.
+own memory (stage 0; stage 3: empty), with $ZINF_TORCH_EXTENSION set the
+C++ core is the one used, and its units' parameters keep one storage while
+a unit is fetched at different addresses.
 
 usage: test_units_core.py [--build-ext DIR] [--cuda]
   (ZINF_LIBRARY, PYTHONPATH as the other tests; ZINF_TORCH_EXTENSION: the
@@ -226,6 +227,19 @@ def check_forward_wrapper(native):
     engine.step()
     assert math.isfinite(loss.item()), core
     assert engine._core.counts()["pre"] - pres >= len(model.blocks), "%s core: %s" % (core, engine._core.counts())
+    if native:
+        # Each unit's parameters in the C++ core stay views of one storage,
+        # pointed wherever the unit is fetched: a fetch makes no tensor.
+        seen = []
+        probe = blk.a.register_forward_hook(
+            lambda m, i, o: seen.append((m.weight.data_ptr(), m.weight.untyped_storage()._cdata)))
+        for _ in range(4):
+            engine.backward(engine(torch.randn(4, D, device=DEVICE)))
+            engine.step()
+        probe.remove()
+        assert len(seen) == 4 and len({s for _, s in seen}) == 1, "a unit's parameters changed storage: %s" % seen
+        print("  stage 3: a unit's parameters kept one storage over 4 micro-steps, fetched at %d address(es)"
+              % len({a for a, _ in seen}))
     engine.close()
 
 
