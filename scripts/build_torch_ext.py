@@ -45,7 +45,7 @@ def main():
         print("build_torch_ext: %s does not load here (%s): building" % (args.reuse, why))
     source = os.path.join(args.source, "src", "torch", "torch_hooks.cc")
     include = os.path.join(args.source, "include")
-    for path in (source, os.path.join(include, "zinf", "zinf.h")):
+    for path in (source, os.path.join(os.path.dirname(source), "torch_core.h"), os.path.join(include, "zinf", "zinf.h")):
         if not os.path.isfile(path):
             raise SystemExit("build_torch_ext: %s is missing (--source names the folder that holds src/ and include/)"
                              % path)

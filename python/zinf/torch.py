@@ -514,7 +514,12 @@ class Engine(torch.nn.Module):
         # attribute: nn.Module calls a module without hooks straight, and its
         # Python that runs hooks costs more than zinf's work for a small
         # unit. The script's own hooks on the module still run, outside these.
+        # The C++ core makes the wrapper itself (no Python frame per call).
         forward = module.forward
+        wrap = getattr(self._core, "wrap_forward", None)
+        if wrap is not None:
+            module.forward = functools.update_wrapper(wrap(um.id, weakref.ref(self), forward), forward)
+            return
 
         @functools.wraps(forward)
         def zinf_forward(*args, **kwargs):

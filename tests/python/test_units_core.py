@@ -13,8 +13,9 @@ before and after initialize() (both fire, beside zinf's; one that changes
 the gradient changes what zinf trains with). Also: the model
 of a closed engine refuses to run and keeps its trained weights in torch's
 own memory (stage 0; stage 3: empty), with $ZINF_TORCH_EXTENSION set the
-C++ core is the one used, and its units' parameters keep one storage while
-a unit is fetched at different addresses.
+C++ core is the one used, its forward wrapper is the extension's own
+callable, and a unit's parameters keep one storage while the unit is
+fetched at different addresses.
 
 usage: test_units_core.py [--build-ext DIR] [--cuda]
   (ZINF_LIBRARY, PYTHONPATH as the other tests; ZINF_TORCH_EXTENSION: the
@@ -61,6 +62,7 @@ class Block(nn.Module):
 
     def body(self, x):
         if getattr(self, "fail", False):
+            getattr(self, "before_failing", lambda: None)()
             raise RuntimeError("block failed on purpose")
         h = torch.tanh(self.a(x))
         if self.kind == "frozen":
@@ -195,10 +197,13 @@ def check_hook_changes_gradient(stage, native):
 
 def check_forward_wrapper(native):
     """At stage 3 the units' modules run zinf's work in a wrapper of their
-    forward: the module keeps its signature and has no hooks of zinf's; a
+    forward: the module keeps its signature and has no hooks of zinf's, and
+    keyword arguments reach its forward; a
     forward that raises leaves no saved-tensor hooks on and its units
-    released, and the next micro-step trains; a module whose forward is
-    already an instance attribute gets hooks instead."""
+    released, and the next micro-step trains; when the work after a
+    failed forward fails too, its error is raised with the forward's as
+    its context; a module whose forward is already an instance attribute
+    gets hooks instead."""
     with choose_core(native):
         torch.manual_seed(0)
         model = Net().to(DEVICE)
@@ -227,9 +232,15 @@ def check_forward_wrapper(native):
     engine.step()
     assert math.isfinite(loss.item()), core
     assert engine._core.counts()["pre"] - pres >= len(model.blocks), "%s core: %s" % (core, engine._core.counts())
+    x = torch.randn(4, D, device=DEVICE)
+    with torch.no_grad():
+        assert torch.equal(blk(x), blk(x=x)), "%s core: a keyword argument reached the forward otherwise" % core
     if native:
-        # Each unit's parameters in the C++ core stay views of one storage,
-        # pointed wherever the unit is fetched: a fetch makes no tensor.
+        # The C++ core's wrapper is a callable of its own, and each unit's
+        # parameters stay views of one storage, pointed wherever the unit
+        # is fetched: a fetch makes no tensor.
+        assert type(blk.forward).__name__ == "UnitForward", type(blk.forward)
+        assert blk.forward.__wrapped__ == Block.forward.__get__(blk), blk.forward.__wrapped__
         seen = []
         probe = blk.a.register_forward_hook(
             lambda m, i, o: seen.append((m.weight.data_ptr(), m.weight.untyped_storage()._cdata)))
@@ -240,6 +251,17 @@ def check_forward_wrapper(native):
         assert len(seen) == 4 and len({s for _, s in seen}) == 1, "a unit's parameters changed storage: %s" % seen
         print("  stage 3: a unit's parameters kept one storage over 4 micro-steps, fetched at %d address(es)"
               % len({a for a, _ in seen}))
+    # A forward that raises after closing the engine: the work after it
+    # fails too, and raises with the forward's error as its context.
+    victim = model.blocks[3]
+    victim.fail, victim.before_failing = True, engine.close
+    try:
+        engine(torch.randn(4, D, device=DEVICE))
+    except RuntimeError as e:
+        assert "on purpose" not in str(e) and "on purpose" in str(e.__context__), "%s core: %r from %r" % (
+            core, e, e.__context__)
+    else:
+        raise AssertionError("%s core: the failing block did not raise" % core)
     engine.close()
 
 
