@@ -598,8 +598,17 @@ TEST_F(MpiCommTest, ACollectiveTheStoppedRankFinishedStillFinishesAtItsPeers) {
   void* buf = Upload(rank_ == root ? data : Bytes(count * 4, 0xEE));
   ASSERT_TRUE(comm_->Barrier(*stream_).ok());
   ASSERT_TRUE(stream_->Synchronize().ok());
+  // The root stops only once every other rank has enqueued its broadcast
+  // (a barrier on a second communicator and stream says so): a rank that
+  // saw the notice first would rightly refuse to start the broadcast at all.
+  auto gate = CreateMpiCommunicator(CommOptions{.timeout_seconds = 20});
+  ASSERT_TRUE(gate.ok()) << gate.status().ToString();
+  auto gate_stream = device_->CreateStream();
+  ASSERT_TRUE(gate_stream.ok()) << gate_stream.status().ToString();
   const std::string cause = "test: the root stops after its broadcast";
   if (rank_ == root) {
+    ASSERT_TRUE((*gate)->Barrier(**gate_stream).ok());
+    ASSERT_TRUE((*gate_stream)->Synchronize().ok());
     ASSERT_TRUE(comm_->Broadcast(buf, count, DType::kFloat32, root, *stream_).ok());
     ASSERT_TRUE(stream_->Synchronize().ok());
     comm_->Abort(IoError(cause));
@@ -615,6 +624,8 @@ TEST_F(MpiCommTest, ACollectiveTheStoppedRankFinishedStillFinishesAtItsPeers) {
                   })
                   .ok());
   ASSERT_TRUE(comm_->Broadcast(buf, count, DType::kFloat32, root, *stream_).ok());
+  ASSERT_TRUE((*gate)->Barrier(**gate_stream).ok());
+  ASSERT_TRUE((*gate_stream)->Synchronize().ok());
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   while (comm_->Health().ok() && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
