@@ -7,10 +7,11 @@ machine's image), or zinf's package installed by pip.
 
   build_torch_ext.py OUT_DIR [--source ROOT] [--reuse MODULE]
 
-ROOT holds src/torch/torch_hooks.cc and include/zinf/zinf.h (default: this
-checkout, or the GPU bundle this script sits in). --reuse MODULE: a module
-already built; when it loads here, nothing is built. Prints the module's
-path last; set ZINF_TORCH_EXTENSION to it (or put it beside libzinf.so)."""
+ROOT holds src/torch/torch_hooks.cc, src/torch/torch_core.h and
+include/zinf/zinf.h (default: this checkout, or the GPU bundle this script
+sits in). --reuse MODULE: a module already built; when it loads here,
+nothing is built. Prints the module's path last; set ZINF_TORCH_EXTENSION
+to it (or put it beside libzinf.so)."""
 import argparse
 import importlib.util
 import os
