@@ -83,7 +83,7 @@ Status EngineImpl::FlushBucket(const std::vector<int>& bucket) {
       }
       const bool first = first_of(i);
       ZINF_RETURN_IF_ERROR(offload_ ? HostAccumulate(u, shard, first)
-                                    : EnqueueAccumulate(u.accum, shard, u.part.shard_elems, first));
+                                    : EnqueueAccumulate(u.accum, shard, u.part.valid_in_shard(rank_), first));
       if (!grad_in_place(u)) ZINF_RETURN_IF_ERROR(u.grads_free->Record(*stream_));
       ZINF_RETURN_IF_ERROR(FreeGradsIfTransient(u));
       ZINF_RETURN_IF_ERROR(EnqueuePartials(i));
@@ -127,7 +127,7 @@ Status EngineImpl::FlushBucket(const std::vector<int>& bucket) {
     Unit& u = units_[i];
     const bool first = first_of(i);
     ZINF_RETURN_IF_ERROR(offload_ ? HostAccumulate(u, mine + off, first)
-                                  : EnqueueAccumulate(u.accum, mine + off, u.part.shard_elems, first));
+                                  : EnqueueAccumulate(u.accum, mine + off, u.part.valid_in_shard(rank_), first));
     ZINF_RETURN_IF_ERROR(u.grads_free->Record(*stream_));
     ZINF_RETURN_IF_ERROR(EnqueuePartials(i));
     ZINF_RETURN_IF_ERROR(MaybeActiveUpdate(static_cast<size_t>(i)));
@@ -155,8 +155,10 @@ Status EngineImpl::HostAccumulate(Unit& u, const float* reduced, bool first) {
 }
 
 // accum = reduced (first micro-step of the window) or accum + reduced: the
-// same fp32 additions in the same order in every stage.
+// same fp32 additions in the same order in every stage. Stages 2 and 3 take
+// a shard's real elements only; its padding stays the zeros Alloc wrote.
 Status EngineImpl::EnqueueAccumulate(float* accum, const float* reduced, int64_t elems, bool first) {
+  if (elems <= 0) return Status::Ok();  // a shard of padding only
   if (first) return device_.CopyOnDevice(accum, reduced, elems * 4, *stream_);
   if (!host_memory_) return kernels_.add_in_place(accum, reduced, elems, *stream_);
   return EnqueueHostAdd(accum, true, reduced, true, elems);

@@ -82,17 +82,22 @@ Result<UnitPointers> EngineImpl::GradBuffers(int unit) {
 }
 
 // Stage 3: a partitioned unit's gradient buffer, from the budget, usable by
-// the client's work on `stream` from here. The padding past the tensors is
-// zeroed (backward writes only the tensors), or all of it for a unit whose
-// GradsReady came without GradBuffers (no gradient written: zeros).
+// the client's work on `stream` from here. Backward writes only the
+// tensors: the padding past them is zeroed where something reads it (a
+// collective sums it, or the host copy of the owned range takes it along),
+// and all of it for a unit whose GradsReady came without GradBuffers (no
+// gradient written: zeros). With one rank and the optimizer on the device
+// only the unit's own elements are accumulated (FlushBucket), so the
+// padding, up to a 64 Ki-element block of a small unit, is left as it is.
 Status EngineImpl::AllocateGrads(Unit& u, Stream& stream, bool zero) {
   const uint64_t bytes = static_cast<uint64_t>(u.part.padded_elems) * 4;
   auto g = AllocateForClient(bytes, stream);
   if (!g.ok()) return g.status().WithContext("gradients of unit '" + u.name + "' (stage 3)");
   u.grads = static_cast<float*>(*g);
   const int64_t from = zero ? 0 : u.part.num_elems;
-  if (u.part.padded_elems > from) {
-    ZINF_RETURN_IF_ERROR(device_.Memset(u.grads + from, 0, (u.part.padded_elems - from) * 4, stream));
+  const int64_t to = zero || distributed() || offload_ ? u.part.padded_elems : u.part.num_elems;
+  if (to > from) {
+    ZINF_RETURN_IF_ERROR(device_.Memset(u.grads + from, 0, (to - from) * 4, stream));
   }
   std::vector<void*>& ptrs = u.grad_ptrs_at[u.grads];
   if (ptrs.empty()) {
@@ -235,7 +240,9 @@ Status EngineImpl::Gather(Unit& u, bool prefetch) {
       return comm_->AllGather(shard, u.gathered, u.part.shard_elems, compute_dtype_, gs);
     }));
   } else if (!host_home(u)) {
-    ZINF_RETURN_IF_ERROR(device_.CopyOnDevice(u.gathered, shard, u.part.shard_elems * esize, gs));
+    // One rank: the unit's own elements (its tensors' views and ReadState
+    // read no further; the padding, up to a 64 Ki-element block, is not read).
+    ZINF_RETURN_IF_ERROR(device_.CopyOnDevice(u.gathered, shard, u.part.num_elems * esize, gs));
   }
   ZINF_RETURN_IF_ERROR(u.gathered_ready->Record(gs));
   std::vector<void*>& ptrs = u.gathered_ptrs[u.gathered];
