@@ -55,6 +55,33 @@ TEST_P(DeviceContractTest, StreamRunsWorkInOrder) {
   for (int i = 0; i < 300; ++i) EXPECT_EQ(seen[i], i);
 }
 
+// Short tasks (EnqueueShort) take their place in stream order among the
+// rest, and after a failure they are skipped like any task.
+TEST_P(DeviceContractTest, ShortTasksKeepStreamOrder) {
+  auto s = NewStream();
+  std::vector<int> seen;
+  for (int i = 0; i < 200; ++i) {
+    auto task = [&seen, i](const StreamContext&) {
+      seen.push_back(i);
+      return Status::Ok();
+    };
+    ASSERT_TRUE((i % 3 == 0 ? s->Enqueue(task) : s->EnqueueShort(task)).ok());
+    if (i % 7 == 0) {
+      ASSERT_TRUE(s->Synchronize().ok());  // so that some short tasks find the stream idle
+    }
+  }
+  ASSERT_TRUE(s->Synchronize().ok());
+  ASSERT_EQ(seen.size(), 200u);
+  for (int i = 0; i < 200; ++i) EXPECT_EQ(seen[i], i);
+  ASSERT_TRUE(s->EnqueueShort([](const StreamContext&) { return IoError("short and failed"); }).ok());
+  ASSERT_TRUE(s->EnqueueShort([&seen](const StreamContext&) {
+                 seen.push_back(-1);
+                 return Status::Ok();
+               }).ok());
+  EXPECT_EQ(s->Synchronize().code(), StatusCode::kIoError);
+  EXPECT_EQ(seen.size(), 200u);
+}
+
 TEST_P(DeviceContractTest, EventOrdersWorkAcrossStreams) {
   auto a = NewStream(), b = NewStream();
   auto e = NewEvent();

@@ -59,8 +59,9 @@ class StreamContext {
 // own worker thread (HostDevice and CUDA alike: on CUDA the worker waits for
 // an event recorded at the task's place and the stream then waits for the
 // task, so tasks of different streams never queue behind one another as
-// CUDA host functions may). It must not call CUDA. A non-OK status becomes
-// the stream's sticky error.
+// CUDA host functions may; HostDevice also runs tasks on a host thread
+// that synchronizes the stream, or enqueues a short one on an idle stream).
+// It must not call CUDA. A non-OK status becomes the stream's sticky error.
 using StreamTask = std::function<Status(const StreamContext&)>;
 
 class Stream {
@@ -68,6 +69,13 @@ class Stream {
   virtual ~Stream() = default;
   // Runs `task` after everything enqueued before it.
   virtual Status Enqueue(StreamTask task) = 0;
+  // Enqueue for a task its caller knows to be short (bookkeeping, or work
+  // on a few KiB) that takes no lock the caller may hold. A stream run by a
+  // host thread (HostDevice) with nothing queued or running may run it on
+  // the calling thread before returning, in its place in stream order,
+  // which costs less than waking the stream's thread for it. Elsewhere it
+  // is Enqueue.
+  virtual Status EnqueueShort(StreamTask task) { return Enqueue(std::move(task)); }
   // Later work on this stream waits until `event` completes.
   virtual Status Wait(Event& event) = 0;
   // Blocks until all work enqueued so far has run; returns the sticky error.

@@ -168,7 +168,7 @@ Status EngineImpl::EnqueueAccumulate(float* accum, const float* reduced, int64_t
 // in host memory, or (*_device) in device memory the host addresses.
 Status EngineImpl::EnqueueHostAdd(float* accum, bool accum_device, const float* reduced, bool reduced_device,
                                   int64_t elems) {
-  return stream_->Enqueue([=, this](const StreamContext& ctx) {
+  auto task = [=, this](const StreamContext& ctx) {
     float* a = static_cast<float*>(accum_device ? ctx.Host(accum) : accum);
     const float* r = static_cast<const float*>(reduced_device ? ctx.Host(reduced) : reduced);
     arena_.execute([&] {
@@ -178,7 +178,8 @@ Status EngineImpl::EnqueueHostAdd(float* accum, bool accum_device, const float* 
                         });
     });
     return Status::Ok();
-  });
+  };
+  return elems <= kShortTaskElems ? stream_->EnqueueShort(task) : stream_->Enqueue(task);
 }
 
 // The per-block partials of unit i's owned accumulated gradient, once its

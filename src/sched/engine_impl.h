@@ -138,6 +138,11 @@ struct Unit : UnitLayout {
   int64_t steps = 0;  // updates applied to this unit (its Adam bias-correction step)
 };
 
+// Host-device work on at most this many fp32 elements (64 KiB) is a short
+// task (Stream::EnqueueShort): an idle stream runs it on the enqueuing
+// thread, which costs less than waking the stream's own thread for it.
+inline constexpr int64_t kShortTaskElems = int64_t{1} << 14;
+
 struct Window {  // metrics accumulated since the last boundary
   double optimizer = 0, comm = 0, copy = 0, io = 0, stall = 0, longest_stall = 0;
   uint64_t copy_bytes = 0;

@@ -50,7 +50,7 @@ Result<UnitPointers> EngineImpl::Fetch(int unit, Stream& stream) {
     u.client_holds = true;
     // Counted in the engine stream's order, so the step they belong to is
     // the one whose boundary follows them there.
-    ZINF_RETURN_IF_ERROR(stream_->Enqueue([this, hit](const StreamContext&) {
+    ZINF_RETURN_IF_ERROR(stream_->EnqueueShort([this, hit](const StreamContext&) {
       MutexLock lock(mu_);
       stream_counts_.fetches += 1;
       stream_counts_.prefetch_hits += hit;

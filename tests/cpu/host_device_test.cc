@@ -126,6 +126,67 @@ TEST(HostDeviceTest, WaitingHostThreadsRunQueuedWorkInOrder) {
   }
 }
 
+// Outside checking mode, a short task on an idle stream runs on the
+// enqueuing thread before EnqueueShort returns, and an event recorded on an
+// idle stream is complete at once: neither wakes the stream's thread. Behind
+// work still running, both wait their turn. In checking mode a short task
+// is queued like any other.
+TEST(HostDeviceTest, ShortTasksAndEventsOnAnIdleStreamCompleteAtOnce) {
+  DeviceOptions o;
+  o.spec = "cpu";
+  o.memory_budget = 1 << 20;
+  auto device = std::move(CreateHostDevice(o)).value();
+  auto s = std::move(device->CreateStream()).value();
+  auto e = std::move(device->CreateEvent()).value();
+  const std::thread::id caller = std::this_thread::get_id();
+  std::thread::id ran_on;
+  ASSERT_TRUE(s->EnqueueShort([&](const StreamContext&) {
+                 ran_on = std::this_thread::get_id();
+                 return Status::Ok();
+               }).ok());
+  EXPECT_EQ(ran_on, caller);
+  ASSERT_TRUE(e->Record(*s).ok());
+  EXPECT_TRUE(*e->Query());
+  auto other = std::move(device->CreateStream()).value();
+  ASSERT_TRUE(other->Wait(*e).ok());  // a complete event: nothing to wait for
+  ASSERT_TRUE(other->Synchronize().ok());
+
+  std::atomic<bool> open{false};
+  std::vector<int> order;
+  ASSERT_TRUE(s->Enqueue([&](const StreamContext&) {
+                 const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+                 while (!open.load() && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+                 order.push_back(0);
+                 return Status::Ok();
+               }).ok());
+  ASSERT_TRUE(s->EnqueueShort([&](const StreamContext&) {
+                 order.push_back(1);
+                 return Status::Ok();
+               }).ok());
+  ASSERT_TRUE(e->Record(*s).ok());
+  EXPECT_TRUE(order.empty());  // queued behind the gated task
+  EXPECT_FALSE(*e->Query());
+  open = true;
+  ASSERT_TRUE(e->Synchronize().ok());
+  EXPECT_EQ(order, (std::vector<int>{0, 1}));
+  ASSERT_TRUE(s->Synchronize().ok());
+
+  o.checking = true;
+  auto checking = std::move(CreateHostDevice(o)).value();
+  auto cs = std::move(checking->CreateStream()).value();
+  std::atomic<bool> done{false};
+  ASSERT_TRUE(cs->EnqueueShort([&](const StreamContext&) {
+                  ran_on = std::this_thread::get_id();
+                  done.store(true);
+                  return Status::Ok();
+                }).ok());
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!done.load() && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+  ASSERT_TRUE(done.load());
+  EXPECT_NE(ran_on, caller);  // the stream's own thread ran it
+  ASSERT_TRUE(cs->Synchronize().ok());
+}
+
 // serialize_tasks: tasks of different streams never run at once, while a
 // copy on another stream still overlaps a running task (copies are not host
 // functions on a GPU either).
