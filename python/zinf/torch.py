@@ -343,7 +343,8 @@ class Engine(torch.nn.Module):
         self._weights = None
         self._version = 0  # bumped at every optimizer step and write: the read cache's key
         self._read_cache = None
-        self._pending_writes = {}  # unit index -> {param index: tensor} from load_state_dict
+        # unit index -> {param index: (tensor, parameter, its version then)} from load_state_dict
+        self._pending_writes = {}
         self._frozen_flags = {id(p): p.requires_grad for _, p in model.named_parameters()}
         self._note_versions()
         self.micro_steps = 0
@@ -547,6 +548,8 @@ class Engine(torch.nn.Module):
     # ---- hooks -------------------------------------------------------------------
 
     def _model_pre_hook(self, module, inputs):
+        if self._pending_writes:  # a load_state_dict raised midway
+            self._write_pending()
         for unit in self._rest:
             self._fetch(unit)
 
@@ -780,11 +783,23 @@ class Engine(torch.nn.Module):
         self._version += 1
         self._read_cache = None
 
-    def _write_pending(self):
+    def _write_pending(self, loading=False):
+        """Writes the values load_state_dict took for the tiers. In its own
+        post-hooks (loading) the loader has copied each into its parameter.
+        Anywhere else they are what a load that raised midway left: as in
+        torch, a parameter the loader copied into (its version moved) keeps
+        the new value, and one it never reached keeps its old one."""
         pending, self._pending_writes = self._pending_writes, {}
         for unit in self._units:
-            if unit.index in pending:
-                self._write_unit(unit, pending[unit.index])
+            entries = pending.get(unit.index)
+            if not entries:
+                continue
+            updates = {i: value for i, (value, p, version) in entries.items() if loading or p._version != version}
+            if not loading:
+                for _, p, _ in entries.values():
+                    self._versions[id(p)] = p._version  # the loader's copy, not the script's in-place write
+            if updates:
+                self._write_unit(unit, updates)
 
     def _install_state_dict_hooks(self, model):
         """module.state_dict() returns whole tensors read from zinf's tiers
@@ -815,12 +830,12 @@ class Engine(torch.nn.Module):
                         errors.append("size mismatch for %s: copying a param with shape %s from checkpoint, the "
                                       "shape in current model is %s." % (key, tuple(value.shape), unit.shapes[i]))
                         continue
-                    self._pending_writes.setdefault(unit.index, {})[i] = value.detach().clone()
                     # The loader copies into the parameter: give it the shape it checks, briefly.
                     if tuple(p.shape) != unit.shapes[i]:
                         p.data = torch.empty(unit.shapes[i], dtype=p.dtype, device=p.device)
                         self._core.unbind(unit.index)
                         unit._rebind_after_load = True
+                    self._pending_writes.setdefault(unit.index, {})[i] = (value.detach().clone(), p, p._version)
 
             def load_post_hook(module, incompatible, direct=direct):
                 for _, p in direct:
@@ -830,7 +845,7 @@ class Engine(torch.nn.Module):
                             q.data = torch.empty(0, dtype=q.dtype, device=self.device)
                         unit._rebind_after_load = False
                 if self._pending_writes:
-                    self._write_pending()
+                    self._write_pending(loading=True)
                 self._note_versions()  # the loader's copies into the parameters are not the script's
 
             m.register_state_dict_post_hook(save_hook)

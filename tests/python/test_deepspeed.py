@@ -322,6 +322,70 @@ def test_checkpoint_tags_and_state_dict(scratch):
           "save_16bit_model; an in-place write refused")
 
 
+class _Scaled(nn.Module):
+    """A module with a parameter of its own and a child: the loader copies
+    `scale` before it reaches the child."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.scale = nn.Parameter(torch.rand(d) + 0.5)
+        self.inner = nn.Sequential(nn.Linear(d, d))
+
+    def forward(self, x):
+        return torch.tanh(self.inner(x)) * self.scale
+
+
+class _ScaledNet(nn.Module):
+    def __init__(self, d=8, blocks=3):
+        super().__init__()
+        self.blocks = nn.ModuleList([_Scaled(d) for _ in range(blocks)])
+        self.head = nn.Linear(d, 1)
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = b(x)
+        return self.head(x).pow(2).mean()
+
+
+def test_load_state_dict_that_raises(scratch):
+    """A load_state_dict that raises midway (here a script's own pre-hook on
+    one Linear, after zinf's) leaves the model as torch leaves it: what the
+    loader reached before the raise has the new values (a parent's own
+    parameter included), the rest the old ones; the next forward uses
+    exactly that, and the loader's copies are not taken for in-place writes."""
+    def refuse(*args):
+        raise RuntimeError("refused by the script")
+    for stage in (1, 3):
+        torch.manual_seed(3)
+        model = _ScaledNet()
+        ref = copy.deepcopy(model)
+        torch.manual_seed(4)
+        new = _ScaledNet().state_dict()
+        engine, _, _, _ = zds.initialize(model=model, config=base_config(stage))
+        for m in (model, ref):
+            m.blocks[1].inner[0].register_load_state_dict_pre_hook(refuse)
+            try:
+                m.load_state_dict(new)
+            except RuntimeError as e:
+                assert "refused by the script" in str(e), str(e)
+            else:
+                raise AssertionError("the script's pre-hook did not raise")
+        want = ref.state_dict()
+        assert torch.equal(want["blocks.1.scale"], new["blocks.1.scale"])  # torch: the parent's own, copied
+        assert not torch.equal(want["blocks.1.inner.0.weight"], new["blocks.1.inner.0.weight"])
+        x = torch.randn(4, 8)
+        with torch.no_grad():
+            got_loss, want_loss = engine(x).item(), ref(x).item()
+        got = model.state_dict()
+        for k, v in want.items():
+            assert torch.equal(got[k], v), "stage %d: %s is not what torch kept after the failed load" % (stage, k)
+        assert abs(got_loss - want_loss) <= 1e-6 * abs(want_loss), (stage, got_loss, want_loss)
+        engine.backward(engine(x))
+        engine.step()  # the loader's copies are not in-place writes
+        engine.close()
+    print("  a load_state_dict that raised midway: the values torch keeps, at stages 1 and 3")
+
+
 def test_frozen_parameters(scratch):
     model = tiny_llama(seed=11)
     for n, p in model.named_parameters():
@@ -558,7 +622,7 @@ def test_zero_init(scratch):
 
 
 TESTS = [test_same_script, test_initialize_and_engine_api, test_groups_and_scheduler, test_client_optimizers,
-         test_checkpoint_tags_and_state_dict, test_frozen_parameters, test_torchrun_refused,
+         test_checkpoint_tags_and_state_dict, test_load_state_dict_that_raises, test_frozen_parameters, test_torchrun_refused,
          test_activation_checkpointing, test_zero_init]
 
 
