@@ -22,13 +22,15 @@ namespace zinf::cpu {
 
 namespace {
 
-std::unique_ptr<Device> Checking(uint64_t budget = 16 << 20) {
+std::unique_ptr<Device> Host(uint64_t budget, bool checking) {
   DeviceOptions o;
   o.spec = "cpu";
   o.memory_budget = budget;
-  o.checking = true;
+  o.checking = checking;
   return std::move(CreateHostDevice(o)).value();
 }
+
+std::unique_ptr<Device> Checking(uint64_t budget = 16 << 20) { return Host(budget, true); }
 
 TEST(HostDeviceTest, DeviceMemoryIsNotHostAddressableOutsideStreamWork) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");  // the device has threads running
@@ -72,10 +74,7 @@ TEST(HostDeviceTest, HostPointersAreRejectedWhereDeviceMemoryIsExpected) {
 }
 
 TEST(HostDeviceTest, WithoutCheckingDevicePointersAreHostPointers) {
-  DeviceOptions o;
-  o.spec = "cpu";
-  o.memory_budget = 1 << 20;
-  auto device = std::move(CreateHostDevice(o)).value();
+  auto device = Host(1 << 20, false);
   auto s = std::move(device->CreateStream()).value();
   auto* p = static_cast<int*>(*device->Allocate(64, *s));
   EXPECT_FALSE(IsTaggedDevicePointer(p));
@@ -92,11 +91,7 @@ TEST(HostDeviceTest, WithoutCheckingDevicePointersAreHostPointers) {
 // race for the queue), also under checking mode's random delays.
 TEST(HostDeviceTest, WaitingHostThreadsRunQueuedWorkInOrder) {
   for (bool checking : {false, true}) {
-    DeviceOptions o;
-    o.spec = "cpu";
-    o.memory_budget = 1 << 20;
-    o.checking = checking;
-    auto device = std::move(CreateHostDevice(o)).value();
+    auto device = Host(1 << 20, checking);
     auto s = std::move(device->CreateStream()).value();
     const int rounds = checking ? 60 : 2000;
     int* d = static_cast<int*>(*device->Allocate(sizeof(int), *s));
@@ -132,10 +127,7 @@ TEST(HostDeviceTest, WaitingHostThreadsRunQueuedWorkInOrder) {
 // work still running, both wait their turn. In checking mode a short task
 // is queued like any other.
 TEST(HostDeviceTest, ShortTasksAndEventsOnAnIdleStreamCompleteAtOnce) {
-  DeviceOptions o;
-  o.spec = "cpu";
-  o.memory_budget = 1 << 20;
-  auto device = std::move(CreateHostDevice(o)).value();
+  auto device = Host(1 << 20, false);
   auto s = std::move(device->CreateStream()).value();
   auto e = std::move(device->CreateEvent()).value();
   const std::thread::id caller = std::this_thread::get_id();
@@ -171,8 +163,7 @@ TEST(HostDeviceTest, ShortTasksAndEventsOnAnIdleStreamCompleteAtOnce) {
   EXPECT_EQ(order, (std::vector<int>{0, 1}));
   ASSERT_TRUE(s->Synchronize().ok());
 
-  o.checking = true;
-  auto checking = std::move(CreateHostDevice(o)).value();
+  auto checking = Host(1 << 20, true);
   auto cs = std::move(checking->CreateStream()).value();
   std::atomic<bool> done{false};
   ASSERT_TRUE(cs->EnqueueShort([&](const StreamContext&) {
