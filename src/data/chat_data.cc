@@ -257,6 +257,10 @@ void RowPacker::CloseRow() {
 
 void RowPacker::Add(const TokenizedChat& example) {
   const int64_t n = static_cast<int64_t>(example.ids.size());
+  if (n == 0) {  // tokenized to nothing: no target to train
+    ++dropped_;
+    return;
+  }
   int64_t take = n;
   if (n > row_len_) {
     take = row_len_;

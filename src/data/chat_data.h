@@ -44,9 +44,10 @@
 // tokens without splitting any: an example that does not fit in the rest of
 // a row starts the next row, and the rest is padding (the end-of-turn token
 // as input, no target). An example longer than a row is cut to one row
-// (counted as truncated) and dropped if no trained target is left. Tokens of
-// one example attend to the earlier examples of its row, as in plain-text
-// training; positions count from the row's start.
+// (counted as truncated) and dropped if no trained target is left; an
+// example that tokenizes to no ids is dropped too. Tokens of one example
+// attend to the earlier examples of its row, as in plain-text training;
+// positions count from the row's start.
 #pragma once
 
 #include <cstdint>
@@ -129,7 +130,7 @@ struct ChatDataStats {
   int64_t examples = 0;
   int64_t rows = 0;
   int64_t truncated = 0;  // cut to one row
-  int64_t dropped = 0;    // nothing trained left after the cut
+  int64_t dropped = 0;    // no tokens, or nothing trained left after the cut
   int64_t tokens = 0;     // in rows, padding excluded
   int64_t trained_targets = 0;
 };

@@ -239,6 +239,19 @@ TEST(ChatDataTest, PackerCutsLongExamplesAndDropsThoseLeftWithoutTargets) {
   EXPECT_EQ(p.targets(), (std::vector<int32_t>{-1, 12, 13, 31, -1, -1}));
 }
 
+TEST(ChatDataTest, PackerDropsAnExampleWithNoTokens) {
+  RowPacker p(/*seq_len=*/3, /*pad_id=*/0);  // rows of 4 tokens
+  p.Add(Example(0, 0, 0));                   // empty, on an empty row
+  p.Add(Example(10, 2, 1));
+  p.Add(Example(0, 0, 0));  // empty, after some tokens: the row is left as it was
+  p.Finish();
+  EXPECT_EQ(p.dropped(), 2);
+  EXPECT_EQ(p.truncated(), 0);
+  ASSERT_EQ(p.rows(), 1);
+  EXPECT_EQ(p.inputs(), (std::vector<int32_t>{10, 11, 0}));
+  EXPECT_EQ(p.targets(), (std::vector<int32_t>{11, -1, -1}));
+}
+
 TEST(ChatDataTest, DatasetPacksSplitsAndFeedsTheLoader) {
   const std::string dir = FreshDir();
   const auto tok = ByteTokenizerWithMarkers();
