@@ -6,6 +6,7 @@ one zinf forms (MPI), so that no script trains silent copies of a model.
 """
 import ctypes
 import json
+import math
 import os
 
 from . import _capi
@@ -16,7 +17,7 @@ def load(config):
     """The config as a dict. A str is a path when it names a file, JSON text
     when it starts with '{'; anything else is an error naming it."""
     if isinstance(config, dict):
-        return json.loads(json.dumps(config))  # a copy the caller cannot change under us
+        return _finite(json.loads(json.dumps(config)), "")  # a copy the caller cannot change under us
     if hasattr(config, "__fspath__"):
         config = os.fspath(config)
     if not isinstance(config, str):
@@ -37,7 +38,29 @@ def load(config):
         raise ValueError("zinf: %s is not valid JSON: %s" % (source, e)) from None
     if not isinstance(parsed, dict):
         raise ValueError("zinf: %s must hold a JSON object, not %s" % (source, type(parsed).__name__))
-    return parsed
+    return _finite(parsed, "")
+
+
+# Keys whose "never" a client writes as float("inf") (accelerate's DeepSpeed
+# plugin sets steps_per_print so, HF passes the dict on): zinf reads no value
+# from them, and JSON has no infinity, so they are dropped.
+_INFINITE_MEANS_NEVER = ("steps_per_print",)
+
+
+def _finite(config, prefix):
+    """`config` with no non-finite number: a key of _INFINITE_MEANS_NEVER at
+    +inf is dropped; any other NaN or infinity is an error naming its path
+    (JSON cannot carry it to the engine)."""
+    for key in list(config):
+        value, path = config[key], prefix + key
+        if isinstance(value, dict):
+            _finite(value, path + ".")
+        elif isinstance(value, float) and not math.isfinite(value):
+            if value > 0 and path in _INFINITE_MEANS_NEVER:
+                del config[key]
+            else:
+                raise ValueError("zinf: the config's \"%s\" is %r; give a finite number" % (path, value))
+    return config
 
 
 def auto_keys(config, prefix=""):
@@ -96,6 +119,19 @@ def launcher_world():
     if env.get("WORLD_SIZE"):
         return int(env.get("RANK", "0")), int(env["WORLD_SIZE"]), "torchrun"
     return 0, 1, None
+
+
+def check_launcher():
+    """Refuses, before anything is built, a launcher whose world zinf cannot
+    join: torchrun, the deepspeed launcher or accelerate launch with several
+    processes (zinf forms its world with MPI)."""
+    rank, world, launcher = launcher_world()
+    if launcher == "torchrun" and world > 1:
+        raise RuntimeError(
+            "zinf: this process is rank %d of %d started by torchrun, the deepspeed launcher or accelerate launch "
+            "(RANK=%s, WORLD_SIZE=%s, LOCAL_RANK=%s); zinf forms its world with MPI, so each process would train "
+            "its own copy of the model. Launch with `mpirun -np %d python ...` instead"
+            % (rank, world, os.environ.get("RANK"), os.environ.get("WORLD_SIZE"), os.environ.get("LOCAL_RANK"), world))
 
 
 def check_world(zinf_world):

@@ -60,11 +60,10 @@ def split_groups(model, model_parameters, client):
     torch-style groups), the client optimizer's groups, or every parameter of
     the model in one group."""
     if client is not None:
-        if model_parameters is not None:
-            pass  # DeepSpeed uses the client optimizer's groups; model_parameters only names what trains
-        return client.opt.param_groups, True
+        # DeepSpeed trains the client optimizer's groups; model_parameters only names what trains.
+        return client.opt.param_groups
     if model_parameters is None:
-        return [{"params": [p for p in model.parameters()]}], False
+        return [{"params": [p for p in model.parameters()]}]
     items = list(model_parameters)
     if not items:
         raise ValueError("zinf: model_parameters is empty")
@@ -76,11 +75,11 @@ def split_groups(model, model_parameters, client):
             params = g["params"]
             params = [params] if isinstance(params, torch.Tensor) else list(params)
             groups.append(dict(g, params=params))
-        return groups, False
+        return groups
     if all(isinstance(p, torch.Tensor) for p in items):
-        return [{"params": items}], False
+        return [{"params": items}]
     if all(isinstance(p, tuple) and len(p) == 2 for p in items):  # named_parameters()
-        return [{"params": [p for _, p in items]}], False
+        return [{"params": [p for _, p in items]}]
     raise ValueError("zinf: model_parameters must be parameters, (name, parameter) pairs or parameter groups")
 
 

@@ -23,7 +23,8 @@ The interface, units by the engine's index, unit modules by add_module's id:
   fetched(u), reported(u), unbind(u)
   fetch_module(m), release_module(m), after_module_backward(m)
   add_backward_fetch(output, m)    fetch m's units before the backward of output's node
-  flush(), end_backward(), counts(), close()
+  flush(), end_backward() -> [u]   the units none of whose parameters got a gradient
+  counts(), close()
 """
 import ctypes
 import functools
@@ -97,6 +98,15 @@ def _contiguous_strides(shape):
 
 class _SavedInUnit:
     """Marks a saved tensor kept as a place in its unit's buffer."""
+
+
+def read_outside_message(what):
+    """The error for a parameter read while its unit was not fetched (at
+    stage 3 it is then an empty placeholder); the C++ core says the same."""
+    return ("zinf.torch: %s was read outside the forward of the module that holds it, while ZeRO-3 kept it "
+            "elsewhere: the computation saw an empty tensor. Read it inside "
+            "zinf.deepspeed.zero.GatheredParameters([...]), or name the module reading it in held_modules=[...] "
+            "(held through the model's forward) or unit_modules=[...]" % what)
 
 
 class _Unit:
@@ -454,6 +464,8 @@ class PyCore:
         self._counts["grad"] += 1
         if self._handed_over:
             self.flush()
+        if grad.numel() == 0 and unit.numels[index] > 0:
+            raise RuntimeError(read_outside_message("parameter %d of unit '%s'" % (index, unit.name)))
         if unit.grad_views is None:
             self._grad_buffers(unit)
         unit.grad_views[index].copy_(grad)  # widened to fp32 by the copy (autograd gave it the parameter's shape)
@@ -477,7 +489,9 @@ class PyCore:
 
     def end_backward(self):
         """Units whose parameters got no gradient are reported with zeros;
-        every unit is released and its .grad dropped."""
+        every unit is released and its .grad dropped. Returns the units none
+        of whose parameters got one."""
+        without = []
         for unit in self._units:
             if unit.frozen:
                 continue
@@ -486,12 +500,14 @@ class PyCore:
             elif not unit.reported:  # none did
                 self._grad_buffers(unit)
                 self._grads_ready(unit)
+                without.append(unit.index)
         self.flush()
         for unit in self._units:
             self._release(unit)
             unit.reported = False
             for p in unit.params:
                 p.grad = None
+        return without
 
     def counts(self):
         return dict(self._counts)

@@ -20,7 +20,12 @@ owns some is a unit of its own, fetched only while that module runs, so that
 no unit stays resident with more than a block's worth of parameters (a
 128 K-token embedding is bigger than a Llama layer). Parameters the model's
 own forward uses directly (nn.Parameters of the root module) stay in one
-unit held through the step. `unit_modules=[...]` chooses the units instead.
+unit held through the step. `unit_modules=[...]` chooses the units instead;
+`held_modules=[...]` (Engine) puts modules whose weights are read where they
+are not called (a fused head) in that held unit. At stages 0-2 every
+parameter is whole from initialize() on; at stage 3 one read outside its
+module's forward is an empty placeholder, and the backward that finds its
+gradient of that empty shape raises, naming it.
 Frozen parameters (requires_grad=False, as PEFT leaves a base model) go to
 frozen units beside their module's trainable ones: on the same tier and
 partition, with no gradients or optimizer state.
@@ -71,6 +76,7 @@ import math
 import os
 import pickle
 import struct
+import warnings
 import weakref
 
 import torch
@@ -191,9 +197,31 @@ def _largest_module_list(model):
     return list(best) if best is not None else []
 
 
+def _enabled(block):
+    return isinstance(block, dict) and block.get("enabled") is True
+
+
+def _device_of(cfg, key):
+    zero = cfg.get("zero_optimization") if isinstance(cfg.get("zero_optimization"), dict) else {}
+    block = zero.get(key) if isinstance(zero.get(key), dict) else {}
+    return block.get("device", "none")
+
+
 def _is_checkpoint_hook(pack):
     qual = getattr(pack, "__qualname__", "")
     return "_checkpoint_hook" in qual or "_recomputation_hook" in qual
+
+
+def _micro_batch_size(cfg, accumulation, world_size):
+    """The micro-batch as the engine resolved the config's batch sizes
+    (DeepSpeed's rules): given, or train_batch_size / (accumulation x world
+    size), or 1 when the config gives neither."""
+    micro, total = cfg.get("train_micro_batch_size_per_gpu"), cfg.get("train_batch_size")
+    if isinstance(micro, int) and not isinstance(micro, bool):
+        return micro
+    if isinstance(total, int) and not isinstance(total, bool):
+        return total // (accumulation * world_size)  # the engine checked that it divides
+    return 1
 
 
 def _hidden_size(model):
@@ -224,8 +252,9 @@ class Engine(torch.nn.Module):
     (or zinf.deepspeed.initialize)."""
 
     def __init__(self, model, config, unit_modules=None, optimizer=None, model_parameters=None, lr_scheduler=None,
-                 comm_timeout_seconds=None, auto_context=None, _weights=None):
+                 comm_timeout_seconds=None, auto_context=None, held_modules=None, _weights=None):
         super().__init__()
+        _config.check_launcher()  # before anything is built: the launcher's world must be one zinf joins
         L = self._lib = _capi.lib()
         cfg = _config.load(config)
         zinf_keys = cfg.get("zinf") if isinstance(cfg.get("zinf"), dict) else {}
@@ -248,9 +277,7 @@ class Engine(torch.nn.Module):
                 optimizer = optimizer(params)
             client = _optim._ClientOptimizer(optimizer)
             cfg["optimizer"] = _optim.optimizer_config(client)
-        groups, shared = _optim.split_groups(model, model_parameters, client)
-        opt_cfg = cfg.get("optimizer") if isinstance(cfg.get("optimizer"), dict) else {}
-        opt_params = opt_cfg.get("params") if isinstance(opt_cfg.get("params"), dict) else {}
+        groups = _optim.split_groups(model, model_parameters, client)
 
         # "auto" values, from the model and the trainer.
         ctx = {"hidden_size": _hidden_size(model), "world_size": _config.launcher_world()[1]}
@@ -332,7 +359,7 @@ class Engine(torch.nn.Module):
         self._unit_of = {}  # id(parameter) -> its unit
         self._unit_modules = []
         self._rest = []
-        self._build_units(model, unit_modules)
+        self._build_units(model, unit_modules, held_modules or [])
         if self._weights is not None and hasattr(self._weights, "unused"):
             left = self._weights.unused()
             if left:
@@ -350,10 +377,9 @@ class Engine(torch.nn.Module):
         self.micro_steps = 0
         self.global_steps = 0
         self.global_samples = 0
-        self._micro_batch = int(cfg.get("train_micro_batch_size_per_gpu", 1)) if isinstance(
-            cfg.get("train_micro_batch_size_per_gpu"), int) else None
+        self._micro_batch = _micro_batch_size(cfg, self._accumulation, self.world_size)
 
-        self.optimizer = _optim.ZinfOptimizer(groups if shared else groups, defaults, self)
+        self.optimizer = _optim.ZinfOptimizer(groups, defaults, self)
         if self._config_scheduler:
             self.lr_scheduler = _optim.ConfigScheduler(self, self._config_scheduler)
         elif lr_scheduler is not None and callable(lr_scheduler) and not hasattr(lr_scheduler, "step"):
@@ -364,7 +390,7 @@ class Engine(torch.nn.Module):
 
     # ---- units -------------------------------------------------------------------
 
-    def _build_units(self, model, unit_modules):
+    def _build_units(self, model, unit_modules, held_modules):
         names = {}
         for name, p in model.named_parameters(remove_duplicate=False):
             names.setdefault(id(p), name)
@@ -383,17 +409,33 @@ class Engine(torch.nn.Module):
                 inside.add(id(m))
             if params:
                 planned.append((block, qualified.get(id(block), "block"), params))
+        # Modules whose parameters are read where they are not called (held_modules):
+        # in the unit held through the model's forward and backward.
+        held = {id(p) for m in held_modules for p in m.parameters() if id(p) not in taken}
         others = [p for _, p in model.named_parameters() if id(p) not in taken]
         largest_block = max((sum(p.numel() for p in params) for _, _, params in planned), default=0)
         split = sum(p.numel() for p in others) > largest_block and unit_modules is None
         # Outside the blocks: every module owning parameters is a unit of its
         # own (split), or all of them one unit held through the step.
         edges = []
+        leaves = set()
         if split:
             for name, m in model.named_modules():
                 if m is model or id(m) in inside:
                     continue
-                params = [p for p in m.parameters(recurse=False) if id(p) not in taken]
+                # A ZeRO-3 leaf (deepspeed.utils.set_z3_leaf_modules) is one
+                # unit with its whole subtree, fetched by the leaf alone; so is
+                # a module that owns parameters and calls submodules that own
+                # some too (BERT's prediction head: its bias, its transform),
+                # so that no unit module runs inside another.
+                leaf = getattr(m, "_z3_leaf", False) or (
+                    any(id(p) not in taken and id(p) not in held for p in m.parameters(recurse=False)) and
+                    any(id(p) not in taken and id(p) not in held
+                        for sub in m.modules() if sub is not m for p in sub.parameters(recurse=False)))
+                if leaf:
+                    leaves.add(id(m))
+                    inside.update(id(sub) for sub in m.modules() if sub is not m)
+                params = [p for p in m.parameters(recurse=leaf) if id(p) not in taken and id(p) not in held]
                 for p in params:
                     taken.add(id(p))
                 if params:
@@ -423,7 +465,7 @@ class Engine(torch.nn.Module):
                 if m is model or id(m) in inside:
                     continue
                 units = []
-                for p in m.parameters(recurse=False):
+                for p in m.parameters(recurse=id(m) in leaves):
                     u = self._unit_of.get(id(p))
                     if u is not None and u not in units and u not in self._rest:
                         units.append(u)
@@ -436,6 +478,10 @@ class Engine(torch.nn.Module):
                 self._core.set_persistent(u.index, True)
             for um in self._unit_modules:  # tensors saved in forward stay valid: no second fetch
                 self._core.set_module_persistent(um.id, True)
+            # Every parameter is whole at stages 0-2 (as DeepSpeed's): code that
+            # reads a weight without calling its module (a fused head) reads it.
+            for u in self._units:
+                self._core.fetch(u.index)
 
     def _register(self, name, params, frozen):
         L = _capi.lib()
@@ -473,9 +519,10 @@ class Engine(torch.nn.Module):
             unit.params = params
         self._units.append(unit)
         me = weakref.ref(self)
-        for _, p in params:
+        for (_, p), shape, numel in zip(params, unit.shapes, unit.numels):
             self._unit_of[id(p)] = unit
             p._zinf_engine = me
+            p.ds_shape, p.ds_numel = torch.Size(shape), numel  # the whole tensor's, as DeepSpeed's attributes say
             p.data = torch.empty(0, dtype=p.dtype, device=self.device)
         self._core.add_unit(unit.index, name, [p for _, p in params], [list(s) for s in unit.shapes], frozen)
         if not frozen:
@@ -596,13 +643,16 @@ class Engine(torch.nn.Module):
         return self.module(*args, **kwargs)
 
     def __getattr__(self, name):
+        """The model's attributes through the engine (as DeepSpeed's engine
+        forwards them); one neither has is an error naming the engine."""
         try:
             return super().__getattr__(name)
         except AttributeError:
             module = self.__dict__.get("_modules", {}).get("module")
-            if module is not None and name not in ("_engine", "_stream", "_comm"):
+            if module is not None and name not in ("_engine", "_stream", "_comm") and hasattr(module, name):
                 return getattr(module, name)
-            raise
+            raise AttributeError("zinf.torch.Engine (deepspeed.DeepSpeedEngine under zinf.deepspeed) has no attribute "
+                                 "'%s', nor has its model (%s)" % (name, type(module).__name__)) from None
 
     def loss_scale(self):
         scale = ctypes.c_float()
@@ -644,10 +694,44 @@ class Engine(torch.nn.Module):
             self.report_loss(float(loss.detach()))
         scale = self.loss_scale()
         (loss * scale if scale != 1.0 else loss).backward(retain_graph=retain_graph)
+        self._check_placeholders_unread()
         # Units whose parameters got no gradient (some or all) are reported
         # with zeros there; every unit is released and its .grad dropped.
-        self._core.end_backward()
+        without = self._core.end_backward()
+        if without and loss.requires_grad:
+            self._warn_without_gradient(without)
         return loss
+
+    def _warn_without_gradient(self, units):
+        """Once per unit: a trainable unit none of whose parameters got a
+        gradient in a micro-step (its module did not run, or its parameters
+        were read where autograd could not reach them) trains on zeros there.
+        A unit some of whose parameters got one (an MoE expert that received
+        no tokens, inside its block) is not named."""
+        warned = self.__dict__.setdefault("_warned_without_gradient", set())
+        new = [self._units[u].name for u in units if u not in warned]
+        warned.update(units)
+        if new:
+            warnings.warn("zinf.torch: no parameter of unit%s %s got a gradient in micro-step %d (a module that did "
+                          "not run, or a weight read where autograd does not reach it); its gradient is zero there. "
+                          "A weight read outside its module's forward at ZeRO-3 is an empty placeholder: read it inside "
+                          "zinf.deepspeed.zero.GatheredParameters, or pass held_modules=[...]"
+                          % ("s" if len(new) > 1 else "", ", ".join("'%s'" % n for n in new[:8]), self.micro_steps),
+                          stacklevel=3)
+
+    def _check_placeholders_unread(self):
+        """At stage 3 a parameter outside a fetch is an empty placeholder; a
+        gradient of that empty shape means some code read it where its
+        module was not running (a loss reading lm_head.weight itself, a
+        hook, a weight shared with another module): the result was computed
+        from nothing. Refused before the step is taken, naming the way out."""
+        for unit in self._units:
+            if unit.frozen:
+                continue
+            for (name, p), n in zip(unit.params, unit.numels):
+                g = p.grad
+                if g is not None and g.numel() == 0 and n > 0:
+                    raise RuntimeError(_units.read_outside_message("parameter '%s' (unit '%s')" % (name, unit.name)))
 
     def is_gradient_accumulation_boundary(self):
         """Whether the next step() ends an accumulation window (the optimizer runs)."""
@@ -727,10 +811,54 @@ class Engine(torch.nn.Module):
         return self._micro_batch
 
     def train_batch_size(self):
-        return (self._micro_batch or 0) * self._accumulation * self.world_size
+        return self._micro_batch * self._accumulation * self.world_size
 
     def zero_optimization_stage(self):
         return self.zero_stage
+
+    # What DeepSpeedExamples and accelerate ask a DeepSpeed engine.
+    def fp16_enabled(self):
+        return _enabled(self._config.get("fp16"))
+
+    def bfloat16_enabled(self):
+        return _enabled(self._config.get("bf16")) or _enabled(self._config.get("bfloat16"))
+
+    def amp_enabled(self):
+        return False  # apex AMP: zinf runs its own bf16/fp16 (fp16, bf16 blocks)
+
+    def get_data_types(self):
+        """(the model's compute dtype, the gradient accumulation dtype), as DeepSpeed returns them."""
+        compute = torch.float16 if self.fp16_enabled() else torch.bfloat16 if self.bfloat16_enabled() else torch.float32
+        return compute, torch.float32
+
+    def gradient_clipping(self):
+        return float(self._config.get("gradient_clipping", 0.0))
+
+    def zero_offload_optimizer(self):
+        return _device_of(self._config, "offload_optimizer") in ("cpu", "nvme")
+
+    def zero_offload_param(self):
+        return _device_of(self._config, "offload_param") in ("cpu", "nvme")
+
+    def zero_cpu_offload(self):
+        return _device_of(self._config, "offload_optimizer") == "cpu"
+
+    def steps_per_print(self):
+        return self._config.get("steps_per_print", 10)
+
+    def wall_clock_breakdown(self):
+        return False
+
+    def get_global_rank(self):
+        return self.rank
+
+    def get_world_size(self):
+        return self.world_size
+
+    @property
+    def config(self):
+        """The config the engine runs, "auto" values resolved (a copy)."""
+        return json.loads(json.dumps(self._config))
 
     @property
     def local_rank(self):

@@ -19,8 +19,30 @@ block the config's schedule, without one HF's scheduler. zinf runs the step
 writes an HF folder from the whole tensors, and a peft model trains with its
 frozen base on the configured tier.
 
-transformers.TrainingArguments with deepspeed= works as well, as long as
-HF's DeepSpeed set-up has not started (nothing has asked for args.device yet).
+Any Trainer subclass (TRL's SFTTrainer and DPOTrainer, LLaMA-Factory's,
+Axolotl's) runs on zinf the same way after one line, before its arguments
+are made:
+
+    import zinf.transformers
+    zinf.transformers.enable()
+    args = SFTConfig(output_dir="out", deepspeed="ds_config.json", ...)
+    SFTTrainer(model=model, args=args, train_dataset=data).train()
+
+enable() makes zinf the engine of transformers.Trainer itself, so every
+subclass's own losses and metrics stay its own: every TrainingArguments
+(and subclass) made afterwards keeps its deepspeed= config for zinf (HF's
+DeepSpeed set-up never starts; to_dict() still reports it, so a trainer that
+rebuilds its arguments from it keeps the config), and every Trainer given
+such arguments trains on zinf. zinf's TrainingArguments and Trainer call it
+when constructed, so handing zinf's TrainingArguments to any subclass works
+too. transformers.TrainingArguments made before enable() with deepspeed= is
+taken over as well, as long as HF's DeepSpeed set-up has not started
+(nothing has asked for args.device yet); otherwise the Trainer refuses it.
+
+At stage 3, a model whose forward was replaced by a wrapper (TRL's fused LM
+head reads lm_head.weight inside the model's forward without calling
+lm_head) keeps its output embeddings fetched through the whole forward, so
+that wrapper reads the real weight.
 """
 import dataclasses
 import os
@@ -31,7 +53,11 @@ import transformers
 from . import _config
 from . import torch as _zt
 
-__all__ = ["Trainer", "TrainingArguments"]
+__all__ = ["Trainer", "TrainingArguments", "enable"]
+
+# The functions of transformers' own classes that enable() replaced: name -> original.
+_HF_ARGS = {}
+_HF_TRAINER = {}
 
 
 def _detach_deepspeed(args):
@@ -48,8 +74,8 @@ def _detach_deepspeed(args):
     if "_setup_devices" in args.__dict__ and getattr(args, "distributed_state", None) is not None:
         if str(getattr(args.distributed_state, "distributed_type", "")).endswith("DEEPSPEED"):
             raise RuntimeError("zinf.transformers: these TrainingArguments already set up DeepSpeed's devices; "
-                               "create them with zinf.transformers.TrainingArguments (or before anything reads "
-                               "args.device)")
+                               "create them after zinf.transformers.enable() (or with zinf.transformers."
+                               "TrainingArguments), or before anything reads args.device")
     fields = {f.name for f in dataclasses.fields(args) if f.init}
     values = {name: getattr(args, name) for name in fields}
     values["deepspeed"] = None
@@ -58,29 +84,73 @@ def _detach_deepspeed(args):
     return plain, hf_config
 
 
+def _args_post_init(self):
+    """TrainingArguments.__post_init__ once enabled: the deepspeed= config is
+    kept for zinf (zinf_deepspeed, and HF's processed form zinf_hf_config);
+    HF's DeepSpeed set-up (accelerate's DeepSpeed plugin, torch.distributed
+    for DeepSpeed) never starts."""
+    ds = self.deepspeed
+    if ds:
+        _config.check_launcher()  # before HF sets up devices for a world zinf cannot join
+    self.deepspeed = None
+    _HF_ARGS["__post_init__"](self)
+    self.zinf_deepspeed = ds
+    self.zinf_hf_config = None
+    if ds:
+        from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig, unset_hf_deepspeed_config
+        self.zinf_hf_config = HfTrainerDeepSpeedConfig(ds)
+        self.zinf_hf_config.trainer_config_process(self)
+        unset_hf_deepspeed_config()
+
+
+def _args_to_dict(self):
+    """HF's to_dict, with the deepspeed= config zinf keeps (a trainer that
+    rebuilds its arguments from to_dict(), as TRL's do, keeps it)."""
+    out = _HF_ARGS["to_dict"](self)
+    if getattr(self, "zinf_deepspeed", None):
+        out["deepspeed"] = self.zinf_deepspeed
+    return out
+
+
+def enable():
+    """Makes zinf the engine of transformers.Trainer and of every subclass,
+    for arguments with a deepspeed= config; see the module comment.
+    Idempotent."""
+    if _HF_TRAINER:
+        return
+    base = transformers.TrainingArguments
+    _HF_ARGS["__post_init__"] = base.__post_init__
+    _HF_ARGS["to_dict"] = base.to_dict
+    base.__post_init__ = _args_post_init
+    base.to_dict = _args_to_dict
+    for name, fn in vars(_ZinfTrainer).items():
+        if callable(fn) and (not name.startswith("__") or name == "__init__"):
+            _HF_TRAINER[name] = vars(transformers.Trainer).get(name)
+            setattr(transformers.Trainer, name, fn)
+
+
+def _hf(name):
+    """transformers.Trainer's own method `name` (before enable())."""
+    fn = _HF_TRAINER.get(name)
+    if fn is None:
+        raise AttributeError("transformers.Trainer has no method %s" % name)
+    return fn
+
+
 @dataclasses.dataclass
 class TrainingArguments(transformers.TrainingArguments):
-    """transformers.TrainingArguments whose deepspeed= config zinf runs: HF's
-    DeepSpeed set-up (accelerate's DeepSpeed plugin, torch.distributed for
-    DeepSpeed) never starts; `zinf_deepspeed_config` keeps HF's processed
+    """transformers.TrainingArguments whose deepspeed= config zinf runs (with
+    zinf enabled: see enable()). `zinf_hf_config` keeps HF's processed
     config for the Trainer."""
 
     def __post_init__(self):
-        ds = self.deepspeed
-        self.deepspeed = None
+        enable()
         super().__post_init__()
-        self.zinf_deepspeed = ds
-        self.zinf_hf_config = None
-        if ds:
-            from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig, unset_hf_deepspeed_config
-            self.zinf_hf_config = HfTrainerDeepSpeedConfig(ds)
-            self.zinf_hf_config.trainer_config_process(self)
-            unset_hf_deepspeed_config()
 
 
-class Trainer(transformers.Trainer):
-    """transformers.Trainer with zinf as the engine; see the module comment.
-    `self.zinf_engine` is the engine once training has started."""
+class _ZinfTrainer:
+    """The methods enable() puts on transformers.Trainer: with a DeepSpeed
+    config zinf runs the step, else each is transformers' own."""
 
     def __init__(self, model=None, args=None, *pargs, **kwargs):
         hf_config = None
@@ -88,12 +158,12 @@ class Trainer(transformers.Trainer):
             hf_config = args.zinf_hf_config
         elif args is not None and getattr(args, "deepspeed", None):
             args, hf_config = _detach_deepspeed(args)
+        if hf_config is not None:
+            _config.check_launcher()  # before HF builds anything for a world zinf cannot join
         self.zinf_hf_config = hf_config
         self._zinf_auto_keys = _config.auto_keys(_config.load(hf_config.config)) if hf_config is not None else []
         self.zinf_engine = None
-        super().__init__(model, args, *pargs, **kwargs)
-
-    # ---- the engine ---------------------------------------------------------------
+        _hf("__init__")(self, model, args, *pargs, **kwargs)
 
     def _zinf_config(self, num_training_steps):
         hf = self.zinf_hf_config
@@ -101,6 +171,12 @@ class Trainer(transformers.Trainer):
         from transformers.integrations.deepspeed import unset_hf_deepspeed_config
         unset_hf_deepspeed_config()
         config = dict(hf.config)
+        # HF's mixed precision (bf16=True, TRL's default) goes into the config
+        # as accelerate's DeepSpeed plugin puts it there: a block the config
+        # lacks is added, enabled.
+        precision = getattr(self.args, "mixed_precision", "no")
+        if precision in ("fp16", "bf16") and precision not in config:
+            config[precision] = {"enabled": True}
         # HF's hidden_size^2 for an "auto" reduce bucket can be below the
         # engine's smallest (one 64 Ki-element norm block): raised to it, as
         # zinf's own resolution does.
@@ -113,15 +189,15 @@ class Trainer(transformers.Trainer):
         return config
 
     def set_initial_training_values(self, args, dataloader):
-        values = super().set_initial_training_values(args, dataloader)
+        values = _hf("set_initial_training_values")(self, args, dataloader)
         self._zinf_max_steps = values[-1]  # the trainer's num_training_steps: total_num_steps for "auto"
         return values
 
     def create_optimizer(self, model=None):
         """With a DeepSpeed config: the zinf engine, created here (HF creates
         the optimizer once it knows the training steps), and its optimizer."""
-        if self.zinf_hf_config is None:
-            return super().create_optimizer(model)
+        if getattr(self, "zinf_hf_config", None) is None:
+            return _hf("create_optimizer")(self, model)
         if self.zinf_engine is not None:
             return self.optimizer
         config = self._zinf_config(getattr(self, "_zinf_max_steps", self.args.max_steps))
@@ -130,23 +206,24 @@ class Trainer(transformers.Trainer):
             params = [p for p in self.model.parameters() if p.requires_grad]
         else:
             self.optimizer = None
-            optimizer = super().create_optimizer(model)  # HF's AdamW with its parameter groups
+            optimizer = _hf("create_optimizer")(self, model)  # HF's AdamW with its parameter groups
         engine = _zt.Engine(self.model, config, optimizer=optimizer, model_parameters=params,
-                            auto_context={"hidden_size": _zt._hidden_size(self.model)})
+                            auto_context={"hidden_size": _zt._hidden_size(self.model)},
+                            held_modules=_read_in_wrapped_forward(self.model))
         self.zinf_engine = engine
         self._zinf_has_config_scheduler = "scheduler" in config
         self.optimizer = engine.optimizer
         return self.optimizer
 
     def create_scheduler(self, num_training_steps, optimizer=None):
-        if self.zinf_engine is not None and self._zinf_has_config_scheduler:
+        if getattr(self, "zinf_engine", None) is not None and self._zinf_has_config_scheduler:
             self.lr_scheduler = self.zinf_engine.lr_scheduler  # the config's schedule, run by the engine
             return self.lr_scheduler
-        return super().create_scheduler(num_training_steps, optimizer)
+        return _hf("create_scheduler")(self, num_training_steps, optimizer)
 
     def training_step(self, model, inputs, num_items_in_batch=None):
-        if self.zinf_engine is None:
-            return super().training_step(model, inputs, num_items_in_batch)
+        if getattr(self, "zinf_engine", None) is None:
+            return _hf("training_step")(self, model, inputs, num_items_in_batch)
         model.train()
         inputs = self._prepare_inputs(inputs)
         with self.compute_loss_context_manager():
@@ -163,32 +240,30 @@ class Trainer(transformers.Trainer):
         return loss.detach()
 
     def _clip_grad_norm(self, model):
-        if self.zinf_engine is None:
-            return super()._clip_grad_norm(model)
+        if getattr(self, "zinf_engine", None) is None:
+            return _hf("_clip_grad_norm")(self, model)
         return self._zinf_grad_norm()  # the engine clipped at gradient_clipping = max_grad_norm
 
     def _get_grad_norm(self, model, grad_norm=None):
-        if self.zinf_engine is None:
-            return super()._get_grad_norm(model, grad_norm)
+        if getattr(self, "zinf_engine", None) is None:
+            return _hf("_get_grad_norm")(self, model, grad_norm)
         return grad_norm if grad_norm is not None else self._zinf_grad_norm()
 
     def _zinf_grad_norm(self):
         norm = self.zinf_engine.stats().get("grad_norm")
         return torch.tensor(float(norm)) if norm is not None else None
 
-    # ---- checkpoints --------------------------------------------------------------
-
     def _save_optimizer_and_scheduler(self, output_dir):
-        if self.zinf_engine is None:
-            return super()._save_optimizer_and_scheduler(output_dir)
+        if getattr(self, "zinf_engine", None) is None:
+            return _hf("_save_optimizer_and_scheduler")(self, output_dir)
         self.zinf_engine.save_checkpoint(output_dir, tag="global_step%d" % self.state.global_step)
         if self.args.should_save and self.lr_scheduler is not None and not isinstance(
                 self.lr_scheduler, type(self.zinf_engine.lr_scheduler)):
             torch.save(self.lr_scheduler.state_dict(), os.path.join(output_dir, "scheduler.pt"))
 
     def _load_optimizer_and_scheduler(self, checkpoint):
-        if self.zinf_engine is None or checkpoint is None:
-            return super()._load_optimizer_and_scheduler(checkpoint)
+        if getattr(self, "zinf_engine", None) is None or checkpoint is None:
+            return _hf("_load_optimizer_and_scheduler")(self, checkpoint)
         path, _ = self.zinf_engine.load_checkpoint(checkpoint)
         if path is None:
             raise ValueError("zinf.transformers: %s holds no zinf checkpoint (no 'latest')" % checkpoint)
@@ -196,3 +271,24 @@ class Trainer(transformers.Trainer):
         if os.path.isfile(sched) and self.lr_scheduler is not None and not isinstance(
                 self.lr_scheduler, type(self.zinf_engine.lr_scheduler)):
             self.lr_scheduler.load_state_dict(torch.load(sched, weights_only=True))
+
+
+def _read_in_wrapped_forward(model):
+    """The modules whose parameters a replaced forward may read without
+    calling them: the output embeddings of a model whose forward is an
+    instance attribute (TRL's fused LM head); none otherwise."""
+    target = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if "forward" not in vars(target) or not hasattr(target, "get_output_embeddings"):
+        return []
+    head = target.get_output_embeddings()
+    return [head] if head is not None else []
+
+
+class Trainer(transformers.Trainer):
+    """transformers.Trainer with zinf as the engine (enable() applied); see
+    the module comment. `self.zinf_engine` is the engine once training has
+    started."""
+
+    def __init__(self, *args, **kwargs):
+        enable()
+        super().__init__(*args, **kwargs)

@@ -347,7 +347,9 @@ class Core : public std::enable_shared_from_this<Core> {
 
   // The end of backward: units whose parameters got no gradient are
   // reported with zeros; every unit is released and its .grad dropped.
-  void end_backward() {
+  // Returns the units none of whose parameters got a gradient (reported with zeros).
+  std::vector<int> end_backward() {
+    std::vector<int> without;
     for (Unit& x : units_) {
       if (x.frozen) continue;
       if (!x.grad_views.empty()) {
@@ -355,6 +357,7 @@ class Core : public std::enable_shared_from_this<Core> {
       } else if (!x.reported) {
         grad_buffers(x);
         grads_ready(x);
+        without.push_back(x.index);
       }
     }
     flush();
@@ -363,6 +366,7 @@ class Core : public std::enable_shared_from_this<Core> {
       x.reported = false;
       for (at::Tensor& p : x.params) p.mutable_grad().reset();
     }
+    return without;
   }
 
   // saved_tensors_hooks' pack: a tensor lying in one of the module's units'
@@ -802,6 +806,14 @@ class Core : public std::enable_shared_from_this<Core> {
     if (!handed_over_.empty()) flush();
     if (static_cast<size_t>(u) >= units_.size()) return;  // closed
     Unit& x = units_[u];
+    if (grad.numel() == 0 && x.numels[i] > 0) {
+      // The parameter was read while its unit was not fetched (zinf/_units.py: read_outside_message).
+      throw std::runtime_error("zinf.torch: parameter " + std::to_string(i) + " of unit '" + x.name +
+                               "' was read outside the forward of the module that holds it, while ZeRO-3 kept "
+                               "it elsewhere: the computation saw an empty tensor. Read it inside "
+                               "zinf.deepspeed.zero.GatheredParameters([...]), or name the module reading it in "
+                               "held_modules=[...] (held through the model's forward) or unit_modules=[...]");
+    }
     if (x.grad_views.empty()) grad_buffers(x);
     x.grad_views[i].copy_(at::Tensor(grad));  // widened to fp32 (autograd gave it the parameter's shape)
     if (!x.received[i]) {

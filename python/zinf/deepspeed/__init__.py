@@ -22,7 +22,7 @@ import torch
 
 from .. import _config
 from .. import torch as _zt
-from . import comm, zero  # noqa: F401
+from . import accelerator, comm, utils, zero  # noqa: F401
 from . import ops  # noqa: F401
 from .zero import _built_under_init
 
@@ -33,12 +33,42 @@ DeepSpeedEngine = _zt.Engine
 
 def init_distributed(dist_backend=None, auto_mpi_discovery=True, distributed_port=29500, verbose=True, timeout=None,
                      init_method=None, dist_init_required=None, config=None, rank=-1, world_size=-1):
-    """zinf forms its world with MPI when the engine is created (mpirun);
-    this checks that the launcher's world is one zinf can join."""
+    """torch.distributed initialized over the launcher's world, as DeepSpeed
+    initializes it (scripts call dist.get_rank(), barriers, all_reduce of
+    metrics): the backend is the accelerator's (gloo on the CPU, NCCL on
+    CUDA) unless dist_backend names one; the rendezvous is init_method,
+    else the launcher's MASTER_ADDR/MASTER_PORT, else, under mpirun on one
+    node, 127.0.0.1:distributed_port; one process alone needs none. Already
+    initialized: nothing to do. zinf's own collectives form their world with
+    MPI, so a torchrun/deepspeed-launcher world of several processes is
+    refused here, before any engine exists."""
+    import datetime
+
+    import torch.distributed as dist
+    _config.check_launcher()
     rank_, world, launcher = _config.launcher_world()
-    if launcher == "torchrun" and world > 1:
-        raise RuntimeError("zinf: the launcher started %d processes through torchrun/the deepspeed launcher; zinf "
-                           "forms its world with MPI: launch with `mpirun -np %d python ...`" % (world, world))
+    if dist_init_required is False or not dist.is_available() or dist.is_initialized():
+        return
+    if world_size not in (-1, world) or rank not in (-1, rank_):
+        raise ValueError("zinf: init_distributed(rank=%d, world_size=%d) disagrees with the launcher's world "
+                         "(rank %d of %d)" % (rank, world_size, rank_, world))
+    backend = dist_backend or accelerator.get_accelerator().communication_backend_name()
+    kwargs = {"backend": backend, "rank": rank_, "world_size": world}
+    if timeout is not None:
+        kwargs["timeout"] = timeout if isinstance(timeout, datetime.timedelta) else datetime.timedelta(seconds=timeout)
+    env = os.environ
+    if init_method is not None:
+        kwargs["init_method"] = init_method
+    elif world == 1:
+        kwargs["store"] = dist.HashStore()  # one process: no rendezvous to make
+    elif env.get("MASTER_ADDR"):
+        kwargs["init_method"] = "tcp://%s:%s" % (env["MASTER_ADDR"], env.get("MASTER_PORT", distributed_port))
+    elif env.get("OMPI_COMM_WORLD_LOCAL_SIZE") == str(world):
+        kwargs["init_method"] = "tcp://127.0.0.1:%s" % env.get("MASTER_PORT", distributed_port)
+    else:
+        raise RuntimeError("zinf: init_distributed over %d ranks on several nodes needs the rendezvous address: set "
+                           "MASTER_ADDR (rank 0's host) and MASTER_PORT, or pass init_method=" % world)
+    dist.init_process_group(**kwargs)
 
 
 def _config_from(args, config, config_params):
@@ -72,7 +102,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
         if key in cfg:
             raise ValueError("zinf: the config's \"%s\" is not supported (zinf runs data parallel ZeRO stages 0-3)"
                              % key)
-    init_distributed()
+    init_distributed(distributed_port=distributed_port, dist_init_required=dist_init_required)
     streamed = getattr(model, "_zinf_weights", None) is not None  # from_pretrained under zero.Init
     whole = not streamed and _built_under_init(model)
     engine = _zt.Engine(model, cfg, optimizer=optimizer, model_parameters=model_parameters,
@@ -82,7 +112,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     if training_data is not None:
         sampler = torch.utils.data.DistributedSampler(training_data, num_replicas=engine.world_size,
                                                       rank=engine.rank)
-        batch = engine.train_micro_batch_size_per_gpu() or 1
+        batch = engine.train_micro_batch_size_per_gpu()  # the config's, derived as DeepSpeed derives it
         dataloader = torch.utils.data.DataLoader(training_data, batch_size=batch, sampler=sampler,
                                                  collate_fn=collate_fn,
                                                  drop_last=bool(cfg.get("dataloader_drop_last", False)))
@@ -90,9 +120,13 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
 
 
 def add_config_arguments(parser):
-    """DeepSpeed's command-line flags (--deepspeed, --deepspeed_config)."""
+    """DeepSpeed's command-line flags, as DeepSpeed adds them: --deepspeed,
+    --deepspeed_config and the deprecated --deepscale, --deepscale_config
+    (a script adds --local_rank itself, if it wants it)."""
     group = parser.add_argument_group("DeepSpeed", "DeepSpeed configurations (zinf)")
-    group.add_argument("--deepspeed", default=False, action="store_true", help="run with zinf")
+    group.add_argument("--deepspeed", default=False, action="store_true",
+                       help="run with zinf (DeepSpeed's flag: kept so that scripts keep their command lines)")
     group.add_argument("--deepspeed_config", default=None, type=str, help="the DeepSpeed JSON config")
-    group.add_argument("--local_rank", default=int(os.environ.get("LOCAL_RANK", "0")), type=int)
+    group.add_argument("--deepscale", default=False, action="store_true", help="deprecated; as --deepspeed")
+    group.add_argument("--deepscale_config", default=None, type=str, help="deprecated; as --deepspeed_config")
     return parser
