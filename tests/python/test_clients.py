@@ -116,6 +116,34 @@ def test_tutorial_script_same_as_deepspeed():
         print("tutorial stage %d: %d steps of 16 within %.2g of DeepSpeed's" % (stage, len(z["steps"]), worst))
 
 
+def test_hf_arguments_made_before_zinf_train_on_zinf():
+    """transformers' own TrainingArguments(deepspeed=...) made before zinf is
+    imported (HF's DeepSpeed set-up ran: accelerate wrote steps_per_print as
+    infinity into the config) and handed to zinf's Trainer: trained on
+    zinf, no JSON error."""
+    code = ("import json, torch, transformers\n"
+            "from transformers import LlamaConfig, LlamaForCausalLM\n"
+            "a = transformers.TrainingArguments(output_dir=%r, deepspeed={'zero_optimization': {'stage': 2}, "
+            "'train_micro_batch_size_per_gpu': 'auto', 'gradient_accumulation_steps': 'auto'}, use_cpu=True, "
+            "report_to=[], max_steps=2, per_device_train_batch_size=2, save_strategy='no')\n"
+            "assert a.hf_deepspeed_config.config.get('steps_per_print') == float('inf')\n"
+            "import zinf.transformers as zt\n"
+            "torch.manual_seed(0)\n"
+            "m = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, "
+            "num_hidden_layers=1, num_attention_heads=2, tie_word_embeddings=False))\n"
+            "rows = [torch.randint(0, 64, (8,)) for _ in range(8)]\n"
+            "t = zt.Trainer(model=m, args=a, train_dataset=[{'input_ids': r, 'labels': r} for r in rows])\n"
+            "t.train()\n"
+            "print(json.dumps({'zinf': t.zinf_engine is not None, 'steps': t.state.global_step}))\n"
+            % os.path.join(SCRATCH, "hf-args-out"))
+    env = dict(os.environ, DS_ACCELERATOR="cpu")
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == {"zinf": True, "steps": 2}
+
+
 def test_trainer_under_torchrun_refused_before_anything_is_built():
     """HF's Trainer with a DeepSpeed config in a torchrun world of two: refused
     at construction, naming the launcher's variables and mpirun (no engine,
