@@ -127,6 +127,16 @@ def enable():
         if callable(fn) and (not name.startswith("__") or name == "__init__"):
             _HF_TRAINER[name] = vars(transformers.Trainer).get(name)
             setattr(transformers.Trainer, name, fn)
+    # The Trainer's log counts parameters with numel(); zinf's carry their
+    # whole size in ds_numel (at stage 3 the tensor itself is a placeholder).
+    import transformers.trainer as hf_trainer
+    if hasattr(hf_trainer, "get_model_param_count"):
+        hf_trainer.get_model_param_count = _param_count
+
+
+def _param_count(model, trainable_only=False):
+    return sum(getattr(p, "ds_numel", None) or p.numel() for p in model.parameters()
+               if not trainable_only or p.requires_grad)
 
 
 def _hf(name):

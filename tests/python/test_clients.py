@@ -120,10 +120,11 @@ def test_hf_arguments_made_before_zinf_train_on_zinf():
     """transformers' own TrainingArguments(deepspeed=...) made before zinf is
     imported (HF's DeepSpeed set-up ran: accelerate wrote steps_per_print as
     infinity into the config) and handed to zinf's Trainer: trained on
-    zinf, no JSON error."""
+    zinf at ZeRO-3, no JSON error, and HF's count of trainable parameters
+    is the model's (not the placeholders' 0)."""
     code = ("import json, torch, transformers\n"
             "from transformers import LlamaConfig, LlamaForCausalLM\n"
-            "a = transformers.TrainingArguments(output_dir=%r, deepspeed={'zero_optimization': {'stage': 2}, "
+            "a = transformers.TrainingArguments(output_dir=%r, deepspeed={'zero_optimization': {'stage': 3}, "
             "'train_micro_batch_size_per_gpu': 'auto', 'gradient_accumulation_steps': 'auto'}, use_cpu=True, "
             "report_to=[], max_steps=2, per_device_train_batch_size=2, save_strategy='no')\n"
             "assert a.hf_deepspeed_config.config.get('steps_per_print') == float('inf')\n"
@@ -134,14 +135,19 @@ def test_hf_arguments_made_before_zinf_train_on_zinf():
             "rows = [torch.randint(0, 64, (8,)) for _ in range(8)]\n"
             "t = zt.Trainer(model=m, args=a, train_dataset=[{'input_ids': r, 'labels': r} for r in rows])\n"
             "t.train()\n"
-            "print(json.dumps({'zinf': t.zinf_engine is not None, 'steps': t.state.global_step}))\n"
+            "from transformers import trainer as hf\n"
+            "n = hf.get_model_param_count(m, trainable_only=True)\n"
+            "print(json.dumps({'zinf': t.zinf_engine is not None, 'steps': t.state.global_step, 'params': n}))\n"
             % os.path.join(SCRATCH, "hf-args-out"))
     env = dict(os.environ, DS_ACCELERATOR="cpu")
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(k, None)
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
-    assert json.loads(r.stdout.strip().splitlines()[-1]) == {"zinf": True, "steps": 2}
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out == {"zinf": True, "steps": 2, "params": out["params"]}
+    # HF's log counts the whole model (at stage 3 the tensors are placeholders).
+    assert out["params"] == 64 * 16 * 2 + 16 * 16 * 4 + 16 * 32 * 3 + 16 * 3, out["params"]
 
 
 def test_trainer_under_torchrun_refused_before_anything_is_built():
