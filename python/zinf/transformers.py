@@ -225,6 +225,15 @@ class _ZinfTrainer:
         self.optimizer = engine.optimizer
         return self.optimizer
 
+    def _wrap_model(self, model, training=True, dataloader=None):
+        """The zinf engine, once it exists, instead of the model: no DDP wrap
+        (zinf reduces the gradients itself; a launcher's world of one, as
+        torchrun --nproc_per_node 1 makes, would otherwise get one) and no
+        second preparation by accelerate."""
+        if getattr(self, "zinf_engine", None) is not None:
+            return self.zinf_engine
+        return _hf("_wrap_model")(self, model, training, dataloader)
+
     def create_scheduler(self, num_training_steps, optimizer=None):
         if getattr(self, "zinf_engine", None) is not None and self._zinf_has_config_scheduler:
             self.lr_scheduler = self.zinf_engine.lr_scheduler  # the config's schedule, run by the engine

@@ -116,12 +116,14 @@ def test_tutorial_script_same_as_deepspeed():
         print("tutorial stage %d: %d steps of 16 within %.2g of DeepSpeed's" % (stage, len(z["steps"]), worst))
 
 
-def test_hf_arguments_made_before_zinf_train_on_zinf():
+@pytest.mark.parametrize("launcher", ["none", "torchrun-1"])
+def test_hf_arguments_made_before_zinf_train_on_zinf(launcher):
     """transformers' own TrainingArguments(deepspeed=...) made before zinf is
     imported (HF's DeepSpeed set-up ran: accelerate wrote steps_per_print as
     infinity into the config) and handed to zinf's Trainer: trained on
     zinf at ZeRO-3, no JSON error, and HF's count of trainable parameters
-    is the model's (not the placeholders' 0)."""
+    is the model's (not the placeholders' 0). Under a launcher's world of
+    one (torchrun --nproc_per_node 1) the model is not wrapped in DDP."""
     code = ("import json, torch, transformers\n"
             "from transformers import LlamaConfig, LlamaForCausalLM\n"
             "a = transformers.TrainingArguments(output_dir=%r, deepspeed={'zero_optimization': {'stage': 3}, "
@@ -142,6 +144,9 @@ def test_hf_arguments_made_before_zinf_train_on_zinf():
     env = dict(os.environ, DS_ACCELERATOR="cpu")
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(k, None)
+    if launcher == "torchrun-1":
+        env.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(29300 + os.getpid() % 90))
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
