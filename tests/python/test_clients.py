@@ -417,7 +417,7 @@ def test_unit_without_gradient_is_named_once():
 def _bert():
     from transformers import BertConfig, BertForMaskedLM
     torch.manual_seed(0)
-    return BertForMaskedLM(BertConfig(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+    return BertForMaskedLM(BertConfig(vocab_size=512, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                                       intermediate_size=64, max_position_embeddings=64, hidden_dropout_prob=0.1,
                                       attention_probs_dropout_prob=0.1, attn_implementation="eager"))
 
@@ -425,7 +425,7 @@ def _bert():
 def _roberta():
     from transformers import RobertaConfig, RobertaForMaskedLM
     torch.manual_seed(0)
-    return RobertaForMaskedLM(RobertaConfig(vocab_size=128, hidden_size=32, num_hidden_layers=2,
+    return RobertaForMaskedLM(RobertaConfig(vocab_size=512, hidden_size=32, num_hidden_layers=2,
                                             num_attention_heads=4, intermediate_size=64, max_position_embeddings=70,
                                             hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1,
                                             attn_implementation="eager"))
@@ -434,7 +434,7 @@ def _roberta():
 def _t5():
     from transformers import T5Config, T5ForConditionalGeneration
     torch.manual_seed(0)
-    return T5ForConditionalGeneration(T5Config(vocab_size=128, d_model=32, d_kv=8, d_ff=64, num_layers=2,
+    return T5ForConditionalGeneration(T5Config(vocab_size=512, d_model=32, d_kv=8, d_ff=64, num_layers=2,
                                                num_decoder_layers=2, num_heads=4, dropout_rate=0.1,
                                                decoder_start_token_id=0, pad_token_id=0))
 
@@ -447,13 +447,14 @@ def test_encoder_models_train_as_torch(family, stage):
     seed before each forward, so the same dropout masks)."""
     import zinf.torch as zt
     make = {"bert": _bert, "roberta": _roberta, "t5": _t5}[family]
+    # A vocabulary of 512 outweighs a block: the embeddings and heads are units of their own.
     g = torch.Generator().manual_seed(5)
-    ids = torch.randint(3, 128, (2, 12), generator=g)
-    labels = torch.randint(3, 128, (2, 12), generator=g)
+    ids = torch.randint(3, 512, (2, 12), generator=g)
+    labels = torch.randint(3, 512, (2, 12), generator=g)
     batch = {"input_ids": ids, "labels": labels}
     if family == "t5":
-        batch["decoder_input_ids"] = torch.randint(3, 128, (2, 8), generator=g)
-        batch["labels"] = torch.randint(3, 128, (2, 8), generator=g)
+        batch["decoder_input_ids"] = torch.randint(3, 512, (2, 8), generator=g)
+        batch["labels"] = torch.randint(3, 512, (2, 8), generator=g)
     model, ref = make(), make()
     model.train()
     ref.train()
