@@ -694,7 +694,8 @@ class Engine(torch.nn.Module):
             self.report_loss(float(loss.detach()))
         scale = self.loss_scale()
         (loss * scale if scale != 1.0 else loss).backward(retain_graph=retain_graph)
-        self._check_placeholders_unread()
+        if self.zero_stage == 3:  # at stages 0-2 every parameter is bound from initialize() on
+            self._check_placeholders_unread()
         # Units whose parameters got no gradient (some or all) are reported
         # with zeros there; every unit is released and its .grad dropped.
         without = self._core.end_backward()
