@@ -202,19 +202,30 @@ Result<nvme::IoEngine*> EngineImpl::CheckpointIo() {
   return ckpt_io_.get();
 }
 
-Status EngineImpl::AgreeOk(const Status& mine) {
+Status EngineImpl::AgreeOk(const Status& mine, bool* reached) {
+  if (reached) *reached = !distributed();
   if (!distributed()) return mine;
   // Each rank contributes 1 + its rank when it failed; the max names one.
+  // A rank that cannot take part in a collective here (out of memory for
+  // the flag, a failed copy) must not leave its peers waiting for it until
+  // the deadline: it stops the communicator, whose notice ends their wait
+  // naming this rank and the cause.
+  auto cannot_agree = [&](const Status& why) -> Status {
+    comm_->Abort(why);
+    return !mine.ok() ? mine : why;
+  };
   float flag = mine.ok() ? 0.0f : static_cast<float>(rank_ + 1);
-  ZINF_ASSIGN_OR_RETURN(void* buf, Alloc(2 * sizeof(float), "checkpoint agreement"));
-  float* d = static_cast<float*>(buf);
+  Result<void*> buf = Alloc(2 * sizeof(float), "checkpoint agreement");
+  if (!buf.ok()) return cannot_agree(buf.status());
+  float* d = static_cast<float*>(*buf);
   Status s = device_.CopyToDevice(d, &flag, sizeof flag, *stream_);
   if (s.ok()) s = comm_->AllReduce(d, d + 1, 1, DType::kFloat32, ReduceOp::kMax, *stream_);
   float worst = 0;
   if (s.ok()) s = device_.CopyToHost(&worst, d + 1, sizeof worst, *stream_);
   Status sync = stream_->Synchronize();
-  Status f = device_.Free(buf, *stream_);
-  if (!s.ok() || !sync.ok()) return !mine.ok() ? mine : !s.ok() ? s : sync;
+  Status f = device_.Free(*buf, *stream_);
+  if (!s.ok() || !sync.ok()) return cannot_agree(!s.ok() ? s : sync);
+  if (reached) *reached = true;
   if (worst > 0) {
     // Every rank learns why: the failed rank broadcasts its error's text
     // (every rank knows which one, so all of them take part).
@@ -231,6 +242,7 @@ Status EngineImpl::AgreeOk(const Status& mine) {
     if (t.ok()) t = device_.CopyToHost(text.data(), *tb, kWords * 4, *stream_);
     if (Status ts = stream_->Synchronize(); t.ok()) t = ts;
     if (tb.ok()) (void)device_.Free(*tb, *stream_);
+    if (!t.ok()) comm_->Abort(t);  // a peer may still wait in the broadcast
     why = t.ok() ? std::string(text.c_str()) : "its error did not arrive (" + t.ToString() + ")";
     if (!mine.ok()) return mine;
     return Unavailable("rank " + std::to_string(failed) + " stopped: " + why);
@@ -349,9 +361,13 @@ Result<std::string> EngineImpl::Save(const std::string& dir, const std::string& 
   }
   ZINF_RETURN_IF_ERROR(AgreeOk(prepared));
   // A failure from here on removes step-N.tmp: the previous checkpoint and
-  // `latest` are untouched.
-  auto abandon = [&](const Status& s) -> Status {
-    if (rank_ == 0) {
+  // `latest` are untouched. Only once every rank is known to be done with
+  // it: when a rank stopped without taking part in the agreement, a slower
+  // peer may still be writing there, and removing it would turn that peer's
+  // report of the failed rank into an ENOENT of its own. The next save
+  // removes what is left.
+  auto abandon = [&](const Status& s, bool every_rank_done) -> Status {
+    if (rank_ == 0 && every_rank_done) {
       std::error_code ec;
       fs::remove_all(tmp, ec);
     }
@@ -366,7 +382,8 @@ Result<std::string> EngineImpl::Save(const std::string& dir, const std::string& 
         ckpt::WriteFileAtomic((fs::path(tmp) / ("rank-" + std::to_string(rank_) + ".json")).string(),
                               nlohmann::json{{"file", bin}, {"align", ckpt::kSliceAlign}, {"tensors", table}}.dump(1));
   }
-  if (Status all = AgreeOk(written); !all.ok()) return abandon(all);
+  bool reached = false;
+  if (Status all = AgreeOk(written, &reached); !all.ok()) return abandon(all, reached);
   Status committed;
   if (rank_ == 0) {
     nlohmann::json units = nlohmann::json::array();
@@ -418,7 +435,7 @@ Result<std::string> EngineImpl::Save(const std::string& dir, const std::string& 
         committed = IoError("rename " + tmp + " -> " + final_dir + ": " + std::strerror(errno));
       }
     }
-    if (!committed.ok()) committed = abandon(committed);
+    if (!committed.ok()) committed = abandon(committed, true);
     // From here step-N is complete; a failure below leaves `latest` at the
     // previous checkpoint, which is intact.
     if (committed.ok()) committed = ckpt::FsyncDir(dir);

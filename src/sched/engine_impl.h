@@ -414,8 +414,11 @@ class EngineImpl final : public Engine {
   Status ReadShards(ckpt::CheckpointReader& reader);
   Result<nvme::IoEngine*> CheckpointIo();
   // Whether every rank's `mine` is OK (collective): the first failure here,
-  // or kAborted-like kUnavailable naming a failed rank.
-  Status AgreeOk(const Status& mine);
+  // or kAborted-like kUnavailable naming a failed rank. A rank that cannot
+  // take part (no memory for the flag) aborts the communicator.
+  // reached (optional): set when every rank took part, so that every rank
+  // is past the work the agreement is about.
+  Status AgreeOk(const Status& mine, bool* reached = nullptr);
   // Unit i's norm partials: at its last micro-step of the window (or `now`;
   // zeros when it has no gradient this window).
   Status EnqueuePartials(size_t i, bool now = false);

@@ -21,8 +21,8 @@
 // Stats, ReadState. Registration (AddUnit) keeps its own
 // errors: nothing has been enqueued toward the peers before Finalize. Save
 // and Load already agree on their outcome across the ranks (a failed Save
-// fails on every rank and training may go on); a stopped engine refuses
-// Save.
+// fails on every rank and training may go on; a rank that cannot take part
+// in that agreement stops them all); a stopped engine refuses Save.
 // Thread-safety: as Engine.
 #pragma once
 

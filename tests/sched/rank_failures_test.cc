@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -136,6 +137,34 @@ TEST_P(RankFailuresTest, ANonFiniteLossOnOneRankStopsEveryRank) {
   const Status st = Step(rank() == victim() ? std::nan("") : 2.0);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   ExpectStoppedTogether(st, s, "FailedPrecondition: the loss is nan");
+}
+
+// A rank that stops inside a save without joining the agreement on the
+// written files: every peer names it, and rank 0 leaves step-N.tmp where it
+// is (a slower peer may still be writing there; the next save removes it).
+TEST_P(RankFailuresTest, ARankThatDropsOutOfASaveIsNamedAndNoPeerLosesItsFiles) {
+  namespace fs = std::filesystem;
+  const std::string dir = test::TestDir() + "/save_drop_out_stage" + std::to_string(GetParam());
+  if (rank() == 0) fs::remove_all(dir);
+  ASSERT_TRUE(Step().ok());  // its collectives also order the removal before any save
+  // The victim's allocations in Save: 1 the agreement to start, 2 the
+  // agreement on the written files.
+  if (rank() == victim()) {
+    ASSERT_TRUE(fault::SetPlanForTesting("alloc:2"));
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  const Status st = engine_->Save(dir).status();
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (rank() == victim()) {
+    EXPECT_NE(st.ToString().find("checkpoint agreement"), std::string::npos)
+        << "the fault should hit the agreement on the written files: " << st.ToString();
+  }
+  ExpectStoppedTogether(st, s, "OutOfMemory");
+  if (rank() == 0) {
+    EXPECT_TRUE(fs::exists(dir + "/step-1.tmp/rank-0.json"))
+        << "rank 0 removed step-1.tmp while its peers could still be writing there";
+    EXPECT_FALSE(fs::exists(dir + "/step-1")) << "a failed save must not complete";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Stages, RankFailuresTest, ::testing::Values(1, 2, 3),
