@@ -1,8 +1,9 @@
 """ctypes bindings of the parts of zinf's C ABI (include/zinf/zinf.h) the
 Python front-end uses: communicators, the engine, streams, checkpoints.
 
-The library is found through $ZINF_LIBRARY (a path to libzinf.so), else the
-dynamic loader's search path ("libzinf.so.0", "libzinf.so"). Every call that
+The library is found through $ZINF_LIBRARY (a path to libzinf.so), else in
+this package's folder (where `pip install .` puts it), else on the dynamic
+loader's search path ("libzinf.so.0", "libzinf.so": `cmake --install`). Every call that
 returns a status raises ZinfError with zinf_last_error()'s text on failure.
 """
 import ctypes
@@ -90,7 +91,11 @@ def lib():
     """The loaded library (loaded on first use)."""
     global _lib
     if _lib is None:
-        names = [os.environ["ZINF_LIBRARY"]] if os.environ.get("ZINF_LIBRARY") else ["libzinf.so.0", "libzinf.so"]
+        if os.environ.get("ZINF_LIBRARY"):
+            names = [os.environ["ZINF_LIBRARY"]]
+        else:
+            packaged = os.path.join(os.path.dirname(os.path.abspath(__file__)), "libzinf.so.0")
+            names = ([packaged] if os.path.isfile(packaged) else []) + ["libzinf.so.0", "libzinf.so"]
         errors = []
         for name in names:
             try:
@@ -99,7 +104,8 @@ def lib():
             except OSError as e:
                 errors.append(str(e))
         else:
-            raise OSError("zinf: cannot load the C library (%s); set ZINF_LIBRARY to the path of libzinf.so"
+            raise OSError("zinf: cannot load the C library (%s); install zinf with `pip install .` from its "
+                          "source tree, or set ZINF_LIBRARY to the path of libzinf.so"
                           % "; ".join(errors))
         for fn_name, (restype, argtypes) in _SIGNATURES.items():
             fn = getattr(loaded, fn_name)

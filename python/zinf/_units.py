@@ -549,6 +549,21 @@ def _loaded_library_path():
 _EXTENSION = None  # (module or None, why it is not used)
 
 
+def _check_torch_version(path):
+    """Refuses a C++ core built against another torch (its C++ ABI changes between releases: loading it
+    could crash later rather than now). The version is the one its build recorded beside it."""
+    recorded = os.path.join(os.path.dirname(path), "_zinf_torch.torch_version")
+    if not os.path.isfile(recorded):
+        return
+    with open(recorded) as f:
+        built = f.read().strip()
+    if built and built != torch.__version__:
+        raise ImportError("zinf.torch: its C++ core %s was built against torch %s, but this environment has torch "
+                          "%s. Rebuild zinf against this torch (`pip install --no-build-isolation --force-reinstall "
+                          "<zinf source>`, or scripts/build for a build tree), or set ZINF_TORCH_EXTENSION=off to "
+                          "run its slower Python core." % (path, built, torch.__version__))
+
+
 def extension():
     """The C++ core's module, or None (and why) where it is not used."""
     global _EXTENSION
@@ -576,6 +591,7 @@ def extension():
         return _EXTENSION
     failures = []
     for path in paths:
+        _check_torch_version(path)
         try:
             spec = importlib.util.spec_from_file_location("_zinf_torch", path)
             module = importlib.util.module_from_spec(spec)
