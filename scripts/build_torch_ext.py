@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Builds zinf.torch's C++ hooks (_zinf_torch, src/torch/torch_hooks.cc) for
+"""Builds zinf.torch's C++ core (_zinf_torch: src/torch/torch_hooks.cc and torch_comm.cc) for
 the Python and torch that run this script, with torch's own extension
 builder (a C++ compiler is all it needs; about a minute), where CMake's
 build of it does not fit: another Python or torch than the build's (a GPU
@@ -7,7 +7,7 @@ machine's image), or zinf's package installed by pip.
 
   build_torch_ext.py OUT_DIR [--source ROOT] [--reuse MODULE]
 
-ROOT holds src/torch/torch_hooks.cc, src/torch/torch_core.h and
+ROOT holds src/torch/ (torch_hooks.cc, torch_comm.cc and their headers) and
 include/zinf/zinf.h (default: this checkout, or the GPU bundle this script
 sits in). --reuse MODULE: a module already built; when it loads here,
 nothing is built. Prints the module's path last; set ZINF_TORCH_EXTENSION
@@ -44,9 +44,11 @@ def main():
             print(args.reuse)
             return
         print("build_torch_ext: %s does not load here (%s): building" % (args.reuse, why))
-    source = os.path.join(args.source, "src", "torch", "torch_hooks.cc")
+    here = os.path.join(args.source, "src", "torch")
+    sources = [os.path.join(here, "torch_hooks.cc"), os.path.join(here, "torch_comm.cc")]
     include = os.path.join(args.source, "include")
-    for path in (source, os.path.join(os.path.dirname(source), "torch_core.h"), os.path.join(include, "zinf", "zinf.h")):
+    for path in sources + [os.path.join(here, "torch_core.h"), os.path.join(here, "torch_comm.h"),
+                           os.path.join(include, "zinf", "zinf.h")]:
         if not os.path.isfile(path):
             raise SystemExit("build_torch_ext: %s is missing (--source names the folder that holds src/ and include/)"
                              % path)
@@ -54,7 +56,7 @@ def main():
     from torch.utils import cpp_extension
     os.makedirs(args.out, exist_ok=True)
     t0 = time.time()
-    module = cpp_extension.load(name="_zinf_torch", sources=[source], extra_include_paths=[include],
+    module = cpp_extension.load(name="_zinf_torch", sources=sources, extra_include_paths=[include],
                                 build_directory=os.path.abspath(args.out), extra_cflags=["-O2"], verbose=False)
     print("build_torch_ext: built for torch %s and Python %s in %.0f s" % (
         torch.__version__, sys.version.split()[0], time.time() - t0))

@@ -154,6 +154,59 @@ ZINF_API int zinf_comm_create_nccl(int rank, int world_size, const void* unique_
  * Errors: ZINF_ERR_UNIMPLEMENTED in a build without NCCL. */
 ZINF_API int zinf_comm_wrap_nccl(void* nccl_comm, zinf_comm** out);
 
+/* A communicator over collectives another runtime already runs for the job
+ * (zinf.torch: a gloo process group of torch.distributed, under torchrun,
+ * the deepspeed launcher, accelerate launch or srun), for engines on the
+ * CPU device. zinf keeps its own contract on top: collectives numbered and
+ * started in the same order on every rank, the rank-order reduction (the
+ * same bits as zinf_comm_create_mpi's), deadlines and failure notices
+ * naming the rank (src/cpu/transport_comm.h). The caller supplies:
+ *   rank, size, local_size: this process's place (local_size: ranks on this
+ *     machine, which per-rank thread defaults divide the machine by);
+ *   start: begins operation `op` (ZINF_TRANSPORT_*) and returns at once with
+ *     a handle in *out_handle; 0, or -1 with the reason in `error` (at most
+ *     error_bytes, NUL-terminated). ALL_GATHER: `bytes` from send, size*bytes
+ *     into recv (rank r's at r*bytes; send may be recv + rank*bytes);
+ *     ALL_TO_ALL: size*bytes each way, send's chunk p to rank p, rank p's
+ *     chunk at recv + p*bytes; BROADCAST: `bytes` of rank root's recv into
+ *     every rank's recv; BARRIER: no buffers;
+ *   test: 1 done, 0 not yet, -1 failed (reason in `error`); never blocks;
+ *   release: ends a handle, done or not (not done: the operation may still
+ *     use its buffers; zinf keeps them);
+ *   post / read: a board every rank sees (a store): post sets `key` to
+ *     `value`; read copies the value of `key` into `value` (at most
+ *     value_bytes; the full length in *out_bytes) and returns 1, 0 when there
+ *     is no such key yet, -1 on failure; read never blocks;
+ *   destroy: called once when the communicator is destroyed (may be NULL).
+ * Every function may be called from any of zinf's threads, start from one at
+ * a time. On success zinf owns `ctx` (destroy); on failure the caller keeps
+ * it. A collective that makes no progress for `timeout_seconds` (<= 0: 300)
+ * fails with ZINF_ERR_UNAVAILABLE naming the silent ranks.
+ * Thread-safety: as the other create functions. */
+typedef enum {
+  ZINF_TRANSPORT_ALL_GATHER = 0,
+  ZINF_TRANSPORT_ALL_TO_ALL = 1,
+  ZINF_TRANSPORT_BROADCAST = 2,
+  ZINF_TRANSPORT_BARRIER = 3
+} zinf_transport_op;
+
+typedef struct zinf_transport {
+  void* ctx;
+  int rank;
+  int size;
+  int local_size;
+  int (*start)(void* ctx, int op, const void* send, void* recv, size_t bytes, int root, void** out_handle, char* error,
+               size_t error_bytes);
+  int (*test)(void* ctx, void* handle, char* error, size_t error_bytes);
+  void (*release)(void* ctx, void* handle);
+  int (*post)(void* ctx, const char* key, const char* value, size_t value_bytes, char* error, size_t error_bytes);
+  int (*read)(void* ctx, const char* key, char* value, size_t value_bytes, size_t* out_bytes, char* error,
+              size_t error_bytes);
+  void (*destroy)(void* ctx);
+} zinf_transport;
+
+ZINF_API int zinf_comm_create_transport(const zinf_transport* transport, double timeout_seconds, zinf_comm** out);
+
 /* This process's rank and the number of ranks. */
 ZINF_API int zinf_comm_rank(const zinf_comm* comm, int* out_rank);
 ZINF_API int zinf_comm_size(const zinf_comm* comm, int* out_size);

@@ -108,8 +108,9 @@ def resolve_auto(config, context):
 
 def launcher_world():
     """(rank, world size, launcher) as the environment says: Open MPI's
-    mpirun, MPICH/Slurm's PMI, or torchrun / the deepspeed launcher (RANK,
-    WORLD_SIZE)."""
+    mpirun, MPICH's PMI ("mpirun"); torchrun, the deepspeed launcher or
+    accelerate launch (RANK, WORLD_SIZE: "torchrun"); Slurm's srun
+    (SLURM_PROCID, SLURM_NTASKS: "srun")."""
     env = os.environ
     for rank_key, size_key, name in (("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "mpirun"),
                                      ("PMI_RANK", "PMI_SIZE", "mpirun"),
@@ -118,27 +119,31 @@ def launcher_world():
             return int(env.get(rank_key, "0")), int(env[size_key]), name
     if env.get("WORLD_SIZE"):
         return int(env.get("RANK", "0")), int(env["WORLD_SIZE"]), "torchrun"
+    if env.get("SLURM_NTASKS") and env.get("SLURM_PROCID"):
+        return int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"]), "srun"
     return 0, 1, None
 
 
 def check_launcher():
-    """Refuses, before anything is built, a launcher whose world zinf cannot
-    join: torchrun, the deepspeed launcher or accelerate launch with several
-    processes (zinf forms its world with MPI)."""
+    """Refuses, before HF's Trainer builds anything, a world of several
+    processes started by torchrun, the deepspeed launcher, accelerate launch
+    or srun: zinf.transformers does not yet run the Trainer on several ranks
+    under those launchers (zinf.deepspeed and zinf.torch scripts do)."""
     rank, world, launcher = launcher_world()
-    if launcher == "torchrun" and world > 1:
+    if launcher in ("torchrun", "srun") and world > 1:
         raise RuntimeError(
-            "zinf: this process is rank %d of %d started by torchrun, the deepspeed launcher or accelerate launch "
-            "(RANK=%s, WORLD_SIZE=%s, LOCAL_RANK=%s); zinf forms its world with MPI, so each process would train "
-            "its own copy of the model. Launch with `mpirun -np %d python ...` instead"
-            % (rank, world, os.environ.get("RANK"), os.environ.get("WORLD_SIZE"), os.environ.get("LOCAL_RANK"), world))
+            "zinf: this process is rank %d of %d started by %s (RANK=%s, WORLD_SIZE=%s, LOCAL_RANK=%s); "
+            "zinf.transformers' Trainer does not yet train on several ranks under torchrun, the deepspeed "
+            "launcher, accelerate launch or srun, so each process would train its own copy of the model. "
+            "Train on one process, or write the loop with zinf.deepspeed (which joins these launchers' world)"
+            % (rank, world, launcher, os.environ.get("RANK"), os.environ.get("WORLD_SIZE"),
+               os.environ.get("LOCAL_RANK")))
 
 
 def check_world(zinf_world):
     """Refuses a run whose launcher started more processes than zinf's
-    communicator joined: under torchrun or the deepspeed launcher each
-    process would otherwise train its own copy of the model. zinf forms its
-    world with MPI: launch with mpirun."""
+    communicator joined: each process would otherwise train its own copy of
+    the model."""
     rank, world, launcher = launcher_world()
     dist_world = None
     try:
@@ -150,9 +155,9 @@ def check_world(zinf_world):
     expected = max(world, dist_world or 1)
     if expected != zinf_world:
         who = ("torch.distributed's process group has %d ranks" % dist_world if dist_world and dist_world > 1
-               else "%s started %d processes (WORLD_SIZE)" % (launcher or "the launcher", world))
+               else "%s started %d processes" % (launcher or "the launcher", world))
         raise RuntimeError(
-            "zinf: %s, but zinf's communicator joined %d: zinf forms its world with MPI, so each process would "
-            "train its own copy of the model. Launch with mpirun instead, e.g. "
-            "`mpirun -np %d python train.py ...` (torchrun and the deepspeed launcher are not supported)"
-            % (who, zinf_world, expected))
+            "zinf: %s, but zinf's communicator joined %d, so each process would train its own copy of the "
+            "model. Start every process with one launcher (mpirun, torchrun, the deepspeed launcher, accelerate "
+            "launch or srun), and do not initialize torch.distributed over a different world"
+            % (who, zinf_world))

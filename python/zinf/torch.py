@@ -65,9 +65,10 @@ no call waits on the host in a micro-step. The engine's device memory is a
 budget it takes at initialize(): the config's zinf.device_memory, or by
 default what its tiers need for this model plus staging.
 
-Ranks: under mpirun each rank runs its own copy of the script on its own
-batches and the engine reduces the gradients across ranks. A launcher that
-started processes zinf's communicator did not join (torchrun) is refused.
+Ranks: each rank runs its own copy of the script on its own batches and the
+engine reduces the gradients across ranks. The world is the launcher's
+(mpirun, torchrun, the deepspeed launcher, accelerate launch, srun; see
+zinf/_world.py); on GPUs, mpirun's only.
 """
 import ctypes
 import functools
@@ -82,7 +83,7 @@ import weakref
 import torch
 import torch.utils._pytree as pytree
 
-from . import _capi, _config, _lazy, _optim, _units
+from . import _capi, _config, _lazy, _optim, _units, _world
 from ._capi import ZinfError, check  # noqa: F401  (ZinfError is part of the API)
 
 _TORCH_DTYPE = _units.TORCH_DTYPE
@@ -254,7 +255,6 @@ class Engine(torch.nn.Module):
     def __init__(self, model, config, unit_modules=None, optimizer=None, model_parameters=None, lr_scheduler=None,
                  comm_timeout_seconds=None, auto_context=None, held_modules=None, _weights=None):
         super().__init__()
-        _config.check_launcher()  # before anything is built: the launcher's world must be one zinf joins
         L = self._lib = _capi.lib()
         cfg = _config.load(config)
         zinf_keys = cfg.get("zinf") if isinstance(cfg.get("zinf"), dict) else {}
@@ -265,6 +265,7 @@ class Engine(torch.nn.Module):
             _weights = _lazy.Reader(model)  # built inside zinf.deepspeed.zero.Init: the values wait in its spill
         self.device = _model_device(model, zinf_keys) if _weights is None else torch.device("cpu")
         self._cuda = self.device.type == "cuda"
+        _world.check_before_engine(self.device.type)  # before anything is built: a world zinf can join
 
         # The optimizer: the config's, or a client's Adam/AdamW.
         client = None
@@ -313,10 +314,9 @@ class Engine(torch.nn.Module):
         self._report_loss = zinf_keys.get("stop_on_nonfinite_loss") is True
         self._config = cfg
 
-        self._comm = ctypes.c_void_p()
         self._engine = ctypes.c_void_p()
         self._stream = ctypes.c_void_p()
-        check(L.zinf_comm_create_mpi(comm_timeout_seconds, ctypes.byref(self._comm)), "zinf_comm_create_mpi")
+        self._comm = _world.create_comm(comm_timeout_seconds)
         check(L.zinf_engine_create(json.dumps(cfg).encode(), self._comm, ctypes.byref(self._engine)), "engine config")
         if self._cuda:
             native = torch.cuda.current_stream(self.device).cuda_stream

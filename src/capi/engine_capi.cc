@@ -3,10 +3,12 @@
 // the pointer arrays the C structs point into.
 // Thread-safety: as zinf.h states per group; the wrappers add no state that
 // is shared between threads beyond what the wrapped objects already guard.
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -15,6 +17,7 @@
 #include "capi/capi_internal.h"
 #include "common/communicator.h"
 #include "cpu/host_device.h"
+#include "cpu/transport_comm.h"
 #include "sched/backends.h"
 #include "sched/lr_schedule.h"
 #include "zinf/config.h"
@@ -22,7 +25,7 @@
 #include "zinf/engine.h"
 #include "zinf/zinf.h"
 
-enum class CommKind { kMpi, kNccl };
+enum class CommKind { kMpi, kNccl, kTransport };
 
 struct zinf_comm {
   std::unique_ptr<zinf::Communicator> comm;
@@ -60,6 +63,58 @@ Status ReturnString(const std::string& text, char** out) {
   *out = s;
   return Status::Ok();
 }
+
+// zinf_transport as a cpu::Transport. Owns its ctx (calls destroy) only
+// once Own ran: a communicator that could not be created leaves it to the
+// caller.
+class CTransport final : public cpu::Transport {
+ public:
+  explicit CTransport(const zinf_transport& t) : t_(t) { t_.destroy = nullptr; }
+  ~CTransport() override {
+    if (t_.destroy) t_.destroy(t_.ctx);
+  }
+  int rank() const override { return t_.rank; }
+  int size() const override { return t_.size; }
+  int local_size() const override { return t_.local_size; }
+
+  Result<Handle> Start(Op op, const void* send, void* recv, size_t bytes, int root) override {
+    char error[kErrorBytes] = {0};
+    Handle h = nullptr;
+    if (t_.start(t_.ctx, static_cast<int>(op), send, recv, bytes, root, &h, error, sizeof(error)) != 0)
+      return Unavailable("transport start: " + Text(error));
+    return h;
+  }
+  Result<bool> Test(Handle handle) override {
+    char error[kErrorBytes] = {0};
+    const int rc = t_.test(t_.ctx, handle, error, sizeof(error));
+    if (rc < 0) return Unavailable("transport: " + Text(error));
+    return rc == 1;
+  }
+  void Release(Handle handle) override { t_.release(t_.ctx, handle); }
+  Status Post(const std::string& key, const std::string& value) override {
+    char error[kErrorBytes] = {0};
+    if (t_.post(t_.ctx, key.c_str(), value.data(), value.size(), error, sizeof(error)) != 0)
+      return Unavailable("transport board: post " + key + ": " + Text(error));
+    return Status::Ok();
+  }
+  Result<std::optional<std::string>> Read(const std::string& key) override {
+    char error[kErrorBytes] = {0};
+    std::string value(kValueBytes, '\0');
+    size_t n = 0;
+    const int rc = t_.read(t_.ctx, key.c_str(), value.data(), value.size(), &n, error, sizeof(error));
+    if (rc < 0) return Unavailable("transport board: read " + key + ": " + Text(error));
+    if (rc == 0) return std::optional<std::string>();
+    value.resize(std::min(n, value.size()));
+    return std::optional<std::string>(std::move(value));
+  }
+  void Own(void (*destroy)(void*)) { t_.destroy = destroy; }
+
+ private:
+  static constexpr size_t kErrorBytes = 1024;
+  static constexpr size_t kValueBytes = 4096;
+  static std::string Text(const char* s) { return s[0] ? std::string(s) : std::string("(no reason given)"); }
+  zinf_transport t_;
+};
 
 Status CreateEngine(Result<Config> config, zinf_comm* comm, zinf_engine** out) {
   ZINF_RETURN_IF_ERROR(NotNull(out, "out"));
@@ -184,6 +239,23 @@ ZINF_API int zinf_comm_wrap_nccl(void* nccl_comm, zinf_comm** out) {
     ZINF_RETURN_IF_ERROR(NotNull(nccl_comm, "nccl_comm"));
     ZINF_ASSIGN_OR_RETURN(auto comm, zinf::sched::WrapNcclCommunicator(nccl_comm, zinf::CommOptions{}));
     *out = new zinf_comm{std::move(comm), CommKind::kNccl};
+    return Status::Ok();
+  });
+}
+
+ZINF_API int zinf_comm_create_transport(const zinf_transport* transport, double timeout_seconds, zinf_comm** out) {
+  return Guard(__func__, [&]() -> Status {
+    ZINF_RETURN_IF_ERROR(NotNull(transport, "transport"));
+    ZINF_RETURN_IF_ERROR(NotNull(out, "out"));
+    if (!transport->start || !transport->test || !transport->release || !transport->post || !transport->read)
+      return zinf::InvalidArgument("transport: start, test, release, post and read must all be set");
+    zinf::CommOptions options;
+    if (timeout_seconds > 0) options.timeout_seconds = timeout_seconds;
+    auto wrapped = std::make_unique<zinf::capi::CTransport>(*transport);
+    zinf::capi::CTransport* raw = wrapped.get();
+    ZINF_ASSIGN_OR_RETURN(auto comm, zinf::cpu::CreateTransportCommunicator(std::move(wrapped), options));
+    raw->Own(transport->destroy);
+    *out = new zinf_comm{std::move(comm), CommKind::kTransport};
     return Status::Ok();
   });
 }

@@ -30,6 +30,7 @@
 
 #include "common/check.h"
 #include "common/logging.h"
+#include "cpu/collective_call.h"
 #include "cpu/io_memory.h"
 #include "cpu/mpi_runtime.h"
 #include "cpu/startup_watch.h"
@@ -71,109 +72,6 @@ constexpr auto kNoticeGrace = std::chrono::milliseconds(500);
 
 // tag = (seq * kPhases + phase) mod (MPI_TAG_UB + 1).
 enum Phase : int { kCheckPhase = 0, kDataPhase = 1, kGatherPhase = 2, kPhases = 3 };
-
-// ---------------------------------------------------------------------------
-// Staging buffers for the all-to-all, kept for reuse so a steady stream of
-// same-size collectives does not fault in fresh pages every time.
-class StagingPool {
- public:
-  struct Buffer {
-    std::unique_ptr<std::byte[]> data;
-    size_t bytes = 0;
-  };
-
-  Result<Buffer> Acquire(size_t bytes) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      auto best = free_.end();
-      for (auto it = free_.begin(); it != free_.end(); ++it)
-        if (it->bytes >= bytes && (best == free_.end() || it->bytes < best->bytes)) best = it;
-      if (best != free_.end()) {
-        Buffer b = std::move(*best);
-        free_.erase(best);
-        return b;
-      }
-    }
-    Buffer b;
-    b.data.reset(new (std::nothrow) std::byte[std::max<size_t>(bytes, 1)]);
-    if (!b.data) return OutOfMemory("staging buffer of " + std::to_string(bytes) + " bytes");
-    b.bytes = bytes;
-    return b;
-  }
-
-  void Release(Buffer b) {
-    std::lock_guard<std::mutex> lock(mu_);
-    free_.push_back(std::move(b));
-    if (free_.size() > kMaxFree) {  // drop the smallest
-      auto smallest = std::min_element(free_.begin(), free_.end(),
-                                       [](const Buffer& x, const Buffer& y) { return x.bytes < y.bytes; });
-      free_.erase(smallest);
-    }
-  }
-
- private:
-  static constexpr size_t kMaxFree = 4;
-  std::mutex mu_;
-  std::vector<Buffer> free_;
-};
-
-// ---------------------------------------------------------------------------
-struct CallInfo {
-  CollectiveKind kind = CollectiveKind::kBarrier;
-  uint64_t seq = 0;
-  size_t count = 0;
-  DType dtype = DType::kFloat32;
-  ReduceOp op = ReduceOp::kSum;
-  int root = -1;
-
-  bool reduces() const { return kind == CollectiveKind::kReduceScatter || kind == CollectiveKind::kAllReduce; }
-};
-
-// "(fp32, 1048576 elements)", "(bf16, 8 elements, max)", "(fp32, 3 elements, root 1)"; "" for a barrier.
-std::string DescribeArgs(const CallInfo& c) {
-  if (c.kind == CollectiveKind::kBarrier) return "";
-  std::string s = " (" + std::string(DTypeName(c.dtype)) + ", " + std::to_string(c.count) + " elements";
-  if (c.reduces() && c.op != ReduceOp::kSum) s += ", " + std::string(ReduceOpName(c.op));
-  if (c.kind == CollectiveKind::kBroadcast) s += ", root " + std::to_string(c.root);
-  return s + ")";
-}
-
-// "all_reduce #17 (fp32, 1048576 elements)".
-std::string Describe(const CallInfo& c) {
-  return std::string(CollectiveName(c.kind)) + " #" + std::to_string(c.seq) + DescribeArgs(c);
-}
-
-// What ranks exchange in checking mode. Fixed-size, host byte order (the
-// ranks of one job run the same binary).
-struct WireCall {
-  uint64_t seq;
-  uint64_t count;
-  int32_t kind;
-  int32_t dtype;
-  int32_t op;
-  int32_t root;
-
-  static WireCall From(const CallInfo& c) {
-    return WireCall{c.seq,
-                    c.count,
-                    static_cast<int32_t>(c.kind),
-                    static_cast<int32_t>(c.dtype),
-                    c.reduces() ? static_cast<int32_t>(c.op) : 0,
-                    c.root};
-  }
-  CallInfo ToInfo() const {
-    CallInfo c;
-    c.seq = seq;
-    c.count = count;
-    c.kind = static_cast<CollectiveKind>(kind);
-    c.dtype = static_cast<DType>(dtype);
-    c.op = static_cast<ReduceOp>(op);
-    c.root = root;
-    return c;
-  }
-  bool operator==(const WireCall&) const = default;
-};
-static_assert(sizeof(WireCall) == 32);
 
 // One message to post: a send to or a receive from `peer`.
 struct Transfer {
@@ -335,21 +233,8 @@ class MpiComm final : public Communicator {
   using Body = std::function<Status(const CallInfo&, const StreamContext&, Clock::time_point*)>;
 
   Status Validate(const CallInfo& c, const void* send, const void* recv) const {
-    const std::string name(CollectiveName(c.kind));
-    if (broken_.load()) return BrokenError(name);
-    if (static_cast<unsigned>(c.dtype) > static_cast<unsigned>(DType::kFloat16))
-      return InvalidArgument(name + ": unknown dtype " + std::to_string(static_cast<int>(c.dtype)));
-    if (c.reduces() && c.op != ReduceOp::kSum && c.op != ReduceOp::kMax)
-      return InvalidArgument(name + ": unknown reduce op " + std::to_string(static_cast<int>(c.op)));
-    if (c.kind == CollectiveKind::kBroadcast && (c.root < 0 || c.root >= size_))
-      return InvalidArgument(name + ": root " + std::to_string(c.root) + " is not a rank of this " +
-                             std::to_string(size_) + "-rank communicator");
-    const size_t elem = DTypeSizeBytes(c.dtype);
-    if (c.count > SIZE_MAX / elem / static_cast<size_t>(size_))
-      return InvalidArgument(name + ": " + std::to_string(c.count) + " elements overflow a byte count");
-    if (c.kind != CollectiveKind::kBarrier && c.count > 0 && (!send || !recv))
-      return InvalidArgument(name + DescribeArgs(c) + ": null buffer");
-    return Status::Ok();
+    if (broken_.load()) return BrokenError(std::string(CollectiveName(c.kind)));
+    return ValidateCall(c, send, recv, size_);
   }
 
   // Receives a peer's failure notice, if one came, and breaks on it.
@@ -462,13 +347,7 @@ class MpiComm final : public Communicator {
       transfers.push_back({true, p, &calls[rank_], sizeof(WireCall)});
     }
     ZINF_RETURN_IF_ERROR(Exchange(info, kCheckPhase, transfers, last_progress));
-    for (int p = 1; p < size_; ++p) {
-      if (calls[p] == calls[0]) continue;
-      const CallInfo a = calls[0].ToInfo(), b = calls[p].ToInfo();
-      return InvalidArgument(Describe(info) + ": the ranks disagree (checking mode): rank 0 called " + Describe(a) +
-                             ", rank " + std::to_string(p) + " called " + Describe(b));
-    }
-    return Status::Ok();
+    return CompareCalls(info, calls);
   }
 
   Status RunAllGather(const CallInfo& c, const void* send, void* recv, Clock::time_point* t) {
@@ -783,12 +662,6 @@ class MpiComm final : public Communicator {
       KeepMappedForAbandonedTransfer(pieces[i].data, pieces[i].bytes);
       MPI_Request_free(&requests[i]);
     }
-  }
-
-  static std::string FormatSeconds(double s) {
-    char buf[32];
-    std::snprintf(buf, sizeof(buf), "%.1f s", s);
-    return buf;
   }
 
   Status RunBroadcast(const CallInfo& c, void* buffer, Clock::time_point* t) {

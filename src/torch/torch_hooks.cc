@@ -22,6 +22,7 @@
 // calling thread for the CPU, on the device's autograd thread for a GPU),
 // and the engine takes calls from one thread at a time, so the Core needs
 // no lock. The C++ hooks run without the GIL and touch no Python object.
+#include "torch_comm.h"
 #include "torch_core.h"
 
 // After Python.h, which the torch headers include.
@@ -205,6 +206,7 @@ PYBIND11_MODULE(_zinf_torch, m) {
     }
   });
   ForwardWrapper::MakeType(m);
+  zinf::torch::RegisterComm(m);
   py::class_<SavedInUnit>(m, "SavedInUnit");
   py::class_<Core, std::shared_ptr<Core>>(m, "Core")
       .def(py::init<const py::dict&, uintptr_t, uintptr_t, bool, const std::string&, py::object>())

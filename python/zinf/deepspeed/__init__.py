@@ -20,7 +20,7 @@ import os
 
 import torch
 
-from .. import _config
+from .. import _config, _world
 from .. import torch as _zt
 from . import accelerator, comm, utils, zero  # noqa: F401
 from . import ops  # noqa: F401
@@ -39,13 +39,9 @@ def init_distributed(dist_backend=None, auto_mpi_discovery=True, distributed_por
     CUDA) unless dist_backend names one; the rendezvous is init_method,
     else the launcher's MASTER_ADDR/MASTER_PORT, else, under mpirun on one
     node, 127.0.0.1:distributed_port; one process alone needs none. Already
-    initialized: nothing to do. zinf's own collectives form their world with
-    MPI, so a torchrun/deepspeed-launcher world of several processes is
-    refused here, before any engine exists."""
-    import datetime
-
+    initialized: nothing to do. zinf's engine joins the same world
+    (zinf/_world.py)."""
     import torch.distributed as dist
-    _config.check_launcher()
     rank_, world, launcher = _config.launcher_world()
     if dist_init_required is False or not dist.is_available() or dist.is_initialized():
         return
@@ -53,22 +49,7 @@ def init_distributed(dist_backend=None, auto_mpi_discovery=True, distributed_por
         raise ValueError("zinf: init_distributed(rank=%d, world_size=%d) disagrees with the launcher's world "
                          "(rank %d of %d)" % (rank, world_size, rank_, world))
     backend = dist_backend or accelerator.get_accelerator().communication_backend_name()
-    kwargs = {"backend": backend, "rank": rank_, "world_size": world}
-    if timeout is not None:
-        kwargs["timeout"] = timeout if isinstance(timeout, datetime.timedelta) else datetime.timedelta(seconds=timeout)
-    env = os.environ
-    if init_method is not None:
-        kwargs["init_method"] = init_method
-    elif world == 1:
-        kwargs["store"] = dist.HashStore()  # one process: no rendezvous to make
-    elif env.get("MASTER_ADDR"):
-        kwargs["init_method"] = "tcp://%s:%s" % (env["MASTER_ADDR"], env.get("MASTER_PORT", distributed_port))
-    elif env.get("OMPI_COMM_WORLD_LOCAL_SIZE") == str(world):
-        kwargs["init_method"] = "tcp://127.0.0.1:%s" % env.get("MASTER_PORT", distributed_port)
-    else:
-        raise RuntimeError("zinf: init_distributed over %d ranks on several nodes needs the rendezvous address: set "
-                           "MASTER_ADDR (rank 0's host) and MASTER_PORT, or pass init_method=" % world)
-    dist.init_process_group(**kwargs)
+    _world.init_torch_distributed(backend, timeout, init_method, distributed_port)
 
 
 def _config_from(args, config, config_params):
