@@ -95,8 +95,8 @@ void StagingPool::Release(Buffer b) {
   std::lock_guard<std::mutex> lock(mu_);
   free_.push_back(std::move(b));
   if (free_.size() > kMaxFree) {  // drop the smallest
-    auto smallest =
-        std::min_element(free_.begin(), free_.end(), [](const Buffer& x, const Buffer& y) { return x.bytes < y.bytes; });
+    auto smallest = std::min_element(free_.begin(), free_.end(),
+                                     [](const Buffer& x, const Buffer& y) { return x.bytes < y.bytes; });
     free_.erase(smallest);
   }
 }

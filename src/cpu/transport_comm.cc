@@ -279,9 +279,8 @@ class TransportComm final : public Communicator {
         abandon();
         // A peer's notice says more than the transport's words; without one,
         // the ranks that do not answer on the board are the likely cause.
-        Status st = PeerNotice().value_or(
-            Status(done.status().code(), Describe(c) + ": " + done.status().message() + "; " +
-                                             LateRanks(c, kLostGrace)));
+        Status st = PeerNotice().value_or(Status(
+            done.status().code(), Describe(c) + ": " + done.status().message() + "; " + LateRanks(c, kLostGrace)));
         Break(st);
         return st;
       }
@@ -303,8 +302,8 @@ class TransportComm final : public Communicator {
       }
       if (now - start > timeout) {
         abandon();
-        Status st = Unavailable(Describe(c) + ": no progress after " + FormatSeconds(options_.timeout_seconds) +
-                                "; " + LateRanks(c));
+        Status st = Unavailable(Describe(c) + ": no progress after " + FormatSeconds(options_.timeout_seconds) + "; " +
+                                LateRanks(c));
         Break(st);
         return st;
       }
@@ -369,8 +368,8 @@ class TransportComm final : public Communicator {
   Status CheckAgreement(const CallInfo& info) {
     std::vector<WireCall> calls(size_);
     calls[rank_] = WireCall::From(info);
-    ZINF_ASSIGN_OR_RETURN(Transport::Handle h, StartOp(info, Transport::Op::kAllGather, &calls[rank_], calls.data(),
-                                                       sizeof(WireCall), -1));
+    ZINF_ASSIGN_OR_RETURN(Transport::Handle h,
+                          StartOp(info, Transport::Op::kAllGather, &calls[rank_], calls.data(), sizeof(WireCall), -1));
     ZINF_RETURN_IF_ERROR(Await(info, h, {}));
     return CompareCalls(info, calls);
   }

@@ -209,7 +209,8 @@ TEST(TransportCommTest, CollectivesStartInTheOrderTheyWereEnqueued) {
     ASSERT_TRUE(late.Enqueue([](const StreamContext&) {
                       std::this_thread::sleep_for(std::chrono::milliseconds(100));
                       return Status::Ok();
-                    }).ok());
+                    })
+                    .ok());
     ASSERT_TRUE(comm->AllGather(*dx, *dgx, count, DType::kFloat32, **a).ok());
     ASSERT_TRUE(comm->AllGather(*dy, *dgy, count, DType::kFloat32, **b).ok());
     ASSERT_TRUE(dev.CopyToHost(gx.data(), *dgx, count * n * 4, **a).ok());

@@ -71,6 +71,7 @@ def main():
     g = torch.Generator().manual_seed(100 + rank)  # this rank's batches
     losses = []
     dist.barrier()
+    start = time.perf_counter()
     for step in range(args.steps):
         if step == args.die_at and rank == args.die_rank:
             os.kill(os.getpid(), signal.SIGKILL)
@@ -85,14 +86,14 @@ def main():
             total += loss.detach()
         dist.all_reduce(total)  # the log's loss: every rank's
         losses.append(float(total) / (2 * world))
-    weights = {n: p.detach().clone() for n, p in engine.module.state_dict().items()} if args.stage < 3 else None
-    if weights is None:
-        weights = {n: t.clone() for n, t in engine.module.state_dict().items()}
+    seconds = time.perf_counter() - start
+    weights = {n: t.detach().clone() for n, t in engine.module.state_dict().items()}  # whole, at every stage
     os.makedirs(args.out, exist_ok=True)
-    torch.save({"losses": losses, "weights": weights, "world": world}, os.path.join(args.out, "rank-%d.pt" % rank))
+    torch.save({"losses": losses, "weights": weights, "world": world, "seconds": seconds},
+               os.path.join(args.out, "rank-%d.pt" % rank))
     if rank == 0:
-        print("%s stage %d on %d ranks: losses %s" % (args.engine, args.stage, world,
-                                                      " ".join("%.6f" % v for v in losses)))
+        print("%s stage %d on %d ranks: %.3f s a step; losses %s" % (
+            args.engine, args.stage, world, seconds / args.steps, " ".join("%.6f" % v for v in losses)))
 
 
 if __name__ == "__main__":
