@@ -124,22 +124,6 @@ def launcher_world():
     return 0, 1, None
 
 
-def check_launcher():
-    """Refuses, before HF's Trainer builds anything, a world of several
-    processes started by torchrun, the deepspeed launcher, accelerate launch
-    or srun: zinf.transformers does not yet run the Trainer on several ranks
-    under those launchers (zinf.deepspeed and zinf.torch scripts do)."""
-    rank, world, launcher = launcher_world()
-    if launcher in ("torchrun", "srun") and world > 1:
-        raise RuntimeError(
-            "zinf: this process is rank %d of %d started by %s (RANK=%s, WORLD_SIZE=%s, LOCAL_RANK=%s); "
-            "zinf.transformers' Trainer does not yet train on several ranks under torchrun, the deepspeed "
-            "launcher, accelerate launch or srun, so each process would train its own copy of the model. "
-            "Train on one process, or write the loop with zinf.deepspeed (which joins these launchers' world)"
-            % (rank, world, launcher, os.environ.get("RANK"), os.environ.get("WORLD_SIZE"),
-               os.environ.get("LOCAL_RANK")))
-
-
 def check_world(zinf_world):
     """Refuses a run whose launcher started more processes than zinf's
     communicator joined: each process would otherwise train its own copy of

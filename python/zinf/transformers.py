@@ -17,7 +17,10 @@ block the config's schedule, without one HF's scheduler. zinf runs the step
 (its Adam on the configured tiers, clipping at max_grad_norm), checkpoints
 (save_steps, resume_from_checkpoint) go through zinf's engine, save_model
 writes an HF folder from the whole tensors, and a peft model trains with its
-frozen base on the configured tier.
+frozen base on the configured tier. On several ranks (mpirun, torchrun, the
+deepspeed launcher, accelerate launch, srun) the engine joins the launcher's
+world (zinf._world); HF shards the data, and rank 0 writes the checkpoints
+and save_model's folder from what every rank reads.
 
 Any Trainer subclass (TRL's SFTTrainer and DPOTrainer, LLaMA-Factory's,
 Axolotl's) runs on zinf the same way after one line, before its arguments
@@ -50,7 +53,7 @@ import os
 import torch
 import transformers
 
-from . import _config
+from . import _config, _world
 from . import torch as _zt
 
 __all__ = ["Trainer", "TrainingArguments", "enable"]
@@ -89,9 +92,9 @@ def _args_post_init(self):
     kept for zinf (zinf_deepspeed, and HF's processed form zinf_hf_config);
     HF's DeepSpeed set-up (accelerate's DeepSpeed plugin, torch.distributed
     for DeepSpeed) never starts."""
-    ds = self.deepspeed
+    ds = self.deepspeed or _accelerate_plugin_config()
     if ds:
-        _config.check_launcher()  # before HF sets up devices for a world zinf cannot join
+        _join_world()  # before HF sets up devices
     self.deepspeed = None
     _HF_ARGS["__post_init__"](self)
     self.zinf_deepspeed = ds
@@ -101,6 +104,53 @@ def _args_post_init(self):
         self.zinf_hf_config = HfTrainerDeepSpeedConfig(ds)
         self.zinf_hf_config.trainer_config_process(self)
         unset_hf_deepspeed_config()
+
+
+# What `accelerate launch --use_deepspeed` sets beside its config file; each
+# would change the run, and zinf reads the file alone.
+_ACCELERATE_DS_FIELDS = ("ACCELERATE_DEEPSPEED_ZERO_STAGE", "ACCELERATE_GRADIENT_ACCUMULATION_STEPS",
+                         "ACCELERATE_GRADIENT_CLIPPING", "ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE",
+                         "ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_DEVICE")
+
+
+def _accelerate_plugin_config():
+    """The DeepSpeed config of `accelerate launch --use_deepspeed
+    --deepspeed_config_file F` (F), for arguments made without deepspeed=
+    once zinf is enabled; accelerate's DeepSpeed set-up is then switched off
+    for this process, so that zinf, not DeepSpeed, trains. Without a config
+    file (the plugin made from accelerate's own fields), or with fields that
+    would change the run beside it, refused naming the fix; None when
+    accelerate's plugin is not on."""
+    env = os.environ
+    if env.get("ACCELERATE_USE_DEEPSPEED", "false").lower() != "true":
+        return None
+    path = env.get("ACCELERATE_DEEPSPEED_CONFIG_FILE", "none")
+    fields = ["%s=%s" % (k, env[k]) for k in _ACCELERATE_DS_FIELDS if env.get(k) not in (None, "", "none")]
+    if path == "none" or fields:
+        raise RuntimeError(
+            "zinf.transformers: accelerate launch --use_deepspeed %s; zinf reads the DeepSpeed config from "
+            "a file alone. Write the settings into a DeepSpeed config file and launch with --use_deepspeed "
+            "--deepspeed_config_file FILE (and nothing else of accelerate's DeepSpeed flags), or pass "
+            "TrainingArguments(deepspeed=FILE) and launch without --use_deepspeed"
+            % ("sets %s" % ", ".join(fields) if fields else "gave no --deepspeed_config_file"))
+    if not os.path.isfile(path):
+        raise FileNotFoundError("zinf.transformers: accelerate's --deepspeed_config_file %s does not exist" % path)
+    env["ACCELERATE_USE_DEEPSPEED"] = "false"  # accelerate must not set up DeepSpeed for these arguments
+    return path
+
+
+def _join_world():
+    """Before HF sets up its devices for a world of several processes: a
+    torch launcher's world without zinf's C++ core is refused (see
+    _world.check_core), and under mpirun torch.distributed is initialized
+    as DeepSpeed does there (accelerate would ask for MASTER_ADDR, which
+    mpirun does not set)."""
+    rank, world, launcher = _config.launcher_world()
+    if world <= 1:
+        return
+    _world.check_core()
+    if launcher == "mpirun":
+        _world.init_torch_distributed()
 
 
 def _args_to_dict(self):
@@ -169,7 +219,7 @@ class _ZinfTrainer:
         elif args is not None and getattr(args, "deepspeed", None):
             args, hf_config = _detach_deepspeed(args)
         if hf_config is not None:
-            _config.check_launcher()  # before HF builds anything for a world zinf cannot join
+            _join_world()  # before HF builds anything
         self.zinf_hf_config = hf_config
         self._zinf_auto_keys = _config.auto_keys(_config.load(hf_config.config)) if hf_config is not None else []
         self.zinf_engine = None
@@ -271,6 +321,18 @@ class _ZinfTrainer:
     def _zinf_grad_norm(self):
         norm = self.zinf_engine.stats().get("grad_norm")
         return torch.tensor(float(norm)) if norm is not None else None
+
+    def save_model(self, output_dir=None, _internal_call=False):
+        """The HF folder from the whole tensors, written by rank 0 (as HF
+        does); every rank reads them from zinf's shards, which is
+        collective, so every rank calls it (HF's Trainer does)."""
+        if getattr(self, "zinf_engine", None) is None:
+            return _hf("save_model")(self, output_dir, _internal_call)
+        output_dir = output_dir if output_dir is not None else self.args.output_dir
+        state = self.zinf_engine._module_state()
+        self._save(output_dir, state_dict=state)
+        if self.args.push_to_hub and not _internal_call:
+            self.push_to_hub(commit_message="Model save", revision=self.args.hub_revision)
 
     def _save_optimizer_and_scheduler(self, output_dir):
         if getattr(self, "zinf_engine", None) is None:

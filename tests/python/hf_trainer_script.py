@@ -5,10 +5,11 @@ transformers' own Trainer (the real DeepSpeed) or with zinf.transformers'
 HF-style DeepSpeed config full of "auto" values, gradient accumulation,
 evaluation, logging every step, a checkpoint every few steps, and
 save_model at the end. Writes the per-step logs (loss, lr, grad_norm) and
-the final eval loss as JSON.
+the final eval loss as JSON (rank 0's, under a launcher).
 
   hf_trainer_script.py --engine deepspeed|zinf --zero z2cpu|z3nvme --out OUT.json --scratch DIR
-                       [--steps N] [--save-steps N] [--resume] [--lora]
+                       [--steps N] [--save-steps N] [--accumulation N] [--resume] [--lora]
+                       [--dump-config FILE] [--config-from-launcher]
 """
 import argparse
 import json
@@ -28,6 +29,10 @@ def main():
     ap.add_argument("--resume", action="store_true", help="resume from the last checkpoint in scratch/out")
     ap.add_argument("--lora", action="store_true", help="a peft LoRA model (zinf only)")
     ap.add_argument("--save-steps", type=int, default=10, help="a checkpoint every N steps (0: none)")
+    ap.add_argument("--accumulation", type=int, default=2, help="gradient_accumulation_steps")
+    ap.add_argument("--dump-config", help="write the DeepSpeed config to this file and exit")
+    ap.add_argument("--config-from-launcher", action="store_true",
+                    help="no deepspeed= argument: the config comes from accelerate launch --deepspeed_config_file")
     args = ap.parse_args()
     if args.engine == "deepspeed":
         from transformers import Trainer, TrainingArguments
@@ -64,9 +69,13 @@ def main():
         "scheduler": {"type": "WarmupDecayLR", "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto",
                                                           "warmup_num_steps": "auto", "total_num_steps": "auto"}},
     }
+    if args.dump_config:
+        with open(args.dump_config, "w") as f:
+            json.dump(ds_config, f)
+        return 0
     out_dir = os.path.join(args.scratch, "out")
-    targs = TrainingArguments(output_dir=out_dir, deepspeed=ds_config, per_device_train_batch_size=2,
-                              per_device_eval_batch_size=4, gradient_accumulation_steps=2, learning_rate=3e-3,
+    targs = TrainingArguments(output_dir=out_dir, deepspeed=None if args.config_from_launcher else ds_config, per_device_train_batch_size=2,
+                              per_device_eval_batch_size=4, gradient_accumulation_steps=args.accumulation, learning_rate=3e-3,
                               adam_epsilon=1e-6, weight_decay=0.1, max_grad_norm=1.0, warmup_steps=4,
                               max_steps=args.steps, logging_steps=1, save_steps=max(args.save_steps, 1),
                               save_strategy="steps" if args.save_steps else "no",
@@ -86,8 +95,11 @@ def main():
     trainer.train(resume_from_checkpoint=True if args.resume else None)
     metrics = trainer.evaluate()
     trainer.save_model(os.path.join(args.scratch, "final"))
+    if not trainer.is_world_process_zero():
+        return 0
     with open(args.out, "w") as f:
-        json.dump({"logs": logs, "eval_loss": metrics["eval_loss"]}, f)
+        json.dump({"logs": logs, "eval_loss": metrics["eval_loss"],
+                   "zinf": getattr(trainer, "zinf_engine", None) is not None}, f)
     print("%s %s: %d steps logged, eval loss %.6f" % (args.engine, args.zero, len(logs), metrics["eval_loss"]))
 
 

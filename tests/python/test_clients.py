@@ -155,10 +155,12 @@ def test_hf_arguments_made_before_zinf_train_on_zinf(launcher):
     assert out["params"] == 64 * 16 * 2 + 16 * 16 * 4 + 16 * 32 * 3 + 16 * 3, out["params"]
 
 
-def test_trainer_under_torchrun_refused_before_anything_is_built():
-    """HF's Trainer with a DeepSpeed config in a torchrun world of two: refused
-    at construction, naming the launcher's variables and what does train on
-    several ranks (no engine, no process group waiting for a peer)."""
+def test_trainer_under_torchrun_without_the_core_refused_before_anything_is_built():
+    """HF's Trainer with a DeepSpeed config in a torchrun world of two without
+    zinf's C++ core (which carries the collectives over torch.distributed):
+    refused when the arguments are made, naming the launcher's variables and
+    the install (no engine, no process group waiting for a peer). With the
+    core, test_launchers.py trains the Trainer on two ranks."""
     code = ("import torch, zinf.transformers as zt\n"
             "from transformers import LlamaConfig, LlamaForCausalLM\n"
             "m = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, "
@@ -167,13 +169,15 @@ def test_trainer_under_torchrun_refused_before_anything_is_built():
             "report_to=[])\n"
             "zt.Trainer(model=m, args=a, train_dataset=[{'input_ids': torch.ones(4, dtype=torch.long)}])\n"
             % os.path.join(SCRATCH, "torchrun-out"))
-    env = dict(os.environ, RANK="1", WORLD_SIZE="2", LOCAL_RANK="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29998")
+    env = dict(os.environ, RANK="1", WORLD_SIZE="2", LOCAL_RANK="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29998",
+               ZINF_TORCH_EXTENSION="off")
     for k in list(env):
         if k.startswith("OMPI_") or k.startswith("PMI"):
             del env[k]
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode != 0, r.stdout[-2000:]
-    assert "WORLD_SIZE=2" in r.stderr and "write the loop with zinf.deepspeed" in r.stderr, r.stderr[-3000:]
+    assert "WORLD_SIZE=2" in r.stderr and "need its C++ core" in r.stderr and "pip install ." in r.stderr, \
+        r.stderr[-3000:]
     assert "ZinfError" not in r.stderr  # the launcher named, not an engine's batch arithmetic
 
 

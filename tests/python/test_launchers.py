@@ -5,7 +5,10 @@ under mpirun, torchrun, the deepspeed launcher and accelerate launch gives
 the same per-step losses and the same final weights on every rank; the real
 DeepSpeed under torchrun gives the same losses (1e-5); ZeRO-3 with NVMe
 tiers and 4 ranks too. A rank that dies, fails or stops answering stops the
-others, and the message names it.
+others, and the message names it. HF's Trainer (hf_trainer_script.py) on two
+ranks under torchrun, mpirun and accelerate launch trains as one rank with
+twice the accumulation: the same logged losses, grad norms, eval loss and
+saved weights; a checkpoint saved on two ranks resumes on two.
 
   test_launchers.py [pytest arguments, e.g. -k killed]
 
@@ -76,6 +79,11 @@ def _command(launcher, n):
         return [os.path.join(BIN, "accelerate"), "launch", "--multi_gpu", "--num_processes", str(n),
                 "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
                 "--main_process_port", str(_port())]
+    if launcher.startswith("accelerate-deepspeed:"):  # accelerate's DeepSpeed plugin, with this config file
+        config = launcher.split(":", 1)[1]
+        return [os.path.join(BIN, "accelerate"), "launch", "--use_deepspeed", "--num_processes", str(n),
+                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+                "--main_process_port", str(_port())] + (["--deepspeed_config_file", config] if config else [])
     raise ValueError(launcher)
 
 
@@ -154,6 +162,115 @@ def test_a_silent_rank_is_named_within_the_timeout():
     _, log = _launch("silent", "torchrun", 2, "--stage", "2", "--hang-at", "2", "--die-rank", "1",
                      "--comm-timeout", "3", expect_ok=False, timeout=120)
     assert "no progress after 3.0 s; silent ranks: 1" in log, log[-4000:]
+
+
+# ---- HF's Trainer on several ranks -----------------------------------------------------------------------
+
+TRAINER = os.path.join(HERE, "hf_trainer_script.py")
+
+
+def _trainer(name, launcher, n, zero, *args, fresh=True):
+    """hf_trainer_script.py with `n` processes (n = 1: no launcher), 12
+    steps, a checkpoint every 5, HF's micro-batch 2 with accumulation 2 / n
+    (an effective batch of 4 on any world); returns (rank 0's JSON, its
+    scratch folder)."""
+    import json
+    d = os.path.join(SCRATCH, name)
+    if fresh:
+        shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(d, exist_ok=True)
+    cmd = ([sys.executable, "-u"] if n == 1 else _command(launcher, n)) + [
+        TRAINER, "--engine", "zinf", "--zero", zero, "--out", os.path.join(d, "out.json"), "--scratch", d,
+        "--steps", "12", "--save-steps", "5", "--accumulation", str(2 // n), *args]
+    r = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=600, cwd=d)
+    assert r.returncode == 0, "%s failed:\n%s" % (" ".join(cmd), (r.stdout + r.stderr)[-5000:])
+    with open(os.path.join(d, "out.json")) as f:
+        return json.load(f), d
+
+
+def _saved_weights(d):
+    from safetensors.torch import load_file
+    return load_file(os.path.join(d, "final", "model.safetensors"))
+
+
+_ONE_RANK = {}
+
+
+def _one_rank_trainer(zero):
+    """The Trainer on one process with accumulation 2 (run once per stage):
+    what two ranks with accumulation 1 must give."""
+    if zero not in _ONE_RANK:
+        out, d = _trainer("trainer-1-" + zero, None, 1, zero)
+        _ONE_RANK[zero] = (out, _saved_weights(d))
+    return _ONE_RANK[zero]
+
+
+# Stage 3 with NVMe tiers under torchrun alone: every torch launcher takes the one route tested above.
+@pytest.mark.parametrize("zero,launcher", [("z2cpu", "torchrun"), ("z2cpu", "mpirun"), ("z2cpu", "accelerate"),
+                                           ("z3nvme", "torchrun")])
+def test_trainer_on_two_ranks_equals_one_rank_with_twice_the_accumulation(zero, launcher):
+    ref, ref_weights = _one_rank_trainer(zero)
+    out, d = _trainer("trainer-2-%s-%s" % (launcher, zero), launcher, 2, zero)
+    assert [r["step"] for r in out["logs"]] == list(range(1, 13)), out["logs"]
+    assert [r["epoch"] for r in out["logs"]] == [r["epoch"] for r in ref["logs"]]  # HF shards the data per rank
+    worst = max(abs(a["loss"] - b["loss"]) / abs(a["loss"]) for a, b in zip(ref["logs"], out["logs"]))
+    norms = max(abs(a["grad_norm"] - b["grad_norm"]) / a["grad_norm"] for a, b in zip(ref["logs"], out["logs"]))
+    assert worst <= 1e-5 and norms <= 1e-5, (worst, norms)
+    assert abs(out["eval_loss"] - ref["eval_loss"]) <= 1e-5 * ref["eval_loss"]
+    weights = _saved_weights(d)
+    assert weights.keys() == ref_weights.keys()
+    diff = max((weights[k] - ref_weights[k]).abs().max().item() for k in weights)
+    assert diff <= 1e-5, diff
+    # Every checkpoint holds both ranks' state.
+    assert os.path.isfile(os.path.join(d, "out", "checkpoint-10", "rng_state_1.pth"))
+    print("  Trainer %s, %s, 2 ranks x accumulation 1 vs 1 rank x 2: losses within %.2g, grad norms within %.2g, "
+          "eval loss %.6f vs %.6f, saved weights within %.2g" % (zero, launcher, worst, norms, out["eval_loss"],
+                                                                 ref["eval_loss"], diff))
+    if zero == "z3nvme":
+        # Resume on two ranks from checkpoint-5: steps 6-12 again, bit for bit.
+        rd = os.path.join(SCRATCH, "trainer-2-resume")
+        shutil.rmtree(rd, ignore_errors=True)
+        os.makedirs(rd)
+        shutil.copytree(os.path.join(d, "out", "checkpoint-5"), os.path.join(rd, "out", "checkpoint-5"))
+        again, _ = _trainer("trainer-2-resume", launcher, 2, zero, "--resume", fresh=False)
+        full = {r["step"]: r for r in out["logs"]}
+        assert [r["step"] for r in again["logs"]] == list(range(6, 13)), again["logs"]
+        for r in again["logs"]:
+            assert r["loss"] == full[r["step"]]["loss"], (r, full[r["step"]])
+        assert again["eval_loss"] == out["eval_loss"]
+        print("  resume on 2 ranks from checkpoint-5: steps 6-12 and the eval loss repeat bit for bit")
+
+
+def test_trainer_under_accelerates_deepspeed_plugin():
+    """`accelerate launch --use_deepspeed --deepspeed_config_file F` with
+    arguments made without deepspeed=: zinf trains from F (accelerate alone
+    would train without any DeepSpeed on the CPU, silently), as one rank
+    with twice the accumulation; the plugin without a file is refused."""
+    ref, ref_weights = _one_rank_trainer("z2cpu")
+    d = os.path.join(SCRATCH, "trainer-accelerate-plugin")
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(d)
+    config = os.path.join(d, "ds_config.json")
+    subprocess.run([sys.executable, TRAINER, "--engine", "zinf", "--zero", "z2cpu", "--out", "-", "--scratch", d,
+                    "--dump-config", config], check=True, env=_env())
+    out, d = _trainer("trainer-accelerate-plugin", "accelerate-deepspeed:" + config, 2, "z2cpu",
+                      "--config-from-launcher", fresh=False)
+    assert out["zinf"], "the Trainer did not train on zinf"
+    worst = max(abs(a["loss"] - b["loss"]) / abs(a["loss"]) for a, b in zip(ref["logs"], out["logs"]))
+    assert worst <= 1e-5, worst
+    weights = _saved_weights(d)
+    diff = max((weights[k] - ref_weights[k]).abs().max().item() for k in weights)
+    assert diff <= 1e-5, diff
+    print("  accelerate launch --use_deepspeed --deepspeed_config_file, 2 ranks: on zinf, losses within %.2g and "
+          "saved weights within %.2g of 1 rank x accumulation 2" % (worst, diff))
+    # The plugin without a config file: refused before training.
+    cmd = _command("accelerate-deepspeed:", 2) + [TRAINER, "--engine", "zinf", "--zero", "z2cpu", "--out",
+                                                   os.path.join(d, "refused.json"), "--scratch", d,
+                                                   "--config-from-launcher", "--steps", "2"]
+    r = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300, cwd=d)
+    log = r.stdout + r.stderr
+    assert r.returncode != 0 and "gave no --deepspeed_config_file" in log, log[-3000:]
+    assert not os.path.exists(os.path.join(d, "refused.json"))
 
 
 if __name__ == "__main__":
