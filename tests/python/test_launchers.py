@@ -4,7 +4,8 @@ several ranks, with its own torch.distributed calls between the engine's)
 under mpirun, torchrun, the deepspeed launcher and accelerate launch gives
 the same per-step losses and the same final weights on every rank; the real
 DeepSpeed under torchrun gives the same losses (1e-5); ZeRO-3 with NVMe
-tiers and 4 ranks too. A rank that dies, fails or stops answering stops the
+tiers and 4 ranks too; tasks with srun's variables (SLURM_PROCID, ...) too.
+A rank that dies, fails or stops answering stops the
 others, and the message names it. HF's Trainer (hf_trainer_script.py) on two
 ranks under torchrun, mpirun and accelerate launch trains as one rank with
 twice the accumulation: the same logged losses, grad norms, eval loss and
@@ -87,14 +88,35 @@ def _command(launcher, n):
     raise ValueError(launcher)
 
 
+def _slurm_env(n, argv, cwd, timeout):
+    """n processes with the variables Slurm's srun gives each task
+    (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NTASKS_PER_NODE) and a
+    rendezvous address, as a batch script exports it: srun's route without
+    Slurm. Returns (the command, a CompletedProcess-like result: the worst
+    exit status and every task's output)."""
+    port = str(_port())
+    procs = []
+    for k in range(n):
+        env = dict(_env(), SLURM_PROCID=str(k), SLURM_NTASKS=str(n), SLURM_LOCALID=str(k),
+                   SLURM_NTASKS_PER_NODE=str(n), MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+        procs.append(subprocess.Popen([sys.executable, "-u", *argv], env=env, cwd=cwd, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+    outputs = [p.communicate(timeout=timeout)[0] for p in procs]
+    return [sys.executable, *argv], subprocess.CompletedProcess(argv, max(abs(p.returncode) for p in procs),
+                                                               "".join(outputs), "")
+
+
 def _launch(name, launcher, n, *args, expect_ok=True, timeout=600):
     """Runs launch_script.py under `launcher` with n processes; returns
     (every rank's output, the launcher's stdout + stderr)."""
     d = os.path.join(SCRATCH, name)
     shutil.rmtree(d, ignore_errors=True)
     os.makedirs(d)
-    cmd = _command(launcher, n) + [SCRIPT, "--out", os.path.join(d, "out"), *args]
-    r = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=timeout, cwd=d)
+    if launcher == "slurm-env":
+        cmd, r = _slurm_env(n, [SCRIPT, "--out", os.path.join(d, "out"), *args], d, timeout)
+    else:
+        cmd = _command(launcher, n) + [SCRIPT, "--out", os.path.join(d, "out"), *args]
+        r = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=timeout, cwd=d)
     log = r.stdout + r.stderr
     if not expect_ok:
         assert r.returncode != 0, log[-3000:]
@@ -120,7 +142,7 @@ def reference():
     return outs[0]
 
 
-@pytest.mark.parametrize("launcher", ["torchrun", "deepspeed", "accelerate"])
+@pytest.mark.parametrize("launcher", ["torchrun", "deepspeed", "accelerate", "slurm-env"])
 def test_every_launcher_trains_the_same_bits(reference, launcher):
     outs, _ = _launch(launcher + "-z2", launcher, 2, "--stage", "2")
     assert outs[0]["losses"] == reference["losses"], (outs[0]["losses"], reference["losses"])
