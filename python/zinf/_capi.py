@@ -7,6 +7,7 @@ loader's search path ("libzinf.so.0", "libzinf.so": `cmake --install`). Every ca
 returns a status raises ZinfError with zinf_last_error()'s text on failure.
 """
 import ctypes
+import importlib.util
 import os
 
 c_int, c_i64, c_size, c_double, c_void_p, c_char_p, c_float = (
@@ -87,6 +88,20 @@ _SIGNATURES = {
 _lib = None
 
 
+def _packaged_library():
+    """[the libzinf.so.0 installed with the package], or []: beside this
+    file (a wheel), else in another folder of the package's path (an
+    editable install keeps the native files in its build tree's install
+    folder and the Python files in the source tree)."""
+    import zinf
+    folders = [os.path.dirname(os.path.abspath(__file__))] + list(getattr(zinf, "__path__", []))
+    for folder in folders:
+        path = os.path.join(folder, "libzinf.so.0")
+        if os.path.isfile(path):
+            return [path]
+    return []
+
+
 def lib():
     """The loaded library (loaded on first use)."""
     global _lib
@@ -94,8 +109,11 @@ def lib():
         if os.environ.get("ZINF_LIBRARY"):
             names = [os.environ["ZINF_LIBRARY"]]
         else:
-            packaged = os.path.join(os.path.dirname(os.path.abspath(__file__)), "libzinf.so.0")
-            names = ([packaged] if os.path.isfile(packaged) else []) + ["libzinf.so.0", "libzinf.so"]
+            # An editable install made with editable.rebuild=true rebuilds
+            # what changed when its native module is looked up (scikit-build-
+            # core's finder); for any other install this only finds a file.
+            importlib.util.find_spec("zinf._zinf_torch")
+            names = _packaged_library() + ["libzinf.so.0", "libzinf.so"]
         errors = []
         for name in names:
             try:

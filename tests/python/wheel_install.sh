@@ -7,7 +7,11 @@
 #   - a DeepSpeed-style script on zinf.deepspeed trains, and the library and
 #     zinf.torch's C++ core it loaded are the wheel's;
 #   - the C++ core refuses a torch other than the one it was built against,
-#     naming the rebuild.
+#     naming the rebuild;
+# then the editable install people working on zinf use (docs/python.md), by
+# PYTHON into a prefix of its own, in the same build tree: the Python files
+# come from the source tree, the native ones from the build, and a touched
+# src/capi/engine_capi.cc is rebuilt when zinf next loads its library.
 #   wheel_install.sh PYTHON SOURCE BUILD_DIR SCRATCH
 # PYTHON: scripts/setup's environment (its scikit-build-core builds the
 # wheel; its torch's version is the one installed fresh). Needs PyPI (or
@@ -86,3 +90,40 @@ if out=$("${clean[@]}" "$scratch/venv/bin/python" train.py 2>&1); then
 fi
 grep -q "was built against torch 0.0.1.*Rebuild zinf" <<< "$out" || { echo "unclear refusal:"; echo "$out" | tail -5; exit 1; }
 echo "another torch: refused ($(grep -o 'was built against torch 0.0.1, but this environment has torch [^ ]*' <<< "$out"))"
+
+# The editable install (pip install -e . with editable.rebuild=true), sharing the tree as above. It is
+# made by PYTHON (whose torch the tree is built against: another torch would recompile the C++ core
+# twice) into a prefix of its own, read as a site folder, so that PYTHON's environment is untouched.
+t0=$SECONDS
+"$py" -m pip install --quiet --disable-pip-version-check --no-build-isolation --no-deps \
+  --prefix "$scratch/editable" -e "$src" \
+  --config-settings=build-dir="$build" --config-settings=editable.rebuild=true \
+  --config-settings=cmake.define.ZINF_BUILD_TESTS=ON --config-settings=ninja.version="==$ninja_version"
+site_dir=$("$py" -c 'import sys, sysconfig; print(sysconfig.get_path("purelib", vars={"base": sys.argv[1]}))' \
+  "$scratch/editable")
+ls "$site_dir"/*zinf*.pth > /dev/null
+echo "editable install in $((SECONDS - t0)) s"
+cat > editable.py <<'PY'
+import os, site, sys
+src, build, site_dir = sys.argv[1:4]
+site.addsitedir(site_dir)  # the editable install's .pth, as in its environment
+import zinf.deepspeed  # noqa: E402,F401
+from zinf import _capi, _units  # noqa: E402
+_capi.lib()
+lib, module = _units._loaded_library_path(), _units.extension()[0]
+assert os.path.realpath(zinf.deepspeed.__file__).startswith(os.path.realpath(src)), zinf.deepspeed.__file__
+assert lib and os.path.realpath(lib).startswith(os.path.realpath(build)), lib
+assert module is not None and os.path.realpath(module.__file__).startswith(os.path.realpath(build)), module
+print(os.path.realpath(lib))
+PY
+lib=$("${clean[@]}" "$py" editable.py "$src" "$build" "$site_dir" | tail -1)
+echo "editable: zinf's Python from $src/python, its library from $lib"
+before=$(stat -c %.9Y "$lib")
+touch "$src/src/capi/engine_capi.cc"
+t0=$SECONDS
+out=$("${clean[@]}" "$py" editable.py "$src" "$build" "$site_dir" 2>&1)
+after=$(stat -c %.9Y "$lib")
+grep -q "Running cmake --build" <<< "$out" || { echo "no rebuild at import:"; echo "$out" | tail -5; exit 1; }
+[[ "$after" != "$before" ]] || { echo "$lib was not rebuilt"; exit 1; }
+echo "editable: a touched src/capi/engine_capi.cc rebuilt and reinstalled at import in $((SECONDS - t0)) s"
+cmake -DCMAKE_MAKE_PROGRAM="$make_program" "$build" > /dev/null
