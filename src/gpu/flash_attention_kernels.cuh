@@ -518,9 +518,9 @@ __device__ void FetchStats(float* lse_s, float* delta_s, const AttentionTensors&
 constexpr int kStatsBytes = 2 * kB * 4;  // lse and δ of a query block
 
 // The blocks a SM the dK/dV kernel's registers are capped for (its
-// __launch_bounds__ minimum): at head_dim 64, three (168 registers a
-// thread, with a few spilled, by ptxas for sm_90) where uncapped it takes
-// 186 and two fit; at 128, no cap (240 registers, two a SM).
+// __launch_bounds__ minimum): at head_dim 64 three, where uncapped only two
+// fit (a few registers spill; ptxas's counts are in docs/figures.md); at
+// 128 no cap (two a SM).
 template <int D>
 constexpr int kKvMinBlocks = D == 64 ? 3 : 1;
 

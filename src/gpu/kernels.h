@@ -171,9 +171,9 @@ Status BusyWait(double seconds, void* stream);
 // default, 2 at head_dim 64, where each warp's k and v operands then feed
 // two row tiles, and 1 at 128; 1 or 2 at 64 for a comparison): the same
 // bits either way. kv_min_blocks: the dK/dV kernel's register cap, as the
-// blocks a SM it is built to keep (0: the default, 3 at head_dim 64, where
-// its registers go from 186 to 168 a thread, and 1, no cap, at 128; 1 at
-// 64 for a comparison): the same bits either way.
+// blocks a SM it is built to keep (0: the default, 3 at head_dim 64 and 1,
+// no cap, at 128; 1 at 64 for a comparison; the register counts are in
+// docs/figures.md): the same bits either way.
 Status FlashAttentionForward(const math::AttentionShape& shape, const math::AttentionTensors& tensors, void* stream,
                              int query_tiles = 0);
 Status FlashAttentionBackward(const math::AttentionShape& shape, const math::AttentionTensors& tensors, void* stream,
