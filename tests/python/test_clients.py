@@ -480,4 +480,4 @@ def test_encoder_models_train_as_torch(family, stage):
 
 
 if __name__ == "__main__":
-    sys.exit(pytest.main([__file__, "-v", "-p", "no:cacheprovider", *sys.argv[1:]]))
+    sys.exit(pytest.main([__file__, "-v", "--durations=8", "-p", "no:cacheprovider", *sys.argv[1:]]))

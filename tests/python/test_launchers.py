@@ -296,4 +296,4 @@ def test_trainer_under_accelerates_deepspeed_plugin():
 
 
 if __name__ == "__main__":
-    sys.exit(pytest.main([__file__, "-v", "-s", "-p", "no:cacheprovider", *sys.argv[1:]]))
+    sys.exit(pytest.main([__file__, "-v", "-s", "--durations=8", "-p", "no:cacheprovider", *sys.argv[1:]]))
