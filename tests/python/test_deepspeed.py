@@ -21,7 +21,9 @@
    models (transformers' and a custom one) module by module off host memory,
    bit for bit as a plain build.
 
-  test_deepspeed.py SCRATCH_DIR [--only NAME[,NAME...]]
+  test_deepspeed.py SCRATCH_DIR [--only NAME[,NAME...]] [pytest arguments, e.g. -k zero_init]
+pytest functions: one failure does not stop the rest (under mpirun it does:
+the ranks' collectives must stay in step), -k or --only selects.
 Under mpirun every rank trains the same batches, so torch's single-process
 reference still holds (ctest python.deepspeed.np2 runs the API items so).
 Exits 77 (skipped) without torch, transformers or deepspeed.
@@ -35,6 +37,7 @@ import subprocess
 import sys
 
 try:
+    import pytest
     import torch
     import torch.nn as nn
     import transformers  # noqa: F401
@@ -51,6 +54,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 torch.set_num_threads(1)
 WORLD = int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1"))  # under mpirun every rank runs the same batches
 RANK = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
+
+
+@pytest.fixture
+def scratch():
+    path = os.environ.get("ZINF_DEEPSPEED_SCRATCH", "/tmp/zinf-deepspeed")
+    os.makedirs(path, exist_ok=True)
+    return path
 
 
 def fresh(path):
@@ -626,22 +636,18 @@ def test_zero_init(scratch):
           "%d MiB plain" % (model_bytes >> 20, measured["init"] >> 20, measured["plain"] >> 20))
 
 
-TESTS = [test_same_script, test_initialize_and_engine_api, test_groups_and_scheduler, test_client_optimizers,
-         test_checkpoint_tags_and_state_dict, test_load_state_dict_that_raises, test_frozen_parameters, test_torchrun_refused,
-         test_activation_checkpointing, test_zero_init]
-
-
 def main():
-    scratch = sys.argv[1] if len(sys.argv) > 1 else "/tmp/zinf-deepspeed"
-    only = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else None
-    os.makedirs(scratch, exist_ok=True)
+    args = sys.argv[1:]
+    if args and not args[0].startswith("-"):
+        os.environ["ZINF_DEEPSPEED_SCRATCH"] = args.pop(0)
+    if "--only" in args:
+        i = args.index("--only")
+        args[i:i + 2] = ["-k", " or ".join(args[i + 1].split(","))]
+    if WORLD > 1:
+        args.append("-x")
     print("zinf.deepspeed against DeepSpeed %s and torch %s" % (deepspeed.__version__, torch.__version__))
-    for t in TESTS:
-        if only and not any(name in t.__name__ for name in only.split(",")):
-            continue
-        t(scratch)
-    print("ok")
+    return pytest.main([__file__, "-v", "-s", "--durations=8", "-p", "no:cacheprovider", *args])
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

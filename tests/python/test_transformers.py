@@ -26,7 +26,8 @@ libraries.
    folder loads with from_pretrained; a peft LoRA model trains with its base
    frozen and its adapter loads back.
 
-  test_transformers.py SCRATCH_DIR [--only NAME] [--cuda]
+  test_transformers.py SCRATCH_DIR [--only NAME] [--cuda] [pytest arguments]
+pytest functions: one failure does not stop the rest, -k or --only selects.
 (--cuda: part 1 on a GPU, against torch there; exits 77 without one.)
 Exits 77 (skipped) without torch, transformers, peft or deepspeed.
 """
@@ -38,6 +39,7 @@ import subprocess
 import sys
 
 try:
+    import pytest
     import torch
     import transformers
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -340,15 +342,19 @@ def test_trainer(scratch):
           % (ev, lora["eval_loss"]))
 
 
-TESTS = [test_models_unchanged, test_from_pretrained, test_auto_values, test_trainer]
+@pytest.fixture
+def scratch():
+    path = os.environ.get("ZINF_TRANSFORMERS_SCRATCH", "/tmp/zinf-transformers")
+    os.makedirs(path, exist_ok=True)
+    return path
 
 
 def main():
     global DEVICE
-    scratch = sys.argv[1] if len(sys.argv) > 1 else "/tmp/zinf-transformers"
-    only = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else None
+    args = sys.argv[1:]
+    scratch = args.pop(0) if args and not args[0].startswith("-") else "/tmp/zinf-transformers"
     os.makedirs(scratch, exist_ok=True)
-    if "--cuda" in sys.argv:
+    if "--cuda" in args:
         # The GPU variant: the models unchanged, generate() and checkpointing
         # on CUDA, against torch on the same GPU.
         if not torch.cuda.is_available():
@@ -360,15 +366,15 @@ def main():
         print("zinf with transformers %s on %s" % (transformers.__version__, torch.cuda.get_device_name(0)))
         test_models_unchanged(scratch)
         print("ok")
-        return
+        return 0
+    os.environ["ZINF_TRANSFORMERS_SCRATCH"] = scratch
+    if "--only" in args:
+        i = args.index("--only")
+        args[i:i + 2] = ["-k", args[i + 1]]
     print("zinf with transformers %s, peft %s, DeepSpeed %s, torch %s" % (
         transformers.__version__, peft.__version__, deepspeed.__version__, torch.__version__))
-    for t in TESTS:
-        if only and only not in t.__name__:
-            continue
-        t(scratch)
-    print("ok")
+    return pytest.main([__file__, "-v", "-s", "--durations=8", "-p", "no:cacheprovider", *args])
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
