@@ -154,7 +154,7 @@ endfunction()
 # them after a run. set_tests_properties reaches only the current
 # directory's tests: each tests/ folder with long tests calls this last.
 function(zinf_order_long_tests)
-  foreach(_cost IN ITEMS "python.clients=510" "python.deepspeed=470" "python.launchers=450" "rank_fault_campaign=280"
+  foreach(_cost IN ITEMS "python.clients=510" "python.deepspeed=110" "python.launchers=450" "rank_fault_campaign=280"
                          "mpi_engine_test.np4=250" "mpi_engine_test.np2=150" "python.transformers=130"
                          "python.wheel_install=120" "mpi_engine_test.np1=100" "python.units_core.built_by_torch=65")
     string(REPLACE "=" ";" _cost "${_cost}")

@@ -56,13 +56,6 @@ WORLD = int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1"))  # under mpirun every r
 RANK = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
 
 
-@pytest.fixture
-def scratch():
-    path = os.environ.get("ZINF_DEEPSPEED_SCRATCH", "/tmp/zinf-deepspeed")
-    os.makedirs(path, exist_ok=True)
-    return path
-
-
 def fresh(path):
     """A directory of this world size; rank 0 empties it (the ranks share
     a checkpoint's directory, and a save rewrites what it names)."""
@@ -639,7 +632,7 @@ def test_zero_init(scratch):
 def main():
     args = sys.argv[1:]
     if args and not args[0].startswith("-"):
-        os.environ["ZINF_DEEPSPEED_SCRATCH"] = args.pop(0)
+        os.environ["ZINF_TEST_SCRATCH"] = args.pop(0)
     if "--only" in args:
         i = args.index("--only")
         args[i:i + 2] = ["-k", " or ".join(args[i + 1].split(","))]
